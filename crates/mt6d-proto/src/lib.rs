@@ -1,0 +1,39 @@
+//! `mt6d-proto`: the sans-IO core of Moving Target IPv6 Defense (MT6D).
+//!
+//! This crate owns everything two MT6D gateways must agree on byte for byte: how hashed addresses and
+//! ports are derived (thesis 000 §2.5.2 Eq. 2.1, §3.2.2 Eq. 3.1), when they rotate (the epoch schedule),
+//! how an inner IPv6 packet is carried in a UDP payload (000 §2.6, §3.2.4; 001 §2: encrypted tunnel by
+//! default) and how ICMPv6 errors about tunnel packets are turned back into errors about inner packets
+//! (000 §2.6.3, §3.2.3). The normative description is `docs/PROTOCOL.md`.
+//!
+//! It must not touch the OS: no sockets, no clock, no global RNG. Time comes in as [`UnixTime`]
+//! arguments, buffers belong to the caller, and nothing on the per-packet path allocates.
+//!
+//! Call order for a daemon:
+//! 1. [`Stream::new`] once per configured peer (validates the config, derives subkeys).
+//! 2. On every timer tick, [`Stream::schedule`]`(now)`: bind `accept` routes' local addresses, send on
+//!    `send`, wake up again at `next_change`.
+//! 3. One [`Sealer`] per stream (shared by sending threads): [`Sealer::seal`] each inner packet.
+//! 4. One [`Opener`] per stream (owned by the receiving thread): map the outer addresses/ports of a
+//!    received datagram to one of `schedule.accept`, then [`Opener::open`].
+//! 5. ICMPv6 errors from routers about tunnel packets: [`icmp::translate_path_error`].
+#![forbid(unsafe_code)]
+
+pub mod addressing;
+mod config;
+mod error;
+pub mod icmp;
+mod key;
+mod schedule;
+mod stream;
+mod time;
+pub mod tunnel;
+pub mod wire;
+
+pub use config::{AeadAlg, Derivation, Endpoint, Mode, PortPolicy, StreamConfig};
+pub use error::ProtoError;
+pub use key::SessionKey;
+pub use schedule::{Epoch, EpochClock, Route, Schedule};
+pub use stream::Stream;
+pub use time::UnixTime;
+pub use tunnel::{OpenError, Opener, SealError, Sealer};

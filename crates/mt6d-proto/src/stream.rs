@@ -1,0 +1,233 @@
+//! A configured stream (000 §3.1.2: "the total, end-to-end communication between two hosts"):
+//! immutable after `new`, it answers which route to use when and hands out the per-direction
+//! [`Sealer`] and [`Opener`]. It never reads a clock: every time-dependent answer takes `now`.
+
+use std::net::{Ipv6Addr, SocketAddrV6};
+
+use ring::aead::LessSafeKey;
+
+use crate::addressing::{self, AddressKeys, Role};
+use crate::key::{context, data_key, Subkey};
+use crate::tunnel::{self, aead_key};
+use crate::{Endpoint, Epoch, EpochClock, Mode, Opener, PortPolicy, ProtoError, Route, Schedule, Sealer, StreamConfig, UnixTime};
+
+/// One MT6D stream as seen from this gateway. `Send + Sync`; cheap to query.
+#[derive(Debug)]
+pub struct Stream {
+    cfg: StreamConfig,
+    role: Role,
+    keys: AddressKeys,
+    clock: EpochClock,
+    /// Data keys indexed by sender role.
+    data: [Subkey; 2],
+}
+
+const MAX_ROTATION_MS: u128 = 365 * 24 * 3600 * 1000;
+
+impl Stream {
+    /// Validates `cfg` and derives all subkeys.
+    pub fn new(cfg: StreamConfig) -> Result<Stream, ProtoError> {
+        for ep in [&cfg.local, &cfg.remote] {
+            let a = ep.true_addr;
+            if a.is_unspecified() || a.is_loopback() || a.is_multicast() {
+                return Err(ProtoError::BadTrueAddress { addr: a });
+            }
+        }
+        if cfg.local.true_addr == cfg.remote.true_addr {
+            return Err(ProtoError::SameTrueAddress { addr: cfg.local.true_addr });
+        }
+        let ms = cfg.rotation.as_millis();
+        if ms < 1000 {
+            return Err(ProtoError::RotationTooShort { ms });
+        }
+        if ms > MAX_ROTATION_MS {
+            return Err(ProtoError::RotationTooLong { ms });
+        }
+        if cfg.rotation.subsec_nanos() % 1_000_000 != 0 {
+            return Err(ProtoError::RotationNotMillis);
+        }
+        if let PortPolicy::Fixed(port) = cfg.ports {
+            if port < addressing::PORT_MIN {
+                return Err(ProtoError::FixedPortReserved { port });
+            }
+        }
+        let role = Role::of(cfg.local.true_addr, cfg.remote.true_addr);
+        let jitter = cfg.jitter.then(|| Subkey::derive(context::JITTER, &cfg.key));
+        // ms <= MAX_ROTATION_MS, which fits u64.
+        let clock = EpochClock::new(u64::try_from(ms).unwrap_or(u64::MAX), jitter);
+        let keys = AddressKeys::derive(&cfg.key);
+        let data = [data_key(&cfg.key, cfg.aead, 0), data_key(&cfg.key, cfg.aead, 1)];
+        Ok(Stream { cfg, role, keys, clock, data })
+    }
+
+    /// This gateway's role.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+    /// The configuration the stream was built from.
+    pub fn config(&self) -> &StreamConfig {
+        &self.cfg
+    }
+    /// The epoch clock (rotation interval and jitter).
+    pub fn clock(&self) -> &EpochClock {
+        &self.clock
+    }
+    /// The epoch containing `now`.
+    pub fn epoch_at(&self, now: UnixTime) -> Epoch {
+        self.clock.epoch_at(now)
+    }
+    /// When epoch `e` starts.
+    pub fn epoch_start(&self, e: Epoch) -> UnixTime {
+        self.clock.epoch_start(e)
+    }
+
+    fn endpoints(&self) -> (&Endpoint, &Endpoint) {
+        match self.role {
+            Role::Low => (&self.cfg.local, &self.cfg.remote),
+            Role::High => (&self.cfg.remote, &self.cfg.local),
+        }
+    }
+
+    /// The route of epoch `e`.
+    pub fn route(&self, e: Epoch) -> Route {
+        self.route_with_attempt(e, 0)
+    }
+
+    /// The route of epoch `e` with both address searches starting at `attempt_offset`: the hook a
+    /// later protocol revision uses to move both peers off a colliding address. Both peers must use
+    /// the same offset.
+    pub fn route_with_attempt(&self, e: Epoch, attempt_offset: u8) -> Route {
+        let (low, high) = self.endpoints();
+        let [a_low, a_high] = addressing::route_addresses(&self.keys, self.cfg.derivation, low, high, e, attempt_offset);
+        let p_low = addressing::port(&self.keys, self.cfg.ports, low, Role::Low, e);
+        let p_high = addressing::port(&self.keys, self.cfg.ports, high, Role::High, e);
+        let low_sa = SocketAddrV6::new(a_low.addr, p_low, 0, 0);
+        let high_sa = SocketAddrV6::new(a_high.addr, p_high, 0, 0);
+        let (local, remote) = match self.role {
+            Role::Low => (low_sa, high_sa),
+            Role::High => (high_sa, low_sa),
+        };
+        Route { epoch: e, local, remote }
+    }
+
+    /// What to send on, what to accept, and when to ask again, at `now`.
+    pub fn schedule(&self, now: UnixTime) -> Schedule {
+        let e = self.epoch_at(now);
+        let send = self.route(e);
+        Schedule {
+            send,
+            accept: [self.route(e.prev()), send, self.route(e.next())],
+            next_change: self.epoch_start(e.next()),
+        }
+    }
+
+    /// The sealer for this gateway's direction; its counter starts at `now` in nanoseconds.
+    pub fn sealer(&self, now: UnixTime) -> Sealer {
+        Sealer::new(self.cfg.mode, self.data_key(self.role), now, self.cfg.local.true_addr, self.cfg.remote.true_addr)
+    }
+
+    /// The opener for the peer's direction, with an empty replay window.
+    pub fn opener(&self) -> Opener {
+        Opener::new(self.cfg.mode, self.data_key(self.role.peer()), self.cfg.local.true_addr, self.cfg.remote.true_addr)
+    }
+
+    pub(crate) fn data_key(&self, sender: Role) -> Option<LessSafeKey> {
+        match self.cfg.mode {
+            Mode::Plain => None,
+            Mode::Auth | Mode::Encrypt => Some(aead_key(self.cfg.aead, &self.data[sender.byte() as usize])),
+        }
+    }
+
+    /// Tunnel mode.
+    pub fn mode(&self) -> Mode {
+        self.cfg.mode
+    }
+    /// Bytes the tunnel adds to an inner packet on the wire, outer IPv6 + UDP included (16 or 40).
+    pub fn overhead(&self) -> usize {
+        tunnel::overhead(self.cfg.mode)
+    }
+    /// The largest inner packet that fits a path MTU of `path_mtu` bytes.
+    pub fn inner_mtu(&self, path_mtu: usize) -> usize {
+        path_mtu.saturating_sub(self.overhead())
+    }
+    /// The local protected host's address.
+    pub fn local_true(&self) -> Ipv6Addr {
+        self.cfg.local.true_addr
+    }
+    /// The remote protected host's address.
+    pub fn remote_true(&self) -> Ipv6Addr {
+        self.cfg.remote.true_addr
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::SessionKey;
+
+    pub(crate) fn cfg() -> StreamConfig {
+        StreamConfig::new(
+            Endpoint::new("2001:db8:a::1".parse().unwrap()),
+            Endpoint::new("2001:db8:b::2".parse().unwrap()),
+            SessionKey::from_bytes(&[0x5a; 32]).unwrap(),
+        )
+    }
+
+    #[test]
+    fn validation() {
+        let mut c = cfg();
+        c.remote.true_addr = c.local.true_addr;
+        assert!(matches!(Stream::new(c), Err(ProtoError::SameTrueAddress { .. })));
+        let mut c = cfg();
+        c.rotation = Duration::from_millis(999);
+        assert!(matches!(Stream::new(c), Err(ProtoError::RotationTooShort { ms: 999 })));
+        let mut c = cfg();
+        c.rotation = Duration::from_micros(1_000_500);
+        assert_eq!(Stream::new(c).unwrap_err(), ProtoError::RotationNotMillis);
+        let mut c = cfg();
+        c.ports = PortPolicy::Fixed(80);
+        assert!(Stream::new(c).is_err());
+        let mut c = cfg();
+        c.local.true_addr = Ipv6Addr::UNSPECIFIED;
+        assert!(Stream::new(c).is_err());
+        let mut c = cfg();
+        c.rotation = Duration::from_millis(1000);
+        assert!(Stream::new(c).is_ok());
+    }
+
+    #[test]
+    fn peers_mirror_each_other() {
+        let c = cfg();
+        let a = Stream::new(c.clone()).unwrap();
+        let b = Stream::new(c.mirrored()).unwrap();
+        assert_ne!(a.role(), b.role());
+        for e in 0..50 {
+            let ra = a.route(Epoch(e));
+            let rb = b.route(Epoch(e));
+            assert_eq!(ra.local, rb.remote);
+            assert_eq!(ra.remote, rb.local);
+        }
+    }
+
+    #[test]
+    fn schedule_covers_neighbours() {
+        let s = Stream::new(cfg()).unwrap();
+        let now = UnixTime::from_millis(1_700_000_005_000);
+        let sch = s.schedule(now);
+        assert_eq!(sch.send.epoch, Epoch(170_000_000));
+        assert_eq!(sch.accept.map(|r| r.epoch.0), [169_999_999, 170_000_000, 170_000_001]);
+        assert_eq!(sch.next_change, UnixTime::from_millis(1_700_000_010_000));
+        assert_eq!(s.overhead(), 40);
+    }
+
+    #[test]
+    fn stream_is_send_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Stream>();
+        check::<Sealer>();
+        fn send<T: Send>() {}
+        send::<Opener>();
+    }
+}

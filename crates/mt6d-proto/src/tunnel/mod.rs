@@ -1,0 +1,292 @@
+//! The tunnel payload: how an inner IPv6 packet is carried in the UDP payload between gateways
+//! (000 §2.6 Fig. 2.5/2.6, §3.2.4; docs/PROTOCOL.md §4). Owns the three formats, the per-direction
+//! AEAD keys, the nonce/AAD layout, the send counter and the replay window.
+//!
+//! ```text
+//! plain:   | inner hdr 0..8 | inner payload                                   |
+//! auth:    | counter (8) | inner hdr 0..8 | inner payload | tag (16)          |
+//! encrypt: | counter (8) | AEAD(inner hdr 0..8 || inner payload) | tag (16)   |
+//! ```
+//! Nonce = `00 00 00 00 || counter (u64 BE)`. AAD = outer src (16) || outer dst (16) || src port (2)
+//! || dst port (2) || counter (8) [|| inner hdr 0..8 || inner payload, auth mode only].
+//! The outer packet never carries IPv6 extension headers (RFC 7872: they are dropped on the path).
+
+mod open;
+mod replay;
+mod seal;
+
+use std::net::SocketAddrV6;
+
+use ring::aead::{self, LessSafeKey, Nonce, UnboundKey};
+
+pub use open::Opener;
+pub use replay::ReplayWindow;
+pub use seal::Sealer;
+
+pub(crate) use open::{decapsulate, Decap};
+
+use crate::key::Subkey;
+use crate::{AeadAlg, Mode};
+
+/// Bytes of the counter field.
+pub const COUNTER_LEN: usize = 8;
+/// Bytes of the AEAD tag.
+pub const TAG_LEN: usize = 16;
+/// Inner header bytes carried (the 40-byte header minus both 16-byte addresses).
+pub const INNER_HEADER_CARRIED: usize = 8;
+/// Counters must stay below 2^63: first bytes with the high bit set are reserved for handshake
+/// messages of a later protocol revision.
+pub const COUNTER_LIMIT: u64 = 1 << 63;
+/// Bytes of outer IPv6 (40) and UDP (8) headers.
+pub const OUTER_HEADERS: usize = 48;
+
+/// Bytes the tunnel payload adds to (or, negative, removes from) the inner packet, outer headers
+/// excluded: plain -32 (addresses removed), auth/encrypt -32 + 8 + 16 = -8.
+pub const fn payload_len(mode: Mode, inner_len: usize) -> usize {
+    match mode {
+        Mode::Plain => inner_len.saturating_sub(32),
+        Mode::Auth | Mode::Encrypt => inner_len.saturating_sub(32) + COUNTER_LEN + TAG_LEN,
+    }
+}
+
+/// Total on-wire overhead of `mode` relative to the inner packet, outer IPv6 + UDP included:
+/// plain 16 (the thesis's figure, 000 §2.6.1), auth and encrypt 40.
+pub const fn overhead(mode: Mode) -> usize {
+    match mode {
+        Mode::Plain => OUTER_HEADERS - 32,
+        Mode::Auth | Mode::Encrypt => OUTER_HEADERS - 32 + COUNTER_LEN + TAG_LEN,
+    }
+}
+
+/// Length of the fixed part of a tunnel payload (everything but the inner payload) in `mode`.
+pub const fn fixed_len(mode: Mode) -> usize {
+    match mode {
+        Mode::Plain => INNER_HEADER_CARRIED,
+        Mode::Auth | Mode::Encrypt => COUNTER_LEN + INNER_HEADER_CARRIED + TAG_LEN,
+    }
+}
+
+/// Why a packet could not be sealed. Each variant is a drop reason ([`SealError::reason`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SealError {
+    /// The inner bytes are not one complete IPv6 packet (short, version != 6, length field wrong).
+    #[error("inner packet malformed: {0}")]
+    Malformed(crate::wire::WireError),
+    /// The inner source is not the stream's local true address.
+    #[error("inner source address is not the stream's local true address")]
+    WrongSource,
+    /// The inner destination is not the stream's remote true address.
+    #[error("inner destination address is not the stream's remote true address")]
+    WrongDestination,
+    /// `out` cannot hold the tunnel payload.
+    #[error("output buffer of {have} bytes too small, need {need}")]
+    BufferTooSmall {
+        /// Bytes available.
+        have: usize,
+        /// Bytes required.
+        need: usize,
+    },
+    /// The 63-bit counter ran out (after 2^63 ns since 1970, year 2262, or 2^63 packets).
+    #[error("send counter exhausted")]
+    CounterExhausted,
+}
+
+impl SealError {
+    /// A stable label for drop counters.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Malformed(_) => "seal_malformed",
+            Self::WrongSource => "seal_wrong_source",
+            Self::WrongDestination => "seal_wrong_destination",
+            Self::BufferTooSmall { .. } => "seal_buffer_too_small",
+            Self::CounterExhausted => "seal_counter_exhausted",
+        }
+    }
+}
+
+/// Why a received tunnel payload was dropped. Each variant is a drop reason ([`OpenError::reason`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// Shorter than the mode's fixed part.
+    #[error("tunnel payload of {have} bytes is shorter than the {need}-byte minimum")]
+    Truncated {
+        /// Bytes received.
+        have: usize,
+        /// Minimum for the mode.
+        need: usize,
+    },
+    /// Counter with the reserved high bit set.
+    #[error("counter {0:#x} has the reserved high bit set")]
+    BadCounter(u64),
+    /// Counter already seen or older than the replay window.
+    #[error("counter {0} replayed or too old")]
+    Replay(u64),
+    /// The AEAD tag did not verify (tampered, wrong key, or wrong route).
+    #[error("authentication tag did not verify")]
+    BadTag,
+    /// The restored inner header is not IPv6 or its payload length disagrees with the bytes carried.
+    #[error("restored inner packet is invalid (version or payload length)")]
+    BadInner,
+    /// `out` cannot hold the restored inner packet.
+    #[error("output buffer of {have} bytes too small, need {need}")]
+    BufferTooSmall {
+        /// Bytes available.
+        have: usize,
+        /// Bytes required.
+        need: usize,
+    },
+}
+
+impl OpenError {
+    /// A stable label for drop counters.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Truncated { .. } => "open_truncated",
+            Self::BadCounter(_) => "open_bad_counter",
+            Self::Replay(_) => "open_replay",
+            Self::BadTag => "open_bad_tag",
+            Self::BadInner => "open_bad_inner",
+            Self::BufferTooSmall { .. } => "open_buffer_too_small",
+        }
+    }
+}
+
+pub(crate) fn aead_key(alg: AeadAlg, key: &Subkey) -> LessSafeKey {
+    let algorithm = match alg {
+        AeadAlg::Aes256Gcm => &aead::AES_256_GCM,
+        AeadAlg::ChaCha20Poly1305 => &aead::CHACHA20_POLY1305,
+    };
+    // Both algorithms take 32-byte keys and Subkey is always 32 bytes, so this cannot fail.
+    #[allow(clippy::expect_used)]
+    let unbound = UnboundKey::new(algorithm, key.as_bytes()).expect("32-byte key for a 256-bit AEAD");
+    LessSafeKey::new(unbound)
+}
+
+pub(crate) fn nonce(counter: u64) -> Nonce {
+    let mut n = [0u8; aead::NONCE_LEN];
+    n[4..].copy_from_slice(&counter.to_be_bytes());
+    Nonce::assume_unique_for_key(n)
+}
+
+/// Length of the fixed AAD prefix.
+pub(crate) const OUTER_AAD_LEN: usize = 16 + 16 + 2 + 2 + COUNTER_LEN;
+
+/// The outer fields and counter authenticated by every AEAD tag, for a packet from `src` to `dst`.
+pub(crate) fn outer_aad(src: &SocketAddrV6, dst: &SocketAddrV6, counter: u64) -> [u8; OUTER_AAD_LEN] {
+    let mut a = [0u8; OUTER_AAD_LEN];
+    a[0..16].copy_from_slice(&src.ip().octets());
+    a[16..32].copy_from_slice(&dst.ip().octets());
+    a[32..34].copy_from_slice(&src.port().to_be_bytes());
+    a[34..36].copy_from_slice(&dst.port().to_be_bytes());
+    a[36..44].copy_from_slice(&counter.to_be_bytes());
+    a
+}
+
+/// A checked view of a tunnel payload in a given mode (for parsers, fuzzers and ICMP quotes).
+#[derive(Debug, Clone, Copy)]
+pub struct TunnelPayload<T: AsRef<[u8]>> {
+    buffer: T,
+    mode: Mode,
+}
+
+impl<T: AsRef<[u8]>> TunnelPayload<T> {
+    /// Checks that `buffer` is at least the mode's fixed length.
+    pub fn new_checked(buffer: T, mode: Mode) -> Result<Self, OpenError> {
+        let have = buffer.as_ref().len();
+        let need = fixed_len(mode);
+        if have < need {
+            return Err(OpenError::Truncated { have, need });
+        }
+        Ok(Self { buffer, mode })
+    }
+    fn b(&self) -> &[u8] {
+        self.buffer.as_ref()
+    }
+    /// The counter (None in plain mode).
+    pub fn counter(&self) -> Option<u64> {
+        match self.mode {
+            Mode::Plain => None,
+            Mode::Auth | Mode::Encrypt => {
+                let mut c = [0u8; 8];
+                c.copy_from_slice(&self.b()[..COUNTER_LEN]);
+                Some(u64::from_be_bytes(c))
+            }
+        }
+    }
+    /// The protected body: inner header bytes 0..8 and inner payload, in clear (plain, auth) or
+    /// encrypted (encrypt).
+    pub fn body(&self) -> &[u8] {
+        let b = self.b();
+        match self.mode {
+            Mode::Plain => b,
+            Mode::Auth | Mode::Encrypt => &b[COUNTER_LEN..b.len() - TAG_LEN],
+        }
+    }
+    /// Everything the tag covers after the outer fields (counter and body), auth/encrypt only.
+    pub fn authenticated(&self) -> &[u8] {
+        let b = self.b();
+        match self.mode {
+            Mode::Plain => b,
+            Mode::Auth | Mode::Encrypt => &b[..b.len() - TAG_LEN],
+        }
+    }
+    /// The tag (empty in plain mode).
+    pub fn tag(&self) -> &[u8] {
+        let b = self.b();
+        match self.mode {
+            Mode::Plain => &[],
+            Mode::Auth | Mode::Encrypt => &b[b.len() - TAG_LEN..],
+        }
+    }
+    /// Inner payload length implied by the payload size.
+    pub fn inner_payload_len(&self) -> usize {
+        self.b().len() - fixed_len(self.mode)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overheads_match_the_spec() {
+        assert_eq!(overhead(Mode::Plain), 16);
+        assert_eq!(overhead(Mode::Auth), 40);
+        assert_eq!(overhead(Mode::Encrypt), 40);
+        assert_eq!(payload_len(Mode::Plain, 100) + OUTER_HEADERS, 116);
+        assert_eq!(payload_len(Mode::Encrypt, 100) + OUTER_HEADERS, 140);
+    }
+
+    #[test]
+    fn view_truncated_and_fields() {
+        assert!(TunnelPayload::new_checked(&[0u8; 7][..], Mode::Plain).is_err());
+        assert!(TunnelPayload::new_checked(&[0u8; 31][..], Mode::Encrypt).is_err());
+        let mut b = [0u8; 40];
+        b[7] = 9;
+        b[39] = 0xee;
+        let v = TunnelPayload::new_checked(&b[..], Mode::Auth).unwrap();
+        assert_eq!(v.counter(), Some(9));
+        assert_eq!(v.body().len(), 16);
+        assert_eq!(v.tag()[15], 0xee);
+        assert_eq!(v.inner_payload_len(), 8);
+        let p = TunnelPayload::new_checked(&b[..], Mode::Plain).unwrap();
+        assert_eq!(p.counter(), None);
+        assert_eq!(p.inner_payload_len(), 32);
+    }
+
+    #[test]
+    fn reasons_are_distinct() {
+        let o = [
+            OpenError::Truncated { have: 0, need: 1 },
+            OpenError::BadCounter(0),
+            OpenError::Replay(0),
+            OpenError::BadTag,
+            OpenError::BadInner,
+            OpenError::BufferTooSmall { have: 0, need: 1 },
+        ];
+        let s: std::collections::HashSet<_> = o.iter().map(|e| e.reason()).collect();
+        assert_eq!(s.len(), o.len());
+    }
+}
