@@ -1,0 +1,36 @@
+//! mt6d-os: everything mt6d asks of the Linux kernel.
+//!
+//! This crate owns the OS side of a Moving Target IPv6 Defense gateway:
+//! - [`netlink`]: links, IPv6 addresses, routes, (proxy) neighbour entries, veth pairs, over a
+//!   blocking rtnetlink socket, with idempotent adds and deletes;
+//! - [`sysctl`]: `/proc/sys/net/ipv6/conf/IFACE/KEY` (forwarding, proxy_ndp, accept_dad, ...);
+//! - [`netns`]: iproute2-compatible named network namespaces for the lab and the tests;
+//! - [`tun`]: the TUN device with virtio-net offload (GSO split on read, GRO on write);
+//! - [`udp`]: the tunnel's UDP sockets with per-packet source address (IPV6_PKTINFO),
+//!   UDP GSO/GRO and `sendmmsg`/`recvmmsg` batches, plus [`Epoll`] and the ICMPv6 raw socket;
+//! - [`error`]: [`OsError`], one variant per failing operation with its context.
+//!
+//! What it must not do: protocol logic. Which hashed addresses exist, which packets go where and
+//! what they contain is decided by mt6d-proto and passed in by the daemon; this crate only
+//! carries those decisions out and reports what the kernel said. It is synchronous (no async
+//! runtime), Linux only, and the only crate of the workspace with `unsafe`, which is confined to
+//! `sys`, `netns`, `udp` (mmsg and control messages) and `icmp`, each block with a `SAFETY` note.
+
+#![cfg(target_os = "linux")]
+
+pub mod error;
+pub mod icmp;
+pub mod netlink;
+pub mod netns;
+pub mod sysctl;
+mod sys;
+pub mod tun;
+pub mod udp;
+
+pub use error::{OsError, Result};
+pub use icmp::Icmp6Socket;
+pub use netlink::{AddrFlags, AddrInfo, Netlink};
+pub use netns::{unique_name, Netns};
+pub use sys::wait_readable;
+pub use tun::{Tun, TunRecvScratch, GROTable, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN};
+pub use udp::{Epoll, EpollEvents, RecvBuf, RecvScratch, SendMsg, SendScratch, UdpSocket6};

@@ -1,0 +1,67 @@
+//! IPv6 per-interface sysctls: `/proc/sys/net/ipv6/conf/IFACE/KEY`.
+//!
+//! The gateway needs `forwarding`, `proxy_ndp`, `accept_dad`, `disable_ipv6` and `accept_ra`.
+//! `/proc/sys/net` shows the network namespace of the thread that opens the file, so call these
+//! inside [`crate::netns::Netns::run`] to change a namespace's settings. Errors name the file.
+//! No `sysctl` subprocess: the file is written directly.
+
+use std::path::PathBuf;
+
+use crate::error::{OsError, Result};
+
+/// The sysctl file for `iface` (an interface name, `all` or `default`) and `key`.
+/// The name is used as is (a VLAN `eth0.100` is a directory with a dot in /proc/sys).
+pub fn ipv6_conf_path(iface: &str, key: &str) -> Result<PathBuf> {
+    let bad = |s: &str| s.is_empty() || s.contains(['/', '\0']) || s == "." || s == "..";
+    if bad(iface) || bad(key) {
+        return Err(OsError::InvalidArgument(format!("sysctl net.ipv6.conf.{iface}.{key}")));
+    }
+    Ok(PathBuf::from("/proc/sys/net/ipv6/conf").join(iface).join(key))
+}
+
+/// Writes `value` to `net.ipv6.conf.IFACE.KEY`.
+pub fn set_ipv6_conf(iface: &str, key: &str, value: &str) -> Result<()> {
+    let path = ipv6_conf_path(iface, key)?;
+    std::fs::write(&path, value).map_err(|source| OsError::Sysctl { op: format!("write {value:?} to"), path, source })
+}
+
+/// Reads `net.ipv6.conf.IFACE.KEY`, trimmed.
+pub fn get_ipv6_conf(iface: &str, key: &str) -> Result<String> {
+    let path = ipv6_conf_path(iface, key)?;
+    match std::fs::read_to_string(&path) {
+        Ok(s) => Ok(s.trim().to_owned()),
+        Err(source) => Err(OsError::Sysctl { op: "read".into(), path, source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::netns::{unique_name, Netns};
+
+    #[test]
+    fn rejects_path_tricks() {
+        assert!(ipv6_conf_path("..", "forwarding").is_err());
+        assert!(ipv6_conf_path("eth0", "../../ipv4/ip_forward").is_err());
+        assert_eq!(
+            ipv6_conf_path("all", "forwarding").expect("valid"),
+            PathBuf::from("/proc/sys/net/ipv6/conf/all/forwarding")
+        );
+    }
+
+    #[test]
+    fn set_and_get_inside_a_namespace() {
+        let ns = Netns::create(&unique_name("sct")).expect("netns");
+        ns.run(|| {
+            set_ipv6_conf("all", "forwarding", "1").expect("set");
+            assert_eq!(get_ipv6_conf("all", "forwarding").expect("get"), "1");
+            set_ipv6_conf("lo", "proxy_ndp", "1").expect("set");
+            assert_eq!(get_ipv6_conf("lo", "proxy_ndp").expect("get"), "1");
+            let e = get_ipv6_conf("nosuchif0", "forwarding").expect_err("missing interface");
+            assert!(e.to_string().contains("/proc/sys/net/ipv6/conf/nosuchif0/forwarding"));
+        })
+        .expect("run");
+        // The host's setting is untouched by the namespace's.
+        let _ = get_ipv6_conf("all", "forwarding").expect("host readable");
+    }
+}

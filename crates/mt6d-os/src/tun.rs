@@ -1,0 +1,278 @@
+//! `Tun`: the layer-3 TUN device through which protected hosts' IPv6 packets enter and leave
+//! the gateway, with virtio-net offload (IFF_VNET_HDR, TSO and USO) via tun-rs.
+//!
+//! With offload on, one `read` can return a 64 KiB TCP or UDP super-packet; [`Tun::recv_batch`]
+//! splits it (GSO) into ordinary IPv6 packets, so the daemon always sees packets of at most the
+//! device MTU. [`Tun::send_batch`] does the reverse: it coalesces (GRO) same-flow packets of a
+//! batch before writing, so the kernel stack above handles fewer, larger packets. This is what
+//! wireguard-go's `tun_linux.go` does, and tun-rs is a port of it.
+//!
+//! Buffers and headroom:
+//! - receive: each output buffer needs `offset + mtu` bytes; the packet is written at
+//!   `[offset..offset + sizes[i]]`, leaving `offset` bytes in front for the daemon's own
+//!   encapsulation headers. Give [`IDEAL_BATCH_SIZE`] buffers: one super-packet of small
+//!   segments can fill many.
+//! - send: each buffer holds one IPv6 packet at `[offset..]` with `offset >= VIRTIO_NET_HDR_LEN`
+//!   (the virtio header is written in front of it). Coalescing appends to the first packet of a
+//!   flow, so give `Vec`s a capacity of `offset + 65535` to avoid reallocation.
+//!
+//! The device disappears when the `Tun` is dropped (it is not persistent). It lives in the
+//! network namespace of the thread that created it. `Tun` is `Send + Sync`: one thread may
+//! read while another writes through a shared reference.
+//!
+//! No protocol logic: packets are opaque IPv6 bytes here.
+
+use std::os::fd::{AsRawFd, RawFd};
+
+use crate::error::{OsError, Result};
+
+pub use tun_rs::{ExpandBuffer, GROTable, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN};
+
+/// Largest packet one read from the device can return (a GSO super-packet).
+const MAX_READ: usize = VIRTIO_NET_HDR_LEN + 65535;
+
+/// An offload-enabled TUN device.
+pub struct Tun {
+    dev: tun_rs::SyncDevice,
+    name: String,
+    index: u32,
+}
+
+impl std::fmt::Debug for Tun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tun").field("name", &self.name).field("index", &self.index).finish()
+    }
+}
+
+/// Reusable read buffer for [`Tun::recv_batch`]; one per reading thread.
+pub struct TunRecvScratch {
+    raw: Box<[u8]>,
+}
+
+impl std::fmt::Debug for TunRecvScratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TunRecvScratch").field("len", &self.raw.len()).finish()
+    }
+}
+
+impl Default for TunRecvScratch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TunRecvScratch {
+    /// A scratch buffer large enough for any super-packet.
+    pub fn new() -> Self {
+        TunRecvScratch { raw: vec![0; MAX_READ].into_boxed_slice() }
+    }
+}
+
+impl Tun {
+    /// Creates TUN device `name` with offload on, sets its MTU and brings it up.
+    pub fn create(name: &str, mtu: u16) -> Result<Tun> {
+        let ctx = |op| move |source| OsError::Tun { name: name.to_owned(), op, source };
+        let dev = tun_rs::DeviceBuilder::new()
+            .name(name)
+            .mtu(mtu)
+            .offload(true)
+            .enable(true)
+            .build_sync()
+            .map_err(ctx("create with offload"))?;
+        let name = dev.name().map_err(ctx("read name"))?;
+        let index = dev.if_index().map_err(ctx("read index"))?;
+        Ok(Tun { dev, name, index })
+    }
+
+    /// The device's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The device's interface index (in its namespace).
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// Whether the kernel accepted UDP segmentation offload (USO, Linux >= 6.2). Without it
+    /// `send_batch` coalesces only TCP.
+    pub fn udp_gso(&self) -> bool {
+        self.dev.udp_gso()
+    }
+
+    /// Switches between blocking (default) and non-blocking reads and writes.
+    pub fn set_nonblocking(&self, nonblocking: bool) -> Result<()> {
+        self.dev
+            .set_nonblocking(nonblocking)
+            .map_err(|source| OsError::Tun { name: self.name.clone(), op: "set non-blocking", source })
+    }
+
+    /// Reads one (possibly super-) packet and splits it into `out`: packet `i` is
+    /// `out[i][offset..offset + sizes[i]]`. Returns how many packets were written. Blocks unless
+    /// non-blocking; wait with [`crate::udp::Epoll`] or [`crate::wait_readable`] to time out.
+    pub fn recv_batch<B: AsRef<[u8]> + AsMut<[u8]>>(
+        &self,
+        scratch: &mut TunRecvScratch,
+        out: &mut [B],
+        sizes: &mut [usize],
+        offset: usize,
+    ) -> Result<usize> {
+        self.dev
+            .recv_multiple(&mut scratch.raw, out, sizes, offset)
+            .map_err(|source| OsError::Tun { name: self.name.clone(), op: "read batch", source })
+    }
+
+    /// Writes a batch of IPv6 packets, each at `bufs[i][offset..]` with `offset >=
+    /// VIRTIO_NET_HDR_LEN`, coalescing same-flow TCP/UDP packets first (`gro` is reusable
+    /// state, one per writing thread). Returns the bytes written. If some writes failed, the
+    /// others were still made and the last error is returned.
+    pub fn send_batch<B: ExpandBuffer>(&self, gro: &mut GROTable, bufs: &mut [B], offset: usize) -> Result<usize> {
+        if offset < VIRTIO_NET_HDR_LEN {
+            return Err(OsError::InvalidArgument(format!(
+                "TUN send offset {offset} < VIRTIO_NET_HDR_LEN {VIRTIO_NET_HDR_LEN}"
+            )));
+        }
+        self.dev
+            .send_multiple(gro, bufs, offset)
+            .map_err(|source| OsError::Tun { name: self.name.clone(), op: "write batch", source })
+    }
+}
+
+impl AsRawFd for Tun {
+    fn as_raw_fd(&self) -> RawFd {
+        self.dev.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::netlink::{AddrFlags, Netlink};
+    use crate::netns::{unique_name, Netns};
+    use crate::udp::{RecvBuf, RecvScratch, SendMsg, SendScratch, UdpSocket6};
+    use std::net::{Ipv6Addr, SocketAddrV6};
+    use std::time::{Duration, Instant};
+
+    const _: () = {
+        const fn send_sync<T: Send + Sync>() {}
+        send_sync::<Tun>();
+    };
+
+    /// One's-complement sum for the UDP checksum (RFC 8200 section 8.1 pseudo-header).
+    fn udp6_checksum(src: Ipv6Addr, dst: Ipv6Addr, udp: &[u8]) -> u16 {
+        let mut sum: u32 = 0;
+        let mut add = |b: &[u8]| {
+            for c in b.chunks(2) {
+                sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+            }
+        };
+        add(&src.octets());
+        add(&dst.octets());
+        add(&(udp.len() as u32).to_be_bytes());
+        add(&[0, 0, 0, 17]);
+        add(udp);
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        match !(sum as u16) {
+            0 => 0xffff,
+            c => c,
+        }
+    }
+
+    /// An IPv6/UDP packet with correct checksum.
+    fn udp6_packet(src: SocketAddrV6, dst: SocketAddrV6, payload: &[u8]) -> Vec<u8> {
+        let udp_len = 8 + payload.len();
+        let mut p = vec![0u8; 40 + udp_len];
+        p[0] = 0x60;
+        p[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+        p[6] = 17;
+        p[7] = 64;
+        p[8..24].copy_from_slice(&src.ip().octets());
+        p[24..40].copy_from_slice(&dst.ip().octets());
+        p[40..42].copy_from_slice(&src.port().to_be_bytes());
+        p[42..44].copy_from_slice(&dst.port().to_be_bytes());
+        p[44..46].copy_from_slice(&(udp_len as u16).to_be_bytes());
+        p[48..].copy_from_slice(payload);
+        let c = udp6_checksum(*src.ip(), *dst.ip(), &p[40..]);
+        p[46..48].copy_from_slice(&c.to_be_bytes());
+        p
+    }
+
+    #[test]
+    fn packets_cross_between_tun_and_udp_socket_with_offload() {
+        let ns = Netns::create(&unique_name("tun")).expect("netns");
+        ns.run(|| {
+            let tun = Tun::create(&unique_name("mt6dt"), 1400).expect("create tun");
+            assert!(tun.udp_gso(), "kernel 6.18 supports USO");
+            let mut nl = Netlink::open().expect("netlink");
+            assert_eq!(nl.link_index(tun.name()).expect("index"), tun.index());
+            let local: Ipv6Addr = "fd00:6d::1".parse().expect("literal");
+            let remote: Ipv6Addr = "fd00:6d::2".parse().expect("literal");
+            nl.add_address(tun.index(), local, 64, AddrFlags { nodad: true, noprefixroute: true })
+                .expect("address");
+            nl.add_route(local & "ffff:ffff:ffff:ffff::".parse::<Ipv6Addr>().expect("mask"), 64, tun.index())
+                .expect("route");
+
+            let sock = UdpSocket6::bind(0).expect("bind");
+            sock.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+            let port = sock.local_port();
+            let remote_sa = SocketAddrV6::new(remote, 5555, 0, 0);
+            let local_sa = SocketAddrV6::new(local, port, 0, 0);
+
+            // TUN -> socket: two same-flow packets, coalesced by GRO into one write.
+            let payloads: [&[u8]; 2] = [&[0xa1; 300], &[0xa2; 300]];
+            let off = VIRTIO_NET_HDR_LEN + 16;
+            let mut bufs: Vec<Vec<u8>> = payloads
+                .iter()
+                .map(|p| {
+                    let mut b = Vec::with_capacity(off + 65535);
+                    b.resize(off, 0);
+                    b.extend_from_slice(&udp6_packet(remote_sa, local_sa, p));
+                    b
+                })
+                .collect();
+            let mut gro = GROTable::default();
+            tun.send_batch(&mut gro, &mut bufs, off).expect("tun write");
+            let mut got: Vec<Vec<u8>> = Vec::new();
+            let mut rbufs = vec![RecvBuf::new(), RecvBuf::new()];
+            let mut rs = RecvScratch::new(2);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while got.len() < 2 && Instant::now() < deadline {
+                let n = sock.recv_batch(&mut rs, &mut rbufs).expect("recv");
+                for b in &rbufs[..n] {
+                    assert_eq!(b.src(), remote_sa);
+                    assert_eq!(b.dst(), local);
+                    got.extend(b.datagrams().map(<[u8]>::to_vec));
+                }
+            }
+            assert_eq!(got, payloads.iter().map(|p| p.to_vec()).collect::<Vec<_>>());
+
+            // socket -> TUN: a UDP GSO send of 3 segments arrives as a super-packet that
+            // recv_batch splits back into 3 IPv6 packets.
+            let data: Vec<u8> = (0..900u32).map(|i| i as u8).collect();
+            let mut ss = SendScratch::new(4);
+            let msg = SendMsg { src: local, dst: remote_sa, payload: &data, segment_size: Some(300) };
+            assert_eq!(sock.send_batch(&mut ss, &[msg]).expect("send"), 1);
+            let mut scratch = TunRecvScratch::new();
+            let roff = 8;
+            let mut out = vec![vec![0u8; roff + 1400]; IDEAL_BATCH_SIZE];
+            let mut sizes = vec![0usize; IDEAL_BATCH_SIZE];
+            let mut segs: Vec<Vec<u8>> = Vec::new();
+            while segs.len() < 3 {
+                assert!(crate::wait_readable(tun.as_raw_fd(), Some(Duration::from_secs(5))).expect("poll"));
+                let n = tun.recv_batch(&mut scratch, &mut out, &mut sizes, roff).expect("tun read");
+                for (b, &len) in out.iter().zip(&sizes).take(n) {
+                    let p = &b[roff..roff + len];
+                    // Skip stray router/neighbour solicitations the kernel may send.
+                    if p[6] == 17 && p[24..40] == remote.octets() {
+                        assert_eq!(&p[8..24], &local.octets());
+                        segs.push(p[48..].to_vec());
+                    }
+                }
+            }
+            assert_eq!(segs, data.chunks(300).map(<[u8]>::to_vec).collect::<Vec<_>>());
+        })
+        .expect("run in netns");
+    }
+}

@@ -1,0 +1,688 @@
+//! `UdpSocket6`: the tunnel's UDP sockets, batched with `sendmmsg`/`recvmmsg`, and [`Epoll`]
+//! to wait on all of them (one socket per hopping port) at once.
+//!
+//! Why each socket option (set by [`UdpSocket6::bind`]):
+//! - `IPV6_FREEBIND`: the source of every packet is the current hashed address, chosen per
+//!   packet with an `IPV6_PKTINFO` control message; freebind lets the kernel accept a source
+//!   that is being added, still tentative, or already retired by a rotation.
+//! - `IPV6_RECVPKTINFO`: the hashed address a packet was sent *to* identifies the session and
+//!   epoch, so every received datagram reports its destination address.
+//! - `UDP_GRO` / `UDP_SEGMENT`: one syscall carries many equal-size datagrams (quinn-udp and
+//!   wireguard-go do the same); [`RecvBuf::datagrams`] splits a coalesced buffer.
+//! - `IPV6_MTU_DISCOVER = IPV6_PMTUDISC_DO`: never fragment; too-large sends fail with
+//!   EMSGSIZE so the daemon learns the path MTU instead of silently fragmenting.
+//! - large `SO_RCVBUF`/`SO_SNDBUF` (the `FORCE` variants as root): bursts of a full TUN batch.
+//!
+//! The hot path allocates nothing: [`SendScratch`] and [`RecvScratch`] hold the `mmsghdr`,
+//! `iovec`, address and control arrays and are reused; the caller owns the payload buffers.
+//! Scratches belong to one thread each; a socket may be shared (`&UdpSocket6` is `Sync`).
+//!
+//! No protocol logic: payloads are opaque bytes, addresses come from the daemon.
+
+use std::io;
+use std::mem;
+use std::net::{Ipv6Addr, SocketAddrV6};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::error::{OsError, Result};
+use crate::sys::{self, cvt, put_cmsg, CmsgBuf, Cmsgs};
+
+// Not all of these are exported by every libc target; values from linux/udp.h and linux/in6.h.
+const UDP_SEGMENT: libc::c_int = 103;
+const UDP_GRO: libc::c_int = 104;
+const IPV6_FREEBIND: libc::c_int = 78;
+
+/// Size of one receive buffer: the largest GRO-coalesced datagram train.
+pub const RECV_BUF_LEN: usize = 65536;
+/// Socket buffer size asked for (bytes).
+const SOCKET_BUFFER: libc::c_int = 4 << 20;
+
+const SEND_CTRL_LEN: usize = sys::cmsg_space(20) + sys::cmsg_space(2);
+const RECV_CTRL_LEN: usize = 128;
+
+/// One datagram (or, with `segment_size`, a train of equal-size datagrams) to send.
+#[derive(Debug, Clone, Copy)]
+pub struct SendMsg<'a> {
+    /// Source address, set per packet with IPV6_PKTINFO; `::` lets the kernel choose.
+    pub src: Ipv6Addr,
+    /// Destination address and port.
+    pub dst: SocketAddrV6,
+    /// The UDP payload (or payloads back to back).
+    pub payload: &'a [u8],
+    /// UDP GSO: `payload` is several datagrams of this size, the last possibly shorter. Keep
+    /// the count at or below 64, and only set it while [`UdpSocket6::gso_supported`].
+    pub segment_size: Option<u16>,
+}
+
+/// Reusable arrays for [`UdpSocket6::send_batch`]; one per sending thread.
+pub struct SendScratch {
+    hdrs: Vec<libc::mmsghdr>,
+    iovs: Vec<libc::iovec>,
+    names: Vec<libc::sockaddr_in6>,
+    ctrl: Vec<CmsgBuf<SEND_CTRL_LEN>>,
+}
+
+// SAFETY: the raw pointers inside the mmsghdr/iovec arrays are only meaningful during one
+// send_batch call, which rewrites all of them before use; between calls they are inert data.
+unsafe impl Send for SendScratch {}
+
+impl std::fmt::Debug for SendScratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendScratch").field("capacity", &self.hdrs.len()).finish()
+    }
+}
+
+fn zeroed_vec<T>(n: usize) -> Vec<T> {
+    (0..n)
+        .map(|_| {
+            // SAFETY: only instantiated with libc C structs (mmsghdr, iovec, sockaddr_in6) for
+            // which all-zero bytes (null pointers, zero lengths) are valid values.
+            unsafe { mem::zeroed() }
+        })
+        .collect()
+}
+
+impl SendScratch {
+    /// Scratch for batches of up to `batch` messages (e.g. [`crate::IDEAL_BATCH_SIZE`]).
+    pub fn new(batch: usize) -> SendScratch {
+        let batch = batch.max(1);
+        SendScratch {
+            hdrs: zeroed_vec(batch),
+            iovs: zeroed_vec(batch),
+            names: zeroed_vec(batch),
+            ctrl: vec![CmsgBuf([0; SEND_CTRL_LEN]); batch],
+        }
+    }
+}
+
+/// One receive buffer and what the kernel said about the datagram(s) in it.
+pub struct RecvBuf {
+    data: Box<[u8]>,
+    len: usize,
+    src: SocketAddrV6,
+    dst: Ipv6Addr,
+    ifindex: u32,
+    segment_size: Option<u16>,
+    truncated: bool,
+}
+
+impl std::fmt::Debug for RecvBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvBuf")
+            .field("len", &self.len)
+            .field("src", &self.src)
+            .field("dst", &self.dst)
+            .field("segment_size", &self.segment_size)
+            .finish()
+    }
+}
+
+impl Default for RecvBuf {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RecvBuf {
+    /// A buffer of [`RECV_BUF_LEN`] bytes, enough for a GRO train.
+    pub fn new() -> RecvBuf {
+        RecvBuf {
+            data: vec![0; RECV_BUF_LEN].into_boxed_slice(),
+            len: 0,
+            src: SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, 0, 0, 0),
+            dst: Ipv6Addr::UNSPECIFIED,
+            ifindex: 0,
+            segment_size: None,
+            truncated: false,
+        }
+    }
+
+    /// The received bytes (all datagrams of a GRO train back to back).
+    pub fn data(&self) -> &[u8] {
+        &self.data[..self.len]
+    }
+
+    /// The received bytes, mutable (for in-place decryption).
+    pub fn data_mut(&mut self) -> &mut [u8] {
+        &mut self.data[..self.len]
+    }
+
+    /// Number of bytes received.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True if nothing was received into this buffer.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The sender.
+    pub fn src(&self) -> SocketAddrV6 {
+        self.src
+    }
+
+    /// The local address the datagram was sent to (IPV6_PKTINFO): the hashed address.
+    pub fn dst(&self) -> Ipv6Addr {
+        self.dst
+    }
+
+    /// The interface it arrived on (IPV6_PKTINFO).
+    pub fn ifindex(&self) -> u32 {
+        self.ifindex
+    }
+
+    /// UDP GRO: the buffer holds several datagrams of this size, the last possibly shorter.
+    pub fn segment_size(&self) -> Option<u16> {
+        self.segment_size
+    }
+
+    /// The datagram did not fit (MSG_TRUNC); drop it.
+    pub fn truncated(&self) -> bool {
+        self.truncated
+    }
+
+    /// The individual datagrams in this buffer.
+    pub fn datagrams(&self) -> std::slice::Chunks<'_, u8> {
+        let seg = self.segment_size.map_or(self.len, usize::from).max(1);
+        self.data().chunks(seg)
+    }
+}
+
+/// Reusable arrays for [`UdpSocket6::recv_batch`]; one per receiving thread.
+pub struct RecvScratch {
+    hdrs: Vec<libc::mmsghdr>,
+    iovs: Vec<libc::iovec>,
+    names: Vec<libc::sockaddr_in6>,
+    ctrl: Vec<CmsgBuf<RECV_CTRL_LEN>>,
+}
+
+// SAFETY: as for SendScratch, the pointers are rewritten by every recv_batch call before use.
+unsafe impl Send for RecvScratch {}
+
+impl std::fmt::Debug for RecvScratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvScratch").field("capacity", &self.hdrs.len()).finish()
+    }
+}
+
+impl RecvScratch {
+    /// Scratch for up to `batch` receive buffers per call.
+    pub fn new(batch: usize) -> RecvScratch {
+        let batch = batch.max(1);
+        RecvScratch {
+            hdrs: zeroed_vec(batch),
+            iovs: zeroed_vec(batch),
+            names: zeroed_vec(batch),
+            ctrl: vec![CmsgBuf([0; RECV_CTRL_LEN]); batch],
+        }
+    }
+}
+
+/// A UDP socket on `[::]:port` for tunnel traffic. See the module docs for its options.
+#[derive(Debug)]
+pub struct UdpSocket6 {
+    fd: OwnedFd,
+    port: u16,
+    gso_supported: AtomicBool,
+}
+
+impl UdpSocket6 {
+    /// Binds `[::]:port` (0: any free port) with the options listed in the module docs.
+    pub fn bind(port: u16) -> Result<UdpSocket6> {
+        let ctx = |op| move |source| OsError::Udp { port, op, source };
+        let fd = sys::socket(libc::AF_INET6, libc::SOCK_DGRAM, libc::IPPROTO_UDP).map_err(ctx("socket"))?;
+        let on: libc::c_int = 1;
+        let f = fd.as_fd();
+        sys::setsockopt(f, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, &on).map_err(ctx("set IPV6_V6ONLY"))?;
+        sys::setsockopt(f, libc::IPPROTO_IPV6, IPV6_FREEBIND, &on).map_err(ctx("set IPV6_FREEBIND"))?;
+        sys::setsockopt(f, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, &on).map_err(ctx("set IPV6_RECVPKTINFO"))?;
+        sys::setsockopt(f, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, &libc::IPV6_PMTUDISC_DO)
+            .map_err(ctx("set IPV6_MTU_DISCOVER"))?;
+        sys::setsockopt(f, libc::SOL_UDP, UDP_GRO, &on).map_err(ctx("set UDP_GRO"))?;
+        // FORCE needs CAP_NET_ADMIN and ignores rmem_max; fall back to the capped variant.
+        if sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &SOCKET_BUFFER).is_err() {
+            sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_RCVBUF, &SOCKET_BUFFER).map_err(ctx("set SO_RCVBUF"))?;
+        }
+        if sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &SOCKET_BUFFER).is_err() {
+            sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_SNDBUF, &SOCKET_BUFFER).map_err(ctx("set SO_SNDBUF"))?;
+        }
+        sys::bind6(f, &SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0)).map_err(ctx("bind"))?;
+        let port = sys::local_addr6(f).map_err(ctx("getsockname"))?.port();
+        Ok(UdpSocket6 { fd, port, gso_supported: AtomicBool::new(true) })
+    }
+
+    /// The bound port.
+    pub fn local_port(&self) -> u16 {
+        self.port
+    }
+
+    /// The receive buffer size the kernel granted (bytes, as reported by SO_RCVBUF).
+    pub fn recv_buffer_size(&self) -> Result<usize> {
+        sys::getsockopt_int(self.fd.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF)
+            .map(|v| v.max(0) as usize)
+            .map_err(|source| OsError::Udp { port: self.port, op: "get SO_RCVBUF", source })
+    }
+
+    /// Read timeout for [`UdpSocket6::recv_batch`]; on expiry it returns an error whose
+    /// [`OsError::is_would_block`] is true. `None` blocks forever.
+    pub fn set_read_timeout(&self, timeout: Option<Duration>) -> Result<()> {
+        sys::set_read_timeout(self.fd.as_fd(), timeout)
+            .map_err(|source| OsError::Udp { port: self.port, op: "set SO_RCVTIMEO", source })
+    }
+
+    /// Switches to non-blocking mode (for use behind [`Epoll`]).
+    pub fn set_nonblocking(&self, nonblocking: bool) -> Result<()> {
+        sys::set_nonblocking(self.fd.as_fd(), nonblocking)
+            .map_err(|source| OsError::Udp { port: self.port, op: "set O_NONBLOCK", source })
+    }
+
+    /// False once a GSO send failed with EIO (the egress device cannot checksum-offload, as
+    /// quinn-udp observed); from then on send datagrams one per message.
+    pub fn gso_supported(&self) -> bool {
+        self.gso_supported.load(Ordering::Relaxed)
+    }
+
+    /// Sends up to `scratch`'s capacity of `msgs` with one `sendmmsg`; returns how many
+    /// messages the kernel took. Fewer than given means the rest must be retried (the next
+    /// call reports the error, if any, of the first unsent one). Errors: EAGAIN/ENOBUFS (queue
+    /// full: drop or retry later), EMSGSIZE (larger than path MTU), EIO with a segment size
+    /// (GSO unsupported: [`UdpSocket6::gso_supported`] turns false).
+    pub fn send_batch(&self, scratch: &mut SendScratch, msgs: &[SendMsg<'_>]) -> Result<usize> {
+        let n = msgs.len().min(scratch.hdrs.len());
+        if n == 0 {
+            return Ok(0);
+        }
+        for (i, m) in msgs[..n].iter().enumerate() {
+            scratch.names[i] = sys::sockaddr_in6(&m.dst);
+            scratch.iovs[i] = libc::iovec { iov_base: m.payload.as_ptr() as *mut libc::c_void, iov_len: m.payload.len() };
+            let ctrl = &mut scratch.ctrl[i].0;
+            let mut used = 0;
+            if !m.src.is_unspecified() {
+                used = put_cmsg(ctrl, used, libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, &sys::in6_pktinfo(m.src, 0));
+            }
+            if let Some(seg) = m.segment_size {
+                used = put_cmsg(ctrl, used, libc::SOL_UDP, UDP_SEGMENT, &seg.to_ne_bytes());
+            }
+            let h = &mut scratch.hdrs[i];
+            h.msg_len = 0;
+            h.msg_hdr.msg_name = (&mut scratch.names[i] as *mut libc::sockaddr_in6).cast();
+            h.msg_hdr.msg_namelen = mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+            h.msg_hdr.msg_iov = &mut scratch.iovs[i];
+            h.msg_hdr.msg_iovlen = 1;
+            h.msg_hdr.msg_control = if used == 0 { std::ptr::null_mut() } else { ctrl.as_mut_ptr().cast() };
+            h.msg_hdr.msg_controllen = used as _;
+            h.msg_hdr.msg_flags = 0;
+        }
+        loop {
+            // SAFETY: hdrs[..n] were all filled above; each points at names[i], iovs[i] and
+            // ctrl[i] in `scratch` and at msgs[i].payload, all of which outlive this call and
+            // are not moved during it. The kernel only reads the payloads.
+            let r = unsafe { libc::sendmmsg(self.fd.as_raw_fd(), scratch.hdrs.as_mut_ptr(), n as libc::c_uint, 0) };
+            match cvt(r) {
+                Ok(sent) => return Ok(sent as usize),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    if e.raw_os_error() == Some(libc::EIO) && msgs[0].segment_size.is_some() {
+                        self.gso_supported.store(false, Ordering::Relaxed);
+                        return Err(OsError::Udp { port: self.port, op: "sendmmsg with UDP GSO", source: e });
+                    }
+                    return Err(OsError::Udp { port: self.port, op: "sendmmsg", source: e });
+                }
+            }
+        }
+    }
+
+    /// Receives into `bufs` with one `recvmmsg` (returns once at least one datagram is there,
+    /// MSG_WAITFORONE); returns how many buffers were filled. Blocks up to the read timeout.
+    pub fn recv_batch(&self, scratch: &mut RecvScratch, bufs: &mut [RecvBuf]) -> Result<usize> {
+        let n = bufs.len().min(scratch.hdrs.len());
+        if n == 0 {
+            return Ok(0);
+        }
+        for (i, b) in bufs[..n].iter_mut().enumerate() {
+            scratch.iovs[i] = libc::iovec { iov_base: b.data.as_mut_ptr().cast(), iov_len: b.data.len() };
+            let h = &mut scratch.hdrs[i];
+            h.msg_len = 0;
+            h.msg_hdr.msg_name = (&mut scratch.names[i] as *mut libc::sockaddr_in6).cast();
+            h.msg_hdr.msg_namelen = mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+            h.msg_hdr.msg_iov = &mut scratch.iovs[i];
+            h.msg_hdr.msg_iovlen = 1;
+            h.msg_hdr.msg_control = scratch.ctrl[i].0.as_mut_ptr().cast();
+            h.msg_hdr.msg_controllen = RECV_CTRL_LEN as _;
+            h.msg_hdr.msg_flags = 0;
+        }
+        let got = loop {
+            // SAFETY: hdrs[..n] point at names[i], iovs[i], ctrl[i] (in `scratch`) and at
+            // bufs[i].data, all exclusively borrowed for this call with their true lengths; the
+            // kernel writes within those lengths only. A null timeout means none.
+            let r = unsafe {
+                libc::recvmmsg(
+                    self.fd.as_raw_fd(),
+                    scratch.hdrs.as_mut_ptr(),
+                    n as libc::c_uint,
+                    libc::MSG_WAITFORONE,
+                    std::ptr::null_mut(),
+                )
+            };
+            match cvt(r) {
+                Ok(got) => break got as usize,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(OsError::Udp { port: self.port, op: "recvmmsg", source: e }),
+            }
+        };
+        for (i, b) in bufs[..got].iter_mut().enumerate() {
+            let h = &scratch.hdrs[i];
+            b.len = (h.msg_len as usize).min(b.data.len());
+            b.src = sys::socket_addr_v6(&scratch.names[i]);
+            b.truncated = h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+            b.dst = Ipv6Addr::UNSPECIFIED;
+            b.ifindex = 0;
+            b.segment_size = None;
+            // msg_controllen is size_t on glibc but socklen_t on musl.
+            #[allow(clippy::unnecessary_cast)]
+            let clen = (h.msg_hdr.msg_controllen as usize).min(RECV_CTRL_LEN);
+            for (level, ty, data) in Cmsgs(&scratch.ctrl[i].0[..clen]) {
+                match (level, ty) {
+                    (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
+                        if let Some((dst, ifindex)) = sys::parse_in6_pktinfo(data) {
+                            b.dst = dst;
+                            b.ifindex = ifindex;
+                        }
+                    }
+                    (libc::SOL_UDP, UDP_GRO) => {
+                        if let Some(v) = data.get(..4).and_then(|d| <[u8; 4]>::try_from(d).ok()) {
+                            b.segment_size = u16::try_from(i32::from_ne_bytes(v)).ok().filter(|&s| s > 0);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(got)
+    }
+}
+
+impl AsRawFd for UdpSocket6 {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+impl AsFd for UdpSocket6 {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// Level-triggered readiness for many descriptors (the per-port sockets, the TUN, a
+/// [`Waker`]): each registered with a caller-chosen `token`.
+#[derive(Debug)]
+pub struct Epoll {
+    fd: OwnedFd,
+}
+
+/// The events one [`Epoll::wait`] returned; reusable.
+pub struct EpollEvents {
+    buf: Vec<libc::epoll_event>,
+    len: usize,
+}
+
+impl std::fmt::Debug for EpollEvents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.tokens()).finish()
+    }
+}
+
+impl EpollEvents {
+    /// Room for `n` events per wait.
+    pub fn with_capacity(n: usize) -> EpollEvents {
+        EpollEvents { buf: vec![libc::epoll_event { events: 0, u64: 0 }; n.max(1)], len: 0 }
+    }
+
+    /// Tokens of the descriptors that are readable (or in error: reading reports it).
+    pub fn tokens(&self) -> impl Iterator<Item = u64> + '_ {
+        self.buf[..self.len].iter().map(|e| e.u64)
+    }
+}
+
+impl Epoll {
+    /// A new epoll instance.
+    pub fn new() -> Result<Epoll> {
+        // SAFETY: epoll_create1 takes a flag; on success the descriptor is new and ours.
+        let fd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })
+            .map_err(|source| OsError::Epoll { op: "create", source })?;
+        // SAFETY: `fd` was just returned by epoll_create1 and is owned by nobody else.
+        Ok(Epoll { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    /// Watches `fd` for readability, reporting `token`.
+    pub fn add(&self, fd: RawFd, token: u64) -> Result<()> {
+        let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: token };
+        // SAFETY: `ev` is a live local; the kernel copies it.
+        cvt(unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) })
+            .map(drop)
+            .map_err(|source| OsError::Epoll { op: "add descriptor", source })
+    }
+
+    /// Stops watching `fd`; one that is not watched (or closed) is success.
+    pub fn delete(&self, fd: RawFd) -> Result<()> {
+        // SAFETY: EPOLL_CTL_DEL ignores the event pointer; null is allowed since Linux 2.6.9.
+        match cvt(unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) }) {
+            Err(e) if !matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EBADF)) => {
+                Err(OsError::Epoll { op: "delete descriptor", source: e })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Waits for readiness up to `timeout` (`None`: forever). Returns the number of ready
+    /// descriptors, 0 on timeout or signal.
+    pub fn wait(&self, events: &mut EpollEvents, timeout: Option<Duration>) -> Result<usize> {
+        let ms = timeout.map_or(-1, |d| d.as_millis().min(i32::MAX as u128) as libc::c_int);
+        let cap = events.buf.len().min(i32::MAX as usize) as libc::c_int;
+        // SAFETY: the pointer and capacity describe `events.buf`, exclusively borrowed.
+        let r = unsafe { libc::epoll_wait(self.fd.as_raw_fd(), events.buf.as_mut_ptr(), cap, ms) };
+        events.len = match cvt(r) {
+            Ok(n) => n as usize,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
+            Err(e) => return Err(OsError::Epoll { op: "wait", source: e }),
+        };
+        Ok(events.len)
+    }
+}
+
+/// An eventfd that makes an [`Epoll::wait`] return, so worker threads notice shutdown at once.
+#[derive(Debug)]
+pub struct Waker {
+    fd: OwnedFd,
+}
+
+impl Waker {
+    /// A new, unsignalled waker.
+    pub fn new() -> Result<Waker> {
+        // SAFETY: eventfd takes an initial value and flags; the descriptor is new and ours.
+        let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })
+            .map_err(|source| OsError::Epoll { op: "create eventfd", source })?;
+        // SAFETY: `fd` was just returned by eventfd and is owned by nobody else.
+        Ok(Waker { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    /// Makes the waker readable (stays readable until [`Waker::reset`]).
+    pub fn wake(&self) -> Result<()> {
+        match sys::write_u64(self.fd.as_fd(), 1) {
+            Err(e) if e.kind() != io::ErrorKind::WouldBlock => Err(OsError::Epoll { op: "signal eventfd", source: e }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Clears the signal.
+    pub fn reset(&self) {
+        let _ = sys::read_u64(self.fd.as_fd());
+    }
+}
+
+impl AsRawFd for Waker {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::netlink::{AddrFlags, Netlink};
+    use crate::netns::{unique_name, Netns};
+    use std::collections::BTreeSet;
+    use std::time::Instant;
+
+    #[test]
+    fn epoll_and_waker() {
+        let ep = Epoll::new().expect("epoll");
+        let w = Waker::new().expect("waker");
+        ep.add(w.as_raw_fd(), 7).expect("add");
+        let mut ev = EpollEvents::with_capacity(4);
+        assert_eq!(ep.wait(&mut ev, Some(Duration::from_millis(1))).expect("wait"), 0);
+        w.wake().expect("wake");
+        assert_eq!(ep.wait(&mut ev, Some(Duration::from_secs(5))).expect("wait"), 1);
+        assert_eq!(ev.tokens().collect::<Vec<_>>(), vec![7]);
+        w.reset();
+        ep.delete(w.as_raw_fd()).expect("delete");
+        ep.delete(w.as_raw_fd()).expect("delete twice");
+    }
+
+    #[test]
+    fn loopback_batch_and_timeout() {
+        let ns = Netns::create(&unique_name("udl")).expect("netns");
+        ns.run(|| {
+            let mut nl = Netlink::open().expect("netlink");
+            let lo = nl.link_index("lo").expect("lo");
+            nl.link_set_up(lo).expect("lo up");
+            let a = UdpSocket6::bind(0).expect("bind a");
+            let b = UdpSocket6::bind(0).expect("bind b");
+            assert!(b.recv_buffer_size().expect("rcvbuf") >= SOCKET_BUFFER as usize);
+            b.set_read_timeout(Some(Duration::from_millis(50))).expect("timeout");
+            let mut rs = RecvScratch::new(4);
+            let mut bufs: Vec<RecvBuf> = (0..4).map(|_| RecvBuf::new()).collect();
+            let e = b.recv_batch(&mut rs, &mut bufs).expect_err("empty socket");
+            assert!(e.is_would_block(), "{e}");
+
+            let dst = SocketAddrV6::new(Ipv6Addr::LOCALHOST, b.local_port(), 0, 0);
+            let mut ss = SendScratch::new(4);
+            let msgs = [
+                SendMsg { src: Ipv6Addr::UNSPECIFIED, dst, payload: b"x", segment_size: None },
+                SendMsg { src: Ipv6Addr::LOCALHOST, dst, payload: b"yy", segment_size: None },
+            ];
+            assert_eq!(a.send_batch(&mut ss, &msgs).expect("send"), 2);
+            let mut seen = Vec::new();
+            while seen.len() < 2 {
+                let n = b.recv_batch(&mut rs, &mut bufs).expect("recv");
+                for r in &bufs[..n] {
+                    assert_eq!(r.src().port(), a.local_port());
+                    assert_eq!(r.dst(), Ipv6Addr::LOCALHOST);
+                    seen.push(r.data().to_vec());
+                }
+            }
+            assert_eq!(seen, vec![b"x".to_vec(), b"yy".to_vec()]);
+        })
+        .expect("run");
+    }
+
+    /// Two namespaces joined by a veth. A sends from two FREEBIND source addresses chosen per
+    /// packet, plus a GSO train; B checks source, destination and GRO segmentation.
+    #[test]
+    fn veth_pktinfo_sources_and_gso_train() {
+        let ns_a = Netns::create(&unique_name("uda")).expect("netns a");
+        let ns_b = Netns::create(&unique_name("udb")).expect("netns b");
+        let a1: Ipv6Addr = "2001:db8:6d::a1".parse().expect("literal");
+        let a2: Ipv6Addr = "2001:db8:6d::a2".parse().expect("literal");
+        let b1: Ipv6Addr = "2001:db8:6d::b1".parse().expect("literal");
+        let nodad = AddrFlags { nodad: true, noprefixroute: false };
+
+        let (mut nl_a, ia) = ns_a
+            .run(|| {
+                let mut nl = Netlink::open().expect("netlink a");
+                nl.create_veth("va", "vb").expect("veth");
+                let vb = nl.link_index("vb").expect("vb");
+                nl.move_link_to_netns(vb, ns_b.fd()).expect("move vb");
+                let va = nl.link_index("va").expect("va");
+                (nl, va)
+            })
+            .expect("run a");
+        let (mut nl_b, ib) = ns_b
+            .run(|| {
+                let mut nl = Netlink::open().expect("netlink b");
+                let vb = nl.link_index("vb").expect("vb in b");
+                (nl, vb)
+            })
+            .expect("run b");
+        for a in [a1, a2] {
+            nl_a.add_address(ia, a, 64, nodad).expect("address a");
+        }
+        nl_b.add_address(ib, b1, 64, nodad).expect("address b");
+        nl_a.link_set_up(ia).expect("va up");
+        nl_b.link_set_up(ib).expect("vb up");
+        // Static neighbours: no ND round trip, so the first packets are not queued or dropped.
+        let mac_a = nl_a.link_mac(ia).expect("mac a").expect("veth has a MAC");
+        let mac_b = nl_b.link_mac(ib).expect("mac b").expect("veth has a MAC");
+        nl_a.add_neighbor(ia, b1, mac_b, true).expect("neigh b1");
+        for a in [a1, a2] {
+            nl_b.add_neighbor(ib, a, mac_a, true).expect("neigh a");
+        }
+
+        let sock_b = ns_b.run(|| UdpSocket6::bind(0)).expect("run").expect("bind b");
+        let sock_a = ns_a.run(|| UdpSocket6::bind(0)).expect("run").expect("bind a");
+        sock_b.set_read_timeout(Some(Duration::from_millis(200))).expect("timeout");
+        let dst = SocketAddrV6::new(b1, sock_b.local_port(), 0, 0);
+        let train: Vec<u8> = (0..250u32).map(|i| (i % 251) as u8).collect();
+        let msgs = [
+            SendMsg { src: a1, dst, payload: b"from a1", segment_size: None },
+            SendMsg { src: a2, dst, payload: b"from a2", segment_size: None },
+            SendMsg { src: a1, dst, payload: &train, segment_size: Some(100) },
+        ];
+        let mut ss = SendScratch::new(8);
+        let mut sent = 0;
+        while sent < msgs.len() {
+            sent += sock_a.send_batch(&mut ss, &msgs[sent..]).expect("send");
+        }
+
+        let mut expected: BTreeSet<(Ipv6Addr, Vec<u8>)> = BTreeSet::new();
+        expected.insert((a1, b"from a1".to_vec()));
+        expected.insert((a2, b"from a2".to_vec()));
+        for c in train.chunks(100) {
+            expected.insert((a1, c.to_vec()));
+        }
+        let mut got = BTreeSet::new();
+        let mut saw_gro = false;
+        let mut rs = RecvScratch::new(8);
+        let mut bufs: Vec<RecvBuf> = (0..8).map(|_| RecvBuf::new()).collect();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while got.len() < expected.len() && Instant::now() < deadline {
+            let n = match sock_b.recv_batch(&mut rs, &mut bufs) {
+                Err(e) if e.is_would_block() => continue,
+                r => r.expect("recv"),
+            };
+            for r in &bufs[..n] {
+                assert_eq!(r.dst(), b1, "PKTINFO destination");
+                assert_eq!(r.src().port(), sock_a.local_port());
+                assert_eq!(r.ifindex(), ib);
+                assert!(!r.truncated());
+                if let Some(seg) = r.segment_size() {
+                    saw_gro = true;
+                    assert_eq!(seg, 100);
+                    let d: Vec<_> = r.datagrams().collect();
+                    assert!(d[..d.len() - 1].iter().all(|x| x.len() == 100));
+                    assert!(d[d.len() - 1].len() <= 100);
+                }
+                for d in r.datagrams() {
+                    got.insert((*r.src().ip(), d.to_vec()));
+                }
+            }
+        }
+        assert_eq!(got, expected);
+        assert!(saw_gro, "the GSO train should arrive as one GRO buffer over veth");
+        assert!(sock_a.gso_supported());
+    }
+}
