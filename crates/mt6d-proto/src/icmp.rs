@@ -1,1 +1,323 @@
-//! placeholder
+//! ICMPv6 errors across the tunnel, as pure functions (000 §2.6.3, §3.2.3; docs/PROTOCOL.md §5).
+//!
+//! * [`translate_path_error`]: a router on the public path sent an error about one of our *outer*
+//!   packets. The inner host must instead see the same error about its *inner* packet, with true
+//!   addresses, from the gateway, and (Packet Too Big) with the MTU reduced by the tunnel overhead.
+//! * [`packet_too_big`]: an inner packet does not fit the tunnel; tell its sender (000 §3.2.4).
+//!
+//! What is restored from a quote depends on how much of it the router included (RFC 4443 §2.4(c):
+//! as much as fits in 1280 bytes) and on the mode:
+//! * plain: every quoted byte maps back to an inner byte; the quote is rebuilt as far as it goes.
+//! * auth: the inner bytes are in clear. A complete quote is verified with our own send key and
+//!   dropped if the tag fails; a truncated one cannot be verified and is restored as far as it goes
+//!   (ICMP quotes are never authenticated anyway; hosts match them against their own connections).
+//! * encrypt: a complete quote is decrypted (and verified) with our own send key. A truncated one
+//!   cannot be authenticated, and ring offers no unverified decryption, so only what is known
+//!   without decrypting is quoted: a synthesized 40-byte inner header (version 6, payload length from
+//!   the quoted UDP length, Next Header 59, the true addresses). For Packet Too Big,
+//!   [`Translated::path_mtu`] also reports the outer MTU so the daemon lowers its tunnel MTU: the
+//!   next oversized inner packet then gets a full-quote error from [`packet_too_big`].
+
+use std::net::{Ipv6Addr, SocketAddrV6};
+
+use crate::tunnel::{decapsulate, fixed_len, Decap, OpenError, COUNTER_LEN, INNER_HEADER_CARRIED, TAG_LEN};
+use crate::wire::{
+    Icmpv6Packet, Icmpv6Repr, Icmpv6Type, Ipv6Packet, Ipv6Repr, UdpPacket, WireError, IPV6_HEADER_LEN, NEXT_HEADER_ICMPV6,
+    NEXT_HEADER_NONE, NEXT_HEADER_UDP, UDP_HEADER_LEN,
+};
+use crate::{Mode, Route, Stream};
+
+/// IPv6 minimum link MTU (RFC 8200 §5): errors never exceed it, and no MTU below it is advertised.
+pub const MIN_MTU: usize = 1280;
+/// Bytes of IPv6 + ICMPv6 header in an error message.
+const ERROR_HEADERS: usize = IPV6_HEADER_LEN + 8;
+/// Largest quote that keeps an error within [`MIN_MTU`].
+pub const MAX_QUOTE: usize = MIN_MTU - ERROR_HEADERS;
+/// Hop limit of errors the gateway originates.
+pub const HOP_LIMIT: u8 = 64;
+
+/// Why an ICMPv6 message was not translated (the daemon drops it and counts [`IcmpError::reason`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IcmpError {
+    /// The error packet or its quote is not parseable.
+    #[error("malformed: {0}")]
+    Malformed(WireError),
+    /// Not ICMPv6, or not one of the four translated error types.
+    #[error("not a translatable ICMPv6 error")]
+    NotAnError,
+    /// The ICMPv6 checksum is wrong.
+    #[error("ICMPv6 checksum mismatch")]
+    BadChecksum,
+    /// The quoted packet is not a UDP packet of `route` (addresses or ports differ).
+    #[error("quoted packet does not belong to this route")]
+    NotOurRoute,
+    /// Too little of the tunnel payload is quoted to rebuild anything.
+    #[error("quote too short to restore")]
+    QuoteTooShort,
+    /// A complete quote failed authentication: forged or corrupted.
+    #[error("quoted tunnel payload failed authentication")]
+    BadTag,
+    /// The inner packet is itself an ICMPv6 error (RFC 4443 §2.4(e)), or its source is not unicast.
+    #[error("no ICMPv6 error may be sent about this packet")]
+    NotAllowed,
+    /// `out` is too small.
+    #[error("output buffer of {have} bytes too small, need {need}")]
+    BufferTooSmall {
+        /// Bytes available.
+        have: usize,
+        /// Bytes required.
+        need: usize,
+    },
+}
+
+impl IcmpError {
+    /// A stable label for drop counters.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Malformed(_) => "icmp_malformed",
+            Self::NotAnError => "icmp_not_an_error",
+            Self::BadChecksum => "icmp_bad_checksum",
+            Self::NotOurRoute => "icmp_not_our_route",
+            Self::QuoteTooShort => "icmp_quote_too_short",
+            Self::BadTag => "icmp_bad_tag",
+            Self::NotAllowed => "icmp_not_allowed",
+            Self::BufferTooSmall { .. } => "icmp_buffer_too_small",
+        }
+    }
+}
+
+impl From<WireError> for IcmpError {
+    fn from(e: WireError) -> Self {
+        Self::Malformed(e)
+    }
+}
+
+/// How much of the inner packet the translated error quotes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Quote {
+    /// The whole inner packet (capped at [`MAX_QUOTE`]).
+    Full,
+    /// A prefix, because the router's quote was cut.
+    Truncated,
+    /// Only a synthesized inner header (encrypt mode, truncated quote).
+    HeaderOnly,
+}
+
+/// A translated error written into `out`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Translated {
+    /// Bytes written (a whole IPv6 packet).
+    pub len: usize,
+    /// What the quote holds.
+    pub quote: Quote,
+    /// For Packet Too Big: the MTU the router reported for the outer path.
+    pub path_mtu: Option<u32>,
+}
+
+/// The outer (source, destination) of the packet an ICMPv6 error quotes, so the caller can find the
+/// stream and route it belongs to before calling [`translate_path_error`].
+pub fn quoted_route(error_packet: &[u8]) -> Result<(SocketAddrV6, SocketAddrV6), IcmpError> {
+    let (_, _, q, udp) = parse_error(error_packet)?;
+    Ok((SocketAddrV6::new(q.src_addr(), udp.src_port(), 0, 0), SocketAddrV6::new(q.dst_addr(), udp.dst_port(), 0, 0)))
+}
+
+type Parsed<'a> = (Ipv6Packet<&'a [u8]>, Icmpv6Packet<&'a [u8]>, Ipv6Packet<&'a [u8]>, UdpPacket<&'a [u8]>);
+
+fn parse_error(error_packet: &[u8]) -> Result<Parsed<'_>, IcmpError> {
+    let ip = Ipv6Packet::new_checked(error_packet)?;
+    if ip.next_header() != NEXT_HEADER_ICMPV6 {
+        return Err(IcmpError::NotAnError);
+    }
+    let icmp = Icmpv6Packet::new_checked(ip.into_payload())?;
+    if !matches!(
+        icmp.msg_type(),
+        Icmpv6Type::DestinationUnreachable | Icmpv6Type::PacketTooBig | Icmpv6Type::TimeExceeded | Icmpv6Type::ParameterProblem
+    ) {
+        return Err(IcmpError::NotAnError);
+    }
+    if !icmp.verify_checksum(ip.src_addr(), ip.dst_addr()) {
+        return Err(IcmpError::BadChecksum);
+    }
+    let quoted = Ipv6Packet::new_checked_header(icmp.into_payload()).map_err(|_| IcmpError::QuoteTooShort)?;
+    // MT6D never puts extension headers on outer packets (RFC 7872), so UDP follows directly.
+    if quoted.next_header() != NEXT_HEADER_UDP {
+        return Err(IcmpError::NotOurRoute);
+    }
+    let udp = UdpPacket::new_checked_header(quoted.into_payload()).map_err(|_| IcmpError::QuoteTooShort)?;
+    Ok((ip, icmp, quoted, udp))
+}
+
+/// Translates `error_packet` (a whole IPv6 packet carrying an ICMPv6 Destination Unreachable,
+/// Packet Too Big, Time Exceeded or Parameter Problem about an outer packet this gateway sent on
+/// `route`) into the error the local inner host must see, written into `out` as a whole IPv6 packet
+/// from `gateway` to `stream.local_true()`.
+pub fn translate_path_error(
+    stream: &Stream,
+    route: &Route,
+    error_packet: &[u8],
+    gateway: Ipv6Addr,
+    out: &mut [u8],
+) -> Result<Translated, IcmpError> {
+    let (_, icmp, quoted, udp) = parse_error(error_packet)?;
+    if quoted.src_addr() != *route.local.ip()
+        || quoted.dst_addr() != *route.remote.ip()
+        || udp.src_port() != route.local.port()
+        || udp.dst_port() != route.remote.port()
+    {
+        return Err(IcmpError::NotOurRoute);
+    }
+    let mode = stream.mode();
+    let present = udp.payload();
+    let full_len = usize::from(udp.len()) - UDP_HEADER_LEN; // new_checked_header: len >= 8.
+    let complete = present.len() == full_len;
+    if full_len < fixed_len(mode) || present.len() < INNER_HEADER_CARRIED {
+        return Err(IcmpError::QuoteTooShort);
+    }
+    let body = out.get_mut(ERROR_HEADERS..).unwrap_or_default();
+    let (inner_len, quote) = match (mode, complete) {
+        (Mode::Plain, _) | (Mode::Auth, false) => restore_clear(stream, mode, present, full_len, body)?,
+        (Mode::Auth | Mode::Encrypt, true) => {
+            let key = stream.data_key(stream.role());
+            let d = Decap {
+                mode,
+                key: key.as_ref(),
+                outer_src: route.local,
+                outer_dst: route.remote,
+                inner_src: stream.local_true(),
+                inner_dst: stream.remote_true(),
+            };
+            // Errors are rare: a heap buffer here keeps the caller's `out` at 1280 bytes.
+            let mut inner = vec![0u8; IPV6_HEADER_LEN + present.len()];
+            match decapsulate(&d, present, &mut inner, &mut Vec::new(), None) {
+                Ok(n) => {
+                    let q = n.min(MAX_QUOTE);
+                    if body.len() < q {
+                        return Err(too_small(out.len(), q + ERROR_HEADERS));
+                    }
+                    body[..q].copy_from_slice(&inner[..q]);
+                    (n, Quote::Full)
+                }
+                Err(OpenError::BadInner) => {
+                    return Err(IcmpError::Malformed(WireError::Malformed { what: "inner", field: "header" }))
+                }
+                Err(_) => return Err(IcmpError::BadTag),
+            }
+        }
+        (Mode::Encrypt, false) => {
+            let repr = Ipv6Repr {
+                traffic_class: 0,
+                flow_label: 0,
+                payload_len: u16::try_from(full_len - fixed_len(mode)).unwrap_or(u16::MAX),
+                next_header: NEXT_HEADER_NONE,
+                hop_limit: quoted.hop_limit(),
+                src_addr: stream.local_true(),
+                dst_addr: stream.remote_true(),
+            };
+            repr.emit(body).map_err(|_| too_small(out.len(), ERROR_HEADERS + IPV6_HEADER_LEN))?;
+            (IPV6_HEADER_LEN, Quote::HeaderOnly)
+        }
+    };
+    let quote_len = inner_len.min(MAX_QUOTE);
+    let quote = if quote_len < inner_len && quote == Quote::Full { Quote::Truncated } else { quote };
+    let msg_type = icmp.msg_type();
+    let data = match msg_type {
+        Icmpv6Type::PacketTooBig => {
+            let mtu = usize::try_from(icmp.data()).unwrap_or(usize::MAX);
+            u32::try_from(stream.inner_mtu(mtu).max(MIN_MTU)).unwrap_or(u32::MAX)
+        }
+        Icmpv6Type::ParameterProblem => map_pointer(mode, icmp.data(), quote_len),
+        _ => 0,
+    };
+    let path_mtu = (msg_type == Icmpv6Type::PacketTooBig).then(|| icmp.data());
+    let len = emit_error(out, gateway, stream.local_true(), Icmpv6Repr { msg_type, code: icmp.code(), data }, quote_len)?;
+    Ok(Translated { len, quote, path_mtu })
+}
+
+/// Rebuilds the inner packet from clear tunnel bytes (plain, or auth without verification) into
+/// `body`, as far as the quote goes and `MAX_QUOTE` allows.
+fn restore_clear(stream: &Stream, mode: Mode, present: &[u8], full_len: usize, body: &mut [u8]) -> Result<(usize, Quote), IcmpError> {
+    let (start, tag) = if mode == Mode::Plain { (0, 0) } else { (COUNTER_LEN, TAG_LEN) };
+    // full_len >= fixed_len(mode) >= tag (checked by the caller).
+    let end_of_clear = full_len - tag;
+    let clear = present.get(start..present.len().min(end_of_clear)).unwrap_or_default();
+    if clear.len() < INNER_HEADER_CARRIED {
+        return Err(IcmpError::QuoteTooShort);
+    }
+    let restorable = IPV6_HEADER_LEN + clear.len() - INNER_HEADER_CARRIED;
+    let inner_len = restorable.min(MAX_QUOTE);
+    if body.len() < inner_len {
+        return Err(too_small(body.len() + ERROR_HEADERS, inner_len + ERROR_HEADERS));
+    }
+    body[..INNER_HEADER_CARRIED].copy_from_slice(&clear[..INNER_HEADER_CARRIED]);
+    body[8..24].copy_from_slice(&stream.local_true().octets());
+    body[24..40].copy_from_slice(&stream.remote_true().octets());
+    let rest = inner_len - IPV6_HEADER_LEN;
+    body[IPV6_HEADER_LEN..inner_len].copy_from_slice(&clear[INNER_HEADER_CARRIED..INNER_HEADER_CARRIED + rest]);
+    let quote = if present.len() >= end_of_clear && inner_len == restorable { Quote::Full } else { Quote::Truncated };
+    Ok((inner_len, quote))
+}
+
+/// Maps a Parameter Problem pointer into the outer packet onto the inner packet. Pointers into the
+/// outer headers or the counter (which the inner host never sent) become 0.
+fn map_pointer(mode: Mode, pointer: u32, inner_len: usize) -> u32 {
+    let skip = (IPV6_HEADER_LEN + UDP_HEADER_LEN + if mode == Mode::Plain { 0 } else { COUNTER_LEN }) as u32;
+    let Some(q) = pointer.checked_sub(skip) else { return 0 };
+    let mapped = if q < INNER_HEADER_CARRIED as u32 { q } else { q.saturating_add(32) };
+    if (mapped as usize) < inner_len {
+        mapped
+    } else {
+        0
+    }
+}
+
+fn too_small(have: usize, need: usize) -> IcmpError {
+    IcmpError::BufferTooSmall { have, need }
+}
+
+/// Writes the IPv6 and ICMPv6 headers in front of a quote already at `out[48..48 + quote_len]`.
+fn emit_error(out: &mut [u8], src: Ipv6Addr, dst: Ipv6Addr, icmp: Icmpv6Repr, quote_len: usize) -> Result<usize, IcmpError> {
+    let len = ERROR_HEADERS + quote_len;
+    let Some(pkt) = out.get_mut(..len) else {
+        return Err(too_small(out.len(), len));
+    };
+    let ip = Ipv6Repr {
+        traffic_class: 0,
+        flow_label: 0,
+        // len <= MIN_MTU, so the ICMPv6 length fits u16.
+        payload_len: (len - IPV6_HEADER_LEN) as u16,
+        next_header: NEXT_HEADER_ICMPV6,
+        hop_limit: HOP_LIMIT,
+        src_addr: src,
+        dst_addr: dst,
+    };
+    ip.emit(pkt)?;
+    icmp.emit(&mut pkt[IPV6_HEADER_LEN..], src, dst)?;
+    Ok(len)
+}
+
+/// Builds a Packet Too Big from `gateway` to the source of `inner` (an inner packet that exceeds the
+/// tunnel MTU), quoting as much of it as fits in 1280 bytes (RFC 4443 §3.2). `mtu` is the inner
+/// MTU to advertise; values below 1280 are raised to 1280 (RFC 8201 §4).
+pub fn packet_too_big(gateway: Ipv6Addr, mtu: u32, inner: &[u8], out: &mut [u8]) -> Result<usize, IcmpError> {
+    let ip = Ipv6Packet::new_checked_header(inner)?;
+    let src = ip.src_addr();
+    if src.is_unspecified() || src.is_multicast() {
+        return Err(IcmpError::NotAllowed);
+    }
+    if ip.next_header() == NEXT_HEADER_ICMPV6 {
+        if let Some(&t) = ip.payload().first() {
+            if Icmpv6Type::from_u8(t).is_error() {
+                return Err(IcmpError::NotAllowed);
+            }
+        }
+    }
+    let quote_len = inner.len().min(MAX_QUOTE);
+    let need = ERROR_HEADERS + quote_len;
+    if out.len() < need {
+        return Err(too_small(out.len(), need));
+    }
+    out[ERROR_HEADERS..need].copy_from_slice(&inner[..quote_len]);
+    let repr = Icmpv6Repr { msg_type: Icmpv6Type::PacketTooBig, code: 0, data: mtu.max(MIN_MTU as u32) };
+    emit_error(out, gateway, src, repr, quote_len)
+}

@@ -26,6 +26,8 @@ pub mod icmp;
 mod key;
 mod schedule;
 mod stream;
+#[cfg(test)]
+mod testutil;
 mod time;
 pub mod tunnel;
 pub mod wire;

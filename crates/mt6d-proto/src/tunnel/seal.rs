@@ -97,3 +97,57 @@ impl Sealer {
         Ok(c)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{addr, pair, udp, A, B};
+    use crate::{AeadAlg, Epoch};
+
+    #[test]
+    fn refuses_foreign_and_malformed_packets() {
+        let (a, _) = pair(Mode::Encrypt, AeadAlg::Aes256Gcm);
+        let s = a.sealer(UnixTime::from_secs(1_700_000_000));
+        let r = a.route(Epoch(1));
+        let mut out = [0u8; 2048];
+        let ok = udp(addr(A), addr(B), b"hi");
+        assert!(s.seal(&r, &ok, &mut out).is_ok());
+        assert_eq!(s.seal(&r, &udp(addr(B), addr(B), b"x"), &mut out), Err(SealError::WrongSource));
+        assert_eq!(s.seal(&r, &udp(addr(A), addr(A), b"x"), &mut out), Err(SealError::WrongDestination));
+        assert!(matches!(s.seal(&r, &ok[..39], &mut out), Err(SealError::Malformed(_))));
+        assert!(matches!(s.seal(&r, &ok[..ok.len() - 1], &mut out), Err(SealError::Malformed(_))));
+        assert_eq!(
+            s.seal(&r, &ok, &mut out[..ok.len() - 9]),
+            Err(SealError::BufferTooSmall { have: ok.len() - 9, need: ok.len() - 8 })
+        );
+    }
+
+    #[test]
+    fn counter_starts_at_now_and_never_reaches_the_high_bit() {
+        let (a, _) = pair(Mode::Auth, AeadAlg::ChaCha20Poly1305);
+        let now = UnixTime::from_nanos(1_700_000_000_123_456_789);
+        let s = a.sealer(now);
+        let r = a.route(Epoch(1));
+        let mut out = [0u8; 256];
+        let pkt = udp(addr(A), addr(B), b"hi");
+        s.seal(&r, &pkt, &mut out).unwrap();
+        assert_eq!(u64::from_be_bytes(out[..8].try_into().unwrap()), now.as_nanos());
+        assert_eq!(s.next_counter(), now.as_nanos() + 1);
+        let s = a.sealer(UnixTime::from_nanos(COUNTER_LIMIT - 1));
+        assert!(s.seal(&r, &pkt, &mut out).is_ok());
+        assert_eq!(s.seal(&r, &pkt, &mut out), Err(SealError::CounterExhausted));
+        assert_eq!(s.seal(&r, &pkt, &mut out), Err(SealError::CounterExhausted));
+    }
+
+    #[test]
+    fn plain_is_exactly_the_thesis_layout() {
+        let (a, _) = pair(Mode::Plain, AeadAlg::Aes256Gcm);
+        let s = a.sealer(UnixTime::from_secs(1));
+        let pkt = udp(addr(A), addr(B), b"payload");
+        let mut out = [0u8; 256];
+        let n = s.seal(&a.route(Epoch(3)), &pkt, &mut out).unwrap();
+        assert_eq!(n, pkt.len() - 32);
+        assert_eq!(&out[..8], &pkt[..8]);
+        assert_eq!(&out[8..n], &pkt[40..]);
+    }
+}

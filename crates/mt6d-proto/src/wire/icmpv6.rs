@@ -110,6 +110,13 @@ impl<T: AsRef<[u8]>> Icmpv6Packet<T> {
     }
 }
 
+impl<'a> Icmpv6Packet<&'a [u8]> {
+    /// Bytes after the header, borrowed for the buffer's lifetime.
+    pub fn into_payload(self) -> &'a [u8] {
+        &self.buffer[ICMPV6_HEADER_LEN..]
+    }
+}
+
 /// An owned ICMPv6 header (the payload is written by the caller).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Icmpv6Repr {

@@ -124,6 +124,14 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
     }
 }
 
+impl<'a> Ipv6Packet<&'a [u8]> {
+    /// The payload bytes present, borrowed for the buffer's lifetime.
+    pub fn into_payload(self) -> &'a [u8] {
+        let end = (IPV6_HEADER_LEN + usize::from(self.payload_len())).min(self.buffer.len());
+        &self.buffer[IPV6_HEADER_LEN..end]
+    }
+}
+
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv6Packet<T> {
     /// Sets the source address.
     pub fn set_src_addr(&mut self, a: Ipv6Addr) {

@@ -93,6 +93,13 @@ impl<T: AsRef<[u8]>> UdpPacket<T> {
     }
 }
 
+impl<'a> UdpPacket<&'a [u8]> {
+    /// The payload bytes present, borrowed for the buffer's lifetime.
+    pub fn into_payload(self) -> &'a [u8] {
+        &self.buffer[UDP_HEADER_LEN..usize::from(self.len()).min(self.buffer.len())]
+    }
+}
+
 /// An owned UDP header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct UdpRepr {
