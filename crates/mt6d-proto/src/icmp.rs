@@ -321,3 +321,162 @@ pub fn packet_too_big(gateway: Ipv6Addr, mtu: u32, inner: &[u8], out: &mut [u8])
     let repr = Icmpv6Repr { msg_type: Icmpv6Type::PacketTooBig, code: 0, data: mtu.max(MIN_MTU as u32) };
     emit_error(out, gateway, src, repr, quote_len)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{addr, pair, tcp, transport_checksum_ok, udp, A, B};
+    use crate::wire::UdpRepr;
+    use crate::{AeadAlg, Epoch, UnixTime};
+
+    const ROUTER: &str = "2001:db8:ffff::1";
+    const GATEWAY: &str = "2001:db8:a::fe";
+
+    /// The outer packet A's gateway sends for `inner`, and the router's error about it quoting at
+    /// most `quote_max` bytes.
+    fn router_error(stream: &Stream, route: &Route, inner: &[u8], msg_type: Icmpv6Type, data: u32, quote_max: usize) -> Vec<u8> {
+        let sealer = stream.sealer(UnixTime::from_secs(1_700_000_000));
+        let mut payload = [0u8; 2048];
+        let n = sealer.seal(route, inner, &mut payload).unwrap();
+        let mut udp_dgram = vec![0u8; 8 + n];
+        udp_dgram[8..].copy_from_slice(&payload[..n]);
+        let (s, d) = (*route.local.ip(), *route.remote.ip());
+        UdpRepr { src_port: route.local.port(), dst_port: route.remote.port() }.emit(&mut udp_dgram, s, d).unwrap();
+        let mut outer = vec![0u8; 40 + udp_dgram.len()];
+        Ipv6Repr { traffic_class: 0, flow_label: 0, payload_len: udp_dgram.len() as u16, next_header: 17, hop_limit: 1, src_addr: s, dst_addr: d }
+            .emit(&mut outer)
+            .unwrap();
+        outer[40..].copy_from_slice(&udp_dgram);
+        let q = outer.len().min(quote_max);
+        let mut err = vec![0u8; 48 + q];
+        err[48..].copy_from_slice(&outer[..q]);
+        Icmpv6Repr { msg_type, code: 0, data }.emit(&mut err[40..], addr(ROUTER), s).unwrap();
+        Ipv6Repr { traffic_class: 0, flow_label: 0, payload_len: (8 + q) as u16, next_header: 58, hop_limit: 64, src_addr: addr(ROUTER), dst_addr: s }
+            .emit(&mut err)
+            .unwrap();
+        err
+    }
+
+    fn check_output(out: &[u8], msg_type: Icmpv6Type) -> Icmpv6Packet<&[u8]> {
+        let ip = Ipv6Packet::new_checked(out).unwrap();
+        assert_eq!(ip.src_addr(), addr(GATEWAY));
+        assert_eq!(ip.dst_addr(), addr(A));
+        assert!(out.len() <= MIN_MTU);
+        let icmp = Icmpv6Packet::new_checked(ip.into_payload()).unwrap();
+        assert!(icmp.verify_checksum(addr(GATEWAY), addr(A)));
+        assert_eq!(icmp.msg_type(), msg_type);
+        icmp
+    }
+
+    #[test]
+    fn full_quotes_are_restored_in_every_mode() {
+        for (mode, alg) in [(Mode::Plain, AeadAlg::Aes256Gcm), (Mode::Auth, AeadAlg::Aes256Gcm), (Mode::Encrypt, AeadAlg::ChaCha20Poly1305)] {
+            let (a, _) = pair(mode, alg);
+            let route = a.route(Epoch(9));
+            let inner = tcp(addr(A), addr(B), &[7; 300]);
+            for t in [Icmpv6Type::TimeExceeded, Icmpv6Type::DestinationUnreachable] {
+                let err = router_error(&a, &route, &inner, t, 0, 1232);
+                assert_eq!(quoted_route(&err).unwrap(), (route.local, route.remote));
+                let mut out = [0u8; 1280];
+                let tr = translate_path_error(&a, &route, &err, addr(GATEWAY), &mut out).unwrap();
+                assert_eq!(tr.quote, Quote::Full, "{mode}");
+                let icmp = check_output(&out[..tr.len], t);
+                assert_eq!(icmp.payload(), &inner[..], "{mode}");
+                assert!(transport_checksum_ok(icmp.payload()));
+            }
+        }
+    }
+
+    #[test]
+    fn packet_too_big_reduces_the_mtu_and_handles_truncated_quotes() {
+        for mode in [Mode::Plain, Mode::Auth, Mode::Encrypt] {
+            let (a, _) = pair(mode, AeadAlg::Aes256Gcm);
+            let route = a.route(Epoch(9));
+            let inner = udp(addr(A), addr(B), &[3; 1400]);
+            let err = router_error(&a, &route, &inner, Icmpv6Type::PacketTooBig, 1480, 1232);
+            let mut out = [0u8; 1280];
+            let tr = translate_path_error(&a, &route, &err, addr(GATEWAY), &mut out).unwrap();
+            let icmp = check_output(&out[..tr.len], Icmpv6Type::PacketTooBig);
+            assert_eq!(icmp.data() as usize, 1480 - a.overhead());
+            assert_eq!(tr.path_mtu, Some(1480));
+            let q = icmp.payload();
+            assert_eq!(&q[8..40], &inner[8..40]);
+            match mode {
+                Mode::Encrypt => {
+                    assert_eq!(tr.quote, Quote::HeaderOnly);
+                    assert_eq!(q.len(), 40);
+                    assert_eq!(&q[4..6], &inner[4..6], "payload length recovered from UDP length");
+                    assert_eq!(q[6], NEXT_HEADER_NONE);
+                }
+                _ => {
+                    assert_eq!(tr.quote, Quote::Truncated);
+                    assert_eq!(q, &inner[..q.len()]);
+                    assert!(q.len() > 1100);
+                }
+            }
+            // A low MTU is floored at 1280.
+            let err = router_error(&a, &route, &inner, Icmpv6Type::PacketTooBig, 1280, 1232);
+            let tr = translate_path_error(&a, &route, &err, addr(GATEWAY), &mut out).unwrap();
+            assert_eq!(check_output(&out[..tr.len], Icmpv6Type::PacketTooBig).data(), 1280);
+        }
+    }
+
+    #[test]
+    fn parameter_problem_pointer_is_mapped() {
+        assert_eq!(map_pointer(Mode::Plain, 48 + 6, 100), 6);
+        assert_eq!(map_pointer(Mode::Plain, 48 + 8, 100), 40);
+        assert_eq!(map_pointer(Mode::Encrypt, 48 + 4, 100), 0);
+        assert_eq!(map_pointer(Mode::Encrypt, 56 + 9, 100), 41);
+        assert_eq!(map_pointer(Mode::Auth, 6, 100), 0);
+        assert_eq!(map_pointer(Mode::Auth, 5000, 100), 0);
+    }
+
+    #[test]
+    fn rejects_forged_foreign_and_broken_errors() {
+        let (a, _) = pair(Mode::Encrypt, AeadAlg::Aes256Gcm);
+        let route = a.route(Epoch(9));
+        let inner = tcp(addr(A), addr(B), b"x");
+        let err = router_error(&a, &route, &inner, Icmpv6Type::TimeExceeded, 0, 1232);
+        let mut out = [0u8; 1280];
+        // Other route.
+        assert_eq!(translate_path_error(&a, &a.route(Epoch(10)), &err, addr(GATEWAY), &mut out), Err(IcmpError::NotOurRoute));
+        // Bad checksum.
+        let mut bad = err.clone();
+        bad[42] ^= 1;
+        assert_eq!(translate_path_error(&a, &route, &bad, addr(GATEWAY), &mut out), Err(IcmpError::BadChecksum));
+        // Tampered ciphertext with a fixed-up checksum.
+        let mut forged = err.clone();
+        let last = forged.len() - 1;
+        forged[last] ^= 1;
+        forged[42..44].copy_from_slice(&[0, 0]);
+        let c = crate::wire::upper_layer_checksum(addr(ROUTER), *route.local.ip(), 58, &forged[40..]);
+        forged[42..44].copy_from_slice(&c.to_be_bytes());
+        assert_eq!(translate_path_error(&a, &route, &forged, addr(GATEWAY), &mut out), Err(IcmpError::BadTag));
+        // Truncated error packets never panic.
+        for n in 0..err.len() {
+            let _ = translate_path_error(&a, &route, &err[..n], addr(GATEWAY), &mut out);
+            let _ = quoted_route(&err[..n]);
+        }
+        // Echo request is not an error.
+        let echo = crate::testutil::echo(addr(ROUTER), *route.local.ip(), b"");
+        assert_eq!(translate_path_error(&a, &route, &echo, addr(GATEWAY), &mut out), Err(IcmpError::NotAnError));
+    }
+
+    #[test]
+    fn local_packet_too_big() {
+        let inner = udp(addr(A), addr(B), &[1; 3000]);
+        let mut out = [0u8; 1280];
+        let n = packet_too_big(addr(GATEWAY), 1400, &inner, &mut out).unwrap();
+        assert_eq!(n, 1280);
+        let icmp = check_output(&out[..n], Icmpv6Type::PacketTooBig);
+        assert_eq!(icmp.data(), 1400);
+        assert_eq!(icmp.payload(), &inner[..MAX_QUOTE]);
+        assert_eq!(packet_too_big(addr(GATEWAY), 1000, &inner, &mut out).map(|_| ()), Ok(()));
+        assert!(Icmpv6Packet::new_checked(&out[40..]).unwrap().data() == 1280);
+        // Never about an ICMPv6 error.
+        let about_error = &out[..n].to_vec();
+        assert_eq!(packet_too_big(addr(GATEWAY), 1400, about_error, &mut out), Err(IcmpError::NotAllowed));
+        assert!(matches!(packet_too_big(addr(GATEWAY), 1400, &inner, &mut out[..100]), Err(IcmpError::BufferTooSmall { .. })));
+        assert!(packet_too_big(addr(GATEWAY), 1400, &inner[..20], &mut out).is_err());
+    }
+}
