@@ -1,0 +1,591 @@
+//! The gateway's configuration file: the TOML schema, parsing with file and line numbers in every
+//! error, and validation into the protocol crate's [`StreamConfig`]s.
+//!
+//! Everything is validated here, before the daemon touches the OS, so that a bad file never
+//! half-applies (developers' brief; `mt6d check -c FILE` runs exactly this code). The schema is
+//! documented with a full example in `docs/CONFIG.md` and `examples/gateway-a.toml`.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::Ipv6Addr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use base64::Engine as _;
+use mt6d_proto::{
+    AeadAlg, Derivation, Endpoint, Mode, PortPolicy, SessionKey, Stream, StreamConfig,
+};
+use serde::Deserialize;
+use toml::Spanned;
+
+/// Longest interface name Linux accepts (IFNAMSIZ - 1).
+const IFNAME_MAX: usize = 15;
+
+/// A configuration error, with the place in the file a person has to look at.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}:{column}: {message}")]
+    At {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    #[error("{path}: {message}")]
+    File { path: PathBuf, message: String },
+}
+
+/// The validated configuration of one gateway.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub path: PathBuf,
+    pub gateway: GatewayConfig,
+    pub peers: Vec<PeerConfig>,
+}
+
+/// Settings of the gateway itself.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// The interface facing the protected host(s).
+    pub internal_interface: String,
+    /// The interface facing the public network, where the hashed addresses live.
+    pub external_interface: String,
+    /// Name of the TUN device the daemon creates.
+    pub tun_name: String,
+    /// Unix socket `mt6d status` talks to.
+    pub control_socket: PathBuf,
+}
+
+/// One protected stream: a local protected host, a remote one behind the peer gateway, and how
+/// their traffic is carried.
+#[derive(Debug, Clone)]
+pub struct PeerConfig {
+    pub name: String,
+    pub stream: StreamConfig,
+}
+
+impl PeerConfig {
+    /// Builds the protocol state for this peer. Cannot fail for a config that [`Config::parse`]
+    /// accepted, since parsing builds one stream to validate.
+    pub fn build_stream(&self) -> Result<Stream, mt6d_proto::ProtoError> {
+        Stream::new(self.stream.clone())
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    gateway: Spanned<RawGateway>,
+    #[serde(default, rename = "peer")]
+    peers: Vec<Spanned<RawPeer>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGateway {
+    internal_interface: Spanned<String>,
+    external_interface: Spanned<String>,
+    tun_name: Option<Spanned<String>>,
+    control_socket: Option<Spanned<String>>,
+    rotation_secs: Option<Spanned<f64>>,
+    jitter: Option<Spanned<bool>>,
+    mode: Option<Spanned<String>>,
+    aead: Option<Spanned<String>>,
+    derivation: Option<Spanned<String>>,
+    port: Option<Spanned<toml::Value>>,
+}
+
+/// Settings that `[gateway]` gives for every peer and a `[[peer]]` may override. (Listed in
+/// both sections rather than flattened: serde's flatten loses the spans that give line numbers.)
+#[derive(Default, Clone)]
+struct RawStreamSettings {
+    rotation_secs: Option<Spanned<f64>>,
+    jitter: Option<Spanned<bool>>,
+    mode: Option<Spanned<String>>,
+    aead: Option<Spanned<String>>,
+    derivation: Option<Spanned<String>>,
+    port: Option<Spanned<toml::Value>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPeer {
+    name: Spanned<String>,
+    local_host: Spanned<String>,
+    remote_host: Spanned<String>,
+    local_prefix: Option<Spanned<String>>,
+    remote_prefix: Option<Spanned<String>>,
+    local_mac: Option<Spanned<String>>,
+    remote_mac: Option<Spanned<String>>,
+    key: Option<Spanned<String>>,
+    key_file: Option<Spanned<String>>,
+    rotation_secs: Option<Spanned<f64>>,
+    jitter: Option<Spanned<bool>>,
+    mode: Option<Spanned<String>>,
+    aead: Option<Spanned<String>>,
+    derivation: Option<Spanned<String>>,
+    port: Option<Spanned<toml::Value>>,
+}
+
+/// Turns byte offsets into the `file:line:column` a person can open.
+struct Source<'a> {
+    path: &'a Path,
+    text: &'a str,
+}
+
+impl Source<'_> {
+    fn err_at(&self, span: std::ops::Range<usize>, message: impl fmt::Display) -> ConfigError {
+        let start = span.start.min(self.text.len());
+        let before = &self.text[..start];
+        let line = before.matches('\n').count() + 1;
+        let column = start - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+        ConfigError::At {
+            path: self.path.to_path_buf(),
+            line,
+            column,
+            message: message.to_string(),
+        }
+    }
+
+    fn err<T>(&self, item: &Spanned<T>, message: impl fmt::Display) -> ConfigError {
+        self.err_at(item.span(), message)
+    }
+}
+
+impl Config {
+    /// Reads and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::parse(path, &text)
+    }
+
+    /// Validates configuration text; `path` names the file in errors and anchors relative
+    /// `key_file` paths.
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let src = Source { path, text };
+        let raw: RawConfig = toml::from_str(text).map_err(|e| match e.span() {
+            Some(span) => src.err_at(span, e.message()),
+            None => ConfigError::File {
+                path: path.to_path_buf(),
+                message: e.message().to_string(),
+            },
+        })?;
+
+        let gw = raw.gateway.get_ref();
+        let internal_interface = interface_name(&src, &gw.internal_interface)?;
+        let external_interface = interface_name(&src, &gw.external_interface)?;
+        if internal_interface == external_interface {
+            return Err(src.err(
+                &gw.external_interface,
+                "external_interface must differ from internal_interface",
+            ));
+        }
+        let tun_name = match &gw.tun_name {
+            Some(name) => interface_name(&src, name)?,
+            None => "mt6d0".to_string(),
+        };
+        if tun_name == internal_interface || tun_name == external_interface {
+            return Err(src.err(
+                gw.tun_name.as_ref().unwrap_or(&gw.internal_interface),
+                format!("tun_name {tun_name:?} is already used by another interface setting"),
+            ));
+        }
+        let control_socket = match &gw.control_socket {
+            Some(p) => PathBuf::from(p.get_ref()),
+            None => default_control_socket(&tun_name),
+        };
+
+        if raw.peers.is_empty() {
+            return Err(ConfigError::File {
+                path: path.to_path_buf(),
+                message: "no [[peer]] section: a gateway needs at least one peer".into(),
+            });
+        }
+
+        let mut names = HashSet::new();
+        let mut remotes = HashSet::new();
+        let mut peers = Vec::with_capacity(raw.peers.len());
+        for peer in &raw.peers {
+            let p = peer.get_ref();
+            let name = p.name.get_ref().trim().to_string();
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            {
+                return Err(src.err(
+                    &p.name,
+                    "peer name must be non-empty and use only letters, digits, '-', '_' and '.'",
+                ));
+            }
+            if !names.insert(name.clone()) {
+                return Err(src.err(&p.name, format!("duplicate peer name {name:?}")));
+            }
+            let local_true = address(&src, &p.local_host)?;
+            let remote_true = address(&src, &p.remote_host)?;
+            if local_true == remote_true {
+                return Err(src.err(&p.remote_host, "remote_host equals local_host"));
+            }
+            if !remotes.insert(remote_true) {
+                return Err(src.err(
+                    &p.remote_host,
+                    format!("remote_host {remote_true} is already used by another peer: each remote host belongs to one peer"),
+                ));
+            }
+            let settings = merge(&gateway_settings(gw), &peer_settings(p));
+            let key = peer_key(&src, peer)?;
+            let stream = StreamConfig {
+                local: Endpoint {
+                    true_addr: local_true,
+                    external_prefix: p.local_prefix.as_ref().map(|s| prefix64(&src, s)).transpose()?,
+                    mac: p.local_mac.as_ref().map(|s| mac(&src, s)).transpose()?,
+                },
+                remote: Endpoint {
+                    true_addr: remote_true,
+                    external_prefix: p
+                        .remote_prefix
+                        .as_ref()
+                        .map(|s| prefix64(&src, s))
+                        .transpose()?,
+                    mac: p.remote_mac.as_ref().map(|s| mac(&src, s)).transpose()?,
+                },
+                key,
+                derivation: parse_opt(&src, &settings.derivation, Derivation::default())?,
+                ports: ports(&src, &settings.port)?,
+                mode: parse_opt(&src, &settings.mode, Mode::default())?,
+                aead: parse_opt(&src, &settings.aead, AeadAlg::default())?,
+                rotation: rotation(&src, &settings.rotation_secs)?,
+                jitter: settings.jitter.as_ref().is_some_and(|j| *j.get_ref()),
+            };
+            // Build the stream once so that anything the protocol layer rejects is reported
+            // here, against this peer's lines.
+            Stream::new(stream.clone()).map_err(|e| src.err(&p.name, format!("peer {name:?}: {e}")))?;
+            peers.push(PeerConfig { name, stream });
+        }
+
+        Ok(Config {
+            path: path.to_path_buf(),
+            gateway: GatewayConfig {
+                internal_interface,
+                external_interface,
+                tun_name,
+                control_socket,
+            },
+            peers,
+        })
+    }
+}
+
+/// Where the control socket lives when the file does not say: one per TUN name, so that two
+/// daemons in one network namespace (or in several, sharing /run) do not collide.
+pub fn default_control_socket(tun_name: &str) -> PathBuf {
+    PathBuf::from(format!("/run/mt6d/{tun_name}.sock"))
+}
+
+fn gateway_settings(g: &RawGateway) -> RawStreamSettings {
+    RawStreamSettings {
+        rotation_secs: g.rotation_secs.clone(),
+        jitter: g.jitter.clone(),
+        mode: g.mode.clone(),
+        aead: g.aead.clone(),
+        derivation: g.derivation.clone(),
+        port: g.port.clone(),
+    }
+}
+
+fn peer_settings(p: &RawPeer) -> RawStreamSettings {
+    RawStreamSettings {
+        rotation_secs: p.rotation_secs.clone(),
+        jitter: p.jitter.clone(),
+        mode: p.mode.clone(),
+        aead: p.aead.clone(),
+        derivation: p.derivation.clone(),
+        port: p.port.clone(),
+    }
+}
+
+fn merge(defaults: &RawStreamSettings, own: &RawStreamSettings) -> RawStreamSettings {
+    RawStreamSettings {
+        rotation_secs: own.rotation_secs.clone().or_else(|| defaults.rotation_secs.clone()),
+        jitter: own.jitter.clone().or_else(|| defaults.jitter.clone()),
+        mode: own.mode.clone().or_else(|| defaults.mode.clone()),
+        aead: own.aead.clone().or_else(|| defaults.aead.clone()),
+        derivation: own.derivation.clone().or_else(|| defaults.derivation.clone()),
+        port: own.port.clone().or_else(|| defaults.port.clone()),
+    }
+}
+
+fn interface_name(src: &Source, v: &Spanned<String>) -> Result<String, ConfigError> {
+    let name = v.get_ref();
+    if name.is_empty() || name.len() > IFNAME_MAX || name.contains('/') || name.contains(char::is_whitespace)
+    {
+        return Err(src.err(
+            v,
+            format!("{name:?} is not a valid interface name (1-{IFNAME_MAX} characters, no '/' or spaces)"),
+        ));
+    }
+    Ok(name.clone())
+}
+
+fn address(src: &Source, v: &Spanned<String>) -> Result<Ipv6Addr, ConfigError> {
+    let addr: Ipv6Addr = v
+        .get_ref()
+        .parse()
+        .map_err(|_| src.err(v, format!("{:?} is not an IPv6 address", v.get_ref())))?;
+    if addr.is_unspecified() || addr.is_loopback() || addr.is_multicast() {
+        return Err(src.err(v, format!("{addr} cannot be a protected host's address")));
+    }
+    if addr.segments()[0] & 0xffc0 == 0xfe80 {
+        return Err(src.err(
+            v,
+            format!("{addr} is link-local: a protected host needs a global or unique-local address"),
+        ));
+    }
+    Ok(addr)
+}
+
+fn prefix64(src: &Source, v: &Spanned<String>) -> Result<Ipv6Addr, ConfigError> {
+    let text = v.get_ref();
+    let (addr, len) = text
+        .split_once('/')
+        .ok_or_else(|| src.err(v, format!("{text:?} is not a prefix: write it as ADDRESS/64")))?;
+    if len != "64" {
+        return Err(src.err(
+            v,
+            format!("prefix length /{len} not supported: hashed addresses take a /64 (their low 64 bits are the hash)"),
+        ));
+    }
+    let addr: Ipv6Addr = addr
+        .parse()
+        .map_err(|_| src.err(v, format!("{addr:?} is not an IPv6 address")))?;
+    let seg = addr.segments();
+    Ok(Ipv6Addr::new(seg[0], seg[1], seg[2], seg[3], 0, 0, 0, 0))
+}
+
+fn mac(src: &Source, v: &Spanned<String>) -> Result<[u8; 6], ConfigError> {
+    let text = v.get_ref();
+    let mut out = [0u8; 6];
+    let parts: Vec<&str> = text.split([':', '-']).collect();
+    if parts.len() != 6 {
+        return Err(src.err(v, format!("{text:?} is not a MAC address (six hex bytes)")));
+    }
+    for (slot, part) in out.iter_mut().zip(parts) {
+        *slot = u8::from_str_radix(part, 16)
+            .map_err(|_| src.err(v, format!("{text:?} is not a MAC address (six hex bytes)")))?;
+    }
+    Ok(out)
+}
+
+fn parse_opt<T>(src: &Source, v: &Option<Spanned<String>>, default: T) -> Result<T, ConfigError>
+where
+    T: std::str::FromStr,
+    T::Err: fmt::Display,
+{
+    match v {
+        None => Ok(default),
+        Some(s) => s.get_ref().parse().map_err(|e| src.err(s, e)),
+    }
+}
+
+fn ports(src: &Source, v: &Option<Spanned<toml::Value>>) -> Result<PortPolicy, ConfigError> {
+    match v {
+        None => Ok(PortPolicy::default()),
+        Some(s) => match s.get_ref() {
+            toml::Value::String(h) if h == "hopping" => Ok(PortPolicy::Hopping),
+            toml::Value::Integer(p) if (1024..=65535).contains(p) => {
+                // The range check above makes the conversion exact.
+                Ok(PortPolicy::Fixed(*p as u16))
+            }
+            _ => Err(src.err(
+                s,
+                "port must be \"hopping\" (a new port every epoch) or a fixed port number 1024-65535",
+            )),
+        },
+    }
+}
+
+fn rotation(src: &Source, v: &Option<Spanned<f64>>) -> Result<Duration, ConfigError> {
+    match v {
+        None => Ok(Duration::from_secs(10)),
+        Some(s) => {
+            let secs = *s.get_ref();
+            if !(1.0..=86_400.0).contains(&secs) {
+                return Err(src.err(s, format!("rotation_secs {secs} out of range (1 to 86400)")));
+            }
+            Ok(Duration::from_millis((secs * 1000.0).round() as u64))
+        }
+    }
+}
+
+fn peer_key(src: &Source, peer: &Spanned<RawPeer>) -> Result<SessionKey, ConfigError> {
+    let p = peer.get_ref();
+    let (text, at) = match (&p.key, &p.key_file) {
+        (Some(_), Some(f)) => return Err(src.err(f, "give either key or key_file, not both")),
+        (None, None) => {
+            return Err(src.err(
+                &p.name,
+                "peer has no key: set key = \"BASE64\" or key_file = \"PATH\" (generate one with `mt6d genpsk`)",
+            ))
+        }
+        (Some(k), None) => (zeroize::Zeroizing::new(k.get_ref().clone()), k),
+        (None, Some(f)) => {
+            let mut file = PathBuf::from(f.get_ref());
+            if file.is_relative() {
+                if let Some(dir) = src.path.parent() {
+                    file = dir.join(file);
+                }
+            }
+            let meta = std::fs::metadata(&file)
+                .map_err(|e| src.err(f, format!("key file {}: {e}", file.display())))?;
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                return Err(src.err(
+                    f,
+                    format!(
+                        "key file {} is readable by others (mode {mode:03o}); run: chmod 600 {}",
+                        file.display(),
+                        file.display()
+                    ),
+                ));
+            }
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| src.err(f, format!("key file {}: {e}", file.display())))?;
+            (zeroize::Zeroizing::new(text), f)
+        }
+    };
+    let bytes = zeroize::Zeroizing::new(
+        base64::engine::general_purpose::STANDARD
+            .decode(text.trim())
+            .map_err(|_| src.err(at, "key is not valid base64"))?,
+    );
+    SessionKey::from_bytes(&bytes).map_err(|e| src.err(at, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+
+    fn example() -> String {
+        format!(
+            r#"
+[gateway]
+internal_interface = "eth1"
+external_interface = "eth0"
+rotation_secs = 1
+
+[[peer]]
+name = "site-b"
+local_host = "2001:db8:1::a"
+remote_host = "2001:db8:1::b"
+key = "{KEY}"
+"#
+        )
+    }
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("/etc/mt6d/gw.toml"), text)
+    }
+
+    #[test]
+    fn minimal_config_parses_with_defaults() {
+        let cfg = parse(&example()).expect("example parses");
+        assert_eq!(cfg.gateway.tun_name, "mt6d0");
+        assert_eq!(cfg.gateway.control_socket, PathBuf::from("/run/mt6d/mt6d0.sock"));
+        assert_eq!(cfg.peers.len(), 1);
+        let s = &cfg.peers[0].stream;
+        assert_eq!(s.rotation, Duration::from_secs(1));
+        assert_eq!(s.mode, Mode::Encrypt);
+        assert_eq!(s.ports, PortPolicy::Hopping);
+        assert!(cfg.peers[0].build_stream().is_ok());
+    }
+
+    #[test]
+    fn peer_overrides_gateway_defaults() {
+        let text = example().replace("rotation_secs = 1", "rotation_secs = 1\nmode = \"auth\"")
+            + "mode = \"plain\"\nport = 4500\n";
+        let cfg = parse(&text).expect("parses");
+        assert_eq!(cfg.peers[0].stream.mode, Mode::Plain);
+        assert_eq!(cfg.peers[0].stream.ports, PortPolicy::Fixed(4500));
+    }
+
+    #[test]
+    fn bad_address_names_file_line_and_column() {
+        let text = example().replace("2001:db8:1::b", "2001:db8:1::zz");
+        let err = parse(&text).expect_err("must fail").to_string();
+        assert!(err.starts_with("/etc/mt6d/gw.toml:10:15:"), "{err}");
+        assert!(err.contains("not an IPv6 address"), "{err}");
+    }
+
+    #[test]
+    fn syntax_error_has_a_line() {
+        let err = parse("[gateway]\ninternal_interface = \n").expect_err("fails").to_string();
+        assert!(err.starts_with("/etc/mt6d/gw.toml:2:"), "{err}");
+    }
+
+    #[test]
+    fn unknown_key_is_rejected() {
+        let text = example().replace("rotation_secs = 1", "rotation_secs = 1\nrotaton = 3");
+        let err = parse(&text).expect_err("fails").to_string();
+        assert!(err.contains("rotaton"), "{err}");
+    }
+
+    #[test]
+    fn missing_key_and_duplicate_peer_are_reported() {
+        let no_key = example().replace(&format!("key = \"{KEY}\""), "");
+        assert!(parse(&no_key).expect_err("fails").to_string().contains("no key"));
+        let dup = example() + &example()[example().find("[[peer]]").expect("has peer")..];
+        let err = parse(&dup).expect_err("fails").to_string();
+        assert!(err.contains("duplicate peer name"), "{err}");
+    }
+
+    #[test]
+    fn out_of_range_values_are_rejected() {
+        for (from, to, what) in [
+            ("rotation_secs = 1", "rotation_secs = 0.5", "rotation_secs"),
+            ("rotation_secs = 1", "rotation_secs = 1\nport = 80", "port must be"),
+            ("rotation_secs = 1", "rotation_secs = 1\nmode = \"fast\"", "fast"),
+            ("\"eth0\"", "\"eth1\"", "must differ"),
+            ("\"eth0\"", "\"an-interface-name-too-long\"", "not a valid interface name"),
+        ] {
+            let err = parse(&example().replace(from, to)).expect_err(what).to_string();
+            assert!(err.contains(what), "{what}: {err}");
+        }
+    }
+
+    #[test]
+    fn prefixes_and_macs_parse() {
+        let text = example()
+            + "local_prefix = \"2001:db8:aaaa:1:ffff::/64\"\nremote_prefix = \"2001:db8:bbbb::/64\"\nlocal_mac = \"00:ab:cd:11:22:01\"\n";
+        let cfg = parse(&text).expect("parses");
+        let s = &cfg.peers[0].stream;
+        assert_eq!(s.local.external_prefix, Some("2001:db8:aaaa:1::".parse().expect("addr")));
+        assert_eq!(s.local.mac, Some([0, 0xab, 0xcd, 0x11, 0x22, 0x01]));
+        let bad = example() + "remote_prefix = \"2001:db8::/48\"\n";
+        assert!(parse(&bad).expect_err("fails").to_string().contains("/48"));
+    }
+
+    #[test]
+    fn world_readable_key_file_is_refused() {
+        let dir = std::env::temp_dir().join(format!("mt6d-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("tmp dir");
+        let key = dir.join("b.key");
+        std::fs::write(&key, KEY).expect("write key");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let text = example().replace(&format!("key = \"{KEY}\""), "key_file = \"b.key\"");
+        let path = dir.join("gw.toml");
+        let err = Config::parse(&path, &text).expect_err("0644 refused").to_string();
+        assert!(err.contains("chmod 600"), "{err}");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        assert!(Config::parse(&path, &text).is_ok());
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+}

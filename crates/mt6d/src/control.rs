@@ -1,0 +1,294 @@
+//! The control socket: how `mt6d status` (and the demo) ask a running daemon what it is doing.
+//!
+//! Protocol: a client connects to the daemon's unix stream socket, writes one request line
+//! (`status`), and reads one JSON document until end of file. The socket is created mode 0600:
+//! status shows addresses and counters, which only root should read.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::gateway::counters::CounterSnapshot;
+
+/// What the daemon reports about itself.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Status {
+    pub version: String,
+    pub pid: u32,
+    pub uptime_secs: u64,
+    pub tun: String,
+    pub internal_interface: String,
+    pub external_interface: String,
+    pub peers: Vec<PeerStatus>,
+}
+
+/// One peer (stream) of the daemon.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PeerStatus {
+    pub name: String,
+    pub mode: String,
+    pub local_host: String,
+    pub remote_host: String,
+    pub epoch: u64,
+    /// Milliseconds until the send route changes.
+    pub next_change_ms: u64,
+    /// The route packets are sent on now.
+    pub send: RouteStatus,
+    /// The routes accepted now: previous, current and next epoch.
+    pub accept: Vec<RouteStatus>,
+    pub counters: CounterSnapshot,
+}
+
+/// A pair of outer endpoints for one epoch.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RouteStatus {
+    pub epoch: u64,
+    /// `[address]:port` of this gateway.
+    pub local: String,
+    /// `[address]:port` of the peer gateway.
+    pub remote: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ControlError {
+    #[error("cannot connect to {path}: {source} (is `mt6d run` running with this control socket?)")]
+    Connect {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("control socket {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("control socket {path}: daemon sent an unreadable answer: {source}")]
+    Decode {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("control socket {path}: {message}")]
+    Bind { path: PathBuf, message: String },
+}
+
+/// Asks the daemon at `path` for its status.
+pub fn query_status(path: &Path) -> Result<Status, ControlError> {
+    let mut stream = UnixStream::connect(path).map_err(|source| ControlError::Connect {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let io = |source| ControlError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    stream.set_read_timeout(Some(Duration::from_secs(5))).map_err(io)?;
+    stream.write_all(b"status\n").map_err(io)?;
+    let mut body = Vec::new();
+    stream.read_to_end(&mut body).map_err(io)?;
+    serde_json::from_slice(&body).map_err(|source| ControlError::Decode {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The listening side, owned by the daemon. Removes its socket file when dropped.
+#[derive(Debug)]
+pub struct ControlServer {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+impl ControlServer {
+    /// Binds the socket. A stale file from a crashed daemon is replaced, but a socket that a live
+    /// daemon still answers on is not stolen.
+    pub fn bind(path: &Path) -> Result<ControlServer, ControlError> {
+        let bind_err = |message: String| ControlError::Bind {
+            path: path.to_path_buf(),
+            message,
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| bind_err(format!("cannot create {}: {e}", dir.display())))?;
+        }
+        if path.exists() {
+            if UnixStream::connect(path).is_ok() {
+                return Err(bind_err(
+                    "another mt6d daemon is running with this control socket; stop it or set gateway.control_socket".into(),
+                ));
+            }
+            std::fs::remove_file(path).map_err(|e| bind_err(format!("cannot remove stale socket: {e}")))?;
+        }
+        let listener = UnixListener::bind(path).map_err(|e| bind_err(e.to_string()))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| bind_err(format!("chmod 600: {e}")))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| bind_err(e.to_string()))?;
+        Ok(ControlServer {
+            listener,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Answers every pending request with `status()`; returns at once when none is waiting.
+    /// The daemon calls this from its housekeeping loop, so a slow client cannot stall packets.
+    pub fn serve_pending(&self, status: impl Fn() -> Status) {
+        loop {
+            match self.listener.accept() {
+                Ok((stream, _)) => {
+                    if let Err(e) = answer(stream, &status) {
+                        log::debug!("control client on {}: {e}", self.path.display());
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    log::warn!("control socket {}: accept failed: {e}", self.path.display());
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn answer(stream: UnixStream, status: &impl Fn() -> Status) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(Duration::from_millis(500)))?;
+    stream.set_write_timeout(Some(Duration::from_millis(500)))?;
+    let mut line = String::new();
+    BufReader::new(&stream).take(256).read_line(&mut line)?;
+    let mut out = &stream;
+    match line.trim() {
+        "status" => {
+            let body = serde_json::to_vec(&status()).map_err(std::io::Error::other)?;
+            out.write_all(&body)
+        }
+        other => out.write_all(
+            serde_json::json!({ "error": format!("unknown request {other:?}; known: status") })
+                .to_string()
+                .as_bytes(),
+        ),
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Human-readable status, as `mt6d status` prints without `--json`.
+pub fn render(status: &Status) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "mt6d {} pid {} up {}s  tun {}  internal {}  external {}",
+        status.version, status.pid, status.uptime_secs, status.tun, status.internal_interface, status.external_interface
+    );
+    for p in &status.peers {
+        let c = &p.counters;
+        let _ = writeln!(s, "\npeer {} ({}): {} <-> {}", p.name, p.mode, p.local_host, p.remote_host);
+        let _ = writeln!(
+            s,
+            "  epoch {}  next rotation in {:.1}s  rotations {}",
+            p.epoch,
+            p.next_change_ms as f64 / 1000.0,
+            c.rotations
+        );
+        let _ = writeln!(s, "  sending  {} -> {}", p.send.local, p.send.remote);
+        for r in &p.accept {
+            let _ = writeln!(s, "  accepting epoch {}: {} <- {}", r.epoch, r.local, r.remote);
+        }
+        let _ = writeln!(
+            s,
+            "  tx {} packets {} bytes   rx {} packets {} bytes",
+            c.tx_packets, c.tx_bytes, c.rx_packets, c.rx_bytes
+        );
+        let drops: Vec<String> = c
+            .drops
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        let _ = writeln!(
+            s,
+            "  drops {}",
+            if drops.is_empty() { "none".to_string() } else { drops.join(", ") }
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Status {
+        Status {
+            version: "0.1.0".into(),
+            pid: 42,
+            uptime_secs: 7,
+            tun: "mt6d0".into(),
+            internal_interface: "eth1".into(),
+            external_interface: "eth0".into(),
+            peers: vec![],
+        }
+    }
+
+    #[test]
+    fn status_roundtrips_over_a_real_unix_socket() {
+        let path = std::env::temp_dir().join(format!("mt6d-ctl-{}.sock", std::process::id()));
+        let server = ControlServer::bind(&path).expect("bind");
+        let mode = std::fs::metadata(&path).expect("socket exists").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let client = std::thread::spawn({
+            let path = path.clone();
+            move || query_status(&path)
+        });
+        // Serve until the client got its answer; bounded so a bug cannot hang the test.
+        for _ in 0..200 {
+            server.serve_pending(sample);
+            if client.is_finished() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let got = client.join().expect("client thread").expect("status answer");
+        assert_eq!(got.pid, 42);
+        assert!(ControlServer::bind(&path).is_err(), "a live socket must not be stolen");
+        drop(server);
+        assert!(!path.exists(), "socket file removed on drop");
+    }
+
+    #[test]
+    fn connecting_to_no_daemon_says_so() {
+        let err = query_status(Path::new("/nonexistent/mt6d.sock")).expect_err("no daemon");
+        assert!(err.to_string().contains("is `mt6d run` running"), "{err}");
+    }
+
+    #[test]
+    fn render_shows_drop_reasons_that_happened() {
+        let mut st = sample();
+        let mut counters = CounterSnapshot::default();
+        counters.drops.insert("bad_tag".into(), 3);
+        counters.drops.insert("replay".into(), 0);
+        st.peers.push(PeerStatus {
+            name: "b".into(),
+            mode: "encrypt".into(),
+            local_host: "2001:db8::a".into(),
+            remote_host: "2001:db8::b".into(),
+            epoch: 9,
+            next_change_ms: 1500,
+            send: RouteStatus { epoch: 9, local: "[2001:db8::1]:1".into(), remote: "[2001:db8::2]:2".into() },
+            accept: vec![],
+            counters,
+        });
+        let text = render(&st);
+        assert!(text.contains("drops bad_tag 3"), "{text}");
+        assert!(!text.contains("replay 0"), "{text}");
+    }
+}

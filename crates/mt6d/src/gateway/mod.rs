@@ -1,0 +1,252 @@
+//! `mt6d run`: the gateway daemon.
+//!
+//! Threads:
+//! - **tx** and **rx** packet threads ([`dataplane`]), one per direction, so the two cores of a
+//!   small gateway each carry one direction;
+//! - the **main** thread does housekeeping: rotations on schedule ([`rotation`]), control-socket
+//!   requests, the drop report, and the shutdown on SIGINT/SIGTERM.
+//!
+//! Start-up order: validate the whole config, bind the control socket, apply the kernel state
+//! ([`system`]), remove hashed addresses a crashed earlier run may have left, install the first
+//! routes, start the packet threads. Shutdown runs the same steps backwards.
+
+pub mod clock;
+pub mod counters;
+mod dataplane;
+mod rotation;
+pub mod routing;
+mod system;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use mt6d_os::Epoll;
+
+use crate::config::Config;
+use crate::control::{ControlServer, PeerStatus, RouteStatus, Status};
+use counters::{DirectionCounters, DropReason, PeerCounters};
+use dataplane::Shared;
+use rotation::Rotator;
+use routing::{Peer, RouteTable};
+use system::System;
+
+/// Why the daemon could not start or had to stop.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GatewayError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Control(#[from] crate::control::ControlError),
+    #[error("{what}: {source}")]
+    Os {
+        what: String,
+        #[source]
+        source: mt6d_os::OsError,
+    },
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// Runs the daemon until SIGINT or SIGTERM.
+pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let cfg = Config::load(config_path)?;
+    if !crate::lab::is_root() {
+        return Err("mt6d run changes interfaces, addresses and routes and needs root".into());
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    let control = ControlServer::bind(&cfg.gateway.control_socket)?;
+    run_gateway(&cfg, &control, &stop)?;
+    Ok(())
+}
+
+fn run_gateway(cfg: &Config, control: &ControlServer, stop: &AtomicBool) -> Result<(), GatewayError> {
+    let started = Instant::now();
+    let now = clock::now();
+    let mut peers = Vec::with_capacity(cfg.peers.len());
+    let mut openers = Vec::with_capacity(cfg.peers.len());
+    let mut max_overhead = 0;
+    for p in &cfg.peers {
+        let stream = p
+            .build_stream()
+            .map_err(|e| GatewayError::Setup(format!("peer {}: {e}", p.name)))?;
+        max_overhead = max_overhead.max(stream.overhead());
+        openers.push(stream.opener());
+        peers.push(Arc::new(Peer {
+            name: p.name.clone(),
+            sealer: stream.sealer(now),
+            stream,
+            counters: PeerCounters::default(),
+        }));
+    }
+
+    let mut sys = System::apply(cfg, max_overhead)?;
+    let epoll = Epoll::new().map_err(|source| GatewayError::Os { what: "create epoll".into(), source })?;
+    let shared = Shared {
+        peers,
+        table: ArcSwap::from_pointee(RouteTable::default()),
+        shutdown: AtomicBool::new(false),
+        unmatched: DirectionCounters::default(),
+    };
+    let mut rotator = Rotator::new(sys.external_index);
+    rotator.purge_stale(&mut sys.netlink, &shared.peers, now);
+    let first = rotator.step(&mut sys.netlink, &epoll, &shared, now);
+    let result = first.and_then(|()| {
+        log::info!(
+            "mt6d running: {} peer(s), TUN {} (MTU {}), internal {}, external {}, control {}",
+            shared.peers.len(),
+            cfg.gateway.tun_name,
+            sys.tun_mtu,
+            cfg.gateway.internal_interface,
+            cfg.gateway.external_interface,
+            cfg.gateway.control_socket.display()
+        );
+        serve(cfg, control, stop, &mut sys, &epoll, &shared, &mut rotator, openers, started)
+    });
+    shared.shutdown.store(true, Ordering::Relaxed);
+    rotator.remove_all(&mut sys.netlink, &epoll);
+    sys.teardown();
+    log::info!("mt6d stopped; addresses, routes, neighbour entries and the TUN device removed");
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+fn serve(
+    cfg: &Config,
+    control: &ControlServer,
+    stop: &AtomicBool,
+    sys: &mut System,
+    epoll: &Epoll,
+    shared: &Shared,
+    rotator: &mut Rotator,
+    openers: Vec<Opener>,
+    started: Instant,
+) -> Result<(), GatewayError> {
+    let tun = sys
+        .tun
+        .take()
+        .ok_or_else(|| GatewayError::Setup("TUN device missing after set-up".into()))?;
+    let tun_mtu = sys.tun_mtu as usize;
+    let result = std::thread::scope(|s| {
+        let tx = std::thread::Builder::new()
+            .name("mt6d-tx".into())
+            .spawn_scoped(s, || dataplane::tx_loop(shared, &tun, tun_mtu))
+            .map_err(|e| GatewayError::Setup(format!("start transmit thread: {e}")))?;
+        let rx = std::thread::Builder::new()
+            .name("mt6d-rx".into())
+            .spawn_scoped(s, || dataplane::rx_loop(shared, &tun, epoll, openers, tun_mtu))
+            .map_err(|e| GatewayError::Setup(format!("start receive thread: {e}")))?;
+        let mut result = Ok(());
+        let mut next_rotation = rotator.next_change();
+        let mut drops = DropReport::default();
+        while !stop.load(Ordering::Relaxed) && !shared.shutdown.load(Ordering::Relaxed) {
+            let now = clock::now();
+            if now >= next_rotation {
+                if let Err(e) = rotator.step(&mut sys.netlink, epoll, shared, now) {
+                    // A failed rotation (e.g. the external interface vanished) leaves the old
+                    // routes in place; retry shortly rather than stop carrying traffic.
+                    log::error!("rotation: {e}; retrying in 1 s");
+                    next_rotation = mt6d_proto::UnixTime::from_nanos(now.as_nanos() + 1_000_000_000);
+                } else {
+                    next_rotation = rotator.next_change();
+                    drops.report(shared);
+                }
+            }
+            control.serve_pending(|| status(cfg, shared, rotator, started));
+            if tx.is_finished() || rx.is_finished() {
+                result = Err(GatewayError::Setup("a packet thread stopped; see the error above".into()));
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        shared.shutdown.store(true, Ordering::Relaxed);
+        result
+    });
+    sys.tun = Some(tun);
+    result
+}
+
+use mt6d_proto::Opener;
+
+/// Logs drops since the last report, at most once per rotation: per-packet events never reach
+/// the log directly (../shared/STYLE.md §8: rate-limited).
+#[derive(Debug, Default)]
+struct DropReport {
+    last: Vec<u64>,
+}
+
+impl DropReport {
+    fn report(&mut self, shared: &Shared) {
+        let mut now = Vec::new();
+        for p in &shared.peers {
+            for r in DropReason::ALL {
+                now.push(p.counters.tx.drops(r) + p.counters.rx.drops(r));
+            }
+        }
+        for r in DropReason::ALL {
+            now.push(shared.unmatched.drops(r));
+        }
+        if self.last.len() == now.len() {
+            let mut parts = Vec::new();
+            let names = shared.peers.iter().map(|p| p.name.as_str()).chain(std::iter::once("(no peer)"));
+            for (i, name) in names.enumerate() {
+                for (j, r) in DropReason::ALL.iter().enumerate() {
+                    let k = i * DropReason::ALL.len() + j;
+                    let delta = now[k] - self.last[k];
+                    if delta > 0 {
+                        parts.push(format!("{name}: {delta} {}", r.label()));
+                    }
+                }
+            }
+            if !parts.is_empty() {
+                log::warn!("dropped since last rotation: {}", parts.join(", "));
+            }
+        }
+        self.last = now;
+    }
+}
+
+fn status(cfg: &Config, shared: &Shared, rotator: &Rotator, started: Instant) -> Status {
+    let table = shared.table.load();
+    let now = clock::now();
+    let route = |r: &mt6d_proto::Route| RouteStatus {
+        epoch: r.epoch.0,
+        local: r.local.to_string(),
+        remote: r.remote.to_string(),
+    };
+    let peers = shared
+        .peers
+        .iter()
+        .zip(&table.peers)
+        .map(|(p, routes)| {
+            let s = &routes.schedule;
+            PeerStatus {
+                name: p.name.clone(),
+                mode: p.stream.mode().to_string(),
+                local_host: p.stream.local_true().to_string(),
+                remote_host: p.stream.remote_true().to_string(),
+                epoch: s.send.epoch.0,
+                next_change_ms: s.next_change.as_millis().saturating_sub(now.as_millis()),
+                send: route(&s.send),
+                accept: s.accept.iter().map(route).collect(),
+                counters: p.counters.snapshot(),
+            }
+        })
+        .collect();
+    let _ = rotator;
+    Status {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        pid: std::process::id(),
+        uptime_secs: started.elapsed().as_secs(),
+        tun: cfg.gateway.tun_name.clone(),
+        internal_interface: cfg.gateway.internal_interface.clone(),
+        external_interface: cfg.gateway.external_interface.clone(),
+        peers,
+    }
+}

@@ -1,0 +1,170 @@
+//! Rotation: at every epoch boundary, make the kernel hold exactly the hashed addresses and
+//! sockets of the accept window, then publish the new [`RouteTable`].
+//!
+//! Order matters for zero loss (001 §4.1 lists DAD and strict switch-over as the first causes of
+//! loss at rotation): addresses of the *next* epoch are already in the accept window, so they are
+//! bound (with `nodad`, usable at once) one whole interval before the peer starts sending to
+//! them; new sockets exist before the table that names them is published; old addresses are
+//! removed only after the table that no longer names them is live.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::Ipv6Addr;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use mt6d_os::{AddrFlags, Epoll, Netlink, UdpSocket6};
+use mt6d_proto::{Epoch, UnixTime};
+
+use super::dataplane::Shared;
+use super::routing::{Peer, RouteTable};
+use super::GatewayError;
+
+/// How far back start-up looks for hashed addresses a crashed run may have left behind.
+const STALE_WINDOW_SECS: u64 = 24 * 3600;
+
+#[derive(Debug)]
+pub struct Rotator {
+    external_index: u32,
+    bound: HashSet<Ipv6Addr>,
+    sockets: BTreeMap<u16, Arc<UdpSocket6>>,
+    epochs: Vec<Option<Epoch>>,
+    next_change: UnixTime,
+}
+
+fn os(what: String) -> impl FnOnce(mt6d_os::OsError) -> GatewayError {
+    move |source| GatewayError::Os { what, source }
+}
+
+impl Rotator {
+    pub fn new(external_index: u32) -> Rotator {
+        Rotator {
+            external_index,
+            bound: HashSet::new(),
+            sockets: BTreeMap::new(),
+            epochs: Vec::new(),
+            next_change: UnixTime::from_nanos(0),
+        }
+    }
+
+    /// When the next step is due.
+    pub fn next_change(&self) -> UnixTime {
+        self.next_change
+    }
+
+    /// Removes hashed addresses of our peers from the last day that are still on the external
+    /// interface: what a daemon killed with SIGKILL (or a power cut) leaves. Together with the
+    /// idempotent adds this makes a restart converge.
+    pub fn purge_stale(&mut self, nl: &mut Netlink, peers: &[Arc<Peer>], now: UnixTime) {
+        let present: HashSet<Ipv6Addr> = match nl.list_addresses(self.external_index) {
+            Ok(list) => list.into_iter().filter(|a| a.prefix_len == 128).map(|a| a.addr).collect(),
+            Err(e) => {
+                log::warn!("cannot list addresses for stale clean-up: {e}");
+                return;
+            }
+        };
+        if present.is_empty() {
+            return;
+        }
+        let mut removed = 0;
+        for p in peers {
+            let rotation_ms = p.stream.config().rotation.as_millis().max(1) as u64;
+            let current = p.stream.epoch_at(now).0;
+            let back = STALE_WINDOW_SECS * 1000 / rotation_ms;
+            for e in current.saturating_sub(back)..=current + 2 {
+                let addr = *p.stream.route(Epoch(e)).local.ip();
+                if present.contains(&addr) && nl.del_address(self.external_index, addr, 128).is_ok() {
+                    removed += 1;
+                }
+            }
+        }
+        if removed > 0 {
+            log::info!("removed {removed} hashed address(es) left by an earlier run");
+        }
+    }
+
+    /// Brings addresses, sockets and the published table to the accept window at `now`.
+    pub fn step(&mut self, nl: &mut Netlink, epoll: &Epoll, shared: &Shared, now: UnixTime) -> Result<(), GatewayError> {
+        let mut table = RouteTable::compute(&shared.peers, now);
+
+        for port in table.local_ports().collect::<Vec<_>>() {
+            if !self.sockets.contains_key(&port) {
+                let socket = UdpSocket6::bind(port).map_err(os(format!("bind tunnel port {port}")))?;
+                epoll
+                    .add(socket.as_raw_fd(), u64::from(port))
+                    .map_err(os(format!("watch tunnel port {port}")))?;
+                self.sockets.insert(port, Arc::new(socket));
+            }
+        }
+        let needed_ports: HashSet<u16> = table.local_ports().collect();
+        table.sockets = self
+            .sockets
+            .iter()
+            .filter(|(p, _)| needed_ports.contains(p))
+            .map(|(p, s)| (*p, s.clone()))
+            .collect();
+
+        let needed: HashSet<Ipv6Addr> = table.local_addresses().collect();
+        for addr in &needed {
+            if !self.bound.contains(addr) {
+                nl.add_address(self.external_index, *addr, 128, AddrFlags { nodad: true, noprefixroute: true })
+                    .map_err(os(format!("bind hashed address {addr}")))?;
+                self.bound.insert(*addr);
+            }
+        }
+
+        self.next_change = table
+            .peers
+            .iter()
+            .map(|p| p.schedule.next_change)
+            .min()
+            .unwrap_or(UnixTime::from_nanos(now.as_nanos() + 1_000_000_000));
+        self.epochs.resize(table.peers.len(), None);
+        for ((seen, routes), peer) in self.epochs.iter_mut().zip(&table.peers).zip(&shared.peers) {
+            let e = routes.schedule.send.epoch;
+            if *seen != Some(e) {
+                if seen.is_some() {
+                    peer.counters.rotations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                *seen = Some(e);
+                log::debug!(
+                    "peer {}: epoch {} sending {} -> {}",
+                    peer.name,
+                    e.0,
+                    routes.schedule.send.local,
+                    routes.schedule.send.remote
+                );
+            }
+        }
+        shared.table.store(Arc::new(table));
+
+        // The old table may still be in a packet thread's hands for one batch; its sockets stay
+        // open until that reference is dropped. Addresses go now: a late packet to them is one the
+        // accept window already refused.
+        let stale: Vec<Ipv6Addr> = self.bound.difference(&needed).copied().collect();
+        for addr in stale {
+            if let Err(e) = nl.del_address(self.external_index, addr, 128) {
+                log::warn!("remove hashed address {addr}: {e}");
+            }
+            self.bound.remove(&addr);
+        }
+        let old_ports: Vec<u16> = self.sockets.keys().filter(|p| !needed_ports.contains(p)).copied().collect();
+        for port in old_ports {
+            if let Some(s) = self.sockets.remove(&port) {
+                let _ = epoll.delete(s.as_raw_fd());
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes every hashed address and closes every socket (shutdown).
+    pub fn remove_all(&mut self, nl: &mut Netlink, epoll: &Epoll) {
+        for addr in self.bound.drain() {
+            if let Err(e) = nl.del_address(self.external_index, addr, 128) {
+                log::warn!("remove hashed address {addr}: {e}");
+            }
+        }
+        for (_, s) in std::mem::take(&mut self.sockets) {
+            let _ = epoll.delete(s.as_raw_fd());
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! The kernel state a gateway needs besides its hashed addresses, applied through mt6d-os and
+//! recorded in an undo journal, so that a failure half way rolls back what was done and a clean
+//! exit removes everything (developers' brief: nothing half-applied, everything cleaned up).
+//!
+//! What is set up (000 §3.2.2 binds the remote host's true address to the internal interface;
+//! we answer neighbour discovery for it with a proxy entry instead, and route it into the TUN
+//! device, so the kernel forwards the protected host's packets to us):
+//! - the TUN device, MTU = external MTU minus the largest tunnel overhead of any peer;
+//! - `net.ipv6.conf.all.forwarding = 1`, `proxy_ndp = 1` on the internal interface;
+//! - per peer: proxy NDP entry for the remote true address on the internal interface, a /128
+//!   route for it into the TUN device, a /128 route for the local true address on the internal
+//!   interface, and an on-link /64 route for the remote hashed prefix on the external interface.
+
+use std::net::Ipv6Addr;
+
+use mt6d_os::{sysctl, Netlink, Tun};
+
+use crate::config::Config;
+
+use super::GatewayError;
+
+/// One change to revert on exit, newest last.
+#[derive(Debug)]
+enum Undo {
+    Sysctl { iface: String, key: &'static str, old: String },
+    Route { dst: Ipv6Addr, len: u8, oif: u32 },
+    ProxyNeighbor { index: u32, addr: Ipv6Addr },
+}
+
+/// The applied state. Dropping it without [`System::teardown`] still reverts (best effort).
+#[derive(Debug)]
+pub struct System {
+    pub netlink: Netlink,
+    pub tun: Option<Tun>,
+    pub internal_index: u32,
+    pub external_index: u32,
+    pub tun_mtu: u32,
+    undo: Vec<Undo>,
+}
+
+fn os(what: impl Into<String>) -> impl FnOnce(mt6d_os::OsError) -> GatewayError {
+    let what = what.into();
+    move |source| GatewayError::Os { what, source }
+}
+
+impl System {
+    /// Applies everything; on error, reverts what it had done before returning.
+    pub fn apply(cfg: &Config, max_overhead: usize) -> Result<System, GatewayError> {
+        let g = &cfg.gateway;
+        let mut netlink = Netlink::open().map_err(os("open rtnetlink"))?;
+        let internal_index = netlink.link_index(&g.internal_interface).map_err(os(format!(
+            "internal_interface {:?} (from {})",
+            g.internal_interface,
+            cfg.path.display()
+        )))?;
+        let external_index = netlink.link_index(&g.external_interface).map_err(os(format!(
+            "external_interface {:?} (from {})",
+            g.external_interface,
+            cfg.path.display()
+        )))?;
+        let external_mtu = sysctl::get_ipv6_conf(&g.external_interface, "mtu")
+            .map_err(os("read external MTU"))?
+            .trim()
+            .parse::<u32>()
+            .unwrap_or(1500);
+        let overhead = u32::try_from(max_overhead).unwrap_or(u32::MAX);
+        let tun_mtu = external_mtu.saturating_sub(overhead);
+        if tun_mtu < 1280 {
+            return Err(GatewayError::Setup(format!(
+                "external interface {} has MTU {external_mtu}; minus the tunnel overhead of {overhead} bytes that leaves {tun_mtu}, below IPv6's minimum of 1280",
+                g.external_interface
+            )));
+        }
+        let mut sys = System {
+            netlink,
+            tun: None,
+            internal_index,
+            external_index,
+            tun_mtu,
+            undo: Vec::new(),
+        };
+        if let Err(e) = sys.apply_inner(cfg) {
+            sys.teardown();
+            return Err(e);
+        }
+        Ok(sys)
+    }
+
+    fn apply_inner(&mut self, cfg: &Config) -> Result<(), GatewayError> {
+        let g = &cfg.gateway;
+        let tun = Tun::create(&g.tun_name, u16::try_from(self.tun_mtu).unwrap_or(u16::MAX))
+            .map_err(os(format!("create TUN device {:?}", g.tun_name)))?;
+        let tun_index = tun.index();
+        self.tun = Some(tun);
+
+        self.set_sysctl("all", "forwarding", "1")?;
+        self.set_sysctl(&g.internal_interface, "proxy_ndp", "1")?;
+        // Hashed addresses are added with nodad; the TUN device needs no link-local DAD either.
+        self.set_sysctl(&g.tun_name, "accept_dad", "0")?;
+
+        let mut remote_prefixes = Vec::new();
+        for peer in &cfg.peers {
+            let s = &peer.stream;
+            let (local, remote) = (s.local.true_addr, s.remote.true_addr);
+            self.route(local, 128, self.internal_index)?;
+            self.route(remote, 128, tun_index)?;
+            self.netlink
+                .add_proxy_neighbor(self.internal_index, remote)
+                .map_err(os(format!("peer {}: proxy NDP for {remote}", peer.name)))?;
+            self.undo.push(Undo::ProxyNeighbor {
+                index: self.internal_index,
+                addr: remote,
+            });
+            let prefix = s.remote.external_prefix.unwrap_or_else(|| slash64(remote));
+            if !remote_prefixes.contains(&prefix) {
+                remote_prefixes.push(prefix);
+                self.route(prefix, 64, self.external_index)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn set_sysctl(&mut self, iface: &str, key: &'static str, value: &str) -> Result<(), GatewayError> {
+        let old = sysctl::get_ipv6_conf(iface, key).map_err(os(format!("read sysctl {iface}.{key}")))?;
+        sysctl::set_ipv6_conf(iface, key, value).map_err(os(format!("set sysctl {iface}.{key}")))?;
+        self.undo.push(Undo::Sysctl {
+            iface: iface.to_string(),
+            key,
+            old: old.trim().to_string(),
+        });
+        Ok(())
+    }
+
+    fn route(&mut self, dst: Ipv6Addr, len: u8, oif: u32) -> Result<(), GatewayError> {
+        self.netlink
+            .add_route(dst, len, oif)
+            .map_err(os(format!("route {dst}/{len}")))?;
+        self.undo.push(Undo::Route { dst, len, oif });
+        Ok(())
+    }
+
+    /// Reverts every change, newest first, and closes the TUN device. Continues past errors
+    /// (logging them) so one stuck entry does not leave the rest behind.
+    pub fn teardown(&mut self) {
+        while let Some(u) = self.undo.pop() {
+            let result = match &u {
+                Undo::Sysctl { iface, key, old } => sysctl::set_ipv6_conf(iface, key, old),
+                Undo::Route { dst, len, oif } => self.netlink.del_route(*dst, *len, *oif),
+                Undo::ProxyNeighbor { index, addr } => self.netlink.del_proxy_neighbor(*index, *addr),
+            };
+            if let Err(e) = result {
+                // The TUN device may already be gone, taking its routes with it: not an error.
+                log::warn!("cleanup of {u:?}: {e}");
+            }
+        }
+        self.tun = None;
+    }
+}
+
+impl Drop for System {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
+
+/// The /64 containing `addr`.
+pub fn slash64(addr: Ipv6Addr) -> Ipv6Addr {
+    let s = addr.segments();
+    Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0)
+}

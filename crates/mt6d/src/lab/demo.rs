@@ -1,0 +1,366 @@
+//! `mt6d demo`: the whole system, working, with no configuration.
+//!
+//! Builds the lab of [`super::topology`], measures the path without MT6D (the baseline), then
+//! starts two real gateway daemons with a fresh key and drives real traffic through them across
+//! several rotations: a ping train, a ping flood and a TCP transfer whose SHA-256 is checked at
+//! the other end. An observer on the public link checks that no frame carries a true address and
+//! counts the distinct outer address pairs. Prints the hashed addresses of each epoch as they
+//! rotate (like the worked example of 000 §3.3), then a summary; `--json` for machines.
+//! Everything it created is removed on exit, also on Ctrl-C and on error.
+
+use std::io::Write as _;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde_json::json;
+
+use super::daemon::DaemonProcess;
+use super::observer::Observer;
+use super::ping::{ping, Pace, PingReport};
+use super::topology::{GatewaySettings, Lab, Side, EXTERNAL_IF, GATEWAY_A, GATEWAY_B, HOST_A, HOST_B};
+use super::transfer::{self, TransferReport};
+
+const TCP_PORT: u16 = 5001;
+
+/// Options of `mt6d demo`.
+#[derive(clap::Args, Debug)]
+pub struct DemoArgs {
+    /// Seconds between address rotations.
+    #[arg(long, value_name = "SECS", default_value_t = 2.0)]
+    pub rotation: f64,
+    /// Seconds for each timed phase (ping train, TCP transfer).
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub duration: f64,
+    /// Tunnel mode: encrypt (default), auth or plain.
+    #[arg(long, default_value = "encrypt")]
+    pub mode: String,
+    /// Echo requests in the ping flood.
+    #[arg(long, value_name = "COUNT", default_value_t = 50_000)]
+    pub flood: u64,
+    /// Write what the observer on the public link saw to this pcap file (128 bytes per frame).
+    #[arg(long, value_name = "FILE")]
+    pub pcap: Option<PathBuf>,
+    /// Print the results as one JSON document on stdout (progress goes to stderr).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Progress lines: to stdout normally, to stderr when stdout carries JSON.
+struct Say {
+    json: bool,
+}
+
+impl Say {
+    fn line(&self, text: impl AsRef<str>) {
+        if self.json {
+            eprintln!("{}", text.as_ref());
+        } else {
+            println!("{}", text.as_ref());
+            let _ = std::io::stdout().flush();
+        }
+    }
+}
+
+type DemoResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+pub fn run(args: DemoArgs) -> DemoResult<()> {
+    if !(1.0..=3600.0).contains(&args.rotation) {
+        return Err(format!("--rotation {} out of range (1 to 3600 seconds)", args.rotation).into());
+    }
+    if !(1.0..=3600.0).contains(&args.duration) {
+        return Err(format!("--duration {} out of range (1 to 3600 seconds)", args.duration).into());
+    }
+    let mode: mt6d_proto::Mode = args.mode.parse().map_err(|e| format!("--mode: {e}"))?;
+    if !super::is_root() {
+        return Err("mt6d demo builds network namespaces and needs root: run it with sudo".into());
+    }
+    let interrupted = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, interrupted.clone())?;
+    }
+    let check = || -> DemoResult<()> {
+        if interrupted.load(Ordering::Relaxed) {
+            Err("interrupted; cleaning up".into())
+        } else {
+            Ok(())
+        }
+    };
+    let say = Say { json: args.json };
+    let phase = Duration::from_secs_f64(args.duration);
+
+    say.line("mt6d demo: building the lab (Host A - Gateway A - public link - Gateway B - Host B) in network namespaces");
+    let lab = Lab::build()?;
+    say.line(format!(
+        "  namespaces {} {} {} {}; Host A {HOST_A}, Host B {HOST_B}",
+        lab.host_a.name(),
+        lab.gw_a.name(),
+        lab.gw_b.name(),
+        lab.host_b.name()
+    ));
+
+    // Baseline: the same path with plain forwarding and no MT6D.
+    say.line("baseline without MT6D: plain IPv6 forwarding through both gateways");
+    lab.baseline_up()?;
+    warm_up(&lab)?;
+    let base_ping = lab.host_a.run(|| {
+        ping(HOST_B, 50, Pace::Train { interval: Duration::from_millis(20) }, Duration::from_millis(500))
+    })??;
+    let (bmin, bmed, bmax) = base_ping.rtt_summary();
+    say.line(format!(
+        "  ping {}/{} rtt min/median/max {bmin:.3}/{bmed:.3}/{bmax:.3} ms",
+        base_ping.received, base_ping.sent
+    ));
+    let base_tcp = tcp_transfer(&lab, phase.min(Duration::from_secs(5)), 1)?;
+    say.line(format!("  tcp {:.0} Mbit/s ({} bytes, sha256 match {})", base_tcp.mbit_s, base_tcp.bytes, base_tcp.sha256_match));
+    lab.baseline_down()?;
+    check()?;
+
+    // A fresh key, in a private directory, read by both gateways from a 0600 file.
+    let dir = std::env::temp_dir().join(format!("mt6d-demo-{}", std::process::id()));
+    let _dir_guard = DirGuard(dir.clone());
+    std::fs::DirBuilder::new().mode(0o700).recursive(true).create(&dir)?;
+    let key_file = dir.join("session.key");
+    let mut key = zeroize::Zeroizing::new([0u8; 32]);
+    getrandom::fill(key.as_mut_slice()).map_err(|e| format!("no randomness from the OS: {e}"))?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&key_file)?
+        .write_all(base64::engine::general_purpose::STANDARD.encode(key.as_slice()).as_bytes())?;
+    let settings = GatewaySettings { rotation_secs: args.rotation, mode: &args.mode, key_file: &key_file };
+
+    say.line(format!("starting the MT6D gateways: mode {mode}, rotation every {} s", args.rotation));
+    let mut daemons = Vec::new();
+    for (side, label) in [(Side::A, "A"), (Side::B, "B")] {
+        let config = dir.join(format!("gateway-{label}.toml"));
+        std::fs::write(&config, lab.gateway_config(side, &settings))?;
+        let mut d = DaemonProcess::start(
+            label,
+            lab.gateway(side),
+            &config,
+            &lab.control_socket(side),
+            &dir.join(format!("gateway-{label}.log")),
+        )?;
+        d.wait_ready(Duration::from_secs(10))?;
+        daemons.push(d);
+    }
+    warm_up(&lab)?;
+    let observer = Observer::start(
+        &lab.gw_a,
+        EXTERNAL_IF,
+        vec![HOST_A, HOST_B, GATEWAY_A, GATEWAY_B],
+        args.pcap.clone(),
+    )?;
+    let monitor = RotationMonitor::start(daemons[0].socket.clone(), args.json);
+
+    let result = (|| -> DemoResult<(PingReport, PingReport, TransferReport)> {
+        say.line(format!("ping train: {} s at 5 per second", args.duration));
+        let count = (args.duration * 5.0).ceil() as u64;
+        let train = lab.host_a.run(|| {
+            ping(HOST_B, count, Pace::Train { interval: Duration::from_millis(200) }, Duration::from_secs(1))
+        })??;
+        check()?;
+        say.line(format!("ping flood: {} echo requests", args.flood));
+        let flood = lab.host_a.run(|| ping(HOST_B, args.flood, Pace::Flood { wait: Duration::from_millis(10) }, Duration::from_secs(1)))??;
+        check()?;
+        say.line(format!("tcp transfer: {} s of random data, SHA-256 checked at Host B", args.duration));
+        let tcp = tcp_transfer(&lab, phase, 2)?;
+        Ok((train, flood, tcp))
+    })();
+    let epochs_seen = monitor.finish();
+    let seen = observer.finish()?;
+    let statuses: Vec<_> = daemons.iter().map(|d| d.status()).collect::<Result<_, _>>()?;
+    for d in &mut daemons {
+        d.stop(Duration::from_secs(5))?;
+    }
+    let (train, flood, tcp) = result?;
+
+    let rotations = statuses[0].peers.first().map_or(0, |p| p.counters.rotations);
+    let (tmin, tmed, tmax) = train.rtt_summary();
+    let added_ms = tmed - bmed;
+    let mut failures = Vec::new();
+    if train.lost() > 0 {
+        failures.push(format!("ping train lost {} of {}", train.lost(), train.sent));
+    }
+    if flood.lost() > 0 {
+        failures.push(format!("ping flood lost {} of {}", flood.lost(), flood.sent));
+    }
+    if !tcp.sha256_match {
+        failures.push("TCP transfer: SHA-256 mismatch".into());
+    }
+    if seen.frames_with_true_address > 0 {
+        failures.push(format!(
+            "{} frames on the public link carried a true address; first: {}",
+            seen.frames_with_true_address,
+            seen.first_leak.clone().unwrap_or_default()
+        ));
+    }
+    if (seen.outer_pairs.len() as u64) < rotations {
+        failures.push(format!("only {} outer address pairs for {rotations} rotations", seen.outer_pairs.len()));
+    }
+
+    let summary = json!({
+        "mode": mode.to_string(),
+        "rotation_secs": args.rotation,
+        "duration_secs": args.duration,
+        "rotations": rotations,
+        "epochs_seen": epochs_seen,
+        "ping": {
+            "sent": train.sent, "received": train.received,
+            "rtt_ms": { "min": tmin, "median": tmed, "max": tmax },
+        },
+        "flood": { "sent": flood.sent, "received": flood.received },
+        "tcp": { "bytes": tcp.bytes, "seconds": tcp.seconds, "sha256_match": tcp.sha256_match, "mbit_s": tcp.mbit_s },
+        "baseline": {
+            "rtt_ms": { "min": bmin, "median": bmed, "max": bmax },
+            "tcp": { "mbit_s": base_tcp.mbit_s, "bytes": base_tcp.bytes, "sha256_match": base_tcp.sha256_match },
+        },
+        "tunnel_added_rtt_ms": added_ms,
+        "true_addresses": {
+            "host_a": HOST_A.to_string(), "host_b": HOST_B.to_string(),
+            "gateway_a": GATEWAY_A.to_string(), "gateway_b": GATEWAY_B.to_string(),
+        },
+        "outer_address_pairs": seen.outer_pairs.len(),
+        "observer": {
+            "frames": seen.frames, "udp_frames": seen.udp_frames,
+            "frames_with_true_address": seen.frames_with_true_address,
+            "pcap": args.pcap.as_ref().map(|p| p.display().to_string()),
+        },
+        "gateways": {
+            "a": statuses[0].peers.first().map(|p| &p.counters),
+            "b": statuses[1].peers.first().map(|p| &p.counters),
+        },
+        "ok": failures.is_empty(),
+        "failures": failures,
+    });
+
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        say.line("");
+        say.line(format!("summary ({mode}, rotation {} s): {rotations} rotations", args.rotation));
+        say.line(format!(
+            "  ping train  {}/{} received, rtt min/median/max {tmin:.3}/{tmed:.3}/{tmax:.3} ms (baseline median {bmed:.3} ms, added {added_ms:+.3} ms)",
+            train.received, train.sent
+        ));
+        say.line(format!("  ping flood  {}/{} received", flood.received, flood.sent));
+        say.line(format!(
+            "  tcp         {:.0} Mbit/s through MT6D, {:.0} Mbit/s baseline; {} bytes, sha256 {}",
+            tcp.mbit_s,
+            base_tcp.mbit_s,
+            tcp.bytes,
+            if tcp.sha256_match { "matches" } else { "MISMATCH" }
+        ));
+        say.line(format!(
+            "  observer    {} frames on the public link, {} with a true address, {} distinct outer address pairs",
+            seen.frames,
+            seen.frames_with_true_address,
+            seen.outer_pairs.len()
+        ));
+        if let Some(p) = &args.pcap {
+            say.line(format!("  capture     {}", p.display()));
+        }
+        for (d, st) in daemons.iter().zip(&statuses) {
+            if let Some(p) = st.peers.first() {
+                let drops: u64 = p.counters.drops.values().sum();
+                say.line(format!(
+                    "  gateway {}   tx {} rx {} packets, {drops} dropped",
+                    d.label, p.counters.tx_packets, p.counters.rx_packets
+                ));
+            }
+        }
+        say.line(if failures.is_empty() { "result: OK".to_string() } else { format!("result: FAILED: {}", failures.join("; ")) });
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("demo checks failed: {}", failures.join("; ")).into())
+    }
+}
+
+/// Waits until an echo gets through: the first packets of a path wait for neighbour discovery
+/// on both links (proxy answers included), which is set-up time, not loss.
+fn warm_up(lab: &Lab) -> DemoResult<()> {
+    for _ in 0..10 {
+        let r = lab.host_a.run(|| ping(HOST_B, 1, Pace::Flood { wait: Duration::from_secs(1) }, Duration::from_millis(200)))??;
+        if r.received == 1 {
+            return Ok(());
+        }
+    }
+    Err("Host A cannot reach Host B after 10 s of trying".into())
+}
+
+/// One TCP transfer from Host A to Host B for `duration`.
+pub fn tcp_transfer(lab: &Lab, duration: Duration, seed: u64) -> DemoResult<TransferReport> {
+    let listener = lab.host_b.run(|| transfer::listen(HOST_B, TCP_PORT))??;
+    let server = std::thread::spawn(move || transfer::serve_once(listener, Duration::from_secs(10)));
+    let sent = lab.host_a.run(|| transfer::send_for(HOST_B, TCP_PORT, duration, seed))?;
+    let received = server.join().map_err(|_| "TCP receiver thread panicked")?;
+    let report = sent?;
+    received?;
+    Ok(report)
+}
+
+/// Prints each new epoch of Gateway A as it starts, with both hashed endpoints.
+struct RotationMonitor {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl RotationMonitor {
+    fn start(socket: PathBuf, to_stderr: bool) -> RotationMonitor {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = std::thread::spawn({
+            let stop = stop.clone();
+            move || {
+                let mut last = None;
+                let mut seen = 0u64;
+                let started = Instant::now();
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok(st) = crate::control::query_status(&socket) {
+                        if let Some(p) = st.peers.first() {
+                            if last != Some(p.send.epoch) {
+                                last = Some(p.send.epoch);
+                                seen += 1;
+                                let line = format!(
+                                    "  [{:6.1}s] epoch {}  A {}  ->  B {}",
+                                    started.elapsed().as_secs_f64(),
+                                    p.send.epoch,
+                                    p.send.local,
+                                    p.send.remote
+                                );
+                                if to_stderr {
+                                    eprintln!("{line}");
+                                } else {
+                                    println!("{line}");
+                                }
+                            }
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                seen
+            }
+        });
+        RotationMonitor { stop, thread }
+    }
+
+    fn finish(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap_or(0)
+    }
+}
+
+/// Removes the demo's private directory (key, configs, logs) on every exit path.
+struct DirGuard(PathBuf);
+
+impl Drop for DirGuard {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

@@ -1,0 +1,186 @@
+//! `mt6d`: the Moving Target IPv6 Defense gateway.
+//!
+//! One binary with subcommands: the daemon (`run`), its config checker (`check`), its status
+//! client (`status`), the zero-configuration lab (`demo`), and helpers for keys and debugging.
+//! Protocol rules live in `mt6d-proto`; every kernel interaction lives in `mt6d-os`.
+
+mod config;
+mod control;
+mod gateway;
+mod lab;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "mt6d",
+    version,
+    about = "Moving Target IPv6 Defense: carry two hosts' IPv6 traffic between rotating hashed addresses",
+    long_about = "Moving Target IPv6 Defense (MT6D).\n\n\
+Two gateways in front of two protected hosts derive, from a shared key and the clock, a new pair \
+of \"hashed\" IPv6 addresses (and UDP ports) every few seconds. They carry the hosts' packets \
+between those addresses in UDP, with the hosts' own addresses removed and the rest encrypted, \
+and restore them on the other side. Sessions survive every rotation.\n\n\
+Start with `mt6d demo` (as root): it builds its own lab in network namespaces and shows it working."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the gateway daemon with a configuration file (root). Stops cleanly on SIGINT/SIGTERM,
+    /// removing every address, route, neighbour entry and device it created.
+    Run {
+        /// Configuration file (TOML; see docs/CONFIG.md).
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Validate a configuration file and print what the daemon would set up; changes nothing.
+    Check {
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Ask a running daemon for its epochs, addresses, ports and counters.
+    Status {
+        /// Control socket of the daemon (default: the one named by --config, else /run/mt6d/mt6d0.sock).
+        #[arg(short, long, value_name = "PATH")]
+        socket: Option<PathBuf>,
+        /// Read the control socket path from this configuration file.
+        #[arg(short, long, value_name = "FILE", conflicts_with = "socket")]
+        config: Option<PathBuf>,
+        /// Print the status as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Build a lab in network namespaces (two hosts, two gateways, a public link), run real
+    /// traffic through MT6D across several rotations, print what an observer saw, and clean up.
+    Demo(lab::demo::DemoArgs),
+    /// Print a new random 256-bit pre-shared session key (base64) for a [[peer]] `key`, or write
+    /// it to a file created with mode 0600.
+    Genpsk {
+        /// Write the key to this file (mode 0600) instead of standard output.
+        #[arg(short, long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+    /// Debugging: print the hashed routes (addresses and ports) of each peer for a few epochs
+    /// around now, as both gateways compute them. Needs no root and touches nothing.
+    Routes {
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+        /// Epochs before and after the current one to print.
+        #[arg(long, default_value_t = 2)]
+        around: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .format_target(false)
+        .init();
+    let result = match cli.command {
+        Command::Run { config } => gateway::run(&config),
+        Command::Check { config } => check(&config),
+        Command::Status { socket, config, json } => status(socket, config, json),
+        Command::Demo(args) => lab::demo::run(args),
+        Command::Genpsk { out } => genpsk(out),
+        Command::Routes { config, around } => routes(&config, around),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mt6d: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Errors of the command-line layer: each wraps the layer below with what was being done.
+type CliResult = Result<(), Box<dyn std::error::Error>>;
+
+fn check(path: &std::path::Path) -> CliResult {
+    let cfg = config::Config::load(path)?;
+    let g = &cfg.gateway;
+    println!("{}: OK", path.display());
+    println!(
+        "  internal {}  external {}  tun {}  control socket {}",
+        g.internal_interface,
+        g.external_interface,
+        g.tun_name,
+        g.control_socket.display()
+    );
+    for p in &cfg.peers {
+        let s = &p.stream;
+        println!(
+            "  peer {}: {} <-> {}  mode {}  aead {}  derivation {}  ports {:?}  rotation {:?}{}",
+            p.name,
+            s.local.true_addr,
+            s.remote.true_addr,
+            s.mode,
+            s.aead,
+            s.derivation,
+            s.ports,
+            s.rotation,
+            if s.jitter { " (jittered)" } else { "" }
+        );
+    }
+    Ok(())
+}
+
+fn status(socket: Option<PathBuf>, config: Option<PathBuf>, json: bool) -> CliResult {
+    let path = match (socket, config) {
+        (Some(s), _) => s,
+        (None, Some(c)) => config::Config::load(&c)?.gateway.control_socket,
+        (None, None) => config::default_control_socket("mt6d0"),
+    };
+    let st = control::query_status(&path)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&st)?);
+    } else {
+        print!("{}", control::render(&st));
+    }
+    Ok(())
+}
+
+fn genpsk(out: Option<PathBuf>) -> CliResult {
+    use base64::Engine as _;
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut key = zeroize::Zeroizing::new([0u8; 32]);
+    getrandom::fill(key.as_mut_slice()).map_err(|e| format!("no randomness from the OS: {e}"))?;
+    let text = zeroize::Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(key.as_slice()));
+    match out {
+        None => println!("{}", text.as_str()),
+        Some(path) => {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            writeln!(f, "{}", text.as_str()).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+fn routes(path: &std::path::Path, around: u64) -> CliResult {
+    let cfg = config::Config::load(path)?;
+    let now = gateway::clock::now();
+    for p in &cfg.peers {
+        let stream = p.build_stream()?;
+        let current = stream.epoch_at(now);
+        println!("peer {} ({} <-> {})", p.name, stream.local_true(), stream.remote_true());
+        for e in current.0.saturating_sub(around)..=current.0 + around {
+            let r = stream.route(mt6d_proto::Epoch(e));
+            let mark = if e == current.0 { "*" } else { " " };
+            println!("{mark} epoch {e}: local {}  remote {}", r.local, r.remote);
+        }
+    }
+    Ok(())
+}
