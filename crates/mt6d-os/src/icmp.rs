@@ -38,9 +38,15 @@ impl Icmp6Socket {
     /// Opens the socket (needs CAP_NET_RAW) with IPV6_RECVPKTINFO on.
     pub fn open() -> Result<Icmp6Socket> {
         let ctx = |op| move |source| OsError::Icmp { op, source };
-        let fd = sys::socket(libc::AF_INET6, libc::SOCK_RAW, libc::IPPROTO_ICMPV6).map_err(ctx("socket"))?;
-        sys::setsockopt(fd.as_fd(), libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, &1 as &libc::c_int)
-            .map_err(ctx("set IPV6_RECVPKTINFO"))?;
+        let fd = sys::socket(libc::AF_INET6, libc::SOCK_RAW, libc::IPPROTO_ICMPV6)
+            .map_err(ctx("socket"))?;
+        sys::setsockopt(
+            fd.as_fd(),
+            libc::IPPROTO_IPV6,
+            libc::IPV6_RECVPKTINFO,
+            &1 as &libc::c_int,
+        )
+        .map_err(ctx("set IPV6_RECVPKTINFO"))?;
         Ok(Icmp6Socket { fd })
     }
 
@@ -51,13 +57,20 @@ impl Icmp6Socket {
         for &t in types {
             filter[usize::from(t >> 5)] &= !(1u32 << (t & 31));
         }
-        sys::setsockopt(self.fd.as_fd(), libc::IPPROTO_ICMPV6, ICMP6_FILTER, &filter)
-            .map_err(|source| OsError::Icmp { op: "set ICMP6_FILTER", source })
+        sys::setsockopt(self.fd.as_fd(), libc::IPPROTO_ICMPV6, ICMP6_FILTER, &filter).map_err(
+            |source| OsError::Icmp {
+                op: "set ICMP6_FILTER",
+                source,
+            },
+        )
     }
 
     /// Read timeout for [`Icmp6Socket::recv_from`]; `None` blocks forever.
     pub fn set_read_timeout(&self, timeout: Option<Duration>) -> Result<()> {
-        sys::set_read_timeout(self.fd.as_fd(), timeout).map_err(|source| OsError::Icmp { op: "set SO_RCVTIMEO", source })
+        sys::set_read_timeout(self.fd.as_fd(), timeout).map_err(|source| OsError::Icmp {
+            op: "set SO_RCVTIMEO",
+            source,
+        })
     }
 
     /// Sends the ICMPv6 message `msg` (checksum field left zero) to `dst`, from `src` if given
@@ -65,11 +78,25 @@ impl Icmp6Socket {
     pub fn send_to(&self, msg: &[u8], dst: Ipv6Addr, src: Option<Ipv6Addr>) -> Result<usize> {
         let mut ctrl = CmsgBuf([0u8; sys::cmsg_space(20)]);
         let used = match src {
-            Some(s) => put_cmsg(&mut ctrl.0, 0, libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, &sys::in6_pktinfo(s, 0)),
+            Some(s) => put_cmsg(
+                &mut ctrl.0,
+                0,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_PKTINFO,
+                &sys::in6_pktinfo(s, 0),
+            ),
             None => 0,
         };
-        sys::sendmsg6(self.fd.as_fd(), msg, &SocketAddrV6::new(dst, 0, 0, 0), &ctrl.0[..used])
-            .map_err(|source| OsError::Icmp { op: "sendmsg", source })
+        sys::sendmsg6(
+            self.fd.as_fd(),
+            msg,
+            &SocketAddrV6::new(dst, 0, 0, 0),
+            &ctrl.0[..used],
+        )
+        .map_err(|source| OsError::Icmp {
+            op: "sendmsg",
+            source,
+        })
     }
 
     /// Receives one ICMPv6 message into `buf` (starting at the ICMPv6 header).
@@ -78,14 +105,23 @@ impl Icmp6Socket {
         let (len, _flags, src, clen) = loop {
             match sys::recvmsg6(self.fd.as_fd(), buf, &mut ctrl.0) {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                r => break r.map_err(|source| OsError::Icmp { op: "recvmsg", source })?,
+                r => {
+                    break r.map_err(|source| OsError::Icmp {
+                        op: "recvmsg",
+                        source,
+                    })?
+                }
             }
         };
         let dst = Cmsgs(&ctrl.0[..clen.min(128)])
             .find(|(l, t, _)| *l == libc::IPPROTO_IPV6 && *t == libc::IPV6_PKTINFO)
             .and_then(|(_, _, d)| sys::parse_in6_pktinfo(d))
             .map(|(a, _)| a);
-        Ok(IcmpRecvInfo { len, src: *src.ip(), dst })
+        Ok(IcmpRecvInfo {
+            len,
+            src: *src.ip(),
+            dst,
+        })
     }
 }
 
@@ -113,10 +149,25 @@ mod tests {
             nl.link_set_up(lo).expect("lo up");
             let s = Icmp6Socket::open().expect("open");
             s.set_filter_pass_only(&[ECHO_REPLY]).expect("filter");
-            s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+            s.set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("timeout");
             // Echo request: type, code, checksum (kernel fills), id, seq, data.
-            let req = [ECHO_REQUEST, 0, 0, 0, 0x12, 0x34, 0, 1, b'm', b't', b'6', b'd'];
-            s.send_to(&req, Ipv6Addr::LOCALHOST, Some(Ipv6Addr::LOCALHOST)).expect("send");
+            let req = [
+                ECHO_REQUEST,
+                0,
+                0,
+                0,
+                0x12,
+                0x34,
+                0,
+                1,
+                b'm',
+                b't',
+                b'6',
+                b'd',
+            ];
+            s.send_to(&req, Ipv6Addr::LOCALHOST, Some(Ipv6Addr::LOCALHOST))
+                .expect("send");
             let mut buf = [0u8; 1500];
             // The filter drops our own echo request looped back; the first message is the reply.
             let info = s.recv_from(&mut buf).expect("reply");

@@ -18,12 +18,13 @@
 
 #![cfg(target_os = "linux")]
 
+pub mod capture;
 pub mod error;
 pub mod icmp;
 pub mod netlink;
 pub mod netns;
-pub mod sysctl;
 mod sys;
+pub mod sysctl;
 pub mod tun;
 pub mod udp;
 
@@ -32,5 +33,5 @@ pub use icmp::Icmp6Socket;
 pub use netlink::{AddrFlags, AddrInfo, Netlink};
 pub use netns::{unique_name, Netns};
 pub use sys::wait_readable;
-pub use tun::{Tun, TunRecvScratch, GROTable, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN};
+pub use tun::{GROTable, Tun, TunRecvScratch, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN};
 pub use udp::{Epoll, EpollEvents, RecvBuf, RecvScratch, SendMsg, SendScratch, UdpSocket6};

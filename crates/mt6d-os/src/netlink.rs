@@ -41,6 +41,7 @@ const RTM_DELADDR: u16 = 21;
 const RTM_GETADDR: u16 = 22;
 const RTM_NEWROUTE: u16 = 24;
 const RTM_DELROUTE: u16 = 25;
+const RTM_GETROUTE: u16 = 26;
 const RTM_NEWNEIGH: u16 = 28;
 const RTM_DELNEIGH: u16 = 29;
 
@@ -67,6 +68,7 @@ const RTA_TABLE: u16 = 15;
 const RTPROT_STATIC: u8 = 4;
 const RT_SCOPE_UNIVERSE: u8 = 0;
 const RTN_UNICAST: u8 = 1;
+const RTN_LOCAL: u8 = 2;
 
 const NDA_DST: u16 = 1;
 const NDA_LLADDR: u16 = 2;
@@ -123,16 +125,28 @@ fn is_errno(e: &io::Error, codes: &[i32]) -> bool {
 impl Netlink {
     /// Opens an rtnetlink socket in the calling thread's network namespace.
     pub fn open() -> Result<Netlink> {
-        let fd = sys::socket(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_ROUTE)
-            .map_err(|source| OsError::Netlink { op: "open socket", source })?;
+        let fd = sys::socket(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_ROUTE).map_err(
+            |source| OsError::Netlink {
+                op: "open socket",
+                source,
+            },
+        )?;
         // Large dumps (many addresses during a rotation) must not overflow the receive queue.
         let _ = sys::setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, &(1i32 << 20));
-        Ok(Netlink { fd, seq: 0, rx: vec![0; 64 * 1024] })
+        Ok(Netlink {
+            fd,
+            seq: 0,
+            rx: vec![0; 64 * 1024],
+        })
     }
 
     /// The index of interface `name`.
     pub fn link_index(&mut self, name: &str) -> Result<u32> {
-        let ctx = |source| OsError::Link { op: "look up index".into(), link: name.to_owned(), source };
+        let ctx = |source| OsError::Link {
+            op: "look up index".into(),
+            link: name.to_owned(),
+            source,
+        };
         let mut msg = Message::new(RTM_GETLINK, 0);
         msg.push(&ifinfomsg(0, 0, 0));
         msg.attr_str(IFLA_IFNAME, name).map_err(ctx)?;
@@ -152,7 +166,9 @@ impl Netlink {
         attrs
             .iter()
             .find(|(t, _)| *t == IFLA_IFNAME)
-            .map(|(_, v)| String::from_utf8_lossy(v.split(|&b| b == 0).next().unwrap_or(&[])).into_owned())
+            .map(|(_, v)| {
+                String::from_utf8_lossy(v.split(|&b| b == 0).next().unwrap_or(&[])).into_owned()
+            })
             .ok_or_else(|| OsError::Link {
                 op: "look up name".into(),
                 link: link_ref(index),
@@ -184,16 +200,21 @@ impl Netlink {
         let mut msg = Message::new(RTM_NEWLINK, 0);
         msg.push(&ifinfomsg(index, 0, 0));
         msg.attr(IFLA_MTU, &mtu.to_ne_bytes());
-        self.transact(msg, |_, _| ()).map_err(|source| OsError::Link {
-            op: format!("set mtu {mtu}"),
-            link: link_ref(index),
-            source,
-        })
+        self.transact(msg, |_, _| ())
+            .map_err(|source| OsError::Link {
+                op: format!("set mtu {mtu}"),
+                link: link_ref(index),
+                source,
+            })
     }
 
     /// Renames interface `index` (the kernel requires it to be down).
     pub fn link_rename(&mut self, index: u32, new_name: &str) -> Result<()> {
-        let ctx = |source| OsError::Link { op: format!("rename to {new_name}"), link: link_ref(index), source };
+        let ctx = |source| OsError::Link {
+            op: format!("rename to {new_name}"),
+            link: link_ref(index),
+            source,
+        };
         let mut msg = Message::new(RTM_NEWLINK, 0);
         msg.push(&ifinfomsg(index, 0, 0));
         msg.attr_str(IFLA_IFNAME, new_name).map_err(ctx)?;
@@ -203,7 +224,11 @@ impl Netlink {
     /// Creates a veth pair `name` <-> `peer_name` in this socket's namespace; both start down.
     /// Fails with EEXIST if `name` exists (a lab helper: delete and retry).
     pub fn create_veth(&mut self, name: &str, peer_name: &str) -> Result<()> {
-        let ctx = |source| OsError::Link { op: format!("create veth with peer {peer_name}"), link: name.to_owned(), source };
+        let ctx = |source| OsError::Link {
+            op: format!("create veth with peer {peer_name}"),
+            link: name.to_owned(),
+            source,
+        };
         let mut msg = Message::new(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL);
         msg.push(&ifinfomsg(0, 0, 0));
         msg.attr_str(IFLA_IFNAME, name).map_err(ctx)?;
@@ -225,11 +250,12 @@ impl Netlink {
         let mut msg = Message::new(RTM_NEWLINK, 0);
         msg.push(&ifinfomsg(index, 0, 0));
         msg.attr(IFLA_NET_NS_FD, &(netns_fd as u32).to_ne_bytes());
-        self.transact(msg, |_, _| ()).map_err(|source| OsError::Link {
-            op: "move to another network namespace".into(),
-            link: link_ref(index),
-            source,
-        })
+        self.transact(msg, |_, _| ())
+            .map_err(|source| OsError::Link {
+                op: "move to another network namespace".into(),
+                link: link_ref(index),
+                source,
+            })
     }
 
     /// Deletes interface `index`; a link that is already gone is success.
@@ -237,16 +263,30 @@ impl Netlink {
         let mut msg = Message::new(RTM_DELLINK, 0);
         msg.push(&ifinfomsg(index, 0, 0));
         match self.transact(msg, |_, _| ()) {
-            Err(e) if !is_errno(&e, &[libc::ENODEV, libc::ENOENT]) => {
-                Err(OsError::Link { op: "delete".into(), link: link_ref(index), source: e })
-            }
+            Err(e) if !is_errno(&e, &[libc::ENODEV, libc::ENOENT]) => Err(OsError::Link {
+                op: "delete".into(),
+                link: link_ref(index),
+                source: e,
+            }),
             _ => Ok(()),
         }
     }
 
     /// Adds (or updates the flags of) `addr/prefix_len` on interface `index`. Idempotent.
-    pub fn add_address(&mut self, index: u32, addr: Ipv6Addr, prefix_len: u8, flags: AddrFlags) -> Result<()> {
-        let ctx = |source| OsError::Address { op: "add", addr, prefix_len, index, source };
+    pub fn add_address(
+        &mut self,
+        index: u32,
+        addr: Ipv6Addr,
+        prefix_len: u8,
+        flags: AddrFlags,
+    ) -> Result<()> {
+        let ctx = |source| OsError::Address {
+            op: "add",
+            addr,
+            prefix_len,
+            index,
+            source,
+        };
         if prefix_len > 128 {
             return Err(ctx(io::Error::from_raw_os_error(libc::EINVAL)));
         }
@@ -276,7 +316,13 @@ impl Netlink {
         msg.attr(IFA_ADDRESS, &addr.octets());
         match self.transact(msg, |_, _| ()) {
             Err(e) if !is_errno(&e, &[libc::ENOENT, libc::EADDRNOTAVAIL, libc::ENODEV]) => {
-                Err(OsError::Address { op: "delete", addr, prefix_len, index, source: e })
+                Err(OsError::Address {
+                    op: "delete",
+                    addr,
+                    prefix_len,
+                    index,
+                    source: e,
+                })
             }
             _ => Ok(()),
         }
@@ -318,7 +364,11 @@ impl Netlink {
                 });
             }
         })
-        .map_err(|source| OsError::Link { op: "list addresses".into(), link: link_ref(index), source })?;
+        .map_err(|source| OsError::Link {
+            op: "list addresses".into(),
+            link: link_ref(index),
+            source,
+        })?;
         Ok(out)
     }
 
@@ -333,24 +383,86 @@ impl Netlink {
     }
 
     /// [`Netlink::add_route`] in routing table `table`.
-    pub fn add_route_in_table(&mut self, dst: Ipv6Addr, prefix_len: u8, oif: u32, table: u32) -> Result<()> {
-        let msg = route_msg(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_REPLACE, dst, prefix_len, oif, table);
+    pub fn add_route_in_table(
+        &mut self,
+        dst: Ipv6Addr,
+        prefix_len: u8,
+        oif: u32,
+        table: u32,
+    ) -> Result<()> {
+        let msg = route_msg(
+            RTM_NEWROUTE,
+            NLM_F_CREATE | NLM_F_REPLACE,
+            dst,
+            prefix_len,
+            oif,
+            table,
+        );
         match self.transact(msg, |_, _| ()) {
-            Err(e) if !is_errno(&e, &[libc::EEXIST]) => {
-                Err(OsError::Route { op: "add", dst, prefix_len, oif, table, source: e })
-            }
+            Err(e) if !is_errno(&e, &[libc::EEXIST]) => Err(OsError::Route {
+                op: "add",
+                dst,
+                prefix_len,
+                oif,
+                table,
+                source: e,
+            }),
             _ => Ok(()),
         }
     }
 
     /// [`Netlink::del_route`] in routing table `table`.
-    pub fn del_route_in_table(&mut self, dst: Ipv6Addr, prefix_len: u8, oif: u32, table: u32) -> Result<()> {
+    pub fn del_route_in_table(
+        &mut self,
+        dst: Ipv6Addr,
+        prefix_len: u8,
+        oif: u32,
+        table: u32,
+    ) -> Result<()> {
         let msg = route_msg(RTM_DELROUTE, 0, dst, prefix_len, oif, table);
         match self.transact(msg, |_, _| ()) {
             Err(e) if !is_errno(&e, &[libc::ESRCH, libc::ENOENT, libc::ENODEV]) => {
-                Err(OsError::Route { op: "delete", dst, prefix_len, oif, table, source: e })
+                Err(OsError::Route {
+                    op: "delete",
+                    dst,
+                    prefix_len,
+                    oif,
+                    table,
+                    source: e,
+                })
             }
             _ => Ok(()),
+        }
+    }
+
+    /// Whether the kernel now delivers packets for `addr` locally (a route lookup answers
+    /// `local`). The kernel installs an address's local route from a work queue, even with
+    /// `nodad`, so for a moment after [`Netlink::add_address`] the address is listed but packets
+    /// to it are not yet accepted; wait on this before relying on reception.
+    pub fn is_local_address(&mut self, addr: Ipv6Addr) -> Result<bool> {
+        let mut msg = Message::new(RTM_GETROUTE, 0);
+        let mut h = [0u8; 12];
+        h[0] = AF_INET6;
+        h[1] = 128;
+        msg.push(&h);
+        msg.attr(RTA_DST, &addr.octets());
+        let mut local = false;
+        match self.transact(msg, |ty, payload| {
+            if ty == RTM_NEWROUTE && payload.len() >= 12 {
+                local = payload[7] == RTN_LOCAL;
+            }
+        }) {
+            Ok(()) => Ok(local),
+            Err(e) if is_errno(&e, &[libc::ENETUNREACH, libc::EHOSTUNREACH, libc::ENETDOWN]) => {
+                Ok(false)
+            }
+            Err(e) => Err(OsError::Address {
+                op: "look up route to",
+                addr,
+                prefix_len: 128,
+                index: 0,
+                source: e,
+            }),
         }
     }
 
@@ -361,9 +473,12 @@ impl Netlink {
         msg.push(&ndmsg(index, NUD_PERMANENT, NTF_PROXY));
         msg.attr(NDA_DST, &addr.octets());
         match self.transact(msg, |_, _| ()) {
-            Err(e) if !is_errno(&e, &[libc::EEXIST]) => {
-                Err(OsError::Neighbor { op: "add proxy", addr, index, source: e })
-            }
+            Err(e) if !is_errno(&e, &[libc::EEXIST]) => Err(OsError::Neighbor {
+                op: "add proxy",
+                addr,
+                index,
+                source: e,
+            }),
             _ => Ok(()),
         }
     }
@@ -375,7 +490,12 @@ impl Netlink {
         msg.attr(NDA_DST, &addr.octets());
         match self.transact(msg, |_, _| ()) {
             Err(e) if !is_errno(&e, &[libc::ENOENT, libc::ESRCH, libc::ENODEV]) => {
-                Err(OsError::Neighbor { op: "delete proxy", addr, index, source: e })
+                Err(OsError::Neighbor {
+                    op: "delete proxy",
+                    addr,
+                    index,
+                    source: e,
+                })
             }
             _ => Ok(()),
         }
@@ -383,14 +503,29 @@ impl Netlink {
 
     /// Adds (or replaces) the neighbour entry `addr lladdr` on interface `index`, permanent or
     /// reachable (then subject to normal NUD ageing). Idempotent.
-    pub fn add_neighbor(&mut self, index: u32, addr: Ipv6Addr, lladdr: [u8; 6], permanent: bool) -> Result<()> {
-        let state = if permanent { NUD_PERMANENT } else { NUD_REACHABLE };
+    pub fn add_neighbor(
+        &mut self,
+        index: u32,
+        addr: Ipv6Addr,
+        lladdr: [u8; 6],
+        permanent: bool,
+    ) -> Result<()> {
+        let state = if permanent {
+            NUD_PERMANENT
+        } else {
+            NUD_REACHABLE
+        };
         let mut msg = Message::new(RTM_NEWNEIGH, NLM_F_CREATE | NLM_F_REPLACE);
         msg.push(&ndmsg(index, state, 0));
         msg.attr(NDA_DST, &addr.octets());
         msg.attr(NDA_LLADDR, &lladdr);
         match self.transact(msg, |_, _| ()) {
-            Err(e) if !is_errno(&e, &[libc::EEXIST]) => Err(OsError::Neighbor { op: "add", addr, index, source: e }),
+            Err(e) if !is_errno(&e, &[libc::EEXIST]) => Err(OsError::Neighbor {
+                op: "add",
+                addr,
+                index,
+                source: e,
+            }),
             _ => Ok(()),
         }
     }
@@ -402,7 +537,12 @@ impl Netlink {
         msg.attr(NDA_DST, &addr.octets());
         match self.transact(msg, |_, _| ()) {
             Err(e) if !is_errno(&e, &[libc::ENOENT, libc::ESRCH, libc::ENODEV]) => {
-                Err(OsError::Neighbor { op: "delete", addr, index, source: e })
+                Err(OsError::Neighbor {
+                    op: "delete",
+                    addr,
+                    index,
+                    source: e,
+                })
             }
             _ => Ok(()),
         }
@@ -412,7 +552,11 @@ impl Netlink {
         let mut msg = Message::new(RTM_NEWLINK, 0);
         msg.push(&ifinfomsg(index, flags, change));
         self.transact(msg, |_, _| ())
-            .map_err(|source| OsError::Link { op: op.into(), link: link_ref(index), source })
+            .map_err(|source| OsError::Link {
+                op: op.into(),
+                link: link_ref(index),
+                source,
+            })
     }
 
     /// RTM_GETLINK for `index`, returning its top-level attributes.
@@ -422,10 +566,16 @@ impl Netlink {
         let mut attrs = Vec::new();
         self.transact(msg, |ty, payload| {
             if ty == RTM_NEWLINK && payload.len() >= 16 {
-                attrs = Attrs(&payload[16..]).map(|(t, v)| (t, v.to_vec())).collect();
+                attrs = Attrs(&payload[16..])
+                    .map(|(t, v)| (t, v.to_vec()))
+                    .collect();
             }
         })
-        .map_err(|source| OsError::Link { op: op.into(), link: link_ref(index), source })?;
+        .map_err(|source| OsError::Link {
+            op: op.into(),
+            link: link_ref(index),
+            source,
+        })?;
         Ok(attrs)
     }
 
@@ -445,7 +595,10 @@ impl Netlink {
             while buf.len() >= NLMSG_HDR_LEN {
                 let len = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
                 if len < NLMSG_HDR_LEN || len > buf.len() {
-                    return Err(io::Error::new(io::ErrorKind::InvalidData, "truncated netlink message"));
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "truncated netlink message",
+                    ));
                 }
                 let ty = u16::from_ne_bytes([buf[4], buf[5]]);
                 let msg_seq = u32::from_ne_bytes([buf[8], buf[9], buf[10], buf[11]]);
@@ -460,7 +613,11 @@ impl Netlink {
                         let code = payload
                             .get(..4)
                             .map_or(0, |b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
-                        return if code < 0 { Err(io::Error::from_raw_os_error(-code)) } else { Ok(()) };
+                        return if code < 0 {
+                            Err(io::Error::from_raw_os_error(-code))
+                        } else {
+                            Ok(())
+                        };
                     }
                     _ => each(ty, payload),
                 }
@@ -509,8 +666,15 @@ impl Message {
 
     /// A NUL-terminated string attribute; interface names must fit IFNAMSIZ.
     fn attr_str(&mut self, ty: u16, s: &str) -> io::Result<()> {
-        if s.is_empty() || s.len() >= libc::IFNAMSIZ || s.contains(['\0', '/']) || s.contains(char::is_whitespace) {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "invalid interface name"));
+        if s.is_empty()
+            || s.len() >= libc::IFNAMSIZ
+            || s.contains(['\0', '/'])
+            || s.contains(char::is_whitespace)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "invalid interface name",
+            ));
         }
         let mut v = s.as_bytes().to_vec();
         v.push(0);
@@ -609,7 +773,7 @@ impl<'a> Iterator for Attrs<'a> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::netns::{unique_name, Netns};
     use std::time::{Duration, Instant};
@@ -622,7 +786,10 @@ mod tests {
         let b = msg.finish(9).to_vec();
         assert_eq!(b.len(), 16 + 8 + 8);
         assert_eq!(u32::from_ne_bytes([b[0], b[1], b[2], b[3]]), 32);
-        assert_eq!(u16::from_ne_bytes([b[6], b[7]]), NLM_F_CREATE | NLM_F_REQUEST | NLM_F_ACK);
+        assert_eq!(
+            u16::from_ne_bytes([b[6], b[7]]),
+            NLM_F_CREATE | NLM_F_REQUEST | NLM_F_ACK
+        );
         assert_eq!(u32::from_ne_bytes([b[8], b[9], b[10], b[11]]), 9);
         assert_eq!(&b[16..18], &[AF_INET6, 64]);
         let attrs: Vec<_> = Attrs(&b[24..]).collect();
@@ -634,13 +801,30 @@ mod tests {
         // Claims 8 bytes but only 6 are there.
         let b = [8u8, 0, 1, 0, 0xaa, 0xbb];
         assert_eq!(Attrs(&b).count(), 0);
-        assert!(Message::new(RTM_GETLINK, 0).attr_str(IFLA_IFNAME, "this-name-is-too-long").is_err());
+        assert!(Message::new(RTM_GETLINK, 0)
+            .attr_str(IFLA_IFNAME, "this-name-is-too-long")
+            .is_err());
+    }
+
+    /// Waits until `addr` is (or is no longer) delivered locally.
+    pub(crate) fn wait_local(nl: &mut Netlink, addr: Ipv6Addr, want: bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while nl.is_local_address(addr).expect("route lookup") != want {
+            assert!(
+                Instant::now() < deadline,
+                "{addr} local state never became {want}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// A namespace with a veth pair `a` <-> `b`, both up, and a netlink socket inside.
     fn veth_lab() -> (Netns, Netlink, u32, u32) {
         let ns = Netns::create(&unique_name("nlt")).expect("create netns");
-        let mut nl = ns.run(Netlink::open).expect("enter netns").expect("open netlink");
+        let mut nl = ns
+            .run(Netlink::open)
+            .expect("enter netns")
+            .expect("open netlink");
         nl.create_veth("va", "vb").expect("create veth");
         let a = nl.link_index("va").expect("index of va");
         let b = nl.link_index("vb").expect("index of vb");
@@ -658,31 +842,50 @@ mod tests {
         assert!(nl.link_index("nonexistent0").is_err());
 
         let addr: Ipv6Addr = "2001:db8:1::1".parse().expect("literal");
-        let nodad = AddrFlags { nodad: true, noprefixroute: false };
+        let nodad = AddrFlags {
+            nodad: true,
+            noprefixroute: false,
+        };
         nl.add_address(a, addr, 64, nodad).expect("add once");
         nl.add_address(a, addr, 64, nodad).expect("add twice");
+        wait_local(&mut nl, addr, true);
         let listed = nl.list_addresses(a).expect("list");
-        let info = listed.iter().find(|i| i.addr == addr).expect("address listed");
+        let info = listed
+            .iter()
+            .find(|i| i.addr == addr)
+            .expect("address listed");
         assert_eq!(info.prefix_len, 64);
         assert!(!info.tentative, "nodad address must be usable at once");
         assert!(!info.dadfailed);
         nl.del_address(a, addr, 64).expect("delete once");
         nl.del_address(a, addr, 64).expect("delete twice");
-        assert!(nl.list_addresses(a).expect("list").iter().all(|i| i.addr != addr));
+        wait_local(&mut nl, addr, false);
+        assert!(nl
+            .list_addresses(a)
+            .expect("list")
+            .iter()
+            .all(|i| i.addr != addr));
 
         // Without nodad the address starts tentative (DAD runs for ~1 s).
         let dad: Ipv6Addr = "2001:db8:1::2".parse().expect("literal");
-        nl.add_address(b, dad, 64, AddrFlags::default()).expect("add with dad");
-        let info = nl.list_addresses(b).expect("list").into_iter().find(|i| i.addr == dad);
+        nl.add_address(b, dad, 64, AddrFlags::default())
+            .expect("add with dad");
+        let info = nl
+            .list_addresses(b)
+            .expect("list")
+            .into_iter()
+            .find(|i| i.addr == dad);
         assert!(info.expect("listed").tentative);
 
         let dst: Ipv6Addr = "2001:db8:99::".parse().expect("literal");
         nl.add_route(dst, 48, a).expect("route add once");
         nl.add_route(dst, 48, a).expect("route add twice");
-        nl.add_route_in_table(dst, 48, a, 1000).expect("route in table 1000");
+        nl.add_route_in_table(dst, 48, a, 1000)
+            .expect("route in table 1000");
         nl.del_route(dst, 48, a).expect("route del once");
         nl.del_route(dst, 48, a).expect("route del twice");
-        nl.del_route_in_table(dst, 48, a, 1000).expect("route del table 1000");
+        nl.del_route_in_table(dst, 48, a, 1000)
+            .expect("route del table 1000");
 
         let proxied: Ipv6Addr = "2001:db8:1::99".parse().expect("literal");
         nl.add_proxy_neighbor(a, proxied).expect("proxy add once");
@@ -691,8 +894,10 @@ mod tests {
         nl.del_proxy_neighbor(a, proxied).expect("proxy del twice");
 
         let mac = [0x02, 0, 0, 0, 0, 0x42];
-        nl.add_neighbor(a, proxied, mac, true).expect("neigh add once");
-        nl.add_neighbor(a, proxied, mac, true).expect("neigh add twice");
+        nl.add_neighbor(a, proxied, mac, true)
+            .expect("neigh add once");
+        nl.add_neighbor(a, proxied, mac, true)
+            .expect("neigh add twice");
         nl.del_neighbor(a, proxied).expect("neigh del once");
         nl.del_neighbor(a, proxied).expect("neigh del twice");
 

@@ -47,7 +47,16 @@ fn mount(src: &Path, target: &Path, flags: libc::c_ulong) -> io::Result<()> {
     let src = cstr(src)?;
     let target = cstr(target)?;
     // SAFETY: all pointers are NUL-terminated strings alive for the call; data is null.
-    cvt(unsafe { libc::mount(src.as_ptr(), target.as_ptr(), c"none".as_ptr(), flags, std::ptr::null()) }).map(drop)
+    cvt(unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            c"none".as_ptr(),
+            flags,
+            std::ptr::null(),
+        )
+    })
+    .map(drop)
 }
 
 fn setns(fd: RawFd) -> io::Result<()> {
@@ -72,8 +81,15 @@ fn prepare_run_dir() -> io::Result<()> {
 }
 
 fn check_name(name: &str) -> Result<()> {
-    if name.is_empty() || name.len() > 64 || name.contains(['/', '\0']) || name == "." || name == ".." {
-        return Err(OsError::InvalidArgument(format!("network namespace name {name:?}")));
+    if name.is_empty()
+        || name.len() > 64
+        || name.contains(['/', '\0'])
+        || name == "."
+        || name == ".."
+    {
+        return Err(OsError::InvalidArgument(format!(
+            "network namespace name {name:?}"
+        )));
     }
     Ok(())
 }
@@ -82,7 +98,13 @@ impl Netns {
     /// Creates the network namespace `name` (fails with EEXIST if it exists).
     pub fn create(name: &str) -> Result<Netns> {
         check_name(name)?;
-        let ctx = |op| move |source| OsError::Netns { name: name.to_owned(), op, source };
+        let ctx = |op| {
+            move |source| OsError::Netns {
+                name: name.to_owned(),
+                op,
+                source,
+            }
+        };
         prepare_run_dir().map_err(ctx("make /run/netns a shared mount point"))?;
         let path = Path::new(NETNS_RUN_DIR).join(name);
         std::fs::OpenOptions::new()
@@ -106,7 +128,12 @@ impl Netns {
             return Err(ctx("unshare and bind-mount")(e));
         }
         match File::open(&path) {
-            Ok(file) => Ok(Netns { name: name.to_owned(), path, file, owned: true }),
+            Ok(file) => Ok(Netns {
+                name: name.to_owned(),
+                path,
+                file,
+                owned: true,
+            }),
             Err(e) => {
                 remove(&path);
                 Err(ctx("open")(e))
@@ -118,8 +145,17 @@ impl Netns {
     pub fn open(name: &str) -> Result<Netns> {
         check_name(name)?;
         let path = Path::new(NETNS_RUN_DIR).join(name);
-        let file = File::open(&path).map_err(|source| OsError::Netns { name: name.to_owned(), op: "open", source })?;
-        Ok(Netns { name: name.to_owned(), path, file, owned: false })
+        let file = File::open(&path).map_err(|source| OsError::Netns {
+            name: name.to_owned(),
+            op: "open",
+            source,
+        })?;
+        Ok(Netns {
+            name: name.to_owned(),
+            path,
+            file,
+            owned: false,
+        })
     }
 
     /// The namespace's name.
@@ -144,26 +180,35 @@ impl Netns {
             .join()
         });
         match joined {
-            Ok(r) => r.map_err(|source| OsError::Netns { name: self.name.clone(), op: "enter (setns)", source }),
+            Ok(r) => r.map_err(|source| OsError::Netns {
+                name: self.name.clone(),
+                op: "enter (setns)",
+                source,
+            }),
             Err(panic) => std::panic::resume_unwind(panic),
         }
     }
 
     /// Moves the calling thread into this namespace for good (worker threads of the daemon).
     pub fn enter_current_thread(&self) -> Result<()> {
-        setns(self.fd()).map_err(|source| OsError::Netns { name: self.name.clone(), op: "enter (setns)", source })
+        setns(self.fd()).map_err(|source| OsError::Netns {
+            name: self.name.clone(),
+            op: "enter (setns)",
+            source,
+        })
     }
 
     /// A `Command` whose child enters this namespace before `exec`, like `ip netns exec`
     /// (without the /etc/netns bind mounts or the /sys remount).
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Result<Command> {
         // The command may outlive `self`; it keeps its own descriptor.
-        let fd: Arc<OwnedFd> = Arc::new(
-            self.file
-                .as_fd()
-                .try_clone_to_owned()
-                .map_err(|source| OsError::Netns { name: self.name.clone(), op: "duplicate descriptor", source })?,
-        );
+        let fd: Arc<OwnedFd> = Arc::new(self.file.as_fd().try_clone_to_owned().map_err(
+            |source| OsError::Netns {
+                name: self.name.clone(),
+                op: "duplicate descriptor",
+                source,
+            },
+        )?);
         let mut cmd = Command::new(program);
         // SAFETY: the closure runs in the forked child before exec and only calls setns(2), which
         // is async-signal-safe; it allocates nothing and touches no lock.
@@ -205,7 +250,11 @@ pub fn unique_name(prefix: &str) -> String {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let tail = format!("{:x}x{n:x}", std::process::id());
     let keep = 15usize.saturating_sub(tail.len());
-    let prefix: String = prefix.chars().filter(|c| c.is_ascii_alphanumeric()).take(keep).collect();
+    let prefix: String = prefix
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(keep)
+        .collect();
     let mut name = prefix + &tail;
     name.truncate(15);
     name
@@ -221,7 +270,9 @@ mod tests {
 
     fn own_netns_inode() -> u64 {
         use std::os::unix::fs::MetadataExt;
-        std::fs::metadata("/proc/thread-self/ns/net").expect("own netns").ino()
+        std::fs::metadata("/proc/thread-self/ns/net")
+            .expect("own netns")
+            .ino()
     }
 
     #[test]
@@ -247,7 +298,10 @@ mod tests {
             let opened = Netns::open(&name).expect("open");
             assert_eq!(opened.run(own_netns_inode).expect("run"), inside);
             drop(opened);
-            assert!(exists(&name), "dropping an opened namespace must not delete it");
+            assert!(
+                exists(&name),
+                "dropping an opened namespace must not delete it"
+            );
 
             // A child process launched with command() sees the namespace: its loopback is down
             // and it has no other links. Read its netns inode through /proc/self.
@@ -258,7 +312,10 @@ mod tests {
                 .output()
                 .expect("run stat");
             assert!(out.status.success());
-            assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), inside.to_string());
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout).trim(),
+                inside.to_string()
+            );
 
             std::thread::scope(|s| {
                 s.spawn(|| {

@@ -30,7 +30,11 @@ pub(crate) fn cvt_size(ret: libc::ssize_t) -> io::Result<usize> {
 }
 
 /// `socket(2)` with `SOCK_CLOEXEC`, owned.
-pub(crate) fn socket(domain: libc::c_int, ty: libc::c_int, proto: libc::c_int) -> io::Result<OwnedFd> {
+pub(crate) fn socket(
+    domain: libc::c_int,
+    ty: libc::c_int,
+    proto: libc::c_int,
+) -> io::Result<OwnedFd> {
     // SAFETY: socket(2) takes no pointers; on success the returned descriptor is new and ours.
     let fd = cvt(unsafe { libc::socket(domain, ty | libc::SOCK_CLOEXEC, proto) })?;
     // SAFETY: `fd` was just returned by socket(2) and is owned by nobody else.
@@ -59,12 +63,22 @@ pub(crate) fn setsockopt<T: Copy>(
 }
 
 /// `getsockopt(2)` of an `int` option.
-pub(crate) fn getsockopt_int(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int) -> io::Result<libc::c_int> {
+pub(crate) fn getsockopt_int(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    name: libc::c_int,
+) -> io::Result<libc::c_int> {
     let mut value: libc::c_int = 0;
     let mut len = mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: `value` and `len` are live locals sized as the kernel expects for an int option.
     cvt(unsafe {
-        libc::getsockopt(fd.as_raw_fd(), level, name, (&mut value as *mut libc::c_int).cast(), &mut len)
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
     })?;
     Ok(value)
 }
@@ -77,7 +91,10 @@ pub(crate) fn set_read_timeout(fd: BorrowedFd<'_>, timeout: Option<Duration>) ->
             tv_sec: d.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
             tv_usec: (d.subsec_micros().max(u32::from(d.is_zero()))) as libc::suseconds_t,
         },
-        None => libc::timeval { tv_sec: 0, tv_usec: 0 },
+        None => libc::timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        },
     };
     setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)
 }
@@ -131,7 +148,13 @@ pub(crate) fn local_addr6(fd: BorrowedFd<'_>) -> io::Result<SocketAddrV6> {
     let mut sa: libc::sockaddr_in6 = unsafe { mem::zeroed() };
     let mut len = mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t;
     // SAFETY: `sa` and `len` are live locals; the kernel writes at most `len` bytes.
-    cvt(unsafe { libc::getsockname(fd.as_raw_fd(), (&mut sa as *mut libc::sockaddr_in6).cast(), &mut len) })?;
+    cvt(unsafe {
+        libc::getsockname(
+            fd.as_raw_fd(),
+            (&mut sa as *mut libc::sockaddr_in6).cast(),
+            &mut len,
+        )
+    })?;
     Ok(socket_addr_v6(&sa))
 }
 
@@ -165,7 +188,11 @@ pub(crate) fn read_u64(fd: BorrowedFd<'_>) -> io::Result<u64> {
 /// Waits until `fd` is readable or `timeout` passes; returns whether it is readable.
 /// EINTR counts as "not readable yet".
 pub fn wait_readable(fd: RawFd, timeout: Option<Duration>) -> io::Result<bool> {
-    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
     let ms = timeout.map_or(-1, |d| d.as_millis().min(i32::MAX as u128) as libc::c_int);
     // SAFETY: one live pollfd, nfds = 1.
     match cvt(unsafe { libc::poll(&mut pfd, 1, ms) }) {
@@ -196,7 +223,13 @@ pub(crate) struct CmsgBuf<const N: usize>(pub(crate) [u8; N]);
 
 /// Writes one control message at `buf[at..]`; returns the offset after it (its CMSG_SPACE).
 /// Panics only if `buf` is too small, which the fixed buffer sizes of the callers rule out.
-pub(crate) fn put_cmsg(buf: &mut [u8], at: usize, level: libc::c_int, ty: libc::c_int, data: &[u8]) -> usize {
+pub(crate) fn put_cmsg(
+    buf: &mut [u8],
+    at: usize,
+    level: libc::c_int,
+    ty: libc::c_int,
+    data: &[u8],
+) -> usize {
     let len = cmsg_align(CMSG_HDR_LEN) + data.len();
     let end = at + cmsg_space(data.len());
     buf[at..end].fill(0);
@@ -257,7 +290,10 @@ pub(crate) fn recvmsg6(
 ) -> io::Result<(usize, libc::c_int, SocketAddrV6, usize)> {
     // SAFETY: all-zero is a valid sockaddr_in6 and msghdr.
     let mut name: libc::sockaddr_in6 = unsafe { mem::zeroed() };
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
     // SAFETY: as above.
     let mut hdr: libc::msghdr = unsafe { mem::zeroed() };
     hdr.msg_name = (&mut name as *mut libc::sockaddr_in6).cast();
@@ -276,9 +312,17 @@ pub(crate) fn recvmsg6(
 }
 
 /// Sends one datagram with `sendmsg(2)` to `dst` with the given control messages.
-pub(crate) fn sendmsg6(fd: BorrowedFd<'_>, buf: &[u8], dst: &SocketAddrV6, control: &[u8]) -> io::Result<usize> {
+pub(crate) fn sendmsg6(
+    fd: BorrowedFd<'_>,
+    buf: &[u8],
+    dst: &SocketAddrV6,
+    control: &[u8],
+) -> io::Result<usize> {
     let name = sockaddr_in6(dst);
-    let mut iov = libc::iovec { iov_base: buf.as_ptr() as *mut libc::c_void, iov_len: buf.len() };
+    let mut iov = libc::iovec {
+        iov_base: buf.as_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
     // SAFETY: all-zero is a valid msghdr.
     let mut hdr: libc::msghdr = unsafe { mem::zeroed() };
     hdr.msg_name = (&name as *const libc::sockaddr_in6) as *mut libc::c_void;
@@ -309,13 +353,22 @@ mod tests {
     fn cmsg_round_trip() {
         let mut b = CmsgBuf([0u8; 64]);
         let a: Ipv6Addr = "2001:db8::5".parse().expect("literal");
-        let at = put_cmsg(&mut b.0, 0, libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, &in6_pktinfo(a, 3));
+        let at = put_cmsg(
+            &mut b.0,
+            0,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_PKTINFO,
+            &in6_pktinfo(a, 3),
+        );
         assert_eq!(at, cmsg_space(20));
         let end = put_cmsg(&mut b.0, at, libc::SOL_UDP, 103, &1200u16.to_ne_bytes());
         let v: Vec<_> = Cmsgs(&b.0[..end]).collect();
         assert_eq!(v.len(), 2);
         assert_eq!(parse_in6_pktinfo(v[0].2), Some((a, 3)));
-        assert_eq!((v[1].0, v[1].1, v[1].2), (libc::SOL_UDP, 103, &1200u16.to_ne_bytes()[..]));
+        assert_eq!(
+            (v[1].0, v[1].1, v[1].2),
+            (libc::SOL_UDP, 103, &1200u16.to_ne_bytes()[..])
+        );
         // SAFETY: CMSG_SPACE/CMSG_LEN only compute sizes.
         unsafe {
             assert_eq!(cmsg_space(20), libc::CMSG_SPACE(20) as usize);
@@ -333,5 +386,4 @@ mod tests {
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
         assert!(!wait_readable(s.as_raw_fd(), Some(Duration::from_millis(1))).expect("poll"));
     }
-
 }

@@ -14,15 +14,23 @@ use crate::error::{OsError, Result};
 pub fn ipv6_conf_path(iface: &str, key: &str) -> Result<PathBuf> {
     let bad = |s: &str| s.is_empty() || s.contains(['/', '\0']) || s == "." || s == "..";
     if bad(iface) || bad(key) {
-        return Err(OsError::InvalidArgument(format!("sysctl net.ipv6.conf.{iface}.{key}")));
+        return Err(OsError::InvalidArgument(format!(
+            "sysctl net.ipv6.conf.{iface}.{key}"
+        )));
     }
-    Ok(PathBuf::from("/proc/sys/net/ipv6/conf").join(iface).join(key))
+    Ok(PathBuf::from("/proc/sys/net/ipv6/conf")
+        .join(iface)
+        .join(key))
 }
 
 /// Writes `value` to `net.ipv6.conf.IFACE.KEY`.
 pub fn set_ipv6_conf(iface: &str, key: &str, value: &str) -> Result<()> {
     let path = ipv6_conf_path(iface, key)?;
-    std::fs::write(&path, value).map_err(|source| OsError::Sysctl { op: format!("write {value:?} to"), path, source })
+    std::fs::write(&path, value).map_err(|source| OsError::Sysctl {
+        op: format!("write {value:?} to"),
+        path,
+        source,
+    })
 }
 
 /// Reads `net.ipv6.conf.IFACE.KEY`, trimmed.
@@ -30,7 +38,11 @@ pub fn get_ipv6_conf(iface: &str, key: &str) -> Result<String> {
     let path = ipv6_conf_path(iface, key)?;
     match std::fs::read_to_string(&path) {
         Ok(s) => Ok(s.trim().to_owned()),
-        Err(source) => Err(OsError::Sysctl { op: "read".into(), path, source }),
+        Err(source) => Err(OsError::Sysctl {
+            op: "read".into(),
+            path,
+            source,
+        }),
     }
 }
 
@@ -58,7 +70,9 @@ mod tests {
             set_ipv6_conf("lo", "proxy_ndp", "1").expect("set");
             assert_eq!(get_ipv6_conf("lo", "proxy_ndp").expect("get"), "1");
             let e = get_ipv6_conf("nosuchif0", "forwarding").expect_err("missing interface");
-            assert!(e.to_string().contains("/proc/sys/net/ipv6/conf/nosuchif0/forwarding"));
+            assert!(e
+                .to_string()
+                .contains("/proc/sys/net/ipv6/conf/nosuchif0/forwarding"));
         })
         .expect("run");
         // The host's setting is untouched by the namespace's.

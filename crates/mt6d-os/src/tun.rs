@@ -40,7 +40,10 @@ pub struct Tun {
 
 impl std::fmt::Debug for Tun {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tun").field("name", &self.name).field("index", &self.index).finish()
+        f.debug_struct("Tun")
+            .field("name", &self.name)
+            .field("index", &self.index)
+            .finish()
     }
 }
 
@@ -51,7 +54,9 @@ pub struct TunRecvScratch {
 
 impl std::fmt::Debug for TunRecvScratch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TunRecvScratch").field("len", &self.raw.len()).finish()
+        f.debug_struct("TunRecvScratch")
+            .field("len", &self.raw.len())
+            .finish()
     }
 }
 
@@ -64,14 +69,22 @@ impl Default for TunRecvScratch {
 impl TunRecvScratch {
     /// A scratch buffer large enough for any super-packet.
     pub fn new() -> Self {
-        TunRecvScratch { raw: vec![0; MAX_READ].into_boxed_slice() }
+        TunRecvScratch {
+            raw: vec![0; MAX_READ].into_boxed_slice(),
+        }
     }
 }
 
 impl Tun {
     /// Creates TUN device `name` with offload on, sets its MTU and brings it up.
     pub fn create(name: &str, mtu: u16) -> Result<Tun> {
-        let ctx = |op| move |source| OsError::Tun { name: name.to_owned(), op, source };
+        let ctx = |op| {
+            move |source| OsError::Tun {
+                name: name.to_owned(),
+                op,
+                source,
+            }
+        };
         let dev = tun_rs::DeviceBuilder::new()
             .name(name)
             .mtu(mtu)
@@ -104,7 +117,11 @@ impl Tun {
     pub fn set_nonblocking(&self, nonblocking: bool) -> Result<()> {
         self.dev
             .set_nonblocking(nonblocking)
-            .map_err(|source| OsError::Tun { name: self.name.clone(), op: "set non-blocking", source })
+            .map_err(|source| OsError::Tun {
+                name: self.name.clone(),
+                op: "set non-blocking",
+                source,
+            })
     }
 
     /// Reads one (possibly super-) packet and splits it into `out`: packet `i` is
@@ -119,14 +136,23 @@ impl Tun {
     ) -> Result<usize> {
         self.dev
             .recv_multiple(&mut scratch.raw, out, sizes, offset)
-            .map_err(|source| OsError::Tun { name: self.name.clone(), op: "read batch", source })
+            .map_err(|source| OsError::Tun {
+                name: self.name.clone(),
+                op: "read batch",
+                source,
+            })
     }
 
     /// Writes a batch of IPv6 packets, each at `bufs[i][offset..]` with `offset >=
     /// VIRTIO_NET_HDR_LEN`, coalescing same-flow TCP/UDP packets first (`gro` is reusable
     /// state, one per writing thread). Returns the bytes written. If some writes failed, the
     /// others were still made and the last error is returned.
-    pub fn send_batch<B: ExpandBuffer>(&self, gro: &mut GROTable, bufs: &mut [B], offset: usize) -> Result<usize> {
+    pub fn send_batch<B: ExpandBuffer>(
+        &self,
+        gro: &mut GROTable,
+        bufs: &mut [B],
+        offset: usize,
+    ) -> Result<usize> {
         if offset < VIRTIO_NET_HDR_LEN {
             return Err(OsError::InvalidArgument(format!(
                 "TUN send offset {offset} < VIRTIO_NET_HDR_LEN {VIRTIO_NET_HDR_LEN}"
@@ -134,7 +160,11 @@ impl Tun {
         }
         self.dev
             .send_multiple(gro, bufs, offset)
-            .map_err(|source| OsError::Tun { name: self.name.clone(), op: "write batch", source })
+            .map_err(|source| OsError::Tun {
+                name: self.name.clone(),
+                op: "write batch",
+                source,
+            })
     }
 }
 
@@ -209,13 +239,27 @@ mod tests {
             assert_eq!(nl.link_index(tun.name()).expect("index"), tun.index());
             let local: Ipv6Addr = "fd00:6d::1".parse().expect("literal");
             let remote: Ipv6Addr = "fd00:6d::2".parse().expect("literal");
-            nl.add_address(tun.index(), local, 64, AddrFlags { nodad: true, noprefixroute: true })
-                .expect("address");
-            nl.add_route(local & "ffff:ffff:ffff:ffff::".parse::<Ipv6Addr>().expect("mask"), 64, tun.index())
-                .expect("route");
+            nl.add_address(
+                tun.index(),
+                local,
+                64,
+                AddrFlags {
+                    nodad: true,
+                    noprefixroute: true,
+                },
+            )
+            .expect("address");
+            nl.add_route(
+                local & "ffff:ffff:ffff:ffff::".parse::<Ipv6Addr>().expect("mask"),
+                64,
+                tun.index(),
+            )
+            .expect("route");
+            crate::netlink::tests::wait_local(&mut nl, local, true);
 
             let sock = UdpSocket6::bind(0).expect("bind");
-            sock.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+            sock.set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("timeout");
             let port = sock.local_port();
             let remote_sa = SocketAddrV6::new(remote, 5555, 0, 0);
             let local_sa = SocketAddrV6::new(local, port, 0, 0);
@@ -252,7 +296,12 @@ mod tests {
             // recv_batch splits back into 3 IPv6 packets.
             let data: Vec<u8> = (0..900u32).map(|i| i as u8).collect();
             let mut ss = SendScratch::new(4);
-            let msg = SendMsg { src: local, dst: remote_sa, payload: &data, segment_size: Some(300) };
+            let msg = SendMsg {
+                src: local,
+                dst: remote_sa,
+                payload: &data,
+                segment_size: Some(300),
+            };
             assert_eq!(sock.send_batch(&mut ss, &[msg]).expect("send"), 1);
             let mut scratch = TunRecvScratch::new();
             let roff = 8;
@@ -260,8 +309,13 @@ mod tests {
             let mut sizes = vec![0usize; IDEAL_BATCH_SIZE];
             let mut segs: Vec<Vec<u8>> = Vec::new();
             while segs.len() < 3 {
-                assert!(crate::wait_readable(tun.as_raw_fd(), Some(Duration::from_secs(5))).expect("poll"));
-                let n = tun.recv_batch(&mut scratch, &mut out, &mut sizes, roff).expect("tun read");
+                assert!(
+                    crate::wait_readable(tun.as_raw_fd(), Some(Duration::from_secs(5)))
+                        .expect("poll")
+                );
+                let n = tun
+                    .recv_batch(&mut scratch, &mut out, &mut sizes, roff)
+                    .expect("tun read");
                 for (b, &len) in out.iter().zip(&sizes).take(n) {
                     let p = &b[roff..roff + len];
                     // Skip stray router/neighbour solicitations the kernel may send.
@@ -271,7 +325,10 @@ mod tests {
                     }
                 }
             }
-            assert_eq!(segs, data.chunks(300).map(<[u8]>::to_vec).collect::<Vec<_>>());
+            assert_eq!(
+                segs,
+                data.chunks(300).map(<[u8]>::to_vec).collect::<Vec<_>>()
+            );
         })
         .expect("run in netns");
     }

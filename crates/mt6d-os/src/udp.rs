@@ -70,7 +70,9 @@ unsafe impl Send for SendScratch {}
 
 impl std::fmt::Debug for SendScratch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SendScratch").field("capacity", &self.hdrs.len()).finish()
+        f.debug_struct("SendScratch")
+            .field("capacity", &self.hdrs.len())
+            .finish()
     }
 }
 
@@ -204,7 +206,9 @@ unsafe impl Send for RecvScratch {}
 
 impl std::fmt::Debug for RecvScratch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RecvScratch").field("capacity", &self.hdrs.len()).finish()
+        f.debug_struct("RecvScratch")
+            .field("capacity", &self.hdrs.len())
+            .finish()
     }
 }
 
@@ -233,25 +237,41 @@ impl UdpSocket6 {
     /// Binds `[::]:port` (0: any free port) with the options listed in the module docs.
     pub fn bind(port: u16) -> Result<UdpSocket6> {
         let ctx = |op| move |source| OsError::Udp { port, op, source };
-        let fd = sys::socket(libc::AF_INET6, libc::SOCK_DGRAM, libc::IPPROTO_UDP).map_err(ctx("socket"))?;
+        let fd = sys::socket(libc::AF_INET6, libc::SOCK_DGRAM, libc::IPPROTO_UDP)
+            .map_err(ctx("socket"))?;
         let on: libc::c_int = 1;
         let f = fd.as_fd();
-        sys::setsockopt(f, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, &on).map_err(ctx("set IPV6_V6ONLY"))?;
-        sys::setsockopt(f, libc::IPPROTO_IPV6, IPV6_FREEBIND, &on).map_err(ctx("set IPV6_FREEBIND"))?;
-        sys::setsockopt(f, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, &on).map_err(ctx("set IPV6_RECVPKTINFO"))?;
-        sys::setsockopt(f, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, &libc::IPV6_PMTUDISC_DO)
-            .map_err(ctx("set IPV6_MTU_DISCOVER"))?;
+        sys::setsockopt(f, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, &on)
+            .map_err(ctx("set IPV6_V6ONLY"))?;
+        sys::setsockopt(f, libc::IPPROTO_IPV6, IPV6_FREEBIND, &on)
+            .map_err(ctx("set IPV6_FREEBIND"))?;
+        sys::setsockopt(f, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, &on)
+            .map_err(ctx("set IPV6_RECVPKTINFO"))?;
+        sys::setsockopt(
+            f,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MTU_DISCOVER,
+            &libc::IPV6_PMTUDISC_DO,
+        )
+        .map_err(ctx("set IPV6_MTU_DISCOVER"))?;
         sys::setsockopt(f, libc::SOL_UDP, UDP_GRO, &on).map_err(ctx("set UDP_GRO"))?;
         // FORCE needs CAP_NET_ADMIN and ignores rmem_max; fall back to the capped variant.
         if sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &SOCKET_BUFFER).is_err() {
-            sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_RCVBUF, &SOCKET_BUFFER).map_err(ctx("set SO_RCVBUF"))?;
+            sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_RCVBUF, &SOCKET_BUFFER)
+                .map_err(ctx("set SO_RCVBUF"))?;
         }
         if sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &SOCKET_BUFFER).is_err() {
-            sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_SNDBUF, &SOCKET_BUFFER).map_err(ctx("set SO_SNDBUF"))?;
+            sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_SNDBUF, &SOCKET_BUFFER)
+                .map_err(ctx("set SO_SNDBUF"))?;
         }
-        sys::bind6(f, &SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0)).map_err(ctx("bind"))?;
+        sys::bind6(f, &SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0))
+            .map_err(ctx("bind"))?;
         let port = sys::local_addr6(f).map_err(ctx("getsockname"))?.port();
-        Ok(UdpSocket6 { fd, port, gso_supported: AtomicBool::new(true) })
+        Ok(UdpSocket6 {
+            fd,
+            port,
+            gso_supported: AtomicBool::new(true),
+        })
     }
 
     /// The bound port.
@@ -263,20 +283,30 @@ impl UdpSocket6 {
     pub fn recv_buffer_size(&self) -> Result<usize> {
         sys::getsockopt_int(self.fd.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF)
             .map(|v| v.max(0) as usize)
-            .map_err(|source| OsError::Udp { port: self.port, op: "get SO_RCVBUF", source })
+            .map_err(|source| OsError::Udp {
+                port: self.port,
+                op: "get SO_RCVBUF",
+                source,
+            })
     }
 
     /// Read timeout for [`UdpSocket6::recv_batch`]; on expiry it returns an error whose
     /// [`OsError::is_would_block`] is true. `None` blocks forever.
     pub fn set_read_timeout(&self, timeout: Option<Duration>) -> Result<()> {
-        sys::set_read_timeout(self.fd.as_fd(), timeout)
-            .map_err(|source| OsError::Udp { port: self.port, op: "set SO_RCVTIMEO", source })
+        sys::set_read_timeout(self.fd.as_fd(), timeout).map_err(|source| OsError::Udp {
+            port: self.port,
+            op: "set SO_RCVTIMEO",
+            source,
+        })
     }
 
     /// Switches to non-blocking mode (for use behind [`Epoll`]).
     pub fn set_nonblocking(&self, nonblocking: bool) -> Result<()> {
-        sys::set_nonblocking(self.fd.as_fd(), nonblocking)
-            .map_err(|source| OsError::Udp { port: self.port, op: "set O_NONBLOCK", source })
+        sys::set_nonblocking(self.fd.as_fd(), nonblocking).map_err(|source| OsError::Udp {
+            port: self.port,
+            op: "set O_NONBLOCK",
+            source,
+        })
     }
 
     /// False once a GSO send failed with EIO (the egress device cannot checksum-offload, as
@@ -297,11 +327,20 @@ impl UdpSocket6 {
         }
         for (i, m) in msgs[..n].iter().enumerate() {
             scratch.names[i] = sys::sockaddr_in6(&m.dst);
-            scratch.iovs[i] = libc::iovec { iov_base: m.payload.as_ptr() as *mut libc::c_void, iov_len: m.payload.len() };
+            scratch.iovs[i] = libc::iovec {
+                iov_base: m.payload.as_ptr() as *mut libc::c_void,
+                iov_len: m.payload.len(),
+            };
             let ctrl = &mut scratch.ctrl[i].0;
             let mut used = 0;
             if !m.src.is_unspecified() {
-                used = put_cmsg(ctrl, used, libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, &sys::in6_pktinfo(m.src, 0));
+                used = put_cmsg(
+                    ctrl,
+                    used,
+                    libc::IPPROTO_IPV6,
+                    libc::IPV6_PKTINFO,
+                    &sys::in6_pktinfo(m.src, 0),
+                );
             }
             if let Some(seg) = m.segment_size {
                 used = put_cmsg(ctrl, used, libc::SOL_UDP, UDP_SEGMENT, &seg.to_ne_bytes());
@@ -312,7 +351,11 @@ impl UdpSocket6 {
             h.msg_hdr.msg_namelen = mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t;
             h.msg_hdr.msg_iov = &mut scratch.iovs[i];
             h.msg_hdr.msg_iovlen = 1;
-            h.msg_hdr.msg_control = if used == 0 { std::ptr::null_mut() } else { ctrl.as_mut_ptr().cast() };
+            h.msg_hdr.msg_control = if used == 0 {
+                std::ptr::null_mut()
+            } else {
+                ctrl.as_mut_ptr().cast()
+            };
             h.msg_hdr.msg_controllen = used as _;
             h.msg_hdr.msg_flags = 0;
         }
@@ -320,16 +363,31 @@ impl UdpSocket6 {
             // SAFETY: hdrs[..n] were all filled above; each points at names[i], iovs[i] and
             // ctrl[i] in `scratch` and at msgs[i].payload, all of which outlive this call and
             // are not moved during it. The kernel only reads the payloads.
-            let r = unsafe { libc::sendmmsg(self.fd.as_raw_fd(), scratch.hdrs.as_mut_ptr(), n as libc::c_uint, 0) };
+            let r = unsafe {
+                libc::sendmmsg(
+                    self.fd.as_raw_fd(),
+                    scratch.hdrs.as_mut_ptr(),
+                    n as libc::c_uint,
+                    0,
+                )
+            };
             match cvt(r) {
                 Ok(sent) => return Ok(sent as usize),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     if e.raw_os_error() == Some(libc::EIO) && msgs[0].segment_size.is_some() {
                         self.gso_supported.store(false, Ordering::Relaxed);
-                        return Err(OsError::Udp { port: self.port, op: "sendmmsg with UDP GSO", source: e });
+                        return Err(OsError::Udp {
+                            port: self.port,
+                            op: "sendmmsg with UDP GSO",
+                            source: e,
+                        });
                     }
-                    return Err(OsError::Udp { port: self.port, op: "sendmmsg", source: e });
+                    return Err(OsError::Udp {
+                        port: self.port,
+                        op: "sendmmsg",
+                        source: e,
+                    });
                 }
             }
         }
@@ -343,7 +401,10 @@ impl UdpSocket6 {
             return Ok(0);
         }
         for (i, b) in bufs[..n].iter_mut().enumerate() {
-            scratch.iovs[i] = libc::iovec { iov_base: b.data.as_mut_ptr().cast(), iov_len: b.data.len() };
+            scratch.iovs[i] = libc::iovec {
+                iov_base: b.data.as_mut_ptr().cast(),
+                iov_len: b.data.len(),
+            };
             let h = &mut scratch.hdrs[i];
             h.msg_len = 0;
             h.msg_hdr.msg_name = (&mut scratch.names[i] as *mut libc::sockaddr_in6).cast();
@@ -370,7 +431,13 @@ impl UdpSocket6 {
             match cvt(r) {
                 Ok(got) => break got as usize,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(OsError::Udp { port: self.port, op: "recvmmsg", source: e }),
+                Err(e) => {
+                    return Err(OsError::Udp {
+                        port: self.port,
+                        op: "recvmmsg",
+                        source: e,
+                    })
+                }
             }
         };
         for (i, b) in bufs[..got].iter_mut().enumerate() {
@@ -394,7 +461,8 @@ impl UdpSocket6 {
                     }
                     (libc::SOL_UDP, UDP_GRO) => {
                         if let Some(v) = data.get(..4).and_then(|d| <[u8; 4]>::try_from(d).ok()) {
-                            b.segment_size = u16::try_from(i32::from_ne_bytes(v)).ok().filter(|&s| s > 0);
+                            b.segment_size =
+                                u16::try_from(i32::from_ne_bytes(v)).ok().filter(|&s| s > 0);
                         }
                     }
                     _ => {}
@@ -439,7 +507,10 @@ impl std::fmt::Debug for EpollEvents {
 impl EpollEvents {
     /// Room for `n` events per wait.
     pub fn with_capacity(n: usize) -> EpollEvents {
-        EpollEvents { buf: vec![libc::epoll_event { events: 0, u64: 0 }; n.max(1)], len: 0 }
+        EpollEvents {
+            buf: vec![libc::epoll_event { events: 0, u64: 0 }; n.max(1)],
+            len: 0,
+        }
     }
 
     /// Tokens of the descriptors that are readable (or in error: reading reports it).
@@ -452,27 +523,49 @@ impl Epoll {
     /// A new epoll instance.
     pub fn new() -> Result<Epoll> {
         // SAFETY: epoll_create1 takes a flag; on success the descriptor is new and ours.
-        let fd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })
-            .map_err(|source| OsError::Epoll { op: "create", source })?;
+        let fd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) }).map_err(|source| {
+            OsError::Epoll {
+                op: "create",
+                source,
+            }
+        })?;
         // SAFETY: `fd` was just returned by epoll_create1 and is owned by nobody else.
-        Ok(Epoll { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+        Ok(Epoll {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
     }
 
     /// Watches `fd` for readability, reporting `token`.
     pub fn add(&self, fd: RawFd, token: u64) -> Result<()> {
-        let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: token };
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: token,
+        };
         // SAFETY: `ev` is a live local; the kernel copies it.
         cvt(unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) })
             .map(drop)
-            .map_err(|source| OsError::Epoll { op: "add descriptor", source })
+            .map_err(|source| OsError::Epoll {
+                op: "add descriptor",
+                source,
+            })
     }
 
     /// Stops watching `fd`; one that is not watched (or closed) is success.
     pub fn delete(&self, fd: RawFd) -> Result<()> {
         // SAFETY: EPOLL_CTL_DEL ignores the event pointer; null is allowed since Linux 2.6.9.
-        match cvt(unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) }) {
+        match cvt(unsafe {
+            libc::epoll_ctl(
+                self.fd.as_raw_fd(),
+                libc::EPOLL_CTL_DEL,
+                fd,
+                std::ptr::null_mut(),
+            )
+        }) {
             Err(e) if !matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EBADF)) => {
-                Err(OsError::Epoll { op: "delete descriptor", source: e })
+                Err(OsError::Epoll {
+                    op: "delete descriptor",
+                    source: e,
+                })
             }
             _ => Ok(()),
         }
@@ -488,7 +581,12 @@ impl Epoll {
         events.len = match cvt(r) {
             Ok(n) => n as usize,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
-            Err(e) => return Err(OsError::Epoll { op: "wait", source: e }),
+            Err(e) => {
+                return Err(OsError::Epoll {
+                    op: "wait",
+                    source: e,
+                })
+            }
         };
         Ok(events.len)
     }
@@ -504,16 +602,25 @@ impl Waker {
     /// A new, unsignalled waker.
     pub fn new() -> Result<Waker> {
         // SAFETY: eventfd takes an initial value and flags; the descriptor is new and ours.
-        let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })
-            .map_err(|source| OsError::Epoll { op: "create eventfd", source })?;
+        let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) }).map_err(
+            |source| OsError::Epoll {
+                op: "create eventfd",
+                source,
+            },
+        )?;
         // SAFETY: `fd` was just returned by eventfd and is owned by nobody else.
-        Ok(Waker { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+        Ok(Waker {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
     }
 
     /// Makes the waker readable (stays readable until [`Waker::reset`]).
     pub fn wake(&self) -> Result<()> {
         match sys::write_u64(self.fd.as_fd(), 1) {
-            Err(e) if e.kind() != io::ErrorKind::WouldBlock => Err(OsError::Epoll { op: "signal eventfd", source: e }),
+            Err(e) if e.kind() != io::ErrorKind::WouldBlock => Err(OsError::Epoll {
+                op: "signal eventfd",
+                source: e,
+            }),
             _ => Ok(()),
         }
     }
@@ -544,9 +651,17 @@ mod tests {
         let w = Waker::new().expect("waker");
         ep.add(w.as_raw_fd(), 7).expect("add");
         let mut ev = EpollEvents::with_capacity(4);
-        assert_eq!(ep.wait(&mut ev, Some(Duration::from_millis(1))).expect("wait"), 0);
+        assert_eq!(
+            ep.wait(&mut ev, Some(Duration::from_millis(1)))
+                .expect("wait"),
+            0
+        );
         w.wake().expect("wake");
-        assert_eq!(ep.wait(&mut ev, Some(Duration::from_secs(5))).expect("wait"), 1);
+        assert_eq!(
+            ep.wait(&mut ev, Some(Duration::from_secs(5)))
+                .expect("wait"),
+            1
+        );
         assert_eq!(ev.tokens().collect::<Vec<_>>(), vec![7]);
         w.reset();
         ep.delete(w.as_raw_fd()).expect("delete");
@@ -563,7 +678,8 @@ mod tests {
             let a = UdpSocket6::bind(0).expect("bind a");
             let b = UdpSocket6::bind(0).expect("bind b");
             assert!(b.recv_buffer_size().expect("rcvbuf") >= SOCKET_BUFFER as usize);
-            b.set_read_timeout(Some(Duration::from_millis(50))).expect("timeout");
+            b.set_read_timeout(Some(Duration::from_millis(50)))
+                .expect("timeout");
             let mut rs = RecvScratch::new(4);
             let mut bufs: Vec<RecvBuf> = (0..4).map(|_| RecvBuf::new()).collect();
             let e = b.recv_batch(&mut rs, &mut bufs).expect_err("empty socket");
@@ -572,8 +688,18 @@ mod tests {
             let dst = SocketAddrV6::new(Ipv6Addr::LOCALHOST, b.local_port(), 0, 0);
             let mut ss = SendScratch::new(4);
             let msgs = [
-                SendMsg { src: Ipv6Addr::UNSPECIFIED, dst, payload: b"x", segment_size: None },
-                SendMsg { src: Ipv6Addr::LOCALHOST, dst, payload: b"yy", segment_size: None },
+                SendMsg {
+                    src: Ipv6Addr::UNSPECIFIED,
+                    dst,
+                    payload: b"x",
+                    segment_size: None,
+                },
+                SendMsg {
+                    src: Ipv6Addr::LOCALHOST,
+                    dst,
+                    payload: b"yy",
+                    segment_size: None,
+                },
             ];
             assert_eq!(a.send_batch(&mut ss, &msgs).expect("send"), 2);
             let mut seen = Vec::new();
@@ -599,7 +725,10 @@ mod tests {
         let a1: Ipv6Addr = "2001:db8:6d::a1".parse().expect("literal");
         let a2: Ipv6Addr = "2001:db8:6d::a2".parse().expect("literal");
         let b1: Ipv6Addr = "2001:db8:6d::b1".parse().expect("literal");
-        let nodad = AddrFlags { nodad: true, noprefixroute: false };
+        let nodad = AddrFlags {
+            nodad: true,
+            noprefixroute: false,
+        };
 
         let (mut nl_a, ia) = ns_a
             .run(|| {
@@ -624,6 +753,7 @@ mod tests {
         nl_b.add_address(ib, b1, 64, nodad).expect("address b");
         nl_a.link_set_up(ia).expect("va up");
         nl_b.link_set_up(ib).expect("vb up");
+        crate::netlink::tests::wait_local(&mut nl_b, b1, true);
         // Static neighbours: no ND round trip, so the first packets are not queued or dropped.
         let mac_a = nl_a.link_mac(ia).expect("mac a").expect("veth has a MAC");
         let mac_b = nl_b.link_mac(ib).expect("mac b").expect("veth has a MAC");
@@ -632,15 +762,38 @@ mod tests {
             nl_b.add_neighbor(ib, a, mac_a, true).expect("neigh a");
         }
 
-        let sock_b = ns_b.run(|| UdpSocket6::bind(0)).expect("run").expect("bind b");
-        let sock_a = ns_a.run(|| UdpSocket6::bind(0)).expect("run").expect("bind a");
-        sock_b.set_read_timeout(Some(Duration::from_millis(200))).expect("timeout");
+        let sock_b = ns_b
+            .run(|| UdpSocket6::bind(0))
+            .expect("run")
+            .expect("bind b");
+        let sock_a = ns_a
+            .run(|| UdpSocket6::bind(0))
+            .expect("run")
+            .expect("bind a");
+        sock_b
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("timeout");
         let dst = SocketAddrV6::new(b1, sock_b.local_port(), 0, 0);
         let train: Vec<u8> = (0..250u32).map(|i| (i % 251) as u8).collect();
         let msgs = [
-            SendMsg { src: a1, dst, payload: b"from a1", segment_size: None },
-            SendMsg { src: a2, dst, payload: b"from a2", segment_size: None },
-            SendMsg { src: a1, dst, payload: &train, segment_size: Some(100) },
+            SendMsg {
+                src: a1,
+                dst,
+                payload: b"from a1",
+                segment_size: None,
+            },
+            SendMsg {
+                src: a2,
+                dst,
+                payload: b"from a2",
+                segment_size: None,
+            },
+            SendMsg {
+                src: a1,
+                dst,
+                payload: &train,
+                segment_size: Some(100),
+            },
         ];
         let mut ss = SendScratch::new(8);
         let mut sent = 0;
@@ -682,7 +835,10 @@ mod tests {
             }
         }
         assert_eq!(got, expected);
-        assert!(saw_gro, "the GSO train should arrive as one GRO buffer over veth");
+        assert!(
+            saw_gro,
+            "the GSO train should arrive as one GRO buffer over veth"
+        );
         assert!(sock_a.gso_supported());
     }
 }
