@@ -14,7 +14,9 @@ pub enum ProtoError {
         len: usize,
     },
     /// Both endpoints of a stream have the same true address, so roles cannot be assigned.
-    #[error("local and remote true address are both {addr}; a stream needs two distinct endpoints")]
+    #[error(
+        "local and remote true address are both {addr}; a stream needs two distinct endpoints"
+    )]
     SameTrueAddress {
         /// The shared address.
         addr: Ipv6Addr,

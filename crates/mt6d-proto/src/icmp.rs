@@ -20,10 +20,12 @@
 
 use std::net::{Ipv6Addr, SocketAddrV6};
 
-use crate::tunnel::{decapsulate, fixed_len, Decap, OpenError, COUNTER_LEN, INNER_HEADER_CARRIED, TAG_LEN};
+use crate::tunnel::{
+    decapsulate, fixed_len, Decap, OpenError, COUNTER_LEN, INNER_HEADER_CARRIED, TAG_LEN,
+};
 use crate::wire::{
-    Icmpv6Packet, Icmpv6Repr, Icmpv6Type, Ipv6Packet, Ipv6Repr, UdpPacket, WireError, IPV6_HEADER_LEN, NEXT_HEADER_ICMPV6,
-    NEXT_HEADER_NONE, NEXT_HEADER_UDP, UDP_HEADER_LEN,
+    Icmpv6Packet, Icmpv6Repr, Icmpv6Type, Ipv6Packet, Ipv6Repr, UdpPacket, WireError,
+    IPV6_HEADER_LEN, NEXT_HEADER_ICMPV6, NEXT_HEADER_NONE, NEXT_HEADER_UDP, UDP_HEADER_LEN,
 };
 use crate::{Mode, Route, Stream};
 
@@ -119,10 +121,18 @@ pub struct Translated {
 /// stream and route it belongs to before calling [`translate_path_error`].
 pub fn quoted_route(error_packet: &[u8]) -> Result<(SocketAddrV6, SocketAddrV6), IcmpError> {
     let (_, _, q, udp) = parse_error(error_packet)?;
-    Ok((SocketAddrV6::new(q.src_addr(), udp.src_port(), 0, 0), SocketAddrV6::new(q.dst_addr(), udp.dst_port(), 0, 0)))
+    Ok((
+        SocketAddrV6::new(q.src_addr(), udp.src_port(), 0, 0),
+        SocketAddrV6::new(q.dst_addr(), udp.dst_port(), 0, 0),
+    ))
 }
 
-type Parsed<'a> = (Ipv6Packet<&'a [u8]>, Icmpv6Packet<&'a [u8]>, Ipv6Packet<&'a [u8]>, UdpPacket<&'a [u8]>);
+type Parsed<'a> = (
+    Ipv6Packet<&'a [u8]>,
+    Icmpv6Packet<&'a [u8]>,
+    Ipv6Packet<&'a [u8]>,
+    UdpPacket<&'a [u8]>,
+);
 
 fn parse_error(error_packet: &[u8]) -> Result<Parsed<'_>, IcmpError> {
     let ip = Ipv6Packet::new_checked(error_packet)?;
@@ -132,19 +142,24 @@ fn parse_error(error_packet: &[u8]) -> Result<Parsed<'_>, IcmpError> {
     let icmp = Icmpv6Packet::new_checked(ip.into_payload())?;
     if !matches!(
         icmp.msg_type(),
-        Icmpv6Type::DestinationUnreachable | Icmpv6Type::PacketTooBig | Icmpv6Type::TimeExceeded | Icmpv6Type::ParameterProblem
+        Icmpv6Type::DestinationUnreachable
+            | Icmpv6Type::PacketTooBig
+            | Icmpv6Type::TimeExceeded
+            | Icmpv6Type::ParameterProblem
     ) {
         return Err(IcmpError::NotAnError);
     }
     if !icmp.verify_checksum(ip.src_addr(), ip.dst_addr()) {
         return Err(IcmpError::BadChecksum);
     }
-    let quoted = Ipv6Packet::new_checked_header(icmp.into_payload()).map_err(|_| IcmpError::QuoteTooShort)?;
+    let quoted = Ipv6Packet::new_checked_header(icmp.into_payload())
+        .map_err(|_| IcmpError::QuoteTooShort)?;
     // MT6D never puts extension headers on outer packets (RFC 7872), so UDP follows directly.
     if quoted.next_header() != NEXT_HEADER_UDP {
         return Err(IcmpError::NotOurRoute);
     }
-    let udp = UdpPacket::new_checked_header(quoted.into_payload()).map_err(|_| IcmpError::QuoteTooShort)?;
+    let udp = UdpPacket::new_checked_header(quoted.into_payload())
+        .map_err(|_| IcmpError::QuoteTooShort)?;
     Ok((ip, icmp, quoted, udp))
 }
 
@@ -176,7 +191,9 @@ pub fn translate_path_error(
     }
     let body = out.get_mut(ERROR_HEADERS..).unwrap_or_default();
     let (inner_len, quote) = match (mode, complete) {
-        (Mode::Plain, _) | (Mode::Auth, false) => restore_clear(stream, mode, present, full_len, body)?,
+        (Mode::Plain, _) | (Mode::Auth, false) => {
+            restore_clear(stream, mode, present, full_len, body)?
+        }
         (Mode::Auth | Mode::Encrypt, true) => {
             let key = stream.data_key(stream.role());
             let d = Decap {
@@ -199,7 +216,10 @@ pub fn translate_path_error(
                     (n, Quote::Full)
                 }
                 Err(OpenError::BadInner) => {
-                    return Err(IcmpError::Malformed(WireError::Malformed { what: "inner", field: "header" }))
+                    return Err(IcmpError::Malformed(WireError::Malformed {
+                        what: "inner",
+                        field: "header",
+                    }))
                 }
                 Err(_) => return Err(IcmpError::BadTag),
             }
@@ -214,12 +234,17 @@ pub fn translate_path_error(
                 src_addr: stream.local_true(),
                 dst_addr: stream.remote_true(),
             };
-            repr.emit(body).map_err(|_| too_small(out.len(), ERROR_HEADERS + IPV6_HEADER_LEN))?;
+            repr.emit(body)
+                .map_err(|_| too_small(out.len(), ERROR_HEADERS + IPV6_HEADER_LEN))?;
             (IPV6_HEADER_LEN, Quote::HeaderOnly)
         }
     };
     let quote_len = inner_len.min(MAX_QUOTE);
-    let quote = if quote_len < inner_len && quote == Quote::Full { Quote::Truncated } else { quote };
+    let quote = if quote_len < inner_len && quote == Quote::Full {
+        Quote::Truncated
+    } else {
+        quote
+    };
     let msg_type = icmp.msg_type();
     let data = match msg_type {
         Icmpv6Type::PacketTooBig => {
@@ -230,40 +255,82 @@ pub fn translate_path_error(
         _ => 0,
     };
     let path_mtu = (msg_type == Icmpv6Type::PacketTooBig).then(|| icmp.data());
-    let len = emit_error(out, gateway, stream.local_true(), Icmpv6Repr { msg_type, code: icmp.code(), data }, quote_len)?;
-    Ok(Translated { len, quote, path_mtu })
+    let len = emit_error(
+        out,
+        gateway,
+        stream.local_true(),
+        Icmpv6Repr {
+            msg_type,
+            code: icmp.code(),
+            data,
+        },
+        quote_len,
+    )?;
+    Ok(Translated {
+        len,
+        quote,
+        path_mtu,
+    })
 }
 
 /// Rebuilds the inner packet from clear tunnel bytes (plain, or auth without verification) into
 /// `body`, as far as the quote goes and `MAX_QUOTE` allows.
-fn restore_clear(stream: &Stream, mode: Mode, present: &[u8], full_len: usize, body: &mut [u8]) -> Result<(usize, Quote), IcmpError> {
-    let (start, tag) = if mode == Mode::Plain { (0, 0) } else { (COUNTER_LEN, TAG_LEN) };
+fn restore_clear(
+    stream: &Stream,
+    mode: Mode,
+    present: &[u8],
+    full_len: usize,
+    body: &mut [u8],
+) -> Result<(usize, Quote), IcmpError> {
+    let (start, tag) = if mode == Mode::Plain {
+        (0, 0)
+    } else {
+        (COUNTER_LEN, TAG_LEN)
+    };
     // full_len >= fixed_len(mode) >= tag (checked by the caller).
     let end_of_clear = full_len - tag;
-    let clear = present.get(start..present.len().min(end_of_clear)).unwrap_or_default();
+    let clear = present
+        .get(start..present.len().min(end_of_clear))
+        .unwrap_or_default();
     if clear.len() < INNER_HEADER_CARRIED {
         return Err(IcmpError::QuoteTooShort);
     }
     let restorable = IPV6_HEADER_LEN + clear.len() - INNER_HEADER_CARRIED;
     let inner_len = restorable.min(MAX_QUOTE);
     if body.len() < inner_len {
-        return Err(too_small(body.len() + ERROR_HEADERS, inner_len + ERROR_HEADERS));
+        return Err(too_small(
+            body.len() + ERROR_HEADERS,
+            inner_len + ERROR_HEADERS,
+        ));
     }
     body[..INNER_HEADER_CARRIED].copy_from_slice(&clear[..INNER_HEADER_CARRIED]);
     body[8..24].copy_from_slice(&stream.local_true().octets());
     body[24..40].copy_from_slice(&stream.remote_true().octets());
     let rest = inner_len - IPV6_HEADER_LEN;
-    body[IPV6_HEADER_LEN..inner_len].copy_from_slice(&clear[INNER_HEADER_CARRIED..INNER_HEADER_CARRIED + rest]);
-    let quote = if present.len() >= end_of_clear && inner_len == restorable { Quote::Full } else { Quote::Truncated };
+    body[IPV6_HEADER_LEN..inner_len]
+        .copy_from_slice(&clear[INNER_HEADER_CARRIED..INNER_HEADER_CARRIED + rest]);
+    let quote = if present.len() >= end_of_clear && inner_len == restorable {
+        Quote::Full
+    } else {
+        Quote::Truncated
+    };
     Ok((inner_len, quote))
 }
 
 /// Maps a Parameter Problem pointer into the outer packet onto the inner packet. Pointers into the
 /// outer headers or the counter (which the inner host never sent) become 0.
 fn map_pointer(mode: Mode, pointer: u32, inner_len: usize) -> u32 {
-    let skip = (IPV6_HEADER_LEN + UDP_HEADER_LEN + if mode == Mode::Plain { 0 } else { COUNTER_LEN }) as u32;
-    let Some(q) = pointer.checked_sub(skip) else { return 0 };
-    let mapped = if q < INNER_HEADER_CARRIED as u32 { q } else { q.saturating_add(32) };
+    let skip = (IPV6_HEADER_LEN
+        + UDP_HEADER_LEN
+        + if mode == Mode::Plain { 0 } else { COUNTER_LEN }) as u32;
+    let Some(q) = pointer.checked_sub(skip) else {
+        return 0;
+    };
+    let mapped = if q < INNER_HEADER_CARRIED as u32 {
+        q
+    } else {
+        q.saturating_add(32)
+    };
     if (mapped as usize) < inner_len {
         mapped
     } else {
@@ -276,7 +343,13 @@ fn too_small(have: usize, need: usize) -> IcmpError {
 }
 
 /// Writes the IPv6 and ICMPv6 headers in front of a quote already at `out[48..48 + quote_len]`.
-fn emit_error(out: &mut [u8], src: Ipv6Addr, dst: Ipv6Addr, icmp: Icmpv6Repr, quote_len: usize) -> Result<usize, IcmpError> {
+fn emit_error(
+    out: &mut [u8],
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    icmp: Icmpv6Repr,
+    quote_len: usize,
+) -> Result<usize, IcmpError> {
     let len = ERROR_HEADERS + quote_len;
     let Some(pkt) = out.get_mut(..len) else {
         return Err(too_small(out.len(), len));
@@ -299,7 +372,12 @@ fn emit_error(out: &mut [u8], src: Ipv6Addr, dst: Ipv6Addr, icmp: Icmpv6Repr, qu
 /// Builds a Packet Too Big from `gateway` to the source of `inner` (an inner packet that exceeds the
 /// tunnel MTU), quoting as much of it as fits in 1280 bytes (RFC 4443 §3.2). `mtu` is the inner
 /// MTU to advertise; values below 1280 are raised to 1280 (RFC 8201 §4).
-pub fn packet_too_big(gateway: Ipv6Addr, mtu: u32, inner: &[u8], out: &mut [u8]) -> Result<usize, IcmpError> {
+pub fn packet_too_big(
+    gateway: Ipv6Addr,
+    mtu: u32,
+    inner: &[u8],
+    out: &mut [u8],
+) -> Result<usize, IcmpError> {
     let ip = Ipv6Packet::new_checked_header(inner)?;
     let src = ip.src_addr();
     if src.is_unspecified() || src.is_multicast() {
@@ -318,7 +396,11 @@ pub fn packet_too_big(gateway: Ipv6Addr, mtu: u32, inner: &[u8], out: &mut [u8])
         return Err(too_small(out.len(), need));
     }
     out[ERROR_HEADERS..need].copy_from_slice(&inner[..quote_len]);
-    let repr = Icmpv6Repr { msg_type: Icmpv6Type::PacketTooBig, code: 0, data: mtu.max(MIN_MTU as u32) };
+    let repr = Icmpv6Repr {
+        msg_type: Icmpv6Type::PacketTooBig,
+        code: 0,
+        data: mtu.max(MIN_MTU as u32),
+    };
     emit_error(out, gateway, src, repr, quote_len)
 }
 
@@ -334,26 +416,60 @@ mod tests {
 
     /// The outer packet A's gateway sends for `inner`, and the router's error about it quoting at
     /// most `quote_max` bytes.
-    fn router_error(stream: &Stream, route: &Route, inner: &[u8], msg_type: Icmpv6Type, data: u32, quote_max: usize) -> Vec<u8> {
+    fn router_error(
+        stream: &Stream,
+        route: &Route,
+        inner: &[u8],
+        msg_type: Icmpv6Type,
+        data: u32,
+        quote_max: usize,
+    ) -> Vec<u8> {
         let sealer = stream.sealer(UnixTime::from_secs(1_700_000_000));
         let mut payload = [0u8; 2048];
         let n = sealer.seal(route, inner, &mut payload).unwrap();
         let mut udp_dgram = vec![0u8; 8 + n];
         udp_dgram[8..].copy_from_slice(&payload[..n]);
         let (s, d) = (*route.local.ip(), *route.remote.ip());
-        UdpRepr { src_port: route.local.port(), dst_port: route.remote.port() }.emit(&mut udp_dgram, s, d).unwrap();
+        UdpRepr {
+            src_port: route.local.port(),
+            dst_port: route.remote.port(),
+        }
+        .emit(&mut udp_dgram, s, d)
+        .unwrap();
         let mut outer = vec![0u8; 40 + udp_dgram.len()];
-        Ipv6Repr { traffic_class: 0, flow_label: 0, payload_len: udp_dgram.len() as u16, next_header: 17, hop_limit: 1, src_addr: s, dst_addr: d }
-            .emit(&mut outer)
-            .unwrap();
+        Ipv6Repr {
+            traffic_class: 0,
+            flow_label: 0,
+            payload_len: udp_dgram.len() as u16,
+            next_header: 17,
+            hop_limit: 1,
+            src_addr: s,
+            dst_addr: d,
+        }
+        .emit(&mut outer)
+        .unwrap();
         outer[40..].copy_from_slice(&udp_dgram);
         let q = outer.len().min(quote_max);
         let mut err = vec![0u8; 48 + q];
         err[48..].copy_from_slice(&outer[..q]);
-        Icmpv6Repr { msg_type, code: 0, data }.emit(&mut err[40..], addr(ROUTER), s).unwrap();
-        Ipv6Repr { traffic_class: 0, flow_label: 0, payload_len: (8 + q) as u16, next_header: 58, hop_limit: 64, src_addr: addr(ROUTER), dst_addr: s }
-            .emit(&mut err)
-            .unwrap();
+        Icmpv6Repr {
+            msg_type,
+            code: 0,
+            data,
+        }
+        .emit(&mut err[40..], addr(ROUTER), s)
+        .unwrap();
+        Ipv6Repr {
+            traffic_class: 0,
+            flow_label: 0,
+            payload_len: (8 + q) as u16,
+            next_header: 58,
+            hop_limit: 64,
+            src_addr: addr(ROUTER),
+            dst_addr: s,
+        }
+        .emit(&mut err)
+        .unwrap();
         err
     }
 
@@ -370,7 +486,11 @@ mod tests {
 
     #[test]
     fn full_quotes_are_restored_in_every_mode() {
-        for (mode, alg) in [(Mode::Plain, AeadAlg::Aes256Gcm), (Mode::Auth, AeadAlg::Aes256Gcm), (Mode::Encrypt, AeadAlg::ChaCha20Poly1305)] {
+        for (mode, alg) in [
+            (Mode::Plain, AeadAlg::Aes256Gcm),
+            (Mode::Auth, AeadAlg::Aes256Gcm),
+            (Mode::Encrypt, AeadAlg::ChaCha20Poly1305),
+        ] {
             let (a, _) = pair(mode, alg);
             let route = a.route(Epoch(9));
             let inner = tcp(addr(A), addr(B), &[7; 300]);
@@ -405,7 +525,11 @@ mod tests {
                 Mode::Encrypt => {
                     assert_eq!(tr.quote, Quote::HeaderOnly);
                     assert_eq!(q.len(), 40);
-                    assert_eq!(&q[4..6], &inner[4..6], "payload length recovered from UDP length");
+                    assert_eq!(
+                        &q[4..6],
+                        &inner[4..6],
+                        "payload length recovered from UDP length"
+                    );
                     assert_eq!(q[6], NEXT_HEADER_NONE);
                 }
                 _ => {
@@ -417,7 +541,10 @@ mod tests {
             // A low MTU is floored at 1280.
             let err = router_error(&a, &route, &inner, Icmpv6Type::PacketTooBig, 1280, 1232);
             let tr = translate_path_error(&a, &route, &err, addr(GATEWAY), &mut out).unwrap();
-            assert_eq!(check_output(&out[..tr.len], Icmpv6Type::PacketTooBig).data(), 1280);
+            assert_eq!(
+                check_output(&out[..tr.len], Icmpv6Type::PacketTooBig).data(),
+                1280
+            );
         }
     }
 
@@ -439,19 +566,29 @@ mod tests {
         let err = router_error(&a, &route, &inner, Icmpv6Type::TimeExceeded, 0, 1232);
         let mut out = [0u8; 1280];
         // Other route.
-        assert_eq!(translate_path_error(&a, &a.route(Epoch(10)), &err, addr(GATEWAY), &mut out), Err(IcmpError::NotOurRoute));
+        assert_eq!(
+            translate_path_error(&a, &a.route(Epoch(10)), &err, addr(GATEWAY), &mut out),
+            Err(IcmpError::NotOurRoute)
+        );
         // Bad checksum.
         let mut bad = err.clone();
         bad[42] ^= 1;
-        assert_eq!(translate_path_error(&a, &route, &bad, addr(GATEWAY), &mut out), Err(IcmpError::BadChecksum));
+        assert_eq!(
+            translate_path_error(&a, &route, &bad, addr(GATEWAY), &mut out),
+            Err(IcmpError::BadChecksum)
+        );
         // Tampered ciphertext with a fixed-up checksum.
         let mut forged = err.clone();
         let last = forged.len() - 1;
         forged[last] ^= 1;
         forged[42..44].copy_from_slice(&[0, 0]);
-        let c = crate::wire::upper_layer_checksum(addr(ROUTER), *route.local.ip(), 58, &forged[40..]);
+        let c =
+            crate::wire::upper_layer_checksum(addr(ROUTER), *route.local.ip(), 58, &forged[40..]);
         forged[42..44].copy_from_slice(&c.to_be_bytes());
-        assert_eq!(translate_path_error(&a, &route, &forged, addr(GATEWAY), &mut out), Err(IcmpError::BadTag));
+        assert_eq!(
+            translate_path_error(&a, &route, &forged, addr(GATEWAY), &mut out),
+            Err(IcmpError::BadTag)
+        );
         // Truncated error packets never panic.
         for n in 0..err.len() {
             let _ = translate_path_error(&a, &route, &err[..n], addr(GATEWAY), &mut out);
@@ -459,7 +596,10 @@ mod tests {
         }
         // Echo request is not an error.
         let echo = crate::testutil::echo(addr(ROUTER), *route.local.ip(), b"");
-        assert_eq!(translate_path_error(&a, &route, &echo, addr(GATEWAY), &mut out), Err(IcmpError::NotAnError));
+        assert_eq!(
+            translate_path_error(&a, &route, &echo, addr(GATEWAY), &mut out),
+            Err(IcmpError::NotAnError)
+        );
     }
 
     #[test]
@@ -471,12 +611,21 @@ mod tests {
         let icmp = check_output(&out[..n], Icmpv6Type::PacketTooBig);
         assert_eq!(icmp.data(), 1400);
         assert_eq!(icmp.payload(), &inner[..MAX_QUOTE]);
-        assert_eq!(packet_too_big(addr(GATEWAY), 1000, &inner, &mut out).map(|_| ()), Ok(()));
+        assert_eq!(
+            packet_too_big(addr(GATEWAY), 1000, &inner, &mut out).map(|_| ()),
+            Ok(())
+        );
         assert!(Icmpv6Packet::new_checked(&out[40..]).unwrap().data() == 1280);
         // Never about an ICMPv6 error.
         let about_error = &out[..n].to_vec();
-        assert_eq!(packet_too_big(addr(GATEWAY), 1400, about_error, &mut out), Err(IcmpError::NotAllowed));
-        assert!(matches!(packet_too_big(addr(GATEWAY), 1400, &inner, &mut out[..100]), Err(IcmpError::BufferTooSmall { .. })));
+        assert_eq!(
+            packet_too_big(addr(GATEWAY), 1400, about_error, &mut out),
+            Err(IcmpError::NotAllowed)
+        );
+        assert!(matches!(
+            packet_too_big(addr(GATEWAY), 1400, &inner, &mut out[..100]),
+            Err(IcmpError::BufferTooSmall { .. })
+        ));
         assert!(packet_too_big(addr(GATEWAY), 1400, &inner[..20], &mut out).is_err());
     }
 }

@@ -18,6 +18,7 @@
 //!    received datagram to one of `schedule.accept`, then [`Opener::open`].
 //! 5. ICMPv6 errors from routers about tunnel packets: [`icmp::translate_path_error`].
 #![forbid(unsafe_code)]
+#![cfg_attr(test, allow(clippy::unwrap_used))] // unit tests: a failed unwrap is a failed test
 
 pub mod addressing;
 mod config;

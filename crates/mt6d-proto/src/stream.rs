@@ -9,7 +9,10 @@ use ring::aead::LessSafeKey;
 use crate::addressing::{self, AddressKeys, Role};
 use crate::key::{context, data_key, Subkey};
 use crate::tunnel::{self, aead_key};
-use crate::{Endpoint, Epoch, EpochClock, Mode, Opener, PortPolicy, ProtoError, Route, Schedule, Sealer, StreamConfig, UnixTime};
+use crate::{
+    Endpoint, Epoch, EpochClock, Mode, Opener, PortPolicy, ProtoError, Route, Schedule, Sealer,
+    StreamConfig, UnixTime,
+};
 
 /// One MT6D stream as seen from this gateway. `Send + Sync`; cheap to query.
 #[derive(Debug)]
@@ -34,7 +37,9 @@ impl Stream {
             }
         }
         if cfg.local.true_addr == cfg.remote.true_addr {
-            return Err(ProtoError::SameTrueAddress { addr: cfg.local.true_addr });
+            return Err(ProtoError::SameTrueAddress {
+                addr: cfg.local.true_addr,
+            });
         }
         let ms = cfg.rotation.as_millis();
         if ms < 1000 {
@@ -52,12 +57,23 @@ impl Stream {
             }
         }
         let role = Role::of(cfg.local.true_addr, cfg.remote.true_addr);
-        let jitter = cfg.jitter.then(|| Subkey::derive(context::JITTER, &cfg.key));
+        let jitter = cfg
+            .jitter
+            .then(|| Subkey::derive(context::JITTER, &cfg.key));
         // ms <= MAX_ROTATION_MS, which fits u64.
         let clock = EpochClock::new(u64::try_from(ms).unwrap_or(u64::MAX), jitter);
         let keys = AddressKeys::derive(&cfg.key);
-        let data = [data_key(&cfg.key, cfg.aead, 0), data_key(&cfg.key, cfg.aead, 1)];
-        Ok(Stream { cfg, role, keys, clock, data })
+        let data = [
+            data_key(&cfg.key, cfg.aead, 0),
+            data_key(&cfg.key, cfg.aead, 1),
+        ];
+        Ok(Stream {
+            cfg,
+            role,
+            keys,
+            clock,
+            data,
+        })
     }
 
     /// This gateway's role.
@@ -98,7 +114,14 @@ impl Stream {
     /// the same offset.
     pub fn route_with_attempt(&self, e: Epoch, attempt_offset: u8) -> Route {
         let (low, high) = self.endpoints();
-        let [a_low, a_high] = addressing::route_addresses(&self.keys, self.cfg.derivation, low, high, e, attempt_offset);
+        let [a_low, a_high] = addressing::route_addresses(
+            &self.keys,
+            self.cfg.derivation,
+            low,
+            high,
+            e,
+            attempt_offset,
+        );
         let p_low = addressing::port(&self.keys, self.cfg.ports, low, Role::Low, e);
         let p_high = addressing::port(&self.keys, self.cfg.ports, high, Role::High, e);
         let low_sa = SocketAddrV6::new(a_low.addr, p_low, 0, 0);
@@ -107,7 +130,11 @@ impl Stream {
             Role::Low => (low_sa, high_sa),
             Role::High => (high_sa, low_sa),
         };
-        Route { epoch: e, local, remote }
+        Route {
+            epoch: e,
+            local,
+            remote,
+        }
     }
 
     /// What to send on, what to accept, and when to ask again, at `now`.
@@ -123,18 +150,31 @@ impl Stream {
 
     /// The sealer for this gateway's direction; its counter starts at `now` in nanoseconds.
     pub fn sealer(&self, now: UnixTime) -> Sealer {
-        Sealer::new(self.cfg.mode, self.data_key(self.role), now, self.cfg.local.true_addr, self.cfg.remote.true_addr)
+        Sealer::new(
+            self.cfg.mode,
+            self.data_key(self.role),
+            now,
+            self.cfg.local.true_addr,
+            self.cfg.remote.true_addr,
+        )
     }
 
     /// The opener for the peer's direction, with an empty replay window.
     pub fn opener(&self) -> Opener {
-        Opener::new(self.cfg.mode, self.data_key(self.role.peer()), self.cfg.local.true_addr, self.cfg.remote.true_addr)
+        Opener::new(
+            self.cfg.mode,
+            self.data_key(self.role.peer()),
+            self.cfg.local.true_addr,
+            self.cfg.remote.true_addr,
+        )
     }
 
     pub(crate) fn data_key(&self, sender: Role) -> Option<LessSafeKey> {
         match self.cfg.mode {
             Mode::Plain => None,
-            Mode::Auth | Mode::Encrypt => Some(aead_key(self.cfg.aead, &self.data[sender.byte() as usize])),
+            Mode::Auth | Mode::Encrypt => {
+                Some(aead_key(self.cfg.aead, &self.data[sender.byte() as usize]))
+            }
         }
     }
 
@@ -179,10 +219,16 @@ mod tests {
     fn validation() {
         let mut c = cfg();
         c.remote.true_addr = c.local.true_addr;
-        assert!(matches!(Stream::new(c), Err(ProtoError::SameTrueAddress { .. })));
+        assert!(matches!(
+            Stream::new(c),
+            Err(ProtoError::SameTrueAddress { .. })
+        ));
         let mut c = cfg();
         c.rotation = Duration::from_millis(999);
-        assert!(matches!(Stream::new(c), Err(ProtoError::RotationTooShort { ms: 999 })));
+        assert!(matches!(
+            Stream::new(c),
+            Err(ProtoError::RotationTooShort { ms: 999 })
+        ));
         let mut c = cfg();
         c.rotation = Duration::from_micros(1_000_500);
         assert_eq!(Stream::new(c).unwrap_err(), ProtoError::RotationNotMillis);
@@ -217,7 +263,10 @@ mod tests {
         let now = UnixTime::from_millis(1_700_000_005_000);
         let sch = s.schedule(now);
         assert_eq!(sch.send.epoch, Epoch(170_000_000));
-        assert_eq!(sch.accept.map(|r| r.epoch.0), [169_999_999, 170_000_000, 170_000_001]);
+        assert_eq!(
+            sch.accept.map(|r| r.epoch.0),
+            [169_999_999, 170_000_000, 170_000_001]
+        );
         assert_eq!(sch.next_change, UnixTime::from_millis(1_700_000_010_000));
         assert_eq!(s.overhead(), 40);
     }

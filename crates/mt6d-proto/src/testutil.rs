@@ -3,8 +3,8 @@
 use std::net::Ipv6Addr;
 
 use crate::wire::{
-    upper_layer_checksum, Icmpv6Repr, Icmpv6Type, Ipv6Packet, Ipv6Repr, UdpRepr, IPV6_HEADER_LEN, NEXT_HEADER_ICMPV6,
-    NEXT_HEADER_TCP, NEXT_HEADER_UDP,
+    upper_layer_checksum, Icmpv6Repr, Icmpv6Type, Ipv6Packet, Ipv6Repr, UdpRepr, IPV6_HEADER_LEN,
+    NEXT_HEADER_ICMPV6, NEXT_HEADER_TCP, NEXT_HEADER_UDP,
 };
 use crate::{AeadAlg, Endpoint, Mode, SessionKey, Stream, StreamConfig};
 
@@ -29,7 +29,10 @@ pub fn config(mode: Mode, aead: AeadAlg) -> StreamConfig {
 /// (stream at A, stream at B).
 pub fn pair(mode: Mode, aead: AeadAlg) -> (Stream, Stream) {
     let c = config(mode, aead);
-    (Stream::new(c.clone()).unwrap(), Stream::new(c.mirrored()).unwrap())
+    (
+        Stream::new(c.clone()).unwrap(),
+        Stream::new(c.mirrored()).unwrap(),
+    )
 }
 
 fn ipv6(src: Ipv6Addr, dst: Ipv6Addr, next_header: u8, upper: &[u8]) -> Vec<u8> {
@@ -52,7 +55,12 @@ fn ipv6(src: Ipv6Addr, dst: Ipv6Addr, next_header: u8, upper: &[u8]) -> Vec<u8> 
 pub fn udp(src: Ipv6Addr, dst: Ipv6Addr, payload: &[u8]) -> Vec<u8> {
     let mut u = vec![0u8; 8 + payload.len()];
     u[8..].copy_from_slice(payload);
-    UdpRepr { src_port: 40000, dst_port: 53 }.emit(&mut u, src, dst).unwrap();
+    UdpRepr {
+        src_port: 40000,
+        dst_port: 53,
+    }
+    .emit(&mut u, src, dst)
+    .unwrap();
     ipv6(src, dst, NEXT_HEADER_UDP, &u)
 }
 
@@ -73,9 +81,13 @@ pub fn tcp(src: Ipv6Addr, dst: Ipv6Addr, payload: &[u8]) -> Vec<u8> {
 pub fn echo(src: Ipv6Addr, dst: Ipv6Addr, payload: &[u8]) -> Vec<u8> {
     let mut m = vec![0u8; 8 + payload.len()];
     m[8..].copy_from_slice(payload);
-    Icmpv6Repr { msg_type: Icmpv6Type::Other(128), code: 0, data: 0x1234_0001 }
-        .emit(&mut m, src, dst)
-        .unwrap();
+    Icmpv6Repr {
+        msg_type: Icmpv6Type::Other(128),
+        code: 0,
+        data: 0x1234_0001,
+    }
+    .emit(&mut m, src, dst)
+    .unwrap();
     ipv6(src, dst, NEXT_HEADER_ICMPV6, &m)
 }
 

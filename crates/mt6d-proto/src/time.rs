@@ -61,7 +61,12 @@ mod tests {
             t.saturating_add(Duration::from_millis(1)).as_millis(),
             1_700_000_000_124
         );
-        assert_eq!(UnixTime::from_nanos(5).saturating_sub(Duration::from_secs(1)).as_nanos(), 0);
+        assert_eq!(
+            UnixTime::from_nanos(5)
+                .saturating_sub(Duration::from_secs(1))
+                .as_nanos(),
+            0
+        );
         assert!(UnixTime::from_secs(1) < UnixTime::from_secs(2));
     }
 }

@@ -1,10 +1,14 @@
 //! Property tests: every mode/AEAD round-trips arbitrary inner packets, and two gateways built from
 //! mirrored configs always agree on addresses and ports.
 
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 use std::net::Ipv6Addr;
 use std::time::Duration;
 
-use mt6d_proto::{AeadAlg, Derivation, Endpoint, Epoch, Mode, PortPolicy, SessionKey, Stream, StreamConfig, UnixTime};
+use mt6d_proto::{
+    AeadAlg, Derivation, Endpoint, Epoch, Mode, PortPolicy, SessionKey, Stream, StreamConfig,
+    UnixTime,
+};
 use proptest::prelude::*;
 
 fn packet(src: Ipv6Addr, dst: Ipv6Addr, head: [u8; 8], payload: &[u8]) -> Vec<u8> {

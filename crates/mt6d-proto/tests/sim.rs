@@ -2,11 +2,15 @@
 //! random delay (reordering), loss and a seeded RNG. Proves that rotation itself loses no packet when
 //! skew stays within half an interval, and that replayed and tampered packets are dropped and counted.
 
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv6Addr, SocketAddrV6};
 use std::time::Duration;
 
-use mt6d_proto::{AeadAlg, Derivation, Endpoint, Mode, Opener, OpenError, Sealer, SessionKey, Stream, StreamConfig, UnixTime};
+use mt6d_proto::{
+    AeadAlg, Derivation, Endpoint, Mode, OpenError, Opener, Sealer, SessionKey, Stream,
+    StreamConfig, UnixTime,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -47,13 +51,27 @@ fn clock(now_ms: u64, skew_ms: i64) -> UnixTime {
 }
 
 impl Pair {
-    fn new(seed: u64, cfg: StreamConfig, skew_a: i64, skew_b: i64, loss: f64, max_delay_ms: u64) -> Self {
+    fn new(
+        seed: u64,
+        cfg: StreamConfig,
+        skew_a: i64,
+        skew_b: i64,
+        loss: f64,
+        max_delay_ms: u64,
+    ) -> Self {
         let now_ms = 1_700_000_000_000;
         let mk = |cfg: StreamConfig, skew| {
             let stream = Stream::new(cfg).unwrap();
             let sealer = stream.sealer(clock(now_ms, skew));
             let opener = stream.opener();
-            Peer { stream, sealer, opener, skew_ms: skew, delivered: 0, drops: HashMap::new() }
+            Peer {
+                stream,
+                sealer,
+                opener,
+                skew_ms: skew,
+                delivered: 0,
+                drops: HashMap::new(),
+            }
         };
         Self {
             now_ms,
@@ -80,7 +98,11 @@ impl Pair {
     fn send(&mut self, to_b: bool) {
         let from = if to_b { &self.a } else { &self.b };
         let sched = from.stream.schedule(clock(self.now_ms, from.skew_ms));
-        let inner = Self::inner(from.stream.local_true(), from.stream.remote_true(), self.seq);
+        let inner = Self::inner(
+            from.stream.local_true(),
+            from.stream.remote_true(),
+            self.seq,
+        );
         let mut buf = [0u8; 256];
         let n = from.sealer.seal(&sched.send, &inner, &mut buf).unwrap();
         self.seq += 1;
@@ -89,7 +111,13 @@ impl Pair {
             return;
         }
         let at = self.now_ms + self.rng.random_range(0..=self.max_delay_ms);
-        let d = Datagram { src: sched.send.local, dst: sched.send.remote, payload: buf[..n].to_vec(), to_b, inner };
+        let d = Datagram {
+            src: sched.send.local,
+            dst: sched.send.remote,
+            payload: buf[..n].to_vec(),
+            to_b,
+            inner,
+        };
         self.in_flight.insert((at, self.seq), d);
     }
 
@@ -97,7 +125,11 @@ impl Pair {
     fn deliver(&mut self, d: &Datagram) -> Result<(), &'static str> {
         let to = if d.to_b { &mut self.b } else { &mut self.a };
         let sched = to.stream.schedule(clock(self.now_ms, to.skew_ms));
-        let Some(route) = sched.accept.iter().find(|r| r.remote == d.src && r.local == d.dst) else {
+        let Some(route) = sched
+            .accept
+            .iter()
+            .find(|r| r.remote == d.src && r.local == d.dst)
+        else {
             *to.drops.entry("no_route").or_default() += 1;
             return Err("no_route");
         };
@@ -163,20 +195,46 @@ fn no_packet_lost_to_rotation_over_1000_rotations_with_skew() {
         // accept window e-1..e+1 covers every packet.
         let budget = if jitter { R / 2 } else { R };
         assert!(u64::try_from(i64::abs(skew_a - skew_b)).unwrap() + MAX_DELAY + STEP <= budget);
-        let mut p = Pair::new(seed, config(mode, derivation, R, jitter), skew_a, skew_b, 0.01, MAX_DELAY);
+        let mut p = Pair::new(
+            seed,
+            config(mode, derivation, R, jitter),
+            skew_a,
+            skew_b,
+            0.01,
+            MAX_DELAY,
+        );
         let start = p.now_ms;
         p.run_until(start + 1000 * R, STEP);
         let (a, b) = (&p.a, &p.b);
-        assert!(a.drops.is_empty() && b.drops.is_empty(), "{mode}: {:?} {:?}", a.drops, b.drops);
+        assert!(
+            a.drops.is_empty() && b.drops.is_empty(),
+            "{mode}: {:?} {:?}",
+            a.drops,
+            b.drops
+        );
         let sent = p.seq;
-        assert_eq!(a.delivered + b.delivered + p.lost_in_network, sent, "{mode}");
-        assert!(p.a.stream.epoch_at(clock(p.now_ms, 0)).0 - p.a.stream.epoch_at(clock(start, 0)).0 >= 999);
+        assert_eq!(
+            a.delivered + b.delivered + p.lost_in_network,
+            sent,
+            "{mode}"
+        );
+        assert!(
+            p.a.stream.epoch_at(clock(p.now_ms, 0)).0 - p.a.stream.epoch_at(clock(start, 0)).0
+                >= 999
+        );
     }
 }
 
 #[test]
 fn replayed_and_tampered_packets_are_rejected_and_counted() {
-    let mut p = Pair::new(7, config(Mode::Encrypt, Derivation::Keyed, 1000, true), 100, -100, 0.0, 30);
+    let mut p = Pair::new(
+        7,
+        config(Mode::Encrypt, Derivation::Keyed, 1000, true),
+        100,
+        -100,
+        0.0,
+        30,
+    );
     let start = p.now_ms;
     let mut replayed = 0;
     let mut tampered = 0;
@@ -190,7 +248,11 @@ fn replayed_and_tampered_packets_are_rejected_and_counted() {
             let d = entry.remove();
             if i % 11 == 0 {
                 // Tampered before the genuine copy arrives: rejected without touching the window.
-                let mut t = Datagram { payload: d.payload.clone(), inner: d.inner.clone(), ..d };
+                let mut t = Datagram {
+                    payload: d.payload.clone(),
+                    inner: d.inner.clone(),
+                    ..d
+                };
                 let at = p.rng.random_range(8..t.payload.len());
                 t.payload[at] ^= 1 << p.rng.random_range(0..8);
                 assert_eq!(p.deliver(&t), Err("open_bad_tag"));

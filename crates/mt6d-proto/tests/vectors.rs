@@ -1,9 +1,13 @@
 //! Frozen test vectors, also printed in docs/PROTOCOL.md §8. A change here is a wire-format change.
 
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 use std::net::Ipv6Addr;
 
 use mt6d_proto::addressing::{hashed_address, port, thesis_iid, AddressKeys, Role};
-use mt6d_proto::{AeadAlg, Derivation, Endpoint, Epoch, Mode, PortPolicy, SessionKey, Stream, StreamConfig, UnixTime};
+use mt6d_proto::{
+    AeadAlg, Derivation, Endpoint, Epoch, Mode, PortPolicy, SessionKey, Stream, StreamConfig,
+    UnixTime,
+};
 
 fn key() -> SessionKey {
     SessionKey::from_bytes(&(0u8..32).collect::<Vec<_>>()).unwrap()
@@ -31,16 +35,29 @@ fn print_vectors() {
         }
     }
     for (ep, role) in [(low(), Role::Low), (high(), Role::High)] {
-        println!("port {role:?} {}", port(&k, PortPolicy::Hopping, &ep, role, EPOCH));
+        println!(
+            "port {role:?} {}",
+            port(&k, PortPolicy::Hopping, &ep, role, EPOCH)
+        );
     }
     let mac = [0x00, 0xab, 0xcd, 0x11, 0x22, 0x01];
-    println!("thesis mac {}", hex(&thesis_iid(low().true_addr, &key(), EPOCH.0, Some(mac), 0)));
-    println!("thesis attempt1 {}", hex(&thesis_iid(low().true_addr, &key(), EPOCH.0, None, 1)));
+    println!(
+        "thesis mac {}",
+        hex(&thesis_iid(low().true_addr, &key(), EPOCH.0, Some(mac), 0))
+    );
+    println!(
+        "thesis attempt1 {}",
+        hex(&thesis_iid(low().true_addr, &key(), EPOCH.0, None, 1))
+    );
     let mut c = StreamConfig::new(low(), high(), key());
     c.jitter = true;
     let s = Stream::new(c.clone()).unwrap();
     for e in [EPOCH.0, EPOCH.0 + 1] {
-        println!("jitter {e} {} start {}", s.clock().jitter_ms(e), s.epoch_start(Epoch(e)).as_millis());
+        println!(
+            "jitter {e} {} start {}",
+            s.clock().jitter_ms(e),
+            s.epoch_start(Epoch(e)).as_millis()
+        );
     }
     for alg in [AeadAlg::Aes256Gcm, AeadAlg::ChaCha20Poly1305] {
         for mode in [Mode::Encrypt, Mode::Auth] {
@@ -66,7 +83,9 @@ fn seal_vector(mode: Mode, alg: AeadAlg) -> ([u8; 128], usize) {
     let s = Stream::new(c).unwrap();
     let sealer = s.sealer(UnixTime::from_nanos(1_700_000_000_000_000_000));
     let mut out = [0u8; 128];
-    let n = sealer.seal(&s.route(EPOCH), &inner_packet(), &mut out).unwrap();
+    let n = sealer
+        .seal(&s.route(EPOCH), &inner_packet(), &mut out)
+        .unwrap();
     (out, n)
 }
 
@@ -75,10 +94,26 @@ fn keyed_addresses_and_ports() {
     let k = AddressKeys::derive(&key());
     let a = hashed_address(&k, Derivation::Keyed, &low(), Role::Low, EPOCH, 0);
     let b = hashed_address(&k, Derivation::Keyed, &high(), Role::High, EPOCH, 0);
-    assert_eq!(a.addr, "2001:db8:a:0:7254:c650:f3a5:d874".parse::<Ipv6Addr>().unwrap());
-    assert_eq!(b.addr, "2001:db8:b:0:e7f9:b0dc:441b:86e9".parse::<Ipv6Addr>().unwrap());
-    assert_eq!(port(&k, PortPolicy::Hopping, &low(), Role::Low, EPOCH), 40199);
-    assert_eq!(port(&k, PortPolicy::Hopping, &high(), Role::High, EPOCH), 22970);
+    assert_eq!(
+        a.addr,
+        "2001:db8:a:0:7254:c650:f3a5:d874"
+            .parse::<Ipv6Addr>()
+            .unwrap()
+    );
+    assert_eq!(
+        b.addr,
+        "2001:db8:b:0:e7f9:b0dc:441b:86e9"
+            .parse::<Ipv6Addr>()
+            .unwrap()
+    );
+    assert_eq!(
+        port(&k, PortPolicy::Hopping, &low(), Role::Low, EPOCH),
+        40199
+    );
+    assert_eq!(
+        port(&k, PortPolicy::Hopping, &high(), Role::High, EPOCH),
+        22970
+    );
 }
 
 /// Cross-checked independently: `printf '%s' 0000000000000001<key hex>000000000a21fe80 | xxd -r -p |
@@ -88,11 +123,27 @@ fn thesis_addresses_match_sha256sum() {
     let k = AddressKeys::derive(&key());
     let a = hashed_address(&k, Derivation::Thesis, &low(), Role::Low, EPOCH, 0);
     let b = hashed_address(&k, Derivation::Thesis, &high(), Role::High, EPOCH, 0);
-    assert_eq!(a.addr, "2001:db8:a:0:731:4596:42e1:d7e5".parse::<Ipv6Addr>().unwrap());
-    assert_eq!(b.addr, "2001:db8:b:0:b172:9a0:b04a:7f4e".parse::<Ipv6Addr>().unwrap());
+    assert_eq!(
+        a.addr,
+        "2001:db8:a:0:731:4596:42e1:d7e5"
+            .parse::<Ipv6Addr>()
+            .unwrap()
+    );
+    assert_eq!(
+        b.addr,
+        "2001:db8:b:0:b172:9a0:b04a:7f4e"
+            .parse::<Ipv6Addr>()
+            .unwrap()
+    );
     let mac = [0x00, 0xab, 0xcd, 0x11, 0x22, 0x01];
-    assert_eq!(hex(&thesis_iid(low().true_addr, &key(), EPOCH.0, Some(mac), 0)), "1553311c39bcc056");
-    assert_eq!(hex(&thesis_iid(low().true_addr, &key(), EPOCH.0, None, 1)), "ee407e9869fa86b8");
+    assert_eq!(
+        hex(&thesis_iid(low().true_addr, &key(), EPOCH.0, Some(mac), 0)),
+        "1553311c39bcc056"
+    );
+    assert_eq!(
+        hex(&thesis_iid(low().true_addr, &key(), EPOCH.0, None, 1)),
+        "ee407e9869fa86b8"
+    );
 }
 
 #[test]
@@ -101,19 +152,44 @@ fn jitter_schedule() {
     c.jitter = true;
     let s = Stream::new(c).unwrap();
     assert_eq!(s.clock().jitter_ms(EPOCH.0), 2201);
-    assert_eq!(s.epoch_start(EPOCH), UnixTime::from_millis(1_700_000_002_201));
-    assert_eq!(s.epoch_start(Epoch(EPOCH.0 + 1)), UnixTime::from_millis(1_700_000_011_755));
-    assert_eq!(s.epoch_at(UnixTime::from_millis(1_700_000_002_200)), Epoch(EPOCH.0 - 1));
+    assert_eq!(
+        s.epoch_start(EPOCH),
+        UnixTime::from_millis(1_700_000_002_201)
+    );
+    assert_eq!(
+        s.epoch_start(Epoch(EPOCH.0 + 1)),
+        UnixTime::from_millis(1_700_000_011_755)
+    );
+    assert_eq!(
+        s.epoch_at(UnixTime::from_millis(1_700_000_002_200)),
+        Epoch(EPOCH.0 - 1)
+    );
     assert_eq!(s.epoch_at(UnixTime::from_millis(1_700_000_002_201)), EPOCH);
 }
 
 #[test]
 fn sealed_payloads() {
     let cases = [
-        (Mode::Encrypt, AeadAlg::Aes256Gcm, "17979cfe362a00003d1b37ff40e91e22160bd233a3c4fea6ce49d3cb36264bd4f6988d51"),
-        (Mode::Auth, AeadAlg::Aes256Gcm, "17979cfe362a00006000000000043b406d743664ca0cb4fb76a2ce7f6edce2f890d82168"),
-        (Mode::Encrypt, AeadAlg::ChaCha20Poly1305, "17979cfe362a00009f05fddc812e1a73e9104db243e5f4b87eff0bc6942cf676663bcf8d"),
-        (Mode::Auth, AeadAlg::ChaCha20Poly1305, "17979cfe362a00006000000000043b406d7436646560c5b8e1c7f8172b23c868fd955804"),
+        (
+            Mode::Encrypt,
+            AeadAlg::Aes256Gcm,
+            "17979cfe362a00003d1b37ff40e91e22160bd233a3c4fea6ce49d3cb36264bd4f6988d51",
+        ),
+        (
+            Mode::Auth,
+            AeadAlg::Aes256Gcm,
+            "17979cfe362a00006000000000043b406d743664ca0cb4fb76a2ce7f6edce2f890d82168",
+        ),
+        (
+            Mode::Encrypt,
+            AeadAlg::ChaCha20Poly1305,
+            "17979cfe362a00009f05fddc812e1a73e9104db243e5f4b87eff0bc6942cf676663bcf8d",
+        ),
+        (
+            Mode::Auth,
+            AeadAlg::ChaCha20Poly1305,
+            "17979cfe362a00006000000000043b406d7436646560c5b8e1c7f8172b23c868fd955804",
+        ),
     ];
     for (mode, alg, want) in cases {
         let (out, n) = seal_vector(mode, alg);

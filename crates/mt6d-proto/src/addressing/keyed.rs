@@ -27,7 +27,13 @@ fn prf(key: &Subkey, role: u8, true_addr: Ipv6Addr, epoch: u64, attempt: Option<
 }
 
 /// The keyed-mode IID of the endpoint with `role` and `true_addr` in `epoch`.
-pub fn keyed_iid(address_key: &Subkey, role: u8, true_addr: Ipv6Addr, epoch: u64, attempt: u8) -> [u8; 8] {
+pub fn keyed_iid(
+    address_key: &Subkey,
+    role: u8,
+    true_addr: Ipv6Addr,
+    epoch: u64,
+    attempt: u8,
+) -> [u8; 8] {
     prf(address_key, role, true_addr, epoch, Some(attempt))
 }
 

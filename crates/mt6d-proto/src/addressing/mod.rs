@@ -80,7 +80,14 @@ pub struct HashedAddr {
     pub attempt: u8,
 }
 
-fn iid_for(keys: &AddressKeys, d: Derivation, ep: &Endpoint, role: Role, epoch: Epoch, attempt: u8) -> [u8; 8] {
+fn iid_for(
+    keys: &AddressKeys,
+    d: Derivation,
+    ep: &Endpoint,
+    role: Role,
+    epoch: Epoch,
+    attempt: u8,
+) -> [u8; 8] {
     match d {
         Derivation::Thesis => thesis_iid(ep.true_addr, &keys.session, epoch.0, ep.mac, attempt),
         Derivation::Keyed => keyed_iid(&keys.address, role.byte(), ep.true_addr, epoch.0, attempt),
@@ -135,7 +142,15 @@ pub fn hashed_address(
     epoch: Epoch,
     attempt_offset: u8,
 ) -> HashedAddr {
-    search(keys, derivation, endpoint, role, epoch, attempt_offset, |_| false)
+    search(
+        keys,
+        derivation,
+        endpoint,
+        role,
+        epoch,
+        attempt_offset,
+        |_| false,
+    )
 }
 
 /// Both endpoints' hashed addresses in `epoch`, indexed by role (`[low, high]`). If they come out
@@ -149,13 +164,27 @@ pub fn route_addresses(
     attempt_offset: u8,
 ) -> [HashedAddr; 2] {
     let a = hashed_address(keys, derivation, low, Role::Low, epoch, attempt_offset);
-    let b = search(keys, derivation, high, Role::High, epoch, attempt_offset, |x| x == a.addr);
+    let b = search(
+        keys,
+        derivation,
+        high,
+        Role::High,
+        epoch,
+        attempt_offset,
+        |x| x == a.addr,
+    );
     [a, b]
 }
 
 /// The outer UDP port of the endpoint with `role` in `epoch`. Ports always come from the keyed PRF
 /// (the thesis has no port hopping), whatever the address derivation.
-pub fn port(keys: &AddressKeys, policy: PortPolicy, endpoint: &Endpoint, role: Role, epoch: Epoch) -> u16 {
+pub fn port(
+    keys: &AddressKeys,
+    policy: PortPolicy,
+    endpoint: &Endpoint,
+    role: Role,
+    epoch: Epoch,
+) -> u16 {
     match policy {
         PortPolicy::Fixed(p) => p,
         PortPolicy::Hopping => keyed_port(&keys.port, role.byte(), endpoint.true_addr, epoch.0),
@@ -229,7 +258,10 @@ mod tests {
     fn fixed_port() {
         let k = keys();
         let ep = Endpoint::new("2001:db8::1".parse().unwrap());
-        assert_eq!(port(&k, PortPolicy::Fixed(4444), &ep, Role::High, Epoch(3)), 4444);
+        assert_eq!(
+            port(&k, PortPolicy::Fixed(4444), &ep, Role::High, Epoch(3)),
+            4444
+        );
         assert!(port(&k, PortPolicy::Hopping, &ep, Role::High, Epoch(3)) >= 1024);
     }
 }

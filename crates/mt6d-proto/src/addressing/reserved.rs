@@ -51,7 +51,12 @@ mod tests {
 
     #[test]
     fn unreserve_leaves_ranges() {
-        for v in [0, 0x0200_5EFF_FE00_5213, 0xFDFF_FFFF_FFFF_FFFF, 0xFDFF_FFFF_FFFF_FF80] {
+        for v in [
+            0,
+            0x0200_5EFF_FE00_5213,
+            0xFDFF_FFFF_FFFF_FFFF,
+            0xFDFF_FFFF_FFFF_FF80,
+        ] {
             assert!(!is_reserved_iid(unreserve(iid(v))));
         }
         assert_eq!(unreserve(iid(42)), iid(42));

@@ -47,7 +47,13 @@ mod tests {
         let addr: Ipv6Addr = "2001:db8:c111::1".parse().unwrap();
         let a = thesis_iid(addr, &key, 170_000_000, None, 0);
         let b = thesis_iid(addr, &key, 170_000_000, None, 1);
-        let c = thesis_iid(addr, &key, 170_000_000, Some([0, 0xab, 0xcd, 0x11, 0x22, 1]), 0);
+        let c = thesis_iid(
+            addr,
+            &key,
+            170_000_000,
+            Some([0, 0xab, 0xcd, 0x11, 0x22, 1]),
+            0,
+        );
         assert_ne!(a, b);
         assert_ne!(a, c);
         assert_ne!(a, thesis_iid(addr, &key, 170_000_001, None, 0));

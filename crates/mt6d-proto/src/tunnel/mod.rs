@@ -160,7 +160,8 @@ pub(crate) fn aead_key(alg: AeadAlg, key: &Subkey) -> LessSafeKey {
     };
     // Both algorithms take 32-byte keys and Subkey is always 32 bytes, so this cannot fail.
     #[allow(clippy::expect_used)]
-    let unbound = UnboundKey::new(algorithm, key.as_bytes()).expect("32-byte key for a 256-bit AEAD");
+    let unbound =
+        UnboundKey::new(algorithm, key.as_bytes()).expect("32-byte key for a 256-bit AEAD");
     LessSafeKey::new(unbound)
 }
 
@@ -174,7 +175,11 @@ pub(crate) fn nonce(counter: u64) -> Nonce {
 pub(crate) const OUTER_AAD_LEN: usize = 16 + 16 + 2 + 2 + COUNTER_LEN;
 
 /// The outer fields and counter authenticated by every AEAD tag, for a packet from `src` to `dst`.
-pub(crate) fn outer_aad(src: &SocketAddrV6, dst: &SocketAddrV6, counter: u64) -> [u8; OUTER_AAD_LEN] {
+pub(crate) fn outer_aad(
+    src: &SocketAddrV6,
+    dst: &SocketAddrV6,
+    counter: u64,
+) -> [u8; OUTER_AAD_LEN] {
     let mut a = [0u8; OUTER_AAD_LEN];
     a[0..16].copy_from_slice(&src.ip().octets());
     a[16..32].copy_from_slice(&dst.ip().octets());

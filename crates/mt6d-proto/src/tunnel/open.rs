@@ -6,8 +6,8 @@ use std::net::{Ipv6Addr, SocketAddrV6};
 use ring::aead::{Aad, LessSafeKey, Tag};
 
 use super::{
-    fixed_len, nonce, outer_aad, OpenError, ReplayWindow, TunnelPayload, COUNTER_LEN, COUNTER_LIMIT, INNER_HEADER_CARRIED,
-    OUTER_AAD_LEN, TAG_LEN,
+    fixed_len, nonce, outer_aad, OpenError, ReplayWindow, TunnelPayload, COUNTER_LEN,
+    COUNTER_LIMIT, INNER_HEADER_CARRIED, OUTER_AAD_LEN, TAG_LEN,
 };
 use crate::wire::IPV6_HEADER_LEN;
 use crate::{Mode, Route};
@@ -25,14 +25,31 @@ pub struct Opener {
 }
 
 impl Opener {
-    pub(crate) fn new(mode: Mode, key: Option<LessSafeKey>, local_true: Ipv6Addr, remote_true: Ipv6Addr) -> Self {
-        Self { mode, key, replay: ReplayWindow::new(), local_true, remote_true, scratch: Vec::new() }
+    pub(crate) fn new(
+        mode: Mode,
+        key: Option<LessSafeKey>,
+        local_true: Ipv6Addr,
+        remote_true: Ipv6Addr,
+    ) -> Self {
+        Self {
+            mode,
+            key,
+            replay: ReplayWindow::new(),
+            local_true,
+            remote_true,
+            scratch: Vec::new(),
+        }
     }
 
     /// Opens `udp_payload`, received on `route` (the accept route its outer addresses and ports
     /// matched), writing the restored inner packet (remote true -> local true) into `out`.
     /// Returns the inner packet length.
-    pub fn open(&mut self, route: &Route, udp_payload: &[u8], out: &mut [u8]) -> Result<usize, OpenError> {
+    pub fn open(
+        &mut self,
+        route: &Route,
+        udp_payload: &[u8],
+        out: &mut [u8],
+    ) -> Result<usize, OpenError> {
         let d = Decap {
             mode: self.mode,
             key: self.key.as_ref(),
@@ -41,7 +58,13 @@ impl Opener {
             inner_src: self.remote_true,
             inner_dst: self.local_true,
         };
-        decapsulate(&d, udp_payload, out, &mut self.scratch, Some(&mut self.replay))
+        decapsulate(
+            &d,
+            udp_payload,
+            out,
+            &mut self.scratch,
+            Some(&mut self.replay),
+        )
     }
 }
 
@@ -77,7 +100,10 @@ pub(crate) fn decapsulate(
         }
     }
     if out.len() < inner_len {
-        return Err(OpenError::BufferTooSmall { have: out.len(), need: inner_len });
+        return Err(OpenError::BufferTooSmall {
+            have: out.len(),
+            need: inner_len,
+        });
     }
     let out = &mut out[..inner_len];
     match (d.mode, counter, d.key) {
@@ -86,17 +112,31 @@ pub(crate) fn decapsulate(
             // then move the 8 header bytes to the front.
             let ct = &mut out[IPV6_HEADER_LEN - INNER_HEADER_CARRIED..];
             ct.copy_from_slice(view.body());
-            key.open_in_place_separate_tag(nonce(c), Aad::from(outer_aad(&d.outer_src, &d.outer_dst, c)), tag(&view), ct, 0..)
-                .map_err(|_| OpenError::BadTag)?;
+            key.open_in_place_separate_tag(
+                nonce(c),
+                Aad::from(outer_aad(&d.outer_src, &d.outer_dst, c)),
+                tag(&view),
+                ct,
+                0..,
+            )
+            .map_err(|_| OpenError::BadTag)?;
             out.copy_within(IPV6_HEADER_LEN - INNER_HEADER_CARRIED..IPV6_HEADER_LEN, 0);
         }
         (Mode::Auth, Some(c), Some(key)) => {
             scratch.clear();
             scratch.reserve(OUTER_AAD_LEN + payload.len());
-            scratch.extend_from_slice(&outer_aad(&d.outer_src, &d.outer_dst, c)[..OUTER_AAD_LEN - COUNTER_LEN]);
+            scratch.extend_from_slice(
+                &outer_aad(&d.outer_src, &d.outer_dst, c)[..OUTER_AAD_LEN - COUNTER_LEN],
+            );
             scratch.extend_from_slice(view.authenticated());
-            key.open_in_place_separate_tag(nonce(c), Aad::from(&scratch[..]), tag(&view), &mut [], 0..)
-                .map_err(|_| OpenError::BadTag)?;
+            key.open_in_place_separate_tag(
+                nonce(c),
+                Aad::from(&scratch[..]),
+                tag(&view),
+                &mut [],
+                0..,
+            )
+            .map_err(|_| OpenError::BadTag)?;
             copy_clear(view.body(), out);
         }
         (Mode::Plain, _, _) => copy_clear(view.body(), out),
@@ -163,7 +203,10 @@ mod tests {
                 let n = sealer.seal(&route_a, &pkt, &mut wire).unwrap();
                 assert_eq!(n + 48, pkt.len() + a.overhead(), "{mode}");
                 if mode == Mode::Encrypt {
-                    assert!(wire[..n].windows(4).all(|w| w != b"ping"), "plaintext leaked");
+                    assert!(
+                        wire[..n].windows(4).all(|w| w != b"ping"),
+                        "plaintext leaked"
+                    );
                 }
                 let mut inner = [0u8; 2048];
                 let m = opener.open(&route_b, &wire[..n], &mut inner).unwrap();
@@ -188,25 +231,46 @@ mod tests {
                 let mut t = wire;
                 t[i] ^= 0x01;
                 let e = opener.open(&rb, &t[..n], &mut out).unwrap_err();
-                assert!(matches!(e, OpenError::BadTag | OpenError::Replay(_)), "{mode} byte {i}: {e:?}");
+                assert!(
+                    matches!(e, OpenError::BadTag | OpenError::Replay(_)),
+                    "{mode} byte {i}: {e:?}"
+                );
             }
             // Wrong route (AAD) fails too.
-            assert_eq!(opener.open(&b.route(Epoch(2)), &wire[..n], &mut out), Err(OpenError::BadTag));
+            assert_eq!(
+                opener.open(&b.route(Epoch(2)), &wire[..n], &mut out),
+                Err(OpenError::BadTag)
+            );
             // The genuine packet is still accepted once, since failures did not touch the window.
             assert!(opener.open(&rb, &wire[..n], &mut out).is_ok());
             let c = u64::from_be_bytes(wire[..8].try_into().unwrap());
-            assert_eq!(opener.open(&rb, &wire[..n], &mut out), Err(OpenError::Replay(c)));
+            assert_eq!(
+                opener.open(&rb, &wire[..n], &mut out),
+                Err(OpenError::Replay(c))
+            );
             let mut hi = wire;
             hi[0] |= 0x80;
-            assert!(matches!(opener.open(&rb, &hi[..n], &mut out), Err(OpenError::BadCounter(_))));
+            assert!(matches!(
+                opener.open(&rb, &hi[..n], &mut out),
+                Err(OpenError::BadCounter(_))
+            ));
             for k in 0..32 {
-                assert!(matches!(opener.open(&rb, &wire[..k], &mut out), Err(OpenError::Truncated { .. })));
+                assert!(matches!(
+                    opener.open(&rb, &wire[..k], &mut out),
+                    Err(OpenError::Truncated { .. })
+                ));
             }
             let n2 = sealer.seal(&ra, &pkt, &mut wire).unwrap();
-            assert!(matches!(opener.open(&rb, &wire[..n2], &mut out[..pkt.len() - 1]), Err(OpenError::BufferTooSmall { .. })));
+            assert!(matches!(
+                opener.open(&rb, &wire[..n2], &mut out[..pkt.len() - 1]),
+                Err(OpenError::BufferTooSmall { .. })
+            ));
             // A sealer key in the wrong direction does not open.
             let mut self_opener = a.opener();
-            assert_eq!(self_opener.open(&ra, &wire[..n2], &mut out), Err(OpenError::BadTag));
+            assert_eq!(
+                self_opener.open(&ra, &wire[..n2], &mut out),
+                Err(OpenError::BadTag)
+            );
         }
     }
 
@@ -218,15 +282,24 @@ mod tests {
         let mut out = [0u8; 256];
         // Payload length field 5, but 4 bytes carried.
         let bad_len = [0x60, 0, 0, 0, 0, 5, 17, 64, 1, 2, 3, 4];
-        assert_eq!(opener.open(&r, &bad_len, &mut out), Err(OpenError::BadInner));
+        assert_eq!(
+            opener.open(&r, &bad_len, &mut out),
+            Err(OpenError::BadInner)
+        );
         let bad_version = [0x40, 0, 0, 0, 0, 4, 17, 64, 1, 2, 3, 4];
-        assert_eq!(opener.open(&r, &bad_version, &mut out), Err(OpenError::BadInner));
+        assert_eq!(
+            opener.open(&r, &bad_version, &mut out),
+            Err(OpenError::BadInner)
+        );
         let good = [0x60, 0, 0, 0, 0, 4, 17, 64, 1, 2, 3, 4];
         assert_eq!(opener.open(&r, &good, &mut out), Ok(44));
         assert_eq!(&out[8..24], &addr(A).octets());
         assert_eq!(&out[24..40], &addr(B).octets());
         for k in 0..8 {
-            assert!(matches!(opener.open(&r, &good[..k], &mut out), Err(OpenError::Truncated { .. })));
+            assert!(matches!(
+                opener.open(&r, &good[..k], &mut out),
+                Err(OpenError::Truncated { .. })
+            ));
         }
     }
 }

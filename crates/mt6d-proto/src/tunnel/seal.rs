@@ -6,7 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use ring::aead::{Aad, LessSafeKey};
 
-use super::{nonce, outer_aad, payload_len, SealError, COUNTER_LEN, COUNTER_LIMIT, INNER_HEADER_CARRIED, OUTER_AAD_LEN, TAG_LEN};
+use super::{
+    nonce, outer_aad, payload_len, SealError, COUNTER_LEN, COUNTER_LIMIT, INNER_HEADER_CARRIED,
+    OUTER_AAD_LEN, TAG_LEN,
+};
 use crate::wire::{Ipv6Packet, IPV6_HEADER_LEN};
 use crate::{Mode, Route, UnixTime};
 
@@ -30,8 +33,20 @@ pub struct Sealer {
 }
 
 impl Sealer {
-    pub(crate) fn new(mode: Mode, key: Option<LessSafeKey>, now: UnixTime, local_true: Ipv6Addr, remote_true: Ipv6Addr) -> Self {
-        Self { mode, key, counter: AtomicU64::new(now.as_nanos()), local_true, remote_true }
+    pub(crate) fn new(
+        mode: Mode,
+        key: Option<LessSafeKey>,
+        now: UnixTime,
+        local_true: Ipv6Addr,
+        remote_true: Ipv6Addr,
+    ) -> Self {
+        Self {
+            mode,
+            key,
+            counter: AtomicU64::new(now.as_nanos()),
+            local_true,
+            remote_true,
+        }
     }
 
     /// The counter the next packet will use.
@@ -51,7 +66,10 @@ impl Sealer {
         }
         let need = payload_len(self.mode, inner.len());
         if out.len() < need {
-            return Err(SealError::BufferTooSmall { have: out.len(), need });
+            return Err(SealError::BufferTooSmall {
+                have: out.len(),
+                need,
+            });
         }
         let out = &mut out[..need];
         let hdr = pkt.header_without_addrs();
@@ -68,7 +86,11 @@ impl Sealer {
         out[COUNTER_LEN + INNER_HEADER_CARRIED..clear_end].copy_from_slice(body);
         let outer = outer_aad(&route.local, &route.remote, counter);
         let tag = if self.mode == Mode::Encrypt {
-            key.seal_in_place_separate_tag(nonce(counter), Aad::from(outer), &mut out[COUNTER_LEN..clear_end])
+            key.seal_in_place_separate_tag(
+                nonce(counter),
+                Aad::from(outer),
+                &mut out[COUNTER_LEN..clear_end],
+            )
         } else {
             AAD_SCRATCH.with(|s| {
                 let mut s = s.borrow_mut();
@@ -112,13 +134,28 @@ mod tests {
         let mut out = [0u8; 2048];
         let ok = udp(addr(A), addr(B), b"hi");
         assert!(s.seal(&r, &ok, &mut out).is_ok());
-        assert_eq!(s.seal(&r, &udp(addr(B), addr(B), b"x"), &mut out), Err(SealError::WrongSource));
-        assert_eq!(s.seal(&r, &udp(addr(A), addr(A), b"x"), &mut out), Err(SealError::WrongDestination));
-        assert!(matches!(s.seal(&r, &ok[..39], &mut out), Err(SealError::Malformed(_))));
-        assert!(matches!(s.seal(&r, &ok[..ok.len() - 1], &mut out), Err(SealError::Malformed(_))));
+        assert_eq!(
+            s.seal(&r, &udp(addr(B), addr(B), b"x"), &mut out),
+            Err(SealError::WrongSource)
+        );
+        assert_eq!(
+            s.seal(&r, &udp(addr(A), addr(A), b"x"), &mut out),
+            Err(SealError::WrongDestination)
+        );
+        assert!(matches!(
+            s.seal(&r, &ok[..39], &mut out),
+            Err(SealError::Malformed(_))
+        ));
+        assert!(matches!(
+            s.seal(&r, &ok[..ok.len() - 1], &mut out),
+            Err(SealError::Malformed(_))
+        ));
         assert_eq!(
             s.seal(&r, &ok, &mut out[..ok.len() - 9]),
-            Err(SealError::BufferTooSmall { have: ok.len() - 9, need: ok.len() - 8 })
+            Err(SealError::BufferTooSmall {
+                have: ok.len() - 9,
+                need: ok.len() - 8
+            })
         );
     }
 
@@ -131,7 +168,10 @@ mod tests {
         let mut out = [0u8; 256];
         let pkt = udp(addr(A), addr(B), b"hi");
         s.seal(&r, &pkt, &mut out).unwrap();
-        assert_eq!(u64::from_be_bytes(out[..8].try_into().unwrap()), now.as_nanos());
+        assert_eq!(
+            u64::from_be_bytes(out[..8].try_into().unwrap()),
+            now.as_nanos()
+        );
         assert_eq!(s.next_counter(), now.as_nanos() + 1);
         let s = a.sealer(UnixTime::from_nanos(COUNTER_LIMIT - 1));
         assert!(s.seal(&r, &pkt, &mut out).is_ok());

@@ -56,8 +56,14 @@ mod tests {
     #[test]
     fn rfc1071_example() {
         // RFC 1071 §3: the words 0001 f203 f4f5 f6f7 sum to ddf2 (one's complement).
-        assert_eq!(combine(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7], 0), 0xddf2);
-        assert_eq!(checksum(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7]), !0xddf2);
+        assert_eq!(
+            combine(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7], 0),
+            0xddf2
+        );
+        assert_eq!(
+            checksum(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7]),
+            !0xddf2
+        );
     }
 
     #[test]
@@ -68,7 +74,10 @@ mod tests {
         let c = upper_layer_checksum(src, dst, 58, &msg);
         msg[2..4].copy_from_slice(&c.to_be_bytes());
         assert_eq!(upper_layer_checksum(src, dst, 58, &msg), 0);
-        let slow: u32 = msg.chunks(2).map(|p| u32::from(p[0]) << 8 | u32::from(*p.get(1).unwrap_or(&0))).sum();
+        let slow: u32 = msg
+            .chunks(2)
+            .map(|p| u32::from(p[0]) << 8 | u32::from(*p.get(1).unwrap_or(&0)))
+            .sum();
         assert_eq!(combine(&msg, 0), {
             let mut s = slow;
             while s > 0xffff {

@@ -77,7 +77,11 @@ impl<T: AsRef<[u8]>> Icmpv6Packet<T> {
     pub fn new_checked(buffer: T) -> Result<Self, WireError> {
         let have = buffer.as_ref().len();
         if have < ICMPV6_HEADER_LEN {
-            return Err(WireError::Truncated { what: WHAT, have, need: ICMPV6_HEADER_LEN });
+            return Err(WireError::Truncated {
+                what: WHAT,
+                have,
+                need: ICMPV6_HEADER_LEN,
+            });
         }
         Ok(Self { buffer })
     }
@@ -131,7 +135,11 @@ pub struct Icmpv6Repr {
 impl Icmpv6Repr {
     /// Reads a checked message's header.
     pub fn parse<T: AsRef<[u8]>>(p: &Icmpv6Packet<T>) -> Self {
-        Self { msg_type: p.msg_type(), code: p.code(), data: p.data() }
+        Self {
+            msg_type: p.msg_type(),
+            code: p.code(),
+            data: p.data(),
+        }
     }
     /// Header bytes `emit` writes.
     pub const fn buffer_len(&self) -> usize {
@@ -141,7 +149,10 @@ impl Icmpv6Repr {
     /// `buf[8..]`, with the checksum computed for `src` -> `dst`.
     pub fn emit(&self, buf: &mut [u8], src: Ipv6Addr, dst: Ipv6Addr) -> Result<(), WireError> {
         if buf.len() < ICMPV6_HEADER_LEN {
-            return Err(WireError::BufferTooSmall { have: buf.len(), need: ICMPV6_HEADER_LEN });
+            return Err(WireError::BufferTooSmall {
+                have: buf.len(),
+                need: ICMPV6_HEADER_LEN,
+            });
         }
         buf[field::TYPE] = self.msg_type.to_u8();
         buf[field::CODE] = self.code;
@@ -163,7 +174,11 @@ mod tests {
         let s: Ipv6Addr = "2001:db8::1".parse().unwrap();
         let d: Ipv6Addr = "2001:db8::2".parse().unwrap();
         let mut buf = hex("0000000000000000 6000000000003a40");
-        let r = Icmpv6Repr { msg_type: Icmpv6Type::PacketTooBig, code: 0, data: 1280 };
+        let r = Icmpv6Repr {
+            msg_type: Icmpv6Type::PacketTooBig,
+            code: 0,
+            data: 1280,
+        };
         r.emit(&mut buf, s, d).unwrap();
         assert_eq!(&buf[..2], &[2, 0]);
         assert_eq!(&buf[4..8], &hex("00000500")[..]);
@@ -180,8 +195,12 @@ mod tests {
         for n in 0..8 {
             assert!(Icmpv6Packet::new_checked(&[0u8; 8][..n]).is_err());
         }
-        assert!(Icmpv6Repr { msg_type: Icmpv6Type::Other(1), code: 0, data: 0 }
-            .emit(&mut [0u8; 7], Ipv6Addr::UNSPECIFIED, Ipv6Addr::UNSPECIFIED)
-            .is_err());
+        assert!(Icmpv6Repr {
+            msg_type: Icmpv6Type::Other(1),
+            code: 0,
+            data: 0
+        }
+        .emit(&mut [0u8; 7], Ipv6Addr::UNSPECIFIED, Ipv6Addr::UNSPECIFIED)
+        .is_err());
     }
 }

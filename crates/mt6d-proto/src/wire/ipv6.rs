@@ -55,10 +55,17 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
         let need = IPV6_HEADER_LEN + usize::from(p.payload_len());
         let have = p.buffer.as_ref().len();
         if have < need {
-            return Err(WireError::Truncated { what: WHAT, have, need });
+            return Err(WireError::Truncated {
+                what: WHAT,
+                have,
+                need,
+            });
         }
         if have > need {
-            return Err(WireError::Malformed { what: WHAT, field: "payload length" });
+            return Err(WireError::Malformed {
+                what: WHAT,
+                field: "payload length",
+            });
         }
         Ok(p)
     }
@@ -68,10 +75,17 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
     pub fn new_checked_header(buffer: T) -> Result<Self, WireError> {
         let have = buffer.as_ref().len();
         if have < IPV6_HEADER_LEN {
-            return Err(WireError::Truncated { what: WHAT, have, need: IPV6_HEADER_LEN });
+            return Err(WireError::Truncated {
+                what: WHAT,
+                have,
+                need: IPV6_HEADER_LEN,
+            });
         }
         if buffer.as_ref()[0] >> 4 != 6 {
-            return Err(WireError::Malformed { what: WHAT, field: "version" });
+            return Err(WireError::Malformed {
+                what: WHAT,
+                field: "version",
+            });
         }
         Ok(Self { buffer })
     }
@@ -197,9 +211,13 @@ impl Ipv6Repr {
     /// Writes all 40 header bytes at the start of `buf`.
     pub fn emit(&self, buf: &mut [u8]) -> Result<(), WireError> {
         let Some(b) = buf.get_mut(..IPV6_HEADER_LEN) else {
-            return Err(WireError::BufferTooSmall { have: buf.len(), need: IPV6_HEADER_LEN });
+            return Err(WireError::BufferTooSmall {
+                have: buf.len(),
+                need: IPV6_HEADER_LEN,
+            });
         };
-        let vtf = (6u32 << 28) | (u32::from(self.traffic_class) << 20) | (self.flow_label & 0xf_ffff);
+        let vtf =
+            (6u32 << 28) | (u32::from(self.traffic_class) << 20) | (self.flow_label & 0xf_ffff);
         b[field::VER_TC_FLOW].copy_from_slice(&vtf.to_be_bytes());
         b[field::PAYLOAD_LEN].copy_from_slice(&self.payload_len.to_be_bytes());
         b[field::NEXT_HEADER] = self.next_header;
@@ -261,10 +279,19 @@ mod tests {
         assert_eq!(q.payload(), &[0xde, 0xad]);
         let mut long = bytes.clone();
         long.push(0);
-        assert!(matches!(Ipv6Packet::new_checked(&long[..]), Err(WireError::Malformed { .. })));
+        assert!(matches!(
+            Ipv6Packet::new_checked(&long[..]),
+            Err(WireError::Malformed { .. })
+        ));
         let mut v4 = bytes.clone();
         v4[0] = 0x45;
-        assert!(matches!(Ipv6Packet::new_checked(&v4[..]), Err(WireError::Malformed { field: "version", .. })));
+        assert!(matches!(
+            Ipv6Packet::new_checked(&v4[..]),
+            Err(WireError::Malformed {
+                field: "version",
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -9,7 +9,10 @@ mod udp;
 
 pub use checksum::{checksum, combine, pseudo_header_sum, upper_layer_checksum};
 pub use icmpv6::{Icmpv6Packet, Icmpv6Repr, Icmpv6Type};
-pub use ipv6::{Ipv6Packet, Ipv6Repr, IPV6_HEADER_LEN, NEXT_HEADER_ICMPV6, NEXT_HEADER_NONE, NEXT_HEADER_TCP, NEXT_HEADER_UDP};
+pub use ipv6::{
+    Ipv6Packet, Ipv6Repr, IPV6_HEADER_LEN, NEXT_HEADER_ICMPV6, NEXT_HEADER_NONE, NEXT_HEADER_TCP,
+    NEXT_HEADER_UDP,
+};
 pub use udp::{UdpPacket, UdpRepr, UDP_HEADER_LEN};
 
 /// Why bytes could not be read as a packet.

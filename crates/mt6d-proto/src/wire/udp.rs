@@ -38,10 +38,17 @@ impl<T: AsRef<[u8]>> UdpPacket<T> {
         let have = p.buffer.as_ref().len();
         let need = usize::from(p.len());
         if have < need {
-            return Err(WireError::Truncated { what: WHAT, have, need });
+            return Err(WireError::Truncated {
+                what: WHAT,
+                have,
+                need,
+            });
         }
         if have > need {
-            return Err(WireError::Malformed { what: WHAT, field: "length" });
+            return Err(WireError::Malformed {
+                what: WHAT,
+                field: "length",
+            });
         }
         Ok(p)
     }
@@ -50,11 +57,18 @@ impl<T: AsRef<[u8]>> UdpPacket<T> {
     pub fn new_checked_header(buffer: T) -> Result<Self, WireError> {
         let have = buffer.as_ref().len();
         if have < UDP_HEADER_LEN {
-            return Err(WireError::Truncated { what: WHAT, have, need: UDP_HEADER_LEN });
+            return Err(WireError::Truncated {
+                what: WHAT,
+                have,
+                need: UDP_HEADER_LEN,
+            });
         }
         let p = Self { buffer };
         if usize::from(p.len()) < UDP_HEADER_LEN {
-            return Err(WireError::Malformed { what: WHAT, field: "length" });
+            return Err(WireError::Malformed {
+                what: WHAT,
+                field: "length",
+            });
         }
         Ok(p)
     }
@@ -112,7 +126,10 @@ pub struct UdpRepr {
 impl UdpRepr {
     /// Reads a checked datagram's ports.
     pub fn parse<T: AsRef<[u8]>>(p: &UdpPacket<T>) -> Self {
-        Self { src_port: p.src_port(), dst_port: p.dst_port() }
+        Self {
+            src_port: p.src_port(),
+            dst_port: p.dst_port(),
+        }
     }
     /// Header bytes `emit` writes.
     pub const fn buffer_len(&self) -> usize {
@@ -122,10 +139,16 @@ impl UdpRepr {
     /// in `buf[8..]`, with the checksum computed over `src`/`dst`.
     pub fn emit(&self, buf: &mut [u8], src: Ipv6Addr, dst: Ipv6Addr) -> Result<(), WireError> {
         if buf.len() < UDP_HEADER_LEN {
-            return Err(WireError::BufferTooSmall { have: buf.len(), need: UDP_HEADER_LEN });
+            return Err(WireError::BufferTooSmall {
+                have: buf.len(),
+                need: UDP_HEADER_LEN,
+            });
         }
         let Ok(len) = u16::try_from(buf.len()) else {
-            return Err(WireError::Malformed { what: WHAT, field: "length" });
+            return Err(WireError::Malformed {
+                what: WHAT,
+                field: "length",
+            });
         };
         buf[field::SRC_PORT].copy_from_slice(&self.src_port.to_be_bytes());
         buf[field::DST_PORT].copy_from_slice(&self.dst_port.to_be_bytes());
@@ -146,17 +169,31 @@ mod tests {
     use super::*;
 
     fn addrs() -> (Ipv6Addr, Ipv6Addr) {
-        ("2001:db8::1".parse().unwrap(), "2001:db8::2".parse().unwrap())
+        (
+            "2001:db8::1".parse().unwrap(),
+            "2001:db8::2".parse().unwrap(),
+        )
     }
 
     #[test]
     fn encode_decode() {
         let (s, d) = addrs();
         let mut buf = hex("0000000000000000 68656c6c6f"); // "hello"
-        UdpRepr { src_port: 1234, dst_port: 53 }.emit(&mut buf, s, d).unwrap();
+        UdpRepr {
+            src_port: 1234,
+            dst_port: 53,
+        }
+        .emit(&mut buf, s, d)
+        .unwrap();
         assert_eq!(&buf[..6], &hex("04d2 0035 000d")[..]);
         let p = UdpPacket::new_checked(&buf[..]).unwrap();
-        assert_eq!(UdpRepr::parse(&p), UdpRepr { src_port: 1234, dst_port: 53 });
+        assert_eq!(
+            UdpRepr::parse(&p),
+            UdpRepr {
+                src_port: 1234,
+                dst_port: 53
+            }
+        );
         assert_eq!(p.payload(), b"hello");
         assert!(p.verify_checksum(s, d));
         assert!(!p.verify_checksum(d, "2001:db8::3".parse().unwrap()));
@@ -168,7 +205,10 @@ mod tests {
         for n in 0..buf.len() {
             assert!(UdpPacket::new_checked(&buf[..n]).is_err());
         }
-        assert_eq!(UdpPacket::new_checked_header(&buf[..10]).unwrap().payload(), b"he");
+        assert_eq!(
+            UdpPacket::new_checked_header(&buf[..10]).unwrap().payload(),
+            b"he"
+        );
         assert!(UdpPacket::new_checked(&hex("04d2 0035 0007 0000")[..]).is_err());
         assert!(UdpPacket::new_checked(&hex("04d2 0035 0008 0000 00")[..]).is_err());
     }

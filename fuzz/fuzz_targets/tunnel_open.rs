@@ -1,0 +1,34 @@
+//! Opens arbitrary UDP payloads in every mode and AEAD: must never panic, and anything accepted
+//! must be a well-formed inner IPv6 packet.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use mt6d_proto::wire::Ipv6Packet;
+use mt6d_proto::{AeadAlg, Endpoint, Epoch, Mode, SessionKey, Stream, StreamConfig};
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&sel, payload)) = data.split_first() else {
+        return;
+    };
+    let mode = [Mode::Plain, Mode::Auth, Mode::Encrypt][usize::from(sel % 3)];
+    let aead = if sel & 0x80 != 0 {
+        AeadAlg::ChaCha20Poly1305
+    } else {
+        AeadAlg::Aes256Gcm
+    };
+    let mut c = StreamConfig::new(
+        Endpoint::new("2001:db8:a::1".parse().unwrap()),
+        Endpoint::new("2001:db8:b::2".parse().unwrap()),
+        SessionKey::from_bytes(&[0x42; 32]).unwrap(),
+    );
+    c.mode = mode;
+    c.aead = aead;
+    let s = Stream::new(c).unwrap();
+    let mut opener = s.opener();
+    let route = s.route(Epoch(u64::from(sel)));
+    let mut out = vec![0u8; payload.len() + 64];
+    if let Ok(n) = opener.open(&route, payload, &mut out) {
+        Ipv6Packet::new_checked(&out[..n]).expect("accepted packet is valid IPv6");
+    }
+    let _ = opener.open(&route, payload, &mut out[..usize::from(sel)]);
+});
