@@ -8,13 +8,14 @@
 //! - [`tun`]: the TUN device with virtio-net offload (GSO split on read, GRO on write);
 //! - [`udp`]: the tunnel's UDP sockets with per-packet source address (IPV6_PKTINFO),
 //!   UDP GSO/GRO and `sendmmsg`/`recvmmsg` batches, plus [`Epoll`] and the ICMPv6 raw socket;
+//! - [`capture`]: an AF_PACKET observer of one interface, for the lab's leak checks;
 //! - [`error`]: [`OsError`], one variant per failing operation with its context.
 //!
 //! What it must not do: protocol logic. Which hashed addresses exist, which packets go where and
 //! what they contain is decided by mt6d-proto and passed in by the daemon; this crate only
 //! carries those decisions out and reports what the kernel said. It is synchronous (no async
 //! runtime), Linux only, and the only crate of the workspace with `unsafe`, which is confined to
-//! `sys`, `netns`, `udp` (mmsg and control messages) and `icmp`, each block with a `SAFETY` note.
+//! `sys`, `netns`, `udp` (mmsg, epoll, eventfd) and `capture`, each block with a `SAFETY` note.
 
 #![cfg(target_os = "linux")]
 
@@ -29,9 +30,11 @@ pub mod tun;
 pub mod udp;
 
 pub use error::{OsError, Result};
-pub use icmp::Icmp6Socket;
+pub use icmp::{Icmp6Socket, IcmpRecvInfo};
 pub use netlink::{AddrFlags, AddrInfo, Netlink};
 pub use netns::{unique_name, Netns};
 pub use sys::wait_readable;
-pub use tun::{GROTable, Tun, TunRecvScratch, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN};
-pub use udp::{Epoll, EpollEvents, RecvBuf, RecvScratch, SendMsg, SendScratch, UdpSocket6};
+pub use tun::{ExpandBuffer, GROTable, Tun, TunRecvScratch, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN};
+pub use udp::{
+    Epoll, EpollEvents, RecvBuf, RecvScratch, SendMsg, SendScratch, UdpSocket6, Waker, RECV_BUF_LEN,
+};

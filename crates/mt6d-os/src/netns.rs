@@ -66,6 +66,11 @@ fn setns(fd: RawFd) -> io::Result<()> {
 
 /// Makes `/run/netns` a shared mount point, as iproute2 does before its first `netns add`.
 fn prepare_run_dir() -> io::Result<()> {
+    // Two threads racing here would both bind-mount /run/netns onto itself.
+    static PREPARE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _serial = PREPARE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = Path::new(NETNS_RUN_DIR);
     std::fs::create_dir_all(dir)?;
     let empty = Path::new("");
