@@ -32,15 +32,20 @@ pub struct PacketCapture {
 }
 
 fn err<'a>(interface: &'a str, op: &'static str) -> impl FnOnce(io::Error) -> OsError + 'a {
-    move |source| OsError::Link { op: format!("packet capture: {op}"), link: interface.to_string(), source }
+    move |source| OsError::Link {
+        op: format!("packet capture: {op}"),
+        link: interface.to_string(),
+        source,
+    }
 }
 
 impl PacketCapture {
     /// Starts capturing on `interface` (in the calling thread's namespace), keeping the first
     /// `snaplen` bytes of each frame; `recv` waits at most `timeout`.
     pub fn open(interface: &str, snaplen: u32, timeout: Duration) -> Result<PacketCapture> {
-        let cname = std::ffi::CString::new(interface)
-            .map_err(|_| err(interface, "interface name")(io::Error::from(io::ErrorKind::InvalidInput)))?;
+        let cname = std::ffi::CString::new(interface).map_err(|_| {
+            err(interface, "interface name")(io::Error::from(io::ErrorKind::InvalidInput))
+        })?;
         // SAFETY: if_nametoindex reads a NUL-terminated string that outlives the call.
         let index = unsafe { libc::if_nametoindex(cname.as_ptr()) };
         if index == 0 {
@@ -48,25 +53,42 @@ impl PacketCapture {
         }
         // SAFETY: plain socket(2) call; the result is checked before it is wrapped.
         let raw = unsafe {
-            libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, i32::from(ETH_P_ALL.to_be()))
+            libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                i32::from(ETH_P_ALL.to_be()),
+            )
         };
         if raw < 0 {
-            return Err(err(interface, "open AF_PACKET socket")(io::Error::last_os_error()));
+            return Err(err(interface, "open AF_PACKET socket")(
+                io::Error::last_os_error(),
+            ));
         }
         // SAFETY: `raw` is a fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
 
         // Truncate in the kernel: "ret #snaplen".
-        let mut program = [libc::sock_filter { code: 0x06, jt: 0, jf: 0, k: snaplen }];
-        let fprog = libc::sock_fprog { len: 1, filter: program.as_mut_ptr() };
-        setsockopt(&fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog).map_err(err(interface, "attach filter"))?;
-        setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_AUXDATA, &1i32).map_err(err(interface, "PACKET_AUXDATA"))?;
+        let mut program = [libc::sock_filter {
+            code: 0x06,
+            jt: 0,
+            jf: 0,
+            k: snaplen,
+        }];
+        let fprog = libc::sock_fprog {
+            len: 1,
+            filter: program.as_mut_ptr(),
+        };
+        setsockopt(&fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
+            .map_err(err(interface, "attach filter"))?;
+        setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_AUXDATA, &1i32)
+            .map_err(err(interface, "PACKET_AUXDATA"))?;
         let _ = setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &(32i32 << 20));
         let tv = libc::timeval {
             tv_sec: timeout.as_secs() as libc::time_t,
             tv_usec: timeout.subsec_micros() as libc::suseconds_t,
         };
-        setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv).map_err(err(interface, "SO_RCVTIMEO"))?;
+        setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)
+            .map_err(err(interface, "SO_RCVTIMEO"))?;
 
         // SAFETY: sockaddr_ll is plain data; all-zero is a valid starting value.
         let mut sll: libc::sockaddr_ll = unsafe { mem::zeroed() };
@@ -84,12 +106,18 @@ impl PacketCapture {
         if rc < 0 {
             return Err(err(interface, "bind")(io::Error::last_os_error()));
         }
-        Ok(PacketCapture { fd, interface: interface.to_string() })
+        Ok(PacketCapture {
+            fd,
+            interface: interface.to_string(),
+        })
     }
 
     /// Receives one frame into `buf`. `Ok(None)` when the timeout passed with nothing seen.
     pub fn recv(&self, buf: &mut [u8]) -> Result<Option<Frame>> {
-        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
         let mut control = [0u64; 16];
         // SAFETY: msghdr is plain data; zeroed is valid, and the pointers set below outlive the call.
         let mut msg: libc::msghdr = unsafe { mem::zeroed() };
@@ -102,7 +130,9 @@ impl PacketCapture {
         if n < 0 {
             let e = io::Error::last_os_error();
             return match e.kind() {
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted => Ok(None),
+                io::ErrorKind::WouldBlock
+                | io::ErrorKind::TimedOut
+                | io::ErrorKind::Interrupted => Ok(None),
                 _ => Err(err(&self.interface, "receive")(e)),
             };
         }
@@ -113,7 +143,8 @@ impl PacketCapture {
             let mut c = libc::CMSG_FIRSTHDR(&msg);
             while !c.is_null() {
                 if (*c).cmsg_level == libc::SOL_PACKET && (*c).cmsg_type == libc::PACKET_AUXDATA {
-                    let aux: libc::tpacket_auxdata = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                    let aux: libc::tpacket_auxdata =
+                        std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
                     wire_len = aux.tp_len as usize;
                 }
                 c = libc::CMSG_NXTHDR(&msg, c);
@@ -126,7 +157,13 @@ impl PacketCapture {
 fn setsockopt<T>(fd: &OwnedFd, level: i32, name: i32, value: &T) -> io::Result<()> {
     // SAFETY: `value` is a live T and its exact size is passed.
     let rc = unsafe {
-        libc::setsockopt(fd.as_raw_fd(), level, name, (value as *const T).cast(), mem::size_of::<T>() as libc::socklen_t)
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (value as *const T).cast(),
+            mem::size_of::<T>() as libc::socklen_t,
+        )
     };
     if rc < 0 {
         Err(io::Error::last_os_error())
@@ -145,7 +182,9 @@ mod tests {
     fn sees_a_loopback_datagram_truncated() {
         let cap = match PacketCapture::open("lo", 64, Duration::from_millis(200)) {
             Ok(c) => c,
-            Err(e) if e.raw_os_error() == Some(libc::EPERM) => return eprintln!("skipped: needs root"),
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                return eprintln!("skipped: needs root")
+            }
             Err(e) => panic!("{e}"),
         };
         let sock = std::net::UdpSocket::bind("[::1]:0").expect("bind");
