@@ -63,6 +63,7 @@ const IFA_F_TENTATIVE: u32 = 0x40;
 const IFA_F_NOPREFIXROUTE: u32 = 0x200;
 
 const RTA_DST: u16 = 1;
+const RTA_GATEWAY: u16 = 5;
 const RTA_OIF: u16 = 4;
 const RTA_TABLE: u16 = 15;
 const RTPROT_STATIC: u8 = 4;
@@ -380,6 +381,31 @@ impl Netlink {
     /// Deletes the route `dst/prefix_len dev oif` from the main table; a missing route is success.
     pub fn del_route(&mut self, dst: Ipv6Addr, prefix_len: u8, oif: u32) -> Result<()> {
         self.del_route_in_table(dst, prefix_len, oif, MAIN_TABLE)
+    }
+
+    /// Adds (or replaces) `dst/prefix_len via gateway dev oif` in the main table: a prefix
+    /// reached through a router (a routed deployment's remote hashed prefix). Idempotent.
+    pub fn add_route_via(&mut self, dst: Ipv6Addr, prefix_len: u8, oif: u32, gateway: Ipv6Addr) -> Result<()> {
+        let msg = route_msg_via(
+            RTM_NEWROUTE,
+            NLM_F_CREATE | NLM_F_REPLACE,
+            dst,
+            prefix_len,
+            oif,
+            MAIN_TABLE,
+            Some(gateway),
+        );
+        match self.transact(msg, |_, _| ()) {
+            Err(e) if !is_errno(&e, &[libc::EEXIST]) => Err(OsError::Route {
+                op: "add",
+                dst,
+                prefix_len,
+                oif,
+                table: MAIN_TABLE,
+                source: e,
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// [`Netlink::add_route`] in routing table `table`.
@@ -734,6 +760,18 @@ fn ndmsg(index: u32, state: u16, flags: u8) -> [u8; 12] {
 
 /// RTM_NEWROUTE / RTM_DELROUTE with `struct rtmsg` (12 bytes) and RTA_DST/RTA_OIF/RTA_TABLE.
 fn route_msg(ty: u16, flags: u16, dst: Ipv6Addr, prefix_len: u8, oif: u32, table: u32) -> Message {
+    route_msg_via(ty, flags, dst, prefix_len, oif, table, None)
+}
+
+fn route_msg_via(
+    ty: u16,
+    flags: u16,
+    dst: Ipv6Addr,
+    prefix_len: u8,
+    oif: u32,
+    table: u32,
+    via: Option<Ipv6Addr>,
+) -> Message {
     let mut msg = Message::new(ty, flags);
     let mut h = [0u8; 12];
     h[0] = AF_INET6;
@@ -746,6 +784,9 @@ fn route_msg(ty: u16, flags: u16, dst: Ipv6Addr, prefix_len: u8, oif: u32, table
     msg.push(&h);
     msg.attr(RTA_DST, &dst.octets());
     msg.attr(RTA_OIF, &oif.to_ne_bytes());
+    if let Some(gw) = via {
+        msg.attr(RTA_GATEWAY, &gw.octets());
+    }
     msg.attr(RTA_TABLE, &table.to_ne_bytes());
     msg
 }

@@ -61,6 +61,9 @@ pub struct GatewayConfig {
     pub tun_name: String,
     /// Unix socket `mt6d status` talks to.
     pub control_socket: PathBuf,
+    /// Router on the external link through which the peers' hashed prefixes are reached (a
+    /// routed deployment). Unset: the peers' hashed prefixes are on-link (000 §4.1 switched).
+    pub external_next_hop: Option<Ipv6Addr>,
 }
 
 /// One protected stream: a local protected host, a remote one behind the peer gateway, and how
@@ -94,6 +97,7 @@ struct RawGateway {
     external_interface: Spanned<String>,
     tun_name: Option<Spanned<String>>,
     control_socket: Option<Spanned<String>>,
+    external_next_hop: Option<Spanned<String>>,
     rotation_secs: Option<Spanned<f64>>,
     jitter: Option<Spanned<bool>>,
     mode: Option<Spanned<String>>,
@@ -205,6 +209,13 @@ impl Config {
             None => default_control_socket(&tun_name),
         };
 
+        let external_next_hop = match &gw.external_next_hop {
+            None => None,
+            Some(v) => Some(v.get_ref().parse::<Ipv6Addr>().map_err(|_| {
+                src.err(v, format!("{:?} is not an IPv6 address", v.get_ref()))
+            })?),
+        };
+
         if raw.peers.is_empty() {
             return Err(ConfigError::File {
                 path: path.to_path_buf(),
@@ -277,6 +288,7 @@ impl Config {
                 external_interface,
                 tun_name,
                 control_socket,
+                external_next_hop,
             },
             peers,
         })

@@ -4,10 +4,7 @@
 //! client (`status`), the zero-configuration lab (`demo`), and helpers for keys and debugging.
 //! Protocol rules live in `mt6d-proto`; every kernel interaction lives in `mt6d-os`.
 
-mod config;
-mod control;
-mod gateway;
-mod lab;
+use mt6d::{config, control, gateway, lab};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -67,6 +64,14 @@ enum Command {
         #[arg(short, long, value_name = "FILE")]
         out: Option<PathBuf>,
     },
+    /// Reproduce the thesis evaluation (000 Ch. 4-5) side by side with no tunnel, wireguard-go
+    /// and boringtun: runs the `mt6d-bench` program installed next to `mt6d` with these arguments
+    /// (`mt6d bench --help` for its options).
+    #[command(disable_help_flag = true)]
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Debugging: print the hashed routes (addresses and ports) of each peer for a few epochs
     /// around now, as both gateways compute them. Needs no root and touches nothing.
     Routes {
@@ -90,6 +95,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => lab::demo::run(args),
         Command::Genpsk { out } => genpsk(out),
         Command::Routes { config, around } => routes(&config, around),
+        Command::Bench { args } => bench(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -167,6 +173,22 @@ fn genpsk(out: Option<PathBuf>) -> CliResult {
         }
     }
     Ok(())
+}
+
+fn bench(args: Vec<std::ffi::OsString>) -> CliResult {
+    use std::os::unix::process::CommandExt as _;
+    let exe = std::env::current_exe()?;
+    let sibling = exe.with_file_name("mt6d-bench");
+    if !sibling.exists() {
+        return Err(format!(
+            "{} not found: build it with `cargo build --release -p mt6d-bench` (it lives next to mt6d)",
+            sibling.display()
+        )
+        .into());
+    }
+    // exec replaces this process, so signals and the exit code are the bench's own.
+    let err = std::process::Command::new(&sibling).args(args).exec();
+    Err(format!("{}: {err}", sibling.display()).into())
 }
 
 fn routes(path: &std::path::Path, around: u64) -> CliResult {

@@ -9,7 +9,8 @@
 //! - `net.ipv6.conf.all.forwarding = 1`, `proxy_ndp = 1` on the internal interface;
 //! - per peer: proxy NDP entry for the remote true address on the internal interface, a /128
 //!   route for it into the TUN device, a /128 route for the local true address on the internal
-//!   interface, and an on-link /64 route for the remote hashed prefix on the external interface.
+//!   interface, and a /64 route for the remote hashed prefix on the external interface (on-link,
+//!   or through `external_next_hop` in a routed deployment).
 
 use std::net::Ipv6Addr;
 
@@ -114,7 +115,15 @@ impl System {
             let prefix = s.remote.external_prefix.unwrap_or_else(|| slash64(remote));
             if !remote_prefixes.contains(&prefix) {
                 remote_prefixes.push(prefix);
-                self.route(prefix, 64, self.external_index)?;
+                match g.external_next_hop {
+                    None => self.route(prefix, 64, self.external_index)?,
+                    Some(via) => {
+                        self.netlink
+                            .add_route_via(prefix, 64, self.external_index, via)
+                            .map_err(os(format!("route {prefix}/64 via {via}")))?;
+                        self.undo.push(Undo::Route { dst: prefix, len: 64, oif: self.external_index });
+                    }
+                }
             }
         }
         Ok(())
