@@ -154,6 +154,20 @@ impl PacketCapture {
     }
 }
 
+impl PacketCapture {
+    /// Transmits one whole Ethernet frame out of the interface (the lab's attacker on the public
+    /// link uses this to replay and forge tunnel packets).
+    pub fn send(&self, frame: &[u8]) -> Result<usize> {
+        // SAFETY: the pointer and length describe `frame`, which outlives the call; the socket is
+        // bound to one interface, so no address is needed.
+        let n = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+        if n < 0 {
+            return Err(err(&self.interface, "send")(io::Error::last_os_error()));
+        }
+        Ok(n as usize)
+    }
+}
+
 fn setsockopt<T>(fd: &OwnedFd, level: i32, name: i32, value: &T) -> io::Result<()> {
     // SAFETY: `value` is a live T and its exact size is passed.
     let rc = unsafe {

@@ -209,12 +209,13 @@ impl Config {
             None => default_control_socket(&tun_name),
         };
 
-        let external_next_hop = match &gw.external_next_hop {
-            None => None,
-            Some(v) => Some(v.get_ref().parse::<Ipv6Addr>().map_err(|_| {
-                src.err(v, format!("{:?} is not an IPv6 address", v.get_ref()))
-            })?),
-        };
+        let external_next_hop =
+            match &gw.external_next_hop {
+                None => None,
+                Some(v) => Some(v.get_ref().parse::<Ipv6Addr>().map_err(|_| {
+                    src.err(v, format!("{:?} is not an IPv6 address", v.get_ref()))
+                })?),
+            };
 
         if raw.peers.is_empty() {
             return Err(ConfigError::File {
@@ -229,7 +230,10 @@ impl Config {
         for peer in &raw.peers {
             let p = peer.get_ref();
             let name = p.name.get_ref().trim().to_string();
-            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
             {
                 return Err(src.err(
                     &p.name,
@@ -255,7 +259,11 @@ impl Config {
             let stream = StreamConfig {
                 local: Endpoint {
                     true_addr: local_true,
-                    external_prefix: p.local_prefix.as_ref().map(|s| prefix64(&src, s)).transpose()?,
+                    external_prefix: p
+                        .local_prefix
+                        .as_ref()
+                        .map(|s| prefix64(&src, s))
+                        .transpose()?,
                     mac: p.local_mac.as_ref().map(|s| mac(&src, s)).transpose()?,
                 },
                 remote: Endpoint {
@@ -277,7 +285,8 @@ impl Config {
             };
             // Build the stream once so that anything the protocol layer rejects is reported
             // here, against this peer's lines.
-            Stream::new(stream.clone()).map_err(|e| src.err(&p.name, format!("peer {name:?}: {e}")))?;
+            Stream::new(stream.clone())
+                .map_err(|e| src.err(&p.name, format!("peer {name:?}: {e}")))?;
             peers.push(PeerConfig { name, stream });
         }
 
@@ -325,18 +334,27 @@ fn peer_settings(p: &RawPeer) -> RawStreamSettings {
 
 fn merge(defaults: &RawStreamSettings, own: &RawStreamSettings) -> RawStreamSettings {
     RawStreamSettings {
-        rotation_secs: own.rotation_secs.clone().or_else(|| defaults.rotation_secs.clone()),
+        rotation_secs: own
+            .rotation_secs
+            .clone()
+            .or_else(|| defaults.rotation_secs.clone()),
         jitter: own.jitter.clone().or_else(|| defaults.jitter.clone()),
         mode: own.mode.clone().or_else(|| defaults.mode.clone()),
         aead: own.aead.clone().or_else(|| defaults.aead.clone()),
-        derivation: own.derivation.clone().or_else(|| defaults.derivation.clone()),
+        derivation: own
+            .derivation
+            .clone()
+            .or_else(|| defaults.derivation.clone()),
         port: own.port.clone().or_else(|| defaults.port.clone()),
     }
 }
 
 fn interface_name(src: &Source, v: &Spanned<String>) -> Result<String, ConfigError> {
     let name = v.get_ref();
-    if name.is_empty() || name.len() > IFNAME_MAX || name.contains('/') || name.contains(char::is_whitespace)
+    if name.is_empty()
+        || name.len() > IFNAME_MAX
+        || name.contains('/')
+        || name.contains(char::is_whitespace)
     {
         return Err(src.err(
             v,
@@ -357,7 +375,9 @@ fn address(src: &Source, v: &Spanned<String>) -> Result<Ipv6Addr, ConfigError> {
     if addr.segments()[0] & 0xffc0 == 0xfe80 {
         return Err(src.err(
             v,
-            format!("{addr} is link-local: a protected host needs a global or unique-local address"),
+            format!(
+                "{addr} is link-local: a protected host needs a global or unique-local address"
+            ),
         ));
     }
     Ok(addr)
@@ -365,9 +385,12 @@ fn address(src: &Source, v: &Spanned<String>) -> Result<Ipv6Addr, ConfigError> {
 
 fn prefix64(src: &Source, v: &Spanned<String>) -> Result<Ipv6Addr, ConfigError> {
     let text = v.get_ref();
-    let (addr, len) = text
-        .split_once('/')
-        .ok_or_else(|| src.err(v, format!("{text:?} is not a prefix: write it as ADDRESS/64")))?;
+    let (addr, len) = text.split_once('/').ok_or_else(|| {
+        src.err(
+            v,
+            format!("{text:?} is not a prefix: write it as ADDRESS/64"),
+        )
+    })?;
     if len != "64" {
         return Err(src.err(
             v,
@@ -511,7 +534,10 @@ key = "{KEY}"
     fn minimal_config_parses_with_defaults() {
         let cfg = parse(&example()).expect("example parses");
         assert_eq!(cfg.gateway.tun_name, "mt6d0");
-        assert_eq!(cfg.gateway.control_socket, PathBuf::from("/run/mt6d/mt6d0.sock"));
+        assert_eq!(
+            cfg.gateway.control_socket,
+            PathBuf::from("/run/mt6d/mt6d0.sock")
+        );
         assert_eq!(cfg.peers.len(), 1);
         let s = &cfg.peers[0].stream;
         assert_eq!(s.rotation, Duration::from_secs(1));
@@ -539,7 +565,9 @@ key = "{KEY}"
 
     #[test]
     fn syntax_error_has_a_line() {
-        let err = parse("[gateway]\ninternal_interface = \n").expect_err("fails").to_string();
+        let err = parse("[gateway]\ninternal_interface = \n")
+            .expect_err("fails")
+            .to_string();
         assert!(err.starts_with("/etc/mt6d/gw.toml:2:"), "{err}");
     }
 
@@ -553,7 +581,10 @@ key = "{KEY}"
     #[test]
     fn missing_key_and_duplicate_peer_are_reported() {
         let no_key = example().replace(&format!("key = \"{KEY}\""), "");
-        assert!(parse(&no_key).expect_err("fails").to_string().contains("no key"));
+        assert!(parse(&no_key)
+            .expect_err("fails")
+            .to_string()
+            .contains("no key"));
         let dup = example() + &example()[example().find("[[peer]]").expect("has peer")..];
         let err = parse(&dup).expect_err("fails").to_string();
         assert!(err.contains("duplicate peer name"), "{err}");
@@ -563,12 +594,26 @@ key = "{KEY}"
     fn out_of_range_values_are_rejected() {
         for (from, to, what) in [
             ("rotation_secs = 1", "rotation_secs = 0.5", "rotation_secs"),
-            ("rotation_secs = 1", "rotation_secs = 1\nport = 80", "port must be"),
-            ("rotation_secs = 1", "rotation_secs = 1\nmode = \"fast\"", "fast"),
+            (
+                "rotation_secs = 1",
+                "rotation_secs = 1\nport = 80",
+                "port must be",
+            ),
+            (
+                "rotation_secs = 1",
+                "rotation_secs = 1\nmode = \"fast\"",
+                "fast",
+            ),
             ("\"eth0\"", "\"eth1\"", "must differ"),
-            ("\"eth0\"", "\"an-interface-name-too-long\"", "not a valid interface name"),
+            (
+                "\"eth0\"",
+                "\"an-interface-name-too-long\"",
+                "not a valid interface name",
+            ),
         ] {
-            let err = parse(&example().replace(from, to)).expect_err(what).to_string();
+            let err = parse(&example().replace(from, to))
+                .expect_err(what)
+                .to_string();
             assert!(err.contains(what), "{what}: {err}");
         }
     }
@@ -579,7 +624,10 @@ key = "{KEY}"
             + "local_prefix = \"2001:db8:aaaa:1:ffff::/64\"\nremote_prefix = \"2001:db8:bbbb::/64\"\nlocal_mac = \"00:ab:cd:11:22:01\"\n";
         let cfg = parse(&text).expect("parses");
         let s = &cfg.peers[0].stream;
-        assert_eq!(s.local.external_prefix, Some("2001:db8:aaaa:1::".parse().expect("addr")));
+        assert_eq!(
+            s.local.external_prefix,
+            Some("2001:db8:aaaa:1::".parse().expect("addr"))
+        );
         assert_eq!(s.local.mac, Some([0, 0xab, 0xcd, 0x11, 0x22, 0x01]));
         let bad = example() + "remote_prefix = \"2001:db8::/48\"\n";
         assert!(parse(&bad).expect_err("fails").to_string().contains("/48"));
@@ -594,7 +642,9 @@ key = "{KEY}"
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
         let text = example().replace(&format!("key = \"{KEY}\""), "key_file = \"b.key\"");
         let path = dir.join("gw.toml");
-        let err = Config::parse(&path, &text).expect_err("0644 refused").to_string();
+        let err = Config::parse(&path, &text)
+            .expect_err("0644 refused")
+            .to_string();
         assert!(err.contains("chmod 600"), "{err}");
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
         assert!(Config::parse(&path, &text).is_ok());

@@ -56,7 +56,9 @@ pub struct RouteStatus {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ControlError {
-    #[error("cannot connect to {path}: {source} (is `mt6d run` running with this control socket?)")]
+    #[error(
+        "cannot connect to {path}: {source} (is `mt6d run` running with this control socket?)"
+    )]
     Connect {
         path: PathBuf,
         source: std::io::Error,
@@ -85,7 +87,9 @@ pub fn query_status(path: &Path) -> Result<Status, ControlError> {
         path: path.to_path_buf(),
         source,
     };
-    stream.set_read_timeout(Some(Duration::from_secs(5))).map_err(io)?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(io)?;
     stream.write_all(b"status\n").map_err(io)?;
     let mut body = Vec::new();
     stream.read_to_end(&mut body).map_err(io)?;
@@ -120,7 +124,8 @@ impl ControlServer {
                     "another mt6d daemon is running with this control socket; stop it or set gateway.control_socket".into(),
                 ));
             }
-            std::fs::remove_file(path).map_err(|e| bind_err(format!("cannot remove stale socket: {e}")))?;
+            std::fs::remove_file(path)
+                .map_err(|e| bind_err(format!("cannot remove stale socket: {e}")))?;
         }
         let listener = UnixListener::bind(path).map_err(|e| bind_err(e.to_string()))?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
@@ -187,11 +192,20 @@ pub fn render(status: &Status) -> String {
     let _ = writeln!(
         s,
         "mt6d {} pid {} up {}s  tun {}  internal {}  external {}",
-        status.version, status.pid, status.uptime_secs, status.tun, status.internal_interface, status.external_interface
+        status.version,
+        status.pid,
+        status.uptime_secs,
+        status.tun,
+        status.internal_interface,
+        status.external_interface
     );
     for p in &status.peers {
         let c = &p.counters;
-        let _ = writeln!(s, "\npeer {} ({}): {} <-> {}", p.name, p.mode, p.local_host, p.remote_host);
+        let _ = writeln!(
+            s,
+            "\npeer {} ({}): {} <-> {}",
+            p.name, p.mode, p.local_host, p.remote_host
+        );
         let _ = writeln!(
             s,
             "  epoch {}  next rotation in {:.1}s  rotations {}",
@@ -201,7 +215,11 @@ pub fn render(status: &Status) -> String {
         );
         let _ = writeln!(s, "  sending  {} -> {}", p.send.local, p.send.remote);
         for r in &p.accept {
-            let _ = writeln!(s, "  accepting epoch {}: {} <- {}", r.epoch, r.local, r.remote);
+            let _ = writeln!(
+                s,
+                "  accepting epoch {}: {} <- {}",
+                r.epoch, r.local, r.remote
+            );
         }
         let _ = writeln!(
             s,
@@ -217,7 +235,11 @@ pub fn render(status: &Status) -> String {
         let _ = writeln!(
             s,
             "  drops {}",
-            if drops.is_empty() { "none".to_string() } else { drops.join(", ") }
+            if drops.is_empty() {
+                "none".to_string()
+            } else {
+                drops.join(", ")
+            }
         );
     }
     s
@@ -243,7 +265,11 @@ mod tests {
     fn status_roundtrips_over_a_real_unix_socket() {
         let path = std::env::temp_dir().join(format!("mt6d-ctl-{}.sock", std::process::id()));
         let server = ControlServer::bind(&path).expect("bind");
-        let mode = std::fs::metadata(&path).expect("socket exists").permissions().mode() & 0o777;
+        let mode = std::fs::metadata(&path)
+            .expect("socket exists")
+            .permissions()
+            .mode()
+            & 0o777;
         assert_eq!(mode, 0o600);
         let client = std::thread::spawn({
             let path = path.clone();
@@ -257,9 +283,15 @@ mod tests {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        let got = client.join().expect("client thread").expect("status answer");
+        let got = client
+            .join()
+            .expect("client thread")
+            .expect("status answer");
         assert_eq!(got.pid, 42);
-        assert!(ControlServer::bind(&path).is_err(), "a live socket must not be stolen");
+        assert!(
+            ControlServer::bind(&path).is_err(),
+            "a live socket must not be stolen"
+        );
         drop(server);
         assert!(!path.exists(), "socket file removed on drop");
     }
@@ -283,7 +315,11 @@ mod tests {
             remote_host: "2001:db8::b".into(),
             epoch: 9,
             next_change_ms: 1500,
-            send: RouteStatus { epoch: 9, local: "[2001:db8::1]:1".into(), remote: "[2001:db8::2]:2".into() },
+            send: RouteStatus {
+                epoch: 9,
+                local: "[2001:db8::1]:1".into(),
+                remote: "[2001:db8::2]:2".into(),
+            },
             accept: vec![],
             counters,
         });

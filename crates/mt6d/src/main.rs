@@ -91,7 +91,11 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run { config } => gateway::run(&config),
         Command::Check { config } => check(&config),
-        Command::Status { socket, config, json } => status(socket, config, json),
+        Command::Status {
+            socket,
+            config,
+            json,
+        } => status(socket, config, json),
         Command::Demo(args) => lab::demo::run(args),
         Command::Genpsk { out } => genpsk(out),
         Command::Routes { config, around } => routes(&config, around),
@@ -159,7 +163,8 @@ fn genpsk(out: Option<PathBuf>) -> CliResult {
     use std::os::unix::fs::OpenOptionsExt as _;
     let mut key = zeroize::Zeroizing::new([0u8; 32]);
     getrandom::fill(key.as_mut_slice()).map_err(|e| format!("no randomness from the OS: {e}"))?;
-    let text = zeroize::Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(key.as_slice()));
+    let text =
+        zeroize::Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(key.as_slice()));
     match out {
         None => println!("{}", text.as_str()),
         Some(path) => {
@@ -197,7 +202,12 @@ fn routes(path: &std::path::Path, around: u64) -> CliResult {
     for p in &cfg.peers {
         let stream = p.build_stream()?;
         let current = stream.epoch_at(now);
-        println!("peer {} ({} <-> {})", p.name, stream.local_true(), stream.remote_true());
+        println!(
+            "peer {} ({} <-> {})",
+            p.name,
+            stream.local_true(),
+            stream.remote_true()
+        );
         for e in current.0.saturating_sub(around)..=current.0 + around {
             let r = stream.route(mt6d_proto::Epoch(e));
             let mark = if e == current.0 { "*" } else { " " };

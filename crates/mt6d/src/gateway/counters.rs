@@ -130,7 +130,10 @@ mod tests {
         c.tx.drop_n(DropReason::Replay, 1);
         c.rx.drop_n(DropReason::BadTag, 2);
         let s = c.snapshot();
-        assert_eq!((s.tx_packets, s.tx_bytes, s.rx_packets, s.rx_bytes), (3, 300, 2, 100));
+        assert_eq!(
+            (s.tx_packets, s.tx_bytes, s.rx_packets, s.rx_bytes),
+            (3, 300, 2, 100)
+        );
         assert_eq!(s.drops["replay"], 5);
         assert_eq!(s.drops["bad_tag"], 2);
         assert_eq!(s.drops["io"], 0);

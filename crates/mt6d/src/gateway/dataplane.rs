@@ -20,8 +20,8 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use mt6d_os::udp::RecvBuf;
 use mt6d_os::{
-    wait_readable, Epoll, EpollEvents, GROTable, RecvScratch, SendMsg, SendScratch, Tun, TunRecvScratch,
-    IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN,
+    wait_readable, Epoll, EpollEvents, GROTable, RecvScratch, SendMsg, SendScratch, Tun,
+    TunRecvScratch, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN,
 };
 use mt6d_proto::{OpenError, Opener, SealError};
 
@@ -51,7 +51,9 @@ impl Shared {
     /// The peer whose remote protected host is `dst`. A linear scan: gateways have a handful of
     /// peers, and comparing 16 bytes a few times beats hashing them.
     fn peer_for_inner_destination(&self, dst: &[u8]) -> Option<usize> {
-        self.peers.iter().position(|p| p.stream.remote_true().octets() == dst)
+        self.peers
+            .iter()
+            .position(|p| p.stream.remote_true().octets() == dst)
     }
 }
 
@@ -103,7 +105,10 @@ pub fn tx_loop(shared: &Shared, tun: &Tun, tun_mtu: usize) {
             Ok(true) => {}
             Ok(false) => continue,
             Err(e) => {
-                log::error!("TUN {}: wait failed: {e}; stopping the transmit thread", tun.name());
+                log::error!(
+                    "TUN {}: wait failed: {e}; stopping the transmit thread",
+                    tun.name()
+                );
                 shared.shutdown.store(true, Ordering::Relaxed);
                 return;
             }
@@ -124,19 +129,28 @@ pub fn tx_loop(shared: &Shared, tun: &Tun, tun_mtu: usize) {
         let mut unmatched = 0u64;
         for (packet, &size) in packets.iter().zip(&sizes).take(n) {
             let inner = &packet[..size];
-            let Some(peer) = inner.get(24..40).and_then(|dst| shared.peer_for_inner_destination(dst)) else {
+            let Some(peer) = inner
+                .get(24..40)
+                .and_then(|dst| shared.peer_for_inner_destination(dst))
+            else {
                 unmatched += 1;
                 continue;
             };
             let Some((route, _)) = table.send_route(peer) else {
-                shared.peers[peer].counters.tx.drop_n(DropReason::UnknownAddress, 1);
+                shared.peers[peer]
+                    .counters
+                    .tx
+                    .drop_n(DropReason::UnknownAddress, 1);
                 continue;
             };
             let out = &mut sealed[cursor..cursor + max_wire];
             let len = match shared.peers[peer].sealer.seal(route, inner, out) {
                 Ok(len) => len,
                 Err(e) => {
-                    shared.peers[peer].counters.tx.drop_n(seal_drop_reason(&e), 1);
+                    shared.peers[peer]
+                        .counters
+                        .tx
+                        .drop_n(seal_drop_reason(&e), 1);
                     continue;
                 }
             };
@@ -152,7 +166,14 @@ pub fn tx_loop(shared: &Shared, tun: &Tun, tun_mtu: usize) {
                     r.count += 1;
                     r.closed = len < r.segment;
                 }
-                _ => runs.push(Run { peer, start: cursor, end: cursor + len, segment: len, count: 1, closed: false }),
+                _ => runs.push(Run {
+                    peer,
+                    start: cursor,
+                    end: cursor + len,
+                    segment: len,
+                    count: 1,
+                    closed: false,
+                }),
             }
             cursor += len;
         }
@@ -186,7 +207,9 @@ fn send_runs<'a>(
         let mut j = i;
         while j < runs.len() {
             let r = runs[j];
-            let Some((r_route, r_socket)) = table.send_route(r.peer) else { break };
+            let Some((r_route, r_socket)) = table.send_route(r.peer) else {
+                break;
+            };
             if !Arc::ptr_eq(r_socket, socket) {
                 break;
             }
@@ -200,7 +223,12 @@ fn send_runs<'a>(
                 });
             } else {
                 for chunk in payload.chunks(r.segment) {
-                    msgs.push(SendMsg { src: *r_route.local.ip(), dst: r_route.remote, payload: chunk, segment_size: None });
+                    msgs.push(SendMsg {
+                        src: *r_route.local.ip(),
+                        dst: r_route.remote,
+                        payload: chunk,
+                        segment_size: None,
+                    });
                 }
             }
             j += 1;
@@ -213,7 +241,13 @@ fn send_runs<'a>(
 }
 
 /// Pushes `msgs` through `sendmmsg` until all are taken or the kernel refuses; counts per peer.
-fn send_all(shared: &Shared, socket: &mt6d_os::UdpSocket6, scratch: &mut SendScratch, msgs: &[SendMsg<'_>], runs: &[Run]) {
+fn send_all(
+    shared: &Shared,
+    socket: &mt6d_os::UdpSocket6,
+    scratch: &mut SendScratch,
+    msgs: &[SendMsg<'_>],
+    runs: &[Run],
+) {
     let mut done = 0;
     let mut failed = false;
     while done < msgs.len() {
@@ -256,13 +290,21 @@ fn tun_fd(tun: &Tun) -> std::os::fd::RawFd {
 }
 
 /// The tunnel -> protected side thread. Owns every peer's [`Opener`] (and so its replay window).
-pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, mut openers: Vec<Opener>, tun_mtu: usize) {
+pub fn rx_loop(
+    shared: &Shared,
+    tun: &Tun,
+    epoll: &Epoll,
+    mut openers: Vec<Opener>,
+    tun_mtu: usize,
+) {
     let mut events = EpollEvents::with_capacity(64);
     let mut scratch = RecvScratch::new(RX_BATCH);
     let mut bufs: Vec<RecvBuf> = (0..RX_BATCH).map(|_| RecvBuf::new()).collect();
     let inner_cap = tun_mtu + 64;
     // GRO coalescing appends to the first packet of a flow: give every buffer room for 64 KiB.
-    let mut out: Vec<Vec<u8>> = (0..IDEAL_BATCH_SIZE).map(|_| Vec::with_capacity(VIRTIO_NET_HDR_LEN + 65_535)).collect();
+    let mut out: Vec<Vec<u8>> = (0..IDEAL_BATCH_SIZE)
+        .map(|_| Vec::with_capacity(VIRTIO_NET_HDR_LEN + 65_535))
+        .collect();
     let mut gro = GROTable::default();
 
     while !shared.shutdown.load(Ordering::Relaxed) {
@@ -278,7 +320,9 @@ pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, mut openers: Vec<Opene
         }
         let table = shared.table.load();
         for port in events.tokens() {
-            let Some(socket) = u16::try_from(port).ok().and_then(|p| table.sockets.get(&p)) else { continue };
+            let Some(socket) = u16::try_from(port).ok().and_then(|p| table.sockets.get(&p)) else {
+                continue;
+            };
             let got = match socket.recv_batch(&mut scratch, &mut bufs) {
                 Ok(n) => n,
                 Err(e) if e.is_would_block() => continue,
@@ -294,7 +338,9 @@ pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, mut openers: Vec<Opene
                     continue;
                 }
                 let Some(&(peer, route)) = table.rx.get(&(buf.dst(), socket.local_port())) else {
-                    shared.unmatched.drop_n(DropReason::UnknownAddress, buf.datagrams().count() as u64);
+                    shared
+                        .unmatched
+                        .drop_n(DropReason::UnknownAddress, buf.datagrams().count() as u64);
                     continue;
                 };
                 let counters = &shared.peers[peer].counters.rx;

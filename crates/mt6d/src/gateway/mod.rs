@@ -66,7 +66,11 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-fn run_gateway(cfg: &Config, control: &ControlServer, stop: &AtomicBool) -> Result<(), GatewayError> {
+fn run_gateway(
+    cfg: &Config,
+    control: &ControlServer,
+    stop: &AtomicBool,
+) -> Result<(), GatewayError> {
     let started = Instant::now();
     let now = clock::now();
     let mut peers = Vec::with_capacity(cfg.peers.len());
@@ -87,7 +91,10 @@ fn run_gateway(cfg: &Config, control: &ControlServer, stop: &AtomicBool) -> Resu
     }
 
     let mut sys = System::apply(cfg, max_overhead)?;
-    let epoll = Epoll::new().map_err(|source| GatewayError::Os { what: "create epoll".into(), source })?;
+    let epoll = Epoll::new().map_err(|source| GatewayError::Os {
+        what: "create epoll".into(),
+        source,
+    })?;
     let shared = Shared {
         peers,
         table: ArcSwap::from_pointee(RouteTable::default()),
@@ -107,7 +114,17 @@ fn run_gateway(cfg: &Config, control: &ControlServer, stop: &AtomicBool) -> Resu
             cfg.gateway.external_interface,
             cfg.gateway.control_socket.display()
         );
-        serve(cfg, control, stop, &mut sys, &epoll, &shared, &mut rotator, openers, started)
+        serve(
+            cfg,
+            control,
+            stop,
+            &mut sys,
+            &epoll,
+            &shared,
+            &mut rotator,
+            openers,
+            started,
+        )
     });
     shared.shutdown.store(true, Ordering::Relaxed);
     rotator.remove_all(&mut sys.netlink, &epoll);
@@ -140,7 +157,9 @@ fn serve(
             .map_err(|e| GatewayError::Setup(format!("start transmit thread: {e}")))?;
         let rx = std::thread::Builder::new()
             .name("mt6d-rx".into())
-            .spawn_scoped(s, || dataplane::rx_loop(shared, &tun, epoll, openers, tun_mtu))
+            .spawn_scoped(s, || {
+                dataplane::rx_loop(shared, &tun, epoll, openers, tun_mtu)
+            })
             .map_err(|e| GatewayError::Setup(format!("start receive thread: {e}")))?;
         let mut result = Ok(());
         let mut next_rotation = rotator.next_change();
@@ -152,7 +171,8 @@ fn serve(
                     // A failed rotation (e.g. the external interface vanished) leaves the old
                     // routes in place; retry shortly rather than stop carrying traffic.
                     log::error!("rotation: {e}; retrying in 1 s");
-                    next_rotation = mt6d_proto::UnixTime::from_nanos(now.as_nanos() + 1_000_000_000);
+                    next_rotation =
+                        mt6d_proto::UnixTime::from_nanos(now.as_nanos() + 1_000_000_000);
                 } else {
                     next_rotation = rotator.next_change();
                     drops.report(shared);
@@ -160,7 +180,9 @@ fn serve(
             }
             control.serve_pending(|| status(cfg, shared, rotator, started));
             if tx.is_finished() || rx.is_finished() {
-                result = Err(GatewayError::Setup("a packet thread stopped; see the error above".into()));
+                result = Err(GatewayError::Setup(
+                    "a packet thread stopped; see the error above".into(),
+                ));
                 break;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -194,7 +216,11 @@ impl DropReport {
         }
         if self.last.len() == now.len() {
             let mut parts = Vec::new();
-            let names = shared.peers.iter().map(|p| p.name.as_str()).chain(std::iter::once("(no peer)"));
+            let names = shared
+                .peers
+                .iter()
+                .map(|p| p.name.as_str())
+                .chain(std::iter::once("(no peer)"));
             for (i, name) in names.enumerate() {
                 for (j, r) in DropReason::ALL.iter().enumerate() {
                     let k = i * DropReason::ALL.len() + j;

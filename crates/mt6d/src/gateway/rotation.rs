@@ -56,7 +56,11 @@ impl Rotator {
     /// idempotent adds this makes a restart converge.
     pub fn purge_stale(&mut self, nl: &mut Netlink, peers: &[Arc<Peer>], now: UnixTime) {
         let present: HashSet<Ipv6Addr> = match nl.list_addresses(self.external_index) {
-            Ok(list) => list.into_iter().filter(|a| a.prefix_len == 128).map(|a| a.addr).collect(),
+            Ok(list) => list
+                .into_iter()
+                .filter(|a| a.prefix_len == 128)
+                .map(|a| a.addr)
+                .collect(),
             Err(e) => {
                 log::warn!("cannot list addresses for stale clean-up: {e}");
                 return;
@@ -72,7 +76,8 @@ impl Rotator {
             let back = STALE_WINDOW_SECS * 1000 / rotation_ms;
             for e in current.saturating_sub(back)..=current + 2 {
                 let addr = *p.stream.route(Epoch(e)).local.ip();
-                if present.contains(&addr) && nl.del_address(self.external_index, addr, 128).is_ok() {
+                if present.contains(&addr) && nl.del_address(self.external_index, addr, 128).is_ok()
+                {
                     removed += 1;
                 }
             }
@@ -83,12 +88,19 @@ impl Rotator {
     }
 
     /// Brings addresses, sockets and the published table to the accept window at `now`.
-    pub fn step(&mut self, nl: &mut Netlink, epoll: &Epoll, shared: &Shared, now: UnixTime) -> Result<(), GatewayError> {
+    pub fn step(
+        &mut self,
+        nl: &mut Netlink,
+        epoll: &Epoll,
+        shared: &Shared,
+        now: UnixTime,
+    ) -> Result<(), GatewayError> {
         let mut table = RouteTable::compute(&shared.peers, now);
 
         for port in table.local_ports().collect::<Vec<_>>() {
             if !self.sockets.contains_key(&port) {
-                let socket = UdpSocket6::bind(port).map_err(os(format!("bind tunnel port {port}")))?;
+                let socket =
+                    UdpSocket6::bind(port).map_err(os(format!("bind tunnel port {port}")))?;
                 epoll
                     .add(socket.as_raw_fd(), u64::from(port))
                     .map_err(os(format!("watch tunnel port {port}")))?;
@@ -106,8 +118,16 @@ impl Rotator {
         let needed: HashSet<Ipv6Addr> = table.local_addresses().collect();
         for addr in &needed {
             if !self.bound.contains(addr) {
-                nl.add_address(self.external_index, *addr, 128, AddrFlags { nodad: true, noprefixroute: true })
-                    .map_err(os(format!("bind hashed address {addr}")))?;
+                nl.add_address(
+                    self.external_index,
+                    *addr,
+                    128,
+                    AddrFlags {
+                        nodad: true,
+                        noprefixroute: true,
+                    },
+                )
+                .map_err(os(format!("bind hashed address {addr}")))?;
                 self.bound.insert(*addr);
             }
         }
@@ -123,7 +143,9 @@ impl Rotator {
             let e = routes.schedule.send.epoch;
             if *seen != Some(e) {
                 if seen.is_some() {
-                    peer.counters.rotations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    peer.counters
+                        .rotations
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
                 *seen = Some(e);
                 log::debug!(
@@ -147,7 +169,12 @@ impl Rotator {
             }
             self.bound.remove(&addr);
         }
-        let old_ports: Vec<u16> = self.sockets.keys().filter(|p| !needed_ports.contains(p)).copied().collect();
+        let old_ports: Vec<u16> = self
+            .sockets
+            .keys()
+            .filter(|p| !needed_ports.contains(p))
+            .copied()
+            .collect();
         for port in old_ports {
             if let Some(s) = self.sockets.remove(&port) {
                 let _ = epoll.delete(s.as_raw_fd());

@@ -23,9 +23,20 @@ use super::GatewayError;
 /// One change to revert on exit, newest last.
 #[derive(Debug)]
 enum Undo {
-    Sysctl { iface: String, key: &'static str, old: String },
-    Route { dst: Ipv6Addr, len: u8, oif: u32 },
-    ProxyNeighbor { index: u32, addr: Ipv6Addr },
+    Sysctl {
+        iface: String,
+        key: &'static str,
+        old: String,
+    },
+    Route {
+        dst: Ipv6Addr,
+        len: u8,
+        oif: u32,
+    },
+    ProxyNeighbor {
+        index: u32,
+        addr: Ipv6Addr,
+    },
 }
 
 /// The applied state. Dropping it without [`System::teardown`] still reverts (best effort).
@@ -49,16 +60,20 @@ impl System {
     pub fn apply(cfg: &Config, max_overhead: usize) -> Result<System, GatewayError> {
         let g = &cfg.gateway;
         let mut netlink = Netlink::open().map_err(os("open rtnetlink"))?;
-        let internal_index = netlink.link_index(&g.internal_interface).map_err(os(format!(
-            "internal_interface {:?} (from {})",
-            g.internal_interface,
-            cfg.path.display()
-        )))?;
-        let external_index = netlink.link_index(&g.external_interface).map_err(os(format!(
-            "external_interface {:?} (from {})",
-            g.external_interface,
-            cfg.path.display()
-        )))?;
+        let internal_index = netlink
+            .link_index(&g.internal_interface)
+            .map_err(os(format!(
+                "internal_interface {:?} (from {})",
+                g.internal_interface,
+                cfg.path.display()
+            )))?;
+        let external_index = netlink
+            .link_index(&g.external_interface)
+            .map_err(os(format!(
+                "external_interface {:?} (from {})",
+                g.external_interface,
+                cfg.path.display()
+            )))?;
         let external_mtu = sysctl::get_ipv6_conf(&g.external_interface, "mtu")
             .map_err(os("read external MTU"))?
             .trim()
@@ -121,7 +136,11 @@ impl System {
                         self.netlink
                             .add_route_via(prefix, 64, self.external_index, via)
                             .map_err(os(format!("route {prefix}/64 via {via}")))?;
-                        self.undo.push(Undo::Route { dst: prefix, len: 64, oif: self.external_index });
+                        self.undo.push(Undo::Route {
+                            dst: prefix,
+                            len: 64,
+                            oif: self.external_index,
+                        });
                     }
                 }
             }
@@ -129,9 +148,16 @@ impl System {
         Ok(())
     }
 
-    fn set_sysctl(&mut self, iface: &str, key: &'static str, value: &str) -> Result<(), GatewayError> {
-        let old = sysctl::get_ipv6_conf(iface, key).map_err(os(format!("read sysctl {iface}.{key}")))?;
-        sysctl::set_ipv6_conf(iface, key, value).map_err(os(format!("set sysctl {iface}.{key}")))?;
+    fn set_sysctl(
+        &mut self,
+        iface: &str,
+        key: &'static str,
+        value: &str,
+    ) -> Result<(), GatewayError> {
+        let old =
+            sysctl::get_ipv6_conf(iface, key).map_err(os(format!("read sysctl {iface}.{key}")))?;
+        sysctl::set_ipv6_conf(iface, key, value)
+            .map_err(os(format!("set sysctl {iface}.{key}")))?;
         self.undo.push(Undo::Sysctl {
             iface: iface.to_string(),
             key,
@@ -155,7 +181,9 @@ impl System {
             let result = match &u {
                 Undo::Sysctl { iface, key, old } => sysctl::set_ipv6_conf(iface, key, old),
                 Undo::Route { dst, len, oif } => self.netlink.del_route(*dst, *len, *oif),
-                Undo::ProxyNeighbor { index, addr } => self.netlink.del_proxy_neighbor(*index, *addr),
+                Undo::ProxyNeighbor { index, addr } => {
+                    self.netlink.del_proxy_neighbor(*index, *addr)
+                }
             };
             if let Err(e) = result {
                 // The TUN device may already be gone, taking its routes with it: not an error.

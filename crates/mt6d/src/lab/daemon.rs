@@ -21,22 +21,45 @@ pub struct DaemonProcess {
 
 impl DaemonProcess {
     /// Starts this same executable as `mt6d run -c config` inside `ns`.
-    pub fn start(label: &str, ns: &Netns, config: &Path, socket: &Path, log: &Path) -> Result<DaemonProcess, String> {
-        let exe = std::env::current_exe().map_err(|e| format!("cannot find our own executable: {e}"))?;
+    pub fn start(
+        label: &str,
+        ns: &Netns,
+        config: &Path,
+        socket: &Path,
+        log: &Path,
+    ) -> Result<DaemonProcess, String> {
+        let exe =
+            std::env::current_exe().map_err(|e| format!("cannot find our own executable: {e}"))?;
+        let mut cmd = ns.command(&exe).map_err(|e| e.to_string())?;
+        cmd.arg("run").arg("-c").arg(config);
+        DaemonProcess::spawn(label, cmd, socket, log)
+    }
+
+    /// Starts a prepared `mt6d run` command (e.g. a test's own build of the binary), stderr to
+    /// `log`, answering on `socket`.
+    pub fn spawn(
+        label: &str,
+        mut cmd: std::process::Command,
+        socket: &Path,
+        log: &Path,
+    ) -> Result<DaemonProcess, String> {
         let log_file = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
-        let child = ns
-            .command(&exe)
-            .map_err(|e| e.to_string())?
-            .arg("run")
-            .arg("-c")
-            .arg(config)
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+        let child = cmd
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_file)
             .spawn()
             .map_err(|e| format!("start gateway {label}: {e}"))?;
-        Ok(DaemonProcess { label: label.to_string(), child: Some(child), log: log.to_path_buf(), socket: socket.to_path_buf() })
+        Ok(DaemonProcess {
+            label: label.to_string(),
+            child: Some(child),
+            log: log.to_path_buf(),
+            socket: socket.to_path_buf(),
+        })
     }
 
     /// Waits until the daemon answers on its control socket, or fails with its log.
@@ -46,14 +69,23 @@ impl DaemonProcess {
             if let Some(child) = self.child.as_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
                     self.child = None;
-                    return Err(format!("gateway {} exited during start-up ({status}):\n{}", self.label, self.log_tail(20)));
+                    return Err(format!(
+                        "gateway {} exited during start-up ({status}):\n{}",
+                        self.label,
+                        self.log_tail(20)
+                    ));
                 }
             }
             if let Ok(st) = query_status(&self.socket) {
                 return Ok(st);
             }
             if Instant::now() >= deadline {
-                return Err(format!("gateway {} did not answer on {} within {timeout:?}:\n{}", self.label, self.socket.display(), self.log_tail(20)));
+                return Err(format!(
+                    "gateway {} did not answer on {} within {timeout:?}:\n{}",
+                    self.label,
+                    self.socket.display(),
+                    self.log_tail(20)
+                ));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -65,7 +97,9 @@ impl DaemonProcess {
 
     /// SIGTERM, then wait up to `timeout`; SIGKILL after that. Returns whether it exited cleanly.
     pub fn stop(&mut self, timeout: Duration) -> Result<(), String> {
-        let Some(mut child) = self.child.take() else { return Ok(()) };
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
         let pid = Pid::from_raw(child.id() as i32);
         let _ = kill(pid, Signal::SIGTERM);
         let deadline = Instant::now() + timeout;
@@ -73,13 +107,22 @@ impl DaemonProcess {
             match child.try_wait() {
                 Ok(Some(status)) if status.success() => return Ok(()),
                 Ok(Some(status)) => {
-                    return Err(format!("gateway {} exited with {status}:\n{}", self.label, self.log_tail(20)))
+                    return Err(format!(
+                        "gateway {} exited with {status}:\n{}",
+                        self.label,
+                        self.log_tail(20)
+                    ))
                 }
-                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
                 _ => {
                     let _ = child.kill();
                     let _ = child.wait();
-                    return Err(format!("gateway {} did not stop within {timeout:?} of SIGTERM; killed", self.label));
+                    return Err(format!(
+                        "gateway {} did not stop within {timeout:?} of SIGTERM; killed",
+                        self.label
+                    ));
                 }
             }
         }
@@ -87,7 +130,9 @@ impl DaemonProcess {
 
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
     pub fn log_tail(&self, lines: usize) -> String {

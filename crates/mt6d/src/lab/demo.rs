@@ -21,7 +21,9 @@ use serde_json::json;
 use super::daemon::DaemonProcess;
 use super::observer::Observer;
 use super::ping::{ping, Pace, PingReport};
-use super::topology::{GatewaySettings, Lab, Side, EXTERNAL_IF, GATEWAY_A, GATEWAY_B, HOST_A, HOST_B};
+use super::topology::{
+    GatewaySettings, Lab, Side, EXTERNAL_IF, GATEWAY_A, GATEWAY_B, HOST_A, HOST_B,
+};
 use super::transfer::{self, TransferReport};
 
 const TCP_PORT: u16 = 5001;
@@ -69,10 +71,18 @@ type DemoResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 pub fn run(args: DemoArgs) -> DemoResult<()> {
     if !(1.0..=3600.0).contains(&args.rotation) {
-        return Err(format!("--rotation {} out of range (1 to 3600 seconds)", args.rotation).into());
+        return Err(format!(
+            "--rotation {} out of range (1 to 3600 seconds)",
+            args.rotation
+        )
+        .into());
     }
     if !(1.0..=3600.0).contains(&args.duration) {
-        return Err(format!("--duration {} out of range (1 to 3600 seconds)", args.duration).into());
+        return Err(format!(
+            "--duration {} out of range (1 to 3600 seconds)",
+            args.duration
+        )
+        .into());
     }
     let mode: mt6d_proto::Mode = args.mode.parse().map_err(|e| format!("--mode: {e}"))?;
     if !super::is_root() {
@@ -107,7 +117,14 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
     lab.baseline_up()?;
     warm_up(&lab)?;
     let base_ping = lab.host_a.run(|| {
-        ping(HOST_B, 50, Pace::Train { interval: Duration::from_millis(20) }, Duration::from_millis(500))
+        ping(
+            HOST_B,
+            50,
+            Pace::Train {
+                interval: Duration::from_millis(20),
+            },
+            Duration::from_millis(500),
+        )
     })??;
     let (bmin, bmed, bmax) = base_ping.rtt_summary();
     say.line(format!(
@@ -115,14 +132,20 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
         base_ping.received, base_ping.sent
     ));
     let base_tcp = tcp_transfer(&lab, phase.min(Duration::from_secs(5)), 1)?;
-    say.line(format!("  tcp {:.0} Mbit/s ({} bytes, sha256 match {})", base_tcp.mbit_s, base_tcp.bytes, base_tcp.sha256_match));
+    say.line(format!(
+        "  tcp {:.0} Mbit/s ({} bytes, sha256 match {})",
+        base_tcp.mbit_s, base_tcp.bytes, base_tcp.sha256_match
+    ));
     lab.baseline_down()?;
     check()?;
 
     // A fresh key, in a private directory, read by both gateways from a 0600 file.
     let dir = std::env::temp_dir().join(format!("mt6d-demo-{}", std::process::id()));
     let _dir_guard = DirGuard(dir.clone());
-    std::fs::DirBuilder::new().mode(0o700).recursive(true).create(&dir)?;
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .recursive(true)
+        .create(&dir)?;
     let key_file = dir.join("session.key");
     let mut key = zeroize::Zeroizing::new([0u8; 32]);
     getrandom::fill(key.as_mut_slice()).map_err(|e| format!("no randomness from the OS: {e}"))?;
@@ -131,10 +154,21 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
         .create_new(true)
         .mode(0o600)
         .open(&key_file)?
-        .write_all(base64::engine::general_purpose::STANDARD.encode(key.as_slice()).as_bytes())?;
-    let settings = GatewaySettings { rotation_secs: args.rotation, mode: &args.mode, key_file: &key_file };
+        .write_all(
+            base64::engine::general_purpose::STANDARD
+                .encode(key.as_slice())
+                .as_bytes(),
+        )?;
+    let settings = GatewaySettings {
+        rotation_secs: args.rotation,
+        mode: &args.mode,
+        key_file: &key_file,
+    };
 
-    say.line(format!("starting the MT6D gateways: mode {mode}, rotation every {} s", args.rotation));
+    say.line(format!(
+        "starting the MT6D gateways: mode {mode}, rotation every {} s",
+        args.rotation
+    ));
     let mut daemons = Vec::new();
     for (side, label) in [(Side::A, "A"), (Side::B, "B")] {
         let config = dir.join(format!("gateway-{label}.toml"));
@@ -162,33 +196,66 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
         say.line(format!("ping train: {} s at 5 per second", args.duration));
         let count = (args.duration * 5.0).ceil() as u64;
         let train = lab.host_a.run(|| {
-            ping(HOST_B, count, Pace::Train { interval: Duration::from_millis(200) }, Duration::from_secs(1))
+            ping(
+                HOST_B,
+                count,
+                Pace::Train {
+                    interval: Duration::from_millis(200),
+                },
+                Duration::from_secs(1),
+            )
         })??;
         check()?;
         say.line(format!("ping flood: {} echo requests", args.flood));
-        let flood = lab.host_a.run(|| ping(HOST_B, args.flood, Pace::Flood { wait: Duration::from_millis(10) }, Duration::from_secs(1)))??;
+        let flood = lab.host_a.run(|| {
+            ping(
+                HOST_B,
+                args.flood,
+                Pace::Flood {
+                    wait: Duration::from_millis(10),
+                },
+                Duration::from_secs(1),
+            )
+        })??;
         check()?;
-        say.line(format!("tcp transfer: {} s of random data, SHA-256 checked at Host B", args.duration));
+        say.line(format!(
+            "tcp transfer: {} s of random data, SHA-256 checked at Host B",
+            args.duration
+        ));
         let tcp = tcp_transfer(&lab, phase, 2)?;
         Ok((train, flood, tcp))
     })();
     let epochs_seen = monitor.finish();
     let seen = observer.finish()?;
-    let statuses: Vec<_> = daemons.iter().map(|d| d.status()).collect::<Result<_, _>>()?;
+    let statuses: Vec<_> = daemons
+        .iter()
+        .map(|d| d.status())
+        .collect::<Result<_, _>>()?;
     for d in &mut daemons {
         d.stop(Duration::from_secs(5))?;
     }
     let (train, flood, tcp) = result?;
 
-    let rotations = statuses[0].peers.first().map_or(0, |p| p.counters.rotations);
+    let rotations = statuses[0]
+        .peers
+        .first()
+        .map_or(0, |p| p.counters.rotations);
     let (tmin, tmed, tmax) = train.rtt_summary();
     let added_ms = tmed - bmed;
     let mut failures = Vec::new();
     if train.lost() > 0 {
-        failures.push(format!("ping train lost {} of {}", train.lost(), train.sent));
+        failures.push(format!(
+            "ping train lost {} of {}",
+            train.lost(),
+            train.sent
+        ));
     }
     if flood.lost() > 0 {
-        failures.push(format!("ping flood lost {} of {}", flood.lost(), flood.sent));
+        failures.push(format!(
+            "ping flood lost {} of {}",
+            flood.lost(),
+            flood.sent
+        ));
     }
     if !tcp.sha256_match {
         failures.push("TCP transfer: SHA-256 mismatch".into());
@@ -201,7 +268,10 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
         ));
     }
     if (seen.outer_pairs.len() as u64) < rotations {
-        failures.push(format!("only {} outer address pairs for {rotations} rotations", seen.outer_pairs.len()));
+        failures.push(format!(
+            "only {} outer address pairs for {rotations} rotations",
+            seen.outer_pairs.len()
+        ));
     }
 
     let summary = json!({
@@ -243,18 +313,28 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
         say.line("");
-        say.line(format!("summary ({mode}, rotation {} s): {rotations} rotations", args.rotation));
+        say.line(format!(
+            "summary ({mode}, rotation {} s): {rotations} rotations",
+            args.rotation
+        ));
         say.line(format!(
             "  ping train  {}/{} received, rtt min/median/max {tmin:.3}/{tmed:.3}/{tmax:.3} ms (baseline median {bmed:.3} ms, added {added_ms:+.3} ms)",
             train.received, train.sent
         ));
-        say.line(format!("  ping flood  {}/{} received", flood.received, flood.sent));
+        say.line(format!(
+            "  ping flood  {}/{} received",
+            flood.received, flood.sent
+        ));
         say.line(format!(
             "  tcp         {:.0} Mbit/s through MT6D, {:.0} Mbit/s baseline; {} bytes, sha256 {}",
             tcp.mbit_s,
             base_tcp.mbit_s,
             tcp.bytes,
-            if tcp.sha256_match { "matches" } else { "MISMATCH" }
+            if tcp.sha256_match {
+                "matches"
+            } else {
+                "MISMATCH"
+            }
         ));
         say.line(format!(
             "  observer    {} frames on the public link, {} with a true address, {} distinct outer address pairs",
@@ -274,7 +354,11 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
                 ));
             }
         }
-        say.line(if failures.is_empty() { "result: OK".to_string() } else { format!("result: FAILED: {}", failures.join("; ")) });
+        say.line(if failures.is_empty() {
+            "result: OK".to_string()
+        } else {
+            format!("result: FAILED: {}", failures.join("; "))
+        });
     }
     if failures.is_empty() {
         Ok(())
@@ -287,7 +371,16 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
 /// on both links (proxy answers included), which is set-up time, not loss.
 fn warm_up(lab: &Lab) -> DemoResult<()> {
     for _ in 0..10 {
-        let r = lab.host_a.run(|| ping(HOST_B, 1, Pace::Flood { wait: Duration::from_secs(1) }, Duration::from_millis(200)))??;
+        let r = lab.host_a.run(|| {
+            ping(
+                HOST_B,
+                1,
+                Pace::Flood {
+                    wait: Duration::from_secs(1),
+                },
+                Duration::from_millis(200),
+            )
+        })??;
         if r.received == 1 {
             return Ok(());
         }
@@ -298,8 +391,11 @@ fn warm_up(lab: &Lab) -> DemoResult<()> {
 /// One TCP transfer from Host A to Host B for `duration`.
 pub fn tcp_transfer(lab: &Lab, duration: Duration, seed: u64) -> DemoResult<TransferReport> {
     let listener = lab.host_b.run(|| transfer::listen(HOST_B, TCP_PORT))??;
-    let server = std::thread::spawn(move || transfer::serve_once(listener, Duration::from_secs(10)));
-    let sent = lab.host_a.run(|| transfer::send_for(HOST_B, TCP_PORT, duration, seed))?;
+    let server =
+        std::thread::spawn(move || transfer::serve_once(listener, Duration::from_secs(10)));
+    let sent = lab
+        .host_a
+        .run(|| transfer::send_for(HOST_B, TCP_PORT, duration, seed))?;
     let received = server.join().map_err(|_| "TCP receiver thread panicked")?;
     let report = sent?;
     received?;

@@ -55,7 +55,9 @@ impl Observer {
             move || {
                 let opened = Netns::open(&ns_name)
                     .and_then(|n| n.enter_current_thread())
-                    .and_then(|()| PacketCapture::open(&interface, SNAPLEN, Duration::from_millis(100)))
+                    .and_then(|()| {
+                        PacketCapture::open(&interface, SNAPLEN, Duration::from_millis(100))
+                    })
                     .map_err(|e| format!("observer on {interface} in {ns_name}: {e}"));
                 let cap = match opened {
                     Ok(c) => {
@@ -79,7 +81,9 @@ impl Observer {
 
     pub fn finish(self) -> Result<ObserverReport, String> {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().map_err(|_| "observer thread panicked".to_string())?
+        self.thread
+            .join()
+            .map_err(|_| "observer thread panicked".to_string())?
     }
 }
 
@@ -90,7 +94,9 @@ fn observe(
     pcap: Option<PathBuf>,
 ) -> Result<ObserverReport, String> {
     let mut writer = match &pcap {
-        Some(path) => Some(PcapWriter::create(path, SNAPLEN).map_err(|e| format!("{}: {e}", path.display()))?),
+        Some(path) => Some(
+            PcapWriter::create(path, SNAPLEN).map_err(|e| format!("{}: {e}", path.display()))?,
+        ),
         None => None,
     };
     let needles: Vec<[u8; 16]> = watched.iter().map(|a| a.octets()).collect();
@@ -105,7 +111,8 @@ fn observe(
         let bytes = &buf[..frame.captured];
         report.frames += 1;
         if let Some(w) = writer.as_mut() {
-            w.write(bytes, frame.wire_len).map_err(|e| format!("pcap: {e}"))?;
+            w.write(bytes, frame.wire_len)
+                .map_err(|e| format!("pcap: {e}"))?;
         }
         if let Some(needle) = needles.iter().find(|n| bytes.windows(16).any(|w| w == **n)) {
             report.frames_with_true_address += 1;
@@ -160,7 +167,9 @@ impl PcapWriter {
     }
 
     fn write(&mut self, bytes: &[u8], wire_len: usize) -> std::io::Result<()> {
-        let ts = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        let ts = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
         self.out.write_all(&(ts.as_secs() as u32).to_le_bytes())?;
         self.out.write_all(&ts.subsec_micros().to_le_bytes())?;
         self.out.write_all(&(bytes.len() as u32).to_le_bytes())?;
@@ -196,7 +205,11 @@ mod tests {
         let mut tcp = udp_frame(a, b);
         tcp[20] = 6;
         assert_eq!(outer_udp_pair(&tcp), None);
-        assert_eq!(outer_udp_pair(&udp_frame(a, b)[..40]), None, "truncated frame");
+        assert_eq!(
+            outer_udp_pair(&udp_frame(a, b)[..40]),
+            None,
+            "truncated frame"
+        );
         let mut v4 = udp_frame(a, b);
         v4[12..14].copy_from_slice(&[0x08, 0x00]);
         assert_eq!(outer_udp_pair(&v4), None);

@@ -51,7 +51,12 @@ pub enum Pace {
 }
 
 /// Sends `count` echo requests to `dst` and waits up to `linger` after the last for late replies.
-pub fn ping(dst: Ipv6Addr, count: u64, pace: Pace, linger: Duration) -> std::io::Result<PingReport> {
+pub fn ping(
+    dst: Ipv6Addr,
+    count: u64,
+    pace: Pace,
+    linger: Duration,
+) -> std::io::Result<PingReport> {
     let sock = Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6))?;
     let to = SockAddr::from(SocketAddrV6::new(dst, 0, 0, 0));
     // The identifier tells our replies from those of another pinger in the same namespace.
@@ -82,12 +87,28 @@ pub fn ping(dst: Ipv6Addr, count: u64, pace: Pace, linger: Duration) -> std::io:
             Pace::Flood { .. } => Some(seq),
             Pace::Train { .. } => None,
         };
-        receive_until(&sock, ident, deadline, stop_on, &mut outstanding, &mut report, &mut buf)?;
+        receive_until(
+            &sock,
+            ident,
+            deadline,
+            stop_on,
+            &mut outstanding,
+            &mut report,
+            &mut buf,
+        )?;
         seq = seq.wrapping_add(1);
     }
     let deadline = Instant::now() + linger;
     while !outstanding.is_empty() && Instant::now() < deadline {
-        receive_until(&sock, ident, deadline, None, &mut outstanding, &mut report, &mut buf)?;
+        receive_until(
+            &sock,
+            ident,
+            deadline,
+            None,
+            &mut outstanding,
+            &mut report,
+            &mut buf,
+        )?;
     }
     Ok(report)
 }
@@ -109,7 +130,9 @@ fn receive_until(
         sock.set_read_timeout(Some((deadline - now).max(Duration::from_micros(50))))?;
         let n = match (&*sock).read(buf) {
             Ok(n) => n,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => return Ok(()),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return Ok(())
+            }
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
@@ -123,7 +146,9 @@ fn receive_until(
         let seq = u16::from_be_bytes([bytes[6], bytes[7]]);
         if let Some(sent_at) = outstanding.remove(&seq) {
             report.received += 1;
-            report.rtts_ms.push(sent_at.elapsed().as_secs_f64() * 1000.0);
+            report
+                .rtts_ms
+                .push(sent_at.elapsed().as_secs_f64() * 1000.0);
             if stop_on == Some(seq) {
                 return Ok(());
             }
@@ -149,7 +174,14 @@ mod tests {
     /// Loopback needs no namespace and no route: a real kernel answers our echo requests.
     #[test]
     fn loopback_answers_every_echo() {
-        match ping(Ipv6Addr::LOCALHOST, 20, Pace::Flood { wait: Duration::from_millis(100) }, Duration::from_millis(200)) {
+        match ping(
+            Ipv6Addr::LOCALHOST,
+            20,
+            Pace::Flood {
+                wait: Duration::from_millis(100),
+            },
+            Duration::from_millis(200),
+        ) {
             Ok(r) => {
                 assert_eq!(r.sent, 20);
                 assert_eq!(r.received, 20, "{r:?}");

@@ -96,13 +96,29 @@ impl Lab {
         for (n, addr) in [(&lab.host_a, HOST_A), (&lab.host_b, HOST_B)] {
             in_ns(n, |nl| {
                 let i = nl.link_index(HOST_IF)?;
-                nl.add_address(i, addr, 64, AddrFlags { nodad: true, noprefixroute: false })
+                nl.add_address(
+                    i,
+                    addr,
+                    64,
+                    AddrFlags {
+                        nodad: true,
+                        noprefixroute: false,
+                    },
+                )
             })?;
         }
         for (n, addr) in [(&lab.gw_a, GATEWAY_A), (&lab.gw_b, GATEWAY_B)] {
             in_ns(n, |nl| {
                 let i = nl.link_index(INTERNAL_IF)?;
-                nl.add_address(i, addr, 64, AddrFlags { nodad: true, noprefixroute: false })
+                nl.add_address(
+                    i,
+                    addr,
+                    64,
+                    AddrFlags {
+                        nodad: true,
+                        noprefixroute: false,
+                    },
+                )
             })?;
         }
         Ok(lab)
@@ -272,7 +288,9 @@ mod tests {
                 super::super::ping::ping(
                     HOST_B,
                     5,
-                    super::super::ping::Pace::Flood { wait: std::time::Duration::from_millis(500) },
+                    super::super::ping::Pace::Flood {
+                        wait: std::time::Duration::from_millis(500),
+                    },
                     std::time::Duration::from_millis(500),
                 )
             })
@@ -282,7 +300,10 @@ mod tests {
         lab.baseline_down().expect("baseline down");
         drop(lab);
         for n in names {
-            assert!(!std::path::Path::new("/run/netns").join(&n).exists(), "{n} left behind");
+            assert!(
+                !std::path::Path::new("/run/netns").join(&n).exists(),
+                "{n} left behind"
+            );
         }
     }
 }

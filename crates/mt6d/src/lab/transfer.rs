@@ -70,7 +70,12 @@ pub fn serve_once(listener: TcpListener, accept_timeout: Duration) -> std::io::R
 
 /// Connects to `dst:port` and sends pseudo-random data (seeded, so a failure can be replayed)
 /// for `duration`, then compares digests with the receiver.
-pub fn send_for(dst: Ipv6Addr, port: u16, duration: Duration, seed: u64) -> std::io::Result<TransferReport> {
+pub fn send_for(
+    dst: Ipv6Addr,
+    port: u16,
+    duration: Duration,
+    seed: u64,
+) -> std::io::Result<TransferReport> {
     let addr = SocketAddrV6::new(dst, port, 0, 0);
     let mut stream = TcpStream::connect_timeout(&addr.into(), Duration::from_secs(5))?;
     stream.set_write_timeout(Some(Duration::from_secs(20)))?;
@@ -116,7 +121,8 @@ mod tests {
         let listener = listen(Ipv6Addr::LOCALHOST, 0).expect("bind ::1");
         let port = listener.local_addr().expect("addr").port();
         let server = std::thread::spawn(move || serve_once(listener, Duration::from_secs(5)));
-        let report = send_for(Ipv6Addr::LOCALHOST, port, Duration::from_millis(200), 7).expect("send");
+        let report =
+            send_for(Ipv6Addr::LOCALHOST, port, Duration::from_millis(200), 7).expect("send");
         let received = server.join().expect("server thread").expect("serve");
         assert!(report.sha256_match);
         assert_eq!(received.bytes, report.bytes);

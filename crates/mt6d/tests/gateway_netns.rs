@@ -1,0 +1,504 @@
+//! End-to-end tests of the gateway in network namespaces (root; CI runs as root).
+//!
+//! Each test builds its own lab (uniquely named namespaces, removed by the lab's guard on every
+//! exit path), runs two real `mt6d run` daemons built from this workspace, and drives real
+//! traffic: the kernel's TCP, our ICMPv6 pinger, and an attacker on the public link with a raw
+//! packet socket.
+
+use std::net::Ipv6Addr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use mt6d::control::Status;
+use mt6d::lab::daemon::DaemonProcess;
+use mt6d::lab::observer::Observer;
+use mt6d::lab::ping::{ping, Pace};
+use mt6d::lab::topology::{
+    in_ns, GatewaySettings, Lab, Side, EXTERNAL_IF, HOST_A, HOST_B, INTERNAL_IF,
+};
+use mt6d::lab::transfer;
+use mt6d_os::capture::PacketCapture;
+use mt6d_os::Netns;
+
+const MT6D: &str = env!("CARGO_BIN_EXE_mt6d");
+
+/// The lab plus two running gateways. Fields drop in order: daemons first, then the lab.
+struct Running {
+    daemons: Vec<DaemonProcess>,
+    lab: Lab,
+    dir: PathBuf,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for d in &mut self.daemons {
+            let _ = d.stop(Duration::from_secs(5));
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn root() -> bool {
+    mt6d::lab::is_root()
+}
+
+/// Builds the lab and starts both gateways with `mode` and `rotation_secs`.
+fn start(mode: &str, rotation_secs: f64) -> Running {
+    let lab = Lab::build().expect("lab builds");
+    let dir = std::env::temp_dir().join(format!(
+        "mt6d-e2e-{}-{}",
+        std::process::id(),
+        lab.gw_a.name()
+    ));
+    std::fs::create_dir_all(&dir).expect("test dir");
+    let key_file = dir.join("session.key");
+    let mut key = [0u8; 32];
+    getrandom::fill(&mut key).expect("random key");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&key_file)
+        .and_then(|mut f| {
+            std::io::Write::write_all(
+                &mut f,
+                base64::engine::general_purpose::STANDARD
+                    .encode(key)
+                    .as_bytes(),
+            )
+        })
+        .expect("key file");
+    let settings = GatewaySettings {
+        rotation_secs,
+        mode,
+        key_file: &key_file,
+    };
+    let mut running = Running {
+        daemons: Vec::new(),
+        lab,
+        dir,
+    };
+    for (side, label) in [(Side::A, "A"), (Side::B, "B")] {
+        let config = running.dir.join(format!("gw-{label}.toml"));
+        std::fs::write(&config, running.lab.gateway_config(side, &settings)).expect("config");
+        let mut d = start_daemon(&running, side, label, &config);
+        d.wait_ready(Duration::from_secs(10))
+            .expect("gateway starts");
+        running.daemons.push(d);
+    }
+    // The first packets wait for neighbour discovery on both links: set-up, not loss.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = running
+            .lab
+            .host_a
+            .run(|| {
+                ping(
+                    HOST_B,
+                    1,
+                    Pace::Flood {
+                        wait: Duration::from_secs(1),
+                    },
+                    Duration::from_millis(100),
+                )
+            })
+            .expect("enter host A")
+            .expect("ping");
+        if r.received == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Host A never reached Host B through the tunnel"
+        );
+    }
+    running
+}
+
+fn start_daemon(
+    running: &Running,
+    side: Side,
+    label: &str,
+    config: &std::path::Path,
+) -> DaemonProcess {
+    // The daemon under test is the binary cargo built for this test run.
+    let log = running.dir.join(format!("gw-{label}.log"));
+    let socket = running.lab.control_socket(side);
+    let mut cmd = running
+        .lab
+        .gateway(side)
+        .command(MT6D)
+        .expect("command in namespace");
+    cmd.arg("run").arg("-c").arg(config);
+    DaemonProcess::spawn(label, cmd, &socket, &log).expect("spawn gateway")
+}
+
+fn status(running: &Running, side: Side) -> Status {
+    let i = if side == Side::A { 0 } else { 1 };
+    running.daemons[i].status().expect("status answers")
+}
+
+fn drops(st: &Status, reason: &str) -> u64 {
+    st.peers[0].counters.drops.get(reason).copied().unwrap_or(0)
+}
+
+/// Ping and TCP across at least 10 rotations: no loss, SHA-256 intact, no true address on the
+/// public link, at least one outer address pair per rotation.
+#[test]
+fn ping_and_tcp_survive_ten_rotations_without_leaking_true_addresses() {
+    if !root() {
+        return eprintln!("skipped: needs root");
+    }
+    let running = start("encrypt", 1.0);
+    let lab = &running.lab;
+    let observer =
+        Observer::start(&lab.gw_a, EXTERNAL_IF, vec![HOST_A, HOST_B], None).expect("observer");
+    let before = status(&running, Side::A).peers[0].counters.rotations;
+
+    let listener = lab
+        .host_b
+        .run(|| transfer::listen(HOST_B, 5001))
+        .expect("enter B")
+        .expect("listen");
+    let server =
+        std::thread::spawn(move || transfer::serve_once(listener, Duration::from_secs(10)));
+    let tcp = std::thread::scope(|s| {
+        let pinger = s.spawn(|| {
+            lab.host_a
+                .run(|| {
+                    ping(
+                        HOST_B,
+                        110,
+                        Pace::Train {
+                            interval: Duration::from_millis(100),
+                        },
+                        Duration::from_secs(1),
+                    )
+                })
+                .expect("enter A")
+                .expect("ping")
+        });
+        let tcp = lab
+            .host_a
+            .run(|| transfer::send_for(HOST_B, 5001, Duration::from_secs(11), 42))
+            .expect("enter A")
+            .expect("transfer");
+        let pings = pinger.join().expect("pinger");
+        assert_eq!(
+            pings.received,
+            pings.sent,
+            "ping lost {} of {}",
+            pings.lost(),
+            pings.sent
+        );
+        tcp
+    });
+    server.join().expect("server thread").expect("receiver");
+    let seen = observer.finish().expect("observer");
+    let st = status(&running, Side::A);
+    let rotations = st.peers[0].counters.rotations - before;
+
+    assert!(tcp.sha256_match, "TCP data corrupted through the tunnel");
+    assert!(
+        rotations >= 10,
+        "only {rotations} rotations during the test"
+    );
+    assert_eq!(seen.frames_with_true_address, 0, "{:?}", seen.first_leak);
+    assert!(
+        seen.outer_pairs.len() as u64 >= rotations,
+        "{} outer pairs for {rotations} rotations",
+        seen.outer_pairs.len()
+    );
+}
+
+/// After SIGTERM the gateway namespace holds no hashed address, TUN device, route, proxy entry
+/// or control socket of the daemon's.
+#[test]
+fn shutdown_removes_everything_the_daemon_created() {
+    if !root() {
+        return eprintln!("skipped: needs root");
+    }
+    let mut running = start("encrypt", 1.0);
+    let socket = running.lab.control_socket(Side::A);
+    let hashed: Vec<String> = status(&running, Side::A).peers[0]
+        .accept
+        .iter()
+        .map(|r| r.local.clone())
+        .collect();
+    running.daemons[0]
+        .stop(Duration::from_secs(5))
+        .expect("clean exit on SIGTERM");
+
+    let gw_a = &running.lab.gw_a;
+    let (addresses, tun_gone) = in_ns(gw_a, |nl| {
+        let ext = nl.link_index(EXTERNAL_IF)?;
+        let addrs = nl.list_addresses(ext)?;
+        Ok((addrs, nl.link_index("mt6d0").is_err()))
+    })
+    .expect("inspect gateway A");
+    let global: Vec<Ipv6Addr> = addresses
+        .iter()
+        .map(|a| a.addr)
+        .filter(|a| a.segments()[0] & 0xffc0 != 0xfe80)
+        .collect();
+    assert!(
+        global.is_empty(),
+        "addresses left on {EXTERNAL_IF}: {global:?} (daemon had {hashed:?})"
+    );
+    assert!(tun_gone, "TUN device left behind");
+    let routes = ip_in(gw_a, &["-6", "route", "show"]);
+    for host in [HOST_A, HOST_B] {
+        assert!(
+            !routes.contains(&host.to_string()),
+            "route for {host} left behind:\n{routes}"
+        );
+    }
+    assert!(
+        !routes.contains("2001:db8:1::/64"),
+        "hashed prefix route left behind:\n{routes}"
+    );
+    let proxies = ip_in(gw_a, &["-6", "neigh", "show", "proxy"]);
+    assert!(
+        proxies.trim().is_empty(),
+        "proxy entries left behind: {proxies}"
+    );
+    assert!(!socket.exists(), "control socket left behind");
+    let forwarding = gw_a
+        .run(|| mt6d_os::sysctl::get_ipv6_conf(INTERNAL_IF, "proxy_ndp"))
+        .expect("enter")
+        .expect("read sysctl");
+    assert_eq!(forwarding.trim(), "0", "proxy_ndp not restored");
+}
+
+/// Reads kernel state with iproute2 (test-side inspection only; the daemon never runs `ip`).
+fn ip_in(ns: &Netns, args: &[&str]) -> String {
+    let out = ns
+        .command("ip")
+        .expect("command")
+        .args(args)
+        .output()
+        .expect("run ip");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// An attacker on the public link replays, tampers with, truncates and forges tunnel packets
+/// and sends random bytes to Gateway A's current hashed address and port while a TCP transfer
+/// runs. Every bad packet is counted and dropped, the transfer completes intact, and the daemon
+/// keeps running.
+#[test]
+fn malformed_replayed_and_forged_packets_are_counted_and_dropped() {
+    if !root() {
+        return eprintln!("skipped: needs root");
+    }
+    // A long rotation keeps the captured packets inside the accept window.
+    let mut running = start("encrypt", 30.0);
+    let listener = running
+        .lab
+        .host_b
+        .run(|| transfer::listen(HOST_B, 5002))
+        .expect("enter B")
+        .expect("listen");
+    let server =
+        std::thread::spawn(move || transfer::serve_once(listener, Duration::from_secs(10)));
+    let attack = {
+        let lab = &running.lab;
+        std::thread::scope(|s| {
+            let tcp = s.spawn(|| {
+                lab.host_a
+                    .run(|| transfer::send_for(HOST_B, 5002, Duration::from_secs(6), 9))
+                    .expect("enter A")
+                    .expect("transfer")
+            });
+            // Gateway B's side of the public link sees B -> A tunnel frames (the ACKs of the
+            // transfer) leave; the attacker copies and re-sends them from there.
+            let sent = lab
+                .gw_b
+                .run(|| attacker(Duration::from_secs(3)))
+                .expect("enter gateway B");
+            (tcp.join().expect("tcp thread"), sent)
+        })
+    };
+    let (tcp, sent) = attack;
+    server.join().expect("server").expect("receiver");
+    assert!(tcp.sha256_match, "transfer corrupted under attack");
+    assert!(
+        running.daemons[0].is_running(),
+        "gateway A exited under attack"
+    );
+    let st = status(&running, Side::A);
+    let sb = status(&running, Side::B);
+    let (a, b) = (&st.peers[0].counters, &sb.peers[0].counters);
+    eprintln!("gateway A drops {:?}; injected {sent:?}", a.drops);
+    // Nothing injected was delivered: every packet Gateway A handed to Host A is one that
+    // Gateway B sent.
+    assert!(
+        a.rx_packets <= b.tx_packets,
+        "A delivered {} packets, B sent only {}",
+        a.rx_packets,
+        b.tx_packets
+    );
+    // Each kind of attack reached the daemon and was counted under its reason. (Not every
+    // injected frame reaches the socket: on this kernel about a fifth of them disappear between
+    // the veth and UDP without a counter; see the closing note of issue 3. So the bound is half.)
+    assert!(
+        drops(&st, "replay") >= sent.replayed / 2,
+        "replays counted {} for {} sent",
+        drops(&st, "replay"),
+        sent.replayed
+    );
+    assert!(
+        drops(&st, "bad_tag") >= (sent.tampered + sent.forged) / 2,
+        "bad tags counted {} for {} tampered + {} forged",
+        drops(&st, "bad_tag"),
+        sent.tampered,
+        sent.forged
+    );
+    assert!(
+        drops(&st, "bad_length") >= sent.truncated / 2,
+        "bad lengths counted {} for {} truncated",
+        drops(&st, "bad_length"),
+        sent.truncated
+    );
+    running.daemons[0]
+        .stop(Duration::from_secs(5))
+        .expect("still stops cleanly");
+}
+
+#[derive(Debug, Default)]
+struct Sent {
+    replayed: u64,
+    tampered: u64,
+    truncated: u64,
+    forged: u64,
+    random: u64,
+}
+
+/// Runs inside Gateway B's namespace: captures real tunnel frames leaving B, then injects bad
+/// variants of them for `duration`.
+fn attacker(duration: Duration) -> Sent {
+    let cap =
+        PacketCapture::open(EXTERNAL_IF, 4096, Duration::from_millis(100)).expect("packet socket");
+    let mut frames = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while frames.len() < 64 && Instant::now() < deadline {
+        if let Some(f) = cap.recv(&mut buf).expect("capture") {
+            let frame = &buf[..f.captured];
+            // Single (non-GSO) IPv6/UDP datagrams from B, fully captured.
+            // Single datagrams only: a UDP GSO train leaves the veth as one frame larger than the
+            // link MTU, which cannot be re-sent as it is.
+            if f.captured == f.wire_len
+                && f.captured <= 1514
+                && is_udp6(frame)
+                && udp_len(frame) + 62 == frame.len()
+            {
+                // Leaving through a veth, the UDP checksum is still the offload placeholder:
+                // complete it, or the receiving kernel drops the copy before the daemon sees it.
+                let mut frame = frame.to_vec();
+                fix_udp_checksum(&mut frame);
+                frames.push(frame);
+            }
+        }
+    }
+    assert!(
+        frames.len() >= 8,
+        "attacker captured only {} tunnel frames",
+        frames.len()
+    );
+    let mut sent = Sent::default();
+    let mut rng_state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        rng_state ^= rng_state << 13;
+        rng_state ^= rng_state >> 7;
+        rng_state ^= rng_state << 17;
+        rng_state
+    };
+    let end = Instant::now() + duration;
+    while Instant::now() < end {
+        for original in &frames {
+            // Exact replay: authenticates, but its counter was seen.
+            inject(&cap, original);
+            sent.replayed += 1;
+            // One flipped ciphertext bit, under a counter ahead of the window (with the seen
+            // counter it would be refused as a replay before any decryption).
+            let mut t = original.clone();
+            let counter = u64::from_be_bytes(t[62..70].try_into().expect("8 bytes"));
+            t[62..70].copy_from_slice(&(counter + (1 << 41)).to_be_bytes());
+            let i = 70 + (next() as usize % (t.len() - 70));
+            t[i] ^= 0x01;
+            fix_udp_checksum(&mut t);
+            inject(&cap, &t);
+            sent.tampered += 1;
+            // Truncated below the tunnel header.
+            let mut short = original[..62 + 5].to_vec();
+            set_lengths(&mut short);
+            inject(&cap, &short);
+            sent.truncated += 1;
+            // A counter far ahead of any the sender used, over the old ciphertext: a forgery
+            // that passes the replay check and must fail authentication.
+            let mut f = original.clone();
+            let counter = u64::from_be_bytes(f[62..70].try_into().expect("8 bytes"));
+            f[62..70].copy_from_slice(&(counter + (1 << 40)).to_be_bytes());
+            fix_udp_checksum(&mut f);
+            inject(&cap, &f);
+            sent.forged += 1;
+            // Random bytes of random length.
+            let len = 1 + next() as usize % 1200;
+            let mut r = original[..62].to_vec();
+            r.extend((0..len).map(|_| next() as u8));
+            set_lengths(&mut r);
+            inject(&cap, &r);
+            sent.random += 1;
+            // Paced (about 5,000 packets/s) so that the kernel's queues on the way, which the
+            // daemon cannot see, do not drop any: every injected packet must reach the daemon's
+            // counters.
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    sent
+}
+
+/// Sends one frame, waiting out a full transmit queue (ENOBUFS) instead of losing it.
+fn inject(cap: &PacketCapture, frame: &[u8]) {
+    for _ in 0..100 {
+        match cap.send(frame) {
+            Ok(_) => return,
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(e) => panic!("inject: {e}: {:?}", e.io_error()),
+        }
+    }
+    panic!("inject: transmit queue stayed full for 100 ms");
+}
+
+// Frame layout: Ethernet [0..14], IPv6 [14..54], UDP header [54..62], tunnel payload [62..].
+fn is_udp6(f: &[u8]) -> bool {
+    f.len() > 62 && f[12..14] == [0x86, 0xdd] && f[14 + 6] == 17
+}
+
+fn udp_len(f: &[u8]) -> usize {
+    usize::from(u16::from_be_bytes([f[54 + 4], f[54 + 5]])).saturating_sub(8)
+}
+
+/// Rewrites the IPv6 payload length and UDP length for the frame's size, then the checksum.
+fn set_lengths(f: &mut [u8]) {
+    let l4 = (f.len() - 54) as u16;
+    f[18..20].copy_from_slice(&l4.to_be_bytes());
+    f[54 + 4..54 + 6].copy_from_slice(&l4.to_be_bytes());
+    fix_udp_checksum(f);
+}
+
+fn fix_udp_checksum(f: &mut [u8]) {
+    let src = Ipv6Addr::from(<[u8; 16]>::try_from(&f[22..38]).expect("16 bytes"));
+    let dst = Ipv6Addr::from(<[u8; 16]>::try_from(&f[38..54]).expect("16 bytes"));
+    f[54 + 6] = 0;
+    f[54 + 7] = 0;
+    let mut c = mt6d_proto::wire::upper_layer_checksum(src, dst, 17, &f[54..]);
+    if c == 0 {
+        c = 0xffff;
+    }
+    f[54 + 6..54 + 8].copy_from_slice(&c.to_be_bytes());
+}
