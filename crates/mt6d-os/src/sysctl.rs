@@ -46,6 +46,38 @@ pub fn get_ipv6_conf(iface: &str, key: &str) -> Result<String> {
     }
 }
 
+/// Writes `value` to `net.ipv6.neigh.IFACE.KEY` (neighbour discovery settings, e.g.
+/// `proxy_delay`, `unres_qlen`).
+pub fn set_ipv6_neigh(iface: &str, key: &str, value: &str) -> Result<()> {
+    let path = neigh_path(iface, key)?;
+    std::fs::write(&path, value).map_err(|source| OsError::Sysctl {
+        op: format!("write {value:?} to"),
+        path,
+        source,
+    })
+}
+
+/// Reads `net.ipv6.neigh.IFACE.KEY`, trimmed.
+pub fn get_ipv6_neigh(iface: &str, key: &str) -> Result<String> {
+    let path = neigh_path(iface, key)?;
+    std::fs::read_to_string(&path)
+        .map(|s| s.trim().to_owned())
+        .map_err(|source| OsError::Sysctl {
+            op: "read".into(),
+            path,
+            source,
+        })
+}
+
+fn neigh_path(iface: &str, key: &str) -> Result<PathBuf> {
+    // Same validation as the conf tree; only the directory differs.
+    let conf = ipv6_conf_path(iface, key)?;
+    let rel = conf
+        .strip_prefix("/proc/sys/net/ipv6/conf")
+        .map_err(|_| OsError::InvalidArgument(format!("sysctl net.ipv6.neigh.{iface}.{key}")))?;
+    Ok(PathBuf::from("/proc/sys/net/ipv6/neigh").join(rel))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -98,13 +98,13 @@ impl Rotator {
         let mut table = RouteTable::compute(&shared.peers, now);
 
         for port in table.local_ports().collect::<Vec<_>>() {
-            if !self.sockets.contains_key(&port) {
+            if let std::collections::btree_map::Entry::Vacant(slot) = self.sockets.entry(port) {
                 let socket =
                     UdpSocket6::bind(port).map_err(os(format!("bind tunnel port {port}")))?;
                 epoll
                     .add(socket.as_raw_fd(), u64::from(port))
                     .map_err(os(format!("watch tunnel port {port}")))?;
-                self.sockets.insert(port, Arc::new(socket));
+                slot.insert(Arc::new(socket));
             }
         }
         let needed_ports: HashSet<u16> = table.local_ports().collect();

@@ -28,6 +28,11 @@ enum Undo {
         key: &'static str,
         old: String,
     },
+    NeighSysctl {
+        iface: String,
+        key: &'static str,
+        old: String,
+    },
     Route {
         dst: Ipv6Addr,
         len: u8,
@@ -111,6 +116,17 @@ impl System {
 
         self.set_sysctl("all", "forwarding", "1")?;
         self.set_sysctl(&g.internal_interface, "proxy_ndp", "1")?;
+        // The kernel delays proxied neighbour advertisements by up to 0.8 s (RFC 4861 §7.2.8,
+        // meant for anycast); the protected host's first packet would wait that long.
+        let old = sysctl::get_ipv6_neigh(&g.internal_interface, "proxy_delay")
+            .map_err(os("read proxy_delay"))?;
+        sysctl::set_ipv6_neigh(&g.internal_interface, "proxy_delay", "0")
+            .map_err(os("set proxy_delay"))?;
+        self.undo.push(Undo::NeighSysctl {
+            iface: g.internal_interface.clone(),
+            key: "proxy_delay",
+            old,
+        });
         // Hashed addresses are added with nodad; the TUN device needs no link-local DAD either.
         self.set_sysctl(&g.tun_name, "accept_dad", "0")?;
 
@@ -180,6 +196,7 @@ impl System {
         while let Some(u) = self.undo.pop() {
             let result = match &u {
                 Undo::Sysctl { iface, key, old } => sysctl::set_ipv6_conf(iface, key, old),
+                Undo::NeighSysctl { iface, key, old } => sysctl::set_ipv6_neigh(iface, key, old),
                 Undo::Route { dst, len, oif } => self.netlink.del_route(*dst, *len, *oif),
                 Undo::ProxyNeighbor { index, addr } => {
                     self.netlink.del_proxy_neighbor(*index, *addr)
