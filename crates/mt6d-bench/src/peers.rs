@@ -1,0 +1,372 @@
+//! Bringing each scenario up on a built topology: plain forwarding (the baseline), the mt6d
+//! daemon in one of its modes, wireguard-go, boringtun. Every scenario uses the same hosts,
+//! addresses, links and traffic; only what carries the packets between the gateways changes.
+
+use std::io::Write as _;
+use std::net::Ipv6Addr;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use mt6d::lab::topology::{in_ns, HOST_A, HOST_B};
+use mt6d_os::{sysctl, unique_name, Netns};
+
+use crate::procs::{find_tool, Guarded};
+use crate::profile::{Mode, Scenario};
+use crate::topo::{Net, Public, EXT_IF, INT_IF};
+
+/// WireGuard's overhead over IPv6 (40 IPv6 + 8 UDP + 32 WireGuard): wg-quick's MTU rule.
+const WG_OVERHEAD: u32 = 80;
+const WG_PORT: u16 = 51820;
+
+/// The running gateways of one scenario; dropping it stops them.
+#[derive(Debug)]
+pub struct Running {
+    /// Gateway A's and B's tunnel process (none for the baseline).
+    pub gw_a: Option<Guarded>,
+    pub gw_b: Option<Guarded>,
+    /// Gateway A's control socket (mt6d only), to read its rotation schedule.
+    pub control_a: Option<PathBuf>,
+    /// The WireGuard UAPI sockets to remove afterwards.
+    sockets: Vec<PathBuf>,
+}
+
+impl Running {
+    /// The first process that died, if any.
+    pub fn dead(&mut self) -> Option<String> {
+        self.gw_a
+            .as_mut()
+            .and_then(Guarded::exited)
+            .or_else(|| self.gw_b.as_mut().and_then(Guarded::exited))
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.gw_a.take();
+        self.gw_b.take();
+        for s in &self.sockets {
+            let _ = std::fs::remove_file(s);
+        }
+    }
+}
+
+/// Why a scenario cannot run here (a peer not installed), before building anything.
+pub fn unavailable(s: Scenario, mt6d: &Path) -> Option<String> {
+    let need = |t: &str| {
+        find_tool(t)
+            .is_none()
+            .then(|| format!("{t} not found (run scripts/install-bench-deps.sh)"))
+    };
+    match s {
+        Scenario::None => None,
+        Scenario::Mt6d(_) => (!mt6d.is_file()).then(|| {
+            format!(
+                "{} not found (cargo build --release -p mt6d)",
+                mt6d.display()
+            )
+        }),
+        Scenario::WireguardGo => need("wireguard-go").or_else(|| need("wg")),
+        Scenario::Boringtun => need("boringtun-cli").or_else(|| need("wg")),
+    }
+}
+
+/// Starts `scenario` on `net`. `dir` holds configs, keys and logs.
+pub fn start(
+    net: &Net,
+    scenario: Scenario,
+    rotation_secs: f64,
+    mt6d: &Path,
+    dir: &Path,
+) -> Result<Running, String> {
+    let mut run = Running {
+        gw_a: None,
+        gw_b: None,
+        control_a: None,
+        sockets: Vec::new(),
+    };
+    let sides = [
+        (&net.gw_a, HOST_A, HOST_B, net.public_a, net.public_b, "a"),
+        (&net.gw_b, HOST_B, HOST_A, net.public_b, net.public_a, "b"),
+    ];
+    match scenario {
+        Scenario::None => {
+            for (gw, local, remote, own, _, _) in sides {
+                forwarding(gw, local, remote)?;
+                in_ns(gw, |nl| {
+                    let ext = nl.link_index(EXT_IF)?;
+                    nl.add_route_via(remote, 128, ext, own.next_hop)
+                })
+                .map_err(|e| e.to_string())?;
+            }
+        }
+        Scenario::Mt6d(mode) => {
+            let key = dir.join("mt6d.key");
+            write_secret(&key, &base64(&random_bytes(32)?))?;
+            for (gw, local, remote, own, far, side) in sides {
+                let socket = PathBuf::from(format!("/run/mt6d-bench/{}.sock", gw.name()));
+                std::fs::create_dir_all("/run/mt6d-bench")
+                    .map_err(|e| format!("/run/mt6d-bench: {e}"))?;
+                let cfg = dir.join(format!("gateway-{side}.toml"));
+                let text = mt6d_config(
+                    mode,
+                    rotation_secs,
+                    local,
+                    remote,
+                    &own,
+                    &far,
+                    &key,
+                    &socket,
+                );
+                std::fs::write(&cfg, text).map_err(|e| format!("{}: {e}", cfg.display()))?;
+                let mut cmd = gw.command(mt6d).map_err(|e| e.to_string())?;
+                cmd.arg("run").arg("-c").arg(&cfg).env("RUST_LOG", "warn");
+                let mut child = Guarded::spawn(
+                    &format!("mt6d gateway {side}"),
+                    cmd,
+                    Some(&dir.join(format!("mt6d-{side}.log"))),
+                )?;
+                wait_for(Duration::from_secs(10), &mut child, || {
+                    mt6d::control::query_status(&socket).is_ok()
+                })?;
+                if side == "a" {
+                    run.control_a = Some(socket);
+                    run.gw_a = Some(child);
+                } else {
+                    run.gw_b = Some(child);
+                }
+            }
+        }
+        Scenario::WireguardGo | Scenario::Boringtun => {
+            let wg = find_tool("wg").ok_or("wg not found")?;
+            let keys = [wg_keypair(&wg)?, wg_keypair(&wg)?];
+            for (i, (gw, local, remote, own, far, side)) in sides.into_iter().enumerate() {
+                forwarding(gw, local, remote)?;
+                let ifname = unique_name("wg");
+                let socket = PathBuf::from(format!("/var/run/wireguard/{ifname}.sock"));
+                run.sockets.push(socket.clone());
+                let log = dir.join(format!("{}-{side}.log", scenario.name()));
+                let cmd = if scenario == Scenario::WireguardGo {
+                    let mut c = gw
+                        .command(find_tool("wireguard-go").ok_or("wireguard-go not found")?)
+                        .map_err(|e| e.to_string())?;
+                    c.arg("-f")
+                        .arg(&ifname)
+                        .env("WG_PROCESS_FOREGROUND", "1")
+                        .env("LOG_LEVEL", "error");
+                    c
+                } else {
+                    let mut c = gw
+                        .command(find_tool("boringtun-cli").ok_or("boringtun-cli not found")?)
+                        .map_err(|e| e.to_string())?;
+                    c.args([
+                        "--foreground",
+                        "--disable-drop-privileges",
+                        "--verbosity",
+                        "error",
+                    ])
+                    .arg(&ifname);
+                    c
+                };
+                let mut child = Guarded::spawn(
+                    &format!("{} gateway {side}", scenario.name()),
+                    cmd,
+                    Some(&log),
+                )?;
+                wait_for(Duration::from_secs(10), &mut child, || socket.exists())?;
+                let key_file = dir.join(format!("wg-{side}.key"));
+                write_secret(&key_file, &keys[i].0)?;
+                let peer_pub = &keys[1 - i].1;
+                let status = gw
+                    .command(&wg)
+                    .map_err(|e| e.to_string())?
+                    .args(["set", &ifname, "private-key"])
+                    .arg(&key_file)
+                    .args([
+                        "listen-port",
+                        &WG_PORT.to_string(),
+                        "peer",
+                        peer_pub,
+                        "allowed-ips",
+                        &format!("{remote}/128"),
+                    ])
+                    .args(["endpoint", &format!("[{}]:{WG_PORT}", far.addr)])
+                    .stdin(Stdio::null())
+                    .output()
+                    .map_err(|e| format!("wg set: {e}"))?;
+                if !status.status.success() {
+                    return Err(format!(
+                        "wg set {ifname}: {}",
+                        String::from_utf8_lossy(&status.stderr).trim()
+                    ));
+                }
+                let mtu = net.ext_mtu - WG_OVERHEAD;
+                in_ns(gw, |nl| {
+                    let i = nl.link_index(&ifname)?;
+                    nl.link_set_mtu(i, mtu)?;
+                    nl.link_set_up(i)?;
+                    nl.add_route(remote, 128, i)
+                })
+                .map_err(|e| e.to_string())?;
+                let _ = own;
+                if side == "a" {
+                    run.gw_a = Some(child);
+                } else {
+                    run.gw_b = Some(child);
+                }
+            }
+        }
+    }
+    Ok(run)
+}
+
+/// What every non-MT6D scenario needs on a gateway (and what mt6d sets up for itself): IPv6
+/// forwarding, proxy NDP for the far host on the internal link, a route to the near host.
+fn forwarding(gw: &Netns, local: Ipv6Addr, remote: Ipv6Addr) -> Result<(), String> {
+    in_ns(gw, |nl| {
+        sysctl::set_ipv6_conf("all", "forwarding", "1")?;
+        sysctl::set_ipv6_conf(INT_IF, "proxy_ndp", "1")?;
+        let int = nl.link_index(INT_IF)?;
+        nl.add_route(local, 128, int)?;
+        nl.add_proxy_neighbor(int, remote)
+    })
+    .map_err(|e| e.to_string())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn mt6d_config(
+    mode: Mode,
+    rotation: f64,
+    local: Ipv6Addr,
+    remote: Ipv6Addr,
+    own: &Public,
+    far: &Public,
+    key: &Path,
+    socket: &Path,
+) -> String {
+    let mut gw = format!(
+        "[gateway]\ninternal_interface = \"{INT_IF}\"\nexternal_interface = \"{EXT_IF}\"\ntun_name = \"mt6d0\"\n\
+control_socket = \"{}\"\nrotation_secs = {rotation:?}\nmode = \"{}\"\n",
+        socket.display(),
+        mode.config_name()
+    );
+    if let Some(r) = own.router {
+        gw += &format!("external_next_hop = \"{r}\"\n");
+    }
+    let mut peer = format!(
+        "\n[[peer]]\nname = \"far\"\nlocal_host = \"{local}\"\nremote_host = \"{remote}\"\nkey_file = \"{}\"\n",
+        key.display()
+    );
+    if let (Some(lp), Some(rp)) = (own.prefix, far.prefix) {
+        peer += &format!("local_prefix = \"{lp}/64\"\nremote_prefix = \"{rp}/64\"\n");
+    }
+    gw + &peer
+}
+
+/// Polls `ready` until true, failing early if the child exits.
+fn wait_for(
+    timeout: Duration,
+    child: &mut Guarded,
+    mut ready: impl FnMut() -> bool,
+) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if ready() {
+            return Ok(());
+        }
+        if let Some(why) = child.exited() {
+            return Err(why);
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{} not ready within {timeout:?}: {}",
+                child.label,
+                child.log_tail(8)
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(30));
+    }
+}
+
+fn wg_keypair(wg: &Path) -> Result<(String, String), String> {
+    let out = std::process::Command::new(wg)
+        .arg("genkey")
+        .output()
+        .map_err(|e| format!("wg genkey: {e}"))?;
+    let private = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let mut child = std::process::Command::new(wg)
+        .arg("pubkey")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("wg pubkey: {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(private.as_bytes());
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("wg pubkey: {e}"))?;
+    let public = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if private.is_empty() || public.is_empty() {
+        return Err("wg genkey/pubkey produced no key".into());
+    }
+    Ok((private, public))
+}
+
+/// A 0600 file with `text` (keys are never world-readable; mt6d refuses them otherwise).
+fn write_secret(path: &Path, text: &str) -> Result<(), String> {
+    let _ = std::fs::remove_file(path);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+pub fn random_bytes(n: usize) -> Result<Vec<u8>, String> {
+    use std::io::Read as _;
+    let mut buf = vec![0u8; n];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .map_err(|e| format!("/dev/urandom: {e}"))?;
+    Ok(buf)
+}
+
+/// Standard base64 with padding (RFC 4648 §4), the key format mt6d reads.
+pub fn base64(data: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in data.chunks(3) {
+        let b = [c[0], *c.get(1).unwrap_or(&0), *c.get(2).unwrap_or(&0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(T[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_rfc4648_vectors() {
+        for (i, o) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(i.as_bytes()), o);
+        }
+    }
+}

@@ -1,0 +1,619 @@
+//! results.json, report.md with the tables of 000 Ch. 5 (one row per scenario, ratios to the
+//! baseline and to wireguard-go), and SVG plots in the style of 000 Fig. 5.22-5.24, all drawn
+//! from the same JSON document.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::json::Value;
+
+const PING_TESTS: [&str; 5] = [
+    "ping_std",
+    "ping_flood_10k",
+    "ping_flood_50k",
+    "ping_std_1s_rotation",
+    "ping_flood_1s_rotation",
+];
+
+pub fn write_all(doc: &Value, out: &Path) -> Result<(), String> {
+    let w = |name: &str, text: String| {
+        std::fs::write(out.join(name), text)
+            .map_err(|e| format!("{}: {e}", out.join(name).display()))
+    };
+    w("results.json", doc.pretty())?;
+    w("report.md", markdown(doc))?;
+    for topo in topologies(doc) {
+        let rows = rows_of(doc, &topo);
+        w(&format!("{topo}-latency.svg"), latency_plot(&topo, &rows))?;
+        w(&format!("{topo}-loss.svg"), loss_plot(&topo, &rows))?;
+        w(
+            &format!("{topo}-throughput.svg"),
+            throughput_plot(&topo, &rows, doc),
+        )?;
+    }
+    Ok(())
+}
+
+fn rows(doc: &Value) -> Vec<&Value> {
+    match doc.get("rows") {
+        Some(Value::Arr(r)) => r.iter().collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn topologies(doc: &Value) -> Vec<String> {
+    let mut t: Vec<String> = Vec::new();
+    for r in rows(doc) {
+        if let Some(n) = r.get("topology").and_then(Value::as_str) {
+            if !t.iter().any(|x| x == n) {
+                t.push(n.to_string());
+            }
+        }
+    }
+    t
+}
+
+fn rows_of<'a>(doc: &'a Value, topo: &str) -> Vec<&'a Value> {
+    rows(doc)
+        .into_iter()
+        .filter(|r| r.get("topology").and_then(Value::as_str) == Some(topo))
+        .collect()
+}
+
+fn name(r: &Value) -> &str {
+    r.get("scenario").and_then(Value::as_str).unwrap_or("?")
+}
+
+fn num(r: &Value, path: &[&str]) -> Option<f64> {
+    r.path(path).and_then(Value::as_f64)
+}
+
+fn test(r: &Value, t: &str, k: &str) -> Option<f64> {
+    num(r, &["tests", t, k])
+}
+
+fn f(v: Option<f64>, digits: usize) -> String {
+    v.map_or("–".into(), |x| format!("{x:.digits$}"))
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
+/// Average HTTP throughput over every download size (000 §5.1.1's "overall average").
+fn http_avg(r: &Value, doc: &Value) -> Option<f64> {
+    let v: Vec<f64> = downloads(doc)
+        .iter()
+        .filter_map(|t| test(r, t, "mbyte_per_s"))
+        .collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+fn downloads(doc: &Value) -> Vec<String> {
+    list(doc, "downloads")
+}
+
+fn list(doc: &Value, key: &str) -> Vec<String> {
+    match doc.path(&["profile", key]) {
+        Some(Value::Arr(a)) => a
+            .iter()
+            .filter_map(|x| x.get("test").and_then(Value::as_str).map(str::to_string))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn unavailable(r: &Value) -> Option<String> {
+    if let Some(reason) = r.get("reason").and_then(Value::as_str) {
+        return Some(reason.to_string());
+    }
+    r.get("error")
+        .and_then(Value::as_str)
+        .map(|e| format!("failed: {e}"))
+}
+
+pub fn markdown(doc: &Value) -> String {
+    let mut s = String::new();
+    let m = doc.get("machine").cloned().unwrap_or(Value::Null);
+    let ms = |k: &str| {
+        m.get(k).map_or("?".to_string(), |v| {
+            v.as_str().map_or_else(|| f(v.as_f64(), 0), str::to_string)
+        })
+    };
+    let _ = writeln!(
+        s,
+        "# mt6d bench: {} profile, {}\n",
+        doc.path(&["profile", "name"])
+            .and_then(Value::as_str)
+            .unwrap_or("?"),
+        doc.get("date_utc").and_then(Value::as_str).unwrap_or("?")
+    );
+    let _ = writeln!(s, "The evaluation of 000 Ch. 4-5 (tracker issue 4) in network namespaces on one machine: {} ({} CPUs, {} MB), kernel {}, {}; run took {:.0} s.\n",
+        ms("cpu_model"), ms("cpus"), ms("memory_mb"), ms("kernel"), ms("os"), num(doc, &["duration_secs"]).unwrap_or(0.0));
+    if let Some(Value::Obj(tools)) = m.get("tools") {
+        let _ = writeln!(
+            s,
+            "Tools: {}.\n",
+            tools
+                .iter()
+                .map(|(k, v)| format!("{k} `{}`", v.as_str().unwrap_or("?")))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let _ = writeln!(s, "All figures come from results.json in this directory; docs/BENCH.md explains the topologies, scenarios and test sizes. Throughput in Mbit/s is iperf3's receiver figure; HTTP in MB/s (10^6 bytes) as curl reports it. \"–\" means not measured (see the row's note).\n");
+    headlines(&mut s, doc);
+    for topo in topologies(doc) {
+        let rows = rows_of(doc, &topo);
+        let base = rows.iter().find(|r| name(r) == "none").copied();
+        let wg = rows.iter().find(|r| name(r) == "wireguard-go").copied();
+        let _ = writeln!(s, "## {topo} topology\n");
+        if let Some(mtu) = rows.first().and_then(|r| num(r, &["path_mtu"])) {
+            let _ = writeln!(s, "Gateways' external MTU: {mtu:.0}. Plots: [latency]({topo}-latency.svg), [loss]({topo}-loss.svg), [throughput]({topo}-throughput.svg).\n");
+        }
+        let _ = writeln!(s, "### Summary\n");
+        let _ = writeln!(s, "| Scenario | ping_std avg ms | flood 10k loss % | flood 50k loss % | HTTP avg MB/s | TCP 1 Mbit/s | TCP 4 Mbit/s | UDP jitter ms | TCP 1/4 vs baseline | TCP 1/4 vs wireguard-go | gw A CPU in flood % | gw A private kB |");
+        let _ = writeln!(
+            s,
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
+        for r in &rows {
+            if let Some(why) = unavailable(r) {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} |  |  |  |  |  |  |  |  |  |  |",
+                    name(r),
+                    why.replace('|', "/")
+                );
+                if r.get("tests").is_none() {
+                    continue;
+                }
+            }
+            let t1 = test(r, "iperf_tcp_1", "mbit_per_s");
+            let t4 = test(r, "iperf_tcp_4", "mbit_per_s");
+            let rel = |o: Option<&Value>| {
+                let o1 = o.and_then(|o| test(o, "iperf_tcp_1", "mbit_per_s"));
+                let o4 = o.and_then(|o| test(o, "iperf_tcp_4", "mbit_per_s"));
+                format!("{} / {}", f(ratio(t1, o1), 2), f(ratio(t4, o4), 2))
+            };
+            let jitter: Vec<f64> = list(doc, "udp")
+                .iter()
+                .filter_map(|t| test(r, t, "jitter_ms"))
+                .collect();
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                name(r),
+                f(test(r, "ping_std", "rtt_avg_ms"), 3),
+                f(test(r, "ping_flood_10k", "loss_percent"), 2),
+                f(test(r, "ping_flood_50k", "loss_percent"), 2),
+                f(http_avg(r, doc), 1),
+                f(t1, 0),
+                f(t4, 0),
+                f(
+                    (!jitter.is_empty()).then(|| jitter.iter().sum::<f64>() / jitter.len() as f64),
+                    4
+                ),
+                rel(base),
+                rel(wg),
+                f(
+                    num(
+                        r,
+                        &["tests", "ping_flood_50k", "gateway_a_cpu", "cpu_percent"]
+                    ),
+                    1
+                ),
+                f(num(r, &["gateway_a", "private_memory_kb"]), 0)
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\n### ICMP (000 Fig. 5.1, 5.5, 5.10-5.11: latency min/avg/max, loss)\n"
+        );
+        let _ = writeln!(s, "| Scenario | Test | sent | min ms | avg ms | max ms | p99 ms | loss % | lost at rotation |");
+        let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
+        for r in &rows {
+            for t in PING_TESTS {
+                if r.path(&["tests", t]).is_none() {
+                    continue;
+                }
+                let _ = writeln!(
+                    s,
+                    "| {} | {t} | {} | {} | {} | {} | {} | {} | {} |",
+                    name(r),
+                    f(test(r, t, "sent"), 0),
+                    f(test(r, t, "rtt_min_ms"), 3),
+                    f(test(r, t, "rtt_avg_ms"), 3),
+                    f(test(r, t, "rtt_max_ms"), 2),
+                    f(test(r, t, "rtt_p99_ms"), 2),
+                    f(test(r, t, "loss_percent"), 3),
+                    f(test(r, t, "lost_at_rotation"), 0)
+                );
+            }
+        }
+        let dl = downloads(doc);
+        let _ = writeln!(
+            s,
+            "\n### TCP: HTTP downloads, MB/s (000 Fig. 5.2, 5.6, 5.12), and iperf3\n"
+        );
+        let _ = writeln!(s, "| Scenario | {} | TCP 1 stream Mbit/s (retr.) | TCP 4 streams Mbit/s (retr.) | TCP 1 stream at 1 s rotation |", dl.join(" | "));
+        let _ = writeln!(s, "|---|{}---:|---:|---:|", "---:|".repeat(dl.len()));
+        for r in &rows {
+            if r.get("tests").is_none() {
+                continue;
+            }
+            let cells: Vec<String> = dl.iter().map(|t| f(test(r, t, "mbyte_per_s"), 1)).collect();
+            let tcp = |t: &str| {
+                format!(
+                    "{} ({})",
+                    f(test(r, t, "mbit_per_s"), 0),
+                    f(test(r, t, "retransmits"), 0)
+                )
+            };
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} |",
+                name(r),
+                cells.join(" | "),
+                tcp("iperf_tcp_1"),
+                tcp("iperf_tcp_4"),
+                f(test(r, "iperf_tcp_1_1s_rotation", "mbit_per_s"), 0)
+            );
+        }
+        let udp = list(doc, "udp");
+        let _ = writeln!(s, "\n### UDP jitter, ms (loss %) (000 Tables 5.1-5.3)\n");
+        let _ = writeln!(s, "| Scenario | {} |", udp.join(" | "));
+        let _ = writeln!(s, "|---|{}", "---:|".repeat(udp.len()));
+        for r in &rows {
+            if r.get("tests").is_none() {
+                continue;
+            }
+            let cells: Vec<String> = udp
+                .iter()
+                .map(|t| {
+                    format!(
+                        "{} ({})",
+                        f(test(r, t, "jitter_ms"), 4),
+                        f(test(r, t, "loss_percent"), 2)
+                    )
+                })
+                .collect();
+            let _ = writeln!(s, "| {} | {} |", name(r), cells.join(" | "));
+        }
+        let _ = writeln!(
+            s,
+            "\n### Host performance of the gateways (000 §4.3, Fig. 5.7)\n"
+        );
+        let _ = writeln!(s, "CPU (Eq. 4.1) is the process's average over its life, as `ps` computes it; \"in flood\" and \"in ping_std\" are gateway A's CPU during those tests (100 % = one core). User share is utime / (utime + stime). The baseline forwards in the kernel and has no process.\n");
+        let _ = writeln!(s, "| Scenario | gw A CPU Eq. 4.1 % | gw A in flood % | gw A in ping_std % | gw A in TCP 4 % | user share % | user s | kernel s | private kB A / B | RSS kB A |");
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for r in &rows {
+            if r.get("gateway_a").is_none() {
+                continue;
+            }
+            let g = |k: &str| num(r, &["gateway_a", k]);
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} |",
+                name(r),
+                f(g("cpu_percent_eq_4_1"), 2),
+                f(
+                    num(
+                        r,
+                        &["tests", "ping_flood_50k", "gateway_a_cpu", "cpu_percent"]
+                    ),
+                    1
+                ),
+                f(
+                    num(r, &["tests", "ping_std", "gateway_a_cpu", "cpu_percent"]),
+                    2
+                ),
+                f(
+                    num(r, &["tests", "iperf_tcp_4", "gateway_a_cpu", "cpu_percent"]),
+                    1
+                ),
+                f(g("user_share_percent"), 1),
+                f(g("user_secs"), 2),
+                f(g("kernel_secs"), 2),
+                f(g("private_memory_kb"), 0),
+                f(num(r, &["gateway_b", "private_memory_kb"]), 0),
+                f(g("rss_kb"), 0)
+            );
+        }
+        let _ = writeln!(s);
+    }
+    s
+}
+
+fn headlines(s: &mut String, doc: &Value) {
+    let _ = writeln!(s, "## Headlines\n");
+    let _ = writeln!(s, "Issue 4's targets: mt6d-encrypt TCP >= 1.25x wireguard-go; mt6d-plain >= 85 % of the baseline; 0 loss in ping floods at 1 s rotation.\n");
+    for topo in topologies(doc) {
+        let rows = rows_of(doc, &topo);
+        let by = |n: &str| rows.iter().find(|r| name(r) == n).copied();
+        let tcp = |n: &str, t: &str| by(n).and_then(|r| test(r, t, "mbit_per_s"));
+        let mut parts = Vec::new();
+        for (label, t) in [("1 stream", "iperf_tcp_1"), ("4 streams", "iperf_tcp_4")] {
+            parts.push(format!(
+                "TCP {label}: plain/baseline {}, encrypt/wireguard-go {}, encrypt/boringtun {}",
+                f(ratio(tcp("mt6d-plain", t), tcp("none", t)), 2),
+                f(ratio(tcp("mt6d-encrypt", t), tcp("wireguard-go", t)), 2),
+                f(ratio(tcp("mt6d-encrypt", t), tcp("boringtun", t)), 2)
+            ));
+        }
+        let fast: Vec<String> = ["mt6d-plain", "mt6d-auth", "mt6d-encrypt"]
+            .iter()
+            .filter_map(|n| {
+                let r = by(n)?;
+                Some(format!(
+                    "{n} {}/{} lost ({} at rotation)",
+                    f(test(r, "ping_flood_1s_rotation", "lost"), 0),
+                    f(test(r, "ping_flood_1s_rotation", "sent"), 0),
+                    f(test(r, "ping_flood_1s_rotation", "lost_at_rotation"), 0)
+                ))
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "- **{topo}**: {}; {}. Flood at 1 s rotation: {}.",
+            parts[0],
+            parts[1],
+            if fast.is_empty() {
+                "not run".into()
+            } else {
+                fast.join(", ")
+            }
+        );
+    }
+    let _ = writeln!(s);
+}
+
+// ---- SVG plots ----
+
+const COLORS: [&str; 8] = [
+    "#4d4d4d", "#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#ff7f0e", "#8c564b", "#17becf",
+];
+
+/// A grouped bar chart: one group per category, one bar per series, optional min-max whiskers.
+struct Chart<'a> {
+    title: String,
+    y_label: &'a str,
+    categories: Vec<String>,
+    series: Vec<(String, Vec<Option<(f64, Option<(f64, f64)>)>>)>,
+    log: bool,
+}
+
+fn esc(t: &str) -> String {
+    t.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+impl Chart<'_> {
+    fn svg(&self) -> String {
+        let (w, h) = (960.0, 440.0);
+        let (l, r, t, b) = (70.0, 170.0, 40.0, 70.0);
+        let (pw, ph) = (w - l - r, h - t - b);
+        let vals: Vec<f64> = self
+            .series
+            .iter()
+            .flat_map(|(_, v)| {
+                v.iter()
+                    .flatten()
+                    .flat_map(|(x, wk)| [Some(*x), wk.map(|w| w.1)])
+                    .flatten()
+            })
+            .collect();
+        let max = vals.iter().copied().fold(0.0f64, f64::max);
+        let min_pos = vals
+            .iter()
+            .copied()
+            .filter(|x| *x > 0.0)
+            .fold(f64::INFINITY, f64::min);
+        let (lo, hi) = if self.log {
+            let lo = if min_pos.is_finite() {
+                10f64.powf(min_pos.log10().floor())
+            } else {
+                0.01
+            };
+            (lo, 10f64.powf(max.max(lo * 10.0).log10().ceil()))
+        } else {
+            (0.0, nice_max(max))
+        };
+        let y = |v: f64| -> f64 {
+            let frac = if self.log {
+                (v.max(lo).log10() - lo.log10()) / (hi.log10() - lo.log10())
+            } else {
+                v / hi
+            };
+            t + ph - frac.clamp(0.0, 1.0) * ph
+        };
+        let mut s = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n");
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">{}</text>",
+            l + pw / 2.0,
+            esc(&self.title)
+        );
+        // Grid and y ticks.
+        let ticks: Vec<f64> = if self.log {
+            let mut v = Vec::new();
+            let mut x = lo;
+            while x <= hi * 1.0001 {
+                v.push(x);
+                x *= 10.0;
+            }
+            v
+        } else {
+            (0..=5).map(|i| hi * f64::from(i) / 5.0).collect()
+        };
+        for tv in ticks {
+            let yy = y(tv);
+            let _ = writeln!(s, "<line x1=\"{l}\" x2=\"{}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\" stroke=\"#ddd\"/><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>", l + pw, l - 6.0, yy + 4.0, short(tv));
+        }
+        let _ = writeln!(
+            s,
+            "<text transform=\"translate(16 {}) rotate(-90)\" text-anchor=\"middle\">{}</text>",
+            t + ph / 2.0,
+            esc(self.y_label)
+        );
+        let n_cat = self.categories.len().max(1) as f64;
+        let n_ser = self.series.len().max(1) as f64;
+        let group = pw / n_cat;
+        let bar = group * 0.8 / n_ser;
+        for (ci, c) in self.categories.iter().enumerate() {
+            let gx = l + group * ci as f64;
+            let _ = writeln!(
+                s,
+                "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+                gx + group / 2.0,
+                t + ph + 18.0,
+                esc(c)
+            );
+            for (si, (_, vals)) in self.series.iter().enumerate() {
+                let x = gx + group * 0.1 + bar * si as f64;
+                match vals.get(ci).copied().flatten() {
+                    Some((v, whisk)) => {
+                        let yy = y(v);
+                        let _ = writeln!(s, "<rect x=\"{x:.1}\" y=\"{yy:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{}\"><title>{}</title></rect>", bar * 0.92, (t + ph - yy).max(0.0), COLORS[si % COLORS.len()], short(v));
+                        if let Some((a, b)) = whisk {
+                            let cx = x + bar * 0.46;
+                            let _ = writeln!(s, "<line x1=\"{cx:.1}\" x2=\"{cx:.1}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"black\"/>", y(a), y(b));
+                        }
+                    }
+                    None => {
+                        let _ = writeln!(s, "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\" font-size=\"9\" fill=\"#999\">n/a</text>", x + bar / 2.0, t + ph - 4.0);
+                    }
+                }
+            }
+        }
+        let _ = writeln!(s, "<line x1=\"{l}\" x2=\"{l}\" y1=\"{t}\" y2=\"{}\" stroke=\"black\"/><line x1=\"{l}\" x2=\"{}\" y1=\"{}\" y2=\"{}\" stroke=\"black\"/>", t + ph, l + pw, t + ph, t + ph);
+        for (si, (n, _)) in self.series.iter().enumerate() {
+            let yy = t + 10.0 + 20.0 * si as f64;
+            let _ = writeln!(s, "<rect x=\"{}\" y=\"{yy}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{}\" y=\"{}\">{}</text>", l + pw + 14.0, COLORS[si % COLORS.len()], l + pw + 32.0, yy + 10.0, esc(n));
+        }
+        s.push_str("</svg>\n");
+        s
+    }
+}
+
+fn nice_max(x: f64) -> f64 {
+    if x <= 0.0 {
+        return 1.0;
+    }
+    let p = 10f64.powf(x.log10().floor());
+    [1.0, 2.0, 2.5, 5.0, 10.0]
+        .iter()
+        .map(|m| m * p)
+        .find(|v| *v >= x)
+        .unwrap_or(10.0 * p)
+}
+
+fn short(v: f64) -> String {
+    if v == 0.0 {
+        "0".into()
+    } else if v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 1.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+fn latency_plot(topo: &str, rows: &[&Value]) -> String {
+    let tests: Vec<&str> = PING_TESTS
+        .iter()
+        .copied()
+        .filter(|t| rows.iter().any(|r| r.path(&["tests", t]).is_some()))
+        .collect();
+    Chart {
+        title: format!("{topo}: ICMP latency, avg with min-max (cf. 000 Fig. 5.22)"),
+        y_label: "RTT ms (log)",
+        categories: tests.iter().map(|t| t.to_string()).collect(),
+        series: rows
+            .iter()
+            .map(|r| {
+                let v = tests
+                    .iter()
+                    .map(|t| {
+                        Some((
+                            test(r, t, "rtt_avg_ms")?,
+                            Some((test(r, t, "rtt_min_ms")?, test(r, t, "rtt_max_ms")?)),
+                        ))
+                    })
+                    .collect();
+                (name(r).to_string(), v)
+            })
+            .collect(),
+        log: true,
+    }
+    .svg()
+}
+
+fn loss_plot(topo: &str, rows: &[&Value]) -> String {
+    let tests: Vec<&str> = PING_TESTS
+        .iter()
+        .copied()
+        .filter(|t| rows.iter().any(|r| r.path(&["tests", t]).is_some()))
+        .collect();
+    Chart {
+        title: format!("{topo}: ICMP packet loss (cf. 000 Fig. 5.23)"),
+        y_label: "loss %",
+        categories: tests.iter().map(|t| t.to_string()).collect(),
+        series: rows
+            .iter()
+            .map(|r| {
+                (
+                    name(r).to_string(),
+                    tests
+                        .iter()
+                        .map(|t| test(r, t, "loss_percent").map(|v| (v, None)))
+                        .collect(),
+                )
+            })
+            .collect(),
+        log: false,
+    }
+    .svg()
+}
+
+fn throughput_plot(topo: &str, rows: &[&Value], doc: &Value) -> String {
+    let mut cats: Vec<(String, String, &str, f64)> = downloads(doc)
+        .into_iter()
+        .map(|t| (t.clone(), t, "mbyte_per_s", 8.0))
+        .collect();
+    cats.push((
+        "TCP 1 stream".into(),
+        "iperf_tcp_1".into(),
+        "mbit_per_s",
+        1.0,
+    ));
+    cats.push((
+        "TCP 4 streams".into(),
+        "iperf_tcp_4".into(),
+        "mbit_per_s",
+        1.0,
+    ));
+    Chart {
+        title: format!("{topo}: TCP throughput, HTTP downloads and iperf3 (cf. 000 Fig. 5.24)"),
+        y_label: "Mbit/s",
+        categories: cats.iter().map(|c| c.0.clone()).collect(),
+        series: rows
+            .iter()
+            .map(|r| {
+                (
+                    name(r).to_string(),
+                    cats.iter()
+                        .map(|(_, t, k, m)| test(r, t, k).map(|v| (v * m, None)))
+                        .collect(),
+                )
+            })
+            .collect(),
+        log: false,
+    }
+    .svg()
+}

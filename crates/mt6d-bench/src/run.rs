@@ -1,0 +1,354 @@
+//! One bench run: every (topology, scenario) pair in turn, each on freshly built namespaces,
+//! with progress on stderr and the results written after every pair so a partial run is kept.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use mt6d::lab::topology::HOST_B;
+
+use crate::json::Value;
+use crate::peers::{self, Running};
+use crate::procs::{self, ProcSample};
+use crate::profile::{Profile, Scenario, Topology};
+use crate::topo::Net;
+use crate::traffic::{self, Pace};
+use crate::Args;
+
+/// Progress on stderr: which pair, which test, elapsed and (after the first pair) remaining.
+struct Progress {
+    start: Instant,
+    total: usize,
+    done: usize,
+    label: String,
+}
+
+impl Progress {
+    fn say(&self, what: &str) {
+        let el = self.start.elapsed().as_secs();
+        let rem = if self.done == 0 {
+            "?".to_string()
+        } else {
+            let per = self.start.elapsed().as_secs_f64() / self.done as f64;
+            fmt_secs((per * (self.total - self.done) as f64) as u64)
+        };
+        eprintln!(
+            "[{}/{}] {:<26} {:<24} elapsed {} remaining ~{}",
+            self.done + 1,
+            self.total,
+            self.label,
+            what,
+            fmt_secs(el),
+            rem
+        );
+    }
+}
+
+fn fmt_secs(s: u64) -> String {
+    format!("{}m{:02}s", s / 60, s % 60)
+}
+
+pub fn run(args: &Args) -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
+    let mt6d = exe.with_file_name("mt6d");
+    let work = std::env::temp_dir().join(format!("mt6d-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
+    let _work_guard = RemoveDir(work.clone());
+    let (date, time) = utc_now();
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("bench-results/{date}-{}", args.profile.name)));
+    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+
+    let p = &args.profile;
+    let www = work.join("www");
+    traffic::make_files(&www, &p.downloads).map_err(|e| format!("test files: {e}"))?;
+
+    let mut doc = Value::obj();
+    doc.set("tool", "mt6d bench")
+        .set("issue", "tracker issue 4: the evaluation of 000 Ch. 4-5")
+        .set("date_utc", format!("{date} {time}"))
+        .set("profile", profile_json(p))
+        .set("machine", crate::machine::describe(&mt6d));
+    let pairs: Vec<(Topology, Scenario)> = args
+        .topologies
+        .iter()
+        .flat_map(|t| args.scenarios.iter().map(move |s| (*t, *s)))
+        .collect();
+    let mut progress = Progress {
+        start: Instant::now(),
+        total: pairs.len(),
+        done: 0,
+        label: String::new(),
+    };
+    let mut rows = Vec::new();
+    for (topology, scenario) in pairs {
+        progress.label = format!("{topology} / {scenario}");
+        let dir = work.join(format!("{topology}-{scenario}"));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut row = Value::obj();
+        row.set("topology", topology.name())
+            .set("scenario", scenario.name());
+        let t0 = Instant::now();
+        match peers::unavailable(scenario, &mt6d) {
+            Some(reason) => {
+                row.set("available", false)
+                    .set("reason", format!("not available: {reason}"));
+                progress.say(&format!("not available: {reason}"));
+            }
+            None => {
+                row.set("available", true);
+                if let Err(e) = run_pair(
+                    &mut row, topology, scenario, p, &mt6d, &www, &dir, &progress,
+                ) {
+                    progress.say(&format!("FAILED: {e}"));
+                    row.set("error", e);
+                }
+            }
+        }
+        row.set("wall_secs", t0.elapsed().as_secs_f64());
+        rows.push(row);
+        progress.done += 1;
+        doc.set("duration_secs", progress.start.elapsed().as_secs_f64())
+            .set("rows", Value::Arr(rows.clone()));
+        crate::report::write_all(&doc, &out)?;
+    }
+    eprintln!(
+        "mt6d bench: done in {}; results in {}",
+        fmt_secs(progress.start.elapsed().as_secs()),
+        out.display()
+    );
+    Ok(out)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_pair(
+    row: &mut Value,
+    topology: Topology,
+    scenario: Scenario,
+    p: &Profile,
+    mt6d: &Path,
+    www: &Path,
+    dir: &Path,
+    progress: &Progress,
+) -> Result<(), String> {
+    progress.say("build topology");
+    let net = Net::build(topology)?;
+    let mut nginx = traffic::start_nginx(&net.host_b, www, dir)?;
+    let mut iperf = traffic::start_iperf(&net.host_b, dir)?;
+    let rotation = matches!(scenario, Scenario::Mt6d(_)).then_some(p.rotation_secs);
+    if let Some(r) = rotation {
+        row.set("rotation_secs", r);
+    }
+    row.set("path_mtu", u64::from(net.ext_mtu));
+    progress.say("start gateways");
+    let mut gw = peers::start(&net, scenario, p.rotation_secs, mt6d, dir)?;
+    warm_up(&net)?;
+    let mut tests = Value::obj();
+    let sched = rotation.and_then(|r| schedule(&gw, r));
+
+    let measure = |name: &str,
+                   tests: &mut Value,
+                   gw: &mut Running,
+                   f: &mut dyn FnMut() -> Result<Value, String>| {
+        progress.say(name);
+        let before = gw
+            .gw_a
+            .as_ref()
+            .and_then(|g| g.pid())
+            .and_then(ProcSample::read);
+        let mut v = f().unwrap_or_else(|e| {
+            let mut v = Value::obj();
+            v.set("error", e);
+            v
+        });
+        let pid = gw.gw_a.as_ref().and_then(|g| g.pid());
+        if let (Some(a), Some(b)) = (before, pid.and_then(ProcSample::read)) {
+            v.set("gateway_a_cpu", procs::window(&a, &b));
+        }
+        if let Some(dead) = gw.dead() {
+            v.set("gateway_died", dead);
+        }
+        tests.set(name, v);
+    };
+
+    let std_pace = Pace::Train(Duration::from_millis(p.ping_std_interval_ms));
+    measure("ping_std", &mut tests, &mut gw, &mut || {
+        let r = net
+            .host_a
+            .run(|| traffic::ping(HOST_B, p.ping_std_count, std_pace, Duration::from_secs(1)))
+            .map_err(|e| e.to_string())??;
+        Ok(r.to_json(sched))
+    });
+    for (name, count) in p.floods {
+        measure(name, &mut tests, &mut gw, &mut || {
+            let r = net
+                .host_a
+                .run(|| traffic::ping(HOST_B, count, Pace::Flood, Duration::from_secs(1)))
+                .map_err(|e| e.to_string())??;
+            Ok(r.to_json(sched))
+        });
+    }
+    for (name, bytes) in &p.downloads {
+        let scratch = traffic::scratch(dir, name);
+        measure(name, &mut tests, &mut gw, &mut || {
+            traffic::download(&net.host_a, name, *bytes, &scratch)
+        });
+    }
+    for (name, bytes) in &p.udp {
+        let scratch = traffic::scratch(dir, name);
+        measure(name, &mut tests, &mut gw, &mut || {
+            traffic::udp(&net.host_a, *bytes, p.udp_rate_mbit, &scratch)
+        });
+    }
+    for streams in [1u32, 4] {
+        let name = format!("iperf_tcp_{streams}");
+        let scratch = traffic::scratch(dir, &name);
+        measure(&name, &mut tests, &mut gw, &mut || {
+            traffic::tcp(&net.host_a, streams, p.tcp_secs, &scratch)
+        });
+    }
+    // 000 §4.3: the gateway processes' own figures at the end of their run.
+    for (key, g) in [("gateway_a", &gw.gw_a), ("gateway_b", &gw.gw_b)] {
+        if let Some(s) = g.as_ref().and_then(|g| g.pid()).and_then(ProcSample::read) {
+            row.set(key, procs::host_metrics(&s));
+        }
+    }
+    if let Some(sock) = &gw.control_a {
+        if let Ok(st) = mt6d::control::query_status(sock) {
+            if let Some(peer) = st.peers.first() {
+                row.set("gateway_a_drops", Value::from(peer.counters.drops.clone()));
+                row.set("gateway_a_rotations", peer.counters.rotations);
+            }
+        }
+    }
+    drop(gw);
+
+    // MT6D again at the fast rotation, for loss at rotations (001 §4; issue 4's 1 s target).
+    if matches!(scenario, Scenario::Mt6d(_)) {
+        progress.say("restart at fast rotation");
+        let mut gw = peers::start(&net, scenario, p.fast_rotation_secs, mt6d, dir)?;
+        warm_up(&net)?;
+        let sched = schedule(&gw, p.fast_rotation_secs);
+        measure("ping_std_1s_rotation", &mut tests, &mut gw, &mut || {
+            let r = net
+                .host_a
+                .run(|| traffic::ping(HOST_B, p.ping_std_count, std_pace, Duration::from_secs(1)))
+                .map_err(|e| e.to_string())??;
+            Ok(r.to_json(sched))
+        });
+        let (name, count) = p.fast_flood;
+        measure(name, &mut tests, &mut gw, &mut || {
+            let r = net
+                .host_a
+                .run(|| traffic::ping(HOST_B, count, Pace::Flood, Duration::from_secs(1)))
+                .map_err(|e| e.to_string())??;
+            Ok(r.to_json(sched))
+        });
+        let scratch = traffic::scratch(dir, "tcp_fast");
+        measure("iperf_tcp_1_1s_rotation", &mut tests, &mut gw, &mut || {
+            traffic::tcp(&net.host_a, 1, p.tcp_secs, &scratch)
+        });
+        row.set("fast_rotation_secs", p.fast_rotation_secs);
+    }
+    row.set("tests", tests);
+    nginx.stop(Duration::from_secs(2));
+    iperf.stop(Duration::from_secs(2));
+    Ok(())
+}
+
+/// A few echoes before measuring: neighbour discovery and the WireGuard handshake happen here,
+/// for every scenario alike, and a path that carries nothing fails the pair early.
+fn warm_up(net: &Net) -> Result<(), String> {
+    for _ in 0..20 {
+        let r = net
+            .host_a
+            .run(|| {
+                traffic::ping(
+                    HOST_B,
+                    3,
+                    Pace::Train(Duration::from_millis(100)),
+                    Duration::from_millis(300),
+                )
+            })
+            .map_err(|e| e.to_string())??;
+        if r.received == r.sent {
+            return Ok(());
+        }
+    }
+    Err(
+        "Host A cannot reach Host B through this scenario (warm-up pings unanswered for 8 s)"
+            .into(),
+    )
+}
+
+/// MT6D's rotation schedule from gateway A's control socket: (a boundary in unix secs, period).
+fn schedule(gw: &Running, period: f64) -> Option<(f64, f64)> {
+    let st = mt6d::control::query_status(gw.control_a.as_ref()?).ok()?;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .ok()?
+        .as_secs_f64();
+    Some((
+        now + st.peers.first()?.next_change_ms as f64 / 1000.0,
+        period,
+    ))
+}
+
+fn profile_json(p: &Profile) -> Value {
+    let mut v = Value::obj();
+    let pairs = |xs: &[(&str, u64)]| {
+        Value::Arr(
+            xs.iter()
+                .map(|(n, b)| {
+                    let mut o = Value::obj();
+                    o.set("test", *n).set("bytes", *b);
+                    o
+                })
+                .collect(),
+        )
+    };
+    v.set("name", p.name)
+        .set("ping_std_count", p.ping_std_count)
+        .set("ping_std_interval_ms", p.ping_std_interval_ms)
+        .set("floods", pairs(&p.floods))
+        .set("downloads", pairs(&p.downloads))
+        .set("udp", pairs(&p.udp))
+        .set("udp_rate_mbit", p.udp_rate_mbit)
+        .set("tcp_secs", p.tcp_secs)
+        .set("rotation_secs", p.rotation_secs)
+        .set("fast_rotation_secs", p.fast_rotation_secs)
+        .set("fast_flood", pairs(&[p.fast_flood]));
+    v
+}
+
+/// Removes the work directory (test files, keys, configs) on every exit path.
+struct RemoveDir(PathBuf);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// (YYYY-MM-DD, HH:MM:SS) in UTC, from the system clock (civil-from-days, H. Hinnant).
+pub fn utc_now() -> (String, String) {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let days = (secs / 86_400) as i64;
+    let tod = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (
+        format!("{y:04}-{m:02}-{d:02}"),
+        format!("{:02}:{:02}:{:02}", tod / 3600, tod % 3600 / 60, tod % 60),
+    )
+}

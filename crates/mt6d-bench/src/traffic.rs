@@ -1,0 +1,422 @@
+//! The traffic of 000 Table 4.1 with real tools, from Host A to Host B: our own ICMPv6 pinger
+//! (train and `ping -f` flood, recording which echoes were lost and when), HTTP downloads from
+//! nginx with curl, iperf3 UDP jitter and TCP throughput.
+
+use std::net::Ipv6Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use mt6d::lab::topology::HOST_B;
+use mt6d_os::{Icmp6Socket, Netns};
+
+use crate::json::Value;
+use crate::procs::Guarded;
+
+const ECHO_REQUEST: u8 = 128;
+const ECHO_REPLY: u8 = 129;
+/// `ping -f`: the next echo goes when the last one is answered, or after 10 ms (000 §4.2.1:
+/// "as fast as they come back, or 100 times per second, whichever is greater").
+const FLOOD_GAP: Duration = Duration::from_millis(10);
+
+/// How echoes are paced.
+#[derive(Debug, Clone, Copy)]
+pub enum Pace {
+    Train(Duration),
+    Flood,
+}
+
+/// One ping test.
+#[derive(Debug, Default, Clone)]
+pub struct PingResult {
+    pub sent: u64,
+    pub received: u64,
+    pub rtts_ms: Vec<f64>,
+    /// Unix time (s) at which each lost echo was sent.
+    pub lost_at: Vec<f64>,
+    pub secs: f64,
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Sends `count` 64-byte echo requests to `dst` (run inside Host A's namespace).
+pub fn ping(dst: Ipv6Addr, count: u64, pace: Pace, linger: Duration) -> Result<PingResult, String> {
+    let sock = Icmp6Socket::open().map_err(|e| e.to_string())?;
+    sock.set_filter_pass_only(&[ECHO_REPLY])
+        .map_err(|e| e.to_string())?;
+    let ident = (std::process::id() as u16) ^ 0x6d62;
+    let n = usize::try_from(count)
+        .map_err(|_| "count too large")?
+        .min(65_536);
+    // Per sequence number: (monotonic send time, unix send time); taken when answered.
+    let mut outstanding: Vec<Option<(Instant, f64)>> = vec![None; n];
+    let mut r = PingResult::default();
+    let mut buf = [0u8; 2048];
+    let start = Instant::now();
+    for seq in 0..n {
+        let mut req = [0u8; 64];
+        req[0] = ECHO_REQUEST;
+        req[4..6].copy_from_slice(&ident.to_be_bytes());
+        req[6..8].copy_from_slice(&(seq as u16).to_be_bytes());
+        let now = Instant::now();
+        outstanding[seq] = Some((now, unix_now()));
+        if sock.send_to(&req, dst, None).is_ok() {
+            r.sent += 1;
+        }
+        let (deadline, wait_for) = match pace {
+            Pace::Train(every) => (start + every * (seq as u32 + 1), None),
+            Pace::Flood => (now + FLOOD_GAP, Some(seq)),
+        };
+        receive(
+            &sock,
+            ident,
+            deadline,
+            wait_for,
+            &mut outstanding,
+            &mut r,
+            &mut buf,
+        );
+    }
+    let deadline = Instant::now() + linger;
+    while outstanding.iter().any(Option::is_some) && Instant::now() < deadline {
+        receive(
+            &sock,
+            ident,
+            deadline,
+            None,
+            &mut outstanding,
+            &mut r,
+            &mut buf,
+        );
+    }
+    r.lost_at = outstanding.iter().flatten().map(|(_, t)| *t).collect();
+    r.secs = start.elapsed().as_secs_f64();
+    Ok(r)
+}
+
+fn receive(
+    sock: &Icmp6Socket,
+    ident: u16,
+    deadline: Instant,
+    until_seq: Option<usize>,
+    outstanding: &mut [Option<(Instant, f64)>],
+    r: &mut PingResult,
+    buf: &mut [u8],
+) {
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return;
+        }
+        let _ = sock.set_read_timeout(Some((deadline - now).max(Duration::from_micros(100))));
+        // A timeout and a real error both end this wait; the deadline bounds the loop.
+        let Ok(info) = sock.recv_from(buf) else {
+            return;
+        };
+        let m = &buf[..info.len.min(buf.len())];
+        if m.len() < 8 || m[0] != ECHO_REPLY || u16::from_be_bytes([m[4], m[5]]) != ident {
+            continue;
+        }
+        let seq = usize::from(u16::from_be_bytes([m[6], m[7]]));
+        if let Some((sent, _)) = outstanding.get_mut(seq).and_then(Option::take) {
+            r.received += 1;
+            r.rtts_ms.push(sent.elapsed().as_secs_f64() * 1000.0);
+            if until_seq == Some(seq) {
+                return;
+            }
+        }
+    }
+}
+
+impl PingResult {
+    /// JSON with min/avg/max/p99 latency, loss and, given MT6D's rotation schedule (a boundary
+    /// at unix time `b0`, period `p`), how many of the lost echoes were sent within 50 ms before
+    /// to 250 ms after a rotation (001 §4: loss at rotations).
+    pub fn to_json(&self, schedule: Option<(f64, f64)>) -> Value {
+        let mut v = Value::obj();
+        let mut s = self.rtts_ms.clone();
+        s.sort_by(f64::total_cmp);
+        let pick = |q: f64| {
+            s.get(((s.len() as f64 - 1.0) * q).round() as usize)
+                .copied()
+        };
+        let avg = (!s.is_empty()).then(|| s.iter().sum::<f64>() / s.len() as f64);
+        let lost = self.sent - self.received;
+        v.set("sent", self.sent)
+            .set("received", self.received)
+            .set("lost", lost)
+            .set(
+                "loss_percent",
+                if self.sent > 0 {
+                    lost as f64 * 100.0 / self.sent as f64
+                } else {
+                    0.0
+                },
+            )
+            .set("rtt_min_ms", s.first().copied())
+            .set("rtt_avg_ms", avg)
+            .set("rtt_max_ms", s.last().copied())
+            .set("rtt_p99_ms", pick(0.99))
+            .set("secs", self.secs);
+        if let Some((b0, p)) = schedule {
+            let near = self
+                .lost_at
+                .iter()
+                .filter(|t| {
+                    let phase = (**t - b0).rem_euclid(p);
+                    phase < 0.25 || phase > p - 0.05
+                })
+                .count();
+            v.set("lost_at_rotation", near)
+                .set("rotations_spanned", (self.secs / p).floor() as u64);
+        }
+        v
+    }
+}
+
+/// Runs `cmd` with a time limit; stdout goes through a file so a chatty child never blocks.
+pub fn run_limited(mut cmd: Command, limit: Duration, scratch: &Path) -> Result<String, String> {
+    let out = std::fs::File::create(scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
+    let err = out.try_clone().map_err(|e| e.to_string())?;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            break Some(st);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let text = std::fs::read_to_string(scratch).unwrap_or_default();
+    match status {
+        Some(st) if st.success() => Ok(text),
+        Some(st) => Err(format!(
+            "exited with {st}: {}",
+            text.lines().rev().take(3).collect::<Vec<_>>().join(" | ")
+        )),
+        None => Err(format!("no result within {limit:?}")),
+    }
+}
+
+/// True once a TCP socket listens on `port` in the namespace this thread is in (thread-self:
+/// /proc/net follows the main thread, which stays in our own namespace).
+fn listening(port: u16) -> bool {
+    let want = format!(":{port:04X} ");
+    ["/proc/thread-self/net/tcp6", "/proc/thread-self/net/tcp"]
+        .iter()
+        .any(|f| {
+            std::fs::read_to_string(f)
+                .unwrap_or_default()
+                .lines()
+                .any(|l| {
+                    l.split_whitespace()
+                        .nth(1)
+                        .is_some_and(|a| format!("{a} ").ends_with(&want))
+                        && l.split_whitespace().nth(3) == Some("0A")
+                })
+        })
+}
+
+/// Waits until `port` listens in `ns`, or the server dies.
+pub fn wait_listening(ns: &Netns, port: u16, server: &mut Guarded) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if ns.run(|| listening(port)).unwrap_or(false) {
+            return Ok(());
+        }
+        if let Some(why) = server.exited() {
+            return Err(why);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{} did not listen on port {port}", server.label));
+        }
+        std::thread::sleep(Duration::from_millis(30));
+    }
+}
+
+/// Random files for the downloads, made once per run (a fast xorshift stream: incompressible
+/// for every peer alike; no peer compresses anyway).
+pub fn make_files(www: &Path, sizes: &[(&str, u64)]) -> Result<(), String> {
+    use std::io::Write as _;
+    std::fs::create_dir_all(www).map_err(|e| format!("{}: {e}", www.display()))?;
+    let seed = crate::peers::random_bytes(8)?;
+    let mut x = u64::from_le_bytes(seed.try_into().unwrap_or([7; 8])) | 1;
+    for (name, size) in sizes {
+        let path = www.join(name);
+        if path.metadata().is_ok_and(|m| m.len() == *size) {
+            continue;
+        }
+        let mut f = std::io::BufWriter::new(
+            std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?,
+        );
+        let mut left = *size;
+        let mut block = vec![0u8; 1 << 16];
+        while left > 0 {
+            for chunk in block.chunks_mut(8) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+            }
+            let n = usize::try_from(left.min(block.len() as u64)).unwrap_or(block.len());
+            f.write_all(&block[..n]).map_err(|e| e.to_string())?;
+            left -= n as u64;
+        }
+        f.flush().map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// nginx serving `www` on Host B's true address, port 80.
+pub fn start_nginx(host_b: &Netns, www: &Path, dir: &Path) -> Result<Guarded, String> {
+    let nginx = crate::procs::find_tool("nginx")
+        .ok_or("nginx not found (run scripts/install-bench-deps.sh)")?;
+    let conf = dir.join("nginx.conf");
+    let text = format!(
+        "user root;\nworker_processes 1;\ndaemon off;\npid {pid};\nerror_log {err} warn;\n\
+events {{ worker_connections 64; }}\n\
+http {{\n  access_log off;\n  sendfile on;\n  tcp_nopush on;\n  default_type application/octet-stream;\n  \
+client_body_temp_path {tmp};\n  \
+server {{\n    listen [{HOST_B}]:80;\n    root {www};\n  }}\n}}\n",
+        pid = dir.join("nginx.pid").display(),
+        err = dir.join("nginx-error.log").display(),
+        tmp = dir.join("nginx-tmp").display(),
+        www = www.display(),
+    );
+    std::fs::write(&conf, text).map_err(|e| format!("{}: {e}", conf.display()))?;
+    let mut cmd = host_b.command(nginx).map_err(|e| e.to_string())?;
+    cmd.arg("-c").arg(&conf).arg("-p").arg(dir);
+    let mut g = Guarded::spawn("nginx", cmd, Some(&dir.join("nginx.out")))?;
+    wait_listening(host_b, 80, &mut g)?;
+    Ok(g)
+}
+
+pub fn start_iperf(host_b: &Netns, dir: &Path) -> Result<Guarded, String> {
+    let iperf = crate::procs::find_tool("iperf3")
+        .ok_or("iperf3 not found (run scripts/install-bench-deps.sh)")?;
+    let mut cmd = host_b.command(iperf).map_err(|e| e.to_string())?;
+    cmd.args(["-s", "-B", &HOST_B.to_string(), "-p", "5201"]);
+    let mut g = Guarded::spawn("iperf3 server", cmd, Some(&dir.join("iperf3-server.log")))?;
+    wait_listening(host_b, 5201, &mut g)?;
+    Ok(g)
+}
+
+/// One curl download from Host A (000 §4.2.2 used wget; curl reports the same average speed).
+pub fn download(host_a: &Netns, name: &str, bytes: u64, scratch: &Path) -> Result<Value, String> {
+    let mut cmd = host_a.command("curl").map_err(|e| e.to_string())?;
+    cmd.args([
+        "-g",
+        "-s",
+        "-S",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code} %{size_download} %{time_total}",
+    ])
+    .arg(format!("http://[{HOST_B}]/{name}"));
+    // At least 8 MB/s, or fail: a stalled transfer must not stall the whole run.
+    let limit = Duration::from_secs(20 + bytes / 8_000_000);
+    let out = run_limited(cmd, limit, scratch)?;
+    let f: Vec<&str> = out.split_whitespace().collect();
+    let code = f.first().copied().unwrap_or("?");
+    let size: u64 = f.get(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let secs: f64 = f.get(2).and_then(|s| s.parse().ok()).unwrap_or(0.0);
+    if code != "200" || size != bytes || secs <= 0.0 {
+        return Err(format!("curl: HTTP {code}, {size} of {bytes} bytes"));
+    }
+    let mut v = Value::obj();
+    v.set("bytes", bytes)
+        .set("secs", secs)
+        .set("mbyte_per_s", bytes as f64 / secs / 1e6)
+        .set("mbit_per_s", bytes as f64 * 8.0 / secs / 1e6);
+    Ok(v)
+}
+
+/// iperf3 UDP from Host B to Host A (-R, as 000 §4.2.3): jitter and loss.
+pub fn udp(host_a: &Netns, bytes: u64, rate_mbit: u64, scratch: &Path) -> Result<Value, String> {
+    let mut cmd = host_a.command("iperf3").map_err(|e| e.to_string())?;
+    // 1200-byte datagrams fit every scenario's inner MTU, so none is fragmented.
+    cmd.args([
+        "-c",
+        &HOST_B.to_string(),
+        "-p",
+        "5201",
+        "-J",
+        "-u",
+        "-R",
+        "-l",
+        "1200",
+    ])
+    .args(["-b", &format!("{rate_mbit}M"), "-n", &bytes.to_string()]);
+    let secs = bytes as f64 * 8.0 / (rate_mbit as f64 * 1e6);
+    let out = run_limited(cmd, Duration::from_secs_f64(15.0 + secs * 2.0), scratch)?;
+    let j = Value::parse(&out).map_err(|e| format!("iperf3 JSON: {e}"))?;
+    if let Some(e) = j.get("error").and_then(Value::as_str) {
+        return Err(format!("iperf3: {e}"));
+    }
+    let sum = j
+        .path(&["end", "sum"])
+        .ok_or("iperf3 JSON without end.sum")?;
+    let num = |k: &str| sum.get(k).and_then(Value::as_f64);
+    let mut v = Value::obj();
+    v.set("bytes", bytes)
+        .set("rate_mbit", rate_mbit)
+        .set("jitter_ms", num("jitter_ms"))
+        .set("lost_packets", num("lost_packets"))
+        .set("packets", num("packets"))
+        .set("loss_percent", num("lost_percent"));
+    Ok(v)
+}
+
+/// iperf3 TCP from Host A to Host B: maximum throughput with `streams` parallel streams.
+pub fn tcp(host_a: &Netns, streams: u32, secs: u64, scratch: &Path) -> Result<Value, String> {
+    let mut cmd = host_a.command("iperf3").map_err(|e| e.to_string())?;
+    cmd.args([
+        "-c",
+        &HOST_B.to_string(),
+        "-p",
+        "5201",
+        "-J",
+        "-t",
+        &secs.to_string(),
+        "-P",
+        &streams.to_string(),
+    ]);
+    let out = run_limited(cmd, Duration::from_secs(secs + 20), scratch)?;
+    let j = Value::parse(&out).map_err(|e| format!("iperf3 JSON: {e}"))?;
+    if let Some(e) = j.get("error").and_then(Value::as_str) {
+        return Err(format!("iperf3: {e}"));
+    }
+    let bps = j
+        .path(&["end", "sum_received", "bits_per_second"])
+        .and_then(Value::as_f64)
+        .ok_or("iperf3 JSON without end.sum_received")?;
+    let mut v = Value::obj();
+    v.set("streams", u64::from(streams))
+        .set("secs", secs)
+        .set("mbit_per_s", bps / 1e6)
+        .set(
+            "retransmits",
+            j.path(&["end", "sum_sent", "retransmits"])
+                .and_then(Value::as_f64),
+        );
+    Ok(v)
+}
+
+/// A scratch file for one tool run.
+pub fn scratch(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.out"))
+}
