@@ -650,4 +650,29 @@ key = "{KEY}"
         assert!(Config::parse(&path, &text).is_ok());
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
+
+    /// The examples shipped in examples/ stay valid.
+    #[test]
+    fn shipped_examples_parse() {
+        let dir = std::env::temp_dir().join(format!("mt6d-examples-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("tmp dir");
+        let key = dir.join("site.key");
+        std::fs::write(&key, KEY).expect("write key");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        for (name, text) in [
+            (
+                "gateway-a.toml",
+                include_str!("../../../examples/gateway-a.toml"),
+            ),
+            (
+                "gateway-b.toml",
+                include_str!("../../../examples/gateway-b.toml"),
+            ),
+        ] {
+            let cfg =
+                Config::parse(&dir.join(name), text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(cfg.peers.len(), 1, "{name}");
+        }
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
 }
