@@ -385,7 +385,13 @@ impl Netlink {
 
     /// Adds (or replaces) `dst/prefix_len via gateway dev oif` in the main table: a prefix
     /// reached through a router (a routed deployment's remote hashed prefix). Idempotent.
-    pub fn add_route_via(&mut self, dst: Ipv6Addr, prefix_len: u8, oif: u32, gateway: Ipv6Addr) -> Result<()> {
+    pub fn add_route_via(
+        &mut self,
+        dst: Ipv6Addr,
+        prefix_len: u8,
+        oif: u32,
+        gateway: Ipv6Addr,
+    ) -> Result<()> {
         let msg = route_msg_via(
             RTM_NEWROUTE,
             NLM_F_CREATE | NLM_F_REPLACE,
