@@ -248,10 +248,10 @@ impl Config {
             if local_true == remote_true {
                 return Err(src.err(&p.remote_host, "remote_host equals local_host"));
             }
-            if !remotes.insert(remote_true) {
+            if !remotes.insert((local_true, remote_true)) {
                 return Err(src.err(
                     &p.remote_host,
-                    format!("remote_host {remote_true} is already used by another peer: each remote host belongs to one peer"),
+                    format!("another peer already carries {local_true} <-> {remote_true}: each pair of hosts belongs to one peer"),
                 ));
             }
             let settings = merge(&gateway_settings(gw), &peer_settings(p));

@@ -47,12 +47,13 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// The peer whose remote protected host is `dst`. A linear scan: gateways have a handful of
-    /// peers, and comparing 16 bytes a few times beats hashing them.
-    fn peer_for_inner_destination(&self, dst: &[u8]) -> Option<usize> {
-        self.peers
-            .iter()
-            .position(|p| p.stream.remote_true().octets() == dst)
+    /// The peer (stream) of an inner packet: its local host is the source, its remote host the
+    /// destination. A linear scan: gateways have a handful of peers, and comparing 32 bytes a
+    /// few times beats hashing them.
+    fn peer_for_inner(&self, src: &[u8], dst: &[u8]) -> Option<usize> {
+        self.peers.iter().position(|p| {
+            p.stream.remote_true().octets() == dst && p.stream.local_true().octets() == src
+        })
     }
 }
 
@@ -129,8 +130,9 @@ pub fn tx_loop(shared: &Shared, tun: &Tun, tun_mtu: usize) {
         for (packet, &size) in packets.iter().zip(&sizes).take(n) {
             let inner = &packet[..size];
             let Some(peer) = inner
-                .get(24..40)
-                .and_then(|dst| shared.peer_for_inner_destination(dst))
+                .get(8..24)
+                .zip(inner.get(24..40))
+                .and_then(|(src, dst)| shared.peer_for_inner(src, dst))
             else {
                 unmatched += 1;
                 continue;

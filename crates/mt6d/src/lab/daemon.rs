@@ -128,6 +128,14 @@ impl DaemonProcess {
         }
     }
 
+    /// SIGKILL, as a crash or power cut would end it: nothing gets cleaned up.
+    pub fn kill_hard(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         self.child
