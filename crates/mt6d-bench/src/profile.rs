@@ -149,7 +149,7 @@ impl Profile {
     pub fn full() -> Profile {
         Profile {
             name: "full",
-            ping_std_count: 60,
+            ping_std_count: 30,
             ping_std_interval_ms: 1000,
             floods: [("ping_flood_10k", 10_000), ("ping_flood_50k", 50_000)],
             downloads: vec![

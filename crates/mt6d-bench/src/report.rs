@@ -209,6 +209,17 @@ pub fn markdown(doc: &Value) -> String {
                 f(num(r, &["gateway_a", "private_memory_kb"]), 0)
             );
         }
+        if rows.iter().any(|r| r.get("router_unresolved_discards").is_some()) {
+            let d: Vec<String> = rows
+                .iter()
+                .map(|r| format!("{} {}", name(r), f(num(r, &["router_unresolved_discards"]), 0)))
+                .collect();
+            let _ = writeln!(
+                s,
+                "\nPackets the router(s) dropped waiting for neighbour discovery (unres_qlen = 1, 001 §4.2), whole scenario: {}.",
+                d.join(", ")
+            );
+        }
         let _ = writeln!(
             s,
             "\n### ICMP (000 Fig. 5.1, 5.5, 5.10-5.11: latency min/avg/max, loss)\n"
@@ -377,12 +388,15 @@ const COLORS: [&str; 8] = [
     "#4d4d4d", "#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#ff7f0e", "#8c564b", "#17becf",
 ];
 
+/// One bar: its value and an optional (min, max) whisker.
+type Bar = Option<(f64, Option<(f64, f64)>)>;
+
 /// A grouped bar chart: one group per category, one bar per series, optional min-max whiskers.
 struct Chart<'a> {
     title: String,
     y_label: &'a str,
     categories: Vec<String>,
-    series: Vec<(String, Vec<Option<(f64, Option<(f64, f64)>)>>)>,
+    series: Vec<(String, Vec<Bar>)>,
     log: bool,
 }
 
