@@ -247,6 +247,8 @@ pub fn reaper(pid: u32, tag: &str) -> ! {
         std::thread::sleep(Duration::from_millis(200));
     }
     reap(tag);
+    // The work directory (test files, keys, configs) that the bench's own guard did not remove.
+    let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("mt6d-bench-{pid}")));
     std::process::exit(0)
 }
 
