@@ -10,3 +10,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # Release profile: the end-to-end tests push real traffic through the gateways.
 cargo test --workspace --locked --release
 fuzz/run-short.sh "${MT6D_FUZZ_SECS:-10}"
+# The lab bench's quick profile (issue 4): every scenario on every topology, checked complete.
+scripts/install-bench-deps.sh
+cargo build --release --locked -p mt6d -p mt6d-bench
+bench_out=$(mktemp -d /tmp/mt6d-bench-ci.XXXXXX)
+target/release/mt6d bench --quick --out "$bench_out"
+scripts/check-bench-json.py "$bench_out/results.json"
+rm -rf "$bench_out"

@@ -1,0 +1,38 @@
+#!/usr/bin/env python3
+"""Checks that a `mt6d bench` results.json has a row for every scenario on every topology
+(tracker issue 4: CI runs `mt6d bench --quick` and checks the JSON is complete).
+
+A row is complete when it was measured (available, no error, a tests object), or when it says why
+its peer is not available. Exits non-zero, naming what is missing, otherwise."""
+import json
+import sys
+
+TOPOLOGIES = ["switched", "routed", "tunneled"]
+SCENARIOS = ["none", "mt6d-plain", "mt6d-auth", "mt6d-encrypt", "wireguard-go", "boringtun"]
+
+path = sys.argv[1]
+with open(path) as f:
+    doc = json.load(f)
+rows = {(r.get("topology"), r.get("scenario")): r for r in doc.get("rows", [])}
+problems = []
+unavailable = []
+for t in TOPOLOGIES:
+    for s in SCENARIOS:
+        r = rows.get((t, s))
+        if r is None:
+            problems.append(f"{t}/{s}: no row")
+        elif r.get("available") is True:
+            if r.get("error"):
+                problems.append(f"{t}/{s}: error {r['error']}")
+            elif not isinstance(r.get("tests"), dict) or not r["tests"]:
+                problems.append(f"{t}/{s}: no tests measured")
+        elif not r.get("reason") and not r.get("error"):
+            problems.append(f"{t}/{s}: not available and no reason given")
+        else:
+            unavailable.append(f"{t}/{s}: {r.get('reason') or r.get('error')}")
+for u in unavailable:
+    print(f"bench: not available: {u}")
+if problems:
+    print(f"bench: {path} incomplete:\n  " + "\n  ".join(problems))
+    sys.exit(1)
+print(f"bench: {path}: all {len(TOPOLOGIES) * len(SCENARIOS)} rows present")
