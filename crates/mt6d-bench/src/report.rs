@@ -209,10 +209,19 @@ pub fn markdown(doc: &Value) -> String {
                 f(num(r, &["gateway_a", "private_memory_kb"]), 0)
             );
         }
-        if rows.iter().any(|r| r.get("router_unresolved_discards").is_some()) {
+        if rows
+            .iter()
+            .any(|r| r.get("router_unresolved_discards").is_some())
+        {
             let d: Vec<String> = rows
                 .iter()
-                .map(|r| format!("{} {}", name(r), f(num(r, &["router_unresolved_discards"]), 0)))
+                .map(|r| {
+                    format!(
+                        "{} {}",
+                        name(r),
+                        f(num(r, &["router_unresolved_discards"]), 0)
+                    )
+                })
                 .collect();
             let _ = writeln!(
                 s,

@@ -253,7 +253,11 @@ fn run_pair(
     }
     row.set("tests", tests);
     if !net.routers.is_empty() {
-        let discards: u64 = net.routers.iter().map(|r| r.run(unresolved_discards).unwrap_or(0)).sum();
+        let discards: u64 = net
+            .routers
+            .iter()
+            .map(|r| r.run(unresolved_discards).unwrap_or(0))
+            .sum();
         row.set("router_unresolved_discards", discards);
     }
     nginx.stop(Duration::from_secs(2));
@@ -290,12 +294,19 @@ fn warm_up(net: &Net) -> Result<(), String> {
 /// (the `unresolved_discards` column of /proc/net/stat/ndisc_cache, hex, one line per CPU):
 /// the loss of 001 §4.2 at the routers.
 fn unresolved_discards() -> u64 {
-    let text = std::fs::read_to_string("/proc/thread-self/net/stat/ndisc_cache").unwrap_or_default();
+    let text =
+        std::fs::read_to_string("/proc/thread-self/net/stat/ndisc_cache").unwrap_or_default();
     let mut lines = text.lines();
-    let Some(col) = lines.next().and_then(|h| h.split_whitespace().position(|c| c == "unresolved_discards")) else {
+    let Some(col) = lines.next().and_then(|h| {
+        h.split_whitespace()
+            .position(|c| c == "unresolved_discards")
+    }) else {
         return 0;
     };
-    lines.filter_map(|l| l.split_whitespace().nth(col)).filter_map(|v| u64::from_str_radix(v, 16).ok()).sum()
+    lines
+        .filter_map(|l| l.split_whitespace().nth(col))
+        .filter_map(|v| u64::from_str_radix(v, 16).ok())
+        .sum()
 }
 
 /// MT6D's rotation schedule from gateway A's control socket: (a boundary in unix secs, period).
