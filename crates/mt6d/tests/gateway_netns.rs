@@ -56,20 +56,7 @@ fn start(mode: &str, rotation_secs: f64) -> Running {
     let key_file = dir.join("session.key");
     let mut key = [0u8; 32];
     getrandom::fill(&mut key).expect("random key");
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&key_file)
-        .and_then(|mut f| {
-            std::io::Write::write_all(
-                &mut f,
-                base64::engine::general_purpose::STANDARD
-                    .encode(key)
-                    .as_bytes(),
-            )
-        })
-        .expect("key file");
+    write_key(&key_file, &key);
     let settings = GatewaySettings {
         rotation_secs,
         mode,
@@ -89,32 +76,55 @@ fn start(mode: &str, rotation_secs: f64) -> Running {
         running.daemons.push(d);
     }
     // The first packets wait for neighbour discovery on both links: set-up, not loss.
+    wait_for_path(&running.lab, HOST_B, 1);
+    running
+}
+
+/// Pings `dst` from Host A in rounds of `count` until one round is fully answered (at most
+/// 10 s): the path is up, neighbour discovery included.
+fn wait_for_path(lab: &Lab, dst: Ipv6Addr, count: u64) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let r = running
-            .lab
+        let r = lab
             .host_a
             .run(|| {
                 ping(
-                    HOST_B,
-                    1,
+                    dst,
+                    count,
                     Pace::Flood {
-                        wait: Duration::from_secs(1),
+                        wait: Duration::from_millis(500),
                     },
-                    Duration::from_millis(100),
+                    Duration::from_millis(300),
                 )
             })
             .expect("enter host A")
             .expect("ping");
-        if r.received == 1 {
-            break;
+        if r.received == count {
+            return;
         }
         assert!(
             Instant::now() < deadline,
-            "Host A never reached Host B through the tunnel"
+            "Host A never reached {dst} through the tunnel"
         );
     }
-    running
+}
+
+/// Writes a base64 session key file with mode 0600, as `mt6d genpsk --out` does.
+fn write_key(path: &std::path::Path, key: &[u8]) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| {
+            std::io::Write::write_all(
+                &mut f,
+                base64::engine::general_purpose::STANDARD
+                    .encode(key)
+                    .as_bytes(),
+            )
+        })
+        .expect("key file");
 }
 
 fn start_daemon(
@@ -371,21 +381,7 @@ fn two_peers_in_one_daemon_each_with_its_own_key() {
     let dir = std::env::temp_dir().join(format!("mt6d-e2e-2p-{}", lab.gw_a.name()));
     std::fs::create_dir_all(&dir).expect("dir");
     for (name, byte) in [("k1", 1u8), ("k2", 2u8)] {
-        let path = dir.join(name);
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-            .and_then(|mut f| {
-                std::io::Write::write_all(
-                    &mut f,
-                    base64::engine::general_purpose::STANDARD
-                        .encode([byte; 32])
-                        .as_bytes(),
-                )
-            })
-            .expect("key");
+        write_key(&dir.join(name), &[byte; 32]);
     }
     let mut running = Running {
         daemons: Vec::new(),
@@ -431,31 +427,7 @@ fn two_peers_in_one_daemon_each_with_its_own_key() {
         }
     }
     for dst in [HOST_B, host_c] {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let r = running
-                .lab
-                .host_a
-                .run(|| {
-                    ping(
-                        dst,
-                        5,
-                        Pace::Flood {
-                            wait: Duration::from_millis(500),
-                        },
-                        Duration::from_millis(300),
-                    )
-                })
-                .expect("enter A")
-                .expect("ping");
-            if r.received == 5 {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no traffic to {dst} through its own stream"
-            );
-        }
+        wait_for_path(&running.lab, dst, 5);
     }
     let st = status(&running, Side::A);
     assert_eq!(st.peers.len(), 2);
