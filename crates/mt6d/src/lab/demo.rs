@@ -31,6 +31,8 @@ const TCP_PORT: u16 = 5001;
 const TRAIN_INTERVAL: Duration = Duration::from_millis(200);
 /// Echoes in the baseline train (5 s at the pace above).
 const TRAIN_BASELINE_COUNT: u64 = 25;
+/// Echoes in the baseline flood.
+const BASELINE_FLOOD_COUNT: u64 = 5_000;
 
 /// Options of `mt6d demo`.
 #[derive(clap::Args, Debug)]
@@ -137,6 +139,17 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
         "  ping {}/{} rtt min/median/max {bmin:.3}/{bmed:.3}/{bmax:.3} ms",
         base_ping.received, base_ping.sent
     ));
+    // A short flood for the busy-path RTT (threads awake), to set against the tunnel's flood.
+    let base_flood = lab.host_a.run(|| {
+        ping(
+            HOST_B,
+            BASELINE_FLOOD_COUNT,
+            Pace::Flood {
+                wait: Duration::from_millis(10),
+            },
+            Duration::from_millis(500),
+        )
+    })??;
     let base_tcp = tcp_transfer(&lab, phase.min(Duration::from_secs(5)), 1)?;
     say.line(format!(
         "  tcp {:.0} Mbit/s ({} bytes, sha256 match {})",
@@ -247,6 +260,8 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
         .first()
         .map_or(0, |p| p.counters.rotations);
     let (tmin, tmed, tmax) = train.rtt_summary();
+    let (_, flood_med, _) = flood.rtt_summary();
+    let (_, base_flood_med, _) = base_flood.rtt_summary();
     let added_ms = tmed - bmed;
     let mut failures = Vec::new();
     if train.lost() > 0 {
@@ -290,7 +305,12 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
             "sent": train.sent, "received": train.received,
             "rtt_ms": { "min": tmin, "median": tmed, "max": tmax },
         },
-        "flood": { "sent": flood.sent, "received": flood.received },
+        "flood": {
+            "sent": flood.sent, "received": flood.received,
+            "rtt_ms": { "median": flood_med },
+            "baseline_rtt_ms": { "median": base_flood_med },
+            "added_rtt_ms": flood_med - base_flood_med,
+        },
         "tcp": { "bytes": tcp.bytes, "seconds": tcp.seconds, "sha256_match": tcp.sha256_match, "mbit_s": tcp.mbit_s },
         "baseline": {
             "rtt_ms": { "min": bmin, "median": bmed, "max": bmax },
@@ -328,8 +348,10 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
             train.received, train.sent
         ));
         say.line(format!(
-            "  ping flood  {}/{} received",
-            flood.received, flood.sent
+            "  ping flood  {}/{} received, rtt median {flood_med:.3} ms (baseline {base_flood_med:.3} ms, added {:+.3} ms)",
+            flood.received,
+            flood.sent,
+            flood_med - base_flood_med
         ));
         say.line(format!(
             "  tcp         {:.0} Mbit/s through MT6D, {:.0} Mbit/s baseline; {} bytes, sha256 {}",
