@@ -109,7 +109,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if !is_root() {
+    if !mt6d::lab::is_root() {
         eprintln!("mt6d bench: needs root (network namespaces, raw sockets, TUN devices)");
         return ExitCode::from(2);
     }
@@ -129,15 +129,4 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(str::to_string))
-        })
-        .is_some_and(|u| u == "0")
 }

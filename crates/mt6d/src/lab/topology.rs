@@ -39,8 +39,6 @@ pub enum LabError {
         #[source]
         source: mt6d_os::OsError,
     },
-    #[error("lab: {0}")]
-    Other(String),
 }
 
 fn os(what: impl Into<String>) -> impl FnOnce(mt6d_os::OsError) -> LabError {
@@ -185,10 +183,6 @@ impl Lab {
                 Ok(())
             })?;
         }
-        if !up {
-            // The hosts cached the baseline's neighbours; MT6D answers for the same addresses
-            // from the same MAC, so the cache stays valid and nothing needs flushing.
-        }
         Ok(())
     }
 
@@ -252,27 +246,10 @@ pub fn in_ns<T: Send>(
 mod tests {
     use super::*;
 
-    fn is_root() -> bool {
-        // SAFETY-free: geteuid via libc is a plain getter.
-        nix_free_geteuid() == 0
-    }
-
-    fn nix_free_geteuid() -> u32 {
-        std::fs::read_to_string("/proc/self/status")
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("Uid:"))
-                    .and_then(|l| l.split_whitespace().nth(2).map(str::to_string))
-            })
-            .and_then(|u| u.parse().ok())
-            .unwrap_or(u32::MAX)
-    }
-
     /// The baseline path works and the lab leaves no namespace behind.
     #[test]
     fn baseline_forwards_and_lab_cleans_up() {
-        if !is_root() {
+        if !super::super::is_root() {
             eprintln!("skipped: needs root for network namespaces");
             return;
         }
