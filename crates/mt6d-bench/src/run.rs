@@ -178,7 +178,7 @@ fn run_pair(
             .host_a
             .run(|| traffic::ping(HOST_B, p.ping_std_count, std_pace, Duration::from_secs(1)))
             .map_err(|e| e.to_string())??;
-        Ok(r.to_json(sched))
+        Ok(traffic::ping_json(&r, sched))
     });
     for (name, count) in p.floods {
         measure(name, &mut tests, &mut gw, &mut || {
@@ -186,7 +186,7 @@ fn run_pair(
                 .host_a
                 .run(|| traffic::ping(HOST_B, count, Pace::Flood, Duration::from_secs(1)))
                 .map_err(|e| e.to_string())??;
-            Ok(r.to_json(sched))
+            Ok(traffic::ping_json(&r, sched))
         });
     }
     for (name, bytes) in &p.downloads {
@@ -235,7 +235,7 @@ fn run_pair(
                 .host_a
                 .run(|| traffic::ping(HOST_B, p.ping_std_count, std_pace, Duration::from_secs(1)))
                 .map_err(|e| e.to_string())??;
-            Ok(r.to_json(sched))
+            Ok(traffic::ping_json(&r, sched))
         });
         let (name, count) = p.fast_flood;
         measure(name, &mut tests, &mut gw, &mut || {
@@ -243,7 +243,7 @@ fn run_pair(
                 .host_a
                 .run(|| traffic::ping(HOST_B, count, Pace::Flood, Duration::from_secs(1)))
                 .map_err(|e| e.to_string())??;
-            Ok(r.to_json(sched))
+            Ok(traffic::ping_json(&r, sched))
         });
         let scratch = traffic::scratch(dir, "tcp_fast");
         measure("iperf_tcp_1_1s_rotation", &mut tests, &mut gw, &mut || {

@@ -5,16 +5,15 @@
 use std::net::Ipv6Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
+use mt6d::lab::ping::{Pace as LabPace, PingReport};
 use mt6d::lab::topology::HOST_B;
-use mt6d_os::{Icmp6Socket, Netns};
+use mt6d_os::Netns;
 
 use crate::json::Value;
 use crate::procs::Guarded;
 
-const ECHO_REQUEST: u8 = 128;
-const ECHO_REPLY: u8 = 129;
 /// `ping -f`: the next echo goes when the last one is answered, or after 10 ms (000 §4.2.1:
 /// "as fast as they come back, or 100 times per second, whichever is greater").
 const FLOOD_GAP: Duration = Duration::from_millis(10);
@@ -26,156 +25,58 @@ pub enum Pace {
     Flood,
 }
 
-/// One ping test.
-#[derive(Debug, Default, Clone)]
-pub struct PingResult {
-    pub sent: u64,
-    pub received: u64,
-    pub rtts_ms: Vec<f64>,
-    /// Unix time (s) at which each lost echo was sent.
-    pub lost_at: Vec<f64>,
-    pub secs: f64,
+/// Sends `count` 64-byte echo requests to `dst` with the lab's pinger (run inside Host A's
+/// namespace); the bench and `mt6d demo` measure with the same code.
+pub fn ping(dst: Ipv6Addr, count: u64, pace: Pace, linger: Duration) -> Result<PingReport, String> {
+    let pace = match pace {
+        Pace::Train(interval) => LabPace::Train { interval },
+        Pace::Flood => LabPace::Flood { wait: FLOOD_GAP },
+    };
+    mt6d::lab::ping::ping(dst, count, pace, linger).map_err(|e| e.to_string())
 }
 
-fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
-}
-
-/// Sends `count` 64-byte echo requests to `dst` (run inside Host A's namespace).
-pub fn ping(dst: Ipv6Addr, count: u64, pace: Pace, linger: Duration) -> Result<PingResult, String> {
-    let sock = Icmp6Socket::open().map_err(|e| e.to_string())?;
-    sock.set_filter_pass_only(&[ECHO_REPLY])
-        .map_err(|e| e.to_string())?;
-    let ident = (std::process::id() as u16) ^ 0x6d62;
-    let n = usize::try_from(count)
-        .map_err(|_| "count too large")?
-        .min(65_536);
-    // Per sequence number: (monotonic send time, unix send time); taken when answered.
-    let mut outstanding: Vec<Option<(Instant, f64)>> = vec![None; n];
-    let mut r = PingResult::default();
-    let mut buf = [0u8; 2048];
-    let start = Instant::now();
-    for seq in 0..n {
-        let mut req = [0u8; 64];
-        req[0] = ECHO_REQUEST;
-        req[4..6].copy_from_slice(&ident.to_be_bytes());
-        req[6..8].copy_from_slice(&(seq as u16).to_be_bytes());
-        let now = Instant::now();
-        outstanding[seq] = Some((now, unix_now()));
-        if sock.send_to(&req, dst, None).is_ok() {
-            r.sent += 1;
-        }
-        let (deadline, wait_for) = match pace {
-            Pace::Train(every) => (start + every * (seq as u32 + 1), None),
-            Pace::Flood => (now + FLOOD_GAP, Some(seq)),
-        };
-        receive(
-            &sock,
-            ident,
-            deadline,
-            wait_for,
-            &mut outstanding,
-            &mut r,
-            &mut buf,
-        );
+/// JSON with min/avg/max/p99 latency, loss and, given MT6D's rotation schedule (a boundary
+/// at unix time `b0`, period `p`), how many of the lost echoes were sent within 50 ms before
+/// to 250 ms after a rotation (001 §4: loss at rotations).
+pub fn ping_json(r: &PingReport, schedule: Option<(f64, f64)>) -> Value {
+    let mut v = Value::obj();
+    let mut s = r.rtts_ms.clone();
+    s.sort_by(f64::total_cmp);
+    let pick = |q: f64| {
+        s.get(((s.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+    };
+    let avg = (!s.is_empty()).then(|| s.iter().sum::<f64>() / s.len() as f64);
+    let lost = r.sent - r.received;
+    v.set("sent", r.sent)
+        .set("received", r.received)
+        .set("lost", lost)
+        .set(
+            "loss_percent",
+            if r.sent > 0 {
+                lost as f64 * 100.0 / r.sent as f64
+            } else {
+                0.0
+            },
+        )
+        .set("rtt_min_ms", s.first().copied())
+        .set("rtt_avg_ms", avg)
+        .set("rtt_max_ms", s.last().copied())
+        .set("rtt_p99_ms", pick(0.99))
+        .set("secs", r.secs);
+    if let Some((b0, p)) = schedule {
+        let near = r
+            .lost_at
+            .iter()
+            .filter(|t| {
+                let phase = (**t - b0).rem_euclid(p);
+                phase < 0.25 || phase > p - 0.05
+            })
+            .count();
+        v.set("lost_at_rotation", near)
+            .set("rotations_spanned", (r.secs / p).floor() as u64);
     }
-    let deadline = Instant::now() + linger;
-    while outstanding.iter().any(Option::is_some) && Instant::now() < deadline {
-        receive(
-            &sock,
-            ident,
-            deadline,
-            None,
-            &mut outstanding,
-            &mut r,
-            &mut buf,
-        );
-    }
-    r.lost_at = outstanding.iter().flatten().map(|(_, t)| *t).collect();
-    r.secs = start.elapsed().as_secs_f64();
-    Ok(r)
-}
-
-fn receive(
-    sock: &Icmp6Socket,
-    ident: u16,
-    deadline: Instant,
-    until_seq: Option<usize>,
-    outstanding: &mut [Option<(Instant, f64)>],
-    r: &mut PingResult,
-    buf: &mut [u8],
-) {
-    loop {
-        let now = Instant::now();
-        if now >= deadline {
-            return;
-        }
-        let _ = sock.set_read_timeout(Some((deadline - now).max(Duration::from_micros(100))));
-        // A timeout and a real error both end this wait; the deadline bounds the loop.
-        let Ok(info) = sock.recv_from(buf) else {
-            return;
-        };
-        let m = &buf[..info.len.min(buf.len())];
-        if m.len() < 8 || m[0] != ECHO_REPLY || u16::from_be_bytes([m[4], m[5]]) != ident {
-            continue;
-        }
-        let seq = usize::from(u16::from_be_bytes([m[6], m[7]]));
-        if let Some((sent, _)) = outstanding.get_mut(seq).and_then(Option::take) {
-            r.received += 1;
-            r.rtts_ms.push(sent.elapsed().as_secs_f64() * 1000.0);
-            if until_seq == Some(seq) {
-                return;
-            }
-        }
-    }
-}
-
-impl PingResult {
-    /// JSON with min/avg/max/p99 latency, loss and, given MT6D's rotation schedule (a boundary
-    /// at unix time `b0`, period `p`), how many of the lost echoes were sent within 50 ms before
-    /// to 250 ms after a rotation (001 §4: loss at rotations).
-    pub fn to_json(&self, schedule: Option<(f64, f64)>) -> Value {
-        let mut v = Value::obj();
-        let mut s = self.rtts_ms.clone();
-        s.sort_by(f64::total_cmp);
-        let pick = |q: f64| {
-            s.get(((s.len() as f64 - 1.0) * q).round() as usize)
-                .copied()
-        };
-        let avg = (!s.is_empty()).then(|| s.iter().sum::<f64>() / s.len() as f64);
-        let lost = self.sent - self.received;
-        v.set("sent", self.sent)
-            .set("received", self.received)
-            .set("lost", lost)
-            .set(
-                "loss_percent",
-                if self.sent > 0 {
-                    lost as f64 * 100.0 / self.sent as f64
-                } else {
-                    0.0
-                },
-            )
-            .set("rtt_min_ms", s.first().copied())
-            .set("rtt_avg_ms", avg)
-            .set("rtt_max_ms", s.last().copied())
-            .set("rtt_p99_ms", pick(0.99))
-            .set("secs", self.secs);
-        if let Some((b0, p)) = schedule {
-            let near = self
-                .lost_at
-                .iter()
-                .filter(|t| {
-                    let phase = (**t - b0).rem_euclid(p);
-                    phase < 0.25 || phase > p - 0.05
-                })
-                .count();
-            v.set("lost_at_rotation", near)
-                .set("rotations_spanned", (self.secs / p).floor() as u64);
-        }
-        v
-    }
+    v
 }
 
 /// Runs `cmd` with a time limit; stdout goes through a file so a chatty child never blocks.

@@ -4,13 +4,10 @@
 //!
 //! Must be called on a thread that is inside the sending host's network namespace.
 
-use std::collections::HashMap;
-use std::io::ErrorKind;
-use std::io::Read as _;
-use std::net::{Ipv6Addr, SocketAddrV6};
-use std::time::{Duration, Instant};
+use std::net::Ipv6Addr;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use mt6d_os::Icmp6Socket;
 
 const ECHO_REQUEST: u8 = 128;
 const ECHO_REPLY: u8 = 129;
@@ -23,6 +20,12 @@ pub struct PingReport {
     /// Round-trip times of the answered requests, in milliseconds.
     #[serde(skip)]
     pub rtts_ms: Vec<f64>,
+    /// Unix time (s) at which each unanswered request was sent: lets the bench tell loss at a
+    /// rotation from loss elsewhere (001 §4).
+    #[serde(skip)]
+    pub lost_at: Vec<f64>,
+    /// How long the run took, linger included.
+    pub secs: f64,
 }
 
 impl PingReport {
@@ -50,42 +53,48 @@ pub enum Pace {
     Flood { wait: Duration },
 }
 
-/// Sends `count` echo requests to `dst` and waits up to `linger` after the last for late replies.
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Sends `count` (at most 65,536: one sequence space) 64-byte echo requests to `dst` and waits
+/// up to `linger` after the last for late replies.
 pub fn ping(
     dst: Ipv6Addr,
     count: u64,
     pace: Pace,
     linger: Duration,
 ) -> std::io::Result<PingReport> {
-    let sock = Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6))?;
-    let to = SockAddr::from(SocketAddrV6::new(dst, 0, 0, 0));
+    let io = |e: mt6d_os::OsError| std::io::Error::other(e.to_string());
+    let sock = Icmp6Socket::open().map_err(|e| match e.raw_os_error() {
+        Some(code) => std::io::Error::from_raw_os_error(code),
+        None => io(e),
+    })?;
+    sock.set_filter_pass_only(&[ECHO_REPLY]).map_err(io)?;
     // The identifier tells our replies from those of another pinger in the same namespace.
     let ident = (std::process::id() as u16) ^ 0x6d6d;
+    let n = usize::try_from(count).unwrap_or(usize::MAX).min(65_536);
+    // Per sequence number: (monotonic send time, unix send time); taken when answered.
+    let mut outstanding: Vec<Option<(Instant, f64)>> = vec![None; n];
     let mut report = PingReport::default();
-    let mut outstanding: HashMap<u16, Instant> = HashMap::new();
     let mut buf = [0u8; 2048];
-    let mut seq: u16 = 0;
     let start = Instant::now();
-
-    for i in 0..count {
+    for seq in 0..n {
         let mut req = [0u8; 64];
         req[0] = ECHO_REQUEST;
         // The kernel fills in the ICMPv6 checksum on raw ICMPv6 sockets (RFC 3542 §3.1).
         req[4..6].copy_from_slice(&ident.to_be_bytes());
-        req[6..8].copy_from_slice(&seq.to_be_bytes());
-        req[8..16].copy_from_slice(&i.to_be_bytes());
+        req[6..8].copy_from_slice(&(seq as u16).to_be_bytes());
         let sent_at = Instant::now();
-        sock.send_to(&req, &to)?;
+        outstanding[seq] = Some((sent_at, unix_now()));
+        sock.send_to(&req, dst, None).map_err(io)?;
         report.sent += 1;
-        outstanding.insert(seq, sent_at);
-        let deadline = match pace {
-            Pace::Train { interval } => start + interval * (i as u32 + 1),
-            Pace::Flood { wait } => sent_at + wait,
-        };
-        // In flood mode, move on as soon as this request is answered.
-        let stop_on = match pace {
-            Pace::Flood { .. } => Some(seq),
-            Pace::Train { .. } => None,
+        let (deadline, stop_on) = match pace {
+            Pace::Train { interval } => (start + interval * (seq as u32 + 1), None),
+            // In flood mode, move on as soon as this request is answered.
+            Pace::Flood { wait } => (sent_at + wait, Some(seq)),
         };
         receive_until(
             &sock,
@@ -95,11 +104,10 @@ pub fn ping(
             &mut outstanding,
             &mut report,
             &mut buf,
-        )?;
-        seq = seq.wrapping_add(1);
+        );
     }
     let deadline = Instant::now() + linger;
-    while !outstanding.is_empty() && Instant::now() < deadline {
+    while outstanding.iter().any(Option::is_some) && Instant::now() < deadline {
         receive_until(
             &sock,
             ident,
@@ -108,49 +116,44 @@ pub fn ping(
             &mut outstanding,
             &mut report,
             &mut buf,
-        )?;
+        );
     }
+    report.lost_at = outstanding.iter().flatten().map(|(_, t)| *t).collect();
+    report.secs = start.elapsed().as_secs_f64();
     Ok(report)
 }
 
 fn receive_until(
-    sock: &Socket,
+    sock: &Icmp6Socket,
     ident: u16,
     deadline: Instant,
-    stop_on: Option<u16>,
-    outstanding: &mut HashMap<u16, Instant>,
+    stop_on: Option<usize>,
+    outstanding: &mut [Option<(Instant, f64)>],
     report: &mut PingReport,
-    buf: &mut [u8; 2048],
-) -> std::io::Result<()> {
+    buf: &mut [u8],
+) {
     loop {
         let now = Instant::now();
         if now >= deadline {
-            return Ok(());
+            return;
         }
-        sock.set_read_timeout(Some((deadline - now).max(Duration::from_micros(50))))?;
-        let n = match (&*sock).read(buf) {
-            Ok(n) => n,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                return Ok(())
-            }
-            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
+        let _ = sock.set_read_timeout(Some((deadline - now).max(Duration::from_micros(50))));
+        // A timeout and a real error both end this wait; the deadline bounds the loop.
+        let Ok(info) = sock.recv_from(buf) else {
+            return;
         };
-        let bytes = &buf[..n];
-        if bytes.len() < 8 || bytes[0] != ECHO_REPLY {
+        let m = &buf[..info.len.min(buf.len())];
+        if m.len() < 8 || m[0] != ECHO_REPLY || u16::from_be_bytes([m[4], m[5]]) != ident {
             continue;
         }
-        if u16::from_be_bytes([bytes[4], bytes[5]]) != ident {
-            continue;
-        }
-        let seq = u16::from_be_bytes([bytes[6], bytes[7]]);
-        if let Some(sent_at) = outstanding.remove(&seq) {
+        let seq = usize::from(u16::from_be_bytes([m[6], m[7]]));
+        if let Some((sent_at, _)) = outstanding.get_mut(seq).and_then(Option::take) {
             report.received += 1;
             report
                 .rtts_ms
                 .push(sent_at.elapsed().as_secs_f64() * 1000.0);
             if stop_on == Some(seq) {
-                return Ok(());
+                return;
             }
         }
     }
@@ -167,6 +170,7 @@ mod tests {
         r.sent = 4;
         r.received = 3;
         r.rtts_ms = vec![0.3, 0.1, 0.2];
+        r.lost_at = vec![1.0];
         assert_eq!(r.rtt_summary(), (0.1, 0.2, 0.3));
         assert_eq!(r.lost(), 1);
     }
@@ -187,7 +191,7 @@ mod tests {
                 assert_eq!(r.received, 20, "{r:?}");
             }
             // Raw sockets need CAP_NET_RAW; CI runs as root, a developer may not.
-            Err(e) if e.kind() == ErrorKind::PermissionDenied => eprintln!("skipped: {e}"),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => eprintln!("skipped: {e}"),
             Err(e) => panic!("ping ::1: {e}"),
         }
     }
