@@ -48,6 +48,21 @@ pub enum ProtoError {
         /// Address given.
         addr: Ipv6Addr,
     },
+    /// The peer's public key is this gateway's own.
+    #[error("the peer's public key is this gateway's own public key")]
+    SamePublicKey,
+    /// The peer's public key is a low-order point (X25519 would give an all-zero secret).
+    #[error("the peer's public key is a weak (low-order) X25519 point")]
+    WeakPublicKey,
+    /// Handshake keys need a counter and a tag: mode auth or encrypt.
+    #[error("handshake keys need mode \"auth\" or \"encrypt\"; \"plain\" works only with a pre-shared session key")]
+    HandshakeNeedsAead,
+    /// Rekey intervals below one second are refused.
+    #[error("rekey interval {ms} ms is below the 1000 ms minimum")]
+    RekeyTooShort {
+        /// Interval given, in milliseconds.
+        ms: u128,
+    },
     /// Unknown name for a `FromStr` enum.
     #[error("unknown {what} {given:?}; expected one of {expected}")]
     UnknownName {

@@ -21,13 +21,14 @@
 use std::net::{Ipv6Addr, SocketAddrV6};
 
 use crate::tunnel::{
-    decapsulate, fixed_len, Decap, OpenError, COUNTER_LEN, INNER_HEADER_CARRIED, TAG_LEN,
+    decapsulate, fixed_len, CounterSpace, Decap, OpenError, COUNTER_LEN, INNER_HEADER_CARRIED,
+    TAG_LEN,
 };
 use crate::wire::{
     Icmpv6Packet, Icmpv6Repr, Icmpv6Type, Ipv6Packet, Ipv6Repr, UdpPacket, WireError,
     IPV6_HEADER_LEN, NEXT_HEADER_ICMPV6, NEXT_HEADER_NONE, NEXT_HEADER_UDP, UDP_HEADER_LEN,
 };
-use crate::{Mode, Route, Stream};
+use crate::{Mode, Route, Sealer, Stream};
 
 /// IPv6 minimum link MTU (RFC 8200 §5): errors never exceed it, and no MTU below it is advertised.
 pub const MIN_MTU: usize = 1280;
@@ -167,8 +168,24 @@ fn parse_error(error_packet: &[u8]) -> Result<Parsed<'_>, IcmpError> {
 /// Packet Too Big, Time Exceeded or Parameter Problem about an outer packet this gateway sent on
 /// `route`) into the error the local inner host must see, written into `out` as a whole IPv6 packet
 /// from `gateway` to `stream.local_true()`.
+/// The quoted packet is opened with the stream's static data key; with handshake keys use
+/// [`translate_path_error_sealed`].
 pub fn translate_path_error(
     stream: &Stream,
+    route: &Route,
+    error_packet: &[u8],
+    gateway: Ipv6Addr,
+    out: &mut [u8],
+) -> Result<Translated, IcmpError> {
+    translate_path_error_sealed(stream, None, route, error_packet, gateway, out)
+}
+
+/// [`translate_path_error`] for a stream whose packets are sealed by `sealer` (a handshake key);
+/// `None` means the stream's static key. A quote sealed under another key (one just replaced by
+/// a rekey) fails with [`IcmpError::BadTag`].
+pub fn translate_path_error_sealed(
+    stream: &Stream,
+    sealer: Option<&Sealer>,
     route: &Route,
     error_packet: &[u8],
     gateway: Ipv6Addr,
@@ -195,10 +212,18 @@ pub fn translate_path_error(
             restore_clear(stream, mode, present, full_len, body)?
         }
         (Mode::Auth | Mode::Encrypt, true) => {
-            let key = stream.data_key(stream.role());
+            let static_key;
+            let (key, space) = match sealer {
+                Some(s) => (s.key(), s.space()),
+                None => {
+                    static_key = stream.data_key(stream.role());
+                    (static_key.as_ref(), CounterSpace::Static)
+                }
+            };
             let d = Decap {
                 mode,
-                key: key.as_ref(),
+                key,
+                space,
                 outer_src: route.local,
                 outer_dst: route.remote,
                 inner_src: stream.local_true(),

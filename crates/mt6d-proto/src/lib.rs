@@ -17,12 +17,17 @@
 //! 4. One [`Opener`] per stream (owned by the receiving thread): map the outer addresses/ports of a
 //!    received datagram to one of `schedule.accept`, then [`Opener::open`].
 //! 5. ICMPv6 errors from routers about tunnel packets: [`icmp::translate_path_error`].
+//!
+//! With identity keys instead of a pre-shared session key, [`handshake::Handshake`] derives the
+//! stream's key (the link key) and replaces steps 3-4's static keys with session keys from a
+//! Noise IK handshake, kept per peer in a [`handshake::ReceiveKeys`] and a current [`Sealer`].
 #![forbid(unsafe_code)]
 #![cfg_attr(test, allow(clippy::unwrap_used))] // unit tests: a failed unwrap is a failed test
 
 pub mod addressing;
 mod config;
 mod error;
+pub mod handshake;
 pub mod icmp;
 mod key;
 mod schedule;
@@ -39,4 +44,4 @@ pub use key::SessionKey;
 pub use schedule::{Epoch, EpochClock, Route, Schedule};
 pub use stream::Stream;
 pub use time::UnixTime;
-pub use tunnel::{OpenError, Opener, SealError, Sealer};
+pub use tunnel::{KeyPhase, OpenError, Opener, SealError, Sealer};

@@ -34,9 +34,100 @@ pub const COUNTER_LEN: usize = 8;
 pub const TAG_LEN: usize = 16;
 /// Inner header bytes carried (the 40-byte header minus both 16-byte addresses).
 pub const INNER_HEADER_CARRIED: usize = 8;
-/// Counters must stay below 2^63: first bytes with the high bit set are reserved for handshake
-/// messages of a later protocol revision.
+/// Counters must stay below 2^63: first bytes with the high bit set are handshake messages
+/// (docs/PROTOCOL.md §9).
 pub const COUNTER_LIMIT: u64 = 1 << 63;
+/// With handshake keys, bit 62 of the counter field is the key phase and the packet number below it
+/// starts at 0 per key: it must stay below 2^62.
+pub const SESSION_COUNTER_LIMIT: u64 = 1 << 62;
+/// A keepalive: counter and tag around an empty body (auth/encrypt only). Sent by the initiator of a
+/// handshake to confirm the new keys when it has no data to send (docs/PROTOCOL.md §9.5).
+pub const KEEPALIVE_LEN: usize = COUNTER_LEN + TAG_LEN;
+
+/// Which of a peer's two receive key slots a packet was sealed for (bit 62 of the counter field).
+/// Static-key streams always use phase 0 (their counters are below 2^62 until the year 2116).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum KeyPhase {
+    /// Bit 62 clear.
+    Zero,
+    /// Bit 62 set.
+    One,
+}
+
+impl KeyPhase {
+    /// The phase encoded in a counter field.
+    pub const fn of_counter(field: u64) -> KeyPhase {
+        if field & SESSION_COUNTER_LIMIT == 0 {
+            KeyPhase::Zero
+        } else {
+            KeyPhase::One
+        }
+    }
+    /// The phase of a tunnel payload in auth/encrypt mode (None if shorter than a counter or a
+    /// handshake message).
+    pub fn of_payload(payload: &[u8]) -> Option<KeyPhase> {
+        let c: [u8; 8] = payload.get(..COUNTER_LEN)?.try_into().ok()?;
+        let c = u64::from_be_bytes(c);
+        (c < COUNTER_LIMIT).then_some(Self::of_counter(c))
+    }
+    /// The other phase.
+    pub const fn flip(self) -> KeyPhase {
+        match self {
+            KeyPhase::Zero => KeyPhase::One,
+            KeyPhase::One => KeyPhase::Zero,
+        }
+    }
+    /// 0 or 1 (slot index, wire byte).
+    pub const fn index(self) -> usize {
+        match self {
+            KeyPhase::Zero => 0,
+            KeyPhase::One => 1,
+        }
+    }
+    /// Parses the wire byte (0 or 1).
+    pub const fn from_byte(b: u8) -> Option<KeyPhase> {
+        match b {
+            0 => Some(KeyPhase::Zero),
+            1 => Some(KeyPhase::One),
+            _ => None,
+        }
+    }
+    const fn bit(self) -> u64 {
+        match self {
+            KeyPhase::Zero => 0,
+            KeyPhase::One => SESSION_COUNTER_LIMIT,
+        }
+    }
+}
+
+/// How a sealer's or opener's counter field is laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CounterSpace {
+    /// Static pre-shared key: 63-bit counter starting at the clock (§4.3).
+    Static,
+    /// Handshake key: phase bit 62 plus a 62-bit packet number from 0 (§9.5).
+    Session(KeyPhase),
+}
+
+impl CounterSpace {
+    /// The counter field of packet number `n`, or None if `n` is past the space.
+    pub(crate) const fn field(self, n: u64) -> Option<u64> {
+        match self {
+            CounterSpace::Static if n < COUNTER_LIMIT => Some(n),
+            CounterSpace::Session(p) if n < SESSION_COUNTER_LIMIT => Some(p.bit() | n),
+            _ => None,
+        }
+    }
+    /// Whether a received counter field belongs to this space.
+    pub(crate) const fn accepts(self, field: u64) -> bool {
+        match self {
+            CounterSpace::Static => field < COUNTER_LIMIT,
+            CounterSpace::Session(p) => {
+                field < COUNTER_LIMIT && KeyPhase::of_counter(field).index() == p.index()
+            }
+        }
+    }
+}
 /// Bytes of outer IPv6 (40) and UDP (8) headers.
 pub const OUTER_HEADERS: usize = 48;
 
@@ -87,9 +178,13 @@ pub enum SealError {
         /// Bytes required.
         need: usize,
     },
-    /// The 63-bit counter ran out (after 2^63 ns since 1970, year 2262, or 2^63 packets).
+    /// The counter ran out (static key: 2^63 ns since 1970, year 2262; handshake key: 2^62
+    /// packets, long after the rekey budget).
     #[error("send counter exhausted")]
     CounterExhausted,
+    /// Plain mode has no counter or tag, so it has no keepalive.
+    #[error("plain mode has no keepalive")]
+    NoKeepaliveInPlain,
 }
 
 impl SealError {
@@ -101,6 +196,7 @@ impl SealError {
             Self::WrongDestination => "seal_wrong_destination",
             Self::BufferTooSmall { .. } => "seal_buffer_too_small",
             Self::CounterExhausted => "seal_counter_exhausted",
+            Self::NoKeepaliveInPlain => "seal_no_keepalive_in_plain",
         }
     }
 }
@@ -117,12 +213,16 @@ pub enum OpenError {
         /// Minimum for the mode.
         need: usize,
     },
-    /// Counter with the reserved high bit set.
-    #[error("counter {0:#x} has the reserved high bit set")]
+    /// Counter with the handshake bit set, or (handshake keys) with the other key phase.
+    #[error("counter {0:#x} has a reserved bit set or belongs to another key phase")]
     BadCounter(u64),
     /// Counter already seen or older than the replay window.
     #[error("counter {0} replayed or too old")]
     Replay(u64),
+    /// No receive key for the packet's key phase (no handshake yet, or the peer restarted and
+    /// uses keys this gateway never had).
+    #[error("no receive key for this packet's key phase")]
+    NoKey,
     /// The AEAD tag did not verify (tampered, wrong key, or wrong route).
     #[error("authentication tag did not verify")]
     BadTag,
@@ -146,6 +246,7 @@ impl OpenError {
             Self::Truncated { .. } => "open_truncated",
             Self::BadCounter(_) => "open_bad_counter",
             Self::Replay(_) => "open_replay",
+            Self::NoKey => "open_no_key",
             Self::BadTag => "open_bad_tag",
             Self::BadInner => "open_bad_inner",
             Self::BufferTooSmall { .. } => "open_buffer_too_small",
@@ -154,14 +255,17 @@ impl OpenError {
 }
 
 pub(crate) fn aead_key(alg: AeadAlg, key: &Subkey) -> LessSafeKey {
+    aead_key_bytes(alg, key.as_bytes())
+}
+
+pub(crate) fn aead_key_bytes(alg: AeadAlg, key: &[u8; 32]) -> LessSafeKey {
     let algorithm = match alg {
         AeadAlg::Aes256Gcm => &aead::AES_256_GCM,
         AeadAlg::ChaCha20Poly1305 => &aead::CHACHA20_POLY1305,
     };
     // Both algorithms take 32-byte keys and Subkey is always 32 bytes, so this cannot fail.
     #[allow(clippy::expect_used)]
-    let unbound =
-        UnboundKey::new(algorithm, key.as_bytes()).expect("32-byte key for a 256-bit AEAD");
+    let unbound = UnboundKey::new(algorithm, key).expect("32-byte key for a 256-bit AEAD");
     LessSafeKey::new(unbound)
 }
 
@@ -287,6 +391,7 @@ mod tests {
             OpenError::Truncated { have: 0, need: 1 },
             OpenError::BadCounter(0),
             OpenError::Replay(0),
+            OpenError::NoKey,
             OpenError::BadTag,
             OpenError::BadInner,
             OpenError::BufferTooSmall { have: 0, need: 1 },

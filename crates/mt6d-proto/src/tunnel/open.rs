@@ -6,11 +6,11 @@ use std::net::{Ipv6Addr, SocketAddrV6};
 use ring::aead::{Aad, LessSafeKey, Tag};
 
 use super::{
-    fixed_len, nonce, outer_aad, OpenError, ReplayWindow, TunnelPayload, COUNTER_LEN,
-    COUNTER_LIMIT, INNER_HEADER_CARRIED, OUTER_AAD_LEN, TAG_LEN,
+    aead_key_bytes, fixed_len, nonce, outer_aad, CounterSpace, KeyPhase, OpenError, ReplayWindow,
+    TunnelPayload, COUNTER_LEN, INNER_HEADER_CARRIED, KEEPALIVE_LEN, OUTER_AAD_LEN, TAG_LEN,
 };
 use crate::wire::IPV6_HEADER_LEN;
-use crate::{Mode, Route};
+use crate::{AeadAlg, Mode, Route};
 
 /// Opens tunnel payloads of one stream, one direction. Owned by the receiving thread (`&mut self`:
 /// it holds the replay window).
@@ -18,6 +18,7 @@ use crate::{Mode, Route};
 pub struct Opener {
     mode: Mode,
     key: Option<LessSafeKey>,
+    space: CounterSpace,
     replay: ReplayWindow,
     local_true: Ipv6Addr,
     remote_true: Ipv6Addr,
@@ -34,6 +35,7 @@ impl Opener {
         Self {
             mode,
             key,
+            space: CounterSpace::Static,
             replay: ReplayWindow::new(),
             local_true,
             remote_true,
@@ -41,9 +43,37 @@ impl Opener {
         }
     }
 
+    /// An opener under a handshake-derived key for packets of key phase `phase`.
+    pub(crate) fn for_session(
+        mode: Mode,
+        alg: AeadAlg,
+        key: &[u8; 32],
+        phase: KeyPhase,
+        local_true: Ipv6Addr,
+        remote_true: Ipv6Addr,
+    ) -> Self {
+        Self {
+            mode,
+            key: Some(aead_key_bytes(alg, key)),
+            space: CounterSpace::Session(phase),
+            replay: ReplayWindow::new(),
+            local_true,
+            remote_true,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// The key phase it opens (None for a static key).
+    pub fn phase(&self) -> Option<KeyPhase> {
+        match self.space {
+            CounterSpace::Static => None,
+            CounterSpace::Session(p) => Some(p),
+        }
+    }
+
     /// Opens `udp_payload`, received on `route` (the accept route its outer addresses and ports
     /// matched), writing the restored inner packet (remote true -> local true) into `out`.
-    /// Returns the inner packet length.
+    /// Returns the inner packet length, or 0 for a valid keepalive (nothing to deliver).
     pub fn open(
         &mut self,
         route: &Route,
@@ -53,6 +83,7 @@ impl Opener {
         let d = Decap {
             mode: self.mode,
             key: self.key.as_ref(),
+            space: self.space,
             outer_src: route.remote,
             outer_dst: route.local,
             inner_src: self.remote_true,
@@ -72,6 +103,7 @@ impl Opener {
 pub(crate) struct Decap<'a> {
     pub mode: Mode,
     pub key: Option<&'a LessSafeKey>,
+    pub space: CounterSpace,
     pub outer_src: SocketAddrV6,
     pub outer_dst: SocketAddrV6,
     pub inner_src: Ipv6Addr,
@@ -85,12 +117,15 @@ pub(crate) fn decapsulate(
     scratch: &mut Vec<u8>,
     replay: Option<&mut ReplayWindow>,
 ) -> Result<usize, OpenError> {
+    if d.mode != Mode::Plain && payload.len() == KEEPALIVE_LEN {
+        return open_keepalive(d, payload, replay);
+    }
     let view = TunnelPayload::new_checked(payload, d.mode)?;
     let m = view.inner_payload_len();
     let inner_len = IPV6_HEADER_LEN + m;
     let counter = view.counter();
     if let Some(c) = counter {
-        if c >= COUNTER_LIMIT {
+        if !d.space.accepts(c) {
             return Err(OpenError::BadCounter(c));
         }
         if let Some(w) = &replay {
@@ -155,6 +190,43 @@ pub(crate) fn decapsulate(
     Ok(inner_len)
 }
 
+/// counter(8) || tag(16): the tag covers the outer fields and the counter, nothing else.
+fn open_keepalive(
+    d: &Decap<'_>,
+    payload: &[u8],
+    replay: Option<&mut ReplayWindow>,
+) -> Result<usize, OpenError> {
+    let (counter, tag_bytes) = payload.split_at(COUNTER_LEN);
+    let mut c = [0u8; COUNTER_LEN];
+    c.copy_from_slice(counter);
+    let c = u64::from_be_bytes(c);
+    if !d.space.accepts(c) {
+        return Err(OpenError::BadCounter(c));
+    }
+    if let Some(w) = &replay {
+        if !w.check(c) {
+            return Err(OpenError::Replay(c));
+        }
+    }
+    let Some(key) = d.key else {
+        return Err(OpenError::BadTag);
+    };
+    let mut t = [0u8; TAG_LEN];
+    t.copy_from_slice(tag_bytes);
+    key.open_in_place_separate_tag(
+        nonce(c),
+        Aad::from(outer_aad(&d.outer_src, &d.outer_dst, c)),
+        Tag::from(t),
+        &mut [],
+        0..,
+    )
+    .map_err(|_| OpenError::BadTag)?;
+    if let Some(w) = replay {
+        w.update(c);
+    }
+    Ok(0)
+}
+
 fn tag<T: AsRef<[u8]>>(view: &TunnelPayload<T>) -> Tag {
     let mut t = [0u8; TAG_LEN];
     t.copy_from_slice(view.tag());
@@ -183,6 +255,41 @@ mod tests {
         (Mode::Encrypt, AeadAlg::Aes256Gcm),
         (Mode::Encrypt, AeadAlg::ChaCha20Poly1305),
     ];
+
+    #[test]
+    fn keepalives_open_to_nothing_once_and_only_on_their_route() {
+        for (mode, alg) in MODES.into_iter().filter(|(m, _)| *m != Mode::Plain) {
+            let (a, b) = pair(mode, alg);
+            let sealer = a.sealer(UnixTime::from_secs(1_700_000_000));
+            let mut opener = b.opener();
+            let (ra, rb) = (a.route(Epoch(7)), b.route(Epoch(7)));
+            let mut wire = [0u8; 64];
+            let n = sealer.seal_keepalive(&ra, &mut wire).unwrap();
+            assert_eq!(n, KEEPALIVE_LEN);
+            assert_eq!(
+                opener.open(&b.route(Epoch(8)), &wire[..n], &mut [0u8; 64]),
+                Err(OpenError::BadTag)
+            );
+            assert_eq!(opener.open(&rb, &wire[..n], &mut [0u8; 64]), Ok(0));
+            assert!(matches!(
+                opener.open(&rb, &wire[..n], &mut [0u8; 64]),
+                Err(OpenError::Replay(_))
+            ));
+            let mut bad = wire;
+            bad[n - 1] ^= 1;
+            bad[7] ^= 2;
+            assert_eq!(
+                opener.open(&rb, &bad[..n], &mut [0u8; 64]),
+                Err(OpenError::BadTag)
+            );
+        }
+        let (a, _) = pair(Mode::Plain, AeadAlg::Aes256Gcm);
+        assert_eq!(
+            a.sealer(UnixTime::from_secs(1))
+                .seal_keepalive(&a.route(Epoch(1)), &mut [0u8; 64]),
+            Err(crate::SealError::NoKeepaliveInPlain)
+        );
+    }
 
     #[test]
     fn roundtrip_restores_real_packets_byte_for_byte() {
@@ -254,12 +361,17 @@ mod tests {
                 opener.open(&rb, &hi[..n], &mut out),
                 Err(OpenError::BadCounter(_))
             ));
-            for k in 0..32 {
+            for k in (0..32).filter(|&k| k != KEEPALIVE_LEN) {
                 assert!(matches!(
                     opener.open(&rb, &wire[..k], &mut out),
                     Err(OpenError::Truncated { .. })
                 ));
             }
+            // A 24-byte prefix parses as a keepalive, whose tag then fails.
+            assert!(matches!(
+                opener.open(&rb, &wire[..KEEPALIVE_LEN], &mut out),
+                Err(OpenError::BadTag | OpenError::Replay(_))
+            ));
             let n2 = sealer.seal(&ra, &pkt, &mut wire).unwrap();
             assert!(matches!(
                 opener.open(&rb, &wire[..n2], &mut out[..pkt.len() - 1]),

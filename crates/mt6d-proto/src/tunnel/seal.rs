@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use ring::aead::{Aad, LessSafeKey};
 
 use super::{
-    nonce, outer_aad, payload_len, SealError, COUNTER_LEN, COUNTER_LIMIT, INNER_HEADER_CARRIED,
-    OUTER_AAD_LEN, TAG_LEN,
+    aead_key_bytes, nonce, outer_aad, payload_len, CounterSpace, KeyPhase, SealError, COUNTER_LEN,
+    COUNTER_LIMIT, INNER_HEADER_CARRIED, KEEPALIVE_LEN, OUTER_AAD_LEN, TAG_LEN,
 };
 use crate::wire::{Ipv6Packet, IPV6_HEADER_LEN};
-use crate::{Mode, Route, UnixTime};
+use crate::{AeadAlg, Mode, Route, UnixTime};
 
 thread_local! {
     /// Auth-mode AAD is outer fields || counter || clear bytes, which ring needs contiguous. One
@@ -21,13 +21,19 @@ thread_local! {
 
 /// Seals inner packets of one stream, one direction. `Send + Sync`: share it between sending threads.
 ///
-/// The counter starts at the `now` given to [`crate::Stream::sealer`] in nanoseconds and grows by one
-/// per packet, so a restarted gateway never reuses a (key, nonce) pair (docs/PROTOCOL.md §4.3).
+/// With a static key the counter starts at the `now` given to [`crate::Stream::sealer`] in
+/// nanoseconds, so a restarted gateway never reuses a (key, nonce) pair (docs/PROTOCOL.md §4.3).
+/// With a handshake key ([`Sealer::for_session`]) it starts at 0 under the key's phase bit: the key
+/// is fresh, so no earlier run can have used it (§9.5).
 #[derive(Debug)]
 pub struct Sealer {
     mode: Mode,
     key: Option<LessSafeKey>,
+    space: CounterSpace,
+    /// The packet number the next packet uses.
     counter: AtomicU64,
+    first: u64,
+    key_id: Option<u64>,
     local_true: Ipv6Addr,
     remote_true: Ipv6Addr,
 }
@@ -43,15 +49,93 @@ impl Sealer {
         Self {
             mode,
             key,
+            space: CounterSpace::Static,
             counter: AtomicU64::new(now.as_nanos()),
+            first: now.as_nanos(),
+            key_id: None,
             local_true,
             remote_true,
         }
     }
 
-    /// The counter the next packet will use.
-    pub fn next_counter(&self) -> u64 {
-        self.counter.load(Ordering::Relaxed)
+    /// A sealer under a handshake-derived key (auth or encrypt mode), packet numbers from 0 under
+    /// `phase` (the peer's receive slot).
+    pub(crate) fn for_session(
+        mode: Mode,
+        alg: AeadAlg,
+        key: &[u8; 32],
+        phase: KeyPhase,
+        local_true: Ipv6Addr,
+        remote_true: Ipv6Addr,
+    ) -> Self {
+        Self {
+            mode,
+            key: Some(aead_key_bytes(alg, key)),
+            space: CounterSpace::Session(phase),
+            counter: AtomicU64::new(0),
+            first: 0,
+            key_id: Some(key_id(key)),
+            local_true,
+            remote_true,
+        }
+    }
+
+    /// The counter field the next packet will use (None once exhausted).
+    pub fn next_counter(&self) -> Option<u64> {
+        self.space.field(self.counter.load(Ordering::Relaxed))
+    }
+
+    /// Packets (and keepalives) sealed so far: what a rekey budget counts.
+    pub fn sealed(&self) -> u64 {
+        self.counter
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.first)
+    }
+
+    /// A one-way fingerprint of a handshake key (None for a static key): tells keys apart in logs
+    /// and lets tests prove that no (key, nonce) pair repeats.
+    pub fn key_id(&self) -> Option<u64> {
+        self.key_id
+    }
+
+    pub(crate) fn key(&self) -> Option<&LessSafeKey> {
+        self.key.as_ref()
+    }
+
+    pub(crate) fn space(&self) -> CounterSpace {
+        self.space
+    }
+
+    /// The key phase its packets carry (None for a static key).
+    pub fn phase(&self) -> Option<KeyPhase> {
+        match self.space {
+            CounterSpace::Static => None,
+            CounterSpace::Session(p) => Some(p),
+        }
+    }
+
+    /// Seals a keepalive for `route` into `out` (auth/encrypt only): counter || tag over the outer
+    /// fields and counter, no body. Returns [`KEEPALIVE_LEN`].
+    pub fn seal_keepalive(&self, route: &Route, out: &mut [u8]) -> Result<usize, SealError> {
+        let Some(key) = &self.key else {
+            return Err(SealError::NoKeepaliveInPlain);
+        };
+        let Some(out) = out.get_mut(..KEEPALIVE_LEN) else {
+            return Err(SealError::BufferTooSmall {
+                have: out.len(),
+                need: KEEPALIVE_LEN,
+            });
+        };
+        let counter = self.next()?;
+        out[..COUNTER_LEN].copy_from_slice(&counter.to_be_bytes());
+        let outer = outer_aad(&route.local, &route.remote, counter);
+        // Empty input: within every AEAD limit.
+        #[allow(clippy::expect_used)]
+        let tag = key
+            .seal_in_place_separate_tag(nonce(counter), Aad::from(outer), &mut [])
+            .expect("empty AEAD input");
+        out[COUNTER_LEN..].copy_from_slice(tag.as_ref());
+        Ok(KEEPALIVE_LEN)
     }
 
     /// Seals `inner` (one whole IPv6 packet from the local true address to the remote true address)
@@ -110,14 +194,24 @@ impl Sealer {
     }
 
     fn next(&self) -> Result<u64, SealError> {
-        let c = self.counter.fetch_add(1, Ordering::Relaxed);
-        if c >= COUNTER_LIMIT {
-            // Keep it pinned so repeated calls keep failing instead of wrapping back to valid values.
-            self.counter.store(COUNTER_LIMIT, Ordering::Relaxed);
-            return Err(SealError::CounterExhausted);
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        match self.space.field(n) {
+            Some(field) => Ok(field),
+            None => {
+                // Keep it pinned so repeated calls keep failing instead of wrapping back to valid
+                // values.
+                self.counter.store(COUNTER_LIMIT, Ordering::Relaxed);
+                Err(SealError::CounterExhausted)
+            }
         }
-        Ok(c)
     }
+}
+
+fn key_id(key: &[u8; 32]) -> u64 {
+    let h = blake3::derive_key("mt6d-proto 2026-11-21 key fingerprint", key);
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&h[..8]);
+    u64::from_be_bytes(b)
 }
 
 #[cfg(test)]
@@ -172,11 +266,41 @@ mod tests {
             u64::from_be_bytes(out[..8].try_into().unwrap()),
             now.as_nanos()
         );
-        assert_eq!(s.next_counter(), now.as_nanos() + 1);
+        assert_eq!(s.next_counter(), Some(now.as_nanos() + 1));
         let s = a.sealer(UnixTime::from_nanos(COUNTER_LIMIT - 1));
         assert!(s.seal(&r, &pkt, &mut out).is_ok());
         assert_eq!(s.seal(&r, &pkt, &mut out), Err(SealError::CounterExhausted));
         assert_eq!(s.seal(&r, &pkt, &mut out), Err(SealError::CounterExhausted));
+    }
+
+    #[test]
+    fn session_counters_carry_the_phase_and_stop_below_it() {
+        let (a, _) = pair(Mode::Encrypt, AeadAlg::Aes256Gcm);
+        let r = a.route(Epoch(1));
+        let pkt = udp(addr(A), addr(B), b"hi");
+        let mut out = [0u8; 256];
+        let k = [7u8; 32];
+        for phase in [KeyPhase::Zero, KeyPhase::One] {
+            let s = Sealer::for_session(
+                Mode::Encrypt,
+                AeadAlg::Aes256Gcm,
+                &k,
+                phase,
+                addr(A),
+                addr(B),
+            );
+            s.seal(&r, &pkt, &mut out).unwrap();
+            let field = u64::from_be_bytes(out[..8].try_into().unwrap());
+            assert_eq!(KeyPhase::of_counter(field), phase);
+            assert_eq!(field & !(1 << 62), 0, "packet numbers start at 0");
+            assert_eq!(s.seal_keepalive(&r, &mut out), Ok(KEEPALIVE_LEN));
+            assert_eq!(s.sealed(), 2);
+            s.counter
+                .store(super::super::SESSION_COUNTER_LIMIT - 1, Ordering::Relaxed);
+            assert!(s.seal(&r, &pkt, &mut out).is_ok());
+            assert_eq!(s.seal(&r, &pkt, &mut out), Err(SealError::CounterExhausted));
+            assert_eq!(s.seal(&r, &pkt, &mut out), Err(SealError::CounterExhausted));
+        }
     }
 
     #[test]

@@ -1,0 +1,750 @@
+//! The authenticated key exchange (docs/PROTOCOL.md §9): Noise `IKpsk2_25519_ChaChaPoly_BLAKE2s`
+//! (WireGuard's pattern, through the `snow` crate) carried in the tunnel's own UDP packets at the
+//! current epoch's hashed addresses and ports, with a route-bound MAC keyed by the link key so a
+//! packet from anyone who does not hold an identity key of this pair is rejected by one BLAKE3.
+//!
+//! Sans-IO like the rest of the crate: time and 32 bytes of entropy come in as arguments; messages
+//! go out as byte arrays for the caller to send on the route it is given.
+//!
+//! One [`Handshake`] per peer. The caller
+//! * derives the stream's address key from [`Handshake::link_key`];
+//! * calls [`Handshake::poll`] on a timer (every ~100 ms) and sends what it returns on the current
+//!   send route;
+//! * hands every received handshake message to [`Handshake::handle`], installs the keys of the
+//!   [`Outcome`] (receive keys at once, a responder's send key only once [`ReceiveKeys::open`]
+//!   reports the new phase confirmed) and sends the reply or, as initiator, a keepalive;
+//! * calls [`Handshake::want_handshake`] when it has no send key or a packet arrives for a key
+//!   phase it does not hold.
+
+mod identity;
+mod keys;
+mod message;
+mod rng;
+
+use std::net::Ipv6Addr;
+use std::time::Duration;
+
+use snow::params::NoiseParams;
+use zeroize::Zeroizing;
+
+pub use identity::{link_key, PrivateKey, Psk, PublicKey, KEY_LEN};
+pub use keys::{Opened, ReceiveKeys};
+pub use message::{is_handshake, Kind, Message, INITIATION_LEN, RESPONSE_LEN};
+
+use crate::tunnel::KeyPhase;
+use crate::{AeadAlg, Mode, Opener, ProtoError, Route, Sealer, SessionKey, UnixTime};
+use message::{frame, INITIATION_PAYLOAD_LEN, NOISE_INITIATION_LEN, NOISE_RESPONSE_LEN};
+
+/// The Noise protocol name (WireGuard's).
+pub const NOISE_PARAMS: &str = "Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s";
+/// An unanswered initiation is replaced by a new one (new ephemeral key) after this long.
+pub const RETRY_AFTER: Duration = Duration::from_millis(500);
+/// How long a receive key stays usable after a newer one is confirmed, for packets in flight.
+pub const OLD_KEY_GRACE: Duration = Duration::from_secs(2);
+/// Keys are no longer used this many rekey intervals after their handshake if no newer handshake
+/// succeeded (WireGuard's reject-after-time, scaled to `rekey_after`).
+pub const REJECT_AFTER_REKEYS: u32 = 3;
+/// Initiations a responder processes (one Diffie-Hellman each) per second and peer, burst included.
+pub const RESPONSES_PER_SEC: u32 = 10;
+/// Ephemeral keys remembered to reject replayed messages before any Diffie-Hellman.
+const SEEN_EPHEMERALS: usize = 16;
+
+/// The handshake settings of one peer.
+#[derive(Debug, Clone)]
+pub struct HandshakeConfig {
+    /// This gateway's identity key.
+    pub local_private: PrivateKey,
+    /// The peer's identity key.
+    pub remote_public: PublicKey,
+    /// Optional extra pre-shared key ([`Psk::none`] if not configured).
+    pub psk: Psk,
+    /// Auth or encrypt (plain has no counter or tag, so it has no session keys).
+    pub mode: Mode,
+    /// AEAD of the data keys.
+    pub aead: AeadAlg,
+    /// The local protected host (the stream's local true address).
+    pub local_true: Ipv6Addr,
+    /// The remote protected host.
+    pub remote_true: Ipv6Addr,
+    /// Rekey interval (thesis `regen_interval`, 000 Table 3.1).
+    pub rekey_after: Duration,
+    /// Rekey after this many packets under one send key.
+    pub rekey_after_packets: u64,
+}
+
+/// Why a handshake message was rejected. Each variant is a counter label ([`HandshakeError::reason`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandshakeError {
+    /// First byte is not a known handshake type.
+    #[error("unknown handshake message type")]
+    UnknownType,
+    /// Wrong length or non-zero reserved bytes.
+    #[error("handshake message has the wrong length or reserved bits")]
+    BadLength,
+    /// The route-bound MAC did not verify: not from a holder of this pair's keys, or replayed on
+    /// another route (epoch).
+    #[error("handshake MAC did not verify")]
+    BadMac,
+    /// A message whose ephemeral key was already processed (a replay), rejected before any DH.
+    #[error("replayed handshake message")]
+    Replayed,
+    /// An initiation whose timestamp is not newer than the newest accepted one (a replay).
+    #[error("initiation timestamp not newer than the last one accepted")]
+    StaleTimestamp,
+    /// Noise processing failed (wrong static key, tampering, or a response to an older attempt).
+    #[error("Noise handshake message did not decrypt")]
+    Decrypt,
+    /// The decrypted payload is malformed.
+    #[error("handshake payload malformed")]
+    BadPayload,
+    /// More initiations than [`RESPONSES_PER_SEC`]: dropped before any DH.
+    #[error("initiation rate limit reached")]
+    RateLimited,
+    /// Both sides initiated; this side's initiation wins (lower public key), the peer's is ignored.
+    #[error("simultaneous initiation: ours wins")]
+    Simultaneous,
+    /// A response with no initiation of ours in flight.
+    #[error("response without a pending initiation")]
+    UnexpectedResponse,
+}
+
+impl HandshakeError {
+    /// Every variant, in counter order.
+    pub const ALL: [HandshakeError; 10] = [
+        Self::UnknownType,
+        Self::BadLength,
+        Self::BadMac,
+        Self::Replayed,
+        Self::StaleTimestamp,
+        Self::Decrypt,
+        Self::BadPayload,
+        Self::RateLimited,
+        Self::Simultaneous,
+        Self::UnexpectedResponse,
+    ];
+    /// A stable label for counters.
+    pub const fn reason(self) -> &'static str {
+        match self {
+            Self::UnknownType => "hs_unknown_type",
+            Self::BadLength => "hs_bad_length",
+            Self::BadMac => "hs_bad_mac",
+            Self::Replayed => "hs_replayed",
+            Self::StaleTimestamp => "hs_stale_timestamp",
+            Self::Decrypt => "hs_decrypt",
+            Self::BadPayload => "hs_bad_payload",
+            Self::RateLimited => "hs_rate_limited",
+            Self::Simultaneous => "hs_simultaneous",
+            Self::UnexpectedResponse => "hs_unexpected_response",
+        }
+    }
+    const fn index(self) -> usize {
+        match self {
+            Self::UnknownType => 0,
+            Self::BadLength => 1,
+            Self::BadMac => 2,
+            Self::Replayed => 3,
+            Self::StaleTimestamp => 4,
+            Self::Decrypt => 5,
+            Self::BadPayload => 6,
+            Self::RateLimited => 7,
+            Self::Simultaneous => 8,
+            Self::UnexpectedResponse => 9,
+        }
+    }
+}
+
+/// What a peer's handshakes have done, for `mt6d status`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HandshakeStats {
+    /// Handshakes completed (as initiator, or confirmed as responder).
+    pub completed: u64,
+    /// Of those, the ones that replaced existing keys.
+    pub rekeys: u64,
+    /// Initiations sent (retries included).
+    pub initiations_sent: u64,
+    /// Responses sent.
+    pub responses_sent: u64,
+    /// When the newest keys were established.
+    pub last_completed: Option<UnixTime>,
+    /// Rejected messages per [`HandshakeError::ALL`] entry.
+    pub failures: [u64; HandshakeError::ALL.len()],
+}
+
+impl HandshakeStats {
+    /// `(reason, count)` for every reason with a non-zero count.
+    pub fn failures_by_reason(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        HandshakeError::ALL
+            .iter()
+            .zip(self.failures)
+            .filter(|(_, n)| *n > 0)
+            .map(|(e, n)| (e.reason(), n))
+    }
+}
+
+/// New data keys from a handshake.
+#[derive(Debug)]
+pub struct SessionKeys {
+    /// Seals this gateway's packets (under the peer's chosen receive phase).
+    pub send: Sealer,
+    /// Opens the peer's packets (under our chosen receive phase).
+    pub recv: Opener,
+}
+
+/// What handling a handshake message produced.
+#[derive(Debug)]
+pub enum Outcome {
+    /// We answered an initiation: send `reply` on the current send route; install `keys.recv` now;
+    /// use `keys.send` only once the peer confirmed (a packet opened with `keys.recv`); until then
+    /// keep sending with the old key, if any.
+    Responded {
+        /// The response to send.
+        reply: [u8; RESPONSE_LEN],
+        /// The new keys.
+        keys: SessionKeys,
+    },
+    /// Our initiation was answered: install both keys now and send a keepalive (or data) with
+    /// `keys.send` so the peer confirms.
+    Completed {
+        /// The new keys.
+        keys: SessionKeys,
+        /// Whether these keys replace earlier ones.
+        rekey: bool,
+    },
+}
+
+struct Pending {
+    state: snow::HandshakeState,
+    recv_phase: KeyPhase,
+    sent_at: UnixTime,
+}
+
+/// A token bucket over [`RESPONSES_PER_SEC`], in milli-tokens.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    milli: u64,
+    at: UnixTime,
+}
+
+impl Bucket {
+    const FULL: u64 = RESPONSES_PER_SEC as u64 * 1000;
+    fn take(&mut self, now: UnixTime) -> bool {
+        let elapsed_ms = now.as_millis().saturating_sub(self.at.as_millis());
+        self.milli = (self.milli + elapsed_ms * u64::from(RESPONSES_PER_SEC)).min(Self::FULL);
+        self.at = now;
+        if self.milli >= 1000 {
+            self.milli -= 1000;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// The handshake state of one peer.
+pub struct Handshake {
+    cfg: HandshakeConfig,
+    params: NoiseParams,
+    link: SessionKey,
+    mac_key: Zeroizing<[u8; 32]>,
+    prologue: [u8; 64],
+    /// Our initiation wins a simultaneous exchange (our public key is the lower one).
+    preferred: bool,
+    pending: Option<Pending>,
+    /// The newest initiation timestamp accepted from the peer.
+    peer_timestamp: u64,
+    /// The newest timestamp we sent (kept strictly increasing).
+    own_timestamp: u64,
+    seen: [[u8; 32]; SEEN_EPHEMERALS],
+    seen_next: usize,
+    /// Phase of our newest confirmed receive key.
+    confirmed_recv: Option<KeyPhase>,
+    /// Responder: the receive phase installed and not yet confirmed.
+    awaiting: Option<KeyPhase>,
+    /// Responder: whether the awaited keys replace earlier ones.
+    awaiting_rekey: bool,
+    /// When the newest confirmed keys were established.
+    established: Option<UnixTime>,
+    want: bool,
+    bucket: Bucket,
+    stats: HandshakeStats,
+}
+
+impl std::fmt::Debug for Handshake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handshake")
+            .field("local", &self.cfg.local_private.public_key())
+            .field("remote", &self.cfg.remote_public)
+            .field("preferred", &self.preferred)
+            .field("pending", &self.pending.is_some())
+            .field("established", &self.established)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Handshake {
+    /// Validates the keys and derives the link and MAC keys.
+    pub fn new(cfg: HandshakeConfig) -> Result<Handshake, ProtoError> {
+        if cfg.mode == Mode::Plain {
+            return Err(ProtoError::HandshakeNeedsAead);
+        }
+        if cfg.rekey_after < Duration::from_secs(1) {
+            return Err(ProtoError::RekeyTooShort {
+                ms: cfg.rekey_after.as_millis(),
+            });
+        }
+        let link = link_key(&cfg.local_private, &cfg.remote_public, &cfg.psk)?;
+        let mac_key = Zeroizing::new(blake3::derive_key(identity::context::MAC, link.as_bytes()));
+        // NOISE_PARAMS is a constant the snow crate supports; a parse failure is a build defect.
+        #[allow(clippy::expect_used)]
+        let params: NoiseParams = NOISE_PARAMS.parse().expect("supported Noise pattern");
+        // The prologue binds both true addresses (lower first), so a handshake of one stream is
+        // useless for another stream between the same two gateways.
+        let mut prologue = [0u8; 64];
+        prologue[..32].copy_from_slice(b"mt6d-proto 2026-11-21 handshake ");
+        let (lo, hi) = if cfg.local_true < cfg.remote_true {
+            (cfg.local_true, cfg.remote_true)
+        } else {
+            (cfg.remote_true, cfg.local_true)
+        };
+        prologue[32..48].copy_from_slice(&lo.octets());
+        prologue[48..].copy_from_slice(&hi.octets());
+        let preferred = cfg.local_private.public_key() < cfg.remote_public;
+        Ok(Handshake {
+            cfg,
+            params,
+            link,
+            mac_key,
+            prologue,
+            preferred,
+            pending: None,
+            peer_timestamp: 0,
+            own_timestamp: 0,
+            seen: [[0; 32]; SEEN_EPHEMERALS],
+            seen_next: 0,
+            confirmed_recv: None,
+            awaiting: None,
+            awaiting_rekey: false,
+            established: None,
+            want: true,
+            bucket: Bucket {
+                milli: Bucket::FULL,
+                at: UnixTime::from_nanos(0),
+            },
+            stats: HandshakeStats::default(),
+        })
+    }
+
+    /// The key the stream derives hashed addresses, ports and jitter from (§9.1).
+    pub fn link_key(&self) -> &SessionKey {
+        &self.link
+    }
+
+    /// Counters and the time of the newest keys.
+    pub fn stats(&self) -> &HandshakeStats {
+        &self.stats
+    }
+
+    /// Whether this side wins simultaneous initiations.
+    pub fn is_preferred_initiator(&self) -> bool {
+        self.preferred
+    }
+
+    /// When the newest confirmed keys were established (None before the first handshake).
+    pub fn established_at(&self) -> Option<UnixTime> {
+        self.established
+    }
+
+    /// Whether keys established at `established` must no longer be used at `now`.
+    pub fn keys_expired(&self, now: UnixTime) -> bool {
+        let limit = self.cfg.rekey_after * REJECT_AFTER_REKEYS;
+        self.established.is_some_and(|at| {
+            now.as_nanos().saturating_sub(at.as_nanos()) > limit.as_nanos() as u64
+        })
+    }
+
+    /// Ask for a handshake at the next [`Handshake::poll`] (no send key, or a packet arrived for
+    /// a key phase we do not hold, e.g. after the peer restarted).
+    pub fn want_handshake(&mut self) {
+        self.want = true;
+    }
+
+    /// The initiation to send on `send_route` now, if one is due: no keys yet, keys wanted, the
+    /// rekey interval or packet budget reached (`sent` = packets under the current send key), or
+    /// the last initiation unanswered for [`RETRY_AFTER`]. `entropy`: 32 fresh random bytes.
+    pub fn poll(
+        &mut self,
+        now: UnixTime,
+        send_route: &Route,
+        sent: u64,
+        entropy: [u8; 32],
+    ) -> Option<[u8; INITIATION_LEN]> {
+        if let Some(p) = &self.pending {
+            if elapsed(p.sent_at, now) < RETRY_AFTER {
+                return None;
+            }
+        }
+        let due = self.pending.is_some()
+            || self.want
+            || sent >= self.cfg.rekey_after_packets
+            || self
+                .established
+                .is_none_or(|at| elapsed(at, now) >= self.rekey_interval());
+        if !due {
+            return None;
+        }
+        self.initiate(now, send_route, entropy).ok()
+    }
+
+    /// The preferred initiator rekeys first; the other side waits a little longer so the two do
+    /// not race every time.
+    fn rekey_interval(&self) -> Duration {
+        if self.preferred {
+            self.cfg.rekey_after
+        } else {
+            self.cfg.rekey_after + RETRY_AFTER * 4
+        }
+    }
+
+    fn builder(&self, entropy: [u8; 32]) -> snow::Builder<'_> {
+        snow::Builder::with_resolver(
+            self.params.clone(),
+            Box::new(rng::EntropyResolver::new(entropy)),
+        )
+    }
+
+    fn initiate(
+        &mut self,
+        now: UnixTime,
+        route: &Route,
+        entropy: [u8; 32],
+    ) -> Result<[u8; INITIATION_LEN], snow::Error> {
+        let private = self.cfg.local_private.to_bytes();
+        let mut state = self
+            .builder(entropy)
+            .local_private_key(&private[..])?
+            .remote_public_key(self.cfg.remote_public.as_bytes())?
+            .psk(2, self.cfg.psk.as_bytes())?
+            .prologue(&self.prologue)?
+            .build_initiator()?;
+        let recv_phase = self.next_recv_phase();
+        self.own_timestamp = self.own_timestamp.saturating_add(1).max(now.as_nanos());
+        let mut payload = [0u8; INITIATION_PAYLOAD_LEN];
+        payload[..8].copy_from_slice(&self.own_timestamp.to_be_bytes());
+        payload[8] = recv_phase.index() as u8;
+        let mut noise = [0u8; NOISE_INITIATION_LEN];
+        let n = state.write_message(&payload, &mut noise)?;
+        debug_assert_eq!(n, NOISE_INITIATION_LEN);
+        let mut out = [0u8; INITIATION_LEN];
+        frame(
+            Kind::Initiation,
+            &noise,
+            &self.mac_key,
+            &route.local,
+            &route.remote,
+            &mut out,
+        );
+        self.remember(&noise[..32]);
+        self.pending = Some(Pending {
+            state,
+            recv_phase,
+            sent_at: now,
+        });
+        self.want = false;
+        self.stats.initiations_sent += 1;
+        Ok(out)
+    }
+
+    /// New receive keys go to the slot the newest confirmed key does not use.
+    fn next_recv_phase(&self) -> KeyPhase {
+        self.confirmed_recv.map_or(KeyPhase::Zero, KeyPhase::flip)
+    }
+
+    fn remember(&mut self, ephemeral: &[u8]) {
+        self.seen[self.seen_next].copy_from_slice(ephemeral);
+        self.seen_next = (self.seen_next + 1) % SEEN_EPHEMERALS;
+    }
+
+    fn seen(&self, ephemeral: &[u8]) -> bool {
+        self.seen.iter().any(|s| s[..] == *ephemeral)
+    }
+
+    /// Handles a handshake message that arrived on accept route `arrived_on` (its outer source is
+    /// `arrived_on.remote`). A response, if any, is framed for `reply_route` (the current send
+    /// route). Every rejection is counted in [`Handshake::stats`].
+    pub fn handle(
+        &mut self,
+        now: UnixTime,
+        arrived_on: &Route,
+        reply_route: &Route,
+        bytes: &[u8],
+        entropy: [u8; 32],
+    ) -> Result<Outcome, HandshakeError> {
+        let r = self.handle_inner(now, arrived_on, reply_route, bytes, entropy);
+        if let Err(e) = r {
+            self.stats.failures[e.index()] += 1;
+        }
+        r
+    }
+
+    fn handle_inner(
+        &mut self,
+        now: UnixTime,
+        arrived_on: &Route,
+        reply_route: &Route,
+        bytes: &[u8],
+        entropy: [u8; 32],
+    ) -> Result<Outcome, HandshakeError> {
+        let msg = Message::new_checked(bytes)?;
+        msg.verify_mac(&self.mac_key, &arrived_on.remote, &arrived_on.local)?;
+        if self.seen(msg.ephemeral()) {
+            return Err(HandshakeError::Replayed);
+        }
+        match msg.kind() {
+            Kind::Initiation => self.respond(now, &msg, reply_route, entropy),
+            Kind::Response => self.complete(now, &msg),
+        }
+    }
+
+    fn respond(
+        &mut self,
+        now: UnixTime,
+        msg: &Message<'_>,
+        reply_route: &Route,
+        entropy: [u8; 32],
+    ) -> Result<Outcome, HandshakeError> {
+        if self.pending.is_some() && self.preferred {
+            return Err(HandshakeError::Simultaneous);
+        }
+        if !self.bucket.take(now) {
+            return Err(HandshakeError::RateLimited);
+        }
+        let private = self.cfg.local_private.to_bytes();
+        let mut state = self
+            .builder(entropy)
+            .local_private_key(&private[..])
+            .and_then(|b| b.psk(2, self.cfg.psk.as_bytes()))
+            .and_then(|b| b.prologue(&self.prologue))
+            .and_then(|b| b.build_responder())
+            .map_err(|_| HandshakeError::Decrypt)?;
+        let mut payload = [0u8; INITIATION_PAYLOAD_LEN + 16];
+        let n = state
+            .read_message(msg.noise(), &mut payload)
+            .map_err(|_| HandshakeError::Decrypt)?;
+        if state.get_remote_static() != Some(&self.cfg.remote_public.as_bytes()[..]) {
+            // The MAC key is shared by this pair only, so this takes a thief of our own key.
+            return Err(HandshakeError::Decrypt);
+        }
+        if n != INITIATION_PAYLOAD_LEN {
+            return Err(HandshakeError::BadPayload);
+        }
+        let mut ts = [0u8; 8];
+        ts.copy_from_slice(&payload[..8]);
+        let ts = u64::from_be_bytes(ts);
+        let send_phase = KeyPhase::from_byte(payload[8]).ok_or(HandshakeError::BadPayload)?;
+        if ts <= self.peer_timestamp {
+            return Err(HandshakeError::StaleTimestamp);
+        }
+        self.peer_timestamp = ts;
+        self.remember(msg.ephemeral());
+        // Our own initiation loses (or there is none): the peer's handshake goes ahead.
+        self.pending = None;
+        let recv_phase = self.next_recv_phase();
+        let mut noise = [0u8; NOISE_RESPONSE_LEN];
+        let written = state
+            .write_message(&[recv_phase.index() as u8], &mut noise)
+            .map_err(|_| HandshakeError::Decrypt)?;
+        debug_assert_eq!(written, NOISE_RESPONSE_LEN);
+        self.remember(&noise[..32]);
+        let (i2r, r2i) = state.dangerously_get_raw_split();
+        let (i2r, r2i) = (Zeroizing::new(i2r), Zeroizing::new(r2i));
+        let mut reply = [0u8; RESPONSE_LEN];
+        frame(
+            Kind::Response,
+            &noise,
+            &self.mac_key,
+            &reply_route.local,
+            &reply_route.remote,
+            &mut reply,
+        );
+        self.awaiting = Some(recv_phase);
+        self.awaiting_rekey = self.established.is_some();
+        self.stats.responses_sent += 1;
+        let _ = now;
+        Ok(Outcome::Responded {
+            reply,
+            keys: self.keys(&r2i, send_phase, &i2r, recv_phase),
+        })
+    }
+
+    fn complete(&mut self, now: UnixTime, msg: &Message<'_>) -> Result<Outcome, HandshakeError> {
+        let Some(mut pending) = self.pending.take() else {
+            return Err(HandshakeError::UnexpectedResponse);
+        };
+        let mut payload = [0u8; 1 + 16];
+        let n = match pending.state.read_message(msg.noise(), &mut payload) {
+            Ok(n) => n,
+            Err(_) => {
+                // The state is spent either way; the retry timer starts a fresh attempt.
+                self.want = true;
+                return Err(HandshakeError::Decrypt);
+            }
+        };
+        self.remember(msg.ephemeral());
+        let send_phase = match (n, KeyPhase::from_byte(payload[0])) {
+            (1, Some(p)) => p,
+            _ => {
+                self.want = true;
+                return Err(HandshakeError::BadPayload);
+            }
+        };
+        let (i2r, r2i) = pending.state.dangerously_get_raw_split();
+        let (i2r, r2i) = (Zeroizing::new(i2r), Zeroizing::new(r2i));
+        let rekey = self.established.is_some();
+        self.confirmed_recv = Some(pending.recv_phase);
+        self.awaiting = None;
+        self.established = Some(now);
+        self.want = false;
+        self.stats.completed += 1;
+        self.stats.rekeys += u64::from(rekey);
+        self.stats.last_completed = Some(now);
+        Ok(Outcome::Completed {
+            keys: self.keys(&i2r, send_phase, &r2i, pending.recv_phase),
+            rekey,
+        })
+    }
+
+    /// Responder: the peer sent a packet under the receive key of phase `phase` ([`Opened::confirmed`]
+    /// reports it): the handshake is complete, the send key of [`Outcome::Responded`] may be used.
+    /// Returns whether `phase` was the one awaited.
+    pub fn confirm(&mut self, now: UnixTime, phase: KeyPhase) -> bool {
+        if self.awaiting != Some(phase) {
+            return false;
+        }
+        self.awaiting = None;
+        self.confirmed_recv = Some(phase);
+        self.established = Some(now);
+        self.want = false;
+        self.stats.completed += 1;
+        self.stats.rekeys += u64::from(self.awaiting_rekey);
+        self.stats.last_completed = Some(now);
+        true
+    }
+
+    fn keys(
+        &self,
+        send: &[u8; 32],
+        send_phase: KeyPhase,
+        recv: &[u8; 32],
+        recv_phase: KeyPhase,
+    ) -> SessionKeys {
+        let ctx = match self.cfg.aead {
+            AeadAlg::Aes256Gcm => identity::context::DATA_AES,
+            AeadAlg::ChaCha20Poly1305 => identity::context::DATA_CHACHA,
+        };
+        let s = Zeroizing::new(blake3::derive_key(ctx, send));
+        let r = Zeroizing::new(blake3::derive_key(ctx, recv));
+        let c = &self.cfg;
+        SessionKeys {
+            send: Sealer::for_session(c.mode, c.aead, &s, send_phase, c.local_true, c.remote_true),
+            recv: Opener::for_session(c.mode, c.aead, &r, recv_phase, c.local_true, c.remote_true),
+        }
+    }
+}
+
+fn elapsed(from: UnixTime, to: UnixTime) -> Duration {
+    Duration::from_nanos(to.as_nanos().saturating_sub(from.as_nanos()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{addr, pair, A, B};
+    use crate::Epoch;
+
+    pub(crate) fn configs(psk: Psk) -> (HandshakeConfig, HandshakeConfig) {
+        let a = PrivateKey::generate([0x11; 32]);
+        let b = PrivateKey::generate([0x22; 32]);
+        let base = |local: &PrivateKey, remote: &PrivateKey, lt, rt| HandshakeConfig {
+            local_private: local.clone(),
+            remote_public: remote.public_key(),
+            psk: psk.clone(),
+            mode: Mode::Encrypt,
+            aead: AeadAlg::Aes256Gcm,
+            local_true: lt,
+            remote_true: rt,
+            rekey_after: Duration::from_secs(120),
+            rekey_after_packets: 1 << 40,
+        };
+        (
+            base(&a, &b, addr(A), addr(B)),
+            base(&b, &a, addr(B), addr(A)),
+        )
+    }
+
+    #[test]
+    fn one_round_trip_gives_matching_keys_both_ways() {
+        let (ca, cb) = configs(Psk::from_bytes([3; 32]));
+        let (mut a, mut b) = (Handshake::new(ca).unwrap(), Handshake::new(cb).unwrap());
+        assert_eq!(a.link_key().as_bytes(), b.link_key().as_bytes());
+        let (sa, sb) = pair(Mode::Encrypt, AeadAlg::Aes256Gcm);
+        let (ra, rb) = (sa.route(Epoch(5)), sb.route(Epoch(5)));
+        let t = UnixTime::from_secs(1_800_000_000);
+        let init = a.poll(t, &ra, 0, [1; 32]).expect("no keys yet: initiate");
+        assert!(a.poll(t, &ra, 0, [1; 32]).is_none(), "one in flight");
+        let Outcome::Responded { reply, keys: kb } = b.handle(t, &rb, &rb, &init, [2; 32]).unwrap()
+        else {
+            panic!("responder answers")
+        };
+        let Outcome::Completed { keys: ka, rekey } =
+            a.handle(t, &ra, &ra, &reply, [3; 32]).unwrap()
+        else {
+            panic!("initiator completes")
+        };
+        assert!(!rekey);
+        let pkt = crate::testutil::udp(addr(A), addr(B), b"hello");
+        let mut wire = [0u8; 256];
+        let mut out = [0u8; 256];
+        let n = ka.send.seal(&ra, &pkt, &mut wire).unwrap();
+        let mut recv_b = kb.recv;
+        assert_eq!(recv_b.open(&rb, &wire[..n], &mut out).unwrap(), pkt.len());
+        assert!(b.confirm(t, recv_b.phase().unwrap()));
+        let back = crate::testutil::udp(addr(B), addr(A), b"world");
+        let n = kb.send.seal(&rb, &back, &mut wire).unwrap();
+        let mut recv_a = ka.recv;
+        assert_eq!(recv_a.open(&ra, &wire[..n], &mut out).unwrap(), back.len());
+        assert_eq!(a.stats().completed, 1);
+        assert_eq!(b.stats().completed, 1);
+        // The same initiation again: rejected before any DH.
+        assert_eq!(
+            b.handle(t, &rb, &rb, &init, [4; 32]).unwrap_err(),
+            HandshakeError::Replayed
+        );
+    }
+
+    #[test]
+    fn plain_mode_and_short_rekey_are_refused() {
+        let (mut c, _) = configs(Psk::none());
+        c.mode = Mode::Plain;
+        assert_eq!(
+            Handshake::new(c).unwrap_err(),
+            ProtoError::HandshakeNeedsAead
+        );
+        let (mut c, _) = configs(Psk::none());
+        c.rekey_after = Duration::from_millis(10);
+        assert!(matches!(
+            Handshake::new(c).unwrap_err(),
+            ProtoError::RekeyTooShort { .. }
+        ));
+    }
+
+    #[test]
+    fn reasons_are_distinct_and_indexed_in_order() {
+        for (i, e) in HandshakeError::ALL.iter().enumerate() {
+            assert_eq!(e.index(), i);
+        }
+        let s: std::collections::HashSet<_> =
+            HandshakeError::ALL.iter().map(|e| e.reason()).collect();
+        assert_eq!(s.len(), HandshakeError::ALL.len());
+    }
+}
