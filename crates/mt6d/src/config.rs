@@ -8,14 +8,15 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::net::Ipv6Addr;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use base64::Engine as _;
+use mt6d_proto::handshake::{link_key, HandshakeConfig, Psk};
 use mt6d_proto::{
     AeadAlg, Derivation, Endpoint, Mode, PortPolicy, SessionKey, Stream, StreamConfig,
 };
+
+use crate::keys;
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -71,8 +72,26 @@ pub struct GatewayConfig {
 #[derive(Debug, Clone)]
 pub struct PeerConfig {
     pub name: String,
+    /// With a handshake, `stream.key` is the link key both gateways derive from their identity
+    /// keys (docs/PROTOCOL.md §9.1); with a pre-shared key, it is that key.
     pub stream: StreamConfig,
+    /// How data keys are obtained.
+    pub keying: Keying,
 }
+
+/// Where a peer's data keys come from.
+#[derive(Debug, Clone)]
+pub enum Keying {
+    /// Identity keys and a Noise IK handshake (the default way; docs/PROTOCOL.md §9).
+    Handshake(HandshakeConfig),
+    /// A pre-shared session key used directly (thesis compatibility, and `plain` mode).
+    PreShared,
+}
+
+/// Default rekey interval (thesis `regen_interval`; WireGuard rekeys every 120 s too).
+pub const DEFAULT_REKEY_SECS: u64 = 120;
+/// Default packet budget of one send key before a rekey.
+pub const DEFAULT_REKEY_PACKETS: u64 = 1 << 36;
 
 impl PeerConfig {
     /// Builds the protocol state for this peer. Cannot fail for a config that [`Config::parse`]
@@ -104,6 +123,9 @@ struct RawGateway {
     aead: Option<Spanned<String>>,
     derivation: Option<Spanned<String>>,
     port: Option<Spanned<toml::Value>>,
+    private_key_file: Option<Spanned<String>>,
+    rekey_secs: Option<Spanned<f64>>,
+    rekey_packets: Option<Spanned<i64>>,
 }
 
 /// Settings that `[gateway]` gives for every peer and a `[[peer]]` may override. (Listed in
@@ -130,6 +152,8 @@ struct RawPeer {
     remote_mac: Option<Spanned<String>>,
     key: Option<Spanned<String>>,
     key_file: Option<Spanned<String>>,
+    public_key: Option<Spanned<String>>,
+    preshared_key_file: Option<Spanned<String>>,
     rotation_secs: Option<Spanned<f64>>,
     jitter: Option<Spanned<bool>>,
     mode: Option<Spanned<String>>,
@@ -217,6 +241,31 @@ impl Config {
                 })?),
             };
 
+        let private_key = gw
+            .private_key_file
+            .as_ref()
+            .map(|f| {
+                keys::read_private_key(&relative_to(path, f.get_ref())).map_err(|e| src.err(f, e))
+            })
+            .transpose()?;
+        let rekey_after = match &gw.rekey_secs {
+            None => Duration::from_secs(DEFAULT_REKEY_SECS),
+            Some(v) => {
+                let secs = *v.get_ref();
+                if !(1.0..=86_400.0).contains(&secs) {
+                    return Err(src.err(v, format!("rekey_secs {secs} out of range (1 to 86400)")));
+                }
+                Duration::from_millis((secs * 1000.0).round() as u64)
+            }
+        };
+        let rekey_after_packets = match &gw.rekey_packets {
+            None => DEFAULT_REKEY_PACKETS,
+            Some(v) => u64::try_from(*v.get_ref())
+                .ok()
+                .filter(|n| (1000..=1 << 60).contains(n))
+                .ok_or_else(|| src.err(v, "rekey_packets out of range (1000 to 2^60)"))?,
+        };
+
         if raw.peers.is_empty() {
             return Err(ConfigError::File {
                 path: path.to_path_buf(),
@@ -255,7 +304,67 @@ impl Config {
                 ));
             }
             let settings = merge(&gateway_settings(gw), &peer_settings(p));
-            let key = peer_key(&src, peer)?;
+            let mode: Mode = parse_opt(&src, &settings.mode, Mode::default())?;
+            let aead: AeadAlg = parse_opt(&src, &settings.aead, AeadAlg::default())?;
+            let (key, keying) = match &p.public_key {
+                None => {
+                    if let Some(f) = &p.preshared_key_file {
+                        return Err(src.err(
+                            f,
+                            "preshared_key_file adds to a handshake: it needs public_key (with key/key_file the pre-shared session key is used directly)",
+                        ));
+                    }
+                    (peer_key(&src, peer)?, Keying::PreShared)
+                }
+                Some(public) => {
+                    if let Some(k) = p.key.as_ref().or(p.key_file.as_ref()) {
+                        return Err(src.err(
+                            k,
+                            "give either public_key (handshake) or key/key_file (pre-shared session key), not both",
+                        ));
+                    }
+                    let Some(private) = &private_key else {
+                        return Err(src.err(
+                            public,
+                            "public_key needs [gateway] private_key_file = \"PATH\" (create one with `mt6d keygen PATH`)",
+                        ));
+                    };
+                    if mode == Mode::Plain {
+                        return Err(src.err(
+                            public,
+                            "mode \"plain\" has no counter or tag, so it cannot use handshake keys; use key/key_file (pre-shared) or mode \"auth\"/\"encrypt\"",
+                        ));
+                    }
+                    let remote_public = keys::public_key(public.get_ref(), "public_key")
+                        .map_err(|e| src.err(public, e))?;
+                    let psk = match &p.preshared_key_file {
+                        None => Psk::none(),
+                        Some(f) => {
+                            let file = relative_to(path, f.get_ref());
+                            let text = keys::read_secret_file(&file).map_err(|e| src.err(f, e))?;
+                            let what = format!("preshared key file {}", file.display());
+                            Psk::from_bytes(
+                                *keys::decode32(&text, &what, "pre-shared key")
+                                    .map_err(|e| src.err(f, e))?,
+                            )
+                        }
+                    };
+                    let key = link_key(private, &remote_public, &psk)
+                        .map_err(|e| src.err(public, format!("peer {name:?}: {e}")))?;
+                    let hs = HandshakeConfig {
+                        local_private: private.clone(),
+                        remote_public,
+                        psk,
+                        mode,
+                        aead,
+                        local_true,
+                        remote_true,
+                        rekey_after,
+                        rekey_after_packets,
+                    };
+                    (key, Keying::Handshake(hs))
+                }
+            };
             let stream = StreamConfig {
                 local: Endpoint {
                     true_addr: local_true,
@@ -278,8 +387,8 @@ impl Config {
                 key,
                 derivation: parse_opt(&src, &settings.derivation, Derivation::default())?,
                 ports: ports(&src, &settings.port)?,
-                mode: parse_opt(&src, &settings.mode, Mode::default())?,
-                aead: parse_opt(&src, &settings.aead, AeadAlg::default())?,
+                mode,
+                aead,
                 rotation: rotation(&src, &settings.rotation_secs)?,
                 jitter: settings.jitter.as_ref().is_some_and(|j| *j.get_ref()),
             };
@@ -287,7 +396,15 @@ impl Config {
             // here, against this peer's lines.
             Stream::new(stream.clone())
                 .map_err(|e| src.err(&p.name, format!("peer {name:?}: {e}")))?;
-            peers.push(PeerConfig { name, stream });
+            if let Keying::Handshake(hs) = &keying {
+                mt6d_proto::handshake::Handshake::new(hs.clone())
+                    .map_err(|e| src.err(&p.name, format!("peer {name:?}: {e}")))?;
+            }
+            peers.push(PeerConfig {
+                name,
+                stream,
+                keying,
+            });
         }
 
         Ok(Config {
@@ -459,6 +576,15 @@ fn rotation(src: &Source, v: &Option<Spanned<f64>>) -> Result<Duration, ConfigEr
     }
 }
 
+/// A path from the file, relative to the configuration file's directory unless absolute.
+fn relative_to(config: &Path, file: &str) -> PathBuf {
+    let file = PathBuf::from(file);
+    match config.parent() {
+        Some(dir) if file.is_relative() => dir.join(file),
+        _ => file,
+    }
+}
+
 fn peer_key(src: &Source, peer: &Spanned<RawPeer>) -> Result<SessionKey, ConfigError> {
     let p = peer.get_ref();
     let (text, at) = match (&p.key, &p.key_file) {
@@ -466,46 +592,23 @@ fn peer_key(src: &Source, peer: &Spanned<RawPeer>) -> Result<SessionKey, ConfigE
         (None, None) => {
             return Err(src.err(
                 &p.name,
-                "peer has no key: set key = \"BASE64\" or key_file = \"PATH\" (generate one with `mt6d genpsk`)",
+                "peer has no key: set public_key = \"BASE64\" (the peer's `mt6d pubkey`), or a pre-shared key = \"BASE64\" / key_file = \"PATH\" (`mt6d genpsk`)",
             ))
         }
         (Some(k), None) => (zeroize::Zeroizing::new(k.get_ref().clone()), k),
         (None, Some(f)) => {
-            let mut file = PathBuf::from(f.get_ref());
-            if file.is_relative() {
-                if let Some(dir) = src.path.parent() {
-                    file = dir.join(file);
-                }
-            }
-            let meta = std::fs::metadata(&file)
-                .map_err(|e| src.err(f, format!("key file {}: {e}", file.display())))?;
-            let mode = meta.permissions().mode() & 0o777;
-            if mode & 0o077 != 0 {
-                return Err(src.err(
-                    f,
-                    format!(
-                        "key file {} is readable by others (mode {mode:03o}); run: chmod 600 {}",
-                        file.display(),
-                        file.display()
-                    ),
-                ));
-            }
-            let text = std::fs::read_to_string(&file)
-                .map_err(|e| src.err(f, format!("key file {}: {e}", file.display())))?;
-            (zeroize::Zeroizing::new(text), f)
+            let file = relative_to(src.path, f.get_ref());
+            (keys::read_secret_file(&file).map_err(|e| src.err(f, e))?, f)
         }
     };
-    let bytes = zeroize::Zeroizing::new(
-        base64::engine::general_purpose::STANDARD
-            .decode(text.trim())
-            .map_err(|_| src.err(at, "key is not valid base64"))?,
-    );
+    let bytes = keys::decode(&text, "key").map_err(|e| src.err(at, e))?;
     SessionKey::from_bytes(&bytes).map_err(|e| src.err(at, e))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     const KEY: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
 

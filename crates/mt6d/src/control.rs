@@ -41,6 +41,32 @@ pub struct PeerStatus {
     /// The routes accepted now: previous, current and next epoch.
     pub accept: Vec<RouteStatus>,
     pub counters: CounterSnapshot,
+    /// "handshake" (identity keys) or "pre-shared" (a static session key).
+    #[serde(default)]
+    pub keying: String,
+    /// Handshake state; absent with a pre-shared key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handshake: Option<HandshakeStatus>,
+}
+
+/// What a peer's handshakes have done.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HandshakeStatus {
+    /// Whether this gateway holds a send key (a handshake has completed and keys have not expired).
+    pub has_keys: bool,
+    /// Milliseconds since the newest handshake completed (None: never).
+    pub last_handshake_ms_ago: Option<u64>,
+    /// Age of the send key in use, in milliseconds (None: no key).
+    pub key_age_ms: Option<u64>,
+    /// Fingerprint of the send key in use (hex; tells keys apart, reveals nothing).
+    pub send_key_id: Option<String>,
+    /// Handshakes completed, and how many of them replaced keys.
+    pub handshakes: u64,
+    pub rekeys: u64,
+    pub initiations_sent: u64,
+    pub responses_sent: u64,
+    /// Rejected handshake messages by reason (`hs_bad_mac`, `hs_replayed`, ...).
+    pub failures: std::collections::BTreeMap<String, u64>,
 }
 
 /// A pair of outer endpoints for one epoch.
@@ -213,6 +239,34 @@ pub fn render(status: &Status) -> String {
             p.next_change_ms as f64 / 1000.0,
             c.rotations
         );
+        match &p.handshake {
+            None => {
+                let _ = writeln!(s, "  keys     {}", p.keying);
+            }
+            Some(h) => {
+                let ago = |ms: Option<u64>| {
+                    ms.map_or("never".to_string(), |ms| {
+                        format!("{:.1}s ago", ms as f64 / 1000.0)
+                    })
+                };
+                let _ = writeln!(
+                    s,
+                    "  handshake {}  last {}  key {}  handshakes {}  rekeys {}  initiations {}  responses {}",
+                    if h.has_keys { "up" } else { "DOWN (no keys)" },
+                    ago(h.last_handshake_ms_ago),
+                    h.send_key_id.as_deref().unwrap_or("-"),
+                    h.handshakes,
+                    h.rekeys,
+                    h.initiations_sent,
+                    h.responses_sent
+                );
+                if !h.failures.is_empty() {
+                    let f: Vec<String> =
+                        h.failures.iter().map(|(k, n)| format!("{k} {n}")).collect();
+                    let _ = writeln!(s, "  handshake failures {}", f.join(", "));
+                }
+            }
+        }
         let _ = writeln!(s, "  sending  {} -> {}", p.send.local, p.send.remote);
         for r in &p.accept {
             let _ = writeln!(
@@ -322,8 +376,19 @@ mod tests {
             },
             accept: vec![],
             counters,
+            keying: "handshake".into(),
+            handshake: Some(HandshakeStatus {
+                has_keys: true,
+                last_handshake_ms_ago: Some(2500),
+                handshakes: 3,
+                rekeys: 2,
+                failures: [("hs_bad_mac".to_string(), 7)].into(),
+                ..HandshakeStatus::default()
+            }),
         });
         let text = render(&st);
+        assert!(text.contains("handshake up  last 2.5s ago"), "{text}");
+        assert!(text.contains("handshake failures hs_bad_mac 7"), "{text}");
         assert!(text.contains("drops bad_tag 3"), "{text}");
         assert!(!text.contains("replay 0"), "{text}");
     }

@@ -5,4 +5,5 @@
 pub mod config;
 pub mod control;
 pub mod gateway;
+pub mod keys;
 pub mod lab;

@@ -4,7 +4,7 @@
 //! client (`status`), the zero-configuration lab (`demo`), and helpers for keys and debugging.
 //! Protocol rules live in `mt6d-proto`; every kernel interaction lives in `mt6d-os`.
 
-use mt6d::{config, control, gateway, lab};
+use mt6d::{config, control, gateway, keys, lab};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -57,8 +57,22 @@ enum Command {
     /// Build a lab in network namespaces (two hosts, two gateways, a public link), run real
     /// traffic through MT6D across several rotations, print what an observer saw, and clean up.
     Demo(lab::demo::DemoArgs),
-    /// Print a new random 256-bit pre-shared session key (base64) for a [[peer]] `key`, or write
-    /// it to a file created with mode 0600.
+    /// Create a gateway identity: a new X25519 private key written base64 to FILE (created with
+    /// mode 0600, never overwritten); prints its public key for the peer's `public_key`.
+    /// FILE `-` prints the private key to standard output instead (`mt6d keygen - | mt6d pubkey`).
+    Keygen {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
+    /// Print the public key (base64) of a private key file, or of a private key on standard
+    /// input when FILE is `-` or missing.
+    Pubkey {
+        #[arg(value_name = "FILE")]
+        file: Option<PathBuf>,
+    },
+    /// Print a new random 256-bit key (base64), or write it to a file created with mode 0600:
+    /// a [[peer]] `preshared_key_file` mixed into the handshake, or a pre-shared session key
+    /// (`key`/`key_file`) for the thesis-compatible mode without handshakes.
     Genpsk {
         /// Write the key to this file (mode 0600) instead of standard output.
         #[arg(short, long, value_name = "FILE")]
@@ -98,6 +112,8 @@ fn main() -> ExitCode {
         } => status(socket, config, json),
         Command::Demo(args) => lab::demo::run(args),
         Command::Genpsk { out } => genpsk(out),
+        Command::Keygen { file } => keygen(&file),
+        Command::Pubkey { file } => pubkey(file),
         Command::Routes { config, around } => routes(&config, around),
         Command::Bench { args } => bench(args),
     };
@@ -126,8 +142,16 @@ fn check(path: &std::path::Path) -> CliResult {
     );
     for p in &cfg.peers {
         let s = &p.stream;
+        let keying = match &p.keying {
+            config::Keying::Handshake(h) => format!(
+                "handshake with {} (rekey every {:?})",
+                keys::public_key_text(&h.remote_public),
+                h.rekey_after
+            ),
+            config::Keying::PreShared => "pre-shared session key".to_string(),
+        };
         println!(
-            "  peer {}: {} <-> {}  mode {}  aead {}  derivation {}  ports {:?}  rotation {:?}{}",
+            "  peer {}: {} <-> {}  mode {}  aead {}  derivation {}  ports {:?}  rotation {:?}{}  keys: {keying}",
             p.name,
             s.local.true_addr,
             s.remote.true_addr,
@@ -158,25 +182,41 @@ fn status(socket: Option<PathBuf>, config: Option<PathBuf>, json: bool) -> CliRe
 }
 
 fn genpsk(out: Option<PathBuf>) -> CliResult {
-    use base64::Engine as _;
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut key = zeroize::Zeroizing::new([0u8; 32]);
-    getrandom::fill(key.as_mut_slice()).map_err(|e| format!("no randomness from the OS: {e}"))?;
-    let text =
-        zeroize::Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(key.as_slice()));
+    let text = keys::encode(keys::random32()?.as_slice());
     match out {
         None => println!("{}", text.as_str()),
-        Some(path) => {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&path)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-            writeln!(f, "{}", text.as_str()).map_err(|e| format!("{}: {e}", path.display()))?;
-        }
+        Some(path) => keys::write_secret_file(&path, &text)?,
     }
+    Ok(())
+}
+
+fn keygen(file: &std::path::Path) -> CliResult {
+    let private = keys::new_private_key()?;
+    let text = keys::encode(private.to_bytes().as_slice());
+    if file == std::path::Path::new("-") {
+        println!("{}", text.as_str());
+        return Ok(());
+    }
+    keys::write_secret_file(file, &text)?;
+    eprintln!(
+        "wrote {} (mode 0600); give this public key to the peer gateway's [[peer]] public_key:",
+        file.display()
+    );
+    println!("{}", keys::public_key_text(&private.public_key()));
+    Ok(())
+}
+
+fn pubkey(file: Option<PathBuf>) -> CliResult {
+    let private = match file.filter(|f| f != std::path::Path::new("-")) {
+        Some(f) => keys::read_private_key(&f)?,
+        None => {
+            let mut text = zeroize::Zeroizing::new(String::new());
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)?;
+            let bytes = keys::decode32(&text, "private key on standard input", "private key")?;
+            mt6d_proto::handshake::PrivateKey::from_bytes(*bytes)
+        }
+    };
+    println!("{}", keys::public_key_text(&private.public_key()));
     Ok(())
 }
 

@@ -26,10 +26,15 @@ pub enum DropReason {
     NoPeer = 5,
     /// The kernel refused to send or accept the packet.
     Io = 6,
+    /// No key for it: no handshake completed yet (tx), or a key phase this gateway does not hold
+    /// (rx; e.g. the peer restarted). Either way a handshake is requested.
+    NoKey = 7,
+    /// A handshake message that was rejected (the reason is in the peer's handshake failures).
+    Handshake = 8,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 7] = [
+    pub const ALL: [DropReason; 9] = [
         DropReason::BadLength,
         DropReason::BadTag,
         DropReason::Replay,
@@ -37,6 +42,8 @@ impl DropReason {
         DropReason::TooBig,
         DropReason::NoPeer,
         DropReason::Io,
+        DropReason::NoKey,
+        DropReason::Handshake,
     ];
 
     pub fn label(self) -> &'static str {
@@ -48,6 +55,8 @@ impl DropReason {
             DropReason::TooBig => "too_big",
             DropReason::NoPeer => "no_peer",
             DropReason::Io => "io",
+            DropReason::NoKey => "no_key",
+            DropReason::Handshake => "handshake",
         }
     }
 }

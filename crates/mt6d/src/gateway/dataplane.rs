@@ -22,10 +22,12 @@ use mt6d_os::{
     wait_readable, Epoll, EpollEvents, GROTable, RecvScratch, SendMsg, SendScratch, Tun,
     TunRecvScratch, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN,
 };
-use mt6d_proto::{OpenError, Opener, SealError};
+use mt6d_proto::handshake::{is_handshake, ReceiveKeys};
+use mt6d_proto::{OpenError, SealError};
 
 use super::counters::{DirectionCounters, DropReason};
 use super::routing::{Peer, RouteTable};
+use super::session;
 
 /// How often blocked threads look at the shutdown flag.
 const POLL: Duration = Duration::from_millis(100);
@@ -68,6 +70,7 @@ fn seal_drop_reason(e: &SealError) -> DropReason {
 
 fn open_drop_reason(e: &OpenError) -> DropReason {
     match e {
+        OpenError::NoKey => DropReason::NoKey,
         OpenError::Truncated { .. } | OpenError::BadInner | OpenError::BufferTooSmall { .. } => {
             DropReason::BadLength
         }
@@ -145,7 +148,14 @@ pub fn tx_loop(shared: &Shared, tun: &Tun, tun_mtu: usize) {
                 continue;
             };
             let out = &mut sealed[cursor..cursor + max_wire];
-            let len = match shared.peers[peer].sealer.seal(route, inner, out) {
+            let keys = &shared.peers[peer].keys;
+            let sealer = keys.send.load();
+            let Some(sealer) = sealer.as_deref() else {
+                keys.want.store(true, Ordering::Relaxed);
+                shared.peers[peer].counters.tx.drop_n(DropReason::NoKey, 1);
+                continue;
+            };
+            let len = match sealer.seal(route, inner, out) {
                 Ok(len) => len,
                 Err(e) => {
                     shared.peers[peer]
@@ -297,12 +307,13 @@ fn tun_fd(tun: &Tun) -> std::os::fd::RawFd {
     tun.as_raw_fd()
 }
 
-/// The tunnel -> protected side thread. Owns every peer's [`Opener`] (and so its replay window).
+/// The tunnel -> protected side thread. Owns every peer's [`ReceiveKeys`] (and so their replay
+/// windows), and handles handshake messages, which arrive here.
 pub fn rx_loop(
     shared: &Shared,
     tun: &Tun,
     epoll: &Epoll,
-    mut openers: Vec<Opener>,
+    mut recv: Vec<ReceiveKeys>,
     tun_mtu: usize,
 ) {
     let mut events = EpollEvents::with_capacity(64);
@@ -327,6 +338,14 @@ pub fn rx_loop(
             }
         }
         let table = shared.table.load();
+        // One clock read per wake-up: key confirmation and expiry need only coarse time.
+        let now = super::clock::now();
+        for (keys, p) in recv.iter_mut().zip(&shared.peers) {
+            if p.keys.erase_recv.swap(false, Ordering::Relaxed) {
+                keys.clear();
+            }
+            keys.expire(now);
+        }
         for port in events.tokens() {
             let Some(socket) = u16::try_from(port).ok().and_then(|p| table.sockets.get(&p)) else {
                 continue;
@@ -357,21 +376,47 @@ pub fn rx_loop(
                     continue;
                 }
                 let (mut packets, mut bytes) = (0u64, 0u64);
+                let p = &shared.peers[peer];
                 for datagram in buf.datagrams() {
+                    if is_handshake(datagram) {
+                        if !session::on_message(
+                            p,
+                            peer,
+                            &table,
+                            &route,
+                            datagram,
+                            &mut recv[peer],
+                            now,
+                        ) {
+                            counters.drop_n(DropReason::Handshake, 1);
+                        }
+                        continue;
+                    }
                     if ready == out.len() {
                         flush_to_tun(tun, &mut gro, &mut out[..ready]);
                         ready = 0;
                     }
                     let slot = &mut out[ready];
                     slot.resize(VIRTIO_NET_HDR_LEN + inner_cap, 0);
-                    match openers[peer].open(&route, datagram, &mut slot[VIRTIO_NET_HDR_LEN..]) {
-                        Ok(len) => {
-                            slot.truncate(VIRTIO_NET_HDR_LEN + len);
-                            ready += 1;
-                            packets += 1;
-                            bytes += len as u64;
+                    match recv[peer].open(now, &route, datagram, &mut slot[VIRTIO_NET_HDR_LEN..]) {
+                        Ok(opened) => {
+                            if let Some(phase) = opened.confirmed {
+                                session::on_confirmed(p, phase, now);
+                            }
+                            // A keepalive confirms keys and carries nothing to deliver.
+                            if opened.len > 0 {
+                                slot.truncate(VIRTIO_NET_HDR_LEN + opened.len);
+                                ready += 1;
+                                packets += 1;
+                                bytes += opened.len as u64;
+                            }
                         }
-                        Err(e) => counters.drop_n(open_drop_reason(&e), 1),
+                        Err(e) => {
+                            if e == OpenError::NoKey {
+                                p.keys.want.store(true, Ordering::Relaxed);
+                            }
+                            counters.drop_n(open_drop_reason(&e), 1);
+                        }
                     }
                 }
                 counters.add(packets, bytes);

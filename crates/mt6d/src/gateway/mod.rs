@@ -15,6 +15,7 @@ pub mod counters;
 mod dataplane;
 mod rotation;
 pub mod routing;
+pub mod session;
 mod system;
 
 use std::path::Path;
@@ -25,12 +26,13 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use mt6d_os::Epoll;
 
-use crate::config::Config;
-use crate::control::{ControlServer, PeerStatus, RouteStatus, Status};
+use crate::config::{Config, Keying};
+use crate::control::{ControlServer, HandshakeStatus, PeerStatus, RouteStatus, Status};
 use counters::{DirectionCounters, DropReason, PeerCounters};
 use dataplane::Shared;
 use rotation::Rotator;
 use routing::{Peer, RouteTable};
+use session::PeerKeys;
 use system::System;
 
 /// Why the daemon could not start or had to stop.
@@ -74,18 +76,27 @@ fn run_gateway(
     let started = Instant::now();
     let now = clock::now();
     let mut peers = Vec::with_capacity(cfg.peers.len());
-    let mut openers = Vec::with_capacity(cfg.peers.len());
+    let mut recv = Vec::with_capacity(cfg.peers.len());
     let mut max_overhead = 0;
     for p in &cfg.peers {
-        let stream = p
-            .build_stream()
-            .map_err(|e| GatewayError::Setup(format!("peer {}: {e}", p.name)))?;
+        let setup =
+            |e: mt6d_proto::ProtoError| GatewayError::Setup(format!("peer {}: {e}", p.name));
+        let stream = p.build_stream().map_err(setup)?;
         max_overhead = max_overhead.max(stream.overhead());
-        openers.push(stream.opener());
+        let keys = match &p.keying {
+            Keying::PreShared => {
+                recv.push(ReceiveKeys::single(stream.opener()));
+                PeerKeys::pre_shared(stream.sealer(now))
+            }
+            Keying::Handshake(hs) => {
+                recv.push(ReceiveKeys::new());
+                PeerKeys::handshake(Handshake::new(hs.clone()).map_err(setup)?)
+            }
+        };
         peers.push(Arc::new(Peer {
             name: p.name.clone(),
-            sealer: stream.sealer(now),
             stream,
+            keys,
             counters: PeerCounters::default(),
         }));
     }
@@ -122,7 +133,7 @@ fn run_gateway(
             &epoll,
             &shared,
             &mut rotator,
-            openers,
+            recv,
             started,
         )
     });
@@ -142,7 +153,7 @@ fn serve(
     epoll: &Epoll,
     shared: &Shared,
     rotator: &mut Rotator,
-    openers: Vec<Opener>,
+    recv: Vec<ReceiveKeys>,
     started: Instant,
 ) -> Result<(), GatewayError> {
     let tun = sys
@@ -157,9 +168,7 @@ fn serve(
             .map_err(|e| GatewayError::Setup(format!("start transmit thread: {e}")))?;
         let rx = std::thread::Builder::new()
             .name("mt6d-rx".into())
-            .spawn_scoped(s, || {
-                dataplane::rx_loop(shared, &tun, epoll, openers, tun_mtu)
-            })
+            .spawn_scoped(s, || dataplane::rx_loop(shared, &tun, epoll, recv, tun_mtu))
             .map_err(|e| GatewayError::Setup(format!("start receive thread: {e}")))?;
         let mut result = Ok(());
         let mut next_rotation = rotator.next_change();
@@ -178,6 +187,11 @@ fn serve(
                     drops.report(shared);
                 }
             }
+            let table = shared.table.load();
+            for (i, p) in shared.peers.iter().enumerate() {
+                session::tick(p, i, &table, now);
+            }
+            drop(table);
             control.serve_pending(|| status(cfg, shared, rotator, started));
             if tx.is_finished() || rx.is_finished() {
                 result = Err(GatewayError::Setup(
@@ -194,7 +208,7 @@ fn serve(
     result
 }
 
-use mt6d_proto::Opener;
+use mt6d_proto::handshake::{Handshake, ReceiveKeys};
 
 /// Logs drops since the last report, at most once per rotation: per-packet events never reach
 /// the log directly (../shared/STYLE.md §8: rate-limited).
@@ -238,6 +252,31 @@ impl DropReport {
     }
 }
 
+fn handshake_status(p: &Peer, now: mt6d_proto::UnixTime) -> Option<HandshakeStatus> {
+    let side = p.keys.lock()?;
+    let st = side.hs.stats();
+    let send = p.keys.send.load();
+    let ago =
+        |t: Option<mt6d_proto::UnixTime>| t.map(|t| now.as_millis().saturating_sub(t.as_millis()));
+    Some(HandshakeStatus {
+        has_keys: send.is_some(),
+        last_handshake_ms_ago: ago(st.last_completed),
+        key_age_ms: send.as_ref().and(ago(side.hs.established_at())),
+        send_key_id: send
+            .as_ref()
+            .and_then(|s| s.key_id())
+            .map(|id| format!("{id:016x}")),
+        handshakes: st.completed,
+        rekeys: st.rekeys,
+        initiations_sent: st.initiations_sent,
+        responses_sent: st.responses_sent,
+        failures: st
+            .failures_by_reason()
+            .map(|(r, n)| (r.to_string(), n))
+            .collect(),
+    })
+}
+
 fn status(cfg: &Config, shared: &Shared, rotator: &Rotator, started: Instant) -> Status {
     let table = shared.table.load();
     let now = clock::now();
@@ -262,6 +301,13 @@ fn status(cfg: &Config, shared: &Shared, rotator: &Rotator, started: Instant) ->
                 send: route(&s.send),
                 accept: s.accept.iter().map(route).collect(),
                 counters: p.counters.snapshot(),
+                keying: if p.keys.handshake.is_some() {
+                    "handshake"
+                } else {
+                    "pre-shared"
+                }
+                .into(),
+                handshake: handshake_status(p, now),
             }
         })
         .collect();

@@ -10,9 +10,10 @@ use std::net::Ipv6Addr;
 use std::sync::Arc;
 
 use mt6d_os::UdpSocket6;
-use mt6d_proto::{Route, Schedule, Sealer, Stream, UnixTime};
+use mt6d_proto::{Route, Schedule, Stream, UnixTime};
 
 use super::counters::PeerCounters;
+use super::session::PeerKeys;
 
 /// One configured peer: its protocol state and counters. Shared by all threads; immutable apart
 /// from the atomics inside.
@@ -20,7 +21,7 @@ use super::counters::PeerCounters;
 pub struct Peer {
     pub name: String,
     pub stream: Stream,
-    pub sealer: Sealer,
+    pub keys: PeerKeys,
     pub counters: PeerCounters,
 }
 

@@ -9,20 +9,19 @@
 //! Everything it created is removed on exit, also on Ctrl-C and on error.
 
 use std::io::Write as _;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
 use serde_json::json;
 
 use super::daemon::DaemonProcess;
 use super::observer::Observer;
 use super::ping::{ping, Pace, PingReport};
 use super::topology::{
-    GatewaySettings, Lab, Side, EXTERNAL_IF, GATEWAY_A, GATEWAY_B, HOST_A, HOST_B,
+    GatewaySettings, Lab, LabKeys, Side, EXTERNAL_IF, GATEWAY_A, GATEWAY_B, HOST_A, HOST_B,
 };
 use super::transfer::{self, TransferReport};
 
@@ -55,6 +54,17 @@ pub struct DemoArgs {
     /// Print the results as one JSON document on stdout (progress goes to stderr).
     #[arg(long)]
     pub json: bool,
+    /// Seconds between rekeys (new handshakes); default: the daemon's 120 s.
+    #[arg(long, value_name = "SECS")]
+    pub rekey: Option<f64>,
+    /// Kill Gateway B (SIGKILL) in the middle of the TCP transfer and start it again: it
+    /// re-handshakes by itself and the transfer must still complete with its SHA-256 intact.
+    #[arg(long)]
+    pub restart_gateway: bool,
+    /// Use one pre-shared session key instead of identity keys and handshakes (the thesis's way;
+    /// always the case with --mode plain).
+    #[arg(long)]
+    pub psk: bool,
 }
 
 /// Progress lines: to stdout normally, to stderr when stdout carries JSON.
@@ -91,6 +101,15 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
         .into());
     }
     let mode: mt6d_proto::Mode = args.mode.parse().map_err(|e| format!("--mode: {e}"))?;
+    if let Some(r) = args.rekey {
+        if !(1.0..=86_400.0).contains(&r) {
+            return Err(format!("--rekey {r} out of range (1 to 86400 seconds)").into());
+        }
+    }
+    let handshake = !args.psk && mode != mt6d_proto::Mode::Plain;
+    if args.rekey.is_some() && !handshake {
+        return Err("--rekey needs handshakes: drop --psk and use --mode encrypt or auth".into());
+    }
     if !super::is_root() {
         return Err("mt6d demo builds network namespaces and needs root: run it with sudo".into());
     }
@@ -158,40 +177,38 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
     lab.baseline_down()?;
     check()?;
 
-    // A fresh key, in a private directory, read by both gateways from a 0600 file.
+    // Fresh keys, in a private directory, read by the gateways from 0600 files.
     let dir = std::env::temp_dir().join(format!("mt6d-demo-{}", std::process::id()));
     let _dir_guard = DirGuard(dir.clone());
     std::fs::DirBuilder::new()
         .mode(0o700)
         .recursive(true)
         .create(&dir)?;
-    let key_file = dir.join("session.key");
-    let mut key = zeroize::Zeroizing::new([0u8; 32]);
-    getrandom::fill(key.as_mut_slice()).map_err(|e| format!("no randomness from the OS: {e}"))?;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&key_file)?
-        .write_all(
-            base64::engine::general_purpose::STANDARD
-                .encode(key.as_slice())
-                .as_bytes(),
-        )?;
+    let keys = LabKeys::generate(&dir, handshake, args.rekey)?;
     let settings = GatewaySettings {
         rotation_secs: args.rotation,
         mode: &args.mode,
-        key_file: &key_file,
+        keys: &keys,
     };
 
     say.line(format!(
-        "starting the MT6D gateways: mode {mode}, rotation every {} s",
-        args.rotation
+        "starting the MT6D gateways: mode {mode}, rotation every {} s, {}",
+        args.rotation,
+        if handshake {
+            format!(
+                "identity keys and Noise IK handshakes (rekey every {} s)",
+                args.rekey
+                    .unwrap_or(crate::config::DEFAULT_REKEY_SECS as f64)
+            )
+        } else {
+            "one pre-shared session key".to_string()
+        }
     ));
-    let mut daemons = Vec::new();
-    for (side, label) in [(Side::A, "A"), (Side::B, "B")] {
+    let start_daemon = |side: Side, label: &str| -> DemoResult<DaemonProcess> {
         let config = dir.join(format!("gateway-{label}.toml"));
-        std::fs::write(&config, lab.gateway_config(side, &settings))?;
+        if !config.exists() {
+            std::fs::write(&config, lab.gateway_config(side, &settings))?;
+        }
         let mut d = DaemonProcess::start(
             label,
             lab.gateway(side),
@@ -200,8 +217,9 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
             &dir.join(format!("gateway-{label}.log")),
         )?;
         d.wait_ready(Duration::from_secs(10))?;
-        daemons.push(d);
-    }
+        Ok(d)
+    };
+    let mut daemons = vec![start_daemon(Side::A, "A")?, start_daemon(Side::B, "B")?];
     warm_up(&lab)?;
     let observer = Observer::start(
         &lab.gw_a,
@@ -211,6 +229,7 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
     )?;
     let monitor = RotationMonitor::start(daemons[0].socket.clone(), args.json);
 
+    let mut restart: Option<serde_json::Value> = None;
     let result = (|| -> DemoResult<(PingReport, PingReport, TransferReport)> {
         say.line(format!("ping train: {} s at 5 per second", args.duration));
         let count = (args.duration / TRAIN_INTERVAL.as_secs_f64()).ceil() as u64;
@@ -238,10 +257,39 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
         })??;
         check()?;
         say.line(format!(
-            "tcp transfer: {} s of random data, SHA-256 checked at Host B",
-            args.duration
+            "tcp transfer: {} s of random data, SHA-256 checked at Host B{}",
+            args.duration,
+            if args.restart_gateway {
+                "; Gateway B is killed and restarted half-way"
+            } else {
+                ""
+            }
         ));
-        let tcp = tcp_transfer(&lab, phase, 2)?;
+        let tcp = if args.restart_gateway {
+            let (tcp, r) = std::thread::scope(|s| -> DemoResult<_> {
+                let transfer = s.spawn(|| tcp_transfer(&lab, phase, 2).map_err(|e| e.to_string()));
+                std::thread::sleep(phase / 2);
+                let killed = Instant::now();
+                daemons[1].kill_hard();
+                let started = start_daemon(Side::B, "B");
+                let up_ms = killed.elapsed().as_secs_f64() * 1000.0;
+                let tcp = transfer
+                    .join()
+                    .map_err(|_| "TCP transfer thread panicked")??;
+                daemons[1] = started?;
+                Ok((tcp, up_ms))
+            })?;
+            say.line(format!(
+                "  Gateway B killed and running again after {r:.0} ms; longest TCP stall {:.0} ms",
+                tcp.longest_stall_ms
+            ));
+            restart = Some(
+                json!({ "gateway": "B", "signal": "SIGKILL", "restarted_after_ms": r, "longest_tcp_stall_ms": tcp.longest_stall_ms }),
+            );
+            tcp
+        } else {
+            tcp_transfer(&lab, phase, 2)?
+        };
         Ok((train, flood, tcp))
     })();
     let epochs_seen = monitor.finish();
@@ -259,6 +307,14 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
         .peers
         .first()
         .map_or(0, |p| p.counters.rotations);
+    let hs_sum = |f: fn(&crate::control::HandshakeStatus) -> u64| -> u64 {
+        statuses
+            .iter()
+            .filter_map(|st| st.peers.first()?.handshake.as_ref().map(f))
+            .sum()
+    };
+    let handshakes = hs_sum(|h| h.handshakes);
+    let rekeys = hs_sum(|h| h.rekeys);
     let (tmin, tmed, tmax) = train.rtt_summary();
     let (_, flood_med, _) = flood.rtt_summary();
     let (_, base_flood_med, _) = base_flood.rtt_summary();
@@ -280,6 +336,9 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
     }
     if !tcp.sha256_match {
         failures.push("TCP transfer: SHA-256 mismatch".into());
+    }
+    if handshake && handshakes == 0 {
+        failures.push("no handshake completed".into());
     }
     if seen.frames_with_true_address > 0 {
         failures.push(format!(
@@ -311,7 +370,13 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
             "baseline_rtt_ms": { "median": base_flood_med },
             "added_rtt_ms": flood_med - base_flood_med,
         },
-        "tcp": { "bytes": tcp.bytes, "seconds": tcp.seconds, "sha256_match": tcp.sha256_match, "mbit_s": tcp.mbit_s },
+        "tcp": { "bytes": tcp.bytes, "seconds": tcp.seconds, "sha256_match": tcp.sha256_match, "mbit_s": tcp.mbit_s, "longest_stall_ms": tcp.longest_stall_ms },
+        "transfer": { "completed": true, "sha256_match": tcp.sha256_match, "bytes": tcp.bytes },
+        "keying": if handshake { "handshake" } else { "pre-shared" },
+        "rekey_secs": args.rekey,
+        "handshakes": handshakes,
+        "rekeys": rekeys,
+        "restart": restart,
         "baseline": {
             "rtt_ms": { "min": bmin, "median": bmed, "max": bmax },
             "tcp": { "mbit_s": base_tcp.mbit_s, "bytes": base_tcp.bytes, "sha256_match": base_tcp.sha256_match },
@@ -330,6 +395,8 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
         "gateways": {
             "a": statuses[0].peers.first().map(|p| &p.counters),
             "b": statuses[1].peers.first().map(|p| &p.counters),
+            "a_handshake": statuses[0].peers.first().and_then(|p| p.handshake.as_ref()),
+            "b_handshake": statuses[1].peers.first().and_then(|p| p.handshake.as_ref()),
         },
         "ok": failures.is_empty(),
         "failures": failures,
@@ -364,6 +431,11 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
                 "MISMATCH"
             }
         ));
+        if handshake {
+            say.line(format!(
+                "  handshakes  {handshakes} completed ({rekeys} rekeys) across both gateways"
+            ));
+        }
         say.line(format!(
             "  observer    {} frames on the public link, {} with a true address, {} distinct outer address pairs",
             seen.frames,

@@ -25,6 +25,9 @@ pub struct TransferReport {
     pub bytes: u64,
     pub seconds: f64,
     pub mbit_s: f64,
+    /// The longest time one 128 KiB write waited, in ms: the transfer's worst stall (a gateway
+    /// restart or a rekey shows here).
+    pub longest_stall_ms: f64,
     pub sha256_match: bool,
     pub sha256: String,
 }
@@ -85,9 +88,12 @@ pub fn send_for(
     let mut buf = vec![0u8; 128 * 1024];
     let mut bytes = 0u64;
     let start = Instant::now();
+    let mut longest_stall = Duration::ZERO;
     while start.elapsed() < duration {
         rng.fill_bytes(&mut buf);
+        let before = Instant::now();
         stream.write_all(&buf)?;
+        longest_stall = longest_stall.max(before.elapsed());
         hasher.update(&buf);
         bytes += buf.len() as u64;
     }
@@ -103,6 +109,7 @@ pub fn send_for(
         bytes,
         seconds,
         mbit_s: bytes as f64 * 8.0 / seconds / 1e6,
+        longest_stall_ms: longest_stall.as_secs_f64() * 1000.0,
         sha256_match,
         sha256: hex(&sent),
     })

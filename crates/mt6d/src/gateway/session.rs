@@ -1,0 +1,218 @@
+//! Data keys as the threads share them, and the daemon's side of the handshake
+//! (docs/PROTOCOL.md §9, docs/ARCHITECTURE.md "Keys").
+//!
+//! * The **tx** thread seals with `PeerKeys::send`, one atomic pointer load per packet, no lock.
+//! * The **rx** thread owns each peer's [`ReceiveKeys`] and handles handshake messages as they
+//!   arrive (it is the thread they arrive on): it installs receive keys, publishes an initiator's
+//!   new send key at once and a responder's once the peer confirmed it.
+//! * The **main** thread's timer ([`tick`]) starts initiations (first contact, retries, rekeys)
+//!   and retires keys that outlived their rekey deadline.
+//!
+//! The per-peer [`Mutex`] is taken only for handshake events: a few times per rekey interval.
+
+use std::net::SocketAddrV6;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arc_swap::ArcSwapOption;
+use mt6d_os::{SendMsg, SendScratch, UdpSocket6};
+use mt6d_proto::handshake::{Handshake, Outcome, ReceiveKeys};
+use mt6d_proto::{KeyPhase, Route, Sealer, UnixTime};
+
+use super::routing::{Peer, RouteTable};
+
+/// One peer's keys, shared by all threads.
+#[derive(Debug)]
+pub struct PeerKeys {
+    /// What the tx thread seals with. None before the first handshake and after keys expired.
+    pub send: ArcSwapOption<Sealer>,
+    /// Set by a packet thread that needs a handshake (nothing to seal with, or a packet for a
+    /// key phase it does not hold); taken by the timer.
+    pub want: AtomicBool,
+    /// Set by the timer when keys expired with no rekey; the rx thread then erases its keys.
+    pub erase_recv: AtomicBool,
+    /// Handshake state; None with a pre-shared key.
+    pub handshake: Option<Mutex<HandshakeSide>>,
+}
+
+/// The handshake state machine and a responder's send key waiting for confirmation.
+#[derive(Debug)]
+pub struct HandshakeSide {
+    pub hs: Handshake,
+    pub pending_send: Option<Arc<Sealer>>,
+}
+
+impl PeerKeys {
+    /// A pre-shared session key: one sealer for the daemon's lifetime, no handshake.
+    pub fn pre_shared(sealer: Sealer) -> PeerKeys {
+        PeerKeys {
+            send: ArcSwapOption::from_pointee(sealer),
+            want: AtomicBool::new(false),
+            erase_recv: AtomicBool::new(false),
+            handshake: None,
+        }
+    }
+
+    /// Keys from handshakes: none until the first one completes.
+    pub fn handshake(hs: Handshake) -> PeerKeys {
+        PeerKeys {
+            send: ArcSwapOption::empty(),
+            want: AtomicBool::new(true),
+            erase_recv: AtomicBool::new(false),
+            handshake: Some(Mutex::new(HandshakeSide {
+                hs,
+                pending_send: None,
+            })),
+        }
+    }
+
+    /// The handshake state, if this peer uses handshakes. A poisoned lock (a panic while it was
+    /// held) still holds consistent state: every update is a plain field assignment.
+    pub fn lock(&self) -> Option<MutexGuard<'_, HandshakeSide>> {
+        self.handshake
+            .as_ref()
+            .map(|m| m.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+}
+
+/// 32 bytes from the OS for one handshake message. The handshake path is rare enough for one
+/// syscall; if the OS has none to give, no handshake message is produced.
+fn entropy() -> Option<[u8; 32]> {
+    let mut e = [0u8; 32];
+    match getrandom::fill(&mut e) {
+        Ok(()) => Some(e),
+        Err(err) => {
+            log::error!("no randomness from the OS for a handshake: {err}");
+            None
+        }
+    }
+}
+
+/// Sends one handshake datagram (or keepalive) from `src` to `dst`.
+fn send_one(socket: &UdpSocket6, src: &SocketAddrV6, dst: SocketAddrV6, payload: &[u8]) -> bool {
+    let mut scratch = SendScratch::new(1);
+    let msg = SendMsg {
+        src: *src.ip(),
+        dst,
+        payload,
+        segment_size: None,
+    };
+    match socket.send_batch(&mut scratch, &[msg]) {
+        Ok(1) => true,
+        Ok(_) => false,
+        Err(e) => {
+            log::debug!("handshake send to {dst}: {e}");
+            false
+        }
+    }
+}
+
+/// The timer's work for one peer: retire expired keys, start an initiation when one is due.
+pub fn tick(peer: &Peer, index: usize, table: &RouteTable, now: UnixTime) {
+    let Some(mut side) = peer.keys.lock() else {
+        return;
+    };
+    if peer.keys.want.swap(false, Ordering::Relaxed) {
+        side.hs.want_handshake();
+    }
+    if side.hs.keys_expired(now) && peer.keys.send.load().is_some() {
+        log::warn!(
+            "peer {}: no successful rekey for {} rekey intervals; keys erased, traffic stops until a handshake succeeds",
+            peer.name,
+            mt6d_proto::handshake::REJECT_AFTER_REKEYS
+        );
+        peer.keys.send.store(None);
+        side.pending_send = None;
+        peer.keys.erase_recv.store(true, Ordering::Relaxed);
+    }
+    let Some((route, socket)) = table.send_route(index) else {
+        return;
+    };
+    let sent = peer.keys.send.load().as_ref().map_or(0, |s| s.sealed());
+    let Some(e) = entropy() else {
+        return;
+    };
+    if let Some(init) = side.hs.poll(now, route, sent, e) {
+        log::debug!(
+            "peer {}: handshake initiation to {}",
+            peer.name,
+            route.remote
+        );
+        send_one(socket, &route.local, route.remote, &init);
+    }
+}
+
+/// The rx thread's handling of a handshake message from `peer` on `arrived_on`. Returns false if
+/// it was rejected (counted in the handshake failures).
+pub fn on_message(
+    peer: &Peer,
+    index: usize,
+    table: &RouteTable,
+    arrived_on: &Route,
+    bytes: &[u8],
+    recv: &mut ReceiveKeys,
+    now: UnixTime,
+) -> bool {
+    let Some(mut side) = peer.keys.lock() else {
+        return false;
+    };
+    let Some((reply_route, socket)) = table.send_route(index) else {
+        return false;
+    };
+    let Some(e) = entropy() else {
+        return false;
+    };
+    match side.hs.handle(now, arrived_on, reply_route, bytes, e) {
+        Ok(Outcome::Responded { reply, keys }) => {
+            recv.install(keys.recv, false, now);
+            side.pending_send = Some(Arc::new(keys.send));
+            send_one(socket, &reply_route.local, reply_route.remote, &reply);
+            log::debug!("peer {}: answered a handshake initiation", peer.name);
+            true
+        }
+        Ok(Outcome::Completed { keys, rekey }) => {
+            recv.install(keys.recv, true, now);
+            let sealer = Arc::new(keys.send);
+            // The keepalive makes the responder confirm the keys even if no data is waiting.
+            let mut ka = [0u8; mt6d_proto::tunnel::KEEPALIVE_LEN];
+            if let Ok(n) = sealer.seal_keepalive(reply_route, &mut ka) {
+                send_one(socket, &reply_route.local, reply_route.remote, &ka[..n]);
+            }
+            log_established(peer, rekey, &sealer, "initiator");
+            peer.keys.send.store(Some(sealer));
+            side.pending_send = None;
+            true
+        }
+        Err(err) => {
+            log::debug!("peer {}: handshake message rejected: {err}", peer.name);
+            false
+        }
+    }
+}
+
+/// The rx thread opened the first packet under the receive key of `phase`: a responder may now
+/// send with the new key.
+pub fn on_confirmed(peer: &Peer, phase: KeyPhase, now: UnixTime) {
+    let Some(mut side) = peer.keys.lock() else {
+        return;
+    };
+    let rekey = side.hs.stats().completed > 0;
+    if side.hs.confirm(now, phase) {
+        if let Some(sealer) = side.pending_send.take() {
+            log_established(peer, rekey, &sealer, "responder");
+            peer.keys.send.store(Some(sealer));
+        }
+    }
+}
+
+fn log_established(peer: &Peer, rekey: bool, sealer: &Sealer, role: &str) {
+    let id = sealer.key_id().unwrap_or(0);
+    if rekey {
+        log::debug!("peer {}: rekeyed as {role}, send key {id:016x}", peer.name);
+    } else {
+        log::info!(
+            "peer {}: handshake complete as {role}, send key {id:016x}",
+            peer.name
+        );
+    }
+}
