@@ -220,7 +220,7 @@ impl Sim {
         }
         let route = g.stream.schedule(now).send;
         let sent = g.send.as_ref().map_or(0, Sealer::sealed);
-        if let Some(init) = g.hs.poll(now, &route, sent, entropy) {
+        if let Some(init) = g.hs.poll(now, &route, sent, || Some(entropy)) {
             self.transmit(b, route, init.to_vec());
         }
     }
@@ -261,7 +261,10 @@ impl Sim {
         };
         if is_handshake(&d.bytes) {
             let reply_route = g.stream.schedule(now).send;
-            match g.hs.handle(now, &route, &reply_route, &d.bytes, entropy) {
+            match g
+                .hs
+                .handle(now, &route, &reply_route, &d.bytes, || Some(entropy))
+            {
                 Ok(Outcome::Responded { reply, keys }) => {
                     g.recv.install(keys.recv, false, now);
                     g.pending_send = Some(keys.send);
@@ -470,19 +473,19 @@ fn replayed_handshake_messages_are_rejected() {
     let init = sim
         .a
         .hs
-        .poll(now, &route, u64::MAX, [9; 32])
+        .poll(now, &route, u64::MAX, || Some([9; 32]))
         .expect("budget reached");
     let b_route = sim.b.accept_route(now, route.local, route.remote).unwrap();
     let b_reply = sim.b.stream.schedule(now).send;
     assert!(sim
         .b
         .hs
-        .handle(now, &b_route, &b_reply, &init, [1; 32])
+        .handle(now, &b_route, &b_reply, &init, || Some([1; 32]))
         .is_ok());
     assert_eq!(
         sim.b
             .hs
-            .handle(now, &b_route, &b_reply, &init, [2; 32])
+            .handle(now, &b_route, &b_reply, &init, || Some([2; 32]))
             .unwrap_err(),
         HandshakeError::Replayed
     );
@@ -497,7 +500,7 @@ fn replayed_handshake_messages_are_rejected() {
     assert_eq!(
         sim.b
             .hs
-            .handle(later, &other_in, &other, &init, [3; 32])
+            .handle(later, &other_in, &other, &init, || Some([3; 32]))
             .unwrap_err(),
         HandshakeError::BadMac
     );
@@ -613,7 +616,7 @@ fn bogus_initiations_are_rejected_by_the_mac_before_any_diffie_hellman() {
         assert_eq!(
             sim.b
                 .hs
-                .handle(now, &arrived, &route, &junk, [0; 32])
+                .handle(now, &arrived, &route, &junk, || Some([0; 32]))
                 .unwrap_err(),
             HandshakeError::BadMac
         );

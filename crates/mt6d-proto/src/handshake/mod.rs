@@ -107,11 +107,14 @@ pub enum HandshakeError {
     /// A response with no initiation of ours in flight.
     #[error("response without a pending initiation")]
     UnexpectedResponse,
+    /// The caller had no randomness for the response's ephemeral key.
+    #[error("no randomness for a response")]
+    NoEntropy,
 }
 
 impl HandshakeError {
     /// Every variant, in counter order.
-    pub const ALL: [HandshakeError; 10] = [
+    pub const ALL: [HandshakeError; 11] = [
         Self::UnknownType,
         Self::BadLength,
         Self::BadMac,
@@ -122,6 +125,7 @@ impl HandshakeError {
         Self::RateLimited,
         Self::Simultaneous,
         Self::UnexpectedResponse,
+        Self::NoEntropy,
     ];
     /// A stable label for counters.
     pub const fn reason(self) -> &'static str {
@@ -136,6 +140,7 @@ impl HandshakeError {
             Self::RateLimited => "hs_rate_limited",
             Self::Simultaneous => "hs_simultaneous",
             Self::UnexpectedResponse => "hs_unexpected_response",
+            Self::NoEntropy => "hs_no_entropy",
         }
     }
     const fn index(self) -> usize {
@@ -150,6 +155,7 @@ impl HandshakeError {
             Self::RateLimited => 7,
             Self::Simultaneous => 8,
             Self::UnexpectedResponse => 9,
+            Self::NoEntropy => 10,
         }
     }
 }
@@ -371,13 +377,14 @@ impl Handshake {
 
     /// The initiation to send on `send_route` now, if one is due: no keys yet, keys wanted, the
     /// rekey interval or packet budget reached (`sent` = packets under the current send key), or
-    /// the last initiation unanswered for [`RETRY_AFTER`]. `entropy`: 32 fresh random bytes.
+    /// the last initiation unanswered for [`RETRY_AFTER`]. `entropy` gives 32 fresh random bytes
+    /// and is called only when an initiation is made (None: no randomness, no initiation).
     pub fn poll(
         &mut self,
         now: UnixTime,
         send_route: &Route,
         sent: u64,
-        entropy: [u8; 32],
+        entropy: impl FnOnce() -> Option<[u8; 32]>,
     ) -> Option<[u8; INITIATION_LEN]> {
         if let Some(p) = &self.pending {
             if elapsed(p.sent_at, now) < RETRY_AFTER {
@@ -393,7 +400,7 @@ impl Handshake {
         if !due {
             return None;
         }
-        self.initiate(now, send_route, entropy).ok()
+        self.initiate(now, send_route, entropy()?).ok()
     }
 
     /// The preferred initiator rekeys first; the other side waits a little longer so the two do
@@ -471,14 +478,15 @@ impl Handshake {
 
     /// Handles a handshake message that arrived on accept route `arrived_on` (its outer source is
     /// `arrived_on.remote`). A response, if any, is framed for `reply_route` (the current send
-    /// route). Every rejection is counted in [`Handshake::stats`].
+    /// route). `entropy` is called only for a message that passed every cheap check and needs a
+    /// response. Every rejection is counted in [`Handshake::stats`].
     pub fn handle(
         &mut self,
         now: UnixTime,
         arrived_on: &Route,
         reply_route: &Route,
         bytes: &[u8],
-        entropy: [u8; 32],
+        entropy: impl FnOnce() -> Option<[u8; 32]>,
     ) -> Result<Outcome, HandshakeError> {
         let r = self.handle_inner(now, arrived_on, reply_route, bytes, entropy);
         if let Err(e) = r {
@@ -493,7 +501,7 @@ impl Handshake {
         arrived_on: &Route,
         reply_route: &Route,
         bytes: &[u8],
-        entropy: [u8; 32],
+        entropy: impl FnOnce() -> Option<[u8; 32]>,
     ) -> Result<Outcome, HandshakeError> {
         let msg = Message::new_checked(bytes)?;
         msg.verify_mac(&self.mac_key, &arrived_on.remote, &arrived_on.local)?;
@@ -511,7 +519,7 @@ impl Handshake {
         now: UnixTime,
         msg: &Message<'_>,
         reply_route: &Route,
-        entropy: [u8; 32],
+        entropy: impl FnOnce() -> Option<[u8; 32]>,
     ) -> Result<Outcome, HandshakeError> {
         if self.pending.is_some() && self.preferred {
             return Err(HandshakeError::Simultaneous);
@@ -519,6 +527,7 @@ impl Handshake {
         if !self.bucket.take(now) {
             return Err(HandshakeError::RateLimited);
         }
+        let entropy = entropy().ok_or(HandshakeError::NoEntropy)?;
         let private = self.cfg.local_private.to_bytes();
         let mut state = self
             .builder(entropy)
@@ -690,14 +699,20 @@ mod tests {
         let (sa, sb) = pair(Mode::Encrypt, AeadAlg::Aes256Gcm);
         let (ra, rb) = (sa.route(Epoch(5)), sb.route(Epoch(5)));
         let t = UnixTime::from_secs(1_800_000_000);
-        let init = a.poll(t, &ra, 0, [1; 32]).expect("no keys yet: initiate");
-        assert!(a.poll(t, &ra, 0, [1; 32]).is_none(), "one in flight");
-        let Outcome::Responded { reply, keys: kb } = b.handle(t, &rb, &rb, &init, [2; 32]).unwrap()
+        let init = a
+            .poll(t, &ra, 0, || Some([1; 32]))
+            .expect("no keys yet: initiate");
+        assert!(
+            a.poll(t, &ra, 0, || Some([1; 32])).is_none(),
+            "one in flight"
+        );
+        let Outcome::Responded { reply, keys: kb } =
+            b.handle(t, &rb, &rb, &init, || Some([2; 32])).unwrap()
         else {
             panic!("responder answers")
         };
         let Outcome::Completed { keys: ka, rekey } =
-            a.handle(t, &ra, &ra, &reply, [3; 32]).unwrap()
+            a.handle(t, &ra, &ra, &reply, || Some([3; 32])).unwrap()
         else {
             panic!("initiator completes")
         };
@@ -717,7 +732,7 @@ mod tests {
         assert_eq!(b.stats().completed, 1);
         // The same initiation again: rejected before any DH.
         assert_eq!(
-            b.handle(t, &rb, &rb, &init, [4; 32]).unwrap_err(),
+            b.handle(t, &rb, &rb, &init, || Some([4; 32])).unwrap_err(),
             HandshakeError::Replayed
         );
     }

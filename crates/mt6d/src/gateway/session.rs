@@ -75,8 +75,9 @@ impl PeerKeys {
     }
 }
 
-/// 32 bytes from the OS for one handshake message. The handshake path is rare enough for one
-/// syscall; if the OS has none to give, no handshake message is produced.
+/// 32 bytes from the OS for one handshake message, asked for only once a message is due or has
+/// passed the MAC (a flood of bogus messages costs no syscall). If the OS has none to give, no
+/// handshake message is produced.
 fn entropy() -> Option<[u8; 32]> {
     let mut e = [0u8; 32];
     match getrandom::fill(&mut e) {
@@ -129,10 +130,7 @@ pub fn tick(peer: &Peer, index: usize, table: &RouteTable, now: UnixTime) {
         return;
     };
     let sent = peer.keys.send.load().as_ref().map_or(0, |s| s.sealed());
-    let Some(e) = entropy() else {
-        return;
-    };
-    if let Some(init) = side.hs.poll(now, route, sent, e) {
+    if let Some(init) = side.hs.poll(now, route, sent, entropy) {
         log::debug!(
             "peer {}: handshake initiation to {}",
             peer.name,
@@ -159,10 +157,7 @@ pub fn on_message(
     let Some((reply_route, socket)) = table.send_route(index) else {
         return false;
     };
-    let Some(e) = entropy() else {
-        return false;
-    };
-    match side.hs.handle(now, arrived_on, reply_route, bytes, e) {
+    match side.hs.handle(now, arrived_on, reply_route, bytes, entropy) {
         Ok(Outcome::Responded { reply, keys }) => {
             recv.install(keys.recv, false, now);
             side.pending_send = Some(Arc::new(keys.send));
@@ -181,6 +176,8 @@ pub fn on_message(
             log_established(peer, rekey, &sealer, "initiator");
             peer.keys.send.store(Some(sealer));
             side.pending_send = None;
+            // Requests raised while there was no key are answered by this handshake.
+            peer.keys.want.store(false, Ordering::Relaxed);
             true
         }
         Err(err) => {
@@ -201,6 +198,7 @@ pub fn on_confirmed(peer: &Peer, phase: KeyPhase, now: UnixTime) {
         if let Some(sealer) = side.pending_send.take() {
             log_established(peer, rekey, &sealer, "responder");
             peer.keys.send.store(Some(sealer));
+            peer.keys.want.store(false, Ordering::Relaxed);
         }
     }
 }
