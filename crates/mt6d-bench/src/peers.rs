@@ -9,12 +9,14 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use mt6d::lab::topology::{in_ns, HOST_A, HOST_B};
+use mt6d::lab::topology::{
+    gateway_config_text, in_ns, ConfigText, GatewaySettings, HOST_A, HOST_B,
+};
 use mt6d_os::{sysctl, unique_name, Netns};
 
 use crate::procs::{find_tool, Guarded};
-use crate::profile::{Mode, Scenario};
-use crate::topo::{Net, Public, EXT_IF, INT_IF};
+use crate::profile::Scenario;
+use crate::topo::{Net, EXT_IF, INT_IF};
 
 /// WireGuard's overhead over IPv6 (40 IPv6 + 8 UDP + 32 WireGuard): wg-quick's MTU rule.
 const WG_OVERHEAD: u32 = 80;
@@ -109,16 +111,19 @@ pub fn start(
                 std::fs::create_dir_all("/run/mt6d-bench")
                     .map_err(|e| format!("/run/mt6d-bench: {e}"))?;
                 let cfg = dir.join(format!("gateway-{side}.toml"));
-                let text = mt6d_config(
-                    mode,
-                    rotation_secs,
+                let text = gateway_config_text(&ConfigText {
+                    comment: &format!("mt6d bench, gateway {side}"),
+                    socket: &socket,
+                    settings: &GatewaySettings {
+                        rotation_secs,
+                        mode: mode.config_name(),
+                        key_file: &key,
+                    },
                     local,
                     remote,
-                    &own,
-                    &far,
-                    &key,
-                    &socket,
-                );
+                    own: &own,
+                    far: &far,
+                });
                 std::fs::write(&cfg, text).map_err(|e| format!("{}: {e}", cfg.display()))?;
                 let mut cmd = gw.command(mt6d).map_err(|e| e.to_string())?;
                 cmd.arg("run").arg("-c").arg(&cfg).env("RUST_LOG", "warn");
@@ -232,36 +237,6 @@ fn forwarding(gw: &Netns, local: Ipv6Addr, remote: Ipv6Addr) -> Result<(), Strin
         nl.add_proxy_neighbor(int, remote)
     })
     .map_err(|e| e.to_string())
-}
-
-#[allow(clippy::too_many_arguments)]
-fn mt6d_config(
-    mode: Mode,
-    rotation: f64,
-    local: Ipv6Addr,
-    remote: Ipv6Addr,
-    own: &Public,
-    far: &Public,
-    key: &Path,
-    socket: &Path,
-) -> String {
-    let mut gw = format!(
-        "[gateway]\ninternal_interface = \"{INT_IF}\"\nexternal_interface = \"{EXT_IF}\"\ntun_name = \"mt6d0\"\n\
-control_socket = \"{}\"\nrotation_secs = {rotation:?}\nmode = \"{}\"\n",
-        socket.display(),
-        mode.config_name()
-    );
-    if let Some(r) = own.router {
-        gw += &format!("external_next_hop = \"{r}\"\n");
-    }
-    let mut peer = format!(
-        "\n[[peer]]\nname = \"far\"\nlocal_host = \"{local}\"\nremote_host = \"{remote}\"\nkey_file = \"{}\"\n",
-        key.display()
-    );
-    if let (Some(lp), Some(rp)) = (own.prefix, far.prefix) {
-        peer += &format!("local_prefix = \"{lp}/64\"\nremote_prefix = \"{rp}/64\"\n");
-    }
-    gw + &peer
 }
 
 /// Polls `ready` until true, failing early if the child exits.
