@@ -122,6 +122,19 @@ fn wait_for_path(lab: &Lab, dst: Ipv6Addr, count: u64) {
     }
 }
 
+/// Host B listens on `port` and receives one TCP transfer (at most 10 s to connect) on a thread.
+fn tcp_receiver(
+    lab: &Lab,
+    port: u16,
+) -> std::thread::JoinHandle<std::io::Result<transfer::Received>> {
+    let listener = lab
+        .host_b
+        .run(|| transfer::listen(HOST_B, port))
+        .expect("enter B")
+        .expect("listen");
+    std::thread::spawn(move || transfer::serve_once(listener, Duration::from_secs(10)))
+}
+
 /// Writes a base64 session key file with mode 0600, as `mt6d genpsk --out` does.
 fn write_key(path: &std::path::Path, key: &[u8]) {
     std::fs::OpenOptions::new()
@@ -180,13 +193,7 @@ fn ping_and_tcp_survive_ten_rotations_without_leaking_true_addresses() {
         Observer::start(&lab.gw_a, EXTERNAL_IF, vec![HOST_A, HOST_B], None).expect("observer");
     let before = status(&running, Side::A).peers[0].counters.rotations;
 
-    let listener = lab
-        .host_b
-        .run(|| transfer::listen(HOST_B, 5001))
-        .expect("enter B")
-        .expect("listen");
-    let server =
-        std::thread::spawn(move || transfer::serve_once(listener, Duration::from_secs(10)));
+    let server = tcp_receiver(lab, 5001);
     let tcp = std::thread::scope(|s| {
         let pinger = s.spawn(|| {
             lab.host_a
@@ -902,13 +909,7 @@ fn tcp_over_a_narrower_tunneled_path_discovers_the_path_mtu() {
     let before = status(&running, Side::A);
     assert_eq!(before.path.tunnel_mtu, 1500 - 40, "{:?}", before.path);
     let lab = &running.lab;
-    let listener = lab
-        .host_b
-        .run(|| transfer::listen(HOST_B, 5003))
-        .expect("enter B")
-        .expect("listen");
-    let server =
-        std::thread::spawn(move || transfer::serve_once(listener, Duration::from_secs(10)));
+    let server = tcp_receiver(lab, 5003);
     let tcp = lab
         .host_a
         .run(|| transfer::send_for(HOST_B, 5003, Duration::from_secs(5), 7))
