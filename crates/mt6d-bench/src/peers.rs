@@ -9,12 +9,14 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use mt6d::lab::topology::{in_ns, HOST_A, HOST_B};
+use mt6d::lab::topology::{
+    gateway_config_text, in_ns, ConfigText, GatewaySettings, LabKeys, Side, HOST_A, HOST_B,
+};
 use mt6d_os::{sysctl, unique_name, Netns};
 
 use crate::procs::{find_tool, Guarded};
-use crate::profile::{Mode, Scenario};
-use crate::topo::{Net, Public, EXT_IF, INT_IF};
+use crate::profile::Scenario;
+use crate::topo::{Net, EXT_IF, INT_IF};
 
 /// WireGuard's overhead over IPv6 (40 IPv6 + 8 UDP + 32 WireGuard): wg-quick's MTU rule.
 const WG_OVERHEAD: u32 = 80;
@@ -102,23 +104,28 @@ pub fn start(
             }
         }
         Scenario::Mt6d(mode) => {
-            let key = dir.join("mt6d.key");
-            write_secret(&key, &base64(&random_bytes(32)?))?;
+            // Handshakes, as deployed; plain has no tag, so it runs on a pre-shared key.
+            let keys = LabKeys::generate(dir, mode.config_name() != "plain", None)
+                .map_err(|e| e.to_string())?;
             for (gw, local, remote, own, far, side) in sides {
                 let socket = PathBuf::from(format!("/run/mt6d-bench/{}.sock", gw.name()));
                 std::fs::create_dir_all("/run/mt6d-bench")
                     .map_err(|e| format!("/run/mt6d-bench: {e}"))?;
                 let cfg = dir.join(format!("gateway-{side}.toml"));
-                let text = mt6d_config(
-                    mode,
-                    rotation_secs,
+                let text = gateway_config_text(&ConfigText {
+                    comment: &format!("mt6d bench, gateway {side}"),
+                    socket: &socket,
+                    settings: &GatewaySettings {
+                        rotation_secs,
+                        mode: mode.config_name(),
+                        keys: &keys,
+                    },
+                    side: if side == "a" { Side::A } else { Side::B },
                     local,
                     remote,
-                    &own,
-                    &far,
-                    &key,
-                    &socket,
-                );
+                    own: &own,
+                    far: &far,
+                });
                 std::fs::write(&cfg, text).map_err(|e| format!("{}: {e}", cfg.display()))?;
                 let mut cmd = gw.command(mt6d).map_err(|e| e.to_string())?;
                 cmd.arg("run").arg("-c").arg(&cfg).env("RUST_LOG", "warn");
@@ -234,36 +241,6 @@ fn forwarding(gw: &Netns, local: Ipv6Addr, remote: Ipv6Addr) -> Result<(), Strin
     .map_err(|e| e.to_string())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn mt6d_config(
-    mode: Mode,
-    rotation: f64,
-    local: Ipv6Addr,
-    remote: Ipv6Addr,
-    own: &Public,
-    far: &Public,
-    key: &Path,
-    socket: &Path,
-) -> String {
-    let mut gw = format!(
-        "[gateway]\ninternal_interface = \"{INT_IF}\"\nexternal_interface = \"{EXT_IF}\"\ntun_name = \"mt6d0\"\n\
-control_socket = \"{}\"\nrotation_secs = {rotation:?}\nmode = \"{}\"\n",
-        socket.display(),
-        mode.config_name()
-    );
-    if let Some(r) = own.router {
-        gw += &format!("external_next_hop = \"{r}\"\n");
-    }
-    let mut peer = format!(
-        "\n[[peer]]\nname = \"far\"\nlocal_host = \"{local}\"\nremote_host = \"{remote}\"\nkey_file = \"{}\"\n",
-        key.display()
-    );
-    if let (Some(lp), Some(rp)) = (own.prefix, far.prefix) {
-        peer += &format!("local_prefix = \"{lp}/64\"\nremote_prefix = \"{rp}/64\"\n");
-    }
-    gw + &peer
-}
-
 /// Polls `ready` until true, failing early if the child exits.
 fn wait_for(
     timeout: Duration,
@@ -333,40 +310,4 @@ pub fn random_bytes(n: usize) -> Result<Vec<u8>, String> {
         .and_then(|mut f| f.read_exact(&mut buf))
         .map_err(|e| format!("/dev/urandom: {e}"))?;
     Ok(buf)
-}
-
-/// Standard base64 with padding (RFC 4648 §4), the key format mt6d reads.
-pub fn base64(data: &[u8]) -> String {
-    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for c in data.chunks(3) {
-        let b = [c[0], *c.get(1).unwrap_or(&0), *c.get(2).unwrap_or(&0)];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= c.len() {
-                out.push(T[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn base64_matches_rfc4648_vectors() {
-        for (i, o) in [
-            ("", ""),
-            ("f", "Zg=="),
-            ("fo", "Zm8="),
-            ("foo", "Zm9v"),
-            ("foobar", "Zm9vYmFy"),
-        ] {
-            assert_eq!(base64(i.as_bytes()), o);
-        }
-    }
 }

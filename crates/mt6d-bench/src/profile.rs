@@ -3,38 +3,7 @@
 
 use std::fmt;
 
-/// The three topologies of 000 §4.1 (Fig. 4.2-4.4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Topology {
-    /// Gateways on one segment.
-    Switched,
-    /// A router namespace between the gateways that queues one packet per unresolved neighbour.
-    Routed,
-    /// Routed, plus a smaller-MTU VXLAN segment (IPv4 underlay) standing in for the 6in4 tunnel.
-    Tunneled,
-}
-
-impl Topology {
-    pub const ALL: [Topology; 3] = [Topology::Switched, Topology::Routed, Topology::Tunneled];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Topology::Switched => "switched",
-            Topology::Routed => "routed",
-            Topology::Tunneled => "tunneled",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Topology> {
-        Topology::ALL.into_iter().find(|t| t.name() == s)
-    }
-}
-
-impl fmt::Display for Topology {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use mt6d::lab::topology::Topology;
 
 /// What carries the hosts' traffic between the gateways (000 Table 4.2, with today's peers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

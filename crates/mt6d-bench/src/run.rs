@@ -133,7 +133,7 @@ fn run_pair(
     progress: &Progress,
 ) -> Result<(), String> {
     progress.say("build topology");
-    let net = Net::build(topology)?;
+    let net = crate::topo::build(topology)?;
     let mut nginx = traffic::start_nginx(&net.host_b, www, dir)?;
     let mut iperf = traffic::start_iperf(&net.host_b, dir)?;
     let rotation = matches!(scenario, Scenario::Mt6d(_)).then_some(p.rotation_secs);
@@ -253,11 +253,7 @@ fn run_pair(
     }
     row.set("tests", tests);
     if !net.routers.is_empty() {
-        let discards: u64 = net
-            .routers
-            .iter()
-            .map(|r| r.run(unresolved_discards).unwrap_or(0))
-            .sum();
+        let discards = net.router_unresolved_discards();
         row.set("router_unresolved_discards", discards);
     }
     nginx.stop(Duration::from_secs(2));
@@ -288,25 +284,6 @@ fn warm_up(net: &Net) -> Result<(), String> {
         "Host A cannot reach Host B through this scenario (warm-up pings unanswered for 8 s)"
             .into(),
     )
-}
-
-/// Packets the kernel of this thread's namespace dropped while waiting for neighbour discovery
-/// (the `unresolved_discards` column of /proc/net/stat/ndisc_cache, hex, one line per CPU):
-/// the loss of 001 §4.2 at the routers.
-fn unresolved_discards() -> u64 {
-    let text =
-        std::fs::read_to_string("/proc/thread-self/net/stat/ndisc_cache").unwrap_or_default();
-    let mut lines = text.lines();
-    let Some(col) = lines.next().and_then(|h| {
-        h.split_whitespace()
-            .position(|c| c == "unresolved_discards")
-    }) else {
-        return 0;
-    };
-    lines
-        .filter_map(|l| l.split_whitespace().nth(col))
-        .filter_map(|v| u64::from_str_radix(v, 16).ok())
-        .sum()
 }
 
 /// MT6D's rotation schedule from gateway A's control socket: (a boundary in unix secs, period).

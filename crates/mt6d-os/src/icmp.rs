@@ -73,24 +73,51 @@ impl Icmp6Socket {
         })
     }
 
+    /// Hop limit of everything this socket sends, unicast and multicast. Neighbour discovery
+    /// messages must carry 255 (RFC 4861 §7.1: receivers drop others).
+    pub fn set_hop_limit(&self, hops: u8) -> Result<()> {
+        let hops = libc::c_int::from(hops);
+        for (opt, op) in [
+            (libc::IPV6_UNICAST_HOPS, "set IPV6_UNICAST_HOPS"),
+            (libc::IPV6_MULTICAST_HOPS, "set IPV6_MULTICAST_HOPS"),
+        ] {
+            sys::setsockopt(self.fd.as_fd(), libc::IPPROTO_IPV6, opt, &hops)
+                .map_err(|source| OsError::Icmp { op, source })?;
+        }
+        Ok(())
+    }
+
     /// Sends the ICMPv6 message `msg` (checksum field left zero) to `dst`, from `src` if given
     /// (IPV6_PKTINFO).
     pub fn send_to(&self, msg: &[u8], dst: Ipv6Addr, src: Option<Ipv6Addr>) -> Result<usize> {
+        self.send_via(msg, dst, src, 0)
+    }
+
+    /// As [`Icmp6Socket::send_to`], out of interface `ifindex` (0: as routed). Link-local and
+    /// multicast destinations need the interface.
+    pub fn send_via(
+        &self,
+        msg: &[u8],
+        dst: Ipv6Addr,
+        src: Option<Ipv6Addr>,
+        ifindex: u32,
+    ) -> Result<usize> {
         let mut ctrl = CmsgBuf([0u8; sys::cmsg_space(20)]);
-        let used = match src {
-            Some(s) => put_cmsg(
+        let used = if src.is_some() || ifindex != 0 {
+            put_cmsg(
                 &mut ctrl.0,
                 0,
                 libc::IPPROTO_IPV6,
                 libc::IPV6_PKTINFO,
-                &sys::in6_pktinfo(s, 0),
-            ),
-            None => 0,
+                &sys::in6_pktinfo(src.unwrap_or(Ipv6Addr::UNSPECIFIED), ifindex),
+            )
+        } else {
+            0
         };
         sys::sendmsg6(
             self.fd.as_fd(),
             msg,
-            &SocketAddrV6::new(dst, 0, 0, 0),
+            &SocketAddrV6::new(dst, 0, 0, ifindex),
             &ctrl.0[..used],
         )
         .map_err(|source| OsError::Icmp {

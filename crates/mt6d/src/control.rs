@@ -24,6 +24,24 @@ pub struct Status {
     pub internal_interface: String,
     pub external_interface: String,
     pub peers: Vec<PeerStatus>,
+    /// Path MTU, ICMPv6 errors and neighbour priming (absent from older daemons).
+    #[serde(default)]
+    pub path: PathStatus,
+}
+
+/// What the gateway knows and did about the public path (docs/PROTOCOL.md §5).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PathStatus {
+    /// The TUN device's MTU now: the largest inner packet the tunnel carries.
+    pub tunnel_mtu: u32,
+    /// The TUN MTU from the external interface's MTU, before any Packet Too Big lowered it.
+    pub base_mtu: u32,
+    /// ICMPv6 errors from the path translated and delivered to the protected host, by type.
+    pub icmp_translated: std::collections::BTreeMap<String, u64>,
+    /// ICMPv6 errors not translated, by reason (`icmp_not_our_route`, `icmp_bad_tag`, ...).
+    pub icmp_dropped: std::collections::BTreeMap<String, u64>,
+    /// Neighbour solicitations sent from new hashed addresses to the on-link next hop.
+    pub neighbor_solicitations: u64,
 }
 
 /// One peer (stream) of the daemon.
@@ -225,6 +243,23 @@ pub fn render(status: &Status) -> String {
         status.internal_interface,
         status.external_interface
     );
+    let path = &status.path;
+    let listed = |m: &std::collections::BTreeMap<String, u64>| {
+        m.iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let _ = writeln!(
+        s,
+        "tunnel MTU {} (from the external MTU: {})  ICMPv6 translated [{}] dropped [{}]  neighbour solicitations {}",
+        path.tunnel_mtu,
+        path.base_mtu,
+        listed(&path.icmp_translated),
+        listed(&path.icmp_dropped),
+        path.neighbor_solicitations
+    );
     for p in &status.peers {
         let c = &p.counters;
         let _ = writeln!(
@@ -312,6 +347,7 @@ mod tests {
             internal_interface: "eth1".into(),
             external_interface: "eth0".into(),
             peers: vec![],
+            path: PathStatus::default(),
         }
     }
 

@@ -154,7 +154,9 @@ mod tests {
             "never overwrites"
         );
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).expect("chmod");
-        let e = read_private_key(&path).expect_err("group-readable key refused").to_string();
+        let e = read_private_key(&path)
+            .expect_err("group-readable key refused")
+            .to_string();
         assert!(e.contains("chmod 600") && e.contains("a.key"), "{e}");
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
@@ -168,7 +170,9 @@ mod tests {
             e.contains("site-b") && e.contains("3 bytes") && e.contains("32"),
             "{e}"
         );
-        let e = public_key("not base64!", "x").expect_err("bad base64").to_string();
+        let e = public_key("not base64!", "x")
+            .expect_err("bad base64")
+            .to_string();
         assert!(e.contains("base64"), "{e}");
         let k = new_private_key().expect("key").public_key();
         assert_eq!(public_key(&public_key_text(&k), "x").expect("roundtrip"), k);

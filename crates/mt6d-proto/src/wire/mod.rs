@@ -5,6 +5,7 @@
 mod checksum;
 mod icmpv6;
 mod ipv6;
+mod ndisc;
 mod udp;
 
 pub use checksum::{checksum, combine, pseudo_header_sum, upper_layer_checksum};
@@ -13,6 +14,7 @@ pub use ipv6::{
     Ipv6Packet, Ipv6Repr, IPV6_HEADER_LEN, NEXT_HEADER_ICMPV6, NEXT_HEADER_NONE, NEXT_HEADER_TCP,
     NEXT_HEADER_UDP,
 };
+pub use ndisc::{neighbor_solicitation, NEIGHBOR_SOLICITATION, NEIGHBOR_SOLICITATION_LEN};
 pub use udp::{UdpPacket, UdpRepr, UDP_HEADER_LEN};
 
 /// Why bytes could not be read as a packet.

@@ -3,6 +3,8 @@
 //! Threads:
 //! - **tx** and **rx** packet threads ([`dataplane`]), one per direction, so the two cores of a
 //!   small gateway each carry one direction;
+//! - the **icmp** thread ([`icmp`]): ICMPv6 errors from the path, translated for the protected
+//!   host, and the tunnel MTU that follows the path MTU;
 //! - the **main** thread does housekeeping: rotations on schedule ([`rotation`]), control-socket
 //!   requests, the drop report, and the shutdown on SIGINT/SIGTERM.
 //!
@@ -13,6 +15,8 @@
 pub mod clock;
 pub mod counters;
 mod dataplane;
+pub mod icmp;
+mod neighbor;
 mod rotation;
 pub mod routing;
 pub mod session;
@@ -30,6 +34,8 @@ use crate::config::{Config, Keying};
 use crate::control::{ControlServer, HandshakeStatus, PeerStatus, RouteStatus, Status};
 use counters::{DirectionCounters, DropReason, PeerCounters};
 use dataplane::Shared;
+use icmp::{IcmpTranslator, PathState};
+use neighbor::NeighborPrimer;
 use rotation::Rotator;
 use routing::{Peer, RouteTable};
 use session::PeerKeys;
@@ -112,7 +118,24 @@ fn run_gateway(
         shutdown: AtomicBool::new(false),
         unmatched: DirectionCounters::default(),
     };
+    let path = Arc::new(PathState::new(sys.tun_mtu));
     let mut rotator = Rotator::new(sys.external_index);
+    match sys.netlink.link_mac(sys.external_index) {
+        Ok(Some(mac)) => rotator.set_primer(
+            NeighborPrimer::open(sys.external_index, mac, cfg.gateway.external_next_hop)?,
+            path.clone(),
+        ),
+        // Without a link-layer address (a point-to-point uplink) there is no neighbour
+        // discovery to prepare.
+        Ok(None) => {}
+        Err(e) => log::warn!("external interface MAC: {e}; new addresses are not announced"),
+    }
+    let icmp = IcmpTranslator::open(
+        sys.tun.as_ref().map_or(0, |t| t.index()),
+        sys.internal_index,
+        &cfg.gateway.external_interface,
+        max_overhead,
+    )?;
     rotator.purge_stale(&mut sys.netlink, &shared.peers, now);
     let first = rotator.step(&mut sys.netlink, &epoll, &shared, now);
     let result = first.and_then(|()| {
@@ -134,6 +157,7 @@ fn run_gateway(
             &shared,
             &mut rotator,
             recv,
+            (icmp, &path),
             started,
         )
     });
@@ -154,6 +178,7 @@ fn serve(
     shared: &Shared,
     rotator: &mut Rotator,
     recv: Vec<ReceiveKeys>,
+    (icmp, path): (IcmpTranslator, &PathState),
     started: Instant,
 ) -> Result<(), GatewayError> {
     let tun = sys
@@ -170,6 +195,10 @@ fn serve(
             .name("mt6d-rx".into())
             .spawn_scoped(s, || dataplane::rx_loop(shared, &tun, epoll, recv, tun_mtu))
             .map_err(|e| GatewayError::Setup(format!("start receive thread: {e}")))?;
+        let icmp = std::thread::Builder::new()
+            .name("mt6d-icmp".into())
+            .spawn_scoped(s, || icmp.run(shared, path))
+            .map_err(|e| GatewayError::Setup(format!("start ICMPv6 thread: {e}")))?;
         let mut result = Ok(());
         let mut next_rotation = rotator.next_change();
         let mut drops = DropReport::default();
@@ -192,8 +221,8 @@ fn serve(
                 session::tick(p, i, &table, now);
             }
             drop(table);
-            control.serve_pending(|| status(cfg, shared, rotator, started));
-            if tx.is_finished() || rx.is_finished() {
+            control.serve_pending(|| status(cfg, shared, path, started));
+            if tx.is_finished() || rx.is_finished() || icmp.is_finished() {
                 result = Err(GatewayError::Setup(
                     "a packet thread stopped; see the error above".into(),
                 ));
@@ -277,7 +306,7 @@ fn handshake_status(p: &Peer, now: mt6d_proto::UnixTime) -> Option<HandshakeStat
     })
 }
 
-fn status(cfg: &Config, shared: &Shared, rotator: &Rotator, started: Instant) -> Status {
+fn status(cfg: &Config, shared: &Shared, path: &PathState, started: Instant) -> Status {
     let table = shared.table.load();
     let now = clock::now();
     let route = |r: &mt6d_proto::Route| RouteStatus {
@@ -311,7 +340,6 @@ fn status(cfg: &Config, shared: &Shared, rotator: &Rotator, started: Instant) ->
             }
         })
         .collect();
-    let _ = rotator;
     Status {
         version: env!("CARGO_PKG_VERSION").to_string(),
         pid: std::process::id(),
@@ -320,5 +348,6 @@ fn status(cfg: &Config, shared: &Shared, rotator: &Rotator, started: Instant) ->
         internal_interface: cfg.gateway.internal_interface.clone(),
         external_interface: cfg.gateway.external_interface.clone(),
         peers,
+        path: path.status(),
     }
 }

@@ -5,7 +5,9 @@
 //! loss at rotation): addresses of the *next* epoch are already in the accept window, so they are
 //! bound (with `nodad`, usable at once) one whole interval before the peer starts sending to
 //! them; new sockets exist before the table that names them is published; old addresses are
-//! removed only after the table that no longer names them is live.
+//! removed only after the table that no longer names them is live. Right after a new address is
+//! bound, the on-link next hop is made to learn it ([`super::neighbor`]), so that the first
+//! packet to it one interval later is not held up by neighbour discovery (001 §4.2).
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::Ipv6Addr;
@@ -16,6 +18,8 @@ use mt6d_os::{AddrFlags, Epoll, Netlink, UdpSocket6};
 use mt6d_proto::{Epoch, UnixTime};
 
 use super::dataplane::Shared;
+use super::icmp::PathState;
+use super::neighbor::NeighborPrimer;
 use super::routing::{Peer, RouteTable};
 use super::GatewayError;
 
@@ -29,6 +33,7 @@ pub struct Rotator {
     sockets: BTreeMap<u16, Arc<UdpSocket6>>,
     epochs: Vec<Option<Epoch>>,
     next_change: UnixTime,
+    primer: Option<(NeighborPrimer, Arc<PathState>)>,
 }
 
 fn os(what: String) -> impl FnOnce(mt6d_os::OsError) -> GatewayError {
@@ -43,7 +48,13 @@ impl Rotator {
             sockets: BTreeMap::new(),
             epochs: Vec::new(),
             next_change: UnixTime::from_nanos(0),
+            primer: None,
         }
+    }
+
+    /// Makes every newly bound address known to the on-link next hop; counted in `path`.
+    pub fn set_primer(&mut self, primer: NeighborPrimer, path: Arc<PathState>) {
+        self.primer = Some((primer, path));
     }
 
     /// When the next step is due.
@@ -116,8 +127,10 @@ impl Rotator {
             .collect();
 
         let needed: HashSet<Ipv6Addr> = table.local_addresses().collect();
+        let mut fresh = Vec::new();
         for addr in &needed {
             if !self.bound.contains(addr) {
+                fresh.push(*addr);
                 nl.add_address(
                     self.external_index,
                     *addr,
@@ -131,6 +144,7 @@ impl Rotator {
                 self.bound.insert(*addr);
             }
         }
+        self.prime(&table, &fresh);
 
         self.next_change = table
             .peers
@@ -181,6 +195,30 @@ impl Rotator {
             }
         }
         Ok(())
+    }
+
+    /// Sends a neighbour solicitation from each address in `fresh` to the next hop of its peer.
+    fn prime(&self, table: &RouteTable, fresh: &[Ipv6Addr]) {
+        let Some((primer, path)) = &self.primer else {
+            return;
+        };
+        for routes in &table.peers {
+            let target = primer.target(*routes.schedule.send.remote.ip());
+            for route in &routes.schedule.accept {
+                let from = *route.local.ip();
+                if !fresh.contains(&from) {
+                    continue;
+                }
+                match primer.solicit(from, target) {
+                    Ok(()) => {
+                        path.solicitations
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    // Once per rotation at most, on the main thread.
+                    Err(e) => log::debug!("neighbour solicitation from {from} for {target}: {e}"),
+                }
+            }
+        }
     }
 
     /// Removes every hashed address and closes every socket (shutdown).

@@ -21,7 +21,8 @@ use super::daemon::DaemonProcess;
 use super::observer::Observer;
 use super::ping::{ping, Pace, PingReport};
 use super::topology::{
-    GatewaySettings, Lab, LabKeys, Side, EXTERNAL_IF, GATEWAY_A, GATEWAY_B, HOST_A, HOST_B,
+    GatewaySettings, Lab, LabKeys, Side, Topology, EXTERNAL_IF, GATEWAY_A, GATEWAY_B, HOST_A,
+    HOST_B,
 };
 use super::transfer::{self, TransferReport};
 
@@ -42,6 +43,11 @@ pub struct DemoArgs {
     /// Seconds for each timed phase (ping train, TCP transfer).
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub duration: f64,
+    /// What lies between the gateways: switched (one segment, default), routed (a router that
+    /// queues one packet per unresolved neighbour) or tunneled (routed plus a VXLAN hop with a
+    /// 1450-byte MTU).
+    #[arg(long, default_value = "switched", value_parser = parse_topology)]
+    pub topology: Topology,
     /// Tunnel mode: encrypt (default), auth or plain.
     #[arg(long, default_value = "encrypt")]
     pub mode: String,
@@ -65,6 +71,10 @@ pub struct DemoArgs {
     /// always the case with --mode plain).
     #[arg(long)]
     pub psk: bool,
+}
+
+fn parse_topology(s: &str) -> Result<Topology, String> {
+    Topology::parse(s).ok_or_else(|| format!("{s:?}: one of switched, routed, tunneled"))
 }
 
 /// Progress lines: to stdout normally, to stderr when stdout carries JSON.
@@ -127,8 +137,13 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
     let say = Say { json: args.json };
     let phase = Duration::from_secs_f64(args.duration);
 
-    say.line("mt6d demo: building the lab (Host A - Gateway A - public link - Gateway B - Host B) in network namespaces");
-    let lab = Lab::build()?;
+    let between = match args.topology {
+        Topology::Switched => "public link",
+        Topology::Routed => "router",
+        Topology::Tunneled => "router - VXLAN (MTU 1450) - router",
+    };
+    say.line(format!("mt6d demo: building the {} lab (Host A - Gateway A - {between} - Gateway B - Host B) in network namespaces", args.topology));
+    let lab = Lab::build_topology(args.topology, "m6")?;
     say.line(format!(
         "  namespaces {} {} {} {}; Host A {HOST_A}, Host B {HOST_B}",
         lab.host_a.name(),
@@ -355,6 +370,8 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
     }
 
     let summary = json!({
+        "topology": args.topology.name(),
+        "router_unresolved_discards": lab.router_unresolved_discards(),
         "mode": mode.to_string(),
         "rotation_secs": args.rotation,
         "duration_secs": args.duration,
@@ -407,9 +424,15 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
     } else {
         say.line("");
         say.line(format!(
-            "summary ({mode}, rotation {} s): {rotations} rotations",
-            args.rotation
+            "summary ({mode}, {} topology, rotation {} s): {rotations} rotations",
+            args.topology, args.rotation
         ));
+        if !lab.routers.is_empty() {
+            say.line(format!(
+                "  router      {} packets dropped waiting for neighbour discovery (001 §4.2)",
+                lab.router_unresolved_discards()
+            ));
+        }
         say.line(format!(
             "  ping train  {}/{} received, rtt min/median/max {tmin:.3}/{tmed:.3}/{tmax:.3} ms (baseline median {bmed:.3} ms, added {added_ms:+.3} ms)",
             train.received, train.sent

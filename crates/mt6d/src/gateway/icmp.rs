@@ -1,0 +1,350 @@
+//! ICMPv6 errors from the public path, delivered to the protected host as the errors it would
+//! see without the tunnel, and the tunnel MTU that follows the path MTU (000 §2.6.2-2.6.3,
+//! §3.2.3; docs/PROTOCOL.md §5).
+//!
+//! The `mt6d-icmp` thread owns a raw ICMPv6 socket that passes only Destination Unreachable,
+//! Packet Too Big, Time Exceeded and Parameter Problem. For each one it:
+//! 1. rebuilds the IPv6 header the socket strips (source, and destination from IPV6_PKTINFO);
+//! 2. finds the stream and accepted route from the quoted outer (address, port) pair in the
+//!    published [`RouteTable`](super::routing::RouteTable) (errors about the previous epoch's
+//!    packets are still in the accept window);
+//! 3. translates it with [`mt6d_proto::icmp::translate_path_error_sealed`] (true addresses, the inner
+//!    packet quoted, MTU minus the overhead) and sends it to the local protected host from the
+//!    gateway's own address on the internal link, never from a hashed one;
+//! 4. for Packet Too Big, lowers the TUN device's MTU to the path MTU minus the overhead: the
+//!    gateway's kernel then answers every larger inner packet with a Packet Too Big of its own
+//!    (full quote, from the gateway), before it reaches the tunnel. After [`PMTU_EXPIRY`] the
+//!    MTU goes back up (RFC 8201 §4: a smaller path MTU is an estimate that can age out; if the
+//!    path is still narrow, the next error lowers it again). The external interface's own MTU is
+//!    re-read every second, so a link MTU change is followed too.
+//!
+//! Malformed or foreign errors are counted by reason and dropped; nothing here panics on what
+//! the network sent. This thread is not on the data path: errors are rare, so it may format a log
+//! line when the MTU changes (bounded: the MTU only steps down between 1280 and the base).
+
+use std::net::Ipv6Addr;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use mt6d_os::{sysctl, Icmp6Socket, Netlink};
+use mt6d_proto::icmp::{quoted_route, translate_path_error_sealed, IcmpError, MIN_MTU};
+use mt6d_proto::wire::{Ipv6Repr, IPV6_HEADER_LEN, NEXT_HEADER_ICMPV6};
+
+use super::dataplane::Shared;
+use super::GatewayError;
+use crate::control::PathStatus;
+
+/// How long a path MTU learned from Packet Too Big holds before the tunnel MTU is raised again
+/// (RFC 8201 §4 recommends no less than 5 minutes, 10 by default).
+pub const PMTU_EXPIRY: Duration = Duration::from_secs(600);
+/// How often the thread wakes without traffic (shutdown flag, expiry, external MTU).
+const TICK: Duration = Duration::from_millis(100);
+const EXTERNAL_MTU_POLL: Duration = Duration::from_secs(1);
+
+/// The four translated types, in type order, with their labels in `mt6d status`.
+const TYPES: [(u8, &str); 4] = [
+    (1, "destination_unreachable"),
+    (2, "packet_too_big"),
+    (3, "time_exceeded"),
+    (4, "parameter_problem"),
+];
+
+/// Drop labels: [`IcmpError::reason`]s, then the daemon's own.
+const DROPS: [&str; 10] = [
+    "icmp_malformed",
+    "icmp_not_an_error",
+    "icmp_bad_checksum",
+    "icmp_not_our_route",
+    "icmp_quote_too_short",
+    "icmp_bad_tag",
+    "icmp_not_allowed",
+    "icmp_buffer_too_small",
+    "icmp_no_destination",
+    "icmp_send_failed",
+];
+
+/// What the ICMPv6 thread and the rotator report, shared with the control socket.
+#[derive(Debug)]
+pub struct PathState {
+    /// TUN MTU derived from the external MTU at start (the tx buffers are sized for it, so the
+    /// tunnel MTU never goes above it).
+    pub base_mtu: u32,
+    pub tunnel_mtu: AtomicU32,
+    translated: [AtomicU64; TYPES.len()],
+    dropped: [AtomicU64; DROPS.len()],
+    pub solicitations: AtomicU64,
+}
+
+impl PathState {
+    pub fn new(base_mtu: u32) -> PathState {
+        PathState {
+            base_mtu,
+            tunnel_mtu: AtomicU32::new(base_mtu),
+            translated: Default::default(),
+            dropped: Default::default(),
+            solicitations: AtomicU64::new(0),
+        }
+    }
+
+    fn drop(&self, label: &str) {
+        // Every label passed in is one of DROPS (IcmpError::reason's are listed there; the
+        // unit test below checks it); an unknown one is counted under the first.
+        let i = DROPS.iter().position(|l| *l == label).unwrap_or(0);
+        self.dropped[i].fetch_add(1, Relaxed);
+    }
+
+    fn translated(&self, msg_type: u8) {
+        if let Some(i) = TYPES.iter().position(|(t, _)| *t == msg_type) {
+            self.translated[i].fetch_add(1, Relaxed);
+        }
+    }
+
+    /// The `path` part of `mt6d status`.
+    pub fn status(&self) -> PathStatus {
+        PathStatus {
+            tunnel_mtu: self.tunnel_mtu.load(Relaxed),
+            base_mtu: self.base_mtu,
+            icmp_translated: TYPES
+                .iter()
+                .zip(&self.translated)
+                .map(|((_, l), n)| (l.to_string(), n.load(Relaxed)))
+                .collect(),
+            icmp_dropped: DROPS
+                .iter()
+                .zip(&self.dropped)
+                .map(|(l, n)| (l.to_string(), n.load(Relaxed)))
+                .collect(),
+            neighbor_solicitations: self.solicitations.load(Relaxed),
+        }
+    }
+}
+
+/// The ICMPv6 thread's own resources.
+#[derive(Debug)]
+pub struct IcmpTranslator {
+    socket: Icmp6Socket,
+    netlink: Netlink,
+    tun_index: u32,
+    internal_index: u32,
+    external_interface: String,
+    /// Source of the errors we deliver: the gateway's own address on the internal link.
+    source: Ipv6Addr,
+    max_overhead: u32,
+    /// The lowest MTU a Packet Too Big reported, and when.
+    learned: Option<(u32, Instant)>,
+    last_poll: Instant,
+}
+
+fn os(what: impl Into<String>) -> impl FnOnce(mt6d_os::OsError) -> GatewayError {
+    let what = what.into();
+    move |source| GatewayError::Os { what, source }
+}
+
+impl IcmpTranslator {
+    /// Opens the socket and picks the source address of translated errors: a global address of
+    /// the internal interface if it has one, else its link-local one. Never a hashed address
+    /// (they live on the external interface) and never a true address of a protected host
+    /// (the gateway does not own those).
+    pub fn open(
+        tun_index: u32,
+        internal_index: u32,
+        external_interface: &str,
+        max_overhead: usize,
+    ) -> Result<IcmpTranslator, GatewayError> {
+        let mut netlink = Netlink::open().map_err(os("open rtnetlink for the ICMPv6 thread"))?;
+        let addrs = netlink
+            .list_addresses(internal_index)
+            .map_err(os("list internal addresses"))?;
+        let usable = || addrs.iter().filter(|a| !a.tentative && !a.dadfailed);
+        let link_local = |a: &Ipv6Addr| a.segments()[0] & 0xffc0 == 0xfe80;
+        let source = usable()
+            .map(|a| a.addr)
+            .find(|a| !link_local(a))
+            .or_else(|| usable().map(|a| a.addr).find(link_local))
+            .ok_or_else(|| {
+                GatewayError::Setup(
+                    "the internal interface has no IPv6 address to send ICMPv6 errors from".into(),
+                )
+            })?;
+        let socket = Icmp6Socket::open().map_err(os("open ICMPv6 socket"))?;
+        let types: Vec<u8> = TYPES.iter().map(|(t, _)| *t).collect();
+        socket
+            .set_filter_pass_only(&types)
+            .map_err(os("ICMPv6 filter"))?;
+        socket
+            .set_read_timeout(Some(TICK))
+            .map_err(os("ICMPv6 socket timeout"))?;
+        Ok(IcmpTranslator {
+            socket,
+            netlink,
+            tun_index,
+            internal_index,
+            external_interface: external_interface.to_string(),
+            source,
+            max_overhead: u32::try_from(max_overhead).unwrap_or(u32::MAX),
+            learned: None,
+            last_poll: Instant::now(),
+        })
+    }
+
+    /// Runs until `shared.shutdown`.
+    pub fn run(mut self, shared: &Shared, path: &PathState) {
+        log::info!(
+            "ICMPv6 errors from the path are translated and sent from {}",
+            self.source
+        );
+        // IPv6 header rebuilt in front, then the message as received. 1280 is the most an error
+        // should be (RFC 4443 §2.4(c)); anything longer is cut and then fails its checksum.
+        let mut packet = [0u8; IPV6_HEADER_LEN + 2048];
+        let mut out = [0u8; MIN_MTU];
+        while !shared.shutdown.load(Relaxed) {
+            // A timeout (EAGAIN) or EINTR ends the wait: time for housekeeping.
+            if let Ok(info) = self.socket.recv_from(&mut packet[IPV6_HEADER_LEN..]) {
+                let len = info.len.min(packet.len() - IPV6_HEADER_LEN);
+                match info.dst {
+                    Some(dst) => {
+                        let header = Ipv6Repr {
+                            traffic_class: 0,
+                            flow_label: 0,
+                            payload_len: u16::try_from(len).unwrap_or(u16::MAX),
+                            next_header: NEXT_HEADER_ICMPV6,
+                            hop_limit: 255,
+                            src_addr: info.src,
+                            dst_addr: dst,
+                        };
+                        // 40 bytes are always there.
+                        let _ = header.emit(&mut packet[..IPV6_HEADER_LEN]);
+                        self.handle(shared, path, &packet[..IPV6_HEADER_LEN + len], &mut out);
+                    }
+                    None => path.drop("icmp_no_destination"),
+                }
+            }
+            self.follow(path);
+        }
+    }
+
+    fn handle(&mut self, shared: &Shared, path: &PathState, packet: &[u8], out: &mut [u8]) {
+        let drop = |e: IcmpError| path.drop(e.reason());
+        let (local, remote) = match quoted_route(packet) {
+            Ok(r) => r,
+            Err(e) => return drop(e),
+        };
+        let table = shared.table.load();
+        let Some(&(peer, route)) = table.rx.get(&(*local.ip(), local.port())) else {
+            return drop(IcmpError::NotOurRoute);
+        };
+        if route.remote != remote {
+            return drop(IcmpError::NotOurRoute);
+        }
+        let stream = &shared.peers[peer].stream;
+        // The quote is one of our own packets: opened with the key that sealed it (the current
+        // send key; a packet sealed just before a rekey fails and is dropped as bad_tag).
+        let sealer = shared.peers[peer].keys.send.load();
+        let tr = match translate_path_error_sealed(
+            stream,
+            sealer.as_deref(),
+            &route,
+            packet,
+            self.source,
+            out,
+        ) {
+            Ok(tr) => tr,
+            Err(e) => return drop(e),
+        };
+        let msg = &mut out[IPV6_HEADER_LEN..tr.len];
+        // The kernel computes the checksum of raw ICMPv6 sockets (RFC 3542 §3.1).
+        msg[2..4].copy_from_slice(&[0, 0]);
+        let msg_type = msg[0];
+        match self.socket.send_via(
+            msg,
+            stream.local_true(),
+            Some(self.source),
+            self.internal_index,
+        ) {
+            Ok(_) => path.translated(msg_type),
+            Err(_) => path.drop("icmp_send_failed"),
+        }
+        if let Some(mtu) = tr.path_mtu {
+            let inner = mtu.saturating_sub(self.max_overhead).max(MIN_MTU as u32);
+            if self.learned.is_none_or(|(m, _)| inner <= m) {
+                self.learned = Some((inner, Instant::now()));
+            }
+            self.apply(path);
+        }
+    }
+
+    /// Housekeeping between messages: age out a learned path MTU, follow the external MTU.
+    fn follow(&mut self, path: &PathState) {
+        if self.last_poll.elapsed() < EXTERNAL_MTU_POLL {
+            return;
+        }
+        self.last_poll = Instant::now();
+        if self
+            .learned
+            .is_some_and(|(_, at)| at.elapsed() >= PMTU_EXPIRY)
+        {
+            self.learned = None;
+        }
+        self.apply(path);
+    }
+
+    /// Sets the TUN MTU to the smallest of: the start value, the external MTU minus the
+    /// overhead now, and a path MTU learned from Packet Too Big.
+    fn apply(&mut self, path: &PathState) {
+        let external = sysctl::get_ipv6_conf(&self.external_interface, "mtu")
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .map(|m| m.saturating_sub(self.max_overhead).max(MIN_MTU as u32));
+        let target = [Some(path.base_mtu), external, self.learned.map(|(m, _)| m)]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(path.base_mtu);
+        let current = path.tunnel_mtu.load(Relaxed);
+        if target == current {
+            return;
+        }
+        match self.netlink.link_set_mtu(self.tun_index, target) {
+            Ok(()) => {
+                path.tunnel_mtu.store(target, Relaxed);
+                log::info!("tunnel MTU {current} -> {target} (path MTU minus the overhead)");
+            }
+            Err(e) => log::warn!("set tunnel MTU {target}: {e}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every reason the protocol crate reports has its own counter.
+    #[test]
+    fn every_icmp_error_reason_has_a_label() {
+        let errors = [
+            IcmpError::Malformed(mt6d_proto::wire::WireError::Malformed {
+                what: "x",
+                field: "y",
+            }),
+            IcmpError::NotAnError,
+            IcmpError::BadChecksum,
+            IcmpError::NotOurRoute,
+            IcmpError::QuoteTooShort,
+            IcmpError::BadTag,
+            IcmpError::NotAllowed,
+            IcmpError::BufferTooSmall { have: 0, need: 1 },
+        ];
+        for e in errors {
+            assert!(DROPS.contains(&e.reason()), "{}", e.reason());
+        }
+        let p = PathState::new(1460);
+        p.drop("icmp_bad_tag");
+        p.translated(2);
+        p.translated(200);
+        let s = p.status();
+        assert_eq!(s.icmp_dropped["icmp_bad_tag"], 1);
+        assert_eq!(s.icmp_translated["packet_too_big"], 1);
+        assert_eq!(s.icmp_translated.values().sum::<u64>(), 1);
+        assert_eq!(s.tunnel_mtu, 1460);
+    }
+}
