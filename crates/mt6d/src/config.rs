@@ -756,12 +756,69 @@ key = "{KEY}"
 
     /// The examples shipped in examples/ stay valid.
     #[test]
+    fn handshake_keys_are_checked_with_their_line() {
+        let dir = std::env::temp_dir().join(format!("mt6d-hs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("tmp dir");
+        let key = dir.join("gw.key");
+        let _ = std::fs::remove_file(&key);
+        std::fs::write(&key, KEY).expect("write key");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let peer_pub = "20glfhI3l2p0rYz+3KACE0CP6JrGJR8bkwJF8kK1wxo=";
+        let with_pub = example().replace(
+            &format!("key = \"{KEY}\""),
+            &format!("public_key = \"{peer_pub}\""),
+        );
+        let at = |text: &str| Config::parse(&dir.join("gw.toml"), text);
+        let e = at(&with_pub).expect_err("no private key").to_string();
+        assert!(
+            e.contains("gw.toml:11:") && e.contains("private_key_file"),
+            "{e}"
+        );
+        let ok = with_pub.replace(
+            "rotation_secs = 1\n",
+            "rotation_secs = 1\nprivate_key_file = \"gw.key\"\nrekey_secs = 2\n",
+        );
+        let cfg = at(&ok).expect("handshake config parses");
+        assert!(
+            matches!(&cfg.peers[0].keying, Keying::Handshake(h) if h.rekey_after == Duration::from_secs(2))
+        );
+        let plain = ok.replace(
+            "rotation_secs = 1\n",
+            "rotation_secs = 1\nmode = \"plain\"\n",
+        );
+        assert!(at(&plain).expect_err("plain").to_string().contains("plain"));
+        let both = ok.replace("public_key", &format!("key = \"{KEY}\"\npublic_key"));
+        assert!(at(&both)
+            .expect_err("both")
+            .to_string()
+            .contains("not both"));
+        let short = ok.replace(peer_pub, "AAAA");
+        assert!(at(&short)
+            .expect_err("short")
+            .to_string()
+            .contains("3 bytes"));
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    #[test]
     fn shipped_examples_parse() {
         let dir = std::env::temp_dir().join(format!("mt6d-examples-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("tmp dir");
-        let key = dir.join("site.key");
-        std::fs::write(&key, KEY).expect("write key");
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        // The examples name each other's public keys; these are the matching private keys.
+        for (file, key) in [
+            (
+                "gateway-a.key",
+                "oaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaE=",
+            ),
+            (
+                "gateway-b.key",
+                "srKysrKysrKysrKysrKysrKysrKysrKysrKysrKysrI=",
+            ),
+        ] {
+            let path = dir.join(file);
+            std::fs::write(&path, key).expect("write key");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        }
         for (name, text) in [
             (
                 "gateway-a.toml",

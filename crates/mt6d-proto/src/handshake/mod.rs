@@ -351,6 +351,28 @@ impl Handshake {
         &self.stats
     }
 
+    /// Frames arbitrary Noise bytes as a message of `kind` from `src` to `dst` with this pair's
+    /// valid MAC: for fuzzing and tests, which must reach the Noise layer behind the MAC. The
+    /// bytes are cut or zero-padded to the kind's Noise length.
+    pub fn frame_with_mac(
+        &self,
+        kind: Kind,
+        noise: &[u8],
+        src: &std::net::SocketAddrV6,
+        dst: &std::net::SocketAddrV6,
+    ) -> Vec<u8> {
+        let (len, noise_len) = match kind {
+            Kind::Initiation => (INITIATION_LEN, NOISE_INITIATION_LEN),
+            Kind::Response => (RESPONSE_LEN, NOISE_RESPONSE_LEN),
+        };
+        let mut body = vec![0u8; noise_len];
+        let n = noise.len().min(noise_len);
+        body[..n].copy_from_slice(&noise[..n]);
+        let mut out = vec![0u8; len];
+        frame(kind, &body, &self.mac_key, src, dst, &mut out);
+        out
+    }
+
     /// Whether this side wins simultaneous initiations.
     pub fn is_preferred_initiator(&self) -> bool {
         self.preferred
