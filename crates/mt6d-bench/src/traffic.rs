@@ -64,6 +64,15 @@ pub fn ping_json(r: &PingReport, schedule: Option<(f64, f64)>) -> Value {
         .set("rtt_max_ms", s.last().copied())
         .set("rtt_p99_ms", pick(0.99))
         .set("secs", r.secs);
+    if let Some(slow) = r.slowest {
+        v.set("rtt_max_seq", slow.seq)
+            .set("rtt_max_sent_unix", slow.sent_unix);
+        if let Some((b0, p)) = schedule {
+            // Where in its rotation epoch the slowest echo was sent: a stall tied to rotation
+            // shows up near 0 (or p) in every run, an unrelated one anywhere.
+            v.set("rtt_max_epoch_phase_s", (slow.sent_unix - b0).rem_euclid(p));
+        }
+    }
     if let Some((b0, p)) = schedule {
         let near = r
             .lost_at

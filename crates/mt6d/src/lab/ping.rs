@@ -26,6 +26,18 @@ pub struct PingReport {
     pub lost_at: Vec<f64>,
     /// How long the run took, linger included.
     pub secs: f64,
+    /// The answered request with the longest round trip: lets a report say *when* a stall
+    /// happened (e.g. where in the rotation epoch), not only that one did.
+    #[serde(skip)]
+    pub slowest: Option<Slowest>,
+}
+
+/// One answered echo request: its sequence number, the Unix time (s) it was sent and its RTT.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Slowest {
+    pub seq: u64,
+    pub sent_unix: f64,
+    pub rtt_ms: f64,
 }
 
 impl PingReport {
@@ -147,11 +159,17 @@ fn receive_until(
             continue;
         }
         let seq = usize::from(u16::from_be_bytes([m[6], m[7]]));
-        if let Some((sent_at, _)) = outstanding.get_mut(seq).and_then(Option::take) {
+        if let Some((sent_at, sent_unix)) = outstanding.get_mut(seq).and_then(Option::take) {
+            let rtt_ms = sent_at.elapsed().as_secs_f64() * 1000.0;
             report.received += 1;
-            report
-                .rtts_ms
-                .push(sent_at.elapsed().as_secs_f64() * 1000.0);
+            report.rtts_ms.push(rtt_ms);
+            if report.slowest.is_none_or(|s| rtt_ms > s.rtt_ms) {
+                report.slowest = Some(Slowest {
+                    seq: seq as u64,
+                    sent_unix,
+                    rtt_ms,
+                });
+            }
             if stop_on == Some(seq) {
                 return;
             }
@@ -189,6 +207,9 @@ mod tests {
             Ok(r) => {
                 assert_eq!(r.sent, 20);
                 assert_eq!(r.received, 20, "{r:?}");
+                let slowest = r.slowest.expect("answered echoes have a slowest");
+                assert_eq!(slowest.rtt_ms, r.rtt_summary().2);
+                assert!(slowest.seq < 20 && slowest.sent_unix > 0.0, "{slowest:?}");
             }
             // Raw sockets need CAP_NET_RAW; CI runs as root, a developer may not.
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => eprintln!("skipped: {e}"),
