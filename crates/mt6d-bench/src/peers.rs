@@ -105,7 +105,11 @@ pub fn start(
         }
         Scenario::Mt6d(mode) => {
             // Handshakes, as deployed; plain has no tag, so it runs on a pre-shared key.
-            let keys = LabKeys::generate(dir, mode.config_name() != "plain", None)
+            // A scenario starts its gateways more than once (e.g. again for the 1 s rotation
+            // tests): fresh keys in a fresh directory each time (key files are never overwritten).
+            let key_dir = dir.join(unique_name("keys"));
+            std::fs::create_dir(&key_dir).map_err(|e| format!("{}: {e}", key_dir.display()))?;
+            let keys = LabKeys::generate(&key_dir, mode.config_name() != "plain", None)
                 .map_err(|e| e.to_string())?;
             for (gw, local, remote, own, far, side) in sides {
                 let socket = PathBuf::from(format!("/run/mt6d-bench/{}.sock", gw.name()));
