@@ -4,7 +4,6 @@
 
 use std::io::Write as _;
 use std::net::Ipv6Addr;
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -187,7 +186,9 @@ pub fn start(
                 )?;
                 wait_for(Duration::from_secs(10), &mut child, || socket.exists())?;
                 let key_file = dir.join(format!("wg-{side}.key"));
-                write_secret(&key_file, &keys[i].0)?;
+                // A scenario may start its peers again: replace the previous run's key file.
+                let _ = std::fs::remove_file(&key_file);
+                mt6d::keys::write_secret_file(&key_file, &keys[i].0).map_err(|e| e.to_string())?;
                 let peer_pub = &keys[1 - i].1;
                 let status = gw
                     .command(&wg)
@@ -296,17 +297,6 @@ fn wg_keypair(wg: &Path) -> Result<(String, String), String> {
 }
 
 /// A 0600 file with `text` (keys are never world-readable; mt6d refuses them otherwise).
-fn write_secret(path: &Path, text: &str) -> Result<(), String> {
-    let _ = std::fs::remove_file(path);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .and_then(|mut f| f.write_all(text.as_bytes()))
-        .map_err(|e| format!("{}: {e}", path.display()))
-}
-
 pub fn random_bytes(n: usize) -> Result<Vec<u8>, String> {
     use std::io::Read as _;
     let mut buf = vec![0u8; n];

@@ -248,16 +248,7 @@ impl Config {
                 keys::read_private_key(&relative_to(path, f.get_ref())).map_err(|e| src.err(f, e))
             })
             .transpose()?;
-        let rekey_after = match &gw.rekey_secs {
-            None => Duration::from_secs(DEFAULT_REKEY_SECS),
-            Some(v) => {
-                let secs = *v.get_ref();
-                if !(1.0..=86_400.0).contains(&secs) {
-                    return Err(src.err(v, format!("rekey_secs {secs} out of range (1 to 86400)")));
-                }
-                Duration::from_millis((secs * 1000.0).round() as u64)
-            }
-        };
+        let rekey_after = seconds(&src, &gw.rekey_secs, "rekey_secs", DEFAULT_REKEY_SECS)?;
         let rekey_after_packets = match &gw.rekey_packets {
             None => DEFAULT_REKEY_PACKETS,
             Some(v) => u64::try_from(*v.get_ref())
@@ -564,12 +555,22 @@ fn ports(src: &Source, v: &Option<Spanned<toml::Value>>) -> Result<PortPolicy, C
 }
 
 fn rotation(src: &Source, v: &Option<Spanned<f64>>) -> Result<Duration, ConfigError> {
+    seconds(src, v, "rotation_secs", 10)
+}
+
+/// A duration setting in seconds (1 to 86400, millisecond resolution).
+fn seconds(
+    src: &Source,
+    v: &Option<Spanned<f64>>,
+    name: &str,
+    default_secs: u64,
+) -> Result<Duration, ConfigError> {
     match v {
-        None => Ok(Duration::from_secs(10)),
+        None => Ok(Duration::from_secs(default_secs)),
         Some(s) => {
             let secs = *s.get_ref();
             if !(1.0..=86_400.0).contains(&secs) {
-                return Err(src.err(s, format!("rotation_secs {secs} out of range (1 to 86400)")));
+                return Err(src.err(s, format!("{name} {secs} out of range (1 to 86400)")));
             }
             Ok(Duration::from_millis((secs * 1000.0).round() as u64))
         }

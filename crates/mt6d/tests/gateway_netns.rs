@@ -6,11 +6,9 @@
 //! packet socket.
 
 use std::net::Ipv6Addr;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
 use mt6d::control::Status;
 use mt6d::lab::daemon::DaemonProcess;
 use mt6d::lab::observer::Observer;
@@ -158,24 +156,6 @@ fn tcp_receiver(
         .expect("enter B")
         .expect("listen");
     std::thread::spawn(move || transfer::serve_once(listener, Duration::from_secs(10)))
-}
-
-/// Writes a base64 session key file with mode 0600, as `mt6d genpsk --out` does.
-fn write_key(path: &std::path::Path, key: &[u8]) {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .and_then(|mut f| {
-            std::io::Write::write_all(
-                &mut f,
-                base64::engine::general_purpose::STANDARD
-                    .encode(key)
-                    .as_bytes(),
-            )
-        })
-        .expect("key file");
 }
 
 fn start_daemon(
@@ -426,7 +406,8 @@ fn two_peers_in_one_daemon_each_with_its_own_key() {
     let dir = std::env::temp_dir().join(format!("mt6d-e2e-2p-{}", lab.gw_a.name()));
     std::fs::create_dir_all(&dir).expect("dir");
     for (name, byte) in [("k1", 1u8), ("k2", 2u8)] {
-        write_key(&dir.join(name), &[byte; 32]);
+        mt6d::keys::write_secret_file(&dir.join(name), &mt6d::keys::encode(&[byte; 32]))
+            .expect("key file");
     }
     let mut running = Running {
         daemons: Vec::new(),
@@ -1175,8 +1156,18 @@ fn rekey_every_two_seconds_during_tcp_loses_no_ping() {
         return eprintln!("skipped: needs root");
     }
     let running = start_keyed("encrypt", 1.0, true, Some(2.0));
-    // Start-up (packets before the first handshake, both sides initiating at once) is not what
-    // this test measures: count from here.
+    // Start-up (packets before the first handshake, both sides initiating at once, retries of
+    // those still in flight) is not what this test measures: let it settle - both sides hold
+    // keys, and two retry intervals pass for late start-up messages - then count from here.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ![Side::A, Side::B]
+        .iter()
+        .all(|s| handshake_of(&status(&running, *s)).has_keys)
+    {
+        assert!(Instant::now() < deadline, "no keys 5 s after start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(mt6d_proto::handshake::RETRY_AFTER * 2);
     let counted = ["bad_tag", "replay", "no_key", "bad_length", "handshake"];
     let drops_now = |side| {
         let st = status(&running, side);
@@ -1205,7 +1196,8 @@ fn rekey_every_two_seconds_during_tcp_loses_no_ping() {
         assert_eq!(
             now,
             before,
-            "{side:?} dropped packets across rekeys ({counted:?}: {before:?} -> {now:?})\nlog:\n{}",
+            "{side:?} dropped packets across rekeys ({counted:?}: {before:?} -> {now:?}); handshake {:?}\nlog:\n{}",
+            handshake_of(&status(&running, side)),
             running.daemons[label].log_tail(60)
         );
     }

@@ -117,14 +117,4 @@ impl ReceiveKeys {
     pub fn clear(&mut self) {
         self.slots = [None, None];
     }
-
-    /// Keys currently held.
-    pub fn len(&self) -> usize {
-        self.slots.iter().flatten().count()
-    }
-
-    /// Whether no key is held.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }

@@ -601,7 +601,6 @@ impl Handshake {
         self.awaiting = Some(recv_phase);
         self.awaiting_rekey = self.established.is_some();
         self.stats.responses_sent += 1;
-        let _ = now;
         Ok(Outcome::Responded {
             reply,
             keys: self.keys(&r2i, send_phase, &i2r, recv_phase),

@@ -388,7 +388,7 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
             "added_rtt_ms": flood_med - base_flood_med,
         },
         "tcp": { "bytes": tcp.bytes, "seconds": tcp.seconds, "sha256_match": tcp.sha256_match, "mbit_s": tcp.mbit_s, "longest_stall_ms": tcp.longest_stall_ms },
-        "transfer": { "completed": true, "sha256_match": tcp.sha256_match, "bytes": tcp.bytes },
+        "transfer": { "sha256_match": tcp.sha256_match, "bytes": tcp.bytes, "longest_stall_ms": tcp.longest_stall_ms },
         "keying": if handshake { "handshake" } else { "pre-shared" },
         "rekey_secs": args.rekey,
         "handshakes": handshakes,

@@ -454,11 +454,6 @@ impl LabKeys {
         })
     }
 
-    /// Whether the gateways run handshakes.
-    pub fn is_handshake(&self) -> bool {
-        matches!(self, LabKeys::Handshake { .. })
-    }
-
     /// (lines for `[gateway]`, lines for `[[peer]]`) of `side`'s configuration.
     fn config_lines(&self, side: Side) -> (String, String) {
         match self {
