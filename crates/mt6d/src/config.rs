@@ -65,6 +65,9 @@ pub struct GatewayConfig {
     /// Router on the external link through which the peers' hashed prefixes are reached (a
     /// routed deployment). Unset: the peers' hashed prefixes are on-link (000 §4.1 switched).
     pub external_next_hop: Option<Ipv6Addr>,
+    /// Send Router Advertisements on the internal link carrying the tunnel MTU (docs/PROTOCOL.md
+    /// §5.2). Off where another router already advertises on that link.
+    pub router_advertisements: bool,
 }
 
 /// One protected stream: a local protected host, a remote one behind the peer gateway, and how
@@ -126,6 +129,7 @@ struct RawGateway {
     private_key_file: Option<Spanned<String>>,
     rekey_secs: Option<Spanned<f64>>,
     rekey_packets: Option<Spanned<i64>>,
+    router_advertisements: Option<Spanned<bool>>,
 }
 
 /// Settings that `[gateway]` gives for every peer and a `[[peer]]` may override. (Listed in
@@ -406,6 +410,10 @@ impl Config {
                 tun_name,
                 control_socket,
                 external_next_hop,
+                router_advertisements: gw
+                    .router_advertisements
+                    .as_ref()
+                    .is_none_or(|v| *v.get_ref()),
             },
             peers,
         })

@@ -1371,3 +1371,194 @@ fn handshake_flood(duration: Duration) -> (u64, u64) {
     }
     (sent, replays)
 }
+
+/// The IPv6 MTU Host A uses on its link (what Router Advertisements set).
+fn host_a_link_mtu(lab: &Lab) -> u32 {
+    lab.host_a
+        .run(|| mt6d_os::sysctl::get_ipv6_conf(mt6d::lab::topology::HOST_IF, "mtu"))
+        .expect("enter host A")
+        .expect("read mtu")
+        .trim()
+        .parse()
+        .expect("mtu is a number")
+}
+
+/// Polls `f` every 100 ms for up to `secs` seconds until it returns true.
+fn eventually(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    f()
+}
+
+/// Issue 6 item 2 (000 §3.2.3): Gateway A advertises the tunnel MTU on its internal link, so
+/// Host A's link MTU is the external MTU minus the overhead without any Packet Too Big; a Router
+/// Solicitation from Host A (with its MAC) is answered with that MTU; an MTU advertised by the
+/// external link's router lowers the tunnel MTU and the advertised one. Nothing Gateway A sends
+/// to the public link carries Host A's MAC or either true address.
+#[test]
+fn router_advertisements_tell_hosts_the_tunnel_mtu_and_leak_nothing() {
+    use mt6d_proto::wire::{router_advertisement, router_solicitation, RouterMessage};
+    if !root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let running = start_on(Topology::Routed, "encrypt", 1.0, |_| {});
+    let lab = &running.lab;
+    let host_mac = lab
+        .host_a
+        .run(|| {
+            let mut nl = mt6d_os::Netlink::open()?;
+            let i = nl.link_index(mt6d::lab::topology::HOST_IF)?;
+            nl.link_mac(i)
+        })
+        .expect("enter host A")
+        .expect("host MAC")
+        .expect("Ethernet");
+    // Every frame Gateway A puts on the public link, whole, from here on.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let capture = {
+        let stop = stop.clone();
+        let ns = lab.gw_a.name().to_string();
+        std::thread::spawn(move || {
+            Netns::open(&ns)
+                .and_then(|n| n.enter_current_thread())
+                .expect("enter gateway A");
+            let cap = PacketCapture::open(EXTERNAL_IF, 2048, Duration::from_millis(100))
+                .expect("capture");
+            ready_tx.send(()).expect("ready");
+            let mut frames = Vec::new();
+            let mut buf = vec![0u8; 2048];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(f) = cap.recv(&mut buf).expect("capture") {
+                    // Outgoing only: Gateway A's MAC as the source.
+                    frames.push(buf[..f.captured].to_vec());
+                }
+            }
+            frames
+        })
+    };
+    ready_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("capture ready");
+
+    // 1. The advertisement sent at start-up set Host A's link MTU to the tunnel MTU.
+    let st = status(&running, Side::A);
+    let base = st.path.base_mtu;
+    assert!(st.path.router.enabled);
+    assert!(
+        eventually(5, || host_a_link_mtu(lab) == base),
+        "Host A's link MTU is {} (tunnel MTU {base}); gateway: {:?}",
+        host_a_link_mtu(lab),
+        status(&running, Side::A).path.router
+    );
+
+    // 2. A solicitation from Host A, with its MAC, is answered unicast with the same MTU, from
+    // the gateway's link-local address and MAC.
+    let (ra_src, ra) = lab
+        .host_a
+        .run(|| {
+            let s = mt6d_os::Icmp6Socket::open().expect("socket");
+            s.set_filter_pass_only(&[134]).expect("filter");
+            s.set_hop_limit(255).expect("hop limit");
+            s.set_read_timeout(Some(Duration::from_millis(200)))
+                .expect("timeout");
+            let mut nl = mt6d_os::Netlink::open().expect("netlink");
+            let i = nl
+                .link_index(mt6d::lab::topology::HOST_IF)
+                .expect("host if");
+            let mut rs = router_solicitation().to_vec();
+            rs.extend_from_slice(&[1, 1]);
+            rs.extend_from_slice(&host_mac);
+            s.send_via(&rs, Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 2), None, i)
+                .expect("send RS");
+            let mut buf = [0u8; 256];
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < deadline {
+                if let Ok(info) = s.recv_from(&mut buf) {
+                    // The unicast answer, not a periodic multicast.
+                    if info.dst.is_some_and(|d| !d.is_multicast()) {
+                        assert_eq!(info.hop_limit, Some(255));
+                        return (info.src, buf[..info.len].to_vec());
+                    }
+                }
+            }
+            panic!("no unicast router advertisement answered the solicitation");
+        })
+        .expect("enter host A");
+    let ra = RouterMessage::new_checked(&ra[..]).expect("valid advertisement");
+    assert_eq!(ra.mtu(), Some(base));
+    assert_eq!(ra.router_lifetime(), 0, "not a default router");
+    assert_eq!(ra_src.segments()[0], 0xfe80, "from a link-local address");
+    let gw_mac = lab
+        .gw_a
+        .run(|| {
+            let mut nl = mt6d_os::Netlink::open()?;
+            let i = nl.link_index(INTERNAL_IF)?;
+            nl.link_mac(i)
+        })
+        .expect("enter gateway A")
+        .expect("gateway MAC");
+    assert_eq!(ra.source_lladdr(), gw_mac);
+    assert!(status(&running, Side::A).path.router.solicitations_answered >= 1);
+
+    // 3. The router on Gateway A's external link advertises MTU 1400: the tunnel MTU and the MTU
+    // Host A is told both drop by 100.
+    lab.routers[0]
+        .run(|| {
+            let s = mt6d_os::Icmp6Socket::open().expect("socket");
+            s.set_filter_pass_only(&[]).expect("filter");
+            s.set_hop_limit(255).expect("hop limit");
+            let mut nl = mt6d_os::Netlink::open().expect("netlink");
+            let i = nl.link_index(ROUTER_IF_A).expect("router if");
+            let mac = nl.link_mac(i).expect("mac").expect("Ethernet");
+            s.send_via(
+                &router_advertisement(mac, 1400),
+                Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1),
+                None,
+                i,
+            )
+            .expect("send RA");
+        })
+        .expect("enter router");
+    let lowered = base - 100;
+    assert!(
+        eventually(5, || host_a_link_mtu(lab) == lowered),
+        "Host A's link MTU is {}, expected {lowered}; gateway: {:?}",
+        host_a_link_mtu(lab),
+        status(&running, Side::A).path
+    );
+    let st = status(&running, Side::A);
+    assert_eq!(st.path.router.upstream_mtu, 1400);
+    assert_eq!(st.path.tunnel_mtu, lowered);
+    assert_eq!(st.path.router.advertised_mtu, lowered);
+    assert_eq!(
+        st.path.router.dropped.values().sum::<u64>(),
+        0,
+        "{:?}",
+        st.path.router.dropped
+    );
+    // Traffic still flows at the lowered MTU.
+    wait_for_path(lab, HOST_B, 5);
+
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let frames = capture.join().expect("capture thread");
+    assert!(
+        !frames.is_empty(),
+        "Gateway A sent nothing on the public link"
+    );
+    let needles: [&[u8]; 3] = [&host_mac, &HOST_A.octets(), &HOST_B.octets()];
+    for f in &frames {
+        for n in needles {
+            assert!(
+                !f.windows(n.len()).any(|w| w == n),
+                "a frame on the public link carries {n:02x?}: {f:02x?}"
+            );
+        }
+    }
+}
