@@ -14,7 +14,11 @@ pub use ipv6::{
     Ipv6Packet, Ipv6Repr, IPV6_HEADER_LEN, NEXT_HEADER_ICMPV6, NEXT_HEADER_NONE, NEXT_HEADER_TCP,
     NEXT_HEADER_UDP,
 };
-pub use ndisc::{neighbor_solicitation, NEIGHBOR_SOLICITATION, NEIGHBOR_SOLICITATION_LEN};
+pub use ndisc::{
+    dad_probe_frame, neighbor_solicitation, solicited_node, NeighborClaim, NeighborFrame,
+    DAD_PROBE_FRAME_LEN, ETHERNET_HEADER_LEN, NEIGHBOR_ADVERTISEMENT, NEIGHBOR_SOLICITATION,
+    NEIGHBOR_SOLICITATION_LEN,
+};
 pub use udp::{UdpPacket, UdpRepr, UDP_HEADER_LEN};
 
 /// Why bytes could not be read as a packet.
