@@ -3,7 +3,9 @@
 
 use libfuzzer_sys::fuzz_target;
 use mt6d_proto::tunnel::TunnelPayload;
-use mt6d_proto::wire::{Icmpv6Packet, Icmpv6Repr, Ipv6Packet, Ipv6Repr, UdpPacket, UdpRepr};
+use mt6d_proto::wire::{
+    Icmpv6Packet, Icmpv6Repr, Ipv6Packet, Ipv6Repr, NeighborFrame, UdpPacket, UdpRepr,
+};
 use mt6d_proto::Mode;
 
 fuzz_target!(|data: &[u8]| {
@@ -48,6 +50,9 @@ fuzz_target!(|data: &[u8]| {
             p.payload(),
             p.verify_checksum("::1".parse().unwrap(), "::2".parse().unwrap()),
         );
+    }
+    if let Ok(f) = NeighborFrame::parse(data) {
+        let _ = f.claimed_by_other([2, 0, 0, 0, 0, 1]);
     }
     for mode in [Mode::Plain, Mode::Auth, Mode::Encrypt] {
         if let Ok(t) = TunnelPayload::new_checked(data, mode) {

@@ -144,7 +144,7 @@ impl<'a> NoticePacket<'a> {
 }
 
 /// Writes a notice for `route` (sent from `route.local` to `route.remote`).
-pub fn emit_notice(
+pub(crate) fn emit_notice(
     key: &Subkey,
     route: &Route,
     epoch: Epoch,
@@ -245,6 +245,18 @@ impl RouteMoves {
             entries: [None; WINDOW],
             stats: MoveStats::default(),
         }
+    }
+
+    /// A notice under this stream's key for `route`, as the peer would send it (for tests and
+    /// fuzzing: [`RouteMoves::poll_transmit`] is how a gateway produces them).
+    pub fn frame_notice(
+        &self,
+        route: &Route,
+        epoch: Epoch,
+        offset: u8,
+        ack: bool,
+    ) -> [u8; NOTICE_LEN] {
+        emit_notice(&self.key, route, epoch, offset, ack)
     }
 
     /// The attempt offset of epoch `e` (0 unless moved).
