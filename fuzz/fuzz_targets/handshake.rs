@@ -53,9 +53,7 @@ fuzz_target!(|data: &[u8]| {
     };
     // As responder: forged Noise bytes must fail.
     if sel % 3 != 0 {
-        assert!(b
-            .handle(now, &route_b, &route_b, &msg, || Some([3; 32]))
-            .is_err());
+        assert!(b.handle(now, &route_b, &route_b, &msg, || Some([3; 32])).is_err());
     } else {
         let _ = b.handle(now, &route_b, &route_b, &msg, || Some([3; 32]));
     }
@@ -67,9 +65,7 @@ fuzz_target!(|data: &[u8]| {
     };
     assert!(a.poll(now, &route_a, 0, || Some([4; 32])).is_some());
     let resp = a.frame_with_mac(Kind::Response, body, &route_a.remote, &route_a.local);
-    assert!(a
-        .handle(now, &route_a, &route_a, &resp, || Some([5; 32]))
-        .is_err());
+    assert!(a.handle(now, &route_a, &route_a, &resp, || Some([5; 32])).is_err());
     // Receive keys with none installed, and arbitrary payloads.
     let mut keys = ReceiveKeys::new();
     let mut out = vec![0u8; body.len() + 64];
