@@ -4,7 +4,8 @@
 use libfuzzer_sys::fuzz_target;
 use mt6d_proto::tunnel::TunnelPayload;
 use mt6d_proto::wire::{
-    Icmpv6Packet, Icmpv6Repr, Ipv6Packet, Ipv6Repr, RouterMessage, UdpPacket, UdpRepr,
+    Icmpv6Packet, Icmpv6Repr, Ipv6Packet, Ipv6Repr, NeighborFrame,
+    RouterMessage, UdpPacket, UdpRepr,
 };
 use mt6d_proto::Mode;
 
@@ -64,6 +65,9 @@ fuzz_target!(|data: &[u8]| {
             fixed + m.options().map(|(_, o)| o.len()).sum::<usize>(),
             data.len()
         );
+    }
+    if let Ok(f) = NeighborFrame::parse(data) {
+        let _ = f.claimed_by_other([2, 0, 0, 0, 0, 1]);
     }
     for mode in [Mode::Plain, Mode::Auth, Mode::Encrypt] {
         if let Ok(t) = TunnelPayload::new_checked(data, mode) {

@@ -8,7 +8,8 @@
 //! - [`tun`]: the TUN device with virtio-net offload (GSO split on read, GRO on write);
 //! - [`udp`]: the tunnel's UDP sockets with per-packet source address (IPV6_PKTINFO),
 //!   UDP GSO/GRO and `sendmmsg`/`recvmmsg` batches, plus [`Epoll`] and the ICMPv6 raw socket;
-//! - [`capture`]: an AF_PACKET observer of one interface, for the lab's leak checks;
+//! - [`capture`]: an AF_PACKET observer of one interface, for the lab's leak checks, and the
+//!   daemon's filtered watch of neighbour discovery frames (duplicate address detection);
 //! - [`error`]: [`OsError`], one variant per failing operation with its context.
 //!
 //! What it must not do: protocol logic. Which hashed addresses exist, which packets go where and

@@ -44,6 +44,7 @@ pub(crate) mod context {
     pub const ADDRESS: &str = "mt6d-proto 2025-01-01 hashed address key";
     pub const PORT: &str = "mt6d-proto 2025-01-01 port hopping key";
     pub const JITTER: &str = "mt6d-proto 2025-01-01 epoch jitter key";
+    pub const NOTICE: &str = "mt6d-proto 2026-12-01 route move notice key";
     pub const DATA_AES_ROLE0: &str = "mt6d-proto 2025-01-01 data key aes256-gcm sender role 0";
     pub const DATA_AES_ROLE1: &str = "mt6d-proto 2025-01-01 data key aes256-gcm sender role 1";
     pub const DATA_CHACHA_ROLE0: &str =

@@ -16,7 +16,10 @@
 //! 3. One [`Sealer`] per stream (shared by sending threads): [`Sealer::seal`] each inner packet.
 //! 4. One [`Opener`] per stream (owned by the receiving thread): map the outer addresses/ports of a
 //!    received datagram to one of `schedule.accept`, then [`Opener::open`].
-//! 5. ICMPv6 errors from routers about tunnel packets: [`icmp::translate_path_error`].
+//! 5. Per stream one [`moves::RouteMoves`]: when another node on the link holds one of our hashed
+//!    addresses, [`moves::RouteMoves::on_collision`] moves that epoch's route; notices agree the
+//!    move with the peer, and [`Stream::schedule_moved`] replaces step 2's schedule.
+//! 6. ICMPv6 errors from routers about tunnel packets: [`icmp::translate_path_error`].
 //!
 //! With identity keys instead of a pre-shared session key, [`handshake::Handshake`] derives the
 //! stream's key (the link key) and replaces steps 3-4's static keys with session keys from a
@@ -30,6 +33,7 @@ mod error;
 pub mod handshake;
 pub mod icmp;
 mod key;
+pub mod moves;
 pub mod router;
 mod schedule;
 mod stream;

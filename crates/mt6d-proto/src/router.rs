@@ -1,5 +1,5 @@
 //! When a gateway advertises the tunnel MTU to its protected hosts (000 §3.2.3; docs/PROTOCOL.md
-//! §5.2): the timing rules of RFC 4861 §6.2.4-6.2.6 for a router that sends Router
+//! §5.3): the timing rules of RFC 4861 §6.2.4-6.2.6 for a router that sends Router
 //! Advertisements on its internal link, as a sans-IO state machine. Time and randomness come in
 //! as arguments; the caller sends what [`RouterAdvertiser::poll`] and
 //! [`RouterAdvertiser::on_solicitation`] ask for.

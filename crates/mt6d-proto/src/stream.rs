@@ -139,11 +139,22 @@ impl Stream {
 
     /// What to send on, what to accept, and when to ask again, at `now`.
     pub fn schedule(&self, now: UnixTime) -> Schedule {
+        self.schedule_with(now, |_| 0)
+    }
+
+    /// [`Stream::schedule`] with the routes of moved epochs at their agreed attempt offsets
+    /// (docs/PROTOCOL.md §5.2).
+    pub fn schedule_moved(&self, now: UnixTime, moves: &crate::moves::RouteMoves) -> Schedule {
+        self.schedule_with(now, |e| moves.offset(e))
+    }
+
+    fn schedule_with(&self, now: UnixTime, offset: impl Fn(Epoch) -> u8) -> Schedule {
         let e = self.epoch_at(now);
-        let send = self.route(e);
+        let route = |e: Epoch| self.route_with_attempt(e, offset(e));
+        let send = route(e);
         Schedule {
             send,
-            accept: [self.route(e.prev()), send, self.route(e.next())],
+            accept: [route(e.prev()), send, route(e.next())],
             next_change: self.epoch_start(e.next()),
         }
     }

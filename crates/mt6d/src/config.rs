@@ -66,7 +66,7 @@ pub struct GatewayConfig {
     /// routed deployment). Unset: the peers' hashed prefixes are on-link (000 §4.1 switched).
     pub external_next_hop: Option<Ipv6Addr>,
     /// Send Router Advertisements on the internal link carrying the tunnel MTU (docs/PROTOCOL.md
-    /// §5.2). Off where another router already advertises on that link.
+    /// §5.3). Off where another router already advertises on that link.
     pub router_advertisements: bool,
 }
 

@@ -27,6 +27,40 @@ pub struct Status {
     /// Path MTU, ICMPv6 errors and neighbour priming (absent from older daemons).
     #[serde(default)]
     pub path: PathStatus,
+    /// Duplicate address probes and the neighbour discovery watch (absent from older daemons).
+    #[serde(default)]
+    pub collision_watch: CollisionWatchStatus,
+}
+
+/// The gateway's own duplicate address detection on the external link (docs/PROTOCOL.md §5.2).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CollisionWatchStatus {
+    /// Whether the watch runs (it needs the external interface's link-layer address).
+    pub active: bool,
+    /// Duplicate address probes sent for newly bound hashed addresses.
+    pub probes: u64,
+    /// Solicitations and advertisements that failed the parser.
+    pub malformed: u64,
+}
+
+/// A peer's route moves away from address collisions (docs/PROTOCOL.md §5.2).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MoveStatus {
+    /// Collisions on this gateway's hashed addresses that moved a route.
+    pub collisions_detected: u64,
+    /// Collisions left in place because the epoch had moved the maximum number of times.
+    pub collisions_unresolved: u64,
+    /// Routes moved: by this gateway's collisions plus by the peer's notices.
+    pub routes_moved: u64,
+    /// Of which on the peer's notice.
+    pub moved_by_peer: u64,
+    pub notices_sent: u64,
+    pub acks_sent: u64,
+    pub notices_received: u64,
+    /// Malformed, forged or out-of-window notices.
+    pub notices_refused: u64,
+    /// Epochs of the window now moved, as (epoch, attempt offset).
+    pub moved_epochs: Vec<(u64, u8)>,
 }
 
 /// What the gateway knows and did about the public path (docs/PROTOCOL.md §5).
@@ -42,7 +76,7 @@ pub struct PathStatus {
     pub icmp_dropped: std::collections::BTreeMap<String, u64>,
     /// Neighbour solicitations sent from new hashed addresses to the on-link next hop.
     pub neighbor_solicitations: u64,
-    /// Router discovery on the internal and external links (docs/PROTOCOL.md §5.2).
+    /// Router discovery on the internal and external links (docs/PROTOCOL.md §5.3).
     #[serde(default)]
     pub router: RouterStatus,
 }
@@ -86,6 +120,9 @@ pub struct PeerStatus {
     /// Handshake state; absent with a pre-shared key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handshake: Option<HandshakeStatus>,
+    /// Route moves away from address collisions (absent from older daemons).
+    #[serde(default)]
+    pub moves: MoveStatus,
 }
 
 /// What a peer's handshakes have done.
@@ -345,6 +382,21 @@ pub fn render(status: &Status) -> String {
                 }
             }
         }
+        let m = &p.moves;
+        if m.routes_moved > 0 || m.collisions_unresolved > 0 || m.notices_refused > 0 {
+            let _ = writeln!(
+                s,
+                "  address collisions {} (unresolved {})  routes moved {} (by the peer {})  notices sent {} acks {} received {} refused {}",
+                m.collisions_detected,
+                m.collisions_unresolved,
+                m.routes_moved,
+                m.moved_by_peer,
+                m.notices_sent,
+                m.acks_sent,
+                m.notices_received,
+                m.notices_refused
+            );
+        }
         let _ = writeln!(s, "  sending  {} -> {}", p.send.local, p.send.remote);
         for r in &p.accept {
             let _ = writeln!(
@@ -391,6 +443,7 @@ mod tests {
             external_interface: "eth0".into(),
             peers: vec![],
             path: PathStatus::default(),
+            collision_watch: CollisionWatchStatus::default(),
         }
     }
 
@@ -464,8 +517,17 @@ mod tests {
                 failures: [("hs_bad_mac".to_string(), 7)].into(),
                 ..HandshakeStatus::default()
             }),
+            moves: MoveStatus {
+                collisions_detected: 1,
+                routes_moved: 1,
+                ..MoveStatus::default()
+            },
         });
         let text = render(&st);
+        assert!(
+            text.contains("address collisions 1 (unresolved 0)  routes moved 1"),
+            "{text}"
+        );
         assert!(text.contains("handshake up  last 2.5s ago"), "{text}");
         assert!(text.contains("handshake failures hs_bad_mac 7"), "{text}");
         assert!(text.contains("drops bad_tag 3"), "{text}");

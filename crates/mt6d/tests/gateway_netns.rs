@@ -1590,3 +1590,167 @@ fn router_advertisements_tell_hosts_the_tunnel_mtu_and_leak_nothing() {
         }
     }
 }
+
+// ---- Address collisions (tracker issue 6, item 4; docs/PROTOCOL.md §5.2) ----
+
+/// Another host on Gateway A's link (a "squatter", a macvlan on the router's side of the link
+/// in its own namespace) holds the hashed address Gateway A will use in a future epoch, before
+/// Gateway A binds it (001 §4.1.1: the whole interval would be lost). Gateway A's probe finds
+/// it, both gateways move that epoch to attempt offset 1 within the interval before it, and a
+/// ping train and floods across the epoch lose nothing; no tunnel packet goes to the squatter.
+#[test]
+fn forced_collision_on_the_link_is_survived() {
+    if !root() {
+        return eprintln!("skipped: needs root");
+    }
+    const ROTATION_SECS: f64 = 2.0;
+    let running = start_on(Topology::Routed, "encrypt", ROTATION_SECS, |_| {});
+    let lab = &running.lab;
+    // The gateway's own stream, from its own configuration and keys: the addresses it will use.
+    let cfg = mt6d::config::Config::load(&running.dir.join("gw-A.toml")).expect("config A");
+    let stream = cfg.peers[0].build_stream().expect("stream");
+    let now = mt6d::gateway::clock::now;
+    let current = stream.epoch_at(now());
+    // Gateway A binds epoch E one interval early, at the start of E - 1 = current + 2: at
+    // least one interval from now, time enough to place the squatter.
+    let e = mt6d_proto::Epoch(current.0 + 3);
+    let squatted = *stream.route(e).local.ip();
+    let moved = stream.route_with_attempt(e, 1);
+    assert_ne!(*moved.local.ip(), squatted);
+
+    let squatter = Netns::create(&mt6d_os::unique_name("m6sq")).expect("squatter namespace");
+    let router = &lab.routers[0];
+    ip_ok(
+        router,
+        &[
+            "link",
+            "add",
+            "sq0",
+            "link",
+            ROUTER_IF_A,
+            "type",
+            "macvlan",
+            "mode",
+            "bridge",
+        ],
+    );
+    ip_ok(router, &["link", "set", "sq0", "netns", squatter.name()]);
+    ip_ok(&squatter, &["link", "set", "lo", "up"]);
+    ip_ok(&squatter, &["link", "set", "sq0", "up"]);
+    ip_ok(
+        &squatter,
+        &[
+            "addr",
+            "add",
+            &format!("{squatted}/64"),
+            "dev",
+            "sq0",
+            "nodad",
+        ],
+    );
+    assert!(
+        stream.epoch_at(now()).0 < e.0 - 1,
+        "the squatter came after Gateway A bound the address"
+    );
+
+    let observer =
+        Observer::start(&lab.gw_a, EXTERNAL_IF, vec![HOST_A, HOST_B], None).expect("observer");
+    // Traffic from now until the end of epoch E + 1.
+    let end = stream.epoch_start(mt6d_proto::Epoch(e.0 + 2));
+    let secs = (end.as_millis().saturating_sub(now().as_millis())) as f64 / 1000.0;
+    let train_count = (secs / 0.02) as u64;
+    let (train, floods) = std::thread::scope(|s| {
+        let train = s.spawn(|| {
+            lab.host_a
+                .run(|| {
+                    ping(
+                        HOST_B,
+                        train_count,
+                        Pace::Train {
+                            interval: Duration::from_millis(20),
+                        },
+                        Duration::from_secs(1),
+                    )
+                })
+                .expect("enter A")
+                .expect("ping")
+        });
+        let mut floods = Vec::new();
+        while now() < end {
+            floods.push(
+                lab.host_a
+                    .run(|| {
+                        ping(
+                            HOST_B,
+                            2_000,
+                            Pace::Flood {
+                                wait: Duration::from_millis(10),
+                            },
+                            Duration::from_secs(1),
+                        )
+                    })
+                    .expect("enter A")
+                    .expect("flood"),
+            );
+        }
+        (train.join().expect("train"), floods)
+    });
+    let report = observer.finish().expect("observer report");
+    let (sent, received) = floods
+        .iter()
+        .fold((0, 0), |(s, r), f| (s + f.sent, r + f.received));
+    let (st_a, st_b) = (status(&running, Side::A), status(&running, Side::B));
+    eprintln!(
+        "collision at epoch {}: {squatted} -> {}; train {}/{} (lost at {:?}); flood {received}/{sent}; A moves {:?}; B moves {:?}",
+        e.0,
+        moved.local.ip(),
+        train.received,
+        train.sent,
+        train.lost_at,
+        st_a.peers[0].moves,
+        st_b.peers[0].moves
+    );
+    assert!(
+        st_a.peers[0].moves.collisions_detected >= 1,
+        "Gateway A did not see the squatter: {:?}",
+        st_a.collision_watch
+    );
+    assert!(st_a.peers[0].moves.routes_moved >= 1);
+    assert!(
+        st_b.peers[0].moves.moved_by_peer >= 1,
+        "Gateway B did not move: {:?}",
+        st_b.peers[0].moves
+    );
+    assert!(
+        !report
+            .outer_pairs
+            .iter()
+            .any(|(src, dst)| *src == squatted || *dst == squatted),
+        "a tunnel packet used the squatter's address"
+    );
+    assert!(
+        report
+            .outer_pairs
+            .iter()
+            .any(|(src, dst)| src == moved.local.ip() && dst == moved.remote.ip()),
+        "no tunnel packet on the moved route of epoch {}",
+        e.0
+    );
+    assert_eq!(train.lost(), 0, "ping train lost {:?}", train.lost_at);
+    assert_eq!(received, sent, "flood lost {}", sent - received);
+}
+
+fn ip_ok(ns: &Netns, args: &[&str]) {
+    let out = ns
+        .command("ip")
+        .expect("command")
+        .args(args)
+        .output()
+        .expect("run ip");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

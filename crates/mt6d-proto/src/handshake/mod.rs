@@ -29,6 +29,7 @@ use zeroize::Zeroizing;
 
 pub use identity::{link_key, PrivateKey, Psk, PublicKey, KEY_LEN};
 pub use keys::{Opened, ReceiveKeys};
+pub(crate) use message::mac as message_mac;
 pub use message::{is_handshake, Kind, Message, INITIATION_LEN, RESPONSE_LEN};
 
 use crate::tunnel::KeyPhase;

@@ -15,7 +15,11 @@ pub use ipv6::{
     Ipv6Packet, Ipv6Repr, IPV6_HEADER_LEN, NEXT_HEADER_ICMPV6, NEXT_HEADER_NONE, NEXT_HEADER_TCP,
     NEXT_HEADER_UDP,
 };
-pub use ndisc::{neighbor_solicitation, NEIGHBOR_SOLICITATION, NEIGHBOR_SOLICITATION_LEN};
+pub use ndisc::{
+    dad_probe_frame, neighbor_solicitation, solicited_node, NeighborClaim, NeighborFrame,
+    DAD_PROBE_FRAME_LEN, ETHERNET_HEADER_LEN, NEIGHBOR_ADVERTISEMENT, NEIGHBOR_SOLICITATION,
+    NEIGHBOR_SOLICITATION_LEN,
+};
 pub use router::{
     router_advertisement, router_solicitation, RouterMessage, ROUTER_ADVERTISEMENT,
     ROUTER_ADVERTISEMENT_LEN, ROUTER_SOLICITATION, ROUTER_SOLICITATION_LEN,

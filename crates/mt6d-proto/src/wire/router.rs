@@ -1,5 +1,5 @@
 //! Router Solicitation and Router Advertisement (RFC 4861 §4.1-4.2, §4.6): a checked view for
-//! the ones a gateway receives, and the bytes of the ones it sends (docs/PROTOCOL.md §5.2).
+//! the ones a gateway receives, and the bytes of the ones it sends (docs/PROTOCOL.md §5.3).
 //!
 //! ```text
 //! Router Solicitation              Router Advertisement

@@ -23,11 +23,12 @@ use mt6d_os::{
     TunRecvScratch, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN,
 };
 use mt6d_proto::handshake::{is_handshake, ReceiveKeys};
+use mt6d_proto::moves::is_notice;
 use mt6d_proto::{OpenError, SealError};
 
 use super::counters::{DirectionCounters, DropReason};
 use super::routing::{Peer, RouteTable};
-use super::session;
+use super::{collision, session};
 
 /// How often blocked threads look at the shutdown flag.
 const POLL: Duration = Duration::from_millis(100);
@@ -378,6 +379,12 @@ pub fn rx_loop(
                 let (mut packets, mut bytes) = (0u64, 0u64);
                 let p = &shared.peers[peer];
                 for datagram in buf.datagrams() {
+                    if is_notice(datagram) {
+                        if !collision::on_notice(p, &route, datagram, now) {
+                            counters.drop_n(DropReason::Handshake, 1);
+                        }
+                        continue;
+                    }
                     if is_handshake(datagram) {
                         if !session::on_message(
                             p,

@@ -13,6 +13,7 @@
 //! routes, start the packet threads. Shutdown runs the same steps backwards.
 
 pub mod clock;
+mod collision;
 pub mod counters;
 mod dataplane;
 pub mod icmp;
@@ -32,8 +33,9 @@ use arc_swap::ArcSwap;
 use mt6d_os::Epoll;
 
 use crate::config::{Config, Keying};
-use crate::control::{ControlServer, HandshakeStatus, PeerStatus, RouteStatus, Status};
-use counters::{DirectionCounters, DropReason, PeerCounters};
+use crate::control::{ControlServer, HandshakeStatus, MoveStatus, PeerStatus, RouteStatus, Status};
+use collision::CollisionWatch;
+use counters::{DirectionCounters, DropReason};
 use dataplane::Shared;
 use icmp::{IcmpTranslator, PathState};
 use neighbor::NeighborPrimer;
@@ -101,12 +103,7 @@ fn run_gateway(
                 PeerKeys::handshake(Handshake::new(hs.clone()).map_err(setup)?)
             }
         };
-        peers.push(Arc::new(Peer {
-            name: p.name.clone(),
-            stream,
-            keys,
-            counters: PeerCounters::default(),
-        }));
+        peers.push(Arc::new(Peer::new(p.name.clone(), stream, keys)));
     }
 
     let mut sys = System::apply(cfg, max_overhead)?;
@@ -123,10 +120,16 @@ fn run_gateway(
     let path = Arc::new(PathState::new(sys.tun_mtu));
     let mut rotator = Rotator::new(sys.external_index);
     match sys.netlink.link_mac(sys.external_index) {
-        Ok(Some(mac)) => rotator.set_primer(
-            NeighborPrimer::open(sys.external_index, mac, cfg.gateway.external_next_hop)?,
-            path.clone(),
-        ),
+        Ok(Some(mac)) => {
+            rotator.set_primer(
+                NeighborPrimer::open(sys.external_index, mac, cfg.gateway.external_next_hop)?,
+                path.clone(),
+            );
+            match CollisionWatch::open(&cfg.gateway.external_interface, mac) {
+                Ok(w) => rotator.set_watch(w),
+                Err(e) => log::warn!("{e}; address collisions on the link are not detected"),
+            }
+        }
         // Without a link-layer address (a point-to-point uplink) there is no neighbour
         // discovery to prepare.
         Ok(None) => {}
@@ -234,12 +237,23 @@ fn serve(
                     drops.report(shared);
                 }
             }
+            // Address collisions (docs/PROTOCOL.md §5.2): ours seen on the link, and moves the
+            // peer announced; either rebuilds the table at once, well within the interval.
+            let found = rotator.poll_collisions();
+            let mut moved = collision::apply_collisions(shared, &found, now);
+            moved |= collision::take_peer_moves(shared, now);
+            if moved {
+                if let Err(e) = rotator.step(&mut sys.netlink, epoll, shared, now) {
+                    log::error!("moving a route away from an address collision: {e}");
+                }
+            }
             let table = shared.table.load();
+            collision::send_notices(shared, &table, now);
             for (i, p) in shared.peers.iter().enumerate() {
                 session::tick(p, i, &table, now);
             }
             drop(table);
-            control.serve_pending(|| status(cfg, shared, path, started));
+            control.serve_pending(|| status(cfg, shared, path, started, rotator));
             if tx.is_finished()
                 || rx.is_finished()
                 || icmp.is_finished()
@@ -328,7 +342,29 @@ fn handshake_status(p: &Peer, now: mt6d_proto::UnixTime) -> Option<HandshakeStat
     })
 }
 
-fn status(cfg: &Config, shared: &Shared, path: &PathState, started: Instant) -> Status {
+fn move_status(p: &Peer) -> MoveStatus {
+    let moves = p.lock_moves();
+    let st = moves.stats();
+    MoveStatus {
+        collisions_detected: st.collisions,
+        collisions_unresolved: st.exhausted,
+        routes_moved: st.collisions + st.moved_by_peer,
+        moved_by_peer: st.moved_by_peer,
+        notices_sent: st.notices_sent,
+        acks_sent: st.acks_sent,
+        notices_received: st.received,
+        notices_refused: p.notices_refused.load(Ordering::Relaxed),
+        moved_epochs: moves.moved().map(|(e, k)| (e.0, k)).collect(),
+    }
+}
+
+fn status(
+    cfg: &Config,
+    shared: &Shared,
+    path: &PathState,
+    started: Instant,
+    rotator: &Rotator,
+) -> Status {
     let table = shared.table.load();
     let now = clock::now();
     let route = |r: &mt6d_proto::Route| RouteStatus {
@@ -359,6 +395,7 @@ fn status(cfg: &Config, shared: &Shared, path: &PathState, started: Instant) -> 
                 }
                 .into(),
                 handshake: handshake_status(p, now),
+                moves: move_status(p),
             }
         })
         .collect();
@@ -374,5 +411,6 @@ fn status(cfg: &Config, shared: &Shared, path: &PathState, started: Instant) -> 
             router: path.router.status(cfg.gateway.router_advertisements, path),
             ..path.status()
         },
+        collision_watch: rotator.watch_status(),
     }
 }

@@ -7,7 +7,9 @@
 //! them; new sockets exist before the table that names them is published; old addresses are
 //! removed only after the table that no longer names them is live. Right after a new address is
 //! bound, the on-link next hop is made to learn it ([`super::neighbor`]), so that the first
-//! packet to it one interval later is not held up by neighbour discovery (001 §4.2).
+//! packet to it one interval later is not held up by neighbour discovery (001 §4.2), and is
+//! probed for a duplicate on the link ([`super::collision`]); a collision moves the epoch and
+//! calls [`Rotator::step`] again, which binds the moved addresses the same way.
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::Ipv6Addr;
@@ -17,6 +19,7 @@ use std::sync::Arc;
 use mt6d_os::{AddrFlags, Epoll, Netlink, UdpSocket6};
 use mt6d_proto::{Epoch, UnixTime};
 
+use super::collision::{Collision, CollisionWatch};
 use super::dataplane::Shared;
 use super::icmp::PathState;
 use super::neighbor::NeighborPrimer;
@@ -34,6 +37,7 @@ pub struct Rotator {
     epochs: Vec<Option<Epoch>>,
     next_change: UnixTime,
     primer: Option<(NeighborPrimer, Arc<PathState>)>,
+    watch: Option<CollisionWatch>,
 }
 
 fn os(what: String) -> impl FnOnce(mt6d_os::OsError) -> GatewayError {
@@ -49,7 +53,32 @@ impl Rotator {
             epochs: Vec::new(),
             next_change: UnixTime::from_nanos(0),
             primer: None,
+            watch: None,
         }
+    }
+
+    /// Probes every newly bound address for a duplicate on the link and watches for collisions.
+    pub fn set_watch(&mut self, watch: CollisionWatch) {
+        self.watch = Some(watch);
+    }
+
+    /// The collisions on bound hashed addresses seen since the last call.
+    pub fn poll_collisions(&mut self) -> Vec<Collision> {
+        let bound = &self.bound;
+        self.watch
+            .as_mut()
+            .map_or_else(Vec::new, |w| w.poll(|a| bound.contains(&a)))
+    }
+
+    /// (active, probes sent, malformed frames) of the collision watch.
+    pub fn watch_status(&self) -> crate::control::CollisionWatchStatus {
+        self.watch.as_ref().map_or_else(Default::default, |w| {
+            crate::control::CollisionWatchStatus {
+                active: true,
+                probes: w.probes,
+                malformed: w.malformed,
+            }
+        })
     }
 
     /// Makes every newly bound address known to the on-link next hop; counted in `path`.
@@ -86,10 +115,20 @@ impl Rotator {
             let current = p.stream.epoch_at(now).0;
             let back = STALE_WINDOW_SECS * 1000 / rotation_ms;
             for e in current.saturating_sub(back)..=current + 2 {
-                let addr = *p.stream.route(Epoch(e)).local.ip();
-                if present.contains(&addr) && nl.del_address(self.external_index, addr, 128).is_ok()
-                {
-                    removed += 1;
+                // Moved routes (address collisions) exist only near the time of the crash; look
+                // for them in the last few epochs only.
+                let offsets = if e + 4 >= current {
+                    mt6d_proto::moves::MAX_OFFSET
+                } else {
+                    0
+                };
+                for k in 0..=offsets {
+                    let addr = *p.stream.route_with_attempt(Epoch(e), k).local.ip();
+                    if present.contains(&addr)
+                        && nl.del_address(self.external_index, addr, 128).is_ok()
+                    {
+                        removed += 1;
+                    }
                 }
             }
         }
@@ -145,6 +184,11 @@ impl Rotator {
             }
         }
         self.prime(&table, &fresh);
+        if let Some(watch) = &mut self.watch {
+            for addr in &fresh {
+                watch.probe(*addr);
+            }
+        }
 
         self.next_change = table
             .peers

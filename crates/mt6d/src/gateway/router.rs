@@ -1,4 +1,4 @@
-//! Router discovery on both links (000 §3.2.3; docs/PROTOCOL.md §5.2): the protected hosts learn
+//! Router discovery on both links (000 §3.2.3; docs/PROTOCOL.md §5.3): the protected hosts learn
 //! an MTU that accounts for the tunnel overhead, and nothing about them reaches the public
 //! network.
 //!

@@ -7,9 +7,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv6Addr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use mt6d_os::UdpSocket6;
+use mt6d_proto::moves::RouteMoves;
 use mt6d_proto::{Route, Schedule, Stream, UnixTime};
 
 use super::counters::PeerCounters;
@@ -23,6 +25,36 @@ pub struct Peer {
     pub stream: Stream,
     pub keys: PeerKeys,
     pub counters: PeerCounters,
+    /// Epochs moved away from address collisions (docs/PROTOCOL.md §5.2). Locked by the main
+    /// thread's tick and by the rx thread for a notice, never per data packet.
+    pub moves: Mutex<RouteMoves>,
+    /// Set by the rx thread when a peer's notice moved a route: the table must be rebuilt.
+    pub moves_changed: AtomicBool,
+    /// Notices refused (malformed, bad MAC, outside the window).
+    pub notices_refused: AtomicU64,
+}
+
+impl Peer {
+    pub fn new(name: String, stream: Stream, keys: PeerKeys) -> Peer {
+        let moves = Mutex::new(RouteMoves::new(&stream));
+        Peer {
+            name,
+            stream,
+            keys,
+            counters: PeerCounters::default(),
+            moves,
+            moves_changed: AtomicBool::new(false),
+            notices_refused: AtomicU64::new(0),
+        }
+    }
+
+    /// The route moves. A poisoned lock still holds consistent state: every update is a plain
+    /// field assignment.
+    pub fn lock_moves(&self) -> MutexGuard<'_, RouteMoves> {
+        self.moves
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// The routes of one peer at the time the table was built.
@@ -44,12 +76,12 @@ pub struct RouteTable {
 }
 
 impl RouteTable {
-    /// Computes every peer's schedule at `now`. Sockets are attached by the caller, which owns
+    /// Computes every peer's schedule at `now`, moved epochs at their agreed offsets. Sockets are attached by the caller, which owns
     /// their creation.
     pub fn compute(peers: &[Arc<Peer>], now: UnixTime) -> RouteTable {
         let mut table = RouteTable::default();
         for (index, peer) in peers.iter().enumerate() {
-            let schedule = peer.stream.schedule(now);
+            let schedule = peer.stream.schedule_moved(now, &peer.lock_moves());
             for route in schedule.accept {
                 table
                     .rx

@@ -89,8 +89,13 @@ fn entropy() -> Option<[u8; 32]> {
     }
 }
 
-/// Sends one handshake datagram (or keepalive) from `src` to `dst`.
-fn send_one(socket: &UdpSocket6, src: &SocketAddrV6, dst: SocketAddrV6, payload: &[u8]) -> bool {
+/// Sends one handshake-class datagram (or keepalive) from `src` to `dst`.
+pub(super) fn send_one(
+    socket: &UdpSocket6,
+    src: &SocketAddrV6,
+    dst: SocketAddrV6,
+    payload: &[u8],
+) -> bool {
     let mut scratch = SendScratch::new(1);
     let msg = SendMsg {
         src: *src.ip(),
