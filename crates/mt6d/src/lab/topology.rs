@@ -715,17 +715,25 @@ pub fn in_ns<T: Send>(
 mod tests {
     use super::*;
 
-    /// On every topology the baseline path works and the lab leaves no namespace behind.
+    /// On every topology, with Host A behind a gateway or in host mode, the baseline path works
+    /// and the lab leaves no namespace behind.
     #[test]
     fn baseline_forwards_and_lab_cleans_up() {
         if !super::super::is_root() {
             eprintln!("skipped: needs root for network namespaces");
             return;
         }
-        for topology in Topology::ALL {
-            let lab = Lab::build_topology(topology, "m6t").expect("lab builds");
+        for (topology, host_mode) in Topology::ALL
+            .into_iter()
+            .flat_map(|t| [(t, false), (t, true)])
+        {
+            let lab = if host_mode {
+                Lab::build_host_mode(topology, "m6t").expect("host-mode lab builds")
+            } else {
+                Lab::build_topology(topology, "m6t").expect("lab builds")
+            };
             let names: Vec<String> = lab.all().map(|n| n.name().to_string()).collect();
-            assert_eq!(names.len(), 4 + lab.routers.len());
+            assert_eq!(names.len(), 4 - usize::from(host_mode) + lab.routers.len());
             lab.baseline_up().expect("baseline up");
             let pings = |count| {
                 lab.host_a
@@ -745,9 +753,15 @@ mod tests {
             // Path set-up: behind a router that queues one packet per unresolved neighbour,
             // the very first echoes may wait for or lose to neighbour discovery.
             let up = (0..10).any(|_| pings(1).received == 1);
-            assert!(up, "{topology}: no echo answered in 10 tries");
+            assert!(
+                up,
+                "{topology} (host mode {host_mode}): no echo answered in 10 tries"
+            );
             let report = pings(5);
-            assert_eq!(report.received, 5, "{topology}: {report:?}");
+            assert_eq!(
+                report.received, 5,
+                "{topology} (host mode {host_mode}): {report:?}"
+            );
             lab.baseline_down().expect("baseline down");
             drop(lab);
             for n in names {
