@@ -957,6 +957,8 @@ key = "{KEY}"
                 "gateway-b.key",
                 "srKysrKysrKysrKysrKysrKysrKysrKysrKysrKysrI=",
             ),
+            // Host A in host mode stands in for Gateway A, with its key.
+            ("host-a.key", "oaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaE="),
         ] {
             let path = dir.join(file);
             std::fs::write(&path, key).expect("write key");
@@ -971,10 +973,12 @@ key = "{KEY}"
                 "gateway-b.toml",
                 include_str!("../../../examples/gateway-b.toml"),
             ),
+            ("host-a.toml", include_str!("../../../examples/host-a.toml")),
         ] {
             let cfg =
                 Config::parse(&dir.join(name), text).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(cfg.peers.len(), 1, "{name}");
+            assert_eq!(cfg.gateway.is_host(), name.starts_with("host"), "{name}");
         }
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
