@@ -1530,3 +1530,116 @@ fn host_mode_peer_talks_to_a_gateway_mode_peer() {
         );
     }
 }
+
+/// Host mode delivers ICMPv6 errors from the path to the host's own stack: a Packet Too Big and
+/// a Time Exceeded crafted by the router about one of Host A's tunnel packets, and the router's
+/// own Destination Unreachable, arrive translated (from and to Host A's true address, quoting
+/// Host A's packet to Host B, no hashed address), and the tunnel MTU follows the Packet Too Big.
+#[test]
+fn host_mode_delivers_path_errors_to_its_own_stack() {
+    if !root() {
+        return eprintln!("skipped: needs root");
+    }
+    let lab = Lab::build_host_mode(Topology::Routed, "m6").expect("host-mode lab builds");
+    // A long rotation keeps the captured packet's route in the accept window.
+    let running = start_gateways(lab, "encrypt", 30.0, (true, None));
+    let lab = &running.lab;
+    let router = &lab.routers[0];
+    let router_addr: Ipv6Addr = "2001:db8:a::1".parse().expect("addr");
+    let errors = std::thread::scope(|s| {
+        let listener = s.spawn(|| {
+            lab.host_a
+                .run(|| collect_errors(Duration::from_secs(8)))
+                .expect("enter A")
+        });
+        let pinger = s.spawn(|| {
+            lab.host_a
+                .run(|| {
+                    ping(
+                        HOST_B,
+                        20,
+                        Pace::Train {
+                            interval: Duration::from_millis(100),
+                        },
+                        Duration::from_millis(300),
+                    )
+                })
+                .expect("enter A")
+                .expect("ping")
+        });
+        let outer = router.run(capture_outer_from_a).expect("enter router");
+        router
+            .run(|| {
+                let sock = mt6d_os::Icmp6Socket::open().expect("socket");
+                sock.set_filter_pass_only(&[]).expect("filter");
+                let dst = Ipv6Addr::from(<[u8; 16]>::try_from(&outer[8..24]).expect("16"));
+                for (t, data) in [(2u8, 1400u32), (3, 0)] {
+                    let mut msg = vec![t, 0, 0, 0];
+                    msg.extend_from_slice(&data.to_be_bytes());
+                    msg.extend_from_slice(&outer[..outer.len().min(1232)]);
+                    sock.send_to(&msg, dst, Some(router_addr))
+                        .expect("send error");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            })
+            .expect("enter router");
+        pinger.join().expect("pinger");
+        let unreachable = [
+            "-6",
+            "route",
+            "add",
+            "unreachable",
+            "2001:db8:b::/64",
+            "metric",
+            "1",
+        ];
+        mt6d::lab::topology::ip(router, &unreachable).expect("unreachable route");
+        let _ = lab.host_a.run(|| {
+            ping(
+                HOST_B,
+                3,
+                Pace::Train {
+                    interval: Duration::from_millis(200),
+                },
+                Duration::from_millis(300),
+            )
+        });
+        listener.join().expect("listener")
+    });
+    // Host A's namespace also receives the router's original errors about the outer packets
+    // (addressed to its hashed address); the translated ones are from its true address.
+    let translated: Vec<&HostError> = errors.iter().filter(|e| e.src == HOST_A).collect();
+    for e in &translated {
+        assert_eq!(e.dst, Some(HOST_A), "{e:?}");
+        assert!(
+            !mentions_hashed_prefix(&e.msg),
+            "hashed address in a translated error: {e:?}"
+        );
+        let quote = &e.msg[8..];
+        assert!(quote.len() >= 40, "{e:?}");
+        assert_eq!(&quote[8..24], &HOST_A.octets(), "quoted source: {e:?}");
+        assert_eq!(
+            &quote[24..40],
+            &HOST_B.octets(),
+            "quoted destination: {e:?}"
+        );
+    }
+    for t in [1u8, 2, 3] {
+        assert!(
+            translated.iter().any(|e| e.msg[0] == t),
+            "type {t} never reached Host A's stack: {errors:?}"
+        );
+    }
+    let st = status(&running, Side::A);
+    assert_eq!(
+        st.path
+            .icmp_dropped
+            .get("icmp_send_failed")
+            .copied()
+            .unwrap_or(0),
+        0,
+        "{:?}",
+        st.path
+    );
+    assert_eq!(st.path.tunnel_mtu, 1400 - 40, "tunnel MTU follows the path");
+}
