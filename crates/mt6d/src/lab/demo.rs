@@ -419,7 +419,9 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
         "tunnel_added_rtt_ms": added_ms,
         "true_addresses": {
             "host_a": HOST_A.to_string(), "host_b": HOST_B.to_string(),
-            "gateway_a": GATEWAY_A.to_string(), "gateway_b": GATEWAY_B.to_string(),
+            // Host mode has no Gateway A (and no address of its on an internal link).
+            "gateway_a": (!args.host_mode).then(|| GATEWAY_A.to_string()),
+            "gateway_b": GATEWAY_B.to_string(),
         },
         "outer_address_pairs": seen.outer_pairs.len(),
         "observer": {
