@@ -3,7 +3,9 @@
 
 use libfuzzer_sys::fuzz_target;
 use mt6d_proto::tunnel::TunnelPayload;
-use mt6d_proto::wire::{Icmpv6Packet, Icmpv6Repr, Ipv6Packet, Ipv6Repr, UdpPacket, UdpRepr};
+use mt6d_proto::wire::{
+    Icmpv6Packet, Icmpv6Repr, Ipv6Packet, Ipv6Repr, RouterMessage, UdpPacket, UdpRepr,
+};
 use mt6d_proto::Mode;
 
 fuzz_target!(|data: &[u8]| {
@@ -47,6 +49,20 @@ fuzz_target!(|data: &[u8]| {
             Icmpv6Repr::parse(&p),
             p.payload(),
             p.verify_checksum("::1".parse().unwrap(), "::2".parse().unwrap()),
+        );
+    }
+    if let Ok(m) = RouterMessage::new_checked(data) {
+        let _ = (
+            m.is_advertisement(),
+            m.router_lifetime(),
+            m.mtu(),
+            m.source_lladdr(),
+        );
+        // Options tile the message exactly.
+        let fixed = if m.is_advertisement() { 16 } else { 8 };
+        assert_eq!(
+            fixed + m.options().map(|(_, o)| o.len()).sum::<usize>(),
+            data.len()
         );
     }
     for mode in [Mode::Plain, Mode::Auth, Mode::Encrypt] {

@@ -32,10 +32,15 @@ pub struct IcmpRecvInfo {
     pub src: Ipv6Addr,
     /// Its destination (IPV6_PKTINFO), if the kernel reported it.
     pub dst: Option<Ipv6Addr>,
+    /// The interface it arrived on (IPV6_PKTINFO; 0 if not reported).
+    pub ifindex: u32,
+    /// The hop limit it arrived with (IPV6_HOPLIMIT), if reported. Neighbour discovery
+    /// messages with anything but 255 came from off-link and must be ignored (RFC 4861 §6.1).
+    pub hop_limit: Option<u8>,
 }
 
 impl Icmp6Socket {
-    /// Opens the socket (needs CAP_NET_RAW) with IPV6_RECVPKTINFO on.
+    /// Opens the socket (needs CAP_NET_RAW) with IPV6_RECVPKTINFO and IPV6_RECVHOPLIMIT on.
     pub fn open() -> Result<Icmp6Socket> {
         let ctx = |op| move |source| OsError::Icmp { op, source };
         let fd = sys::socket(libc::AF_INET6, libc::SOCK_RAW, libc::IPPROTO_ICMPV6)
@@ -47,6 +52,13 @@ impl Icmp6Socket {
             &1 as &libc::c_int,
         )
         .map_err(ctx("set IPV6_RECVPKTINFO"))?;
+        sys::setsockopt(
+            fd.as_fd(),
+            libc::IPPROTO_IPV6,
+            libc::IPV6_RECVHOPLIMIT,
+            &1 as &libc::c_int,
+        )
+        .map_err(ctx("set IPV6_RECVHOPLIMIT"))?;
         Ok(Icmp6Socket { fd })
     }
 
@@ -140,14 +152,20 @@ impl Icmp6Socket {
                 }
             }
         };
-        let dst = Cmsgs(&ctrl.0[..clen.min(128)])
+        let cmsgs = || Cmsgs(&ctrl.0[..clen.min(128)]);
+        let pktinfo = cmsgs()
             .find(|(l, t, _)| *l == libc::IPPROTO_IPV6 && *t == libc::IPV6_PKTINFO)
-            .and_then(|(_, _, d)| sys::parse_in6_pktinfo(d))
-            .map(|(a, _)| a);
+            .and_then(|(_, _, d)| sys::parse_in6_pktinfo(d));
+        let hop_limit = cmsgs()
+            .find(|(l, t, _)| *l == libc::IPPROTO_IPV6 && *t == libc::IPV6_HOPLIMIT)
+            .and_then(|(_, _, d)| Some(libc::c_int::from_ne_bytes(d.get(..4)?.try_into().ok()?)))
+            .and_then(|h| u8::try_from(h).ok());
         Ok(IcmpRecvInfo {
             len,
             src: *src.ip(),
-            dst,
+            dst: pktinfo.map(|(a, _)| a),
+            ifindex: pktinfo.map_or(0, |(_, i)| i),
+            hop_limit,
         })
     }
 }
@@ -202,6 +220,8 @@ mod tests {
             assert_eq!(&buf[4..info.len], &req[4..]);
             assert_eq!(info.src, Ipv6Addr::LOCALHOST);
             assert_eq!(info.dst, Some(Ipv6Addr::LOCALHOST));
+            assert_eq!(info.ifindex, lo);
+            assert_eq!(info.hop_limit, Some(64), "the default unicast hop limit");
         })
         .expect("run");
     }

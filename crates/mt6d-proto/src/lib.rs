@@ -30,6 +30,7 @@ mod error;
 pub mod handshake;
 pub mod icmp;
 mod key;
+pub mod router;
 mod schedule;
 mod stream;
 #[cfg(test)]

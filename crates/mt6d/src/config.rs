@@ -65,6 +65,9 @@ pub struct GatewayConfig {
     /// Router on the external link through which the peers' hashed prefixes are reached (a
     /// routed deployment). Unset: the peers' hashed prefixes are on-link (000 §4.1 switched).
     pub external_next_hop: Option<Ipv6Addr>,
+    /// Send Router Advertisements on the internal link carrying the tunnel MTU (docs/PROTOCOL.md
+    /// §5.2). Off where another router already advertises on that link.
+    pub router_advertisements: bool,
 }
 
 /// Where the protected host is (000 §3.2 gateway mode; 001 §4 "integrated" configuration).
@@ -153,6 +156,7 @@ struct RawGateway {
     private_key_file: Option<Spanned<String>>,
     rekey_secs: Option<Spanned<f64>>,
     rekey_packets: Option<Spanned<i64>>,
+    router_advertisements: Option<Spanned<bool>>,
 }
 
 /// Settings that `[gateway]` gives for every peer and a `[[peer]]` may override. (Listed in
@@ -285,6 +289,19 @@ impl Config {
                 format!("tun_name {tun_name:?} is already used by another interface setting"),
             ));
         }
+        // Host mode has no internal link to be the router of: the host's own stack takes the
+        // tunnel MTU from the TUN device, and its kernel reads the upstream router's MTU option
+        // on the external interface itself (it does not forward), which the ICMP thread follows.
+        let router_advertisements = match &gw.router_advertisements {
+            Some(v) if host_role && *v.get_ref() => {
+                return Err(src.err(
+                    v,
+                    "role = \"host\" has no internal link to send Router Advertisements on: remove router_advertisements",
+                ))
+            }
+            Some(v) => *v.get_ref(),
+            None => !host_role,
+        };
         let control_socket = match &gw.control_socket {
             Some(p) => PathBuf::from(p.get_ref()),
             None => default_control_socket(&tun_name),
@@ -487,6 +504,7 @@ impl Config {
                 tun_name,
                 control_socket,
                 external_next_hop,
+                router_advertisements,
             },
             peers,
         })
@@ -815,6 +833,19 @@ key = "{KEY}"
         );
         assert_eq!(cfg.gateway.internal_interface(), None);
         assert!(cfg.gateway.is_host());
+        assert!(
+            !cfg.gateway.router_advertisements,
+            "no internal link to advertise on"
+        );
+        let ra = host.replace(
+            "rotation_secs = 1",
+            "rotation_secs = 1\nrouter_advertisements = true",
+        );
+        let err = parse(&ra).expect_err("RAs in host mode").to_string();
+        assert!(
+            err.contains("no internal link to send Router Advertisements"),
+            "{err}"
+        );
         // A second peer for another remote host shares the local address.
         let second = "\n[[peer]]\nname = \"c\"\nlocal_host = \"2001:db8:1::a\"\nremote_host = \"2001:db8:1::c\"\nkey = \"KEY\"\n"
             .replace("KEY", KEY);

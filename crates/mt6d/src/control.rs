@@ -50,6 +50,27 @@ pub struct PathStatus {
     pub icmp_dropped: std::collections::BTreeMap<String, u64>,
     /// Neighbour solicitations sent from new hashed addresses to the on-link next hop.
     pub neighbor_solicitations: u64,
+    /// Router discovery on the internal and external links (docs/PROTOCOL.md §5.2).
+    #[serde(default)]
+    pub router: RouterStatus,
+}
+
+/// Router Advertisements to the protected hosts and what the external link's router said.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RouterStatus {
+    /// `router_advertisements` in the config.
+    pub enabled: bool,
+    /// The MTU the last advertisement carried (0: none sent yet).
+    pub advertised_mtu: u32,
+    pub advertisements_sent: u64,
+    /// Router Solicitations from hosts answered unicast.
+    pub solicitations_answered: u64,
+    /// Router Advertisements heard on the external link.
+    pub upstream_advertisements: u64,
+    /// The MTU the external link's router advertises (0: none heard).
+    pub upstream_mtu: u32,
+    /// Router discovery messages dropped, by reason (`nd_malformed`, `nd_hop_limit`, ...).
+    pub dropped: std::collections::BTreeMap<String, u64>,
 }
 
 /// One peer (stream) of the daemon.
@@ -268,6 +289,28 @@ pub fn render(status: &Status) -> String {
         listed(&path.icmp_dropped),
         path.neighbor_solicitations
     );
+    let r = &path.router;
+    if r.enabled {
+        let upstream = match r.upstream_mtu {
+            0 => "none heard".to_string(),
+            m => m.to_string(),
+        };
+        let _ = writeln!(
+            s,
+            "router advertisements: MTU {} sent {} solicitations answered {}  upstream MTU {} ({} heard) dropped [{}]",
+            r.advertised_mtu,
+            r.advertisements_sent,
+            r.solicitations_answered,
+            upstream,
+            r.upstream_advertisements,
+            listed(&r.dropped)
+        );
+    } else {
+        let _ = writeln!(
+            s,
+            "router advertisements: off (router_advertisements = false)"
+        );
+    }
     for p in &status.peers {
         let c = &p.counters;
         let _ = writeln!(

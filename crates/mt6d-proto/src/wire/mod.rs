@@ -6,6 +6,7 @@ mod checksum;
 mod icmpv6;
 mod ipv6;
 mod ndisc;
+mod router;
 mod udp;
 
 pub use checksum::{checksum, combine, pseudo_header_sum, upper_layer_checksum};
@@ -15,6 +16,10 @@ pub use ipv6::{
     NEXT_HEADER_UDP,
 };
 pub use ndisc::{neighbor_solicitation, NEIGHBOR_SOLICITATION, NEIGHBOR_SOLICITATION_LEN};
+pub use router::{
+    router_advertisement, router_solicitation, RouterMessage, ROUTER_ADVERTISEMENT,
+    ROUTER_ADVERTISEMENT_LEN, ROUTER_SOLICITATION, ROUTER_SOLICITATION_LEN,
+};
 pub use udp::{UdpPacket, UdpRepr, UDP_HEADER_LEN};
 
 /// Why bytes could not be read as a packet.

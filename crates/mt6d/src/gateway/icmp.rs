@@ -72,6 +72,13 @@ pub struct PathState {
     /// tunnel MTU never goes above it).
     pub base_mtu: u32,
     pub tunnel_mtu: AtomicU32,
+    /// The tunnel MTU without what Packet Too Big taught: what the whole internal link is told
+    /// in Router Advertisements ([`super::router`]).
+    pub link_mtu: AtomicU32,
+    /// The MTU the external link's router advertises (0: none heard), from [`super::router`].
+    pub upstream_mtu: AtomicU32,
+    /// What the router discovery thread did.
+    pub router: super::router::RouterCounters,
     translated: [AtomicU64; TYPES.len()],
     dropped: [AtomicU64; DROPS.len()],
     pub solicitations: AtomicU64,
@@ -82,6 +89,9 @@ impl PathState {
         PathState {
             base_mtu,
             tunnel_mtu: AtomicU32::new(base_mtu),
+            link_mtu: AtomicU32::new(base_mtu),
+            upstream_mtu: AtomicU32::new(0),
+            router: Default::default(),
             translated: Default::default(),
             dropped: Default::default(),
             solicitations: AtomicU64::new(0),
@@ -117,6 +127,7 @@ impl PathState {
                 .map(|(l, n)| (l.to_string(), n.load(Relaxed)))
                 .collect(),
             neighbor_solicitations: self.solicitations.load(Relaxed),
+            router: Default::default(),
         }
     }
 }
@@ -297,17 +308,24 @@ impl IcmpTranslator {
     }
 
     /// Sets the TUN MTU to the smallest of: the start value, the external MTU minus the
-    /// overhead now, and a path MTU learned from Packet Too Big.
+    /// overhead now, the MTU the external link's router advertises minus the overhead, and a
+    /// path MTU learned from Packet Too Big.
     fn apply(&mut self, path: &PathState) {
+        let inner = |m: u32| m.saturating_sub(self.max_overhead).max(MIN_MTU as u32);
         let external = sysctl::get_ipv6_conf(&self.external_interface, "mtu")
             .ok()
             .and_then(|v| v.trim().parse::<u32>().ok())
-            .map(|m| m.saturating_sub(self.max_overhead).max(MIN_MTU as u32));
-        let target = [Some(path.base_mtu), external, self.learned.map(|(m, _)| m)]
+            .map(inner);
+        let upstream = Some(path.upstream_mtu.load(Relaxed))
+            .filter(|m| *m != 0)
+            .map(inner);
+        let link = [Some(path.base_mtu), external, upstream]
             .into_iter()
             .flatten()
             .min()
             .unwrap_or(path.base_mtu);
+        path.link_mtu.store(link, Relaxed);
+        let target = self.learned.map_or(link, |(m, _)| m.min(link));
         let current = path.tunnel_mtu.load(Relaxed);
         if target == current {
             return;

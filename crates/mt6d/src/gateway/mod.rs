@@ -18,6 +18,7 @@ mod dataplane;
 pub mod icmp;
 mod neighbor;
 mod rotation;
+mod router;
 pub mod routing;
 pub mod session;
 mod system;
@@ -37,6 +38,7 @@ use dataplane::Shared;
 use icmp::{IcmpTranslator, PathState};
 use neighbor::NeighborPrimer;
 use rotation::Rotator;
+use router::RouterDiscovery;
 use routing::{Peer, RouteTable};
 use session::PeerKeys;
 use system::System;
@@ -136,6 +138,14 @@ fn run_gateway(
         &cfg.gateway.external_interface,
         max_overhead,
     )?;
+    let router = if cfg.gateway.router_advertisements {
+        Some(RouterDiscovery::open(
+            sys.internal_index,
+            sys.external_index,
+        )?)
+    } else {
+        None
+    };
     rotator.purge_stale(&mut sys.netlink, &shared.peers, now);
     let first = rotator.step(&mut sys.netlink, &epoll, &shared, now);
     let result = first.and_then(|()| {
@@ -162,7 +172,7 @@ fn run_gateway(
             &shared,
             &mut rotator,
             recv,
-            (icmp, &path),
+            (icmp, router, &path),
             started,
         )
     });
@@ -183,7 +193,7 @@ fn serve(
     shared: &Shared,
     rotator: &mut Rotator,
     recv: Vec<ReceiveKeys>,
-    (icmp, path): (IcmpTranslator, &PathState),
+    (icmp, router, path): (IcmpTranslator, Option<RouterDiscovery>, &PathState),
     started: Instant,
 ) -> Result<(), GatewayError> {
     let tun = sys
@@ -204,6 +214,14 @@ fn serve(
             .name("mt6d-icmp".into())
             .spawn_scoped(s, || icmp.run(shared, path))
             .map_err(|e| GatewayError::Setup(format!("start ICMPv6 thread: {e}")))?;
+        let router = router
+            .map(|r| {
+                std::thread::Builder::new()
+                    .name("mt6d-router".into())
+                    .spawn_scoped(s, || r.run(shared, path, &path.router))
+            })
+            .transpose()
+            .map_err(|e| GatewayError::Setup(format!("start router discovery thread: {e}")))?;
         let mut result = Ok(());
         let mut next_rotation = rotator.next_change();
         let mut drops = DropReport::default();
@@ -227,7 +245,11 @@ fn serve(
             }
             drop(table);
             control.serve_pending(|| status(cfg, shared, path, started));
-            if tx.is_finished() || rx.is_finished() || icmp.is_finished() {
+            if tx.is_finished()
+                || rx.is_finished()
+                || icmp.is_finished()
+                || router.as_ref().is_some_and(|r| r.is_finished())
+            {
                 result = Err(GatewayError::Setup(
                     "a packet thread stopped; see the error above".into(),
                 ));
@@ -363,6 +385,9 @@ fn status(cfg: &Config, shared: &Shared, path: &PathState, started: Instant) -> 
             .to_string(),
         external_interface: cfg.gateway.external_interface.clone(),
         peers,
-        path: path.status(),
+        path: crate::control::PathStatus {
+            router: path.router.status(cfg.gateway.router_advertisements, path),
+            ..path.status()
+        },
     }
 }
