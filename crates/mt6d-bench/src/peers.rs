@@ -128,6 +128,7 @@ pub fn start(
                     remote,
                     own: &own,
                     far: &far,
+                    host_mode: false,
                 });
                 std::fs::write(&cfg, text).map_err(|e| format!("{}: {e}", cfg.display()))?;
                 let mut cmd = gw.command(mt6d).map_err(|e| e.to_string())?;

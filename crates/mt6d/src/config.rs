@@ -51,11 +51,11 @@ pub struct Config {
     pub peers: Vec<PeerConfig>,
 }
 
-/// Settings of the gateway itself.
+/// Settings of the node itself (`[gateway]`, whichever its role).
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
-    /// The interface facing the protected host(s).
-    pub internal_interface: String,
+    /// A gateway in front of protected hosts, or the protected host itself.
+    pub role: Role,
     /// The interface facing the public network, where the hashed addresses live.
     pub external_interface: String,
     /// Name of the TUN device the daemon creates.
@@ -68,6 +68,32 @@ pub struct GatewayConfig {
     /// Send Router Advertisements on the internal link carrying the tunnel MTU (docs/PROTOCOL.md
     /// §5.3). Off where another router already advertises on that link.
     pub router_advertisements: bool,
+}
+
+/// Where the protected host is (000 §3.2 gateway mode; 001 §4 "integrated" configuration).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// The protected hosts sit behind `internal_interface`; the daemon forwards for them.
+    Gateway { internal_interface: String },
+    /// mt6d runs on the protected host: its true address `local_host` lives on the TUN device
+    /// (001's virtual NIC), applications send to the peers' true addresses, and nothing is
+    /// forwarded. Every peer shares this one local true address.
+    Host { local_host: Ipv6Addr },
+}
+
+impl GatewayConfig {
+    /// The interface towards the protected hosts; `None` in host mode, where there is none.
+    pub fn internal_interface(&self) -> Option<&str> {
+        match &self.role {
+            Role::Gateway { internal_interface } => Some(internal_interface),
+            Role::Host { .. } => None,
+        }
+    }
+
+    /// Whether mt6d runs on the protected host itself.
+    pub fn is_host(&self) -> bool {
+        matches!(self.role, Role::Host { .. })
+    }
 }
 
 /// One protected stream: a local protected host, a remote one behind the peer gateway, and how
@@ -115,7 +141,8 @@ struct RawConfig {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawGateway {
-    internal_interface: Spanned<String>,
+    role: Option<Spanned<String>>,
+    internal_interface: Option<Spanned<String>>,
     external_interface: Spanned<String>,
     tun_name: Option<Spanned<String>>,
     control_socket: Option<Spanned<String>>,
@@ -214,9 +241,37 @@ impl Config {
         })?;
 
         let gw = raw.gateway.get_ref();
-        let internal_interface = interface_name(&src, &gw.internal_interface)?;
+        let host_role = match &gw.role {
+            None => false,
+            Some(r) => match r.get_ref().as_str() {
+                "gateway" => false,
+                "host" => true,
+                other => {
+                    return Err(src.err(
+                        r,
+                        format!("role {other:?}: \"gateway\" (in front of protected hosts) or \"host\" (on the protected host itself)"),
+                    ))
+                }
+            },
+        };
+        let internal_interface = match (&gw.internal_interface, host_role) {
+            (Some(name), false) => Some(interface_name(&src, name)?),
+            (None, true) => None,
+            (Some(name), true) => {
+                return Err(src.err(
+                    name,
+                    "role = \"host\" has no internal interface: the true address goes on the TUN device; remove internal_interface",
+                ))
+            }
+            (None, false) => {
+                return Err(src.err(
+                    &raw.gateway,
+                    "[gateway] needs internal_interface = \"IFACE\" (towards the protected hosts), or role = \"host\" when mt6d runs on the protected host itself",
+                ))
+            }
+        };
         let external_interface = interface_name(&src, &gw.external_interface)?;
-        if internal_interface == external_interface {
+        if internal_interface.as_deref() == Some(external_interface.as_str()) {
             return Err(src.err(
                 &gw.external_interface,
                 "external_interface must differ from internal_interface",
@@ -226,12 +281,27 @@ impl Config {
             Some(name) => interface_name(&src, name)?,
             None => "mt6d0".to_string(),
         };
-        if tun_name == internal_interface || tun_name == external_interface {
+        if internal_interface.as_deref() == Some(tun_name.as_str())
+            || tun_name == external_interface
+        {
             return Err(src.err(
-                gw.tun_name.as_ref().unwrap_or(&gw.internal_interface),
+                gw.tun_name.as_ref().unwrap_or(&gw.external_interface),
                 format!("tun_name {tun_name:?} is already used by another interface setting"),
             ));
         }
+        // Host mode has no internal link to be the router of: the host's own stack takes the
+        // tunnel MTU from the TUN device, and its kernel reads the upstream router's MTU option
+        // on the external interface itself (it does not forward), which the ICMP thread follows.
+        let router_advertisements = match &gw.router_advertisements {
+            Some(v) if host_role && *v.get_ref() => {
+                return Err(src.err(
+                    v,
+                    "role = \"host\" has no internal link to send Router Advertisements on: remove router_advertisements",
+                ))
+            }
+            Some(v) => *v.get_ref(),
+            None => !host_role,
+        };
         let control_socket = match &gw.control_socket {
             Some(p) => PathBuf::from(p.get_ref()),
             None => default_control_socket(&tun_name),
@@ -270,6 +340,8 @@ impl Config {
 
         let mut names = HashSet::new();
         let mut remotes = HashSet::new();
+        // Host mode: the one address of this host, from the first peer; the others must agree.
+        let mut host_address: Option<Ipv6Addr> = None;
         let mut peers = Vec::with_capacity(raw.peers.len());
         for peer in &raw.peers {
             let p = peer.get_ref();
@@ -291,6 +363,18 @@ impl Config {
             let remote_true = address(&src, &p.remote_host)?;
             if local_true == remote_true {
                 return Err(src.err(&p.remote_host, "remote_host equals local_host"));
+            }
+            if host_role {
+                match host_address {
+                    None => host_address = Some(local_true),
+                    Some(first) if first != local_true => {
+                        return Err(src.err(
+                            &p.local_host,
+                            format!("role = \"host\" protects one address, this host's own: every peer's local_host must be {first}"),
+                        ))
+                    }
+                    Some(_) => {}
+                }
             }
             if !remotes.insert((local_true, remote_true)) {
                 return Err(src.err(
@@ -405,15 +489,22 @@ impl Config {
         Ok(Config {
             path: path.to_path_buf(),
             gateway: GatewayConfig {
-                internal_interface,
+                role: match (internal_interface, host_address) {
+                    (Some(internal_interface), _) => Role::Gateway { internal_interface },
+                    (None, Some(local_host)) => Role::Host { local_host },
+                    // Host role without an address is impossible: there is at least one peer.
+                    (None, None) => {
+                        return Err(ConfigError::File {
+                            path: path.to_path_buf(),
+                            message: "role = \"host\" needs a [[peer]] with local_host".into(),
+                        })
+                    }
+                },
                 external_interface,
                 tun_name,
                 control_socket,
                 external_next_hop,
-                router_advertisements: gw
-                    .router_advertisements
-                    .as_ref()
-                    .is_none_or(|v| *v.get_ref()),
+                router_advertisements,
             },
             peers,
         })
@@ -731,6 +822,80 @@ key = "{KEY}"
     }
 
     #[test]
+    fn host_role_puts_the_one_true_address_on_the_host() {
+        let host = example().replace("internal_interface = \"eth1\"", "role = \"host\"");
+        let cfg = parse(&host).expect("host mode parses");
+        assert_eq!(
+            cfg.gateway.role,
+            Role::Host {
+                local_host: "2001:db8:1::a".parse().expect("addr")
+            }
+        );
+        assert_eq!(cfg.gateway.internal_interface(), None);
+        assert!(cfg.gateway.is_host());
+        assert!(
+            !cfg.gateway.router_advertisements,
+            "no internal link to advertise on"
+        );
+        let ra = host.replace(
+            "rotation_secs = 1",
+            "rotation_secs = 1\nrouter_advertisements = true",
+        );
+        let err = parse(&ra).expect_err("RAs in host mode").to_string();
+        assert!(
+            err.contains("no internal link to send Router Advertisements"),
+            "{err}"
+        );
+        // A second peer for another remote host shares the local address.
+        let second = "\n[[peer]]\nname = \"c\"\nlocal_host = \"2001:db8:1::a\"\nremote_host = \"2001:db8:1::c\"\nkey = \"KEY\"\n"
+            .replace("KEY", KEY);
+        assert_eq!(
+            parse(&(host.clone() + &second))
+                .expect("two peers")
+                .peers
+                .len(),
+            2
+        );
+        let other = second.replace(
+            "local_host = \"2001:db8:1::a\"",
+            "local_host = \"2001:db8:1::d\"",
+        );
+        let err = parse(&(host.clone() + &other))
+            .expect_err("two local addresses")
+            .to_string();
+        assert!(err.starts_with("/etc/mt6d/gw.toml:15:14:"), "{err}");
+        assert!(
+            err.contains("every peer's local_host must be 2001:db8:1::a"),
+            "{err}"
+        );
+
+        let with_internal =
+            example().replace("rotation_secs = 1", "rotation_secs = 1\nrole = \"host\"");
+        let err = parse(&with_internal)
+            .expect_err("host with internal")
+            .to_string();
+        assert!(err.starts_with("/etc/mt6d/gw.toml:3:22:"), "{err}");
+        assert!(err.contains("no internal interface"), "{err}");
+
+        let neither = example().replace("internal_interface = \"eth1\"\n", "");
+        let err = parse(&neither)
+            .expect_err("no internal, no role")
+            .to_string();
+        assert!(err.contains("needs internal_interface"), "{err}");
+
+        let bad = example().replace("rotation_secs = 1", "rotation_secs = 1\nrole = \"router\"");
+        let err = parse(&bad).expect_err("bad role").to_string();
+        assert!(
+            err.contains("\"router\"") && err.starts_with("/etc/mt6d/gw.toml:6:"),
+            "{err}"
+        );
+        let gateway =
+            example().replace("rotation_secs = 1", "rotation_secs = 1\nrole = \"gateway\"");
+        let cfg = parse(&gateway).expect("explicit gateway role");
+        assert_eq!(cfg.gateway.internal_interface(), Some("eth1"));
+    }
+
+    #[test]
     fn prefixes_and_macs_parse() {
         let text = example()
             + "local_prefix = \"2001:db8:aaaa:1:ffff::/64\"\nremote_prefix = \"2001:db8:bbbb::/64\"\nlocal_mac = \"00:ab:cd:11:22:01\"\n";
@@ -823,6 +988,8 @@ key = "{KEY}"
                 "gateway-b.key",
                 "srKysrKysrKysrKysrKysrKysrKysrKysrKysrKysrI=",
             ),
+            // Host A in host mode stands in for Gateway A, with its key.
+            ("host-a.key", "oaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaE="),
         ] {
             let path = dir.join(file);
             std::fs::write(&path, key).expect("write key");
@@ -837,10 +1004,12 @@ key = "{KEY}"
                 "gateway-b.toml",
                 include_str!("../../../examples/gateway-b.toml"),
             ),
+            ("host-a.toml", include_str!("../../../examples/host-a.toml")),
         ] {
             let cfg =
                 Config::parse(&dir.join(name), text).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(cfg.peers.len(), 1, "{name}");
+            assert_eq!(cfg.gateway.is_host(), name.starts_with("host"), "{name}");
         }
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }

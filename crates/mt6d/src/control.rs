@@ -21,6 +21,10 @@ pub struct Status {
     pub pid: u32,
     pub uptime_secs: u64,
     pub tun: String,
+    /// `gateway` or `host` (absent from older daemons: gateway).
+    #[serde(default = "gateway_role")]
+    pub role: String,
+    /// Empty in host mode, which has no internal interface.
     pub internal_interface: String,
     pub external_interface: String,
     pub peers: Vec<PeerStatus>,
@@ -61,6 +65,10 @@ pub struct MoveStatus {
     pub notices_refused: u64,
     /// Epochs of the window now moved, as (epoch, attempt offset).
     pub moved_epochs: Vec<(u64, u8)>,
+}
+
+fn gateway_role() -> String {
+    "gateway".into()
 }
 
 /// What the gateway knows and did about the public path (docs/PROTOCOL.md §5).
@@ -291,15 +299,15 @@ impl Drop for ControlServer {
 pub fn render(status: &Status) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
+    let inside = if status.role == "host" {
+        "host mode".to_string()
+    } else {
+        format!("internal {}", status.internal_interface)
+    };
     let _ = writeln!(
         s,
-        "mt6d {} pid {} up {}s  tun {}  internal {}  external {}",
-        status.version,
-        status.pid,
-        status.uptime_secs,
-        status.tun,
-        status.internal_interface,
-        status.external_interface
+        "mt6d {} pid {} up {}s  tun {}  {inside}  external {}",
+        status.version, status.pid, status.uptime_secs, status.tun, status.external_interface
     );
     let path = &status.path;
     let listed = |m: &std::collections::BTreeMap<String, u64>| {
@@ -439,6 +447,7 @@ mod tests {
             pid: 42,
             uptime_secs: 7,
             tun: "mt6d0".into(),
+            role: "gateway".into(),
             internal_interface: "eth1".into(),
             external_interface: "eth0".into(),
             peers: vec![],

@@ -133,9 +133,16 @@ fn check(path: &std::path::Path) -> CliResult {
     let cfg = config::Config::load(path)?;
     let g = &cfg.gateway;
     println!("{}: OK", path.display());
+    let role = match &g.role {
+        config::Role::Gateway { internal_interface } => {
+            format!("gateway: internal {internal_interface}")
+        }
+        config::Role::Host { local_host } => {
+            format!("host: {local_host} on the TUN device")
+        }
+    };
     println!(
-        "  internal {}  external {}  tun {}  control socket {}",
-        g.internal_interface,
+        "  {role}  external {}  tun {}  control socket {}",
         g.external_interface,
         g.tun_name,
         g.control_socket.display()

@@ -86,6 +86,16 @@ fn start_lab(
 ) -> Running {
     let lab = Lab::build_topology(topology, "m6").expect("lab builds");
     prepare(&lab);
+    start_gateways(lab, mode, rotation_secs, (handshake, rekey))
+}
+
+/// Starts the lab's two mt6d daemons (Gateway A, or Host A in a host-mode lab, and Gateway B).
+fn start_gateways(
+    lab: Lab,
+    mode: &str,
+    rotation_secs: f64,
+    (handshake, rekey): (bool, Option<f64>),
+) -> Running {
     let dir = std::env::temp_dir().join(format!(
         "mt6d-e2e-{}-{}",
         std::process::id(),
@@ -1398,6 +1408,268 @@ fn handshake_flood(duration: Duration) -> (u64, u64) {
         }
     }
     (sent, replays)
+}
+
+/// 001's integrated configuration: Host A runs mt6d itself (`role = "host"`, its true address on
+/// the TUN device) and talks to Gateway B in gateway mode, on one segment and across a router.
+/// Ping and TCP across several 1 s rotations lose nothing and keep the SHA-256; the public link
+/// never carries a true address; the host's forwarding and proxy NDP are left alone; and a clean
+/// stop removes the address, TUN device, routes and hashed addresses.
+#[test]
+fn host_mode_peer_talks_to_a_gateway_mode_peer() {
+    if !root() {
+        return eprintln!("skipped: needs root");
+    }
+    for topology in [Topology::Switched, Topology::Routed] {
+        let lab = Lab::build_host_mode(topology, "m6").expect("host-mode lab builds");
+        assert_eq!(
+            lab.host_a.name(),
+            lab.gw_a.name(),
+            "one namespace for Host A"
+        );
+        let mut running = start_gateways(lab, "encrypt", 1.0, (true, None));
+        let lab = &running.lab;
+        let st = status(&running, Side::A);
+        assert_eq!(st.role, "host", "{topology}");
+        assert_eq!(st.internal_interface, "", "{topology}");
+        let (on_tun, on_ext) = in_ns(&lab.host_a, |nl| {
+            let tun = nl.link_index("mt6d0")?;
+            let ext = nl.link_index(EXTERNAL_IF)?;
+            Ok((nl.list_addresses(tun)?, nl.list_addresses(ext)?))
+        })
+        .expect("inspect host A");
+        assert!(
+            on_tun
+                .iter()
+                .any(|a| a.addr == HOST_A && a.prefix_len == 128),
+            "{topology}: {HOST_A} not on the TUN device: {on_tun:?}"
+        );
+        assert!(
+            on_ext.iter().all(|a| a.addr != HOST_A),
+            "{topology}: true address on the external interface"
+        );
+        let forwarding = lab
+            .host_a
+            .run(|| mt6d_os::sysctl::get_ipv6_conf("all", "forwarding"))
+            .expect("enter")
+            .expect("read sysctl");
+        assert_eq!(forwarding.trim(), "0", "{topology}: host mode forwards");
+
+        let observer = Observer::start(&lab.host_a, EXTERNAL_IF, vec![HOST_A, HOST_B], None)
+            .expect("observer");
+        let before = st.peers[0].counters.rotations;
+        let drops_before =
+            [Side::A, Side::B].map(|side| status(&running, side).peers[0].counters.drops.clone());
+        let server = tcp_receiver(lab, 5001);
+        let tcp = std::thread::scope(|s| {
+            let pinger = s.spawn(|| {
+                lab.host_a
+                    .run(|| {
+                        ping(
+                            HOST_B,
+                            60,
+                            Pace::Train {
+                                interval: Duration::from_millis(100),
+                            },
+                            Duration::from_secs(1),
+                        )
+                    })
+                    .expect("enter A")
+                    .expect("ping")
+            });
+            let tcp = lab
+                .host_a
+                .run(|| transfer::send_for(HOST_B, 5001, Duration::from_secs(6), 7))
+                .expect("enter A")
+                .expect("transfer");
+            let pings = pinger.join().expect("pinger");
+            assert_eq!(
+                pings.received,
+                pings.sent,
+                "{topology}: ping lost {} of {}",
+                pings.lost(),
+                pings.sent
+            );
+            tcp
+        });
+        server.join().expect("server thread").expect("receiver");
+        let seen = observer.finish().expect("observer");
+        let st = status(&running, Side::A);
+        let rotations = st.peers[0].counters.rotations - before;
+        assert!(tcp.sha256_match, "{topology}: TCP data corrupted");
+        assert!(rotations >= 5, "{topology}: only {rotations} rotations");
+        assert_eq!(
+            seen.frames_with_true_address, 0,
+            "{topology}: {:?}",
+            seen.first_leak
+        );
+        assert!(
+            seen.outer_pairs.len() as u64 >= rotations,
+            "{topology}: {} outer pairs for {rotations} rotations",
+            seen.outer_pairs.len()
+        );
+        // Start-up behind a router may lose and retry handshake messages; once the path is up,
+        // nothing is dropped on either side.
+        for (side, before) in [(Side::A, &drops_before[0]), (Side::B, &drops_before[1])] {
+            let after = &status(&running, side).peers[0].counters.drops;
+            let added: Vec<_> = after
+                .iter()
+                .filter(|(r, n)| **n > before.get(*r).copied().unwrap_or(0))
+                .collect();
+            assert!(
+                added.is_empty(),
+                "{topology} {side:?}: drops during traffic {added:?}"
+            );
+        }
+
+        running.daemons[0]
+            .stop(Duration::from_secs(5))
+            .expect("clean exit on SIGTERM");
+        let host_a = &running.lab.host_a;
+        assert!(
+            in_ns(host_a, |nl| Ok(nl.link_index("mt6d0").is_err())).expect("inspect"),
+            "{topology}: TUN device left behind"
+        );
+        let left: Vec<Ipv6Addr> = hashed_on_external(host_a)
+            .into_iter()
+            // The routed lab's own public address of Host A stays; it is not the daemon's.
+            .filter(|a| *a != running.lab.public_a.addr)
+            .collect();
+        assert!(
+            left.is_empty(),
+            "{topology}: addresses left on {EXTERNAL_IF}: {left:?}"
+        );
+        let routes = ip_in(host_a, &["-6", "route", "show"]);
+        for gone in [
+            HOST_A.to_string(),
+            HOST_B.to_string(),
+            "2001:db8:1::/64".into(),
+            "2001:db8:b::/64".into(),
+        ] {
+            assert!(
+                !routes.contains(&gone),
+                "{topology}: route {gone} left behind:\n{routes}"
+            );
+        }
+        let local = ip_in(host_a, &["-6", "route", "show", "table", "local"]);
+        assert!(
+            !local.contains(&HOST_A.to_string()),
+            "{topology}: {HOST_A} still local:\n{local}"
+        );
+    }
+}
+
+/// Host mode delivers ICMPv6 errors from the path to the host's own stack: a Packet Too Big and
+/// a Time Exceeded crafted by the router about one of Host A's tunnel packets, and the router's
+/// own Destination Unreachable, arrive translated (from and to Host A's true address, quoting
+/// Host A's packet to Host B, no hashed address), and the tunnel MTU follows the Packet Too Big.
+#[test]
+fn host_mode_delivers_path_errors_to_its_own_stack() {
+    if !root() {
+        return eprintln!("skipped: needs root");
+    }
+    let lab = Lab::build_host_mode(Topology::Routed, "m6").expect("host-mode lab builds");
+    // A long rotation keeps the captured packet's route in the accept window.
+    let running = start_gateways(lab, "encrypt", 30.0, (true, None));
+    let lab = &running.lab;
+    let router = &lab.routers[0];
+    let router_addr: Ipv6Addr = "2001:db8:a::1".parse().expect("addr");
+    let errors = std::thread::scope(|s| {
+        let listener = s.spawn(|| {
+            lab.host_a
+                .run(|| collect_errors(Duration::from_secs(8)))
+                .expect("enter A")
+        });
+        let pinger = s.spawn(|| {
+            lab.host_a
+                .run(|| {
+                    ping(
+                        HOST_B,
+                        20,
+                        Pace::Train {
+                            interval: Duration::from_millis(100),
+                        },
+                        Duration::from_millis(300),
+                    )
+                })
+                .expect("enter A")
+                .expect("ping")
+        });
+        let outer = router.run(capture_outer_from_a).expect("enter router");
+        router
+            .run(|| {
+                let sock = mt6d_os::Icmp6Socket::open().expect("socket");
+                sock.set_filter_pass_only(&[]).expect("filter");
+                let dst = Ipv6Addr::from(<[u8; 16]>::try_from(&outer[8..24]).expect("16"));
+                for (t, data) in [(2u8, 1400u32), (3, 0)] {
+                    let mut msg = vec![t, 0, 0, 0];
+                    msg.extend_from_slice(&data.to_be_bytes());
+                    msg.extend_from_slice(&outer[..outer.len().min(1232)]);
+                    sock.send_to(&msg, dst, Some(router_addr))
+                        .expect("send error");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            })
+            .expect("enter router");
+        pinger.join().expect("pinger");
+        let unreachable = [
+            "-6",
+            "route",
+            "add",
+            "unreachable",
+            "2001:db8:b::/64",
+            "metric",
+            "1",
+        ];
+        mt6d::lab::topology::ip(router, &unreachable).expect("unreachable route");
+        let _ = lab.host_a.run(|| {
+            ping(
+                HOST_B,
+                3,
+                Pace::Train {
+                    interval: Duration::from_millis(200),
+                },
+                Duration::from_millis(300),
+            )
+        });
+        listener.join().expect("listener")
+    });
+    // Host A's namespace also receives the router's original errors about the outer packets
+    // (addressed to its hashed address); the translated ones are from its true address.
+    let translated: Vec<&HostError> = errors.iter().filter(|e| e.src == HOST_A).collect();
+    for e in &translated {
+        assert_eq!(e.dst, Some(HOST_A), "{e:?}");
+        assert!(
+            !mentions_hashed_prefix(&e.msg),
+            "hashed address in a translated error: {e:?}"
+        );
+        let quote = &e.msg[8..];
+        assert!(quote.len() >= 40, "{e:?}");
+        assert_eq!(&quote[8..24], &HOST_A.octets(), "quoted source: {e:?}");
+        assert_eq!(
+            &quote[24..40],
+            &HOST_B.octets(),
+            "quoted destination: {e:?}"
+        );
+    }
+    for t in [1u8, 2, 3] {
+        assert!(
+            translated.iter().any(|e| e.msg[0] == t),
+            "type {t} never reached Host A's stack: {errors:?}"
+        );
+    }
+    let st = status(&running, Side::A);
+    assert_eq!(
+        st.path
+            .icmp_dropped
+            .get("icmp_send_failed")
+            .copied()
+            .unwrap_or(0),
+        0,
+        "{:?}",
+        st.path
+    );
+    assert_eq!(st.path.tunnel_mtu, 1400 - 40, "tunnel MTU follows the path");
 }
 
 /// The IPv6 MTU Host A uses on its link (what Router Advertisements set).

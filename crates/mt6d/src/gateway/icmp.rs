@@ -10,7 +10,9 @@
 //!    packets are still in the accept window);
 //! 3. translates it with [`mt6d_proto::icmp::translate_path_error_sealed`] (true addresses, the inner
 //!    packet quoted, MTU minus the overhead) and sends it to the local protected host from the
-//!    gateway's own address on the internal link, never from a hashed one;
+//!    gateway's own address on the internal link, never from a hashed one (in host mode the
+//!    "internal link" is the TUN device and the source the host's own true address: the error
+//!    is looped back to the host's stack);
 //! 4. for Packet Too Big, lowers the TUN device's MTU to the path MTU minus the overhead: the
 //!    gateway's kernel then answers every larger inner packet with a Packet Too Big of its own
 //!    (full quote, from the gateway), before it reaches the tunnel. After [`PMTU_EXPIRY`] the
@@ -212,6 +214,12 @@ impl IcmpTranslator {
             // A timeout (EAGAIN) or EINTR ends the wait: time for housekeeping.
             if let Ok(info) = self.socket.recv_from(&mut packet[IPV6_HEADER_LEN..]) {
                 let len = info.len.min(packet.len() - IPV6_HEADER_LEN);
+                // In host mode our translated errors go to this host's own stack, and this raw
+                // socket sees them too: they are ours, not errors from the path.
+                if info.src == self.source {
+                    self.follow(path);
+                    continue;
+                }
                 match info.dst {
                     Some(dst) => {
                         let header = Ipv6Repr {

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use mt6d_os::Epoll;
 
-use crate::config::{Config, Keying};
+use crate::config::{Config, Keying, Role};
 use crate::control::{ControlServer, HandshakeStatus, MoveStatus, PeerStatus, RouteStatus, Status};
 use collision::CollisionWatch;
 use counters::{DirectionCounters, DropReason};
@@ -152,12 +152,17 @@ fn run_gateway(
     rotator.purge_stale(&mut sys.netlink, &shared.peers, now);
     let first = rotator.step(&mut sys.netlink, &epoll, &shared, now);
     let result = first.and_then(|()| {
+        let role = match &cfg.gateway.role {
+            Role::Gateway { internal_interface } => {
+                format!("gateway, internal {internal_interface}")
+            }
+            Role::Host { local_host } => format!("host mode, {local_host} on the TUN device"),
+        };
         log::info!(
-            "mt6d running: {} peer(s), TUN {} (MTU {}), internal {}, external {}, control {}",
+            "mt6d running: {} peer(s), TUN {} (MTU {}), {role}, external {}, control {}",
             shared.peers.len(),
             cfg.gateway.tun_name,
             sys.tun_mtu,
-            cfg.gateway.internal_interface,
             cfg.gateway.external_interface,
             cfg.gateway.control_socket.display()
         );
@@ -404,7 +409,17 @@ fn status(
         pid: std::process::id(),
         uptime_secs: started.elapsed().as_secs(),
         tun: cfg.gateway.tun_name.clone(),
-        internal_interface: cfg.gateway.internal_interface.clone(),
+        role: if cfg.gateway.is_host() {
+            "host"
+        } else {
+            "gateway"
+        }
+        .into(),
+        internal_interface: cfg
+            .gateway
+            .internal_interface()
+            .unwrap_or_default()
+            .to_string(),
         external_interface: cfg.gateway.external_interface.clone(),
         peers,
         path: crate::control::PathStatus {

@@ -11,14 +11,30 @@
 //!   route for it into the TUN device, a /128 route for the local true address on the internal
 //!   interface, and a /64 route for the remote hashed prefix on the external interface (on-link,
 //!   or through `external_next_hop` in a routed deployment).
+//!
+//! Host mode (001 §4, the "integrated" configuration: the true address on a virtual NIC of the
+//! protected host itself) needs less: the local true address goes on the TUN device as a /128
+//! (nodad), and per peer the /128 route for the remote true address into the TUN device and the
+//! hashed /64 route as above. Applications then send to the peer's true address from their own,
+//! and packets opened by the rx thread are written into the TUN device and delivered locally.
+//! Nothing is forwarded, so forwarding and proxy NDP are not touched; the true address is never
+//! on the external interface (the kernel answers neighbour solicitations only for addresses of
+//! the receiving interface), so the public link never learns it.
 
 use std::net::Ipv6Addr;
 
-use mt6d_os::{sysctl, Netlink, Tun};
+use mt6d_os::{sysctl, AddrFlags, Netlink, Tun};
 
-use crate::config::Config;
+use crate::config::{Config, Role};
 
 use super::GatewayError;
+
+/// The true address on the TUN device is the host's own and unique by configuration; DAD on a
+/// point-to-point device would only hold it tentative (unusable) for a second.
+const NO_DAD: AddrFlags = AddrFlags {
+    nodad: true,
+    noprefixroute: true,
+};
 
 /// One change to revert on exit, newest last.
 #[derive(Debug)]
@@ -42,6 +58,11 @@ enum Undo {
         index: u32,
         addr: Ipv6Addr,
     },
+    Address {
+        index: u32,
+        addr: Ipv6Addr,
+        len: u8,
+    },
 }
 
 /// The applied state. Dropping it without [`System::teardown`] still reverts (best effort).
@@ -49,6 +70,8 @@ enum Undo {
 pub struct System {
     pub netlink: Netlink,
     pub tun: Option<Tun>,
+    /// Where the protected host's stack is reached: the internal interface, or in host mode the
+    /// TUN device itself (translated ICMPv6 errors are sent there, from the true address).
     pub internal_index: u32,
     pub external_index: u32,
     pub tun_mtu: u32,
@@ -65,13 +88,14 @@ impl System {
     pub fn apply(cfg: &Config, max_overhead: usize) -> Result<System, GatewayError> {
         let g = &cfg.gateway;
         let mut netlink = Netlink::open().map_err(os("open rtnetlink"))?;
-        let internal_index = netlink
-            .link_index(&g.internal_interface)
-            .map_err(os(format!(
-                "internal_interface {:?} (from {})",
-                g.internal_interface,
+        // Host mode: the TUN device's index, known once it exists (see apply_inner).
+        let internal_index = match g.internal_interface() {
+            Some(name) => netlink.link_index(name).map_err(os(format!(
+                "internal_interface {name:?} (from {})",
                 cfg.path.display()
-            )))?;
+            )))?,
+            None => 0,
+        };
         let external_index = netlink
             .link_index(&g.external_interface)
             .map_err(os(format!(
@@ -114,35 +138,57 @@ impl System {
         let tun_index = tun.index();
         self.tun = Some(tun);
 
-        self.set_sysctl("all", "forwarding", "1")?;
-        self.set_sysctl(&g.internal_interface, "proxy_ndp", "1")?;
-        // The kernel delays proxied neighbour advertisements by up to 0.8 s (RFC 4861 §7.2.8,
-        // meant for anycast); the protected host's first packet would wait that long.
-        let old = sysctl::get_ipv6_neigh(&g.internal_interface, "proxy_delay")
-            .map_err(os("read proxy_delay"))?;
-        sysctl::set_ipv6_neigh(&g.internal_interface, "proxy_delay", "0")
-            .map_err(os("set proxy_delay"))?;
-        self.undo.push(Undo::NeighSysctl {
-            iface: g.internal_interface.clone(),
-            key: "proxy_delay",
-            old,
-        });
         // Hashed addresses are added with nodad; the TUN device needs no link-local DAD either.
         self.set_sysctl(&g.tun_name, "accept_dad", "0")?;
+        let internal = match &g.role {
+            Role::Gateway { internal_interface } => Some(internal_interface.as_str()),
+            Role::Host { local_host } => {
+                self.internal_index = tun_index;
+                self.netlink
+                    .add_address(tun_index, *local_host, 128, NO_DAD)
+                    .map_err(os(format!(
+                        "host mode: true address {local_host} on TUN {}",
+                        g.tun_name
+                    )))?;
+                self.undo.push(Undo::Address {
+                    index: tun_index,
+                    addr: *local_host,
+                    len: 128,
+                });
+                None
+            }
+        };
+        if let Some(internal) = internal {
+            self.set_sysctl("all", "forwarding", "1")?;
+            self.set_sysctl(internal, "proxy_ndp", "1")?;
+            // The kernel delays proxied neighbour advertisements by up to 0.8 s (RFC 4861
+            // §7.2.8, meant for anycast); the protected host's first packet would wait that long.
+            let old = sysctl::get_ipv6_neigh(internal, "proxy_delay")
+                .map_err(os(format!("read {internal} proxy_delay")))?;
+            sysctl::set_ipv6_neigh(internal, "proxy_delay", "0")
+                .map_err(os(format!("set {internal} proxy_delay")))?;
+            self.undo.push(Undo::NeighSysctl {
+                iface: internal.to_string(),
+                key: "proxy_delay",
+                old,
+            });
+        }
 
         let mut remote_prefixes = Vec::new();
         for peer in &cfg.peers {
             let s = &peer.stream;
             let (local, remote) = (s.local.true_addr, s.remote.true_addr);
-            self.route(local, 128, self.internal_index)?;
             self.route(remote, 128, tun_index)?;
-            self.netlink
-                .add_proxy_neighbor(self.internal_index, remote)
-                .map_err(os(format!("peer {}: proxy NDP for {remote}", peer.name)))?;
-            self.undo.push(Undo::ProxyNeighbor {
-                index: self.internal_index,
-                addr: remote,
-            });
+            if internal.is_some() {
+                self.route(local, 128, self.internal_index)?;
+                self.netlink
+                    .add_proxy_neighbor(self.internal_index, remote)
+                    .map_err(os(format!("peer {}: proxy NDP for {remote}", peer.name)))?;
+                self.undo.push(Undo::ProxyNeighbor {
+                    index: self.internal_index,
+                    addr: remote,
+                });
+            }
             let prefix = s.remote.external_prefix.unwrap_or_else(|| slash64(remote));
             if !remote_prefixes.contains(&prefix) {
                 remote_prefixes.push(prefix);
@@ -201,6 +247,7 @@ impl System {
                 Undo::ProxyNeighbor { index, addr } => {
                     self.netlink.del_proxy_neighbor(*index, *addr)
                 }
+                Undo::Address { index, addr, len } => self.netlink.del_address(*index, *addr, *len),
             };
             if let Err(e) = result {
                 // The TUN device may already be gone, taking its routes with it: not an error.

@@ -71,6 +71,11 @@ pub struct DemoArgs {
     /// always the case with --mode plain).
     #[arg(long)]
     pub psk: bool,
+    /// Host A runs mt6d itself (001's integrated configuration, `role = "host"`): Host A and
+    /// Gateway A are one namespace, talking to Gateway B in gateway mode. The baseline is then
+    /// Host A as a plain IPv6 host on the public side, Gateway B forwarding to Host B.
+    #[arg(long)]
+    pub host_mode: bool,
 }
 
 fn parse_topology(s: &str) -> Result<Topology, String> {
@@ -142,18 +147,25 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
         Topology::Routed => "router",
         Topology::Tunneled => "router - VXLAN (MTU 1450) - router",
     };
-    say.line(format!("mt6d demo: building the {} lab (Host A - Gateway A - {between} - Gateway B - Host B) in network namespaces", args.topology));
-    let lab = Lab::build_topology(args.topology, "m6")?;
+    let lab = if args.host_mode {
+        say.line(format!("mt6d demo: building the {} lab (Host A running mt6d in host mode - {between} - Gateway B - Host B) in network namespaces", args.topology));
+        Lab::build_host_mode(args.topology, "m6")?
+    } else {
+        say.line(format!("mt6d demo: building the {} lab (Host A - Gateway A - {between} - Gateway B - Host B) in network namespaces", args.topology));
+        Lab::build_topology(args.topology, "m6")?
+    };
+    let names: Vec<&str> = lab.all().map(|n| n.name()).collect();
     say.line(format!(
-        "  namespaces {} {} {} {}; Host A {HOST_A}, Host B {HOST_B}",
-        lab.host_a.name(),
-        lab.gw_a.name(),
-        lab.gw_b.name(),
-        lab.host_b.name()
+        "  namespaces {}; Host A {HOST_A}, Host B {HOST_B}",
+        names.join(" ")
     ));
 
     // Baseline: the same path with plain forwarding and no MT6D.
-    say.line("baseline without MT6D: plain IPv6 forwarding through both gateways");
+    say.line(if args.host_mode {
+        "baseline without MT6D: Host A as a plain IPv6 host, forwarded by Gateway B"
+    } else {
+        "baseline without MT6D: plain IPv6 forwarding through both gateways"
+    });
     lab.baseline_up()?;
     warm_up(&lab)?;
     // The same pace as the train through the tunnel, so the two medians compare like with like
@@ -207,7 +219,12 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
     };
 
     say.line(format!(
-        "starting the MT6D gateways: mode {mode}, rotation every {} s, {}",
+        "starting {}: mode {mode}, rotation every {} s, {}",
+        if args.host_mode {
+            "mt6d on Host A (host mode) and Gateway B"
+        } else {
+            "the MT6D gateways"
+        },
         args.rotation,
         if handshake {
             format!(
@@ -371,6 +388,7 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
 
     let summary = json!({
         "topology": args.topology.name(),
+        "host_mode": args.host_mode,
         "router_unresolved_discards": lab.router_unresolved_discards(),
         "mode": mode.to_string(),
         "rotation_secs": args.rotation,
@@ -401,7 +419,9 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
         "tunnel_added_rtt_ms": added_ms,
         "true_addresses": {
             "host_a": HOST_A.to_string(), "host_b": HOST_B.to_string(),
-            "gateway_a": GATEWAY_A.to_string(), "gateway_b": GATEWAY_B.to_string(),
+            // Host mode has no Gateway A (and no address of its on an internal link).
+            "gateway_a": (!args.host_mode).then(|| GATEWAY_A.to_string()),
+            "gateway_b": GATEWAY_B.to_string(),
         },
         "outer_address_pairs": seen.outer_pairs.len(),
         "observer": {
@@ -424,8 +444,10 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
     } else {
         say.line("");
         say.line(format!(
-            "summary ({mode}, {} topology, rotation {} s): {rotations} rotations",
-            args.topology, args.rotation
+            "summary ({mode}, {} topology{}, rotation {} s): {rotations} rotations",
+            args.topology,
+            if args.host_mode { ", host mode" } else { "" },
+            args.rotation
         ));
         if !lab.routers.is_empty() {
             say.line(format!(
@@ -472,8 +494,11 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
             if let Some(p) = st.peers.first() {
                 let drops: u64 = p.counters.drops.values().sum();
                 say.line(format!(
-                    "  gateway {}   tx {} rx {} packets, {drops} dropped",
-                    d.label, p.counters.tx_packets, p.counters.rx_packets
+                    "  {:<7} {}   tx {} rx {} packets, {drops} dropped",
+                    if st.role == "host" { "host" } else { "gateway" },
+                    d.label,
+                    p.counters.tx_packets,
+                    p.counters.rx_packets
                 ));
             }
         }

@@ -20,6 +20,14 @@
 //! The *baseline* is the same path without MT6D: the gateways forward the hosts' packets with
 //! plain kernel IPv6 forwarding, so "with and without the tunnel" are measured over the same
 //! namespaces, veths and CPU.
+//!
+//! **Host mode** (001's integrated configuration, [`Lab::build_host_mode`]): Host A and Gateway
+//! A are one namespace. It has no internal link; its `ext0` takes Gateway A's place on the
+//! public side, and its mt6d runs with `role = "host"` and puts `HOST_A` on the TUN device.
+//! Gateway B and Host B are as above. `gw_a` then names the same namespace as `host_a` (opened,
+//! not owned: dropping the lab deletes it once). The baseline without MT6D is Host A as a plain
+//! IPv6 host: `HOST_A` bound on its `ext0`, Host B reached on-link (switched, Gateway B
+//! answering for it) or through the router, with Gateway B forwarding as before.
 
 use std::net::Ipv6Addr;
 use std::process::Stdio;
@@ -129,6 +137,8 @@ pub struct Lab {
     pub public_b: Public,
     /// MTU of the gateways' external links (the path MTU they are told about).
     pub ext_mtu: u32,
+    /// Host A runs mt6d itself (`gw_a` is `host_a`'s namespace): 001's integrated configuration.
+    pub host_mode: bool,
 }
 
 fn p6(s: &str) -> Ipv6Addr {
@@ -150,14 +160,29 @@ impl Lab {
     /// Builds `topology`; namespace names start with `prefix` (the bench's reaper finds its own
     /// by theirs) and end with [`unique_name`]'s process-unique tail.
     pub fn build_topology(topology: Topology, prefix: &str) -> Result<Lab, LabError> {
+        Lab::build_variant(topology, prefix, false)
+    }
+
+    /// Builds `topology` with Host A in host mode: one namespace for Host A and its mt6d.
+    pub fn build_host_mode(topology: Topology, prefix: &str) -> Result<Lab, LabError> {
+        Lab::build_variant(topology, prefix, true)
+    }
+
+    fn build_variant(topology: Topology, prefix: &str, host_mode: bool) -> Result<Lab, LabError> {
         let ns = |role: &str| {
             let name = unique_name(&format!("{prefix}{role}"));
             Netns::create(&name).map_err(os(format!("create namespace {name}")))
         };
+        let host_a = ns("ha")?;
+        let gw_a = if host_mode {
+            Netns::open(host_a.name()).map_err(os(format!("open namespace {}", host_a.name())))?
+        } else {
+            ns("ga")?
+        };
         let mut lab = Lab {
             topology,
-            host_a: ns("ha")?,
-            gw_a: ns("ga")?,
+            host_a,
+            gw_a,
             gw_b: ns("gb")?,
             host_b: ns("hb")?,
             routers: Vec::new(),
@@ -174,6 +199,7 @@ impl Lab {
                 next_hop: p6("2001:db8:ff::a"),
             },
             ext_mtu: 1500,
+            host_mode,
         };
         match topology {
             Topology::Switched => {}
@@ -194,12 +220,14 @@ impl Lab {
                 nl.link_set_up(lo)
             })?;
         }
-        veth(&lab.gw_a, INTERNAL_IF, &lab.host_a, HOST_IF)?;
-        veth(&lab.gw_b, INTERNAL_IF, &lab.host_b, HOST_IF)?;
-        for (n, a) in [(&lab.host_a, HOST_A), (&lab.host_b, HOST_B)] {
-            addr(n, HOST_IF, a, 64)?;
+        // In host mode Host A has no internal link: its mt6d binds HOST_A on the TUN device.
+        if !host_mode {
+            veth(&lab.gw_a, INTERNAL_IF, &lab.host_a, HOST_IF)?;
+            addr(&lab.host_a, HOST_IF, HOST_A, 64)?;
+            addr(&lab.gw_a, INTERNAL_IF, GATEWAY_A, 64)?;
         }
-        addr(&lab.gw_a, INTERNAL_IF, GATEWAY_A, 64)?;
+        veth(&lab.gw_b, INTERNAL_IF, &lab.host_b, HOST_IF)?;
+        addr(&lab.host_b, HOST_IF, HOST_B, 64)?;
         addr(&lab.gw_b, INTERNAL_IF, GATEWAY_B, 64)?;
         match topology {
             Topology::Switched => veth(&lab.gw_a, EXTERNAL_IF, &lab.gw_b, EXTERNAL_IF)?,
@@ -283,11 +311,18 @@ impl Lab {
         Ok(())
     }
 
-    /// Every namespace, hosts and gateways first.
+    /// Every namespace, hosts and gateways first (each once: in host mode `gw_a` is `host_a`).
     pub fn all(&self) -> impl Iterator<Item = &Netns> {
-        [&self.host_a, &self.gw_a, &self.gw_b, &self.host_b]
-            .into_iter()
-            .chain(self.routers.iter())
+        let gw_a = (!self.host_mode).then_some(&self.gw_a);
+        [
+            Some(&self.host_a),
+            gw_a,
+            Some(&self.gw_b),
+            Some(&self.host_b),
+        ]
+        .into_iter()
+        .flatten()
+        .chain(self.routers.iter())
     }
 
     /// Binds the gateways' public addresses on their external links in the switched topology
@@ -336,10 +371,15 @@ impl Lab {
 
     fn baseline(&self, up: bool) -> Result<(), LabError> {
         let switched = self.topology == Topology::Switched;
-        for (gw, local, remote, public) in [
+        if self.host_mode {
+            self.host_baseline(up)?;
+        }
+        let gateways = [
             (&self.gw_a, HOST_A, HOST_B, &self.public_a),
             (&self.gw_b, HOST_B, HOST_A, &self.public_b),
-        ] {
+        ];
+        let skip = usize::from(self.host_mode);
+        for (gw, local, remote, public) in gateways.into_iter().skip(skip) {
             in_ns(gw, |nl| {
                 let int = nl.link_index(INTERNAL_IF)?;
                 let ext = nl.link_index(EXTERNAL_IF)?;
@@ -373,6 +413,25 @@ impl Lab {
         Ok(())
     }
 
+    /// Host A without MT6D in host mode: a plain IPv6 host with `HOST_A` on its public link.
+    fn host_baseline(&self, up: bool) -> Result<(), LabError> {
+        let via = (self.topology != Topology::Switched).then_some(self.public_a.next_hop);
+        in_ns(&self.host_a, |nl| {
+            let ext = nl.link_index(EXTERNAL_IF)?;
+            if up {
+                nl.add_address(ext, HOST_A, 128, NO_DAD)?;
+                match via {
+                    // One segment: Gateway B answers for Host B on it.
+                    None => nl.add_route(HOST_B, 128, ext),
+                    Some(router) => nl.add_route_via(HOST_B, 128, ext, router),
+                }
+            } else {
+                nl.del_route(HOST_B, 128, ext)?;
+                nl.del_address(ext, HOST_A, 128)
+            }
+        })
+    }
+
     /// The configuration file of one gateway of the lab.
     pub fn gateway_config(&self, side: Side, settings: &GatewaySettings<'_>) -> String {
         let (local, remote, own, far) = match side {
@@ -392,6 +451,7 @@ impl Lab {
             remote,
             own,
             far,
+            host_mode: self.host_mode && side == Side::A,
         })
     }
 
@@ -494,14 +554,21 @@ pub struct ConfigText<'a> {
     pub remote: Ipv6Addr,
     pub own: &'a Public,
     pub far: &'a Public,
+    /// `role = "host"`: no internal interface, the true address goes on the TUN device.
+    pub host_mode: bool,
 }
 
 /// A gateway configuration for one peer (docs/CONFIG.md): behind a router, the hashed
 /// addresses come from each side's external /64 and leave through the router.
 pub fn gateway_config_text(c: &ConfigText<'_>) -> String {
     let s = c.settings;
+    let inside = if c.host_mode {
+        "role = \"host\"".to_string()
+    } else {
+        format!("internal_interface = \"{INTERNAL_IF}\"")
+    };
     let mut text = format!(
-        "# {}\n[gateway]\ninternal_interface = \"{INTERNAL_IF}\"\nexternal_interface = \"{EXTERNAL_IF}\"\n\
+        "# {}\n[gateway]\n{inside}\nexternal_interface = \"{EXTERNAL_IF}\"\n\
 tun_name = \"mt6d0\"\ncontrol_socket = \"{}\"\nrotation_secs = {:?}\nmode = \"{}\"\n",
         c.comment,
         c.socket.display(),
@@ -648,17 +715,25 @@ pub fn in_ns<T: Send>(
 mod tests {
     use super::*;
 
-    /// On every topology the baseline path works and the lab leaves no namespace behind.
+    /// On every topology, with Host A behind a gateway or in host mode, the baseline path works
+    /// and the lab leaves no namespace behind.
     #[test]
     fn baseline_forwards_and_lab_cleans_up() {
         if !super::super::is_root() {
             eprintln!("skipped: needs root for network namespaces");
             return;
         }
-        for topology in Topology::ALL {
-            let lab = Lab::build_topology(topology, "m6t").expect("lab builds");
+        for (topology, host_mode) in Topology::ALL
+            .into_iter()
+            .flat_map(|t| [(t, false), (t, true)])
+        {
+            let lab = if host_mode {
+                Lab::build_host_mode(topology, "m6t").expect("host-mode lab builds")
+            } else {
+                Lab::build_topology(topology, "m6t").expect("lab builds")
+            };
             let names: Vec<String> = lab.all().map(|n| n.name().to_string()).collect();
-            assert_eq!(names.len(), 4 + lab.routers.len());
+            assert_eq!(names.len(), 4 - usize::from(host_mode) + lab.routers.len());
             lab.baseline_up().expect("baseline up");
             let pings = |count| {
                 lab.host_a
@@ -678,9 +753,15 @@ mod tests {
             // Path set-up: behind a router that queues one packet per unresolved neighbour,
             // the very first echoes may wait for or lose to neighbour discovery.
             let up = (0..10).any(|_| pings(1).received == 1);
-            assert!(up, "{topology}: no echo answered in 10 tries");
+            assert!(
+                up,
+                "{topology} (host mode {host_mode}): no echo answered in 10 tries"
+            );
             let report = pings(5);
-            assert_eq!(report.received, 5, "{topology}: {report:?}");
+            assert_eq!(
+                report.received, 5,
+                "{topology} (host mode {host_mode}): {report:?}"
+            );
             lab.baseline_down().expect("baseline down");
             drop(lab);
             for n in names {
