@@ -1202,24 +1202,28 @@ fn gateways_that_share_only_public_keys_carry_traffic() {
     );
 }
 
+/// Start-up (packets before the first handshake, both sides initiating at once, retries of
+/// those still in flight) is not what the drop-counting tests measure: waits until both sides
+/// hold keys and two retry intervals have passed for late start-up messages.
+fn settle_handshakes(running: &Running) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ![Side::A, Side::B]
+        .iter()
+        .all(|s| handshake_of(&status(running, *s)).has_keys)
+    {
+        assert!(Instant::now() < deadline, "no keys 5 s after start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(mt6d_proto::handshake::RETRY_AFTER * 2);
+}
+
 #[test]
 fn rekey_every_two_seconds_during_tcp_loses_no_ping() {
     if !root() {
         return eprintln!("skipped: needs root");
     }
     let running = start_keyed("encrypt", 1.0, true, Some(2.0));
-    // Start-up (packets before the first handshake, both sides initiating at once, retries of
-    // those still in flight) is not what this test measures: let it settle - both sides hold
-    // keys, and two retry intervals pass for late start-up messages - then count from here.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while ![Side::A, Side::B]
-        .iter()
-        .all(|s| handshake_of(&status(&running, *s)).has_keys)
-    {
-        assert!(Instant::now() < deadline, "no keys 5 s after start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::thread::sleep(mt6d_proto::handshake::RETRY_AFTER * 2);
+    settle_handshakes(&running);
     let counted = ["bad_tag", "replay", "no_key", "bad_length", "handshake"];
     let drops_now = |side| {
         let st = status(&running, side);
@@ -1482,6 +1486,7 @@ fn host_mode_peer_talks_to_a_gateway_mode_peer() {
 
         let observer = Observer::start(&lab.host_a, EXTERNAL_IF, vec![HOST_A, HOST_B], None)
             .expect("observer");
+        settle_handshakes(&running);
         let before = st.peers[0].counters.rotations;
         let drops_before =
             [Side::A, Side::B].map(|side| status(&running, side).peers[0].counters.drops.clone());
