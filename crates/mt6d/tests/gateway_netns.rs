@@ -221,39 +221,14 @@ fn ping_and_tcp_survive_ten_rotations_without_leaking_true_addresses() {
         Observer::start(&lab.gw_a, EXTERNAL_IF, vec![HOST_A, HOST_B], None).expect("observer");
     let before = status(&running, Side::A).peers[0].counters.rotations;
 
-    let server = tcp_receiver(lab, 5001);
-    let tcp = std::thread::scope(|s| {
-        let pinger = s.spawn(|| {
-            lab.host_a
-                .run(|| {
-                    ping(
-                        HOST_B,
-                        110,
-                        Pace::Train {
-                            interval: Duration::from_millis(100),
-                        },
-                        Duration::from_secs(1),
-                    )
-                })
-                .expect("enter A")
-                .expect("ping")
-        });
-        let tcp = lab
-            .host_a
-            .run(|| transfer::send_for(HOST_B, 5001, Duration::from_secs(11), 42))
-            .expect("enter A")
-            .expect("transfer");
-        let pings = pinger.join().expect("pinger");
-        assert_eq!(
-            pings.received,
-            pings.sent,
-            "ping lost {} of {}",
-            pings.lost(),
-            pings.sent
-        );
-        tcp
-    });
-    server.join().expect("server thread").expect("receiver");
+    let (tcp, pings, ()) = transfer_and_pings(lab, 5001, 11, 110, || ());
+    assert_eq!(
+        pings.received,
+        pings.sent,
+        "ping lost {} of {}",
+        pings.lost(),
+        pings.sent
+    );
     let seen = observer.finish().expect("observer");
     let st = status(&running, Side::A);
     let rotations = st.peers[0].counters.rotations - before;
@@ -1490,39 +1465,14 @@ fn host_mode_peer_talks_to_a_gateway_mode_peer() {
         let before = st.peers[0].counters.rotations;
         let drops_before =
             [Side::A, Side::B].map(|side| status(&running, side).peers[0].counters.drops.clone());
-        let server = tcp_receiver(lab, 5001);
-        let tcp = std::thread::scope(|s| {
-            let pinger = s.spawn(|| {
-                lab.host_a
-                    .run(|| {
-                        ping(
-                            HOST_B,
-                            60,
-                            Pace::Train {
-                                interval: Duration::from_millis(100),
-                            },
-                            Duration::from_secs(1),
-                        )
-                    })
-                    .expect("enter A")
-                    .expect("ping")
-            });
-            let tcp = lab
-                .host_a
-                .run(|| transfer::send_for(HOST_B, 5001, Duration::from_secs(6), 7))
-                .expect("enter A")
-                .expect("transfer");
-            let pings = pinger.join().expect("pinger");
-            assert_eq!(
-                pings.received,
-                pings.sent,
-                "{topology}: ping lost {} of {}",
-                pings.lost(),
-                pings.sent
-            );
-            tcp
-        });
-        server.join().expect("server thread").expect("receiver");
+        let (tcp, pings, ()) = transfer_and_pings(lab, 5001, 6, 60, || ());
+        assert_eq!(
+            pings.received,
+            pings.sent,
+            "{topology}: ping lost {} of {}",
+            pings.lost(),
+            pings.sent
+        );
         let seen = observer.finish().expect("observer");
         let st = status(&running, Side::A);
         let rotations = st.peers[0].counters.rotations - before;

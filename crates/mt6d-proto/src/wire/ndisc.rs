@@ -52,8 +52,8 @@ pub const NEIGHBOR_SOLICITATION_LEN: usize = 32;
 pub const NEIGHBOR_SOLICITATION: u8 = 135;
 /// ICMPv6 type of a Neighbour Advertisement.
 pub const NEIGHBOR_ADVERTISEMENT: u8 = 136;
-/// Option type: source link-layer address.
-const OPT_SOURCE_LLADDR: u8 = 1;
+/// Option type: source link-layer address (also in router discovery messages).
+pub(super) const OPT_SOURCE_LLADDR: u8 = 1;
 /// Option type: target link-layer address.
 const OPT_TARGET_LLADDR: u8 = 2;
 /// Bytes of a solicitation or advertisement before its options.

@@ -20,6 +20,7 @@
 //! part, every option length non-zero and inside the message. The hop limit (255), the
 //! checksum and the source address rules need the IPv6 header, which the caller checks.
 
+use super::ndisc::OPT_SOURCE_LLADDR;
 use super::{read_u16, read_u32, WireError};
 
 const WHAT: &str = "router discovery";
@@ -32,8 +33,6 @@ pub const ROUTER_ADVERTISEMENT: u8 = 134;
 pub const ROUTER_SOLICITATION_LEN: usize = 8;
 /// Fixed part of a Router Advertisement.
 const RA_FIXED_LEN: usize = 16;
-/// Option: source link-layer address.
-const OPT_SOURCE_LLADDR: u8 = 1;
 /// Option: MTU.
 const OPT_MTU: u8 = 5;
 /// Bytes of the Router Advertisement [`router_advertisement`] writes: fixed part, source

@@ -111,8 +111,8 @@ impl PathState {
         }
     }
 
-    /// The `path` part of `mt6d status`.
-    pub fn status(&self) -> PathStatus {
+    /// The `path` part of `mt6d status`; `router_advertisements` from the config.
+    pub fn status(&self, router_advertisements: bool) -> PathStatus {
         PathStatus {
             tunnel_mtu: self.tunnel_mtu.load(Relaxed),
             base_mtu: self.base_mtu,
@@ -127,7 +127,7 @@ impl PathState {
                 .map(|(l, n)| (l.to_string(), n.load(Relaxed)))
                 .collect(),
             neighbor_solicitations: self.solicitations.load(Relaxed),
-            router: Default::default(),
+            router: self.router.status(router_advertisements, self),
         }
     }
 }
@@ -367,7 +367,7 @@ mod tests {
         p.drop("icmp_bad_tag");
         p.translated(2);
         p.translated(200);
-        let s = p.status();
+        let s = p.status(true);
         assert_eq!(s.icmp_dropped["icmp_bad_tag"], 1);
         assert_eq!(s.icmp_translated["packet_too_big"], 1);
         assert_eq!(s.icmp_translated.values().sum::<u64>(), 1);

@@ -422,10 +422,7 @@ fn status(
             .to_string(),
         external_interface: cfg.gateway.external_interface.clone(),
         peers,
-        path: crate::control::PathStatus {
-            router: path.router.status(cfg.gateway.router_advertisements, path),
-            ..path.status()
-        },
+        path: path.status(cfg.gateway.router_advertisements),
         collision_watch: rotator.watch_status(),
     }
 }

@@ -242,7 +242,8 @@ impl RouterDiscovery {
             .advertiser
             .get_or_insert_with(|| RouterAdvertiser::new(now, mtu));
         adv.set_mtu(now, mtu);
-        if adv.poll(now, random()) {
+        // The schedule's randomness only when something is due: no syscall every tick.
+        if now >= adv.next_due() && adv.poll(now, random()) {
             self.send(ALL_NODES, path, counters);
         }
     }
