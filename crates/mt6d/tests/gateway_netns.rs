@@ -762,24 +762,23 @@ fn capture_outer_from_a() -> Vec<u8> {
     panic!("no tunnel packet from gateway A seen on the router");
 }
 
-/// Each of the four ICMPv6 error types, sent by the router about one of Gateway A's tunnel
-/// packets, reaches Host A translated: from Gateway A's own internal address, to Host A, quoting
-/// Host A's packet with the true addresses, and nowhere a hashed address. A Destination
-/// Unreachable that the router's kernel produces itself (a route to nowhere) arrives the same way.
-#[test]
-fn icmp_errors_from_a_router_reach_the_sender_with_true_addresses_only() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
-    // A long rotation keeps the captured packet's route in the accept window.
-    let running = start_on(Topology::Routed, "encrypt", 30.0, |_| {});
-    let lab = &running.lab;
+/// In the routed lab: Host A pings Host B `pings` times (every 100 ms) while it collects ICMPv6
+/// errors for `listen_secs`; the router captures one of Gateway A's tunnel packets, sends each
+/// `(type, code, data)` of `crafted` about it, then routes Gateway B's hashed /64 nowhere and
+/// lets three more pings draw its kernel's own Destination Unreachable. Returns the captured
+/// outer packet and what Host A received.
+fn router_errors_during_pings(
+    lab: &Lab,
+    listen_secs: u64,
+    pings: u64,
+    crafted: &[(u8, u8, u32)],
+) -> (Vec<u8>, Vec<HostError>) {
     let router = &lab.routers[0];
     let router_addr: Ipv6Addr = "2001:db8:a::1".parse().expect("addr");
-    let (outer, errors) = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let listener = s.spawn(|| {
             lab.host_a
-                .run(|| collect_errors(Duration::from_secs(12)))
+                .run(|| collect_errors(Duration::from_secs(listen_secs)))
                 .expect("enter A")
         });
         let pinger = s.spawn(|| {
@@ -787,7 +786,7 @@ fn icmp_errors_from_a_router_reach_the_sender_with_true_addresses_only() {
                 .run(|| {
                     ping(
                         HOST_B,
-                        30,
+                        pings,
                         Pace::Train {
                             interval: Duration::from_millis(100),
                         },
@@ -798,15 +797,12 @@ fn icmp_errors_from_a_router_reach_the_sender_with_true_addresses_only() {
                 .expect("ping")
         });
         let outer = router.run(capture_outer_from_a).expect("enter router");
-        // Type, code, data (MTU or pointer): Parameter Problem points at the inner Next Header
-        // (outer IPv6 40 + UDP 8 + counter 8 + 6).
-        let crafted: [(u8, u8, u32); 4] = [(1, 3, 0), (2, 0, 1400), (3, 0, 0), (4, 0, 62)];
         router
             .run(|| {
                 let sock = mt6d_os::Icmp6Socket::open().expect("socket");
                 sock.set_filter_pass_only(&[]).expect("filter");
                 let dst = Ipv6Addr::from(<[u8; 16]>::try_from(&outer[8..24]).expect("16"));
-                for (t, code, data) in crafted {
+                for &(t, code, data) in crafted {
                     let mut msg = vec![t, code, 0, 0];
                     msg.extend_from_slice(&data.to_be_bytes());
                     msg.extend_from_slice(&outer[..outer.len().min(1232)]);
@@ -839,7 +835,25 @@ fn icmp_errors_from_a_router_reach_the_sender_with_true_addresses_only() {
             )
         });
         (outer, listener.join().expect("listener"))
-    });
+    })
+}
+
+/// Each of the four ICMPv6 error types, sent by the router about one of Gateway A's tunnel
+/// packets, reaches Host A translated: from Gateway A's own internal address, to Host A, quoting
+/// Host A's packet with the true addresses, and nowhere a hashed address. A Destination
+/// Unreachable that the router's kernel produces itself (a route to nowhere) arrives the same way.
+#[test]
+fn icmp_errors_from_a_router_reach_the_sender_with_true_addresses_only() {
+    if !root() {
+        return eprintln!("skipped: needs root");
+    }
+    // A long rotation keeps the captured packet's route in the accept window.
+    let running = start_on(Topology::Routed, "encrypt", 30.0, |_| {});
+    let lab = &running.lab;
+    // Type, code, data (MTU or pointer): Parameter Problem points at the inner Next Header
+    // (outer IPv6 40 + UDP 8 + counter 8 + 6).
+    let crafted: [(u8, u8, u32); 4] = [(1, 3, 0), (2, 0, 1400), (3, 0, 0), (4, 0, 62)];
+    let (outer, errors) = router_errors_during_pings(lab, 12, 30, &crafted);
     assert!(outer.len() > 48);
     for e in &errors {
         assert_eq!(e.src, GATEWAY_A, "error not from the gateway: {e:?}");
@@ -1552,68 +1566,7 @@ fn host_mode_delivers_path_errors_to_its_own_stack() {
     // A long rotation keeps the captured packet's route in the accept window.
     let running = start_gateways(lab, "encrypt", 30.0, (true, None));
     let lab = &running.lab;
-    let router = &lab.routers[0];
-    let router_addr: Ipv6Addr = "2001:db8:a::1".parse().expect("addr");
-    let errors = std::thread::scope(|s| {
-        let listener = s.spawn(|| {
-            lab.host_a
-                .run(|| collect_errors(Duration::from_secs(8)))
-                .expect("enter A")
-        });
-        let pinger = s.spawn(|| {
-            lab.host_a
-                .run(|| {
-                    ping(
-                        HOST_B,
-                        20,
-                        Pace::Train {
-                            interval: Duration::from_millis(100),
-                        },
-                        Duration::from_millis(300),
-                    )
-                })
-                .expect("enter A")
-                .expect("ping")
-        });
-        let outer = router.run(capture_outer_from_a).expect("enter router");
-        router
-            .run(|| {
-                let sock = mt6d_os::Icmp6Socket::open().expect("socket");
-                sock.set_filter_pass_only(&[]).expect("filter");
-                let dst = Ipv6Addr::from(<[u8; 16]>::try_from(&outer[8..24]).expect("16"));
-                for (t, data) in [(2u8, 1400u32), (3, 0)] {
-                    let mut msg = vec![t, 0, 0, 0];
-                    msg.extend_from_slice(&data.to_be_bytes());
-                    msg.extend_from_slice(&outer[..outer.len().min(1232)]);
-                    sock.send_to(&msg, dst, Some(router_addr))
-                        .expect("send error");
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-            })
-            .expect("enter router");
-        pinger.join().expect("pinger");
-        let unreachable = [
-            "-6",
-            "route",
-            "add",
-            "unreachable",
-            "2001:db8:b::/64",
-            "metric",
-            "1",
-        ];
-        mt6d::lab::topology::ip(router, &unreachable).expect("unreachable route");
-        let _ = lab.host_a.run(|| {
-            ping(
-                HOST_B,
-                3,
-                Pace::Train {
-                    interval: Duration::from_millis(200),
-                },
-                Duration::from_millis(300),
-            )
-        });
-        listener.join().expect("listener")
-    });
+    let (_, errors) = router_errors_during_pings(lab, 8, 20, &[(2, 0, 1400), (3, 0, 0)]);
     // Host A's namespace also receives the router's original errors about the outer packets
     // (addressed to its hashed address); the translated ones are from its true address.
     let translated: Vec<&HostError> = errors.iter().filter(|e| e.src == HOST_A).collect();
