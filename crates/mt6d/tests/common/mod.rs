@@ -1,0 +1,201 @@
+//! What the namespace end-to-end tests share: a lab with two running gateways, waiting for the
+//! path, a TCP receiver, and reading a daemon's status. Each test binary under `tests/` that
+//! needs a running lab declares `mod common;`.
+#![allow(dead_code)] // each test binary uses its own part of this module
+
+use std::net::Ipv6Addr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use mt6d::control::Status;
+use mt6d::lab::daemon::DaemonProcess;
+use mt6d::lab::ping::{ping, Pace};
+use mt6d::lab::topology::{GatewaySettings, Lab, LabKeys, Side, Topology, HOST_B};
+use mt6d::lab::transfer;
+
+pub const MT6D: &str = env!("CARGO_BIN_EXE_mt6d");
+
+/// The lab plus two running gateways. Fields drop in order: daemons first, then the lab, then
+/// the turn.
+pub struct Running {
+    pub daemons: Vec<DaemonProcess>,
+    pub lab: Lab,
+    pub dir: PathBuf,
+    pub _turn: std::sync::MutexGuard<'static, ()>,
+}
+
+/// Running labs take turns: the test harness runs tests on parallel threads, and two labs
+/// pushing floods through four daemons on a 2-core machine at once starve each other's
+/// packet threads (socket buffers overflow), which is not what a zero-loss test measures.
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A test that panicked while holding it poisoned nothing but itself.
+    TURN.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for d in &mut self.daemons {
+            let _ = d.stop(Duration::from_secs(5));
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn root() -> bool {
+    mt6d::lab::is_root()
+}
+
+/// Builds the lab and starts both gateways with `mode` and `rotation_secs`, with identity keys
+/// and handshakes (a pre-shared key for `plain`, which cannot use handshakes).
+pub fn start(mode: &str, rotation_secs: f64) -> Running {
+    start_on(Topology::Switched, mode, rotation_secs, |_| {})
+}
+
+/// The switched lab with handshakes (or not) and a rekey interval.
+pub fn start_keyed(mode: &str, rotation_secs: f64, handshake: bool, rekey: Option<f64>) -> Running {
+    start_lab(
+        Topology::Switched,
+        mode,
+        rotation_secs,
+        (handshake, rekey),
+        |_| {},
+    )
+}
+
+/// Builds `topology`, lets `prepare` change it before the gateways read it, and starts both
+/// gateways with `mode` and `rotation_secs` (handshakes unless `mode` is plain).
+pub fn start_on(
+    topology: Topology,
+    mode: &str,
+    rotation_secs: f64,
+    prepare: impl FnOnce(&Lab),
+) -> Running {
+    start_lab(
+        topology,
+        mode,
+        rotation_secs,
+        (mode != "plain", None),
+        prepare,
+    )
+}
+
+pub fn start_lab(
+    topology: Topology,
+    mode: &str,
+    rotation_secs: f64,
+    (handshake, rekey): (bool, Option<f64>),
+    prepare: impl FnOnce(&Lab),
+) -> Running {
+    let lab = Lab::build_topology(topology, "m6").expect("lab builds");
+    prepare(&lab);
+    start_gateways(lab, mode, rotation_secs, (handshake, rekey))
+}
+
+/// Starts the lab's two mt6d daemons (Gateway A, or Host A in a host-mode lab, and Gateway B).
+pub fn start_gateways(
+    lab: Lab,
+    mode: &str,
+    rotation_secs: f64,
+    (handshake, rekey): (bool, Option<f64>),
+) -> Running {
+    let dir = std::env::temp_dir().join(format!(
+        "mt6d-e2e-{}-{}",
+        std::process::id(),
+        lab.gw_a.name()
+    ));
+    std::fs::create_dir_all(&dir).expect("test dir");
+    let keys = LabKeys::generate(&dir, handshake, rekey).expect("keys");
+    let settings = GatewaySettings {
+        rotation_secs,
+        mode,
+        keys: &keys,
+    };
+    let mut running = Running {
+        daemons: Vec::new(),
+        lab,
+        dir,
+        _turn: one_at_a_time(),
+    };
+    for (side, label) in [(Side::A, "A"), (Side::B, "B")] {
+        let config = running.dir.join(format!("gw-{label}.toml"));
+        std::fs::write(&config, running.lab.gateway_config(side, &settings)).expect("config");
+        let mut d = start_daemon(&running, side, label, &config);
+        d.wait_ready(Duration::from_secs(10))
+            .expect("gateway starts");
+        running.daemons.push(d);
+    }
+    // The first packets wait for neighbour discovery on both links: set-up, not loss.
+    wait_for_path(&running.lab, HOST_B, 1);
+    running
+}
+
+/// Pings `dst` from Host A in rounds of `count` until one round is fully answered (at most
+/// 10 s): the path is up, neighbour discovery included.
+pub fn wait_for_path(lab: &Lab, dst: Ipv6Addr, count: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = lab
+            .host_a
+            .run(|| {
+                ping(
+                    dst,
+                    count,
+                    Pace::Flood {
+                        wait: Duration::from_millis(500),
+                    },
+                    Duration::from_millis(300),
+                )
+            })
+            .expect("enter host A")
+            .expect("ping");
+        if r.received == count {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Host A never reached {dst} through the tunnel"
+        );
+    }
+}
+
+/// Host B listens on `port` and receives one TCP transfer (at most 10 s to connect) on a thread.
+pub fn tcp_receiver(
+    lab: &Lab,
+    port: u16,
+) -> std::thread::JoinHandle<std::io::Result<transfer::Received>> {
+    let listener = lab
+        .host_b
+        .run(|| transfer::listen(HOST_B, port))
+        .expect("enter B")
+        .expect("listen");
+    std::thread::spawn(move || transfer::serve_once(listener, Duration::from_secs(10)))
+}
+
+pub fn start_daemon(
+    running: &Running,
+    side: Side,
+    label: &str,
+    config: &std::path::Path,
+) -> DaemonProcess {
+    // The daemon under test is the binary cargo built for this test run.
+    let log = running.dir.join(format!("gw-{label}.log"));
+    let socket = running.lab.control_socket(side);
+    let mut cmd = running
+        .lab
+        .gateway(side)
+        .command(MT6D)
+        .expect("command in namespace");
+    cmd.arg("run").arg("-c").arg(config);
+    DaemonProcess::spawn(label, cmd, &socket, &log).expect("spawn gateway")
+}
+
+pub fn status(running: &Running, side: Side) -> Status {
+    let i = if side == Side::A { 0 } else { 1 };
+    running.daemons[i].status().expect("status answers")
+}
+
+pub fn drops(st: &Status, reason: &str) -> u64 {
+    st.peers[0].counters.drops.get(reason).copied().unwrap_or(0)
+}
