@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use mt6d_proto::moves::{NoticePacket, RouteMoves, MAX_OFFSET};
+use mt6d_proto::moves::{Evidence, NoticePacket, RouteMoves, MAX_OFFSET};
 use mt6d_proto::wire::NeighborFrame;
 use mt6d_proto::{Endpoint, Epoch, SessionKey, Stream, StreamConfig, UnixTime};
 
@@ -42,7 +42,12 @@ fuzz_target!(|data: &[u8]| {
                 sender.frame_notice(&a.route(current), epoch, k % (MAX_OFFSET + 2), sel & 2 != 0);
             let _ = rx.handle_notice(now, current, &on, &msg);
         } else {
-            let _ = rx.on_collision(now, current, epoch, k % (MAX_OFFSET + 2));
+            let evidence = if sel & 2 == 0 {
+                Evidence::Unconfirmed
+            } else {
+                Evidence::Confirmed
+            };
+            let _ = rx.on_collision(now, current, epoch, k % (MAX_OFFSET + 2), evidence);
         }
         let mut out = [0u8; 32];
         let sch = b.schedule_moved(now, &rx);
