@@ -62,12 +62,20 @@ impl Rotator {
         self.watch = Some(watch);
     }
 
-    /// The collisions on bound hashed addresses seen since the last call.
-    pub fn poll_collisions(&mut self) -> Vec<Collision> {
+    /// Sends the duplicate address probes that are due and returns the confirmed collisions on
+    /// bound hashed addresses seen since the last call.
+    pub fn poll_collisions(&mut self, now: UnixTime) -> Vec<Collision> {
         let bound = &self.bound;
         self.watch
             .as_mut()
-            .map_or_else(Vec::new, |w| w.poll(|a| bound.contains(&a)))
+            .map_or_else(Vec::new, |w| w.poll(now, |a| bound.contains(&a)))
+    }
+
+    /// Logs what the collision watch saw since the last call (once per rotation).
+    pub fn report_watch(&mut self) {
+        if let Some(w) = &mut self.watch {
+            super::collision::log_summary(&w.take_summary());
+        }
     }
 
     /// (active, probes sent, malformed frames) of the collision watch.
@@ -77,6 +85,9 @@ impl Rotator {
                 active: true,
                 probes: w.probes,
                 malformed: w.malformed,
+                claims: w.claims,
+                confirmation_probes: w.confirmation_probes,
+                confirmed: w.confirmed,
             }
         })
     }
@@ -185,8 +196,17 @@ impl Rotator {
         }
         self.prime(&table, &fresh);
         if let Some(watch) = &mut self.watch {
-            for addr in &fresh {
-                watch.probe(*addr);
+            // Each new address is probed shortly before its epoch starts, not when bound
+            // (docs/PROTOCOL.md §5.2, "Probe timing").
+            for (routes, peer) in table.peers.iter().zip(&shared.peers) {
+                let rotation_ms = peer.stream.config().rotation.as_millis() as u64;
+                for route in &routes.schedule.accept {
+                    let addr = *route.local.ip();
+                    if fresh.contains(&addr) {
+                        let start = peer.stream.epoch_start(route.epoch);
+                        watch.probe_at(addr, super::collision::probe_due(start, rotation_ms));
+                    }
+                }
             }
         }
 
