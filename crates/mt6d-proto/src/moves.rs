@@ -66,11 +66,44 @@ mod field {
     pub const OFFSET: usize = 12;
     pub const RESERVED2: Range<usize> = 13..16;
     pub const MAC: Range<usize> = 16..32;
+    pub const LLADDR: Range<usize> = 4..10;
+    pub const LINK_RESERVED: Range<usize> = 10..16;
 }
 
-/// Whether a tunnel payload is a route move notice (call after `handshake::is_handshake`).
+/// Type byte of a link-layer address announcement (docs/PROTOCOL.md §5.2, "Pinned
+/// neighbours"): same length, MAC and key as a notice.
+pub const TYPE_LINK: u8 = 0x84;
+
+/// Whether a tunnel payload is a route move notice or a link-layer address announcement (call
+/// after `handshake::is_handshake`); [`is_link_announcement`] tells them apart.
 pub fn is_notice(payload: &[u8]) -> bool {
-    payload.first() == Some(&TYPE_NOTICE)
+    matches!(payload.first(), Some(&TYPE_NOTICE) | Some(&TYPE_LINK))
+}
+
+/// Whether a payload [`is_notice`] accepted is a link-layer address announcement.
+pub fn is_link_announcement(payload: &[u8]) -> bool {
+    payload.first() == Some(&TYPE_LINK)
+}
+
+/// A link-layer address announcement (32 bytes), authenticated like a notice:
+/// ```text
+/// 0x84 | 00 | 00 00 | lladdr (6) | 00 (6) | mac (16), mac over the route as for a notice
+/// ```
+/// The sender's external MAC, told to the peer inside the authenticated channel, so that the
+/// peer can pin its neighbour entries for the sender's hashed addresses (a forged advertisement
+/// on the link then changes nothing).
+pub(crate) fn emit_link(key: &Subkey, route: &Route, lladdr: [u8; 6]) -> [u8; NOTICE_LEN] {
+    let mut m = [0u8; NOTICE_LEN];
+    m[field::TYPE] = TYPE_LINK;
+    m[field::LLADDR].copy_from_slice(&lladdr);
+    let mac = message_mac(
+        key.as_bytes(),
+        &route.local,
+        &route.remote,
+        &m[..field::MAC.start],
+    );
+    m[field::MAC].copy_from_slice(&mac);
+    m
 }
 
 /// Why a notice was not acted on. Labels are stable (`mt6d status`).
@@ -279,6 +312,39 @@ impl RouteMoves {
         ack: bool,
     ) -> [u8; NOTICE_LEN] {
         emit_notice(&self.key, route, epoch, offset, ack)
+    }
+
+    /// Our link-layer address announcement for `route` ([`TYPE_LINK`]).
+    pub fn frame_link(&self, route: &Route, lladdr: [u8; 6]) -> [u8; NOTICE_LEN] {
+        emit_link(&self.key, route, lladdr)
+    }
+
+    /// Checks a link-layer address announcement that arrived on `arrived_on` (an accept route,
+    /// its source checked by the caller) and returns the peer's MAC. Every check of a notice
+    /// applies: exact length, type, zero bytes, MAC for that route in constant time. A group MAC
+    /// (low bit of the first byte set: multicast, broadcast) is refused: not an interface's.
+    pub fn handle_link(&self, arrived_on: &Route, bytes: &[u8]) -> Result<[u8; 6], NoticeError> {
+        let bytes: &[u8; NOTICE_LEN] = bytes.try_into().map_err(|_| NoticeError::Malformed)?;
+        if bytes[field::TYPE] != TYPE_LINK
+            || bytes[field::FLAGS] != 0
+            || bytes[field::RESERVED1] != [0, 0]
+            || bytes[field::LINK_RESERVED] != [0; 6]
+            || bytes[field::LLADDR.start] & 0x01 != 0
+        {
+            return Err(NoticeError::Malformed);
+        }
+        let want = message_mac(
+            self.key.as_bytes(),
+            &arrived_on.remote,
+            &arrived_on.local,
+            &bytes[..field::MAC.start],
+        );
+        if !bool::from(want.ct_eq(&bytes[field::MAC])) {
+            return Err(NoticeError::BadMac);
+        }
+        let mut m = [0u8; 6];
+        m.copy_from_slice(&bytes[field::LLADDR]);
+        Ok(m)
     }
 
     /// The attempt offset of epoch `e` (0 unless moved).
@@ -907,5 +973,45 @@ mod tests {
             CollisionOutcome::PreviousEpoch
         );
         assert!(!m.settled());
+    }
+
+    #[test]
+    fn link_announcements_authenticate_and_bind_to_their_route() {
+        let p = Pair::new(Mode::Plain, 1, 0.0, 0.0);
+        let (a, b) = (&p.streams[0], &p.streams[1]);
+        let mac = [0x02, 0x11, 0x22, 0x33, 0x44, 0x55];
+        let msg = p.moves[0].frame_link(&a.route(Epoch(100)), mac);
+        assert_eq!(msg[0], TYPE_LINK);
+        assert_eq!(msg[4..10], mac);
+        assert!(is_notice(&msg) && is_link_announcement(&msg));
+        let on = b.route(Epoch(100));
+        assert_eq!(p.moves[1].handle_link(&on, &msg), Ok(mac));
+        // Another route, a flipped byte, a truncation, a multicast MAC: refused.
+        assert_eq!(
+            p.moves[1].handle_link(&b.route(Epoch(101)), &msg),
+            Err(NoticeError::BadMac)
+        );
+        let mut f = msg;
+        f[5] ^= 1;
+        assert_eq!(p.moves[1].handle_link(&on, &f), Err(NoticeError::BadMac));
+        assert_eq!(
+            p.moves[1].handle_link(&on, &msg[..31]),
+            Err(NoticeError::Malformed)
+        );
+        let multicast = p.moves[0].frame_link(&a.route(Epoch(100)), [0x33, 0x33, 0, 0, 0, 1]);
+        assert_eq!(
+            p.moves[1].handle_link(&on, &multicast),
+            Err(NoticeError::Malformed)
+        );
+        // A notice is not an announcement and the other way round.
+        assert_eq!(
+            NoticePacket::new_checked(&msg).unwrap_err(),
+            NoticeError::Malformed
+        );
+        let notice = p.moves[0].frame_notice(&a.route(Epoch(100)), Epoch(101), 1, false);
+        assert_eq!(
+            p.moves[1].handle_link(&on, &notice),
+            Err(NoticeError::Malformed)
+        );
     }
 }

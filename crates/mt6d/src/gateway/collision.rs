@@ -23,7 +23,7 @@ use std::net::Ipv6Addr;
 use std::sync::atomic::Ordering;
 
 use mt6d_os::capture::PacketCapture;
-use mt6d_proto::moves::{CollisionOutcome, Evidence, MAX_OFFSET, NOTICE_LEN};
+use mt6d_proto::moves::{is_link_announcement, CollisionOutcome, Evidence, MAX_OFFSET, NOTICE_LEN};
 use mt6d_proto::wire::{confirmation_probe_frame, dad_probe_frame, NeighborClaim, NeighborFrame};
 use mt6d_proto::{Epoch, Route, UnixTime};
 
@@ -401,9 +401,41 @@ pub fn send_notices(shared: &Shared, table: &RouteTable, now: UnixTime) {
     }
 }
 
+/// Tells every peer our external MAC on its send route (once per rotation: a lost copy is
+/// replaced at the next), so that it can pin its neighbour entries for our hashed addresses.
+pub fn announce_link(shared: &Shared, table: &RouteTable, mac: [u8; 6]) {
+    for (p, routes) in shared.peers.iter().zip(&table.peers) {
+        let route = routes.schedule.send;
+        let msg = p.lock_moves().frame_link(&route, mac);
+        if let Some(socket) = table.sockets.get(&route.local.port()) {
+            super::session::send_one(socket, &route.local, route.remote, &msg);
+        }
+    }
+}
+
 /// The rx thread's handling of a notice from `peer` on `arrived_on` (its source already
 /// checked). Returns false if it was refused (counted).
 pub fn on_notice(peer: &Peer, arrived_on: &Route, bytes: &[u8], now: UnixTime) -> bool {
+    if is_link_announcement(bytes) {
+        return match peer.lock_moves().handle_link(arrived_on, bytes) {
+            Ok(mac) => {
+                if peer.set_lladdr(mac) {
+                    // The pins follow at the next tick (the table is rebuilt).
+                    peer.moves_changed.store(true, Ordering::Relaxed);
+                    log::info!(
+                        "peer {}: external link-layer address {} (authenticated); its hashed addresses are pinned to it",
+                        peer.name,
+                        mac_text(mac)
+                    );
+                }
+                true
+            }
+            Err(_) => {
+                peer.notices_refused.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        };
+    }
     let current = peer.stream.epoch_at(now);
     let result = peer
         .lock_moves()

@@ -134,6 +134,10 @@ fn run_gateway(
                         .map(|a| a.addr)
                         .find(|a| a.segments()[0] & 0xffc0 == 0xfe80)
                 });
+            // One segment (no router between the gateways): pin the peers' addresses.
+            if cfg.gateway.external_next_hop.is_none() {
+                rotator.set_pinning(mac);
+            }
             match CollisionWatch::open(&cfg.gateway.external_interface, mac, link_local) {
                 Ok(w) => rotator.set_watch(w),
                 Err(e) => log::warn!("{e}; address collisions on the link are not detected"),
@@ -250,6 +254,9 @@ fn serve(
                     next_rotation = rotator.next_change();
                     drops.report(shared);
                     rotator.report_watch();
+                    if let Some(mac) = rotator.announced_mac() {
+                        collision::announce_link(shared, &shared.table.load(), mac);
+                    }
                 }
             }
             // Address collisions (docs/PROTOCOL.md §5.2): ours seen on the link, and moves the

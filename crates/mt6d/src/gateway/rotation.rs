@@ -38,6 +38,10 @@ pub struct Rotator {
     next_change: UnixTime,
     primer: Option<(NeighborPrimer, Arc<PathState>)>,
     watch: Option<CollisionWatch>,
+    /// Our external MAC when the peers are on our segment: announced to them, and their
+    /// announced MACs pinned for their hashed addresses (docs/PROTOCOL.md §5.2).
+    pin_with: Option<[u8; 6]>,
+    pinned: BTreeMap<Ipv6Addr, [u8; 6]>,
 }
 
 fn os(what: String) -> impl FnOnce(mt6d_os::OsError) -> GatewayError {
@@ -54,6 +58,8 @@ impl Rotator {
             next_change: UnixTime::from_nanos(0),
             primer: None,
             watch: None,
+            pin_with: None,
+            pinned: BTreeMap::new(),
         }
     }
 
@@ -90,6 +96,16 @@ impl Rotator {
                 confirmed: w.confirmed,
             }
         })
+    }
+
+    /// On one segment: announce `mac` to the peers and pin theirs.
+    pub fn set_pinning(&mut self, mac: [u8; 6]) {
+        self.pin_with = Some(mac);
+    }
+
+    /// Our MAC to announce, if pinning is on.
+    pub fn announced_mac(&self) -> Option<[u8; 6]> {
+        self.pin_with
     }
 
     /// Makes every newly bound address known to the on-link next hop; counted in `path`.
@@ -235,7 +251,42 @@ impl Rotator {
                 );
             }
         }
+        // Pin the peers' hashed addresses of the window to their announced MACs before the
+        // table that sends to them is live: a permanent entry ignores every advertisement
+        // (RFC 4861 §7.2.5 updates apply to dynamic entries only; Linux: NUD_PERMANENT).
+        let mut pins = BTreeMap::new();
+        if self.pin_with.is_some() {
+            for (routes, peer) in table.peers.iter().zip(&shared.peers) {
+                if let Some(mac) = peer.lladdr() {
+                    for r in &routes.schedule.accept {
+                        pins.insert(*r.remote.ip(), mac);
+                    }
+                }
+            }
+        }
+        for (addr, mac) in &pins {
+            if self.pinned.get(addr) != Some(mac) {
+                match nl.add_neighbor(self.external_index, *addr, *mac, true) {
+                    Ok(()) => {
+                        self.pinned.insert(*addr, *mac);
+                    }
+                    Err(e) => log::warn!("pin neighbour {addr}: {e}"),
+                }
+            }
+        }
         shared.table.store(Arc::new(table));
+        let unpinned: Vec<Ipv6Addr> = self
+            .pinned
+            .keys()
+            .filter(|a| !pins.contains_key(a))
+            .copied()
+            .collect();
+        for addr in unpinned {
+            if let Err(e) = nl.del_neighbor(self.external_index, addr) {
+                log::warn!("unpin neighbour {addr}: {e}");
+            }
+            self.pinned.remove(&addr);
+        }
 
         // The old table may still be in a packet thread's hands for one batch; its sockets stay
         // open until that reference is dropped. Addresses go now: a late packet to them is one the
@@ -287,6 +338,11 @@ impl Rotator {
 
     /// Removes every hashed address and closes every socket (shutdown).
     pub fn remove_all(&mut self, nl: &mut Netlink, epoll: &Epoll) {
+        for (addr, _) in std::mem::take(&mut self.pinned) {
+            if let Err(e) = nl.del_neighbor(self.external_index, addr) {
+                log::warn!("unpin neighbour {addr}: {e}");
+            }
+        }
         for addr in self.bound.drain() {
             if let Err(e) = nl.del_address(self.external_index, addr, 128) {
                 log::warn!("remove hashed address {addr}: {e}");
