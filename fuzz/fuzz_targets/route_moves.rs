@@ -27,8 +27,11 @@ fuzz_target!(|data: &[u8]| {
     let current = Epoch(1_000);
     let now = UnixTime::from_secs(1_800_000_000);
     let on = b.route(current);
-    // Raw bytes: no valid MAC, so nothing moves.
+    // Raw bytes: no valid MAC, so nothing moves and no MAC is learnt.
     let _ = rx.handle_notice(now, current, &on, data);
+    assert!(rx.handle_link(&on, data).is_err());
+    let mac = [data.first().copied().unwrap_or(0) & 0xfe, 1, 2, 3, 4, 5];
+    assert_eq!(rx.handle_link(&on, &sender.frame_link(&a.route(current), mac)), Ok(mac));
     for e in 998..=1_003 {
         assert_eq!(rx.offset(Epoch(e)), 0);
     }
