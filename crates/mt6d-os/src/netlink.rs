@@ -521,7 +521,13 @@ impl Netlink {
     /// on-link on the external interface would otherwise solicit the destination there and send
     /// the packet in clear). Idempotent.
     pub fn add_guard_route(&mut self, dst: Ipv6Addr, prefix_len: u8) -> Result<()> {
-        let msg = guard_msg(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_REPLACE, dst, prefix_len, self.marker);
+        let msg = guard_msg(
+            RTM_NEWROUTE,
+            NLM_F_CREATE | NLM_F_REPLACE,
+            dst,
+            prefix_len,
+            self.marker,
+        );
         match self.transact(msg, |_, _| ()) {
             Err(e) if !is_errno(&e, &[libc::EEXIST]) => Err(OsError::Route {
                 op: "add guard (prohibit)",
@@ -1093,14 +1099,21 @@ pub(crate) mod tests {
         assert_eq!(refused.raw_os_error(), Some(libc::EACCES), "{refused}");
         // Another marker (an operator's `static`) cannot delete our guard.
         let mut other = ns.run(Netlink::open).expect("enter").expect("open");
-        other.del_guard_route(dst, 128).expect("nothing of its own to delete");
+        other
+            .del_guard_route(dst, 128)
+            .expect("nothing of its own to delete");
         let still = nl.is_local_address(dst).expect_err("guard still there");
         assert_eq!(still.raw_os_error(), Some(libc::EACCES), "{still}");
         nl.del_guard_route(dst, 128).expect("delete once");
         nl.del_guard_route(dst, 128).expect("delete twice");
         assert!(!nl.is_local_address(dst).expect("back to the on-link /64"));
-        nl.add_address(a, "2001:db8:7::1".parse().expect("literal"), 128, AddrFlags::default())
-            .expect("marked address");
+        nl.add_address(
+            a,
+            "2001:db8:7::1".parse().expect("literal"),
+            128,
+            AddrFlags::default(),
+        )
+        .expect("marked address");
         let listed = nl.list_addresses(a).expect("list");
         assert!(listed.iter().any(|i| i.proto == 109), "{listed:?}");
     }

@@ -165,7 +165,9 @@ mod tests {
         let s = Sysctl::ipv6_conf("eth0.100", "forwarding").expect("valid");
         assert_eq!(s.name(), "net/ipv6/conf/eth0.100/forwarding");
         assert_eq!(
-            Sysctl::ipv6_neigh("eth0", "proxy_delay").expect("valid").path(),
+            Sysctl::ipv6_neigh("eth0", "proxy_delay")
+                .expect("valid")
+                .path(),
             PathBuf::from("/proc/sys/net/ipv6/neigh/eth0/proxy_delay")
         );
     }

@@ -559,12 +559,24 @@ mod tests {
         // A dead socket (bound, then its listener closed) is replaced; a live one is not.
         let sock = dir.join("ctl.sock");
         drop(std::os::unix::net::UnixListener::bind(&sock).expect("bind raw"));
-        assert_eq!(inspect_socket_path(&sock).expect("inspect"), SocketPath::Stale);
+        assert_eq!(
+            inspect_socket_path(&sock).expect("inspect"),
+            SocketPath::Stale
+        );
         let live = ControlServer::bind(&sock).expect("replaces the dead socket");
-        assert_eq!(inspect_socket_path(&sock).expect("inspect"), SocketPath::Live);
-        assert!(ControlServer::bind(&sock).is_err(), "a live socket is not stolen");
+        assert_eq!(
+            inspect_socket_path(&sock).expect("inspect"),
+            SocketPath::Live
+        );
+        assert!(
+            ControlServer::bind(&sock).is_err(),
+            "a live socket is not stolen"
+        );
         drop(live);
-        assert_eq!(inspect_socket_path(&sock).expect("inspect"), SocketPath::Absent);
+        assert_eq!(
+            inspect_socket_path(&sock).expect("inspect"),
+            SocketPath::Absent
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

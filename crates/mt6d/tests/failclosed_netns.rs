@@ -90,9 +90,15 @@ fn stable(routes: &[String]) -> Vec<String> {
 
 /// Asserts `after` equals `before`, naming what differs.
 fn assert_same(before: &Snapshot, after: &Snapshot, when: &str) {
-    assert_eq!(before.addresses, after.addresses, "{when}: addresses differ");
+    assert_eq!(
+        before.addresses, after.addresses,
+        "{when}: addresses differ"
+    );
     assert_eq!(before.routes, after.routes, "{when}: routes differ");
-    assert_eq!(before.proxies, after.proxies, "{when}: proxy entries differ");
+    assert_eq!(
+        before.proxies, after.proxies,
+        "{when}: proxy entries differ"
+    );
     let changed: Vec<_> = before
         .sysctls
         .iter()
@@ -298,7 +304,11 @@ fn restart_after_a_crash_records_the_first_originals() {
         &["down", "-c", config.to_str().expect("utf-8")],
     );
     assert!(ok, "{out}");
-    assert_same(&before, &snapshot(&running.lab.gw_a), "crash, restart x2, down");
+    assert_same(
+        &before,
+        &snapshot(&running.lab.gw_a),
+        "crash, restart x2, down",
+    );
 
     // And through a clean stop after a crash.
     let mut again = start_daemon(&running, Side::A, "A3", &config);
@@ -311,7 +321,11 @@ fn restart_after_a_crash_records_the_first_originals() {
     running.daemons[0]
         .stop(Duration::from_secs(5))
         .expect("clean stop");
-    assert_same(&before, &snapshot(&running.lab.gw_a), "crash, restart, SIGTERM");
+    assert_same(
+        &before,
+        &snapshot(&running.lab.gw_a),
+        "crash, restart, SIGTERM",
+    );
 }
 
 /// Issue 16 item 2: a second daemon with the running one's configuration but its own TUN name
@@ -372,8 +386,15 @@ fn second_instance_is_refused_while_the_first_carries_a_ping_train() {
             && copy_out.contains(&format!("peer true address {HOST_B}")),
         "{copy_out}"
     );
-    assert!(outcomes[1].1.contains("TUN device mt6d0"), "{}", outcomes[1].1);
-    assert_eq!(pings.received, pings.sent, "first daemon lost pings: {pings:?}");
+    assert!(
+        outcomes[1].1.contains("TUN device mt6d0"),
+        "{}",
+        outcomes[1].1
+    );
+    assert_eq!(
+        pings.received, pings.sent,
+        "first daemon lost pings: {pings:?}"
+    );
     assert!(!other_socket.exists(), "the refused copy bound its socket");
     let after = snapshot(&running.lab.gw_a);
     // Hashed addresses rotate; routes, proxies and sysctls must not have moved.
@@ -459,8 +480,14 @@ fn signals_never_kill_without_clean_up_and_sighup_validates() {
         text.contains("peer \"added\" added") && text.contains("nothing applied"),
         "{text}"
     );
-    assert!(running.daemons[0].is_running(), "a signal killed the daemon:\n{text}");
-    assert_eq!(pings.received, pings.sent, "existing peer lost pings: {pings:?}");
+    assert!(
+        running.daemons[0].is_running(),
+        "a signal killed the daemon:\n{text}"
+    );
+    assert_eq!(
+        pings.received, pings.sent,
+        "existing peer lost pings: {pings:?}"
+    );
     let after = snapshot(&running.lab.gw_a);
     assert_eq!(
         stable(&before.routes),
@@ -494,7 +521,11 @@ fn write_psk(dir: &Path) -> std::path::PathBuf {
         .arg(&path)
         .output()
         .expect("genpsk");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     path
 }
 

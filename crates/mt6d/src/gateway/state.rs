@@ -42,6 +42,16 @@ use super::GatewayError;
 /// Where instance records live (tmpfs: gone after a reboot, like the kernel state they describe).
 pub const STATE_DIR: &str = "/run/mt6d";
 
+/// The state directory: `MT6D_STATE_DIR` if set (a daemon run as a user with capabilities but
+/// no write access to /run/mt6d; with systemd, `RuntimeDirectory=mt6d` gives it one), else
+/// [`STATE_DIR`]. Every daemon of a machine must use the same one for the conflict check to see
+/// them all.
+pub fn state_dir() -> PathBuf {
+    std::env::var_os("MT6D_STATE_DIR")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from(STATE_DIR), PathBuf::from)
+}
+
 /// mt6d's marker on every route (`rtm_protocol`, `ip -6 route show proto 109`) and hashed or
 /// true address (`IFA_PROTO`) it adds. 109 is 0x6d, "m"; unused by the protocols iproute2
 /// names in `/etc/iproute2/rt_protos`.
@@ -125,9 +135,13 @@ impl Record {
     }
 
     fn interfaces(&self) -> impl Iterator<Item = &str> {
-        [Some(self.tun.as_str()), Some(self.external.as_str()), self.internal.as_deref()]
-            .into_iter()
-            .flatten()
+        [
+            Some(self.tun.as_str()),
+            Some(self.external.as_str()),
+            self.internal.as_deref(),
+        ]
+        .into_iter()
+        .flatten()
     }
 
     /// What `self` and `other` would both own, in words; empty when nothing.
@@ -184,8 +198,12 @@ struct Registry {
 
 impl Registry {
     fn lock(dir: &Path) -> Result<Registry, GatewayError> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| setup(format!("cannot create state directory {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir).map_err(|e| {
+            setup(format!(
+                "cannot create state directory {}: {e}",
+                dir.display()
+            ))
+        })?;
         let path = dir.join("registry.lock");
         let file = File::options()
             .create(true)
@@ -273,7 +291,7 @@ impl Instance {
     /// and what they share), then removes what dead instances of this namespace that share
     /// something with it left behind (their guards last), and writes a fresh record.
     pub fn claim(cfg: &Config, nl: &mut Netlink) -> Result<Instance, GatewayError> {
-        Instance::claim_in(Path::new(STATE_DIR), cfg, nl)
+        Instance::claim_in(&state_dir(), cfg, nl)
     }
 
     fn claim_in(dir: &Path, cfg: &Config, nl: &mut Netlink) -> Result<Instance, GatewayError> {
@@ -324,7 +342,8 @@ impl Instance {
         // Our own instance's record from a daemon that died, and dead instances of this
         // namespace that overlap us: their leftovers would collide with what we add.
         let own_stale = read_record(&dir.join(format!("{key}.json")));
-        let mut dead: Vec<(String, Record)> = own_stale.map(|r| (key.clone(), r)).into_iter().collect();
+        let mut dead: Vec<(String, Record)> =
+            own_stale.map(|r| (key.clone(), r)).into_iter().collect();
         for o in others.into_iter().filter(|o| !o.running) {
             if let Some(r) = o.record {
                 if r.netns == netns && !record.shared_with(&r).is_empty() {
@@ -343,7 +362,8 @@ impl Instance {
         }
 
         // Our lock file says who holds it.
-        lock.set_len(0).map_err(|e| setup(format!("{}: {e}", lock_path.display())))?;
+        lock.set_len(0)
+            .map_err(|e| setup(format!("{}: {e}", lock_path.display())))?;
         writeln!(&mut *lock, "{}", record.pid)
             .map_err(|e| setup(format!("{}: {e}", lock_path.display())))?;
         record.external_index = nl.link_index(&record.external).unwrap_or(0);
@@ -390,7 +410,9 @@ impl Instance {
             };
             let original = match shared {
                 Some(v) => v,
-                None => name.get().map_err(os(format!("read sysctl {}", name.name())))?,
+                None => name
+                    .get()
+                    .map_err(os(format!("read sysctl {}", name.name())))?,
             };
             self.record_change(Change::Sysctl {
                 name: name.name().to_owned(),
@@ -532,7 +554,7 @@ pub fn down(cfg: &Config) -> Result<DownReport, GatewayError> {
         what: "open rtnetlink".into(),
         source,
     })?;
-    down_in(Path::new(STATE_DIR), cfg, &mut nl)
+    down_in(&state_dir(), cfg, &mut nl)
 }
 
 fn down_in(dir: &Path, cfg: &Config, nl: &mut Netlink) -> Result<DownReport, GatewayError> {
@@ -670,7 +692,10 @@ mod tests {
         assert!(text.contains("\"kind\":\"guard\""), "{text}");
         let back: Record = serde_json::from_str(&text).expect("decode");
         assert_eq!(back, r);
-        assert_eq!(back.sysctl_original("net/ipv6/conf/all/forwarding"), Some("0"));
+        assert_eq!(
+            back.sysctl_original("net/ipv6/conf/all/forwarding"),
+            Some("0")
+        );
         assert_eq!(instance_key(0xab, "mt6d0"), "00000000000000ab-mt6d0");
     }
 

@@ -1,10 +1,14 @@
 //! The kernel state a gateway needs besides its hashed addresses, applied through mt6d-os and
-//! recorded in an undo journal, so that a failure half way rolls back what was done and a clean
-//! exit removes everything (developers' brief: nothing half-applied, everything cleaned up).
+//! written to the instance record ([`super::state`]) before each change is made, so that a
+//! failure half way rolls back what was done, a clean exit removes everything, and after a
+//! crash `mt6d down` or the next start removes exactly what this instance owned.
 //!
-//! What is set up (000 §3.2.2 binds the remote host's true address to the internal interface;
-//! we answer neighbour discovery for it with a proxy entry instead, and route it into the TUN
-//! device, so the kernel forwards the protected host's packets to us):
+//! What is set up, in this order (000 §3.2.2 binds the remote host's true address to the
+//! internal interface; we answer neighbour discovery for it with a proxy entry instead, and
+//! route it into the TUN device, so the kernel forwards the protected host's packets to us):
+//! - first, per peer, the fail-closed guard: `prohibit REMOTE/128` with the worst metric, which
+//!   decides once the TUN route below is gone (the process died) and keeps the protected
+//!   host's packets off the external interface (docs/ARCHITECTURE.md "Fail closed");
 //! - the TUN device, MTU = external MTU minus the largest tunnel overhead of any peer;
 //! - `net.ipv6.conf.all.forwarding = 1`, `proxy_ndp = 1` on the internal interface;
 //! - per peer: proxy NDP entry for the remote true address on the internal interface, a /128
@@ -114,7 +118,9 @@ impl System {
     fn record(&mut self, change: Change) -> Result<(), GatewayError> {
         match self.instance.as_mut() {
             Some(i) => i.record_change(change),
-            None => Err(GatewayError::Setup("instance record already released".into())),
+            None => Err(GatewayError::Setup(
+                "instance record already released".into(),
+            )),
         }
     }
 
@@ -203,7 +209,9 @@ impl System {
     pub fn set_sysctl(&mut self, name: &Sysctl, value: &str) -> Result<(), GatewayError> {
         match self.instance.as_mut() {
             Some(i) => i.set_sysctl(name, value),
-            None => Err(GatewayError::Setup("instance record already released".into())),
+            None => Err(GatewayError::Setup(
+                "instance record already released".into(),
+            )),
         }
     }
 
