@@ -235,35 +235,41 @@ pub enum SocketPath {
 /// Looks at `path` without following a symbolic link (a link to a key file must not be
 /// taken for the file, nor removed).
 pub fn inspect_socket_path(path: &Path) -> std::io::Result<SocketPath> {
+    Ok(match file_kind(path)? {
+        None => SocketPath::Absent,
+        Some(Ok(())) if UnixStream::connect(path).is_ok() => SocketPath::Live,
+        Some(Ok(())) => SocketPath::Stale,
+        Some(Err(kind)) => SocketPath::NotASocket(kind),
+    })
+}
+
+/// None: nothing at `path`; Ok: a socket; Err: what else is there. Does not connect.
+fn file_kind(path: &Path) -> std::io::Result<Option<Result<(), &'static str>>> {
     use std::os::unix::fs::FileTypeExt;
     let meta = match std::fs::symlink_metadata(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(SocketPath::Absent),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         r => r?,
     };
     let ty = meta.file_type();
-    Ok(if ty.is_socket() {
-        if UnixStream::connect(path).is_ok() {
-            SocketPath::Live
-        } else {
-            SocketPath::Stale
-        }
+    Ok(Some(if ty.is_socket() {
+        Ok(())
     } else if ty.is_symlink() {
-        SocketPath::NotASocket("a symbolic link")
+        Err("a symbolic link")
     } else if ty.is_dir() {
-        SocketPath::NotASocket("a directory")
+        Err("a directory")
     } else if ty.is_file() {
-        SocketPath::NotASocket("a regular file")
+        Err("a regular file")
     } else {
-        SocketPath::NotASocket("not a socket")
-    })
+        Err("not a socket")
+    }))
 }
 
 /// Why `path` cannot be the control socket, if it cannot: it exists and is not a socket. A
 /// live socket is not refused here (`mt6d check` next to a running daemon); the bind refuses
-/// it.
+/// it. Looks only at the file type: validating a config never connects anywhere.
 pub fn refuse_non_socket(path: &Path) -> Result<(), String> {
-    match inspect_socket_path(path) {
-        Ok(SocketPath::NotASocket(kind)) => Err(format!(
+    match file_kind(path) {
+        Ok(Some(Err(kind))) => Err(format!(
             "control_socket {} exists and is {kind}; mt6d replaces only a socket nobody answers on and never deletes anything else: choose another path",
             path.display()
         )),
