@@ -330,6 +330,11 @@ impl Instance {
             let Some(theirs) = &o.record else { continue };
             let shared = record.shared_with(theirs);
             if !shared.is_empty() {
+                // Nothing of ours exists yet: leave no lock file behind (unless a dead
+                // predecessor's record needs it to stay visible).
+                if !dir.join(format!("{key}.json")).exists() {
+                    let _ = std::fs::remove_file(&lock_path);
+                }
                 return Err(setup(format!(
                     "another mt6d (pid {}, config {}) is running and would share {} with this one; refusing before touching anything",
                     o.pid.unwrap_or(theirs.pid),
@@ -462,11 +467,14 @@ impl Drop for Instance {
     }
 }
 
-fn remove_files(dir: &Path, key: &str, record_too: bool) {
-    if record_too {
+/// Removes an instance's record and lock file once nothing of it is left; with `done` false
+/// both stay (what could not be undone stays on record, and the lock file keeps the record
+/// visible to the scans of other starts).
+fn remove_files(dir: &Path, key: &str, done: bool) {
+    if done {
         let _ = std::fs::remove_file(dir.join(format!("{key}.json")));
+        let _ = std::fs::remove_file(dir.join(format!("{key}.lock")));
     }
-    let _ = std::fs::remove_file(dir.join(format!("{key}.lock")));
 }
 
 /// Undoes `r`'s changes newest first, then removes the addresses carrying [`MARKER`] on its
@@ -479,7 +487,7 @@ fn clean_up(nl: &mut Netlink, r: &Record, dir: &Path, own_key: &str) -> Vec<Stri
         .into_iter()
         .filter(|o| o.running)
         .filter_map(|o| o.record)
-        .filter(|o| o.netns == r.netns && o.pid != r.pid)
+        .filter(|o| o.netns == r.netns)
         .collect();
     let mut failed = Vec::new();
     // Hashed addresses first: they are what the peer sends to.
@@ -697,6 +705,90 @@ mod tests {
             Some("0")
         );
         assert_eq!(instance_key(0xab, "mt6d0"), "00000000000000ab-mt6d0");
+    }
+
+    fn config(tun: &str, ext: &str, int: &str, remote: &str, dir: &Path) -> Config {
+        let text = format!(
+            "[gateway]\ninternal_interface = \"{int}\"\nexternal_interface = \"{ext}\"\ntun_name = \"{tun}\"\ncontrol_socket = \"{}/{tun}.sock\"\n\n[[peer]]\nname = \"p\"\nlocal_host = \"2001:db8:1::a\"\nremote_host = \"{remote}\"\nkey = \"AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\"\n",
+            dir.display()
+        );
+        Config::parse(&dir.join(format!("{tun}.toml")), &text).expect("valid config")
+    }
+
+    /// Two instances in one namespace share `all/forwarding`: the second records the true
+    /// original (the first's), the first stopping leaves it alone, the last restores it. A
+    /// "crashed" instance (lock released, record kept) is cleaned up by the next start, which
+    /// records the true original again; an overlapping start is refused naming the pid.
+    #[test]
+    fn shared_sysctls_crash_records_and_conflicts_in_a_namespace() {
+        if !crate::lab::is_root() {
+            return eprintln!("skipped: needs root");
+        }
+        let ns = mt6d_os::Netns::create(&mt6d_os::unique_name("st")).expect("netns");
+        let dir = std::env::temp_dir().join(format!("mt6d-state-ns-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        ns.run(|| {
+            let fwd = Sysctl::ipv6_conf("all", "forwarding").expect("name");
+            fwd.set("0").expect("start from 0");
+            let mut nl = Netlink::open().expect("netlink");
+            let a_cfg = config("ta", "ea", "ia", "2001:db8:1::b", &dir);
+            let b_cfg = config("tb", "eb", "ib", "2001:db8:2::b", &dir);
+            let mut a = Instance::claim_in(&dir, &a_cfg, &mut nl).expect("claim a");
+            a.set_sysctl(&fwd, "1").expect("a sets");
+            let mut b = Instance::claim_in(&dir, &b_cfg, &mut nl).expect("claim b");
+            b.set_sysctl(&fwd, "1").expect("b sets");
+            assert_eq!(b.record().sysctl_original(fwd.name()), Some("0"));
+
+            // Same external interface as a running instance: refused, naming its pid.
+            let clash = config("tc", "ea", "ic", "2001:db8:3::b", &dir);
+            let e = Instance::claim_in(&dir, &clash, &mut nl).expect_err("refused");
+            let text = e.to_string();
+            assert!(
+                text.contains(&format!("pid {}", std::process::id()))
+                    && text.contains("interface ea"),
+                "{text}"
+            );
+            // The same TUN name in the same namespace: refused too.
+            assert!(Instance::claim_in(&dir, &a_cfg, &mut nl).is_err());
+
+            assert!(a.clean_up(&mut nl).is_empty());
+            drop(a);
+            assert_eq!(fwd.get().expect("read"), "1", "b still needs forwarding");
+
+            // b "crashes": its lock goes, its record stays.
+            drop(b);
+            assert!(dir.join(format!("{}.json", b_key(&dir))).exists());
+            let mut b2 = Instance::claim_in(&dir, &b_cfg, &mut nl).expect("claim after crash");
+            assert_eq!(
+                fwd.get().expect("read"),
+                "0",
+                "the dead instance's original restored"
+            );
+            b2.set_sysctl(&fwd, "1").expect("set again");
+            assert_eq!(b2.record().sysctl_original(fwd.name()), Some("0"));
+            assert!(b2.clean_up(&mut nl).is_empty());
+            drop(b2);
+            assert_eq!(fwd.get().expect("read"), "0");
+        })
+        .expect("run in namespace");
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .expect("dir")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "registry.lock")
+            .collect();
+        assert!(left.is_empty(), "files left: {left:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn b_key(dir: &Path) -> String {
+        std::fs::read_dir(dir)
+            .expect("dir")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .find_map(|n| n.strip_suffix("-tb.json").map(|k| format!("{k}-tb")))
+            .expect("b's record")
     }
 
     /// A lock held by a live open file description is "running"; once dropped (as the kernel
