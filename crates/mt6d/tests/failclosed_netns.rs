@@ -242,6 +242,10 @@ fn sigkill_during_a_ping_train_leaks_nothing_and_down_restores_everything() {
         (capture.join().expect("capture"), pings)
     });
     let seen = observer.finish().expect("observer");
+    eprintln!(
+        "SIGKILL after 1 s: pings {} sent, {} answered (all before the kill); public link: {} frames, {} with a true address, {} echoes in clear",
+        pings.sent, pings.received, seen.frames, seen.frames_with_true_address, clear
+    );
     assert!(
         pings.received >= 5 && pings.received < pings.sent,
         "premise: the tunnel carried pings before the kill and none after: {pings:?}"
@@ -275,7 +279,7 @@ fn sigkill_during_a_ping_train_leaks_nothing_and_down_restores_everything() {
     let (ok, out) = mt6d_in(&running.lab.gw_a, &["down", "-c", config]);
     assert!(ok, "second mt6d down: {out}");
     assert_same(&before, &snapshot(&running.lab.gw_a), "after a second down");
-    eprintln!("{lab_gw_a}: SIGKILL leak check passed; down restored everything");
+    eprintln!("{lab_gw_a}: mt6d down restored addresses, routes, proxies and sysctls");
 }
 
 /// Issue 16 item 2: a restart after a crash cleans up the dead instance first, so it records
@@ -375,7 +379,12 @@ fn second_instance_is_refused_while_the_first_carries_a_ping_train() {
         ));
         (pinger.join().expect("pinger"), outcomes)
     });
+    eprintln!(
+        "while two daemons and a down were refused: {} of {} pings answered",
+        pings.received, pings.sent
+    );
     for (ok, out) in &outcomes {
+        eprintln!("refused: {}", out.trim());
         assert!(!ok, "a second daemon (or down) was not refused: {out}");
         assert!(out.contains(&format!("pid {pid}")), "{out}");
     }
@@ -479,6 +488,17 @@ fn signals_never_kill_without_clean_up_and_sighup_validates() {
     assert!(
         text.contains("peer \"added\" added") && text.contains("nothing applied"),
         "{text}"
+    );
+    eprintln!(
+        "{}",
+        text.lines()
+            .filter(|l| l.contains("SIGHUP"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    eprintln!(
+        "through two SIGHUPs and 10 ignored signals: {} of {} pings answered",
+        pings.received, pings.sent
     );
     assert!(
         running.daemons[0].is_running(),

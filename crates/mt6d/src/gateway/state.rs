@@ -316,9 +316,8 @@ impl Instance {
             Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
                 let pid = std::fs::read_to_string(&lock_path).unwrap_or_default();
                 return Err(setup(format!(
-                    "another mt6d (pid {}) is running in this network namespace with TUN device {}: it shares TUN device {}; stop it first (SIGTERM) or set another tun_name",
+                    "another mt6d (pid {}) is running in this network namespace and would share TUN device {} with this one; refusing before touching anything: stop it first (SIGTERM) or set another tun_name",
                     pid.trim(),
-                    record.tun,
                     record.tun
                 )));
             }
