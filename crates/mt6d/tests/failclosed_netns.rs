@@ -226,6 +226,28 @@ fn sigkill_during_a_ping_train_leaks_nothing_and_down_restores_everything() {
         !run_dir_files(cookie).is_empty(),
         "a running daemon has its record under /run/mt6d"
     );
+    // An attacker on the public link answers neighbour solicitations for Host B (here Gateway
+    // B's kernel, with a proxy entry on its external interface), as in the report: a
+    // gateway that failed open would then send Host A's echo requests to it in clear.
+    let gw_b = &running.lab.gw_b;
+    gw_b.run(|| mt6d_os::sysctl::set_ipv6_conf(EXTERNAL_IF, "proxy_ndp", "1"))
+        .expect("enter B")
+        .expect("proxy_ndp on B's external interface");
+    let answered = gw_b
+        .command("ip")
+        .expect("command")
+        .args([
+            "-6",
+            "neigh",
+            "add",
+            "proxy",
+            &HOST_B.to_string(),
+            "dev",
+            EXTERNAL_IF,
+        ])
+        .status()
+        .expect("ip");
+    assert!(answered.success(), "attacker's proxy entry");
     let observer = Observer::start(&running.lab.gw_a, EXTERNAL_IF, vec![HOST_A, HOST_B], None)
         .expect("observer");
     let stop = AtomicBool::new(false);
