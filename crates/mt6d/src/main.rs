@@ -30,9 +30,11 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run the gateway daemon with a configuration file (root). Stops cleanly on SIGTERM,
-    /// SIGINT, SIGQUIT, SIGXCPU or SIGPWR, removing every address, route, neighbour entry and
-    /// device it created and restoring the sysctls it changed. SIGHUP re-reads the file: an
+    /// Run the gateway daemon with a configuration file (root).
+    ///
+    /// Stops cleanly on SIGTERM, SIGINT, SIGQUIT, SIGXCPU or SIGPWR, removing every address,
+    /// route, neighbour entry and device it created and restoring the sysctls it changed.
+    /// SIGHUP re-reads the file: an
     /// invalid one is logged (file:line:column) and changes nothing; changes to peers or
     /// interfaces are logged and need a restart. SIGPIPE, SIGUSR1/2, SIGALRM and the other
     /// signals that would end it otherwise are ignored. Fails closed: if the process dies
@@ -43,11 +45,15 @@ enum Command {
         #[arg(short, long, value_name = "FILE")]
         config: PathBuf,
     },
-    /// Remove what a daemon for this configuration left after it died (SIGKILL, crash, OOM):
-    /// its guard routes, routes, proxy neighbour entries, hashed addresses and its record in
-    /// /run/mt6d, and restore the sysctls to the values found before it first changed them.
-    /// Starts nothing; refuses while that daemon is running (stop it with SIGTERM instead).
+    /// Remove what a dead daemon left (after SIGKILL, a crash or OOM); starts nothing.
+    ///
+    /// Removes the guard routes, routes, proxy neighbour entries and hashed addresses the
+    /// daemon for this configuration (in this network namespace) left, and its record in
+    /// /run/mt6d, and restores the sysctls it changed to the values found before it first
+    /// changed them. Refuses while that daemon is running: stop it with SIGTERM instead, which
+    /// cleans up itself.
     Down {
+        /// Configuration file the dead daemon ran with.
         #[arg(short, long, value_name = "FILE")]
         config: PathBuf,
     },
