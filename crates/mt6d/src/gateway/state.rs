@@ -92,6 +92,9 @@ pub struct PeerRecord {
 pub struct Record {
     pub pid: u32,
     pub netns: u64,
+    /// The namespace's inode number, to tell whether it still exists (0: unknown).
+    #[serde(default)]
+    pub netns_inode: u64,
     pub config: PathBuf,
     pub tun: String,
     pub external: String,
@@ -112,6 +115,7 @@ impl Record {
         Record {
             pid: std::process::id(),
             netns,
+            netns_inode: current_netns_inode(),
             config: std::fs::canonicalize(&cfg.path).unwrap_or_else(|_| cfg.path.clone()),
             tun: g.tun_name.clone(),
             external: g.external_interface.clone(),
@@ -179,6 +183,57 @@ impl Record {
             Change::Sysctl { name: n, original } if n == name => Some(original.as_str()),
             _ => None,
         })
+    }
+}
+
+fn current_netns_inode() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/thread-self/ns/net").map_or(0, |m| m.ino())
+}
+
+/// Whether a network namespace with inode `ino` still exists: named (`/run/netns`) or entered
+/// by some thread. A namespace kept only by an open descriptor is missed; that is the price of
+/// not reading every process's descriptors, and costs only its leftovers' record.
+fn netns_exists(ino: u64) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let is = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.ino() == ino);
+    let named = std::fs::read_dir("/run/netns")
+        .map(|d| d.flatten().any(|e| is(&e.path())))
+        .unwrap_or(false);
+    named
+        || std::fs::read_dir("/proc").is_ok_and(|procs| {
+            procs.flatten().any(|p| {
+                std::fs::read_dir(p.path().join("task"))
+                    .is_ok_and(|tasks| tasks.flatten().any(|t| is(&t.path().join("ns/net"))))
+            })
+        })
+}
+
+/// Removes the records of dead instances whose network namespace no longer exists (a lab torn
+/// down after a daemon in it was killed): nothing they list exists any more. Their control
+/// socket goes too when nobody answers on it.
+fn collect_garbage(dir: &Path, found: &[Found], ours: u64) {
+    for f in found.iter().filter(|f| !f.running) {
+        let Some(r) = &f.record else {
+            // A lock file whose daemon was refused or died before writing a record.
+            if !dir.join(format!("{}.json", f.key)).exists() {
+                let _ = std::fs::remove_file(dir.join(format!("{}.lock", f.key)));
+            }
+            continue;
+        };
+        if r.netns == ours || r.netns_inode == 0 || netns_exists(r.netns_inode) {
+            continue;
+        }
+        log::debug!(
+            "removing the record of mt6d pid {}: its network namespace is gone",
+            r.pid
+        );
+        if let Ok(crate::control::SocketPath::Stale) =
+            crate::control::inspect_socket_path(&r.control_socket)
+        {
+            let _ = std::fs::remove_file(&r.control_socket);
+        }
+        remove_files(dir, &f.key, true);
     }
 }
 
@@ -325,6 +380,7 @@ impl Instance {
         };
 
         let others = scan(dir, &key);
+        collect_garbage(dir, &others, netns);
         for o in others.iter().filter(|o| o.running) {
             let Some(theirs) = &o.record else { continue };
             let shared = record.shared_with(theirs);
@@ -615,8 +671,8 @@ fn down_in(dir: &Path, cfg: &Config, nl: &mut Netlink) -> Result<DownReport, Gat
     report.failed = clean_up(nl, &record, dir, &key);
     remove_files(dir, &key, report.failed.is_empty());
     // The dead daemon's control socket, if it is one that nobody answers on.
-    if let Ok(super::super::control::SocketPath::Stale) =
-        super::super::control::inspect_socket_path(&record.control_socket)
+    if let Ok(crate::control::SocketPath::Stale) =
+        crate::control::inspect_socket_path(&record.control_socket)
     {
         let _ = std::fs::remove_file(&record.control_socket);
     }
@@ -631,6 +687,7 @@ mod tests {
         Record {
             pid: 1,
             netns,
+            netns_inode: 0,
             config: "/etc/mt6d/a.toml".into(),
             tun: tun.into(),
             external: ext.into(),
@@ -788,6 +845,38 @@ mod tests {
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .find_map(|n| n.strip_suffix("-tb.json").map(|k| format!("{k}-tb")))
             .expect("b's record")
+    }
+
+    /// Records of dead instances whose namespace is gone are removed at the next start; those
+    /// of a namespace that exists, or whose namespace is unknown, stay.
+    #[test]
+    fn records_of_vanished_namespaces_are_collected() {
+        let dir = std::env::temp_dir().join(format!("mt6d-state-gc-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let mut gone = record(1, "a", "e", "/nonexistent/a.sock", "2001:db8::b");
+        gone.netns_inode = u64::MAX;
+        let mut here = record(1, "b", "e", "/nonexistent/b.sock", "2001:db8::b");
+        here.netns_inode = current_netns_inode();
+        let unknown = record(1, "c", "e", "/nonexistent/c.sock", "2001:db8::b");
+        for (k, r) in [("ga", &gone), ("hb", &here), ("uc", &unknown)] {
+            std::fs::write(
+                dir.join(format!("{k}.json")),
+                serde_json::to_vec(r).expect("json"),
+            )
+            .expect("write");
+            std::fs::write(dir.join(format!("{k}.lock")), "1\n").expect("write");
+        }
+        std::fs::write(dir.join("orphan.lock"), "").expect("write");
+        collect_garbage(&dir, &scan(&dir, "none"), 2);
+        let mut left: Vec<_> = std::fs::read_dir(&dir)
+            .expect("dir")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["hb.json", "hb.lock", "uc.json", "uc.lock"]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A lock held by a live open file description is "running"; once dropped (as the kernel
