@@ -117,9 +117,40 @@ fn start_with_snapshot() -> (Running, Snapshot) {
         "encrypt",
         1.0,
         (true, None),
-        |lab: &Lab| before = Some(snapshot(&lab.gw_a)),
+        |lab: &Lab| before = Some(settled_snapshot(&lab.gw_a)),
     );
     (running, before.expect("snapshot taken before the start"))
+}
+
+/// A snapshot once both lab interfaces have their link-local address and routes: the kernel
+/// adds them a moment after a link comes up, and the "before" picture must not race them.
+fn settled_snapshot(ns: &Netns) -> Snapshot {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let snap = snapshot(ns);
+        let ready = [EXTERNAL_IF, INTERNAL_IF].iter().all(|i| {
+            let dev = format!("dev {i} ");
+            snap.routes
+                .iter()
+                .any(|r| r.starts_with("local fe80:") && r.contains(&dev))
+                && snap
+                    .routes
+                    .iter()
+                    .any(|r| r.starts_with("fe80::/64") && r.contains(&dev))
+                && snap
+                    .routes
+                    .iter()
+                    .any(|r| r.starts_with("multicast ff00::/8") && r.contains(&dev))
+        });
+        if ready {
+            return snap;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "lab links never settled: {snap:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Runs `mt6d ARGS` in `ns` to completion (at most 20 s): (success, stdout + stderr).
