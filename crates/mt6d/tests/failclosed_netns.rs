@@ -662,3 +662,83 @@ fn ip_in(ns: &Netns, args: &[&str]) -> String {
         .expect("run ip");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// Host mode fails closed too: after SIGKILL, an application on the protected host that keeps
+/// sending to the peer's true address is refused by its own kernel (EACCES from the guard), and
+/// nothing with a true address reaches the public link, where an attacker answers for Host B.
+#[test]
+fn host_mode_sigkill_refuses_locally_and_leaks_nothing() {
+    if !root() {
+        return eprintln!("skipped: needs root");
+    }
+    let lab = Lab::build_host_mode(Topology::Switched, "m6").expect("host-mode lab builds");
+    let mut running = start_gateways(lab, "encrypt", 1.0, (true, None));
+    let gw_b = &running.lab.gw_b;
+    gw_b.run(|| mt6d_os::sysctl::set_ipv6_conf(EXTERNAL_IF, "proxy_ndp", "1"))
+        .expect("enter B")
+        .expect("proxy_ndp on B's external interface");
+    let answered = gw_b
+        .command("ip")
+        .expect("command")
+        .args([
+            "-6",
+            "neigh",
+            "add",
+            "proxy",
+            &HOST_B.to_string(),
+            "dev",
+            EXTERNAL_IF,
+        ])
+        .status()
+        .expect("ip");
+    assert!(answered.success(), "attacker's proxy entry");
+    let observer = Observer::start(&running.lab.gw_a, EXTERNAL_IF, vec![HOST_A, HOST_B], None)
+        .expect("observer");
+    running.daemons[0].kill_hard();
+    // An application's datagrams to Host B, one every 100 ms for 3 s: each send must be refused
+    // by the host's own kernel (the guard: EACCES), none may leave.
+    let (mut refused, mut other) = (0, Vec::new());
+    for _ in 0..30 {
+        let r = running
+            .lab
+            .host_a
+            .run(|| {
+                let sock = std::net::UdpSocket::bind("[::]:0")?;
+                sock.send_to(b"protected payload", (HOST_B, 9))
+            })
+            .expect("enter A");
+        match r {
+            Err(e) if e.raw_os_error() == Some(libc::EACCES) => refused += 1,
+            r => other.push(format!("{r:?}")),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let seen = observer.finish().expect("observer");
+    eprintln!(
+        "host mode after SIGKILL: {refused} sends refused locally, {} otherwise; public link: {} frames, {} with a true address",
+        other.len(),
+        seen.frames,
+        seen.frames_with_true_address
+    );
+    assert!(
+        refused == 30 && other.is_empty(),
+        "{refused} refused; not refused: {:?}",
+        other.first()
+    );
+    assert_eq!(
+        seen.frames_with_true_address, 0,
+        "after SIGKILL a true address reached the public link: {:?}",
+        seen.first_leak
+    );
+    let config = running.dir.join("gw-A.toml");
+    let (ok, out) = mt6d_in(
+        &running.lab.gw_a,
+        &["down", "-c", config.to_str().expect("utf-8")],
+    );
+    assert!(ok, "{out}");
+    let routes = ip_in(&running.lab.gw_a, &["-6", "route", "show"]);
+    assert!(
+        !routes.contains("prohibit"),
+        "guard left after down:\n{routes}"
+    );
+}
