@@ -225,6 +225,34 @@ fn forged_advertisement_and_probe_flood_costs_at_most_one_percent() {
     let lab = &running.lab;
     // The pins follow the first announcement (one rotation): give it two.
     std::thread::sleep(Duration::from_secs(2));
+    let pinned = |ns: &mt6d_os::Netns, peer: &Stream| {
+        let out = ns
+            .command("ip")
+            .expect("command")
+            .args([
+                "-6",
+                "neigh",
+                "show",
+                "nud",
+                "permanent",
+                "dev",
+                EXTERNAL_IF,
+            ])
+            .output()
+            .expect("ip neigh");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let addr = peer.route(peer.epoch_at(now())).local.ip().to_string();
+        assert!(
+            text.lines().any(|l| l.starts_with(&format!("{addr} "))),
+            "no pinned entry for the peer's current address {addr}: {text}"
+        );
+        assert!(
+            !text.contains("02:66:66:66:66:66"),
+            "pinned to the attacker: {text}"
+        );
+    };
+    pinned(&lab.gw_a, &streams[1]);
+    pinned(&lab.gw_b, &streams[0]);
     for (label, every, per_round) in [
         ("5/s", Duration::from_millis(200), usize::MAX),
         ("3600/s", Duration::from_millis(10), 36),
@@ -273,6 +301,8 @@ fn forged_advertisement_and_probe_flood_costs_at_most_one_percent() {
             b.collision_watch
         );
         assert!(a.collision_watch.claims > 0 && b.collision_watch.claims > 0);
+        pinned(&lab.gw_a, &streams[1]);
+        pinned(&lab.gw_b, &streams[0]);
         assert!(
             loss <= 0.01,
             "flood {label}: {:.2} % of pings lost",
