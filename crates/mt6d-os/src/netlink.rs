@@ -66,6 +66,10 @@ const RTA_DST: u16 = 1;
 const RTA_GATEWAY: u16 = 5;
 const RTA_OIF: u16 = 4;
 const RTA_TABLE: u16 = 15;
+/// Route metrics (nested `RTAX_*`), and in them the lock bitmap and the MTU (linux/rtnetlink.h).
+const RTA_METRICS: u16 = 8;
+const RTAX_LOCK: u16 = 1;
+const RTAX_MTU: u16 = 2;
 const RTPROT_STATIC: u8 = 4;
 const RT_SCOPE_UNIVERSE: u8 = 0;
 const RTN_UNICAST: u8 = 1;
@@ -404,6 +408,44 @@ impl Netlink {
         match self.transact(msg, |_, _| ()) {
             Err(e) if !is_errno(&e, &[libc::EEXIST]) => Err(OsError::Route {
                 op: "add",
+                dst,
+                prefix_len,
+                oif,
+                table: MAIN_TABLE,
+                source: e,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// [`Netlink::add_route`] with a locked MTU metric (`ip route replace ... mtu lock MTU`), or
+    /// without any metric for `None`. Linux applies an unlocked route MTU only to packets the
+    /// host itself sends; the lock makes forwarded packets obey it too (and get a Packet Too Big
+    /// from this host when larger). Replaces the route in place: idempotent.
+    pub fn set_route_mtu(
+        &mut self,
+        dst: Ipv6Addr,
+        prefix_len: u8,
+        oif: u32,
+        mtu: Option<u32>,
+    ) -> Result<()> {
+        let mut msg = route_msg(
+            RTM_NEWROUTE,
+            NLM_F_CREATE | NLM_F_REPLACE,
+            dst,
+            prefix_len,
+            oif,
+            MAIN_TABLE,
+        );
+        if let Some(mtu) = mtu {
+            let at = msg.nest_begin(RTA_METRICS);
+            msg.attr(RTAX_LOCK, &(1u32 << RTAX_MTU).to_ne_bytes());
+            msg.attr(RTAX_MTU, &mtu.to_ne_bytes());
+            msg.nest_end(at);
+        }
+        match self.transact(msg, |_, _| ()) {
+            Err(e) if !is_errno(&e, &[libc::EEXIST]) => Err(OsError::Route {
+                op: "set the MTU of",
                 dst,
                 prefix_len,
                 oif,

@@ -243,10 +243,7 @@ impl SentLog {
         }
         let want = sent_entry(prefix, len);
         self.ring(len).slots.iter().any(|slot| {
-            slot.load(Relaxed) == want
-                && slot
-                    .compare_exchange(want, 0, Relaxed, Relaxed)
-                    .is_ok()
+            slot.load(Relaxed) == want && slot.compare_exchange(want, 0, Relaxed, Relaxed).is_ok()
         })
     }
 }
@@ -731,8 +728,8 @@ mod tests {
                 let err = router_error(&a, &route, &sent, &inner, t, 0, 1232);
                 assert_eq!(quoted_route(&err).unwrap(), (route.local, route.remote));
                 let mut out = [0u8; 1280];
-                let tr = translate_path_error(&a, &route, &sent, &err, addr(GATEWAY), &mut out)
-                    .unwrap();
+                let tr =
+                    translate_path_error(&a, &route, &sent, &err, addr(GATEWAY), &mut out).unwrap();
                 assert_eq!(tr.quote, Quote::Full, "{mode}");
                 let icmp = check_output(&out[..tr.len], t);
                 assert_eq!(icmp.payload(), &inner[..], "{mode}");
@@ -806,7 +803,14 @@ mod tests {
         let mut out = [0u8; 1280];
         // Other route.
         assert_eq!(
-            translate_path_error(&a, &a.route(Epoch(10)), &sent, &err, addr(GATEWAY), &mut out),
+            translate_path_error(
+                &a,
+                &a.route(Epoch(10)),
+                &sent,
+                &err,
+                addr(GATEWAY),
+                &mut out
+            ),
             Err(IcmpError::NotOurRoute)
         );
         // Bad checksum.
@@ -889,7 +893,11 @@ mod tests {
             let mut out = [0u8; 1280];
             for (inner, t, data) in [
                 (udp(addr(A), addr(B), &[3; 1400]), PTB, 1400), // truncated quote
-                (tcp(addr(A), addr(B), b"hello"), Icmpv6Type::DestinationUnreachable, 0), // complete
+                (
+                    tcp(addr(A), addr(B), b"hello"),
+                    Icmpv6Type::DestinationUnreachable,
+                    0,
+                ), // complete
             ] {
                 let nobody = SentLog::new();
                 let sent = SentLog::new();
@@ -899,8 +907,9 @@ mod tests {
                     Err(IcmpError::NotSent),
                     "{mode}: a packet never sent"
                 );
-                assert!(translate_path_error(&a, &route, &sent, &err, addr(GATEWAY), &mut out)
-                    .is_ok());
+                assert!(
+                    translate_path_error(&a, &route, &sent, &err, addr(GATEWAY), &mut out).is_ok()
+                );
                 for _ in 0..3 {
                     assert_eq!(
                         translate_path_error(&a, &route, &sent, &err, addr(GATEWAY), &mut out),
@@ -944,7 +953,10 @@ mod tests {
         for i in 2..(2 + 4 * SENT_LOG_SLOTS as u64) {
             log.record(&payload(i, 60));
         }
-        assert!(log.take(&big[..1232 - 48], big.len()), "large survives small ones");
+        assert!(
+            log.take(&big[..1232 - 48], big.len()),
+            "large survives small ones"
+        );
         assert!(!log.take(&big, big.len()), "taken once");
         // The oldest of a ring are forgotten; the newest SENT_LOG_SLOTS are kept.
         for i in 0..(SENT_LOG_SLOTS as u64 + 10) {
@@ -974,8 +986,15 @@ mod tests {
         // The same value every 5 minutes does not keep it.
         assert!(!p.on_packet_too_big(t(300), 1400));
         assert_eq!(p.get(t(599)), Some(1400));
-        assert_eq!(p.get(t(600)), None, "aged out 10 minutes after it was learned");
-        assert!(p.on_packet_too_big(t(601), 1400), "learned again if still narrow");
+        assert_eq!(
+            p.get(t(600)),
+            None,
+            "aged out 10 minutes after it was learned"
+        );
+        assert!(
+            p.on_packet_too_big(t(601), 1400),
+            "learned again if still narrow"
+        );
         // Lower: replaces and restarts the timer.
         assert!(p.on_packet_too_big(t(700), 1300));
         assert_eq!(p.get(t(1200)), Some(1300));
