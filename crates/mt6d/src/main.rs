@@ -30,8 +30,9 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run the gateway daemon with a configuration file (root). Stops cleanly on SIGINT/SIGTERM,
-    /// removing every address, route, neighbour entry and device it created.
+    /// Run the gateway daemon with a configuration file (root, or a user with CAP_NET_ADMIN and
+    /// CAP_NET_RAW). Stops cleanly on SIGINT/SIGTERM, removing every address, route, neighbour
+    /// entry and device it created.
     Run {
         /// Configuration file (TOML; see docs/CONFIG.md).
         #[arg(short, long, value_name = "FILE")]

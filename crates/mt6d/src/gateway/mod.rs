@@ -66,9 +66,8 @@ pub enum GatewayError {
 /// Runs the daemon until SIGINT or SIGTERM.
 pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = Config::load(config_path)?;
-    if !crate::lab::is_root() {
-        return Err("mt6d run changes interfaces, addresses and routes and needs root".into());
-    }
+    // Capabilities, not uid 0: a dedicated user with CAP_NET_ADMIN and CAP_NET_RAW is enough.
+    crate::privilege::check_run()?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone())?;
