@@ -9,6 +9,11 @@
 //! - `CAP_NET_RAW`: the raw ICMPv6 sockets (errors from the path, router and neighbour
 //!   discovery) and the AF_PACKET watch of the external link.
 //!
+//! - The TUN device node `/dev/net/tun` must be readable and writable by the daemon's user:
+//!   capabilities do not bypass file permissions (that would take `CAP_DAC_OVERRIDE`). udev's
+//!   default rule makes it 0666 on the common distributions; where it is 0600, give the
+//!   daemon's user access with a udev rule (`KERNEL=="tun", GROUP="mt6d", MODE="0660"`).
+//!
 //! Not needed: `CAP_NET_BIND_SERVICE` (tunnel ports are 1024 and above, `PortPolicy`), nor any
 //! file capability: the daemon reads its config and key files as whatever user it runs as, so
 //! they must be readable by that user (and, for secrets, by no one else).
@@ -78,6 +83,42 @@ fn missing_from(status: &str) -> Missing {
             .filter(|c| eff & (1u64 << c.bit) == 0)
             .collect(),
     )
+}
+
+/// Why `mt6d run` cannot work with this process's privileges.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PrivilegeError {
+    #[error(transparent)]
+    Capabilities(#[from] Missing),
+    #[error(
+        "open {path}: {source}; the TUN device node must be readable and writable by the \
+         daemon's user (udev's usual mode is 0666; or a udev rule: KERNEL==\"tun\", \
+         GROUP=\"mt6d\", MODE=\"0660\")"
+    )]
+    TunDevice {
+        path: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The TUN clone device: opening it creates nothing (that takes `TUNSETIFF`).
+const TUN_DEVICE: &str = "/dev/net/tun";
+
+/// Both checks, before anything is touched: the capabilities ([`check_run`]), then access to
+/// the TUN device node.
+pub fn check_all() -> Result<(), PrivilegeError> {
+    check_run()?;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(TUN_DEVICE)
+        .map(drop)
+        .map_err(|source| PrivilegeError::TunDevice {
+            path: TUN_DEVICE,
+            source,
+        })
 }
 
 /// Checks that this process holds every capability in [`NEEDED`] (uid 0 does not matter: root
