@@ -235,15 +235,38 @@ impl SentLog {
         ring.slots[i % SENT_LOG_SLOTS].store(sent_entry(payload, payload.len()), Relaxed);
     }
 
-    /// True, once, if a tunnel payload of `len` bytes starting with `prefix` (a quote, possibly
-    /// truncated) was recorded and not yet taken.
-    pub fn take(&self, prefix: &[u8], len: usize) -> bool {
+    /// If a tunnel payload starting with `prefix` (a quote, possibly truncated) whose UDP
+    /// header claims `len` bytes was recorded and not yet taken: takes it and returns the length
+    /// it was sent with. That is `len`, or less when the quoted packet is several of our
+    /// datagrams in one: a UDP segmentation-offload run that reached a router unsegmented (as
+    /// over veth) or was coalesced on the way (GRO forwarding) carries one UDP header whose
+    /// length covers the whole run, and the router quotes it whole; its first bytes are still
+    /// those of the first datagram.
+    pub fn take(&self, prefix: &[u8], len: usize) -> Option<usize> {
         if len == 0 || prefix.len() < len.min(FINGERPRINT_LEN) {
-            return false;
+            return None;
         }
-        let want = sent_entry(prefix, len);
-        self.ring(len).slots.iter().any(|slot| {
-            slot.load(Relaxed) == want && slot.compare_exchange(want, 0, Relaxed, Relaxed).is_ok()
+        let exact = sent_entry(prefix, len);
+        let first = (prefix.len() >= FINGERPRINT_LEN).then(|| sent_entry(prefix, 1) & !0xffff);
+        let matches = |v: u64| {
+            let sent_len = (v & 0xffff) as usize;
+            v == exact
+                || (sent_len >= FINGERPRINT_LEN
+                    && sent_len < len
+                    && first.is_some_and(|f| v & !0xffff == f))
+        };
+        // The datagram's own ring first; a run's first datagram may be in the other.
+        let rings = if std::ptr::eq(self.ring(len), &self.large) {
+            [&self.large, &self.small]
+        } else {
+            [&self.small, &self.large]
+        };
+        rings.iter().find_map(|ring| {
+            ring.slots.iter().find_map(|slot| {
+                let v = slot.load(Relaxed);
+                (v != 0 && matches(v) && slot.compare_exchange(v, 0, Relaxed, Relaxed).is_ok())
+                    .then_some((v & 0xffff) as usize)
+            })
         })
     }
 }
@@ -385,23 +408,37 @@ pub fn translate_path_error_sealed(
     }
     let mode = stream.mode();
     let present = udp.payload();
-    let full_len = usize::from(udp.len()) - UDP_HEADER_LEN; // new_checked_header: len >= 8.
-    let complete = present.len() == full_len;
-    if full_len < fixed_len(mode) || present.len() < INNER_HEADER_CARRIED {
+    let claimed = usize::from(udp.len()) - UDP_HEADER_LEN; // new_checked_header: len >= 8.
+    if claimed < fixed_len(mode) || present.len() < INNER_HEADER_CARRIED {
         return Err(IcmpError::QuoteTooShort);
     }
     // RFC 8201 §4: below 1280 is discarded; and a router reports the MTU of the link the packet
     // did not fit, so a value at or above the packet's own length is no such report.
-    if icmp.msg_type() == Icmpv6Type::PacketTooBig {
-        let quoted_len = IPV6_HEADER_LEN + usize::from(udp.len());
-        let mtu = icmp.data();
-        if mtu < MIN_MTU as u32 || usize::try_from(mtu).map_or(true, |m| m >= quoted_len) {
-            return Err(IcmpError::BogusMtu {
-                mtu,
-                quoted: quoted_len,
-            });
-        }
+    let ptb_mtu = (icmp.msg_type() == Icmpv6Type::PacketTooBig).then(|| icmp.data());
+    let bogus = |mtu: u32, payload: usize| {
+        let quoted = IPV6_HEADER_LEN + UDP_HEADER_LEN + payload;
+        (mtu < MIN_MTU as u32 || usize::try_from(mtu).map_or(true, |m| m >= quoted))
+            .then_some(IcmpError::BogusMtu { mtu, quoted })
+    };
+    if let Some(e) = ptb_mtu.and_then(|m| bogus(m, claimed)) {
+        return Err(e);
     }
+    // A truncated quote cannot be verified: it must be of a packet in the log, which also tells
+    // the datagram's own length when the quote is of an offload run (SentLog::take). A complete
+    // one is verified first and looked up last (below).
+    let (full_len, taken) = if present.len() >= claimed {
+        (claimed, false)
+    } else {
+        (sent.take(present, claimed).ok_or(IcmpError::NotSent)?, true)
+    };
+    if let Some(e) = ptb_mtu.and_then(|m| bogus(m, full_len)) {
+        return Err(e);
+    }
+    if full_len < fixed_len(mode) {
+        return Err(IcmpError::QuoteTooShort);
+    }
+    let present = &present[..present.len().min(full_len)];
+    let complete = present.len() == full_len;
     let body = out.get_mut(ERROR_HEADERS..).unwrap_or_default();
     let (inner_len, quote) = match (mode, complete) {
         (Mode::Plain, _) | (Mode::Auth, false) => {
@@ -460,9 +497,9 @@ pub fn translate_path_error_sealed(
             (IPV6_HEADER_LEN, Quote::HeaderOnly)
         }
     };
-    // Last, after the tag of a complete quote was verified: a forged quote must not use up the
+    // A complete quote last, after its tag was verified: a forged quote must not use up the
     // entry of a packet whose genuine error is still on its way.
-    if !sent.take(present, full_len) {
+    if !taken && sent.take(present, full_len) != Some(full_len) {
         return Err(IcmpError::NotSent);
     }
     let quote_len = inner_len.min(MAX_QUOTE);
@@ -953,24 +990,84 @@ mod tests {
         for i in 2..(2 + 4 * SENT_LOG_SLOTS as u64) {
             log.record(&payload(i, 60));
         }
-        assert!(
+        assert_eq!(
             log.take(&big[..1232 - 48], big.len()),
+            Some(1400),
             "large survives small ones"
         );
-        assert!(!log.take(&big, big.len()), "taken once");
+        assert_eq!(log.take(&big, big.len()), None, "taken once");
         // The oldest of a ring are forgotten; the newest SENT_LOG_SLOTS are kept.
         for i in 0..(SENT_LOG_SLOTS as u64 + 10) {
             log.record(&payload(1000 + i, 1400));
         }
-        assert!(!log.take(&payload(1000, 1400), 1400));
-        assert!(log.take(&payload(1010, 1400), 1400));
-        assert!(log.take(&payload(1000 + SENT_LOG_SLOTS as u64 + 9, 1400), 1400));
-        // Same bytes, another length: not the same packet. A quote too short to fingerprint.
+        assert!(log.take(&payload(1000, 1400), 1400).is_none());
+        assert_eq!(log.take(&payload(1010, 1400), 1400), Some(1400));
+        let newest = payload(1000 + SENT_LOG_SLOTS as u64 + 9, 1400);
+        assert_eq!(log.take(&newest, 1400), Some(1400));
+        // Same bytes, shorter: not the same packet. A quote too short to fingerprint.
         log.record(&payload(7, 1400));
-        assert!(!log.take(&payload(7, 1399), 1399));
-        assert!(!log.take(&payload(7, 1400)[..10], 1400));
-        assert!(!log.take(&[], 0));
-        assert!(log.take(&payload(7, 1400), 1400));
+        assert_eq!(log.take(&payload(7, 1399), 1399), None);
+        assert_eq!(log.take(&payload(7, 1400)[..10], 1400), None);
+        assert_eq!(log.take(&[], 0), None);
+        assert_eq!(log.take(&payload(7, 1400), 1400), Some(1400));
+        // An offload run quoted whole (one UDP header for three datagrams of 1000 and 200):
+        // found by its first datagram, whose own length comes back.
+        log.record(&payload(20, 1000));
+        log.record(&payload(21, 1000));
+        log.record(&payload(22, 200));
+        assert_eq!(log.take(&payload(20, 1184), 2200), Some(1000));
+        assert_eq!(log.take(&payload(20, 1184), 2200), None);
+        // A run of small datagrams, quoted as one large packet: found in the small ring.
+        log.record(&payload(30, 600));
+        assert_eq!(log.take(&payload(30, 1184), 1800), Some(600));
+    }
+
+    /// A router that got one of our segmentation-offload runs unsegmented (veth does that) or
+    /// coalesced (GRO forwarding) quotes it whole: one UDP header whose length covers the run.
+    /// The Packet Too Big is believed (its first datagram was sent), the MTU is checked against
+    /// that datagram, and the restored header carries the datagram's own payload length.
+    #[test]
+    fn packet_too_big_about_an_offload_run_is_about_its_first_datagram() {
+        for mode in [Mode::Plain, Mode::Auth, Mode::Encrypt] {
+            let (a, _) = pair(mode, AeadAlg::Aes256Gcm);
+            let route = a.route(Epoch(9));
+            let inner = udp(addr(A), addr(B), &[3; 1400]);
+            let one = inner.len() + a.overhead(); // 1464 or 1488
+            let mut out = [0u8; 1280];
+            for (mtu, want) in [
+                (1450, Ok(1450 - a.overhead() as u32)),
+                (one as u32, Err(())), // below the run's length, not below the datagram's
+            ] {
+                let sent = SentLog::new();
+                let single = router_error(&a, &route, &sent, &inner, PTB, mtu, 1232);
+                // Claim a run of three datagrams in the quoted IPv6 and UDP lengths.
+                let mut run = single.clone();
+                let udp_len = 3 * (one - 40) - 2 * 8;
+                run[48 + 4..48 + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+                run[48 + 40 + 4..48 + 40 + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+                run[42..44].copy_from_slice(&[0, 0]);
+                let c = crate::wire::upper_layer_checksum(
+                    addr(ROUTER),
+                    *route.local.ip(),
+                    58,
+                    &run[40..],
+                );
+                run[42..44].copy_from_slice(&c.to_be_bytes());
+                let tr = translate_path_error(&a, &route, &sent, &run, addr(GATEWAY), &mut out);
+                match want {
+                    Ok(m) => {
+                        let tr = tr.unwrap_or_else(|e| panic!("{mode}: {e}"));
+                        let icmp = check_output(&out[..tr.len], PTB);
+                        assert_eq!(icmp.data(), m, "{mode}");
+                        assert_eq!(&icmp.payload()[4..6], &inner[4..6], "{mode}: own length");
+                    }
+                    Err(()) => assert!(
+                        matches!(tr, Err(IcmpError::BogusMtu { .. })),
+                        "{mode}: {tr:?}"
+                    ),
+                }
+            }
+        }
     }
 
     /// Finding: a truncated quote repeated every few minutes held the MTU at 1280 for ever,
