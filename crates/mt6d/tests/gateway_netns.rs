@@ -783,59 +783,6 @@ fn tcp_over_a_narrower_tunneled_path_discovers_the_path_mtu() {
         .expect("enter A")
         .expect("transfer through the narrower path");
     server.join().expect("server").expect("receiver");
-    eprintln!(
-        "DEBUG gw get {}",
-        ip_in(
-            &lab.gw_a,
-            &[
-                "-6",
-                "route",
-                "get",
-                "2001:db8:1::b",
-                "from",
-                "2001:db8:1::a",
-                "iif",
-                "int0"
-            ]
-        )
-    );
-    eprintln!(
-        "DEBUG host {}",
-        ip_in(&lab.host_a, &["-6", "route", "get", "2001:db8:1::b"])
-    );
-    eprintln!(
-        "DEBUG host snmp {}",
-        ip_in(&lab.host_a, &["-6", "-s", "link"])
-    );
-    eprintln!(
-        "DEBUG gw snmp {:?}",
-        lab.gw_a
-            .command("cat")
-            .unwrap()
-            .arg("/proc/net/snmp6")
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .filter(|l| l.contains("Icmp6OutType2")
-                    || l.contains("Ip6InTooBig")
-                    || l.contains("FragFails")
-                    || l.contains("OutPktTooBigs"))
-                .map(|s| s.to_string())
-                .collect::<Vec<_>>())
-    );
-    eprintln!(
-        "DEBUG host snmp {:?}",
-        lab.host_a
-            .command("cat")
-            .unwrap()
-            .arg("/proc/net/snmp6")
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .filter(|l| l.contains("Icmp6InType2") || l.contains("Icmp6InErrors"))
-                .map(|s| s.to_string())
-                .collect::<Vec<_>>())
-    );
     assert!(tcp.sha256_match, "data corrupted");
     assert!(
         tcp.bytes > 10_000_000,
