@@ -282,3 +282,50 @@ fn router_advertisement_mtu_only_from_a_default_router_and_only_for_its_lifetime
     assert_eq!(status(&running, Side::A).path.router.upstream_mtu, 0);
     wait_for_path(lab, HOST_B, 3);
 }
+
+/// The per-peer path MTU in kernel state: `Netlink::set_route_mtu` puts a locked MTU on a /128
+/// route (what makes the kernel answer forwarded packets with Packet Too Big) and takes it off
+/// again when the learned MTU ages out, keeping the route.
+#[test]
+fn a_route_mtu_is_set_locked_and_removed_in_place() {
+    if !root() {
+        return eprintln!("skipped: needs root");
+    }
+    let ns = mt6d_os::Netns::create(&mt6d_os::unique_name("m6rt")).expect("netns");
+    let show = || {
+        let out = ns
+            .command("ip")
+            .expect("ip")
+            .args(["-6", "route", "show", "2001:db8:1::b/128"])
+            .output()
+            .expect("ip route");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    ns.run(|| {
+        let mut nl = mt6d_os::Netlink::open().expect("netlink");
+        nl.create_veth("m6v0", "m6v1").expect("veth");
+        let i = nl.link_index("m6v0").expect("index");
+        nl.link_set_up(i).expect("up");
+        let dst: Ipv6Addr = "2001:db8:1::b".parse().expect("addr");
+        nl.add_route(dst, 128, i).expect("route");
+        nl.set_route_mtu(dst, 128, i, Some(1360)).expect("mtu");
+        nl.set_route_mtu(dst, 128, i, Some(1360))
+            .expect("idempotent");
+        i
+    })
+    .expect("enter netns");
+    let with = show();
+    assert!(with.contains("mtu lock 1360"), "{with}");
+    assert_eq!(with.lines().count(), 1, "replaced in place: {with}");
+    ns.run(|| {
+        let mut nl = mt6d_os::Netlink::open().expect("netlink");
+        let i = nl.link_index("m6v0").expect("index");
+        let dst: Ipv6Addr = "2001:db8:1::b".parse().expect("addr");
+        nl.set_route_mtu(dst, 128, i, None).expect("no mtu")
+    })
+    .expect("enter netns");
+    let without = show();
+    assert!(without.contains("2001:db8:1::b dev m6v0"), "{without}");
+    assert!(!without.contains("mtu"), "{without}");
+    ns.delete();
+}
