@@ -421,7 +421,8 @@ impl Netlink {
     /// [`Netlink::add_route`] with a locked MTU metric (`ip route replace ... mtu lock MTU`), or
     /// without any metric for `None`. Linux applies an unlocked route MTU only to packets the
     /// host itself sends; the lock makes forwarded packets obey it too (and get a Packet Too Big
-    /// from this host when larger). Replaces the route in place: idempotent.
+    /// from this host when larger). Replaces the route in place (idempotent) and never creates
+    /// one: a route that is gone (removed at shutdown, or by the administrator) stays gone.
     pub fn set_route_mtu(
         &mut self,
         dst: Ipv6Addr,
@@ -431,7 +432,7 @@ impl Netlink {
     ) -> Result<()> {
         let mut msg = route_msg(
             RTM_NEWROUTE,
-            NLM_F_CREATE | NLM_F_REPLACE,
+            NLM_F_REPLACE,
             dst,
             prefix_len,
             oif,
@@ -443,17 +444,16 @@ impl Netlink {
             msg.attr(RTAX_MTU, &mtu.to_ne_bytes());
             msg.nest_end(at);
         }
-        match self.transact(msg, |_, _| ()) {
-            Err(e) if !is_errno(&e, &[libc::EEXIST]) => Err(OsError::Route {
+        self.transact(msg, |_, _| ())
+            .map(drop)
+            .map_err(|source| OsError::Route {
                 op: "set the MTU of",
                 dst,
                 prefix_len,
                 oif,
                 table: MAIN_TABLE,
-                source: e,
-            }),
-            _ => Ok(()),
-        }
+                source,
+            })
     }
 
     /// [`Netlink::add_route`] in routing table `table`.

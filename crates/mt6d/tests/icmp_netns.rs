@@ -327,5 +327,17 @@ fn a_route_mtu_is_set_locked_and_removed_in_place() {
     let without = show();
     assert!(without.contains("2001:db8:1::b dev m6v0"), "{without}");
     assert!(!without.contains("mtu"), "{without}");
+    // A route that is gone is not brought back.
+    let gone = ns
+        .run(|| {
+            let mut nl = mt6d_os::Netlink::open().expect("netlink");
+            let i = nl.link_index("m6v0").expect("index");
+            let dst: Ipv6Addr = "2001:db8:1::b".parse().expect("addr");
+            nl.del_route(dst, 128, i).expect("delete");
+            nl.set_route_mtu(dst, 128, i, Some(1360))
+        })
+        .expect("enter netns");
+    assert!(gone.is_err(), "set_route_mtu created a route");
+    assert_eq!(show(), "");
     ns.delete();
 }
