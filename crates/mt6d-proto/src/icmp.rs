@@ -15,8 +15,9 @@
 //!   cannot be authenticated, and ring offers no unverified decryption, so only what is known
 //!   without decrypting is quoted: a synthesized 40-byte inner header (version 6, payload length from
 //!   the quoted UDP length, Next Header 59, the true addresses). For Packet Too Big,
-//!   [`Translated::path_mtu`] also reports the outer MTU so the daemon lowers its tunnel MTU: the
-//!   next oversized inner packet then gets a full-quote error from [`packet_too_big`].
+//!   [`Translated::path_mtu`] also reports the outer MTU so the daemon lowers that peer's path
+//!   MTU: the next oversized inner packet then gets a full-quote error (from the gateway's kernel,
+//!   or from [`packet_too_big`]).
 //!
 //! Forged errors (docs/PROTOCOL.md §5, "Which errors are believed"): an error is translated only
 //! about a packet this gateway sent recently and no error has yet been accepted for
