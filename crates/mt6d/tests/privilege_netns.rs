@@ -187,7 +187,12 @@ fn an_unprivileged_user_with_net_admin_and_net_raw_runs_a_gateway() {
     }
 
     // With exactly CAP_NET_ADMIN and CAP_NET_RAW.
-    let cmd = unprivileged(lab, "+net_admin,+net_raw", &config_a, tun_node);
+    // Its state records (docs/ARCHITECTURE.md) in a directory of that user too.
+    let state_a = run_dir.join("state");
+    std::fs::create_dir_all(&state_a).expect("state dir");
+    chown(&state_a);
+    let mut cmd = unprivileged(lab, "+net_admin,+net_raw", &config_a, tun_node);
+    cmd.env("MT6D_STATE_DIR", &state_a);
     let mut a = DaemonProcess::spawn("A", cmd, &socket_a, &dir.join("gw-A.log")).expect("spawn A");
     a.wait_ready(Duration::from_secs(10))
         .expect("Gateway A starts without root");

@@ -184,6 +184,9 @@ impl IcmpTranslator {
         max_overhead: usize,
     ) -> Result<IcmpTranslator, GatewayError> {
         let mut netlink = Netlink::open().map_err(os("open rtnetlink for the ICMPv6 thread"))?;
+        // It replaces the daemon's own routes (a peer's path MTU): they keep the daemon's marker,
+        // so the clean-up that deletes by marker still finds them.
+        netlink.set_marker(super::state::MARKER);
         let addrs = netlink
             .list_addresses(internal_index)
             .map_err(os("list internal addresses"))?;
