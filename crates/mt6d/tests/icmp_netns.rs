@@ -113,6 +113,15 @@ fn forged_packet_too_big_and_errors_about_unsent_packets_change_nothing() {
     let router = &lab.routers[0];
     let base = status(&running, Side::A).path.base_mtu;
     assert_eq!(peer_mtu(&running), base);
+    // The route's owner marker (`proto N`): kept when the MTU is set, so clean-up finds it.
+    let proto = |r: &str| {
+        r.split_whitespace()
+            .skip_while(|w| *w != "proto")
+            .nth(1)
+            .map(str::to_string)
+    };
+    let marker = proto(&route_to_b(&running));
+    assert!(marker.is_some(), "{}", route_to_b(&running));
     let sink = lab
         .host_b
         .run(|| UdpSocket::bind((HOST_B, 9)))
@@ -195,6 +204,19 @@ fn forged_packet_too_big_and_errors_about_unsent_packets_change_nothing() {
         assert_eq!(peer_mtu(&running), 1400 - 40);
         let route = route_to_b(&running);
         assert!(route.contains("mtu lock 1360"), "{route}");
+        assert_eq!(proto(&route), marker, "{route}");
+        // Replaced, not added; the fail-closed guard of the same prefix (another metric)
+        // untouched.
+        assert_eq!(
+            route.lines().filter(|l| l.contains("dev mt6d0")).count(),
+            1,
+            "{route}"
+        );
+        assert_eq!(
+            route.lines().filter(|l| l.starts_with("prohibit")).count(),
+            1,
+            "{route}"
+        );
         let st = status(&running, Side::A);
         assert_eq!(
             st.path.tunnel_mtu, base,
