@@ -225,7 +225,18 @@ impl Config {
             path: path.to_path_buf(),
             source,
         })?;
-        Config::parse(path, &text)
+        use std::os::unix::fs::PermissionsExt;
+        let config = Config::parse(path, &text)?;
+        let mode = std::fs::metadata(path)
+            .map_err(|source| ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?
+            .permissions()
+            .mode()
+            & 0o777;
+        refuse_readable_inline_secrets(path, &text, mode)?;
+        Ok(config)
     }
 
     /// Validates configuration text; `path` names the file in errors and anchors relative
@@ -693,6 +704,31 @@ fn relative_to(config: &Path, file: &str) -> PathBuf {
     }
 }
 
+/// Secrets written into the config itself (a peer's `key = "..."`) are refused when group or
+/// others can read the file (`mode` & 0o077), as key files are ([`keys::read_secret_file`]);
+/// the error points at the first such key, file:line:column.
+fn refuse_readable_inline_secrets(path: &Path, text: &str, mode: u32) -> Result<(), ConfigError> {
+    if mode & 0o077 == 0 {
+        return Ok(());
+    }
+    let src = Source { path, text };
+    // The text already parsed once (Config::parse); a failure here cannot happen.
+    let Ok(raw) = toml::from_str::<RawConfig>(text) else {
+        return Ok(());
+    };
+    match raw.peers.iter().find_map(|p| p.get_ref().key.as_ref()) {
+        Some(key) => Err(src.err(
+            key,
+            format!(
+                "a secret key is written in a file group or others can read (mode {mode:03o}); \
+                 run: chmod 600 {}, or move the key to a key_file with mode 0600",
+                path.display()
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 fn peer_key(src: &Source, peer: &Spanned<RawPeer>) -> Result<SessionKey, ConfigError> {
     let p = peer.get_ref();
     let (text, at) = match (&p.key, &p.key_file) {
@@ -1020,5 +1056,40 @@ key = "{KEY}"
             assert_eq!(cfg.gateway.is_host(), name.starts_with("host"), "{name}");
         }
         std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    /// An inline `key = "..."` in a config others can read is refused as a 0644 key file is,
+    /// pointing at the key; at 0600 it loads, and a 0644 config without inline secrets too.
+    #[test]
+    fn inline_secrets_in_a_readable_config_are_refused() {
+        let dir = std::env::temp_dir().join(format!("mt6d-inline-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("gw.toml");
+        let text = example();
+        std::fs::write(&path, &text).expect("write");
+        for mode in [0o644, 0o640, 0o604] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            let e = Config::load(&path)
+                .expect_err("readable inline key")
+                .to_string();
+            let at = text.find("key = ").expect("key in example");
+            let line = text[..at].matches('\n').count() + 1;
+            let expect = format!("{}:{line}:7:", path.display());
+            assert!(e.starts_with(&expect), "{e} (want {expect})");
+            assert!(e.contains(&format!("chmod 600 {}", path.display())), "{e}");
+            assert!(e.contains(&format!("mode {mode:03o}")), "{e}");
+        }
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        Config::load(&path).expect("0600 config with an inline key");
+        let key_file = dir.join("peer.key");
+        crate::keys::write_secret_file(&key_file, KEY).expect("key file");
+        let text = text.replace(
+            &format!("key = \"{KEY}\""),
+            &format!("key_file = \"{}\"", key_file.display()),
+        );
+        std::fs::write(&path, &text).expect("write");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        Config::load(&path).expect("0644 config whose key is in a 0600 file");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -157,7 +157,12 @@ pub fn tx_loop(shared: &Shared, tun: &Tun, tun_mtu: usize) {
                 continue;
             };
             let len = match sealer.seal(route, inner, out) {
-                Ok(len) => len,
+                Ok(len) => {
+                    // Two relaxed loads and stores (docs/PROTOCOL.md §5): what an ICMPv6 error
+                    // from the path must quote to be believed.
+                    shared.peers[peer].sent.record(&out[..len]);
+                    len
+                }
                 Err(e) => {
                     shared.peers[peer]
                         .counters

@@ -70,9 +70,8 @@ pub enum GatewayError {
 /// Runs the daemon until a stop signal ([`signals`]).
 pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = Config::load(config_path)?;
-    if !crate::lab::is_root() {
-        return Err("mt6d run changes interfaces, addresses and routes and needs root".into());
-    }
+    // Capabilities, not uid 0: a dedicated user with CAP_NET_ADMIN and CAP_NET_RAW is enough.
+    crate::privilege::check_all()?;
     // Handlers first: a signal during set-up then stops the daemon after set-up, through the
     // same clean-up, instead of killing it half way.
     let signals = signals::Signals::install()?;
@@ -93,9 +92,9 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
 /// routes, proxy entries, addresses, sysctls) is removed or restored; nothing is started.
 pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = Config::load(config_path)?;
-    if !crate::lab::is_root() {
-        return Err("mt6d down changes addresses, routes and sysctls and needs root".into());
-    }
+    // The same capabilities as `run` (no TUN device is opened): the daemon's own user can
+    // clean up after it.
+    crate::privilege::check_run()?;
     let report = state::down(&cfg)?;
     match &report.owner {
         Some((pid, config)) => println!(
