@@ -14,6 +14,7 @@
 
 pub mod clock;
 mod collision;
+pub mod counter_state;
 pub mod counters;
 mod dataplane;
 pub mod icmp;
@@ -94,9 +95,20 @@ fn run_gateway(
         let stream = p.build_stream().map_err(setup)?;
         max_overhead = max_overhead.max(stream.overhead());
         let keys = match &p.keying {
+            Keying::PreShared if stream.mode() == mt6d_proto::Mode::Plain => {
+                recv.push(ReceiveKeys::single(stream.opener()));
+                // Plain mode has no counter and no nonce: nothing to persist.
+                PeerKeys::pre_shared(stream.sealer(0, 0), None)
+            }
             Keying::PreShared => {
                 recv.push(ReceiveKeys::single(stream.opener()));
-                PeerKeys::pre_shared(stream.sealer(now))
+                let (state, first) = counter_state::CounterState::open(
+                    &cfg.gateway.state_dir,
+                    &stream.counter_state_id(),
+                )
+                .map_err(|e| GatewayError::Setup(format!("peer {}: send counter: {e}", p.name)))?;
+                let sealer = stream.sealer(first, state.reserved());
+                PeerKeys::pre_shared(sealer, Some(state))
             }
             Keying::Handshake(hs) => {
                 recv.push(ReceiveKeys::new());

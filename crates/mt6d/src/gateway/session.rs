@@ -19,6 +19,7 @@ use mt6d_os::{SendMsg, SendScratch, UdpSocket6};
 use mt6d_proto::handshake::{Handshake, Outcome, ReceiveKeys};
 use mt6d_proto::{KeyPhase, Route, Sealer, UnixTime};
 
+use super::counter_state::CounterState;
 use super::routing::{Peer, RouteTable};
 
 /// One peer's keys, shared by all threads.
@@ -33,6 +34,9 @@ pub struct PeerKeys {
     pub erase_recv: AtomicBool,
     /// Handshake state; None with a pre-shared key.
     pub handshake: Option<Mutex<HandshakeSide>>,
+    /// A pre-shared auth/encrypt key's persisted counter reservation (docs/PROTOCOL.md §4.3);
+    /// touched only by the main thread's timer.
+    pub counter: Option<Mutex<CounterState>>,
 }
 
 /// The handshake state machine and a responder's send key waiting for confirmation.
@@ -43,13 +47,15 @@ pub struct HandshakeSide {
 }
 
 impl PeerKeys {
-    /// A pre-shared session key: one sealer for the daemon's lifetime, no handshake.
-    pub fn pre_shared(sealer: Sealer) -> PeerKeys {
+    /// A pre-shared session key: one sealer for the daemon's lifetime, no handshake. `counter`:
+    /// the sealer's persisted reservation (None in plain mode, which has no counter).
+    pub fn pre_shared(sealer: Sealer, counter: Option<CounterState>) -> PeerKeys {
         PeerKeys {
             send: ArcSwapOption::from_pointee(sealer),
             want: AtomicBool::new(false),
             erase_recv: AtomicBool::new(false),
             handshake: None,
+            counter: counter.map(Mutex::new),
         }
     }
 
@@ -63,6 +69,7 @@ impl PeerKeys {
                 hs,
                 pending_send: None,
             })),
+            counter: None,
         }
     }
 
@@ -113,8 +120,12 @@ pub(super) fn send_one(
     }
 }
 
-/// The timer's work for one peer: retire expired keys, start an initiation when one is due.
+/// The timer's work for one peer: reserve a pre-shared sealer's next counter block, retire
+/// expired keys, start an initiation when one is due.
 pub fn tick(peer: &Peer, index: usize, table: &RouteTable, now: UnixTime) {
+    if let Some(counter) = &peer.keys.counter {
+        reserve_counters(peer, counter);
+    }
     let Some(mut side) = peer.keys.lock() else {
         return;
     };
@@ -142,6 +153,37 @@ pub fn tick(peer: &Peer, index: usize, table: &RouteTable, now: UnixTime) {
             route.remote
         );
         send_one(socket, &route.local, route.remote, &init);
+    }
+}
+
+/// Keeps a pre-shared sealer's reserved counters ahead of its traffic (docs/PROTOCOL.md §4.3):
+/// the fsync happens here, on the timer, never on a packet thread.
+fn reserve_counters(peer: &Peer, counter: &Mutex<CounterState>) {
+    let send = peer.keys.send.load();
+    let Some(sealer) = send.as_ref() else {
+        return;
+    };
+    let Some(next) = sealer.next_counter() else {
+        return;
+    };
+    let mut state = counter
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let was_failing = state.failing();
+    match state.reserve_ahead(next) {
+        Ok(Some(limit)) => {
+            sealer.reserve_until(limit);
+            if was_failing {
+                log::info!("peer {}: send counter state written again", peer.name);
+            }
+        }
+        Ok(None) => {}
+        // Logged once per outage: the tick retries every 20 ms.
+        Err(e) if !was_failing => log::error!(
+            "peer {}: cannot reserve send counters ({e}); packets are dropped once the reserved ones run out",
+            peer.name
+        ),
+        Err(_) => {}
     }
 }
 
