@@ -20,6 +20,7 @@ pub struct Opener {
     key: Option<LessSafeKey>,
     space: CounterSpace,
     replay: ReplayWindow,
+    key_id: Option<u64>,
     local_true: Ipv6Addr,
     remote_true: Ipv6Addr,
     scratch: Vec<u8>,
@@ -37,6 +38,7 @@ impl Opener {
             key,
             space: CounterSpace::Static,
             replay: ReplayWindow::new(),
+            key_id: None,
             local_true,
             remote_true,
             scratch: Vec::new(),
@@ -57,10 +59,17 @@ impl Opener {
             key: Some(aead_key_bytes(alg, key)),
             space: CounterSpace::Session(phase),
             replay: ReplayWindow::new(),
+            key_id: Some(super::seal::key_id(key)),
             local_true,
             remote_true,
             scratch: Vec::new(),
         }
+    }
+
+    /// A one-way fingerprint of a handshake key (None for a static key), as
+    /// [`crate::Sealer::key_id`].
+    pub fn key_id(&self) -> Option<u64> {
+        self.key_id
     }
 
     /// The key phase it opens (None for a static key).

@@ -230,7 +230,7 @@ impl Sealer {
     }
 }
 
-fn key_id(key: &[u8; 32]) -> u64 {
+pub(crate) fn key_id(key: &[u8; 32]) -> u64 {
     let h = blake3::derive_key("mt6d-proto 2026-11-21 key fingerprint", key);
     let mut b = [0u8; 8];
     b.copy_from_slice(&h[..8]);
