@@ -260,6 +260,13 @@ struct Pending {
     sent_at: UnixTime,
 }
 
+impl Drop for Pending {
+    fn drop(&mut self) {
+        // snow keeps a copy of the pre-shared key in the state and never clears it.
+        let _ = self.state.set_psk(2, &[0u8; 32]);
+    }
+}
+
 /// A token bucket over [`RESPONSES_PER_SEC`], in milli-tokens.
 #[derive(Debug, Clone, Copy)]
 struct Bucket {
@@ -731,6 +738,7 @@ impl Handshake {
         self.remember(&noise[..32], reply_route.epoch);
         let (i2r, r2i) = state.dangerously_get_raw_split();
         let (i2r, r2i) = (Zeroizing::new(i2r), Zeroizing::new(r2i));
+        let _ = state.set_psk(2, &[0u8; 32]);
         let mut reply = [0u8; RESPONSE_LEN];
         frame(
             Kind::Response,

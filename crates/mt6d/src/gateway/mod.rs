@@ -79,12 +79,30 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// Keys must not reach a core dump or a same-user debugger: the process becomes non-dumpable
+/// before any key is derived, and the pages of the configured keys are left out of dumps
+/// (docs/ARCHITECTURE.md "Keys").
+fn protect_secrets(cfg: &Config) -> Result<(), GatewayError> {
+    mt6d_os::secrets::set_non_dumpable().map_err(|e| {
+        GatewayError::Setup(format!(
+            "mark the process non-dumpable (prctl PR_SET_DUMPABLE 0): {e}"
+        ))
+    })?;
+    for p in &cfg.peers {
+        // Best effort: a failure only means a dump the process cannot produce anyway (it is
+        // non-dumpable) would include these pages.
+        let _ = mt6d_os::secrets::dont_dump(p.stream.key.as_bytes());
+    }
+    Ok(())
+}
+
 fn run_gateway(
     cfg: &Config,
     control: &ControlServer,
     stop: &AtomicBool,
 ) -> Result<(), GatewayError> {
     let started = Instant::now();
+    protect_secrets(cfg)?;
     let now = clock::now();
     let mut peers = Vec::with_capacity(cfg.peers.len());
     let mut recv = Vec::with_capacity(cfg.peers.len());
@@ -115,7 +133,10 @@ fn run_gateway(
                 PeerKeys::handshake(Handshake::new(hs.clone()).map_err(setup)?)
             }
         };
-        peers.push(Arc::new(Peer::new(p.name.clone(), stream, keys)));
+        let peer = Arc::new(Peer::new(p.name.clone(), stream, keys));
+        // The stream's derived subkeys and the peer's key state live inline in `Peer`.
+        let _ = mt6d_os::secrets::dont_dump(&*peer);
+        peers.push(peer);
     }
 
     let mut sys = System::apply(cfg, max_overhead)?;
