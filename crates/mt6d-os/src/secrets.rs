@@ -67,20 +67,20 @@ mod tests {
 
     #[test]
     fn the_process_becomes_non_dumpable() {
-        set_non_dumpable().unwrap();
-        assert!(!is_dumpable().unwrap());
-        set_non_dumpable().unwrap();
+        set_non_dumpable().expect("must succeed");
+        assert!(!is_dumpable().expect("must succeed"));
+        set_non_dumpable().expect("must succeed");
     }
 
     #[test]
     fn key_pages_are_marked() {
         let key = Box::new([0x5au8; 32]);
-        dont_dump(&*key).unwrap();
+        dont_dump(&*key).expect("must succeed");
         let v = vec![1u8; 10_000];
-        dont_dump(&v[..]).unwrap();
-        dont_dump(&[0u8; 0][..]).unwrap();
+        dont_dump(&v[..]).expect("must succeed");
+        dont_dump(&[0u8; 0][..]).expect("must succeed");
         // Visible in /proc/self/smaps as the "dd" VmFlag of the mapping.
-        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let smaps = std::fs::read_to_string("/proc/self/smaps").expect("must succeed");
         assert!(smaps.contains(" dd"), "no mapping marked dd");
     }
 }

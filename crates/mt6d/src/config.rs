@@ -1060,13 +1060,13 @@ key = "{KEY}"
         let other_key = second("2001:db8:1::a", "2001:db8:1::c")
             .replace(KEY, "EBESExQVFhcYGRobHB0eHyAhIiMkJSYnKCkqKywtLi8=");
         assert!(parse(&(example() + &other_key)).is_ok());
-        let cfg = parse(&example()).unwrap();
+        let cfg = parse(&example()).expect("must succeed");
         assert_eq!(cfg.gateway.state_dir, PathBuf::from("/var/lib/mt6d"));
         let cfg = parse(&example().replace(
             "rotation_secs = 1\n",
             "rotation_secs = 1\nstate_dir = \"state\"\n",
         ))
-        .unwrap();
+        .expect("must succeed");
         assert_eq!(cfg.gateway.state_dir, PathBuf::from("/etc/mt6d/state"));
     }
 
@@ -1092,12 +1092,12 @@ key = "{KEY}"
             Keying::Handshake(h) => h.rekey_after_packets,
             Keying::PreShared => unreachable!("handshake config"),
         };
-        assert_eq!(budget(at(&text).unwrap()), 1 << 23);
+        assert_eq!(budget(at(&text).expect("must succeed")), 1 << 23);
         let chacha = text.replace(
             "rotation_secs = 1\n",
             "rotation_secs = 1\naead = \"chacha20-poly1305\"\n",
         );
-        assert_eq!(budget(at(&chacha).unwrap()), 1 << 36);
+        assert_eq!(budget(at(&chacha).expect("must succeed")), 1 << 36);
         let big = text.replace(
             "rotation_secs = 1\n",
             "rotation_secs = 1\nrekey_packets = 16777216\n",

@@ -171,38 +171,48 @@ mod tests {
     #[test]
     fn restarts_start_above_every_counter_reserved_before() {
         let d = dir("restart");
-        let (mut s, first) = CounterState::open(&d, "00aa").unwrap();
+        let (mut s, first) = CounterState::open(&d, "00aa").expect("must succeed");
         assert_eq!(first, 0);
         assert_eq!(s.reserved(), BLOCK);
-        assert_eq!(s.reserve_ahead(10).unwrap(), None, "plenty left");
-        assert_eq!(s.reserve_ahead(BLOCK / 2 + 1).unwrap(), Some(2 * BLOCK));
+        assert_eq!(
+            s.reserve_ahead(10).expect("must succeed"),
+            None,
+            "plenty left"
+        );
+        assert_eq!(
+            s.reserve_ahead(BLOCK / 2 + 1).expect("must succeed"),
+            Some(2 * BLOCK)
+        );
         // A crash here: the next run starts past everything reserved, whatever the clock says.
         drop(s);
-        let (s2, first2) = CounterState::open(&d, "00aa").unwrap();
+        let (s2, first2) = CounterState::open(&d, "00aa").expect("must succeed");
         assert_eq!(first2, 2 * BLOCK);
         assert_eq!(s2.reserved(), 3 * BLOCK);
-        let (_, other) = CounterState::open(&d, "00bb").unwrap();
+        let (_, other) = CounterState::open(&d, "00bb").expect("must succeed");
         assert_eq!(other, 0, "each stream direction has its own file");
-        fs::remove_dir_all(&d).unwrap();
+        fs::remove_dir_all(&d).expect("must succeed");
     }
 
     #[test]
     fn a_corrupt_file_is_refused_not_guessed() {
         let d = dir("corrupt");
-        fs::create_dir_all(&d).unwrap();
-        fs::write(d.join("psk-01.counter"), "twelve\n").unwrap();
-        let e = CounterState::open(&d, "01").unwrap_err();
+        fs::create_dir_all(&d).expect("must succeed");
+        fs::write(d.join("psk-01.counter"), "twelve\n").expect("must succeed");
+        let e = CounterState::open(&d, "01").expect_err("must fail");
         assert!(matches!(e, CounterStateError::Corrupt { .. }), "{e}");
         assert!(e.to_string().contains("psk-01.counter"), "{e}");
-        fs::remove_dir_all(&d).unwrap();
+        fs::remove_dir_all(&d).expect("must succeed");
     }
 
     #[test]
     fn a_sealer_that_fell_behind_gets_a_block_past_its_counter() {
         let d = dir("behind");
-        let (mut s, _) = CounterState::open(&d, "02").unwrap();
+        let (mut s, _) = CounterState::open(&d, "02").expect("must succeed");
         // The sealer burnt counters past the limit while the disk was slow.
-        assert_eq!(s.reserve_ahead(BLOCK + 5).unwrap(), Some(2 * BLOCK + 5));
-        fs::remove_dir_all(&d).unwrap();
+        assert_eq!(
+            s.reserve_ahead(BLOCK + 5).expect("must succeed"),
+            Some(2 * BLOCK + 5)
+        );
+        fs::remove_dir_all(&d).expect("must succeed");
     }
 }
