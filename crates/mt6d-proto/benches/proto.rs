@@ -59,7 +59,7 @@ fn tunnel(c: &mut Criterion) {
             (Mode::Auth, AeadAlg::Aes256Gcm),
         ] {
             let (sa, sb) = streams(mode, aead);
-            let sealer = sa.sealer(UnixTime::from_secs(1_700_000_000));
+            let sealer = sa.sealer(UnixTime::from_secs(1_700_000_000).as_nanos(), u64::MAX);
             let (ra, rb) = (sa.route(Epoch(1)), sb.route(Epoch(1)));
             let name = if mode == Mode::Plain {
                 "plain".to_string()
@@ -125,7 +125,7 @@ fn handshake(c: &mut Criterion) {
     let (ra, rb) = (sa.route(Epoch(9)), sb.route(Epoch(9)));
     let mut g = c.benchmark_group("handshake");
     let data = inner(1280);
-    let sealer = sa.sealer(UnixTime::from_secs(1));
+    let sealer = sa.sealer(UnixTime::from_secs(1).as_nanos(), u64::MAX);
     let mut out = vec![0u8; 2048];
     g.bench_function("baseline-seal-1280", |bch| {
         bch.iter(|| black_box(sealer.seal(&ra, black_box(&data), &mut out).unwrap()))

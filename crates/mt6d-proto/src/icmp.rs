@@ -690,7 +690,7 @@ mod tests {
         data: u32,
         quote_max: usize,
     ) -> Vec<u8> {
-        let sealer = stream.sealer(UnixTime::from_secs(1_700_000_000));
+        let sealer = stream.sealer(UnixTime::from_secs(1_700_000_000).as_nanos(), u64::MAX);
         let mut payload = [0u8; 2048];
         let n = sealer.seal(route, inner, &mut payload).unwrap();
         sent.record(&payload[..n]);

@@ -1261,7 +1261,8 @@ fn handshake_flood(duration: Duration) -> (u64, u64) {
     while Instant::now() < end && sent < 200_000 {
         let mut f = template[..62].to_vec();
         f.extend_from_slice(&[0x81, 0, 0, 0]);
-        f.extend((0..121).map(|_| next() as u8));
+        // Index, Noise message and mac: random (docs/PROTOCOL.md §9.3 layout).
+        f.extend((0..mt6d_proto::handshake::INITIATION_LEN - 4).map(|_| next() as u8));
         set_lengths(&mut f);
         inject(&cap, &f);
         sent += 1;
