@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use mt6d_os::UdpSocket6;
+use mt6d_proto::icmp::SentLog;
 use mt6d_proto::moves::RouteMoves;
 use mt6d_proto::{Route, Schedule, Stream, UnixTime};
 
@@ -35,6 +36,9 @@ pub struct Peer {
     /// The peer's external MAC from its authenticated announcement (docs/PROTOCOL.md §5.2,
     /// "Pinned neighbours"), as `1 << 48 | mac`; 0 until one arrived.
     pub lladdr: AtomicU64,
+    /// The tunnel payloads the tx thread sent lately: ICMPv6 errors from the path are believed
+    /// only about these, once each (docs/PROTOCOL.md §5).
+    pub sent: SentLog,
 }
 
 impl Peer {
@@ -49,6 +53,7 @@ impl Peer {
             moves_changed: AtomicBool::new(false),
             notices_refused: AtomicU64::new(0),
             lladdr: AtomicU64::new(0),
+            sent: SentLog::new(),
         }
     }
 
