@@ -209,6 +209,23 @@ impl Netlink {
             })
     }
 
+    /// Sets the link-layer (MAC) address of interface `index`. Most drivers (veth among them)
+    /// accept it while the link is up; the others answer EBUSY.
+    pub fn link_set_mac(&mut self, index: u32, mac: [u8; 6]) -> Result<()> {
+        let mut msg = Message::new(RTM_NEWLINK, 0);
+        msg.push(&ifinfomsg(index, 0, 0));
+        msg.attr(IFLA_ADDRESS, &mac);
+        self.transact(msg, |_, _| ())
+            .map_err(|source| OsError::Link {
+                op: format!(
+                    "set MAC address {}",
+                    mac.map(|b| format!("{b:02x}")).join(":")
+                ),
+                link: link_ref(index),
+                source,
+            })
+    }
+
     /// Renames interface `index` (the kernel requires it to be down).
     pub fn link_rename(&mut self, index: u32, new_name: &str) -> Result<()> {
         let ctx = |source| OsError::Link {
@@ -885,6 +902,9 @@ pub(crate) mod tests {
         let (_ns, mut nl, a, b) = veth_lab();
         assert_eq!(nl.link_name(a).expect("name"), "va");
         assert!(nl.link_mac(a).expect("mac").is_some());
+        let mac = [0x02, 0x11, 0x22, 0x33, 0x44, 0x55];
+        nl.link_set_mac(a, mac).expect("set MAC while up");
+        assert_eq!(nl.link_mac(a).expect("mac"), Some(mac));
         nl.link_set_mtu(a, 1400).expect("mtu");
         assert!(nl.link_index("nonexistent0").is_err());
 

@@ -5,11 +5,12 @@
 //! loss at rotation): addresses of the *next* epoch are already in the accept window, so they are
 //! bound (with `nodad`, usable at once) one whole interval before the peer starts sending to
 //! them; new sockets exist before the table that names them is published; old addresses are
-//! removed only after the table that no longer names them is live. Right after a new address is
-//! bound, the on-link next hop is made to learn it ([`super::neighbor`]), so that the first
-//! packet to it one interval later is not held up by neighbour discovery (001 §4.2), and is
+//! removed only after the table that no longer names them is live. A newly bound address is
 //! probed for a duplicate on the link ([`super::collision`]); a collision moves the epoch and
-//! calls [`Rotator::step`] again, which binds the moved addresses the same way.
+//! calls [`Rotator::step`] again, which binds the moved addresses the same way. The on-link
+//! next hop learns a new address only [`PRIME_LEAD`] before its epoch starts
+//! ([`super::neighbor`], docs/PROTOCOL.md §5.1): the first packet to it is then not held up by
+//! neighbour discovery (001 §4.2), and nothing names it on the wire any earlier.
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::Ipv6Addr;
@@ -22,7 +23,7 @@ use mt6d_proto::{Epoch, UnixTime};
 use super::collision::{Collision, CollisionWatch};
 use super::dataplane::Shared;
 use super::icmp::PathState;
-use super::neighbor::NeighborPrimer;
+use super::neighbor::{NeighborPrimer, PRIME_LEAD};
 use super::routing::{Peer, RouteTable};
 use super::GatewayError;
 
@@ -37,6 +38,13 @@ pub struct Rotator {
     epochs: Vec<Option<Epoch>>,
     next_change: UnixTime,
     primer: Option<(NeighborPrimer, Arc<PathState>)>,
+    /// Local addresses whose announcement is sent or scheduled.
+    primed: HashSet<Ipv6Addr>,
+    /// Announcements not yet due: (when, from our address, to the next hop).
+    pending: Vec<(UnixTime, Ipv6Addr, Ipv6Addr)>,
+    /// The peers' hashed addresses of the accept window (one segment: our kernel's neighbour
+    /// entries for them are removed when they leave it).
+    remotes: HashSet<Ipv6Addr>,
     watch: Option<CollisionWatch>,
 }
 
@@ -53,6 +61,9 @@ impl Rotator {
             epochs: Vec::new(),
             next_change: UnixTime::from_nanos(0),
             primer: None,
+            primed: HashSet::new(),
+            pending: Vec::new(),
+            remotes: HashSet::new(),
             watch: None,
         }
     }
@@ -183,7 +194,7 @@ impl Rotator {
                 self.bound.insert(*addr);
             }
         }
-        self.prime(&table, &fresh);
+        self.schedule_priming(&table, now);
         if let Some(watch) = &mut self.watch {
             for addr in &fresh {
                 watch.probe(*addr);
@@ -226,7 +237,10 @@ impl Rotator {
                 log::warn!("remove hashed address {addr}: {e}");
             }
             self.bound.remove(&addr);
+            self.primed.remove(&addr);
+            self.pending.retain(|(_, from, _)| *from != addr);
         }
+        self.forget_peer_addresses(nl, &shared.table.load());
         let old_ports: Vec<u16> = self
             .sockets
             .keys()
@@ -241,28 +255,75 @@ impl Rotator {
         Ok(())
     }
 
-    /// Sends a neighbour solicitation from each address in `fresh` to the next hop of its peer.
-    fn prime(&self, table: &RouteTable, fresh: &[Ipv6Addr]) {
-        let Some((primer, path)) = &self.primer else {
+    /// Schedules the announcement of each local address of the accept window not yet announced:
+    /// the current epoch's at once (it is in use), the next epoch's [`PRIME_LEAD`] before its
+    /// boundary; the previous epoch's never (nothing more will be sent to it that needs a new
+    /// neighbour entry). The solicitation goes to the router, or on one segment to the peer's
+    /// address *of the same epoch*, so no message names two epochs (docs/PROTOCOL.md §5.1).
+    fn schedule_priming(&mut self, table: &RouteTable, now: UnixTime) {
+        let Some((primer, _)) = &self.primer else {
             return;
         };
         for routes in &table.peers {
-            let target = primer.target(*routes.schedule.send.remote.ip());
+            let current = routes.schedule.send.epoch;
+            let lead = PRIME_LEAD.as_nanos() as u64;
+            let next_due =
+                UnixTime::from_nanos(routes.schedule.next_change.as_nanos().saturating_sub(lead));
             for route in &routes.schedule.accept {
                 let from = *route.local.ip();
-                if !fresh.contains(&from) {
+                if route.epoch < current || !self.primed.insert(from) {
                     continue;
                 }
-                match primer.solicit(from, target) {
-                    Ok(()) => {
-                        path.solicitations
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    // Once per rotation at most, on the main thread.
-                    Err(e) => log::debug!("neighbour solicitation from {from} for {target}: {e}"),
-                }
+                let due = if route.epoch > current {
+                    next_due
+                } else {
+                    now
+                };
+                self.pending
+                    .push((due, from, primer.target(*route.remote.ip())));
             }
         }
+    }
+
+    /// Sends the announcements that are due; called by the main loop every tick (20 ms).
+    pub fn prime_due(&mut self, now: UnixTime) {
+        let Some((primer, path)) = &self.primer else {
+            return;
+        };
+        self.pending.retain(|&(due, from, target)| {
+            if due > now {
+                return true;
+            }
+            match primer.solicit(from, target) {
+                Ok(()) => {
+                    path.solicitations
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                // Once per rotation at most, on the main thread.
+                Err(e) => log::debug!("neighbour solicitation from {from} for {target}: {e}"),
+            }
+            false
+        });
+    }
+
+    /// One segment: our kernel's neighbour entries for peer addresses that left the accept
+    /// window are deleted, so that it never probes them later (a probe would name an old
+    /// epoch's address long after its use).
+    fn forget_peer_addresses(&mut self, nl: &mut Netlink, table: &RouteTable) {
+        if !self.primer.as_ref().is_some_and(|(p, _)| p.on_link()) {
+            return;
+        }
+        let now: HashSet<Ipv6Addr> = table
+            .peers
+            .iter()
+            .flat_map(|r| r.schedule.accept.iter().map(|a| *a.remote.ip()))
+            .collect();
+        for gone in self.remotes.difference(&now) {
+            if let Err(e) = nl.del_neighbor(self.external_index, *gone) {
+                log::debug!("forget neighbour {gone}: {e}");
+            }
+        }
+        self.remotes = now;
     }
 
     /// Removes every hashed address and closes every socket (shutdown).

@@ -23,17 +23,25 @@
 
 use std::net::Ipv6Addr;
 
+use mt6d_os::nftables::NftTable;
 use mt6d_os::{sysctl, AddrFlags, Netlink, Tun};
 
 use crate::config::{Config, Role};
 
-use super::GatewayError;
+use super::{quiet, GatewayError};
 
 /// The true address on the TUN device is the host's own and unique by configuration; DAD on a
 /// point-to-point device would only hold it tentative (unusable) for a second.
 const NO_DAD: AddrFlags = AddrFlags {
     nodad: true,
     noprefixroute: true,
+};
+
+/// An address put back on exit was in use before the daemon started: no second DAD, and its
+/// prefix route as the kernel had made it.
+const RESTORED: AddrFlags = AddrFlags {
+    nodad: true,
+    noprefixroute: false,
 };
 
 /// One change to revert on exit, newest last.
@@ -62,6 +70,21 @@ enum Undo {
         index: u32,
         addr: Ipv6Addr,
         len: u8,
+    },
+    /// An address that was there before and is put back on exit (the original link-local).
+    AddressBack {
+        index: u32,
+        addr: Ipv6Addr,
+        len: u8,
+    },
+    LinkMac {
+        index: u32,
+        mac: [u8; 6],
+    },
+    /// The mt6d-owned nftables table (docs/PROTOCOL.md §5.4), deleted last.
+    Firewall {
+        table: NftTable,
+        external: String,
     },
 }
 
@@ -133,6 +156,9 @@ impl System {
 
     fn apply_inner(&mut self, cfg: &Config) -> Result<(), GatewayError> {
         let g = &cfg.gateway;
+        // First, before any address is added: the kernel's reports and errors about hashed
+        // addresses never leave (quiet.rs).
+        self.quiet(cfg)?;
         let tun = Tun::create(&g.tun_name, u16::try_from(self.tun_mtu).unwrap_or(u16::MAX))
             .map_err(os(format!("create TUN device {:?}", g.tun_name)))?;
         let tun_index = tun.index();
@@ -210,6 +236,91 @@ impl System {
         Ok(())
     }
 
+    /// The mt6d-owned nftables table, the external interface's sysctls and, with
+    /// `randomize_link`, its random MAC and link-local address (docs/PROTOCOL.md §5.4).
+    fn quiet(&mut self, cfg: &Config) -> Result<(), GatewayError> {
+        let g = &cfg.gateway;
+        let ext = g.external_interface.as_str();
+        let table = quiet::table(cfg)?;
+        let (local, remote) = quiet::hashed_prefixes(cfg);
+        let body = quiet::ruleset(ext, &local, &remote, g.is_host())?;
+        table.load(&body).map_err(os(format!(
+            "external_interface {ext}: mt6d's nftables table"
+        )))?;
+        self.undo.push(Undo::Firewall {
+            table,
+            external: ext.to_string(),
+        });
+        // A Redirect on the public link could move hashed traffic to another next hop; a host
+        // (forwarding off) would obey it. Routers ignore them anyway.
+        self.set_sysctl(ext, "accept_redirects", "0")?;
+        if g.randomize_link {
+            self.randomize_link(ext)?;
+        }
+        Ok(())
+    }
+
+    /// A random MAC (set while the link stays up: taking it down would flush its routes) and a
+    /// random link-local address in place of the interface's own, both put back on exit.
+    fn randomize_link(&mut self, ext: &str) -> Result<(), GatewayError> {
+        let index = self.external_index;
+        let original = self
+            .netlink
+            .link_mac(index)
+            .map_err(os(format!("external_interface {ext}: read MAC")))?
+            .ok_or_else(|| {
+                GatewayError::Setup(format!(
+                    "randomize_link: external_interface {ext} has no MAC address to replace"
+                ))
+            })?;
+        let mac = quiet::random_mac()?;
+        self.netlink.link_set_mac(index, mac).map_err(os(format!(
+            "randomize_link: external_interface {ext} (a driver that answers EBUSY cannot change its MAC while up)"
+        )))?;
+        self.undo.push(Undo::LinkMac {
+            index,
+            mac: original,
+        });
+        let old: Vec<_> = self
+            .netlink
+            .list_addresses(index)
+            .map_err(os(format!("external_interface {ext}: list addresses")))?
+            .into_iter()
+            .filter(|a| quiet::is_link_local(&a.addr))
+            .collect();
+        let ll = quiet::random_link_local()?;
+        // 64 random bits collide with nothing; DAD would only hold it tentative for a second.
+        let flags = AddrFlags {
+            nodad: true,
+            noprefixroute: false,
+        };
+        self.netlink
+            .add_address(index, ll, 64, flags)
+            .map_err(os(format!("randomize_link: {ll} on {ext}")))?;
+        self.undo.push(Undo::Address {
+            index,
+            addr: ll,
+            len: 64,
+        });
+        for a in old {
+            self.netlink
+                .del_address(index, a.addr, a.prefix_len)
+                .map_err(os(format!("randomize_link: remove {} from {ext}", a.addr)))?;
+            self.undo.push(Undo::AddressBack {
+                index,
+                addr: a.addr,
+                len: a.prefix_len,
+            });
+        }
+        log::info!(
+            "external interface {ext}: random MAC {} and link-local {ll} for this run",
+            mac.map(|b| format!("{b:02x}")).join(":")
+        );
+        Ok(())
+    }
+
+    /// Every sysctl the daemon changes goes through here: the old value is recorded first and
+    /// written back on exit.
     fn set_sysctl(
         &mut self,
         iface: &str,
@@ -248,6 +359,17 @@ impl System {
                     self.netlink.del_proxy_neighbor(*index, *addr)
                 }
                 Undo::Address { index, addr, len } => self.netlink.del_address(*index, *addr, *len),
+                Undo::AddressBack { index, addr, len } => {
+                    self.netlink.add_address(*index, *addr, *len, RESTORED)
+                }
+                Undo::LinkMac { index, mac } => self.netlink.link_set_mac(*index, *mac),
+                Undo::Firewall { table, external } => {
+                    // The addresses just removed made the kernel send MLD reports leaving their
+                    // groups, repeated once after up to the report interval (RFC 3810 §6.1);
+                    // the table must still drop the repeat.
+                    std::thread::sleep(quiet::mld_repeat_window(external));
+                    table.delete()
+                }
             };
             if let Err(e) = result {
                 // The TUN device may already be gone, taking its routes with it: not an error.
