@@ -31,7 +31,10 @@ impl NftTable {
     /// that it can be written into a script without quoting.
     pub fn new(name: &str) -> Result<NftTable> {
         let ok = name.len() <= 64
-            && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
             && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         if !ok {
             return Err(OsError::InvalidArgument(format!(
@@ -52,7 +55,8 @@ impl NftTable {
     /// table's braces), in one atomic transaction.
     pub fn load(&self, body: &str) -> Result<()> {
         let spec = self.spec();
-        let script = format!("table {spec} {{}}\ndelete table {spec}\ntable {spec} {{\n{body}\n}}\n");
+        let script =
+            format!("table {spec} {{}}\ndelete table {spec}\ntable {spec} {{\n{body}\n}}\n");
         run(&script, &format!("load table {spec}"))
     }
 
@@ -167,7 +171,9 @@ mod tests {
             t.load(chain).expect("load");
             t.load(chain).expect("load again replaces");
             assert!(t.exists().expect("list"));
-            let e = t.load("chain broken { nonsense }").expect_err("syntax error");
+            let e = t
+                .load("chain broken { nonsense }")
+                .expect_err("syntax error");
             assert!(e.to_string().contains("load table inet mt6d_test"), "{e}");
             assert!(t.exists().expect("a failed load changes nothing"));
             t.delete().expect("delete");

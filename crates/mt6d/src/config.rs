@@ -829,7 +829,10 @@ key = "{KEY}"
     #[test]
     fn randomize_link_is_off_unless_asked_for() {
         assert!(!parse(&example()).expect("example").gateway.randomize_link);
-        let on = example().replace("rotation_secs = 1", "rotation_secs = 1\nrandomize_link = true");
+        let on = example().replace(
+            "rotation_secs = 1",
+            "rotation_secs = 1\nrandomize_link = true",
+        );
         assert!(parse(&on).expect("parses").gateway.randomize_link);
         let bad = example().replace("rotation_secs = 1", "rotation_secs = 1\nrandomize_link = 1");
         assert!(parse(&bad).is_err());

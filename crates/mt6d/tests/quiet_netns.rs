@@ -112,8 +112,8 @@ impl Capture {
                 Netns::open(&name)
                     .and_then(|n| n.enter_current_thread())
                     .expect("enter namespace");
-                let cap = PacketCapture::open(iface, 256, Duration::from_millis(50))
-                    .expect("capture");
+                let cap =
+                    PacketCapture::open(iface, 256, Duration::from_millis(50)).expect("capture");
                 ready_tx.send(()).expect("ready");
                 let mut frames = Vec::new();
                 let mut buf = [0u8; 256];
@@ -166,7 +166,10 @@ fn parse(frame: &[u8]) -> Option<Packet<'_>> {
     })
 }
 
-fn route_addr(s: &str) -> (Ipv6Addr, u16) {
+/// A hashed address and port.
+type Endpoint = (Ipv6Addr, u16);
+
+fn route_addr(s: &str) -> Endpoint {
     let sa: std::net::SocketAddrV6 = s.parse().expect("[addr]:port");
     (*sa.ip(), sa.port())
 }
@@ -176,7 +179,7 @@ fn route_addr(s: &str) -> (Ipv6Addr, u16) {
 #[derive(Default)]
 struct Epochs {
     of: HashMap<Ipv6Addr, u64>,
-    a_routes: HashMap<u64, ((Ipv6Addr, u16), (Ipv6Addr, u16))>,
+    a_routes: HashMap<u64, (Endpoint, Endpoint)>,
     a_epoch: u64,
 }
 
@@ -266,7 +269,11 @@ fn quiet(topology: Topology) {
         _ => (&lab.routers[0], ROUTER_IF_A),
     };
     let macs = (mac_of(&lab.gw_a, EXTERNAL_IF), mac_of(sender_ns, sender_if));
-    let hop_limit = if topology == Topology::Switched { 64 } else { 63 };
+    let hop_limit = if topology == Topology::Switched {
+        64
+    } else {
+        63
+    };
     let own_macs = [
         [before[0].mac, during[0].mac],
         [before[1].mac, during[1].mac],
@@ -301,7 +308,10 @@ fn quiet(topology: Topology) {
             .expect("packet socket");
         let mut late_done = BTreeSet::new();
         while !pinger.is_finished() {
-            for (side, st) in [(Side::A, status(&running, Side::A)), (Side::B, status(&running, Side::B))] {
+            for (side, st) in [
+                (Side::A, status(&running, Side::A)),
+                (Side::B, status(&running, Side::B)),
+            ] {
                 for r in &st.peers[0].accept {
                     let (l, r2) = (route_addr(&r.local), route_addr(&r.remote));
                     epochs.of.insert(l.0, r.epoch);
@@ -356,9 +366,20 @@ fn quiet(topology: Topology) {
         pings.received,
         pings.sent
     );
-    assert!(epochs.a_routes.len() as u64 >= ROTATIONS, "{topology}: too few epochs seen");
-    assert_eq!(pings.lost(), 0, "{topology}: pings lost at {:?}", pings.lost_at);
-    assert!(late_sent >= 3 * (ROTATIONS - 5), "{topology}: late packets not sent");
+    assert!(
+        epochs.a_routes.len() as u64 >= ROTATIONS,
+        "{topology}: too few epochs seen"
+    );
+    assert_eq!(
+        pings.lost(),
+        0,
+        "{topology}: pings lost at {:?}",
+        pings.lost_at
+    );
+    assert!(
+        late_sent >= 3 * (ROTATIONS - 5),
+        "{topology}: late packets not sent"
+    );
 
     // 1. Nothing the gateways' kernels generate about hashed addresses, and no MLD report.
     let mut late_seen = 0;
@@ -403,10 +424,15 @@ fn quiet(topology: Topology) {
             let nd = p.next == 58 && matches!(p.payload.first(), Some(135 | 136));
             if nd {
                 if let Some(target) = p.payload.get(8..24) {
-                    named.push(Ipv6Addr::from(<[u8; 16]>::try_from(target).unwrap_or([0; 16])));
+                    named.push(Ipv6Addr::from(
+                        <[u8; 16]>::try_from(target).unwrap_or([0; 16]),
+                    ));
                 }
-                let seen: BTreeSet<u64> =
-                    named.iter().filter_map(|a| epochs.of.get(a)).copied().collect();
+                let seen: BTreeSet<u64> = named
+                    .iter()
+                    .filter_map(|a| epochs.of.get(a))
+                    .copied()
+                    .collect();
                 assert!(
                     seen.len() <= 1,
                     "{topology}: neighbour discovery {} -> {} names epochs {seen:?}",
@@ -446,7 +472,10 @@ fn quiet(topology: Topology) {
             "{topology}: {a} named on the wire {early:?} before its first data packet"
         );
     }
-    assert!(checked as u64 >= ROTATIONS, "{topology}: only {checked} addresses timed");
+    assert!(
+        checked as u64 >= ROTATIONS,
+        "{topology}: only {checked} addresses timed"
+    );
 
     // 3. Everything restored.
     for (b, a) in before.iter().zip(&after) {
@@ -467,10 +496,73 @@ fn public_link_hears_nothing_that_links_epochs_switched_and_routed() {
     if !root() {
         return eprintln!("skipped: needs root");
     }
-    if std::process::Command::new("nft").arg("--version").output().is_err() {
+    if std::process::Command::new("nft")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
         panic!("the nft program is missing: run scripts/install-deps.sh");
     }
     for topology in [Topology::Switched, Topology::Routed] {
         quiet(topology);
     }
+}
+
+/// Router Solicitations that Host A's own stack sends on its external interface (from a raw
+/// socket here, as the kernel's own would, with the host's MAC) in host mode, while the daemon
+/// runs and after it stopped.
+fn host_solicitations(lab: &Lab) -> Vec<Vec<u8>> {
+    let capture = Capture::start(&lab.host_a, EXTERNAL_IF);
+    lab.host_a
+        .run(|| {
+            let socket = mt6d_os::Icmp6Socket::open().expect("raw ICMPv6 socket");
+            socket.set_hop_limit(255).expect("hop limit");
+            let mut nl = Netlink::open().expect("netlink");
+            let ext = nl.link_index(EXTERNAL_IF).expect("ext0");
+            let all_routers = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 2);
+            for _ in 0..3 {
+                // Refused (EPERM) when a firewall drops it: that is the point.
+                let _ = socket.send_via(
+                    &mt6d_proto::wire::router_solicitation(),
+                    all_routers,
+                    None,
+                    ext,
+                );
+            }
+        })
+        .expect("enter host A");
+    std::thread::sleep(Duration::from_millis(300));
+    capture
+        .finish()
+        .into_iter()
+        .map(|(_, f)| f)
+        .filter(|f| parse(f).is_some_and(|p| p.next == 58 && p.payload.first() == Some(&133)))
+        .collect()
+}
+
+/// Host mode: no Router Solicitation leaves the host's external interface while mt6d runs
+/// (the host's kernel would keep sending them, from its MAC, with a backoff that never stops);
+/// after stop the host solicits as before.
+#[test]
+fn host_mode_sends_no_router_solicitation() {
+    if !root() {
+        return eprintln!("skipped: needs root");
+    }
+    let lab = Lab::build_host_mode(Topology::Switched, "m6q").expect("host-mode lab");
+    let mut running = common::start_gateways(lab, "encrypt", 1.0, (true, None));
+    let while_running = host_solicitations(&running.lab);
+    assert!(
+        while_running.is_empty(),
+        "{} Router Solicitation(s) left Host A while mt6d ran",
+        while_running.len()
+    );
+    for d in &mut running.daemons {
+        d.stop(Duration::from_secs(10)).expect("daemon stops");
+    }
+    let after = host_solicitations(&running.lab);
+    assert_eq!(
+        after.len(),
+        3,
+        "the control: solicitations leave once mt6d stopped"
+    );
 }

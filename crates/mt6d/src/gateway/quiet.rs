@@ -44,7 +44,9 @@ pub fn hashed_prefixes(cfg: &Config) -> (Vec<Ipv6Addr>, Vec<Ipv6Addr>) {
     for p in &cfg.peers {
         let s = &p.stream;
         for (list, ep) in [(&mut local, &s.local), (&mut remote, &s.remote)] {
-            let prefix = ep.external_prefix.map_or_else(|| slash64(ep.true_addr), slash64);
+            let prefix = ep
+                .external_prefix
+                .map_or_else(|| slash64(ep.true_addr), slash64);
             if !list.contains(&prefix) {
                 list.push(prefix);
             }
@@ -178,13 +180,8 @@ mod tests {
 
     #[test]
     fn ruleset_names_the_interface_and_every_hashed_prefix() {
-        let r = ruleset(
-            "ext0",
-            &[a("2001:db8:a::")],
-            &[a("2001:db8:b::")],
-            false,
-        )
-        .expect("ruleset");
+        let r =
+            ruleset("ext0", &[a("2001:db8:a::")], &[a("2001:db8:b::")], false).expect("ruleset");
         assert!(r.contains(
             "iifname \"ext0\" ip6 daddr { 2001:db8:a::/64 } fib daddr type != local drop"
         ));
@@ -192,9 +189,12 @@ mod tests {
         assert!(r.contains("@th,128,64 { 0x20010db8000a0000, 0x20010db8000b0000 } drop"));
         assert!(r.contains("@th,256,64 { 0x20010db8000a0000, 0x20010db8000b0000 } drop"));
         assert!(r.contains("mld2-listener-report } drop"));
-        assert!(!r.contains("nd-router-solicit"), "gateway mode keeps its one RS");
-        let host = ruleset("ext0", &[a("2001:db8:1::")], &[a("2001:db8:1::")], true)
-            .expect("ruleset");
+        assert!(
+            !r.contains("nd-router-solicit"),
+            "gateway mode keeps its one RS"
+        );
+        let host =
+            ruleset("ext0", &[a("2001:db8:1::")], &[a("2001:db8:1::")], true).expect("ruleset");
         assert!(host.contains("oifname \"ext0\" icmpv6 type nd-router-solicit drop"));
         assert!(ruleset("ext\"0", &[], &[], false).is_err());
     }
@@ -209,6 +209,9 @@ mod tests {
             assert_eq!(ll.segments()[1..4], [0, 0, 0]);
             assert_eq!(ll.octets()[8] & 0x02, 0);
         }
-        assert_ne!(random_mac().expect("entropy"), random_mac().expect("entropy"));
+        assert_ne!(
+            random_mac().expect("entropy"),
+            random_mac().expect("entropy")
+        );
     }
 }

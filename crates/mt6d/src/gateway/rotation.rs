@@ -274,11 +274,7 @@ impl Rotator {
                 if route.epoch < current || !self.primed.insert(from) {
                     continue;
                 }
-                let due = if route.epoch > current {
-                    next_due
-                } else {
-                    now
-                };
+                let due = if route.epoch > current { next_due } else { now };
                 self.pending
                     .push((due, from, primer.target(*route.remote.ip())));
             }
