@@ -159,7 +159,7 @@ pub enum OsError {
     /// Loading or deleting an nftables ruleset with the `nft` program failed. `source` is the
     /// spawn error (NotFound: the program is missing) or, when `nft` ran and refused, an error
     /// carrying its own message.
-    #[error("nftables: {op}")]
+    #[error("nftables: {op}: {source}")]
     Nftables {
         /// The operation ("load table inet mt6d_mt6d0", ...).
         op: String,

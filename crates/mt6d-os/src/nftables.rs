@@ -142,6 +142,17 @@ mod tests {
     use crate::netns::{unique_name, Netns};
 
     #[test]
+    fn a_missing_nft_program_is_named_with_its_package() {
+        let e = spawn_error(
+            io::Error::from(io::ErrorKind::NotFound),
+            "load table inet x",
+        );
+        let text = e.to_string();
+        assert!(text.contains("`nft` program is not installed"), "{text}");
+        assert!(text.contains("apt-get install nftables"), "{text}");
+    }
+
+    #[test]
     fn names_that_cannot_be_written_into_a_script_are_refused() {
         assert!(NftTable::new("mt6d_mt6d0").is_ok());
         for bad in ["", "0abc", "a b", "a;b", "a}b", "a\"b", &"x".repeat(65)] {
@@ -175,6 +186,10 @@ mod tests {
                 .load("chain broken { nonsense }")
                 .expect_err("syntax error");
             assert!(e.to_string().contains("load table inet mt6d_test"), "{e}");
+            assert!(
+                e.to_string().contains("syntax error"),
+                "nft's own words: {e}"
+            );
             assert!(t.exists().expect("a failed load changes nothing"));
             t.delete().expect("delete");
             assert!(!t.exists().expect("list"));
