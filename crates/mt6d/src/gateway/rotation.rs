@@ -52,6 +52,23 @@ fn os(what: String) -> impl FnOnce(mt6d_os::OsError) -> GatewayError {
     move |source| GatewayError::Os { what, source }
 }
 
+/// When each route of the accept window is to be announced (docs/PROTOCOL.md §5.1): the
+/// current epoch's at `now`, the next epoch's [`PRIME_LEAD`] before its boundary, the previous
+/// epoch's never.
+fn announcements(
+    schedule: &mt6d_proto::Schedule,
+    now: UnixTime,
+) -> impl Iterator<Item = (UnixTime, &mt6d_proto::Route)> {
+    let current = schedule.send.epoch;
+    let lead = u64::try_from(PRIME_LEAD.as_nanos()).unwrap_or(u64::MAX);
+    let next_due = UnixTime::from_nanos(schedule.next_change.as_nanos().saturating_sub(lead));
+    schedule
+        .accept
+        .iter()
+        .filter(move |r| r.epoch >= current)
+        .map(move |r| (if r.epoch > current { next_due } else { now }, r))
+}
+
 impl Rotator {
     pub fn new(external_index: u32) -> Rotator {
         Rotator {
@@ -265,18 +282,12 @@ impl Rotator {
             return;
         };
         for routes in &table.peers {
-            let current = routes.schedule.send.epoch;
-            let lead = PRIME_LEAD.as_nanos() as u64;
-            let next_due =
-                UnixTime::from_nanos(routes.schedule.next_change.as_nanos().saturating_sub(lead));
-            for route in &routes.schedule.accept {
+            for (due, route) in announcements(&routes.schedule, now) {
                 let from = *route.local.ip();
-                if route.epoch < current || !self.primed.insert(from) {
-                    continue;
+                if self.primed.insert(from) {
+                    self.pending
+                        .push((due, from, primer.target(*route.remote.ip())));
                 }
-                let due = if route.epoch > current { next_due } else { now };
-                self.pending
-                    .push((due, from, primer.target(*route.remote.ip())));
             }
         }
     }
@@ -332,5 +343,51 @@ impl Rotator {
         for (_, s) in std::mem::take(&mut self.sockets) {
             let _ = epoll.delete(s.as_raw_fd());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mt6d_proto::{Route, Schedule};
+    use std::net::SocketAddrV6;
+
+    fn route(e: u64) -> Route {
+        let a = |x: u16| {
+            SocketAddrV6::new(
+                Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, x, e as u16),
+                1024,
+                0,
+                0,
+            )
+        };
+        Route {
+            epoch: Epoch(e),
+            local: a(1),
+            remote: a(2),
+        }
+    }
+
+    #[test]
+    fn the_next_epoch_is_announced_only_the_lead_before_its_boundary() {
+        let boundary = UnixTime::from_nanos(10_000_000_000);
+        let schedule = Schedule {
+            send: route(7),
+            accept: [route(6), route(7), route(8)],
+            next_change: boundary,
+        };
+        let now = UnixTime::from_nanos(9_000_000_000);
+        let got: Vec<(u64, u64)> = announcements(&schedule, now)
+            .map(|(due, r)| (r.epoch.0, due.as_nanos()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![(7, now.as_nanos()), (8, 10_000_000_000 - 250_000_000)],
+            "current at once, next 250 ms early, previous never"
+        );
+        assert!(
+            PRIME_LEAD < std::time::Duration::from_millis(500),
+            "below R/2 for R = 1 s"
+        );
     }
 }
