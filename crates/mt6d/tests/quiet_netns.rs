@@ -440,6 +440,17 @@ fn quiet(topology: Topology) {
                     p.dst
                 );
                 nd_hashed += usize::from(!seen.is_empty());
+                // Every address of the peer is known before its epoch (rotation.rs
+                // `peer_entry`), so no multicast solicitation resolves one: a switch that drops
+                // multicast for unreported groups would drop it.
+                let multicast_resolution = p.payload.first() == Some(&135)
+                    && p.dst.segments()[0] == 0xff02
+                    && epochs.of.contains_key(&p.src);
+                assert!(
+                    !multicast_resolution,
+                    "{topology}: multicast solicitation from {} to {}",
+                    p.src, p.dst
+                );
                 // Duplicate address probes (from ::) are the collision watch's: they go out when
                 // an address is bound (docs/PROTOCOL.md §5.2), not timed here.
                 if p.src.is_unspecified() {
@@ -559,10 +570,11 @@ fn host_mode_sends_no_router_solicitation() {
     for d in &mut running.daemons {
         d.stop(Duration::from_secs(10)).expect("daemon stops");
     }
+    // The control: ours leave once mt6d stopped (and the kernel's own, on its backoff, may too).
     let after = host_solicitations(&running.lab);
-    assert_eq!(
-        after.len(),
-        3,
-        "the control: solicitations leave once mt6d stopped"
+    assert!(
+        after.len() >= 3,
+        "only {} solicitations after stop",
+        after.len()
     );
 }

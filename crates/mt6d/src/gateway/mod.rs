@@ -244,7 +244,7 @@ fn serve(
                 }
             }
             // Announcements of the next epoch's addresses fall due PRIME_LEAD before it.
-            rotator.prime_due(now);
+            rotator.prime_due(&mut sys.netlink, now);
             // Address collisions (docs/PROTOCOL.md §5.2): ours seen on the link, and moves the
             // peer announced; either rebuilds the table at once, well within the interval.
             let found = rotator.poll_collisions();

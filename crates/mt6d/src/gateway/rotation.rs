@@ -52,6 +52,28 @@ fn os(what: String) -> impl FnOnce(mt6d_os::OsError) -> GatewayError {
     move |source| GatewayError::Os { what, source }
 }
 
+/// One segment: gives our kernel a neighbour entry for the peer's address `target` of the epoch
+/// about to start, with the MAC its entry for another of the peer's addresses holds, unless it
+/// has one. The announcement to `target` then leaves unicast at once, without a multicast
+/// solicitation first: a switch that drops multicast for groups nobody reported (MLD reports
+/// never leave, docs/PROTOCOL.md §5.4) would drop that one. The peer's own announcement (its
+/// MAC in the link-layer option) corrects the entry if the peer's MAC changed (a restart with
+/// `randomize_link`); the solicited advertisement answering ours confirms it.
+fn peer_entry(nl: &mut Netlink, index: u32, target: Ipv6Addr, remotes: &HashSet<Ipv6Addr>) {
+    if matches!(nl.neighbor_lladdr(index, target), Ok(Some(_))) {
+        return;
+    }
+    let mac = remotes
+        .iter()
+        .filter(|a| **a != target)
+        .find_map(|a| nl.neighbor_lladdr(index, *a).ok().flatten());
+    if let Some(mac) = mac {
+        if let Err(e) = nl.add_neighbor(index, target, mac, false) {
+            log::debug!("neighbour entry for {target}: {e}");
+        }
+    }
+}
+
 /// When each route of the accept window is to be announced (docs/PROTOCOL.md §5.1): the
 /// current epoch's at `now`, the next epoch's [`PRIME_LEAD`] before its boundary, the previous
 /// epoch's never.
@@ -293,13 +315,17 @@ impl Rotator {
     }
 
     /// Sends the announcements that are due; called by the main loop every tick (20 ms).
-    pub fn prime_due(&mut self, now: UnixTime) {
+    pub fn prime_due(&mut self, nl: &mut Netlink, now: UnixTime) {
         let Some((primer, path)) = &self.primer else {
             return;
         };
+        let (index, remotes) = (self.external_index, &self.remotes);
         self.pending.retain(|&(due, from, target)| {
             if due > now {
                 return true;
+            }
+            if primer.on_link() {
+                peer_entry(nl, index, target, remotes);
             }
             match primer.solicit(from, target) {
                 Ok(()) => {
@@ -335,6 +361,10 @@ impl Rotator {
 
     /// Removes every hashed address and closes every socket (shutdown).
     pub fn remove_all(&mut self, nl: &mut Netlink, epoll: &Epoll) {
+        // The neighbour entries for the peer's addresses (ours or learned): gone with them.
+        for addr in self.remotes.drain() {
+            let _ = nl.del_neighbor(self.external_index, addr);
+        }
         for addr in self.bound.drain() {
             if let Err(e) = nl.del_address(self.external_index, addr, 128) {
                 log::warn!("remove hashed address {addr}: {e}");
