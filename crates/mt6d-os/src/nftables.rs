@@ -46,6 +46,11 @@ impl NftTable {
         })
     }
 
+    /// The table's name (without the family).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// `inet NAME`, as `nft` spells it.
     pub fn spec(&self) -> String {
         format!("inet {}", self.name)

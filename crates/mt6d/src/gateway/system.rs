@@ -1,10 +1,14 @@
 //! The kernel state a gateway needs besides its hashed addresses, applied through mt6d-os and
-//! recorded in an undo journal, so that a failure half way rolls back what was done and a clean
-//! exit removes everything (developers' brief: nothing half-applied, everything cleaned up).
+//! written to the instance record ([`super::state`]) before each change is made, so that a
+//! failure half way rolls back what was done, a clean exit removes everything, and after a
+//! crash `mt6d down` or the next start removes exactly what this instance owned.
 //!
-//! What is set up (000 §3.2.2 binds the remote host's true address to the internal interface;
-//! we answer neighbour discovery for it with a proxy entry instead, and route it into the TUN
-//! device, so the kernel forwards the protected host's packets to us):
+//! What is set up, in this order (000 §3.2.2 binds the remote host's true address to the
+//! internal interface; we answer neighbour discovery for it with a proxy entry instead, and
+//! route it into the TUN device, so the kernel forwards the protected host's packets to us):
+//! - first, per peer, the fail-closed guard: `prohibit REMOTE/128` with the worst metric, which
+//!   decides once the TUN route below is gone (the process died) and keeps the protected
+//!   host's packets off the external interface (docs/ARCHITECTURE.md "Fail closed");
 //! - the TUN device, MTU = external MTU minus the largest tunnel overhead of any peer;
 //! - `net.ipv6.conf.all.forwarding = 1`, `proxy_ndp = 1` on the internal interface;
 //! - per peer: proxy NDP entry for the remote true address on the internal interface, a /128
@@ -23,11 +27,12 @@
 
 use std::net::Ipv6Addr;
 
-use mt6d_os::nftables::NftTable;
-use mt6d_os::{sysctl, AddrFlags, Netlink, Tun};
+use mt6d_os::sysctl::{self, Sysctl};
+use mt6d_os::{AddrFlags, Netlink, Tun};
 
 use crate::config::{Config, Role};
 
+use super::state::{Change, Instance, MARKER};
 use super::{quiet, GatewayError};
 
 /// The true address on the TUN device is the host's own and unique by configuration; DAD on a
@@ -36,57 +41,6 @@ const NO_DAD: AddrFlags = AddrFlags {
     nodad: true,
     noprefixroute: true,
 };
-
-/// An address put back on exit was in use before the daemon started: no second DAD, and its
-/// prefix route as the kernel had made it.
-const RESTORED: AddrFlags = AddrFlags {
-    nodad: true,
-    noprefixroute: false,
-};
-
-/// One change to revert on exit, newest last.
-#[derive(Debug)]
-enum Undo {
-    Sysctl {
-        iface: String,
-        key: &'static str,
-        old: String,
-    },
-    NeighSysctl {
-        iface: String,
-        key: &'static str,
-        old: String,
-    },
-    Route {
-        dst: Ipv6Addr,
-        len: u8,
-        oif: u32,
-    },
-    ProxyNeighbor {
-        index: u32,
-        addr: Ipv6Addr,
-    },
-    Address {
-        index: u32,
-        addr: Ipv6Addr,
-        len: u8,
-    },
-    /// An address that was there before and is put back on exit (the original link-local).
-    AddressBack {
-        index: u32,
-        addr: Ipv6Addr,
-        len: u8,
-    },
-    LinkMac {
-        index: u32,
-        mac: [u8; 6],
-    },
-    /// The mt6d-owned nftables table (docs/PROTOCOL.md §5.4), deleted last.
-    Firewall {
-        table: NftTable,
-        external: String,
-    },
-}
 
 /// The applied state. Dropping it without [`System::teardown`] still reverts (best effort).
 #[derive(Debug)]
@@ -98,7 +52,8 @@ pub struct System {
     pub internal_index: u32,
     pub external_index: u32,
     pub tun_mtu: u32,
-    undo: Vec<Undo>,
+    /// The instance record: every change is written there before it is made.
+    instance: Option<Instance>,
 }
 
 fn os(what: impl Into<String>) -> impl FnOnce(mt6d_os::OsError) -> GatewayError {
@@ -107,10 +62,16 @@ fn os(what: impl Into<String>) -> impl FnOnce(mt6d_os::OsError) -> GatewayError 
 }
 
 impl System {
-    /// Applies everything; on error, reverts what it had done before returning.
-    pub fn apply(cfg: &Config, max_overhead: usize) -> Result<System, GatewayError> {
+    /// Applies everything, recording each change in `instance` first; on error, reverts what
+    /// it had done before returning.
+    pub fn apply(
+        cfg: &Config,
+        max_overhead: usize,
+        mut netlink: Netlink,
+        instance: Instance,
+    ) -> Result<System, GatewayError> {
         let g = &cfg.gateway;
-        let mut netlink = Netlink::open().map_err(os("open rtnetlink"))?;
+        netlink.set_marker(MARKER);
         // Host mode: the TUN device's index, known once it exists (see apply_inner).
         let internal_index = match g.internal_interface() {
             Some(name) => netlink.link_index(name).map_err(os(format!(
@@ -145,7 +106,7 @@ impl System {
             internal_index,
             external_index,
             tun_mtu,
-            undo: Vec::new(),
+            instance: Some(instance),
         };
         if let Err(e) = sys.apply_inner(cfg) {
             sys.teardown();
@@ -154,106 +115,121 @@ impl System {
         Ok(sys)
     }
 
+    fn record(&mut self, change: Change) -> Result<(), GatewayError> {
+        match self.instance.as_mut() {
+            Some(i) => i.record_change(change),
+            None => Err(GatewayError::Setup(
+                "instance record already released".into(),
+            )),
+        }
+    }
+
     fn apply_inner(&mut self, cfg: &Config) -> Result<(), GatewayError> {
         let g = &cfg.gateway;
-        // First, before any address is added: the kernel's reports and errors about hashed
+        // Fail closed first (docs/ARCHITECTURE.md "Fail closed"): before any route or sysctl
+        // could carry a protected host's packet, each remote true address gets a guard that
+        // outlives this process and decides whenever the route into the TUN device is gone.
+        let mut guarded = Vec::new();
+        for peer in &cfg.peers {
+            let remote = peer.stream.remote.true_addr;
+            if !guarded.contains(&remote) {
+                guarded.push(remote);
+                self.record(Change::Guard {
+                    dst: remote,
+                    len: 128,
+                })?;
+                self.netlink
+                    .add_guard_route(remote, 128)
+                    .map_err(os(format!("peer {}: guard route for {remote}", peer.name)))?;
+            }
+        }
+
+        // Then, before any address is added: the kernel's reports and errors about hashed
         // addresses never leave (quiet.rs).
         self.quiet(cfg)?;
+
         let tun = Tun::create(&g.tun_name, u16::try_from(self.tun_mtu).unwrap_or(u16::MAX))
             .map_err(os(format!("create TUN device {:?}", g.tun_name)))?;
         let tun_index = tun.index();
         self.tun = Some(tun);
 
         // Hashed addresses are added with nodad; the TUN device needs no link-local DAD either.
-        self.set_sysctl(&g.tun_name, "accept_dad", "0")?;
+        self.set_sysctl(&ipv6_conf(&g.tun_name, "accept_dad")?, "0")?;
         let internal = match &g.role {
             Role::Gateway { internal_interface } => Some(internal_interface.as_str()),
             Role::Host { local_host } => {
                 self.internal_index = tun_index;
+                self.record(Change::Address {
+                    index: tun_index,
+                    addr: *local_host,
+                    len: 128,
+                })?;
                 self.netlink
                     .add_address(tun_index, *local_host, 128, NO_DAD)
                     .map_err(os(format!(
                         "host mode: true address {local_host} on TUN {}",
                         g.tun_name
                     )))?;
-                self.undo.push(Undo::Address {
-                    index: tun_index,
-                    addr: *local_host,
-                    len: 128,
-                });
                 None
             }
         };
         if let Some(internal) = internal {
-            self.set_sysctl("all", "forwarding", "1")?;
-            self.set_sysctl(internal, "proxy_ndp", "1")?;
+            self.set_sysctl(&ipv6_conf("all", "forwarding")?, "1")?;
+            self.set_sysctl(&ipv6_conf(internal, "proxy_ndp")?, "1")?;
             // The kernel delays proxied neighbour advertisements by up to 0.8 s (RFC 4861
             // §7.2.8, meant for anycast); the protected host's first packet would wait that long.
-            let old = sysctl::get_ipv6_neigh(internal, "proxy_delay")
-                .map_err(os(format!("read {internal} proxy_delay")))?;
-            sysctl::set_ipv6_neigh(internal, "proxy_delay", "0")
-                .map_err(os(format!("set {internal} proxy_delay")))?;
-            self.undo.push(Undo::NeighSysctl {
-                iface: internal.to_string(),
-                key: "proxy_delay",
-                old,
-            });
+            let delay = Sysctl::ipv6_neigh(internal, "proxy_delay")
+                .map_err(os(format!("{internal} proxy_delay")))?;
+            self.set_sysctl(&delay, "0")?;
         }
 
         let mut remote_prefixes = Vec::new();
         for peer in &cfg.peers {
             let s = &peer.stream;
             let (local, remote) = (s.local.true_addr, s.remote.true_addr);
-            self.route(remote, 128, tun_index)?;
+            self.route(remote, 128, tun_index, None)?;
             if internal.is_some() {
-                self.route(local, 128, self.internal_index)?;
+                self.route(local, 128, self.internal_index, None)?;
+                self.record(Change::ProxyNeighbor {
+                    index: self.internal_index,
+                    addr: remote,
+                })?;
                 self.netlink
                     .add_proxy_neighbor(self.internal_index, remote)
                     .map_err(os(format!("peer {}: proxy NDP for {remote}", peer.name)))?;
-                self.undo.push(Undo::ProxyNeighbor {
-                    index: self.internal_index,
-                    addr: remote,
-                });
             }
             let prefix = s.remote.external_prefix.unwrap_or_else(|| slash64(remote));
             if !remote_prefixes.contains(&prefix) {
                 remote_prefixes.push(prefix);
-                match g.external_next_hop {
-                    None => self.route(prefix, 64, self.external_index)?,
-                    Some(via) => {
-                        self.netlink
-                            .add_route_via(prefix, 64, self.external_index, via)
-                            .map_err(os(format!("route {prefix}/64 via {via}")))?;
-                        self.undo.push(Undo::Route {
-                            dst: prefix,
-                            len: 64,
-                            oif: self.external_index,
-                        });
-                    }
-                }
+                self.route(prefix, 64, self.external_index, g.external_next_hop)?;
             }
         }
         Ok(())
     }
 
+    /// Sets any sysctl under /proc/sys/net to `value`, recording the value found before the
+    /// first change first, so that clean-up (this process's, or `mt6d down` after a crash)
+    /// restores it. Every sysctl the daemon changes goes through here.
     /// The mt6d-owned nftables table, the external interface's sysctls and, with
-    /// `randomize_link`, its random MAC and link-local address (docs/PROTOCOL.md §5.4).
+    /// `randomize_link`, its random MAC and link-local address (docs/PROTOCOL.md §5.4). Each
+    /// change is on record before it is made, so a crash leaves it to `mt6d down` or the next
+    /// start.
     fn quiet(&mut self, cfg: &Config) -> Result<(), GatewayError> {
         let g = &cfg.gateway;
         let ext = g.external_interface.as_str();
         let table = quiet::table(cfg)?;
         let (local, remote) = quiet::hashed_prefixes(cfg);
         let body = quiet::ruleset(ext, &local, &remote, g.is_host())?;
+        self.record(Change::Firewall {
+            table: table.name().to_string(),
+            external: ext.to_string(),
+        })?;
         table.load(&body).map_err(os(format!(
             "external_interface {ext}: mt6d's nftables table"
         )))?;
-        self.undo.push(Undo::Firewall {
-            table,
-            external: ext.to_string(),
-        });
         // A Redirect on the public link could move hashed traffic to another next hop; a host
         // (forwarding off) would obey it. Routers ignore them anyway.
-        self.set_sysctl(ext, "accept_redirects", "0")?;
+        self.set_sysctl(&ipv6_conf(ext, "accept_redirects")?, "0")?;
         if g.randomize_link {
             self.randomize_link(ext)?;
         }
@@ -274,13 +250,13 @@ impl System {
                 ))
             })?;
         let mac = quiet::random_mac()?;
+        self.record(Change::LinkMac {
+            index,
+            mac: original,
+        })?;
         self.netlink.link_set_mac(index, mac).map_err(os(format!(
             "randomize_link: external_interface {ext} (a driver that answers EBUSY cannot change its MAC while up)"
         )))?;
-        self.undo.push(Undo::LinkMac {
-            index,
-            mac: original,
-        });
         let old: Vec<_> = self
             .netlink
             .list_addresses(index)
@@ -294,23 +270,23 @@ impl System {
             nodad: true,
             noprefixroute: false,
         };
-        self.netlink
-            .add_address(index, ll, 64, flags)
-            .map_err(os(format!("randomize_link: {ll} on {ext}")))?;
-        self.undo.push(Undo::Address {
+        self.record(Change::Address {
             index,
             addr: ll,
             len: 64,
-        });
+        })?;
+        self.netlink
+            .add_address(index, ll, 64, flags)
+            .map_err(os(format!("randomize_link: {ll} on {ext}")))?;
         for a in old {
-            self.netlink
-                .del_address(index, a.addr, a.prefix_len)
-                .map_err(os(format!("randomize_link: remove {} from {ext}", a.addr)))?;
-            self.undo.push(Undo::AddressBack {
+            self.record(Change::AddressBack {
                 index,
                 addr: a.addr,
                 len: a.prefix_len,
-            });
+            })?;
+            self.netlink
+                .del_address(index, a.addr, a.prefix_len)
+                .map_err(os(format!("randomize_link: remove {} from {ext}", a.addr)))?;
         }
         log::info!(
             "external interface {ext}: random MAC {} and link-local {ll} for this run",
@@ -319,65 +295,46 @@ impl System {
         Ok(())
     }
 
-    /// Every sysctl the daemon changes goes through here: the old value is recorded first and
-    /// written back on exit.
-    fn set_sysctl(
+    pub fn set_sysctl(&mut self, name: &Sysctl, value: &str) -> Result<(), GatewayError> {
+        match self.instance.as_mut() {
+            Some(i) => i.set_sysctl(name, value),
+            None => Err(GatewayError::Setup(
+                "instance record already released".into(),
+            )),
+        }
+    }
+
+    fn route(
         &mut self,
-        iface: &str,
-        key: &'static str,
-        value: &str,
+        dst: Ipv6Addr,
+        len: u8,
+        oif: u32,
+        via: Option<Ipv6Addr>,
     ) -> Result<(), GatewayError> {
-        let old =
-            sysctl::get_ipv6_conf(iface, key).map_err(os(format!("read sysctl {iface}.{key}")))?;
-        sysctl::set_ipv6_conf(iface, key, value)
-            .map_err(os(format!("set sysctl {iface}.{key}")))?;
-        self.undo.push(Undo::Sysctl {
-            iface: iface.to_string(),
-            key,
-            old: old.trim().to_string(),
-        });
-        Ok(())
+        self.record(Change::Route { dst, len, oif, via })?;
+        match via {
+            None => self.netlink.add_route(dst, len, oif),
+            Some(gw) => self.netlink.add_route_via(dst, len, oif, gw),
+        }
+        .map_err(os(match via {
+            None => format!("route {dst}/{len}"),
+            Some(gw) => format!("route {dst}/{len} via {gw}"),
+        }))
     }
 
-    fn route(&mut self, dst: Ipv6Addr, len: u8, oif: u32) -> Result<(), GatewayError> {
-        self.netlink
-            .add_route(dst, len, oif)
-            .map_err(os(format!("route {dst}/{len}")))?;
-        self.undo.push(Undo::Route { dst, len, oif });
-        Ok(())
-    }
-
-    /// Reverts every change, newest first, and closes the TUN device. Continues past errors
-    /// (logging them) so one stuck entry does not leave the rest behind.
+    /// Reverts every change, newest first (the guards last), and closes the TUN device.
+    /// Continues past errors (logging them) so one stuck entry does not leave the rest behind;
+    /// what could not be undone stays on record for `mt6d down`.
     pub fn teardown(&mut self) {
-        while let Some(u) = self.undo.pop() {
-            let result = match &u {
-                Undo::Sysctl { iface, key, old } => sysctl::set_ipv6_conf(iface, key, old),
-                Undo::NeighSysctl { iface, key, old } => sysctl::set_ipv6_neigh(iface, key, old),
-                Undo::Route { dst, len, oif } => self.netlink.del_route(*dst, *len, *oif),
-                Undo::ProxyNeighbor { index, addr } => {
-                    self.netlink.del_proxy_neighbor(*index, *addr)
-                }
-                Undo::Address { index, addr, len } => self.netlink.del_address(*index, *addr, *len),
-                Undo::AddressBack { index, addr, len } => {
-                    self.netlink.add_address(*index, *addr, *len, RESTORED)
-                }
-                Undo::LinkMac { index, mac } => self.netlink.link_set_mac(*index, *mac),
-                Undo::Firewall { table, external } => {
-                    // The addresses just removed made the kernel send MLD reports leaving their
-                    // groups, repeated once after up to the report interval (RFC 3810 §6.1);
-                    // the table must still drop the repeat.
-                    std::thread::sleep(quiet::mld_repeat_window(external));
-                    table.delete()
-                }
-            };
-            if let Err(e) = result {
-                // The TUN device may already be gone, taking its routes with it: not an error.
-                log::warn!("cleanup of {u:?}: {e}");
-            }
+        if let Some(mut instance) = self.instance.take() {
+            instance.clean_up(&mut self.netlink);
         }
         self.tun = None;
     }
+}
+
+fn ipv6_conf(iface: &str, key: &str) -> Result<Sysctl, GatewayError> {
+    Sysctl::ipv6_conf(iface, key).map_err(os(format!("sysctl {iface}.{key}")))
 }
 
 impl Drop for System {
