@@ -1,5 +1,5 @@
 //! Criterion benches: seal+open per mode/AEAD at 64/1280/1400/9000 bytes against a memcpy baseline
-//! measured in the same group, one address derivation per derivation mode, and the handshake's
+//! measured in the same group, with and without header protection (one mask each way), one address derivation per derivation mode, and the handshake's
 //! cost to a responder (valid initiation, bogus one) next to sealing one data packet.
 //! Run: `cargo bench -p mt6d-proto --bench proto -- --warm-up-time 1 --measurement-time 3`
 
@@ -79,6 +79,19 @@ fn tunnel(c: &mut Criterion) {
                     black_box(opener.open(&rb, &wire[..n], &mut out).unwrap())
                 })
             });
+            // The same round trip as it runs in the gateway: header protection after sealing,
+            // removal before opening (docs/PROTOCOL.md §4.5).
+            if let (Some(tx), Some(rx)) = (sa.send_header_key(), sb.recv_header_key()) {
+                g.bench_function(BenchmarkId::new("seal+hp+open", &name), |b| {
+                    let mut opener = sb.opener();
+                    b.iter(|| {
+                        let n = sealer.seal(&ra, black_box(&pkt), &mut wire).unwrap();
+                        tx.protect(&mut wire[..n]).unwrap();
+                        rx.unprotect(&mut wire[..n]).unwrap();
+                        black_box(opener.open(&rb, &wire[..n], &mut out).unwrap())
+                    })
+                });
+            }
         }
         g.finish();
     }

@@ -172,8 +172,17 @@ impl Sim {
         }
     }
 
-    fn transmit(&mut self, from_b: bool, route: Route, bytes: Vec<u8>) {
-        if is_handshake(&bytes) {
+    /// Puts a finished payload on the wire: its header is masked as the daemon does (§4.5), so
+    /// everything below (captures for replay, delivery) sees the wire bytes.
+    fn transmit(&mut self, from_b: bool, route: Route, mut bytes: Vec<u8>) {
+        let handshake = is_handshake(&bytes);
+        self.gw(from_b)
+            .stream
+            .send_header_key()
+            .unwrap()
+            .protect(&mut bytes)
+            .unwrap();
+        if handshake {
             self.handshakes_sent.push(Datagram {
                 src: route.local,
                 dst: route.remote,
@@ -250,7 +259,7 @@ impl Sim {
         true
     }
 
-    fn deliver(&mut self, d: Datagram) {
+    fn deliver(&mut self, mut d: Datagram) {
         let now = self.now();
         let entropy = self.entropy();
         let to_b = d.to_b;
@@ -259,6 +268,11 @@ impl Sim {
             g.drop_reason("unknown_route");
             return;
         };
+        // Unmask with the peer's header key before classifying (§4.5).
+        if let Err(e) = g.stream.recv_header_key().unwrap().unprotect(&mut d.bytes) {
+            g.drop_reason(e.reason());
+            return;
+        }
         if is_handshake(&d.bytes) {
             let reply_route = g.stream.schedule(now).send;
             match g

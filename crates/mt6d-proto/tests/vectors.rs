@@ -4,6 +4,8 @@
 use std::net::Ipv6Addr;
 
 use mt6d_proto::addressing::{hashed_address, port, thesis_iid, AddressKeys, Role};
+use mt6d_proto::moves::RouteMoves;
+use mt6d_proto::tunnel::HeaderKey;
 use mt6d_proto::{
     AeadAlg, Derivation, Endpoint, Epoch, Mode, PortPolicy, SessionKey, Stream, StreamConfig,
     UnixTime,
@@ -59,6 +61,8 @@ fn print_vectors() {
             s.epoch_start(Epoch(e)).as_millis()
         );
     }
+    println!("header keys and mask {:?}", header_vectors());
+    println!("notice {}", notice_vector());
     for alg in [AeadAlg::Aes256Gcm, AeadAlg::ChaCha20Poly1305] {
         for mode in [Mode::Encrypt, Mode::Auth] {
             let (out, n) = seal_vector(mode, alg);
@@ -86,7 +90,36 @@ fn seal_vector(mode: Mode, alg: AeadAlg) -> ([u8; 128], usize) {
     let n = sealer
         .seal(&s.route(EPOCH), &inner_packet(), &mut out)
         .unwrap();
+    // On the wire the first 8 bytes are masked (§4.5); plain mode has no header key.
+    if let Some(hk) = s.send_header_key() {
+        hk.protect(&mut out[..n]).unwrap();
+    }
     (out, n)
+}
+
+/// The header-protection keys of both roles, and the mask of sample `000102..0f` under role 0's.
+fn header_vectors() -> (String, String, String) {
+    let k = key();
+    let (k0, k1) = (
+        HeaderKey::derive(&k, Role::Low),
+        HeaderKey::derive(&k, Role::High),
+    );
+    let sample: [u8; 16] = core::array::from_fn(|i| i as u8);
+    (
+        hex(k0.as_bytes()),
+        hex(k1.as_bytes()),
+        hex(&k0.mask(&sample)),
+    )
+}
+
+/// Role 0's route move notice for epoch e, offset 1, on its route of epoch e, protected.
+fn notice_vector() -> String {
+    let mut c = StreamConfig::new(low(), high(), key());
+    c.mode = Mode::Encrypt;
+    let s = Stream::new(c).unwrap();
+    let mut n = RouteMoves::new(&s).frame_notice(&s.route(EPOCH), EPOCH, 1, false);
+    s.send_header_key().unwrap().protect(&mut n).unwrap();
+    hex(&n)
 }
 
 #[test]
@@ -167,28 +200,49 @@ fn jitter_schedule() {
     assert_eq!(s.epoch_at(UnixTime::from_millis(1_700_000_002_201)), EPOCH);
 }
 
+/// Cross-checked independently with python3 and the `blake3` package (docs/PROTOCOL.md §8).
+#[test]
+fn header_protection_keys_mask_and_notice() {
+    let (k0, k1, mask) = header_vectors();
+    assert_eq!(
+        k0,
+        "4e17734d5839b990c3cc966867397695f797de49b77c0ece18de9fc8aefd8c7e"
+    );
+    assert_eq!(
+        k1,
+        "131ac4117cdf07e181429d89bc72ad93b6208f67b59b4a329a86a7e9a0b4c3f6"
+    );
+    assert_eq!(mask, "10443585367c64c4");
+    assert_eq!(
+        notice_vector(),
+        "5ee708932cb363190a21fe8001000000ed20ed8c17b48fb24d70a3a467aa6833"
+    );
+}
+
+/// The sealed payloads as they leave the gateway: AEAD output unchanged from byte 8 on, the
+/// counter `17979cfe362a0000` masked (§4.5). Cross-checked as above.
 #[test]
 fn sealed_payloads() {
     let cases = [
         (
             Mode::Encrypt,
             AeadAlg::Aes256Gcm,
-            "17979cfe362a00003d1b37ff40e91e22160bd233a3c4fea6ce49d3cb36264bd4f6988d51",
+            "70d100546125c5b33d1b37ff40e91e22160bd233a3c4fea6ce49d3cb36264bd4f6988d51",
         ),
         (
             Mode::Auth,
             AeadAlg::Aes256Gcm,
-            "17979cfe362a00006000000000043b406d743664ca0cb4fb76a2ce7f6edce2f890d82168",
+            "509d310d013768666000000000043b406d743664ca0cb4fb76a2ce7f6edce2f890d82168",
         ),
         (
             Mode::Encrypt,
             AeadAlg::ChaCha20Poly1305,
-            "17979cfe362a00009f05fddc812e1a73e9104db243e5f4b87eff0bc6942cf676663bcf8d",
+            "7a45b760a9b99e939f05fddc812e1a73e9104db243e5f4b87eff0bc6942cf676663bcf8d",
         ),
         (
             Mode::Auth,
             AeadAlg::ChaCha20Poly1305,
-            "17979cfe362a00006000000000043b406d7436646560c5b8e1c7f8172b23c868fd955804",
+            "8392180eddf643fd6000000000043b406d7436646560c5b8e1c7f8172b23c868fd955804",
         ),
     ];
     for (mode, alg, want) in cases {
