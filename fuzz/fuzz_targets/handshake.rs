@@ -46,11 +46,23 @@ fuzz_target!(|data: &[u8]| {
     .unwrap();
     let route_b = stream.route(Epoch(7));
     let now = UnixTime::from_secs(1_800_000_000);
-    let msg = match sel % 3 {
+    let mut msg = match sel % 3 {
         0 => body.to_vec(),
         1 => b.frame_with_mac(Kind::Initiation, body, &route_b.remote, &route_b.local),
         _ => b.frame_with_mac(Kind::Response, body, &route_b.remote, &route_b.local),
     };
+    // The wire carries protected headers (§4.5): raw bytes are unmasked as the gateway does;
+    // framed ones are protected by the sender and unmasked by the receiver.
+    let hk = stream.recv_header_key().unwrap();
+    if sel % 3 != 0 {
+        let framed = msg.clone();
+        if hk.protect(&mut msg).is_ok() {
+            hk.unprotect(&mut msg).unwrap();
+        }
+        assert_eq!(msg, framed);
+    } else {
+        let _ = hk.unprotect(&mut msg);
+    }
     // As responder: forged Noise bytes must fail.
     if sel % 3 != 0 {
         assert!(b.handle(now, &route_b, &route_b, &msg, || Some([3; 32])).is_err());
