@@ -2,8 +2,9 @@
 //!
 //! ```text
 //! tx: TUN read (GSO super-packet split) -> peer by inner destination -> Sealer::seal into one
-//!     contiguous buffer -> header protection (docs/PROTOCOL.md §4.5) -> runs of equal-size datagrams on one route -> sendmmsg with UDP GSO,
-//!     source address per message via IPV6_PKTINFO
+//!     contiguous buffer -> header protection (docs/PROTOCOL.md §4.5) -> runs of equal-size
+//!     datagrams on one route -> sendmmsg with UDP GSO, source address per message via
+//!     IPV6_PKTINFO
 //! rx: epoll over the per-port sockets -> recvmmsg with UDP GRO -> route by (local address,
 //!     port) -> header protection removed in place -> classify (notice, handshake, data) ->
 //!     Opener::open -> TUN write with GRO coalescing
