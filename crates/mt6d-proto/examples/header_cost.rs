@@ -5,7 +5,7 @@
 //! `cargo run --release -p mt6d-proto --example header_cost`
 
 #![allow(clippy::unwrap_used)]
-use mt6d_proto::{AeadAlg, Endpoint, Epoch, Mode, SessionKey, Stream, StreamConfig, UnixTime};
+use mt6d_proto::{AeadAlg, Endpoint, Epoch, Mode, SessionKey, Stream, StreamConfig};
 use std::hint::black_box;
 use std::net::Ipv6Addr;
 use std::time::Instant;
@@ -32,7 +32,7 @@ fn main() {
             Stream::new(c.clone()).unwrap(),
             Stream::new(c.mirrored()).unwrap(),
         );
-        let sealer = sa.sealer(UnixTime::from_secs(1_700_000_000));
+        let sealer = sa.sealer(1 << 26, u64::MAX);
         let (ra, rb) = (sa.route(Epoch(1)), sb.route(Epoch(1)));
         let (tx, rx) = (sa.send_header_key().unwrap(), sb.recv_header_key().unwrap());
         let mut opener = sb.opener();

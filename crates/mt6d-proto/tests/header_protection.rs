@@ -344,7 +344,7 @@ fn masked_counters_show_no_continuation_across_epochs() {
         SessionKey::from_bytes(&[0x21; 32]).unwrap(),
     );
     let s = Stream::new(c).unwrap();
-    let static_sealer = s.sealer(now());
+    let static_sealer = s.sealer(now().as_nanos(), u64::MAX);
     let (mut a, mut b) = pair(77, Mode::Encrypt);
     let e0 = a.stream.epoch_at(now());
     let ra = a.stream.route(e0);

@@ -179,6 +179,10 @@ pub fn tx_loop(shared: &Shared, tun: &Tun, tun_mtu: usize) {
                     continue;
                 }
             }
+            // Two relaxed loads and stores (docs/PROTOCOL.md §5): what an ICMPv6 error from the
+            // path must quote to be believed. Recorded as it leaves (masked): a quote holds the
+            // wire bytes.
+            shared.peers[peer].sent.record(&out[..len]);
             match runs.last_mut() {
                 Some(r)
                     if r.peer == peer
@@ -432,7 +436,7 @@ pub fn rx_loop(
                     match recv[peer].open(now, &route, datagram, &mut slot[VIRTIO_NET_HDR_LEN..]) {
                         Ok(opened) => {
                             if let Some(phase) = opened.confirmed {
-                                session::on_confirmed(p, phase, now);
+                                session::on_confirmed(p, phase, opened.confirmed_key, now);
                             }
                             // A keepalive confirms keys and carries nothing to deliver.
                             if opened.len > 0 {
@@ -444,7 +448,7 @@ pub fn rx_loop(
                         }
                         Err(e) => {
                             if e == OpenError::NoKey {
-                                p.keys.want.store(true, Ordering::Relaxed);
+                                p.keys.empty_slot.store(true, Ordering::Relaxed);
                             }
                             counters.drop_n(open_drop_reason(&e), 1);
                         }
