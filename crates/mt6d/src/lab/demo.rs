@@ -571,7 +571,12 @@ fn link_report(args: &DemoArgs) -> DemoResult<()> {
             println!("side-channel messages: {:?}", r.side_channel_messages);
         }
     }
-    Ok(())
+    let linking = run.linking();
+    if linking.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("epochs linked:\n{}", linking.join("\n")).into())
+    }
 }
 
 /// Waits until an echo gets through: the first packets of a path wait for neighbour discovery

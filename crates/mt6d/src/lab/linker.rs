@@ -282,6 +282,8 @@ type Sender = ([u8; 6], [u8; 8]);
 #[derive(Debug, Clone, Default)]
 struct Flow {
     directions: BTreeMap<Sender, Direction>,
+    /// Capture time of the flow's first packet.
+    first_seen: f64,
 }
 
 /// The IPv6 header fields the linker reads, from a checked slice of one frame.
@@ -411,7 +413,7 @@ fn icmp_names(ip: &Ip6<'_>, names: &mut Vec<Named>) {
 pub struct Capture {
     flows: HashMap<FlowKey, Flow>,
     /// Per side-channel method, the named addresses of each message.
-    messages: BTreeMap<Method, Vec<Vec<Named>>>,
+    messages: BTreeMap<Method, Vec<(f64, Vec<Named>)>>,
     pub frames: usize,
     pub udp_frames: usize,
 }
@@ -454,7 +456,7 @@ impl Capture {
                     if let Some(method) = method {
                         let mut names = Vec::new();
                         icmp_names(&ip, &mut names);
-                        c.messages.entry(method).or_default().push(names);
+                        c.messages.entry(method).or_default().push((f.ts, names));
                     }
                 }
                 _ => {}
@@ -475,13 +477,15 @@ impl Capture {
         mac.copy_from_slice(&f.bytes[6..12]);
         let mut prefix = [0u8; 8];
         prefix.copy_from_slice(&ip.src.octets()[..8]);
-        let d = self
+        let flow = self
             .flows
             .entry(flow_key(src, dst))
-            .or_default()
-            .directions
-            .entry((mac, prefix))
-            .or_default();
+            .or_insert_with(|| Flow {
+                directions: BTreeMap::new(),
+                first_seen: f.ts,
+            });
+        flow.first_seen = flow.first_seen.min(f.ts);
+        let d = flow.directions.entry((mac, prefix)).or_default();
         d.endpoint = Some(src);
         d.flow_labels.insert(ip.flow_label);
         d.traffic_classes.insert(ip.traffic_class);
@@ -613,6 +617,11 @@ pub struct LinkReport {
     pub unlabeled_flows: usize,
     /// Side-channel messages seen, by method.
     pub side_channel_messages: BTreeMap<&'static str, usize>,
+    /// Flows whose address a side-channel message named before the flow's first tunnel packet
+    /// (an address announced early: a duplicate-address probe, priming, an MLD join).
+    pub flows_named_early: usize,
+    /// The longest such lead, in seconds.
+    pub longest_lead_secs: f64,
     pub results: Vec<MethodResult>,
 }
 
@@ -632,9 +641,16 @@ impl LinkReport {
     /// A Markdown table, one row per method.
     pub fn table(&self) -> String {
         let mut t = format!(
-            "{}: {} frames ({} UDP), {} flows labelled by the ground truth, {} not\n\n\
+            "{}: {} frames ({} UDP), {} flows labelled by the ground truth, {} not; {} flows' \
+addresses named by a side channel before their first packet (up to {:.2} s ahead)\n\n\
 | method | links | recovered | chance | decisive | precision |\n|---|---|---|---|---|---|\n",
-            self.vantage, self.frames, self.udp_frames, self.labeled_flows, self.unlabeled_flows
+            self.vantage,
+            self.frames,
+            self.udp_frames,
+            self.labeled_flows,
+            self.unlabeled_flows,
+            self.flows_named_early,
+            self.longest_lead_secs
         );
         for r in &self.results {
             t += &format!(
@@ -671,14 +687,23 @@ pub fn link(capture: &Capture, truth: &Truth, vantage: &str) -> LinkReport {
         }
     }
     let mut pairs: HashMap<(Method, usize, usize), u32> = HashMap::new();
+    // How long before its first tunnel packet a flow's address was named by a side channel.
+    let mut lead: HashMap<usize, f64> = HashMap::new();
     for (&method, messages) in &capture.messages {
-        for names in messages {
+        for (ts, names) in messages {
             let touched: BTreeSet<usize> = names
                 .iter()
                 .filter_map(|n| by_addr.get(n))
                 .flatten()
                 .copied()
                 .collect();
+            for &f in &touched {
+                let ahead = labeled[f].1.first_seen - ts;
+                if ahead > 0.0 {
+                    let l = lead.entry(f).or_default();
+                    *l = l.max(ahead);
+                }
+            }
             for &a in &touched {
                 for &b in &touched {
                     if a != b {
@@ -755,6 +780,8 @@ pub fn link(capture: &Capture, truth: &Truth, vantage: &str) -> LinkReport {
         udp_frames: capture.udp_frames,
         labeled_flows: labeled.len(),
         unlabeled_flows: capture.flows.len() - labeled.len(),
+        flows_named_early: lead.len(),
+        longest_lead_secs: lead.values().copied().fold(0.0, f64::max),
         side_channel_messages: capture
             .messages
             .iter()
@@ -830,7 +857,9 @@ mod tests {
                     for (mac, from, to, base) in [(MAC_A, a, b, 0), (MAC_B, b, a, 1 << 40)] {
                         let mut p = counter(s, e, i + base).to_be_bytes().to_vec();
                         p.extend_from_slice(&[0u8; 40]);
-                        frames.push(udp(mac, from, to, &p));
+                        let mut frame = udp(mac, from, to, &p);
+                        frame.ts = e as f64 + i as f64 * 0.01;
+                        frames.push(frame);
                     }
                 }
             }
@@ -887,8 +916,13 @@ mod tests {
         );
         let mut ns = vec![135, 0, 0, 0, 0, 0, 0, 0];
         ns.extend_from_slice(&b0.octets());
-        frames.push(ip6(MAC_A, a1, b0, 58, &ns));
+        let mut solicitation = ip6(MAC_A, a1, b0, 58, &ns);
+        solicitation.ts = 0.5;
+        frames.push(solicitation);
         let r = link(&Capture::new(&frames, Vantage::OnLink), &truth, "test");
+        // Sent half a second before epoch 1's first packet: the address was announced early.
+        assert_eq!(r.flows_named_early, 1);
+        assert!((r.longest_lead_secs - 0.5).abs() < 1e-9);
         let nd = r.result(Method::NeighborDiscovery).expect("row");
         // One of four links is named outright; the other three are ties.
         assert_eq!(nd.decisive, 1);
