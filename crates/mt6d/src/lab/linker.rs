@@ -21,10 +21,10 @@
 //!
 //! The methods are those of the issue that prompted this observer: every outer header field,
 //! the first 8 bytes of the tunnel payload read as a counter (continuation across the switch),
-//! the first payload byte, packet sizes at the switch, and three side channels that name
-//! addresses of two epochs in one message: neighbour discovery (001 §4.2's "oracle"), MLD
-//! reports (solicited-node groups name the low 24 bits of an address, RFC 4291 §2.7.1) and
-//! ICMPv6 errors (outer addresses plus the quoted packet's, RFC 4443 §2.4(c)).
+//! the first payload byte, packet sizes at the switch, and four side channels that name
+//! addresses of two epochs in one message: neighbour discovery (001 §4.2's "oracle"),
+//! redirects, MLD reports (solicited-node groups name the low 24 bits of an address, RFC 4291
+//! §2.7.1) and ICMPv6 errors (outer addresses plus the quoted packet's, RFC 4443 §2.4(c)).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{Ipv6Addr, SocketAddrV6};
@@ -214,8 +214,11 @@ pub enum Method {
     FirstByte,
     /// The sizes of the last packets before the switch against the first after it.
     PacketSizes,
-    /// Neighbour solicitations, advertisements and redirects naming addresses of both flows.
+    /// Router and neighbour solicitations and advertisements naming addresses of both flows.
     NeighborDiscovery,
+    /// ICMPv6 Redirects (RFC 4861 §8) naming addresses of both flows: target, destination,
+    /// outer source and destination.
+    Redirects,
     /// MLD reports naming (the solicited-node groups of) addresses of both flows.
     MldReports,
     /// ICMPv6 errors whose outer and quoted addresses belong to both flows.
@@ -223,7 +226,7 @@ pub enum Method {
 }
 
 impl Method {
-    pub const ALL: [Method; 12] = [
+    pub const ALL: [Method; 13] = [
         Method::FlowLabel,
         Method::TrafficClass,
         Method::HopLimit,
@@ -234,6 +237,7 @@ impl Method {
         Method::FirstByte,
         Method::PacketSizes,
         Method::NeighborDiscovery,
+        Method::Redirects,
         Method::MldReports,
         Method::IcmpErrors,
     ];
@@ -250,6 +254,7 @@ impl Method {
             Method::FirstByte => "first payload byte",
             Method::PacketSizes => "packet sizes at the switch",
             Method::NeighborDiscovery => "neighbour discovery pairing",
+            Method::Redirects => "ICMPv6 redirects",
             Method::MldReports => "MLD reports",
             Method::IcmpErrors => "ICMPv6 errors quoting epochs",
         }
@@ -362,7 +367,8 @@ fn named(a: Ipv6Addr) -> Option<Named> {
 fn side_channel(icmp_type: u8) -> Option<Method> {
     match icmp_type {
         1..=4 => Some(Method::IcmpErrors),
-        133..=137 => Some(Method::NeighborDiscovery),
+        133..=136 => Some(Method::NeighborDiscovery),
+        137 => Some(Method::Redirects),
         130..=132 | 143 => Some(Method::MldReports),
         _ => None,
     }
@@ -580,7 +586,9 @@ fn score_direction(m: Method, a: &Direction, b: &Direction) -> Option<f64> {
         }
         Method::FirstByte => overlap(&a.first_bytes, &b.first_bytes),
         Method::PacketSizes => multiset_overlap(a.last_sizes.iter().copied(), &b.first_sizes),
-        Method::NeighborDiscovery | Method::MldReports | Method::IcmpErrors => return None,
+        Method::NeighborDiscovery | Method::Redirects | Method::MldReports | Method::IcmpErrors => {
+            return None
+        }
     })
 }
 
