@@ -3,14 +3,15 @@
 //! encrypt mode across 25 rotations of 1 s; the linker (`mt6d::lab::linker`) scores every
 //! header field, the payload's first bytes as a counter, packet sizes and the neighbour
 //! discovery, MLD and ICMPv6 side channels against the ground truth from Gateway A's status.
-//! No method may link better than chance plus `MARGIN` (0.25; docs/PRIVACY.md says why).
+//! No method may link better than chance plus a margin (0.25 flow by flow, 0.35 in the joint
+//! assignment; docs/PRIVACY.md says why).
 //!
 //! Run: `cargo test --release -p mt6d --test linker_netns -- --nocapture` (as root).
 
 mod common;
 
 use mt6d::lab::topology::Topology;
-use mt6d::lab::unlinkability::{run, LinkRunArgs, MARGIN};
+use mt6d::lab::unlinkability::{run, LinkRunArgs, JOINT_MARGIN, MARGIN};
 
 const ROTATIONS: u32 = 25;
 
@@ -38,7 +39,10 @@ fn no_method_links_epochs(topology: Topology) {
         "only {} epochs in the ground truth",
         result.epochs
     );
-    eprintln!("a method links if it recovers more than chance + {MARGIN} of the links");
+    eprintln!(
+        "a method links if it recovers more than chance + {MARGIN} of the links flow by flow, \
+or chance + {JOINT_MARGIN} jointly"
+    );
     for r in &result.reports {
         eprintln!("{}", r.table());
         eprintln!("side-channel messages: {:?}\n", r.side_channel_messages);
