@@ -1104,6 +1104,27 @@ mod tests {
     }
 
     #[test]
+    fn the_joint_assignment_cancels_a_shared_preference_and_keeps_a_real_one() {
+        // Flows 0 and 1 (truth: 0 -> 10, 1 -> 11). Both prefer candidate 10 by the same amount:
+        // flow by flow one is right; jointly the two pairings tie.
+        let shared = |_: usize, b: usize| if b == 10 { 1.0 } else { 0.0 };
+        assert_eq!(matching_credit(&[(0, 10), (1, 11)], &[10, 11], shared), 1.0);
+        // Each prefers its own successor: both right.
+        let own = |a: usize, b: usize| if b == a + 10 { 1.0 } else { 0.0 };
+        assert_eq!(matching_credit(&[(0, 10), (1, 11)], &[10, 11], own), 2.0);
+        // Each prefers the other's: both wrong.
+        let crossed = |a: usize, b: usize| if b != a + 10 { 1.0 } else { 0.0 };
+        assert_eq!(
+            matching_credit(&[(0, 10), (1, 11)], &[10, 11], crossed),
+            0.0
+        );
+        // More flows than candidates, or too many to enumerate: no credit, never a panic.
+        assert_eq!(matching_credit(&[(0, 10), (1, 11)], &[10], own), 0.0);
+        let many: Vec<usize> = (10..10 + MAX_MATCHING + 1).collect();
+        assert_eq!(matching_credit(&[(0, 10)], &many, own), 0.0);
+    }
+
+    #[test]
     fn past_the_router_sees_one_prefix_only() {
         let (frames, truth) = two_streams(|_, _, i| i);
         let none = Capture::new(
