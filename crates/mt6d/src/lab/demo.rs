@@ -159,6 +159,13 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
         return Err("mt6d demo builds network namespaces and needs root: run it with sudo".into());
     }
     if args.link_report {
+        if args.host_mode || args.psk || args.rekey.is_some() || args.restart_gateway {
+            return Err(
+                "--link-report runs its own two gateway-mode conversations with \
+pre-shared keys: drop --host-mode, --psk, --rekey and --restart-gateway"
+                    .into(),
+            );
+        }
         return link_report(&args);
     }
     let interrupted = Arc::new(AtomicBool::new(false));
