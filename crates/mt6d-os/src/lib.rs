@@ -4,6 +4,7 @@
 //! - [`netlink`]: links, IPv6 addresses, routes, (proxy) neighbour entries, veth pairs, over a
 //!   blocking rtnetlink socket, with idempotent adds and deletes;
 //! - [`sysctl`]: `/proc/sys/net/ipv6/conf/IFACE/KEY` (forwarding, proxy_ndp, accept_dad, ...);
+//! - [`nftables`]: loading and deleting one named nftables table through the `nft` program;
 //! - [`netns`]: iproute2-compatible named network namespaces for the lab and the tests;
 //! - [`tun`]: the TUN device with virtio-net offload (GSO split on read, GRO on write);
 //! - [`udp`]: the tunnel's UDP sockets with per-packet source address (IPV6_PKTINFO),
@@ -26,6 +27,7 @@ pub mod error;
 pub mod icmp;
 pub mod netlink;
 pub mod netns;
+pub mod nftables;
 pub mod secrets;
 mod sys;
 pub mod sysctl;

@@ -68,6 +68,9 @@ pub struct GatewayConfig {
     /// Send Router Advertisements on the internal link carrying the tunnel MTU (docs/PROTOCOL.md
     /// §5.3). Off where another router already advertises on that link.
     pub router_advertisements: bool,
+    /// Give the external interface a random MAC and a random link-local address for the run,
+    /// restored on exit (docs/PROTOCOL.md §5.4).
+    pub randomize_link: bool,
     /// Where pre-shared auth/encrypt streams persist their send counter's high-water mark
     /// (docs/PROTOCOL.md §4.3). Must survive reboots and not be restored from old copies.
     pub state_dir: PathBuf,
@@ -177,6 +180,7 @@ struct RawGateway {
     rekey_secs: Option<Spanned<f64>>,
     rekey_packets: Option<Spanned<i64>>,
     router_advertisements: Option<Spanned<bool>>,
+    randomize_link: Option<Spanned<bool>>,
     state_dir: Option<Spanned<String>>,
 }
 
@@ -589,6 +593,7 @@ impl Config {
                 control_socket,
                 external_next_hop,
                 router_advertisements,
+                randomize_link: gw.randomize_link.as_ref().is_some_and(|v| *v.get_ref()),
                 state_dir,
             },
             peers,
@@ -929,6 +934,18 @@ key = "{KEY}"
                 .to_string();
             assert!(err.contains(what), "{what}: {err}");
         }
+    }
+
+    #[test]
+    fn randomize_link_is_off_unless_asked_for() {
+        assert!(!parse(&example()).expect("example").gateway.randomize_link);
+        let on = example().replace(
+            "rotation_secs = 1",
+            "rotation_secs = 1\nrandomize_link = true",
+        );
+        assert!(parse(&on).expect("parses").gateway.randomize_link);
+        let bad = example().replace("rotation_secs = 1", "rotation_secs = 1\nrandomize_link = 1");
+        assert!(parse(&bad).is_err());
     }
 
     #[test]

@@ -395,7 +395,13 @@ pub fn send_notices(shared: &Shared, table: &RouteTable, now: UnixTime) {
         let mut out = [0u8; NOTICE_LEN];
         while let Some(route) = moves.poll_transmit(now, &routes.schedule, &mut out) {
             if let Some(socket) = table.sockets.get(&route.local.port()) {
-                super::session::send_one(socket, &route.local, route.remote, &out);
+                super::session::send_one(
+                    socket,
+                    &route.local,
+                    route.remote,
+                    &out,
+                    p.stream.send_header_key(),
+                );
             }
         }
     }
@@ -408,7 +414,13 @@ pub fn announce_link(shared: &Shared, table: &RouteTable, mac: [u8; 6]) {
         let route = routes.schedule.send;
         let msg = p.lock_moves().frame_link(&route, mac);
         if let Some(socket) = table.sockets.get(&route.local.port()) {
-            super::session::send_one(socket, &route.local, route.remote, &msg);
+            super::session::send_one(
+                socket,
+                &route.local,
+                route.remote,
+                &msg,
+                p.stream.send_header_key(),
+            );
         }
     }
 }
