@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use mt6d_proto::moves::{NoticePacket, RouteMoves, MAX_OFFSET};
+use mt6d_proto::moves::{Evidence, NoticePacket, RouteMoves, MAX_OFFSET};
 use mt6d_proto::wire::NeighborFrame;
 use mt6d_proto::{Endpoint, Epoch, SessionKey, Stream, StreamConfig, UnixTime};
 
@@ -33,6 +33,9 @@ fuzz_target!(|data: &[u8]| {
     if b.recv_header_key().unwrap().unprotect(&mut unmasked).is_ok() {
         let _ = rx.handle_notice(now, current, &on, &unmasked);
     }
+    assert!(rx.handle_link(&on, data).is_err());
+    let mac = [data.first().copied().unwrap_or(0) & 0xfe, 1, 2, 3, 4, 5];
+    assert_eq!(rx.handle_link(&on, &sender.frame_link(&a.route(current), mac)), Ok(mac));
     for e in 998..=1_003 {
         assert_eq!(rx.offset(Epoch(e)), 0);
     }
@@ -46,7 +49,12 @@ fuzz_target!(|data: &[u8]| {
                 sender.frame_notice(&a.route(current), epoch, k % (MAX_OFFSET + 2), sel & 2 != 0);
             let _ = rx.handle_notice(now, current, &on, &msg);
         } else {
-            let _ = rx.on_collision(now, current, epoch, k % (MAX_OFFSET + 2));
+            let evidence = if sel & 2 == 0 {
+                Evidence::Unconfirmed
+            } else {
+                Evidence::Confirmed
+            };
+            let _ = rx.on_collision(now, current, epoch, k % (MAX_OFFSET + 2), evidence);
         }
         let mut out = [0u8; 32];
         let sch = b.schedule_moved(now, &rx);

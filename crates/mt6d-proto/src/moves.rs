@@ -24,6 +24,13 @@
 //! carrying its own offset. Acks are never answered, so no exchange loops. Entries live for the
 //! epochs e-1 ..= e+2 (the accept window and one epoch of clock skew) and vanish after.
 //!
+//! Which epochs a gateway moves on its own (docs/PROTOCOL.md §5.2, "Move rules"): never e-1 (the
+//! route both sides fall back on, and the one notices about e travel on), the current epoch e
+//! only on [`Evidence::Confirmed`] (a unicast probe answered by the claimed holder), e+1 and e+2
+//! on any evidence the caller accepts. A node on the link that forges one frame for e-1 and one
+//! for e therefore moves nothing. Notices travel on the **last agreed route**: the send route
+//! if its epoch is not moved-but-unconfirmed, else the previous epoch's (never moved by us).
+//!
 //! It never reads a clock or does IO: `now` and the current epoch come in, message bytes go out
 //! into the caller's buffer.
 
@@ -59,11 +66,44 @@ mod field {
     pub const OFFSET: usize = 12;
     pub const RESERVED2: Range<usize> = 13..16;
     pub const MAC: Range<usize> = 16..32;
+    pub const LLADDR: Range<usize> = 4..10;
+    pub const LINK_RESERVED: Range<usize> = 10..16;
 }
 
-/// Whether a tunnel payload is a route move notice (call after `handshake::is_handshake`).
+/// Type byte of a link-layer address announcement (docs/PROTOCOL.md §5.2, "Pinned
+/// neighbours"): same length, MAC and key as a notice.
+pub const TYPE_LINK: u8 = 0x84;
+
+/// Whether a tunnel payload is a route move notice or a link-layer address announcement (call
+/// after `handshake::is_handshake`); [`is_link_announcement`] tells them apart.
 pub fn is_notice(payload: &[u8]) -> bool {
-    payload.first() == Some(&TYPE_NOTICE)
+    matches!(payload.first(), Some(&TYPE_NOTICE) | Some(&TYPE_LINK))
+}
+
+/// Whether a payload [`is_notice`] accepted is a link-layer address announcement.
+pub fn is_link_announcement(payload: &[u8]) -> bool {
+    payload.first() == Some(&TYPE_LINK)
+}
+
+/// A link-layer address announcement (32 bytes), authenticated like a notice:
+/// ```text
+/// 0x84 | 00 | 00 00 | lladdr (6) | 00 (6) | mac (16), mac over the route as for a notice
+/// ```
+/// The sender's external MAC, told to the peer inside the authenticated channel, so that the
+/// peer can pin its neighbour entries for the sender's hashed addresses (a forged advertisement
+/// on the link then changes nothing).
+pub(crate) fn emit_link(key: &Subkey, route: &Route, lladdr: [u8; 6]) -> [u8; NOTICE_LEN] {
+    let mut m = [0u8; NOTICE_LEN];
+    m[field::TYPE] = TYPE_LINK;
+    m[field::LLADDR].copy_from_slice(&lladdr);
+    let mac = message_mac(
+        key.as_bytes(),
+        &route.local,
+        &route.remote,
+        &m[..field::MAC.start],
+    );
+    m[field::MAC].copy_from_slice(&mac);
+    m
 }
 
 /// Why a notice was not acted on. Labels are stable (`mt6d status`).
@@ -186,6 +226,16 @@ pub struct NoticeOutcome {
     pub moved: bool,
 }
 
+/// How sure the caller is that another node holds the address ([`RouteMoves::on_collision`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evidence {
+    /// One frame claimed it (an advertisement, a probe): anyone on the link can send that.
+    Unconfirmed,
+    /// The claimed holder answered a unicast probe for the address, or the address cannot be
+    /// used for a local reason (a port that cannot be bound): enough to move the current epoch.
+    Confirmed,
+}
+
 /// What [`RouteMoves::on_collision`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CollisionOutcome {
@@ -195,8 +245,13 @@ pub enum CollisionOutcome {
     AlreadyMoved,
     /// [`MAX_OFFSET`] reached; the route stays.
     Exhausted,
-    /// The epoch is not within e-1 ..= e+2.
+    /// The epoch is not within e ..= e+2.
     OutsideWindow,
+    /// The epoch is e-1: never moved (it carries the notices about e and the packets still in
+    /// flight; moving it could only lose them).
+    PreviousEpoch,
+    /// The current epoch, on [`Evidence::Unconfirmed`]: confirm first (a unicast probe).
+    NeedsConfirmation,
 }
 
 /// Counters of one peer's route moves.
@@ -257,6 +312,39 @@ impl RouteMoves {
         ack: bool,
     ) -> [u8; NOTICE_LEN] {
         emit_notice(&self.key, route, epoch, offset, ack)
+    }
+
+    /// Our link-layer address announcement for `route` ([`TYPE_LINK`]).
+    pub fn frame_link(&self, route: &Route, lladdr: [u8; 6]) -> [u8; NOTICE_LEN] {
+        emit_link(&self.key, route, lladdr)
+    }
+
+    /// Checks a link-layer address announcement that arrived on `arrived_on` (an accept route,
+    /// its source checked by the caller) and returns the peer's MAC. Every check of a notice
+    /// applies: exact length, type, zero bytes, MAC for that route in constant time. A group MAC
+    /// (low bit of the first byte set: multicast, broadcast) is refused: not an interface's.
+    pub fn handle_link(&self, arrived_on: &Route, bytes: &[u8]) -> Result<[u8; 6], NoticeError> {
+        let bytes: &[u8; NOTICE_LEN] = bytes.try_into().map_err(|_| NoticeError::Malformed)?;
+        if bytes[field::TYPE] != TYPE_LINK
+            || bytes[field::FLAGS] != 0
+            || bytes[field::RESERVED1] != [0, 0]
+            || bytes[field::LINK_RESERVED] != [0; 6]
+            || bytes[field::LLADDR.start] & 0x01 != 0
+        {
+            return Err(NoticeError::Malformed);
+        }
+        let want = message_mac(
+            self.key.as_bytes(),
+            &arrived_on.remote,
+            &arrived_on.local,
+            &bytes[..field::MAC.start],
+        );
+        if !bool::from(want.ct_eq(&bytes[field::MAC])) {
+            return Err(NoticeError::BadMac);
+        }
+        let mut m = [0u8; 6];
+        m.copy_from_slice(&bytes[field::LLADDR]);
+        Ok(m)
     }
 
     /// The attempt offset of epoch `e` (0 unless moved).
@@ -336,16 +424,24 @@ impl RouteMoves {
     }
 
     /// Another node holds or probes our address of epoch `epoch`, which we derived with
-    /// `offset`: move that epoch to the next offset and start telling the peer.
+    /// `offset`: move that epoch to the next offset and start telling the peer, within the move
+    /// rules of the module documentation (e-1 never; e only on [`Evidence::Confirmed`]).
     pub fn on_collision(
         &mut self,
         now: UnixTime,
         current: Epoch,
         epoch: Epoch,
         offset: u8,
+        evidence: Evidence,
     ) -> CollisionOutcome {
+        if epoch < current && in_window(current, epoch) {
+            return CollisionOutcome::PreviousEpoch;
+        }
         if !in_window(current, epoch) {
             return CollisionOutcome::OutsideWindow;
+        }
+        if epoch == current && evidence != Evidence::Confirmed {
+            return CollisionOutcome::NeedsConfirmation;
         }
         self.expire(current);
         let Some(e) = self.entry(epoch, now) else {
@@ -366,6 +462,25 @@ impl RouteMoves {
         let moved = e.offset;
         self.stats.collisions += 1;
         CollisionOutcome::Moved(moved)
+    }
+
+    /// Moves epoch `epoch` away from its present offset for a reason found locally (its address
+    /// or port cannot be used here), as a confirmed collision does: the same rules, the same
+    /// notices, so the peer follows.
+    pub fn move_locally(
+        &mut self,
+        now: UnixTime,
+        current: Epoch,
+        epoch: Epoch,
+    ) -> CollisionOutcome {
+        let offset = self.offset(epoch);
+        self.on_collision(now, current, epoch, offset, Evidence::Confirmed)
+    }
+
+    /// Whether the route of `e` is one both sides use: not moved by us without the peer having
+    /// shown the same offset.
+    fn agreed(&self, e: Epoch) -> bool {
+        self.find(e).is_none_or(|i| self.slot(i).confirmed)
     }
 
     /// A notice arrived on `arrived_on` (one of our accept routes, its source checked by the
@@ -407,32 +522,29 @@ impl RouteMoves {
 
     /// The next message to send, if any is due at `now`: writes it into `out` and returns the
     /// route to send it on, taken from `schedule` (the schedule built with this state's offsets):
-    /// the send route, or the previous epoch's route when the notice is about the current epoch
-    /// (the peer may not have moved yet, and the previous route is bound on both sides).
+    /// the last agreed route, i.e. the send route unless we moved its epoch and the peer has not
+    /// shown that offset yet, else the previous epoch's route (never moved by us, bound on both
+    /// sides). A notice therefore never travels on a route the peer may not have bound.
     pub fn poll_transmit(
         &mut self,
         now: UnixTime,
         schedule: &Schedule,
         out: &mut [u8; NOTICE_LEN],
     ) -> Option<Route> {
-        let route_for = |epoch: Epoch| {
-            if schedule.send.epoch == epoch {
-                schedule.accept[0]
-            } else {
-                schedule.send
-            }
+        let route = if self.agreed(schedule.send.epoch) || !self.agreed(schedule.accept[0].epoch) {
+            schedule.send
+        } else {
+            schedule.accept[0]
         };
         for e in self.entries.iter_mut().flatten() {
             if e.ack_due {
                 e.ack_due = false;
-                let route = route_for(e.epoch);
                 *out = emit_notice(&self.key, &route, e.epoch, e.offset, true);
                 self.stats.acks_sent += 1;
                 return Some(route);
             }
             if !e.confirmed && now >= e.next_send {
                 e.next_send = UnixTime::from_nanos(now.as_nanos() + NOTICE_RESEND_MS * 1_000_000);
-                let route = route_for(e.epoch);
                 *out = emit_notice(&self.key, &route, e.epoch, e.offset, false);
                 self.stats.notices_sent += 1;
                 return Some(route);
@@ -459,7 +571,7 @@ mod tests {
 
     use super::*;
     use crate::testutil::pair;
-    use crate::{AeadAlg, Mode};
+    use crate::{AeadAlg, Mode, Schedule};
 
     const R_MS: u64 = 10_000;
 
@@ -542,7 +654,7 @@ mod tests {
             let e = Epoch(101);
             let before = p.schedule(0, at(now)).accept[2];
             assert_eq!(
-                p.moves[0].on_collision(at(now), Epoch(100), e, 0),
+                p.moves[0].on_collision(at(now), Epoch(100), e, 0, Evidence::Unconfirmed),
                 CollisionOutcome::Moved(1)
             );
             // Within the interval, well before epoch 101 starts, both sides agree.
@@ -574,16 +686,16 @@ mod tests {
         let mut p = Pair::new(Mode::Plain, 7, 0.2, 0.2);
         let now = 100 * R_MS + 50;
         let e = Epoch(101);
-        p.moves[0].on_collision(at(now), Epoch(100), e, 0);
-        p.moves[1].on_collision(at(now), Epoch(100), e, 0);
+        p.moves[0].on_collision(at(now), Epoch(100), e, 0, Evidence::Unconfirmed);
+        p.moves[1].on_collision(at(now), Epoch(100), e, 0, Evidence::Unconfirmed);
         // A's offset-1 address collides too before anything was exchanged.
         assert_eq!(
-            p.moves[0].on_collision(at(now), Epoch(100), e, 1),
+            p.moves[0].on_collision(at(now), Epoch(100), e, 1, Evidence::Unconfirmed),
             CollisionOutcome::Moved(2)
         );
         // A report about the address it already left changes nothing.
         assert_eq!(
-            p.moves[0].on_collision(at(now), Epoch(100), e, 1),
+            p.moves[0].on_collision(at(now), Epoch(100), e, 1, Evidence::Unconfirmed),
             CollisionOutcome::AlreadyMoved
         );
         let mut t = now;
@@ -599,7 +711,7 @@ mod tests {
     fn a_current_epoch_notice_travels_on_the_previous_route() {
         let mut p = Pair::new(Mode::Auth, 1, 0.0, 0.0);
         let now = at(100 * R_MS + 5_000);
-        p.moves[0].on_collision(now, Epoch(100), Epoch(100), 0);
+        p.moves[0].on_collision(now, Epoch(100), Epoch(100), 0, Evidence::Confirmed);
         let sch = p.schedule(0, now);
         let mut out = [0u8; NOTICE_LEN];
         let route = p.moves[0].poll_transmit(now, &sch, &mut out).unwrap();
@@ -696,16 +808,22 @@ mod tests {
         let now = at(100 * R_MS);
         for k in 0..MAX_OFFSET {
             assert_eq!(
-                m.on_collision(now, Epoch(100), Epoch(102), k),
+                m.on_collision(now, Epoch(100), Epoch(102), k, Evidence::Unconfirmed),
                 CollisionOutcome::Moved(k + 1)
             );
         }
         assert_eq!(
-            m.on_collision(now, Epoch(100), Epoch(102), MAX_OFFSET),
+            m.on_collision(
+                now,
+                Epoch(100),
+                Epoch(102),
+                MAX_OFFSET,
+                Evidence::Unconfirmed
+            ),
             CollisionOutcome::Exhausted
         );
         assert_eq!(
-            m.on_collision(now, Epoch(100), Epoch(103), 0),
+            m.on_collision(now, Epoch(100), Epoch(103), 0, Evidence::Unconfirmed),
             CollisionOutcome::OutsideWindow
         );
         m.expire(Epoch(103));
@@ -719,7 +837,7 @@ mod tests {
     fn an_ack_is_never_answered() {
         let mut p = Pair::new(Mode::Encrypt, 3, 0.0, 0.0);
         let now = at(100 * R_MS + 10);
-        p.moves[0].on_collision(now, Epoch(100), Epoch(101), 0);
+        p.moves[0].on_collision(now, Epoch(100), Epoch(101), 0, Evidence::Unconfirmed);
         p.step(now);
         let delivered = p.delivered;
         assert_eq!(delivered, 2, "one notice, one ack");
@@ -729,5 +847,171 @@ mod tests {
         assert_eq!(p.delivered, delivered, "silence after the ack");
         let total = |m: &RouteMoves| m.stats().notices_sent + m.stats().acks_sent;
         assert_eq!(total(&p.moves[0]) + total(&p.moves[1]), 2);
+    }
+
+    /// Whether A's send route is one B accepts from A right now, and the other way round.
+    fn routes_agree(p: &Pair, now: UnixTime) -> bool {
+        let (a, b) = (p.schedule(0, now), p.schedule(1, now));
+        let fits = |send: &Route, rx: &Schedule| {
+            rx.accept
+                .iter()
+                .any(|r| r.local == send.remote && r.remote == send.local)
+        };
+        fits(&a.send, &b) && fits(&b.send, &a)
+    }
+
+    /// Issue finding "two frames per epoch from a node on the link": a forged advertisement or
+    /// probe for e-1 and one for e, every epoch. e-1 is never moved, e not without a confirmed
+    /// probe, so nothing moves, nothing is sent, and the send routes keep matching.
+    #[test]
+    fn two_forged_frames_per_epoch_move_nothing() {
+        let mut p = Pair::new(Mode::Encrypt, 5, 0.0, 0.0);
+        for e in 100..120u64 {
+            for t in [e * R_MS + 10, e * R_MS + R_MS / 2] {
+                let now = at(t);
+                let cur = Epoch(e);
+                assert_eq!(
+                    p.moves[0].on_collision(now, cur, Epoch(e - 1), 0, Evidence::Unconfirmed),
+                    CollisionOutcome::PreviousEpoch
+                );
+                // Even a confirmed claim on e-1 does not move it: its packets are in flight.
+                assert_eq!(
+                    p.moves[0].on_collision(now, cur, Epoch(e - 1), 0, Evidence::Confirmed),
+                    CollisionOutcome::PreviousEpoch
+                );
+                assert_eq!(
+                    p.moves[0].on_collision(now, cur, cur, 0, Evidence::Unconfirmed),
+                    CollisionOutcome::NeedsConfirmation
+                );
+                p.step(now);
+                assert!(routes_agree(&p, now), "epoch {e}");
+            }
+        }
+        assert_eq!(p.delivered, 0, "no notice at all");
+        assert_eq!(p.moves[0].stats().collisions, 0);
+        assert!(p.moves[0].moved().next().is_none());
+    }
+
+    /// A confirmed collision on the current epoch: A moves it, and its notice goes on e-1's
+    /// route (the last one both sides agree on), not on the moved route B has not bound; B
+    /// follows and the send routes match again within a few resends, despite loss.
+    #[test]
+    fn a_confirmed_current_epoch_move_converges_on_the_last_agreed_route() {
+        for seed in 0..20 {
+            let mut p = Pair::new(Mode::Encrypt, seed, 0.4, 0.2);
+            let start = 100 * R_MS + 3_000;
+            let cur = Epoch(100);
+            assert_eq!(
+                p.moves[0].on_collision(at(start), cur, cur, 0, Evidence::Confirmed),
+                CollisionOutcome::Moved(1)
+            );
+            let sch = p.schedule(0, at(start));
+            let mut out = [0u8; NOTICE_LEN];
+            let route = p.moves[0].poll_transmit(at(start), &sch, &mut out).unwrap();
+            assert_eq!(route, p.streams[0].route(Epoch(99)), "seed {seed}");
+            let mut t = start + NOTICE_RESEND_MS;
+            while !(p.moves[0].settled() && p.moves[1].settled()) {
+                p.step(at(t));
+                t += 20;
+                assert!(t < start + 5_000, "seed {seed}: no agreement");
+            }
+            assert!(routes_agree(&p, at(t)), "seed {seed}");
+            assert_eq!(p.moves[1].offset(cur), 1);
+            // Agreed now: a later notice (about e+1) travels on the moved send route.
+            p.moves[0].on_collision(at(t), cur, Epoch(101), 0, Evidence::Unconfirmed);
+            let sch = p.schedule(0, at(t));
+            let route = p.moves[0].poll_transmit(at(t), &sch, &mut out).unwrap();
+            assert_eq!(
+                route,
+                p.streams[0].route_with_attempt(cur, 1),
+                "seed {seed}"
+            );
+        }
+    }
+
+    /// Before this rule, a forged frame for e-1 and one for e moved both at A, and A's notice
+    /// about e went out on its moved e-1 route, which B never bound: no agreement until e ended.
+    /// The rule that prevents it is tested directly: after A moved e-1 (when it was current,
+    /// and the peer has not answered yet), notices fall back to the send route, never to an
+    /// unagreed e-1.
+    #[test]
+    fn notices_never_use_a_route_the_peer_has_not_shown() {
+        let p = Pair::new(Mode::Encrypt, 1, 0.0, 0.0);
+        let mut m = RouteMoves::new(&p.streams[0]);
+        let t = at(100 * R_MS + 100);
+        // Epoch 100 moved while current (confirmed), then the clock passes to 101.
+        m.on_collision(t, Epoch(100), Epoch(100), 0, Evidence::Confirmed);
+        let later = at(101 * R_MS + 100);
+        m.on_collision(later, Epoch(101), Epoch(101), 0, Evidence::Confirmed);
+        let sch = p.streams[0].schedule_moved(later, &m);
+        let mut out = [0u8; NOTICE_LEN];
+        let route = m.poll_transmit(later, &sch, &mut out).unwrap();
+        // Neither 101 nor 100 is agreed: the send route is the best guess (the peer accepts
+        // e-1 ..= e+1 and follows whichever notice arrives first).
+        assert_eq!(route, sch.send);
+    }
+
+    #[test]
+    fn a_local_move_follows_the_same_rules() {
+        let p = Pair::new(Mode::Encrypt, 1, 0.0, 0.0);
+        let mut m = RouteMoves::new(&p.streams[0]);
+        let now = at(100 * R_MS);
+        assert_eq!(
+            m.move_locally(now, Epoch(100), Epoch(102)),
+            CollisionOutcome::Moved(1)
+        );
+        assert_eq!(
+            m.move_locally(now, Epoch(100), Epoch(102)),
+            CollisionOutcome::Moved(2)
+        );
+        assert_eq!(
+            m.move_locally(now, Epoch(100), Epoch(100)),
+            CollisionOutcome::Moved(1)
+        );
+        assert_eq!(
+            m.move_locally(now, Epoch(100), Epoch(99)),
+            CollisionOutcome::PreviousEpoch
+        );
+        assert!(!m.settled());
+    }
+
+    #[test]
+    fn link_announcements_authenticate_and_bind_to_their_route() {
+        let p = Pair::new(Mode::Plain, 1, 0.0, 0.0);
+        let (a, b) = (&p.streams[0], &p.streams[1]);
+        let mac = [0x02, 0x11, 0x22, 0x33, 0x44, 0x55];
+        let msg = p.moves[0].frame_link(&a.route(Epoch(100)), mac);
+        assert_eq!(msg[0], TYPE_LINK);
+        assert_eq!(msg[4..10], mac);
+        assert!(is_notice(&msg) && is_link_announcement(&msg));
+        let on = b.route(Epoch(100));
+        assert_eq!(p.moves[1].handle_link(&on, &msg), Ok(mac));
+        // Another route, a flipped byte, a truncation, a multicast MAC: refused.
+        assert_eq!(
+            p.moves[1].handle_link(&b.route(Epoch(101)), &msg),
+            Err(NoticeError::BadMac)
+        );
+        let mut f = msg;
+        f[5] ^= 1;
+        assert_eq!(p.moves[1].handle_link(&on, &f), Err(NoticeError::BadMac));
+        assert_eq!(
+            p.moves[1].handle_link(&on, &msg[..31]),
+            Err(NoticeError::Malformed)
+        );
+        let multicast = p.moves[0].frame_link(&a.route(Epoch(100)), [0x33, 0x33, 0, 0, 0, 1]);
+        assert_eq!(
+            p.moves[1].handle_link(&on, &multicast),
+            Err(NoticeError::Malformed)
+        );
+        // A notice is not an announcement and the other way round.
+        assert_eq!(
+            NoticePacket::new_checked(&msg).unwrap_err(),
+            NoticeError::Malformed
+        );
+        let notice = p.moves[0].frame_notice(&a.route(Epoch(100)), Epoch(101), 1, false);
+        assert_eq!(
+            p.moves[1].handle_link(&on, &notice),
+            Err(NoticeError::Malformed)
+        );
     }
 }

@@ -45,6 +45,14 @@ pub struct CollisionWatchStatus {
     pub probes: u64,
     /// Solicitations and advertisements that failed the parser.
     pub malformed: u64,
+    /// Advertisements and probes from other nodes naming one of our hashed addresses.
+    #[serde(default)]
+    pub claims: u64,
+    /// Unicast probes sent to a claimant, and the claims they confirmed (collisions).
+    #[serde(default)]
+    pub confirmation_probes: u64,
+    #[serde(default)]
+    pub confirmed: u64,
 }
 
 /// A peer's route moves away from address collisions (docs/PROTOCOL.md §5.2).

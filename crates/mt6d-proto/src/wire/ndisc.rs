@@ -131,6 +131,49 @@ pub fn dad_probe_frame(target: Ipv6Addr, src_mac: [u8; 6]) -> [u8; DAD_PROBE_FRA
     f
 }
 
+/// Bytes of a confirmation probe frame: Ethernet, IPv6, a solicitation with an SLLA option.
+pub const CONFIRMATION_PROBE_FRAME_LEN: usize =
+    ETHERNET_HEADER_LEN + IPV6_HEADER_LEN + NEIGHBOR_SOLICITATION_LEN;
+/// Solicited flag of an advertisement (RFC 4861 §4.4), in its first flags byte.
+const NA_FLAG_SOLICITED: u8 = 0x40;
+
+/// A **confirmation probe** (docs/PROTOCOL.md §5.2): a unicast Neighbour Solicitation for
+/// `target` sent only to the node that claimed it (Ethernet destination `to_mac`), from our
+/// link-local address `src` and MAC `src_mac` with a source link-layer option, IPv6 destination
+/// `target` itself, hop limit 255. A node that really holds `target` answers with a *solicited*
+/// advertisement unicast to `src` (RFC 4861 §7.2.4); a node that only sends forged frames does
+/// not, and one that answers is, for the link, a holder. An unsolicited flood of advertisements
+/// (Solicited flag clear, or to all nodes) never confirms.
+pub fn confirmation_probe_frame(
+    target: Ipv6Addr,
+    src: Ipv6Addr,
+    src_mac: [u8; 6],
+    to_mac: [u8; 6],
+) -> [u8; CONFIRMATION_PROBE_FRAME_LEN] {
+    let mut f = [0u8; CONFIRMATION_PROBE_FRAME_LEN];
+    f[..6].copy_from_slice(&to_mac);
+    f[6..12].copy_from_slice(&src_mac);
+    f[12..14].copy_from_slice(&ETHERTYPE_IPV6.to_be_bytes());
+    let repr = Ipv6Repr {
+        traffic_class: 0,
+        flow_label: 0,
+        payload_len: NEIGHBOR_SOLICITATION_LEN as u16,
+        next_header: NEXT_HEADER_ICMPV6,
+        hop_limit: 255,
+        src_addr: src,
+        dst_addr: target,
+    };
+    let ip = &mut f[ETHERNET_HEADER_LEN..];
+    // The slice is exactly header + 32 bytes long, so emit cannot run out of room.
+    if repr.emit(ip).is_ok() {
+        let icmp = &mut ip[IPV6_HEADER_LEN..];
+        icmp.copy_from_slice(&neighbor_solicitation(target, src_mac));
+        let sum = upper_layer_checksum(src, target, NEXT_HEADER_ICMPV6, icmp);
+        icmp[field::CHECKSUM].copy_from_slice(&sum.to_be_bytes());
+    }
+    f
+}
+
 /// What a received solicitation or advertisement says about its target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NeighborClaim {
@@ -153,10 +196,15 @@ pub struct NeighborFrame {
     pub eth_src: [u8; 6],
     /// IPv6 source address.
     pub src: Ipv6Addr,
+    /// IPv6 destination address.
+    pub dst: Ipv6Addr,
     /// The target address.
     pub target: Ipv6Addr,
     /// What the message claims.
     pub claim: NeighborClaim,
+    /// An advertisement with the Solicited flag (RFC 4861 §4.4): an answer to a unicast
+    /// solicitation, which is how a holder answers a confirmation probe.
+    pub solicited: bool,
     /// The link-layer address option (source for a solicitation, target for an advertisement).
     pub lladdr: Option<[u8; 6]>,
 }
@@ -245,8 +293,10 @@ impl NeighborFrame {
         Ok(NeighborFrame {
             eth_src,
             src: ip.src_addr(),
+            dst: ip.dst_addr(),
             target,
             claim,
+            solicited: claim == NeighborClaim::Advertisement && icmp[4] & NA_FLAG_SOLICITED != 0,
             lladdr,
         })
     }
@@ -307,11 +357,14 @@ mod tests {
 
     /// An advertisement as Linux sends it in answer to a probe: to all nodes, O flag, TLLA.
     fn advert(eth_src: [u8; 6], tlla: [u8; 6]) -> Vec<u8> {
+        advert_to(eth_src, tlla, "ff02::1".parse().unwrap(), 0x20)
+    }
+
+    fn advert_to(eth_src: [u8; 6], tlla: [u8; 6], dst: Ipv6Addr, flags: u8) -> Vec<u8> {
         let src: Ipv6Addr = target();
-        let dst: Ipv6Addr = "ff02::1".parse().unwrap();
         let mut icmp = vec![0u8; 32];
         icmp[0] = NEIGHBOR_ADVERTISEMENT;
-        icmp[4] = 0x20;
+        icmp[4] = flags;
         icmp[8..24].copy_from_slice(&target().octets());
         icmp[24] = OPT_TARGET_LLADDR;
         icmp[25] = 1;
@@ -371,5 +424,28 @@ mod tests {
         assert!(broken(icmp + 9, 0xff).is_err(), "checksum");
         assert!(broken(icmp + 25, 0).is_err(), "zero option length");
         assert!(broken(icmp + 25, 2).is_err(), "option past the end");
+    }
+
+    #[test]
+    fn confirmation_probe_bytes_and_the_answer_it_expects() {
+        let ll: Ipv6Addr = "fe80::1".parse().unwrap();
+        let f = confirmation_probe_frame(target(), ll, MAC, OTHER);
+        // Ethernet unicast to the claimant; IPv6 fe80::1 -> the target; NS with our SLLA.
+        assert_eq!(
+            f.to_vec(),
+            hex("02000000000b 02000000000a 86dd \
+                 60000000 0020 3a ff fe800000000000000000000000000001 20010db8000a00000000000012345678 \
+                 87 00 4a39 00000000 20010db8000a00000000000012345678 0101 02000000000a")
+        );
+        let p = NeighborFrame::parse(&f).unwrap();
+        assert_eq!(p.claim, NeighborClaim::Resolution, "not a claim of ours");
+        assert_eq!((p.src, p.dst, p.lladdr), (ll, target(), Some(MAC)));
+        // The holder's answer: solicited, to our link-local address.
+        let answer = NeighborFrame::parse(&advert_to(OTHER, OTHER, ll, 0x60)).unwrap();
+        assert!(answer.solicited);
+        assert_eq!(answer.dst, ll);
+        // A flood's advertisement (override only, to all nodes) is not solicited.
+        let flood = NeighborFrame::parse(&advert(OTHER, OTHER)).unwrap();
+        assert!(!flood.solicited);
     }
 }

@@ -201,7 +201,20 @@ fn run_gateway(
                 NeighborPrimer::open(sys.external_index, mac, cfg.gateway.external_next_hop)?,
                 path.clone(),
             );
-            match CollisionWatch::open(&cfg.gateway.external_interface, mac) {
+            let link_local = sys
+                .netlink
+                .list_addresses(sys.external_index)
+                .ok()
+                .and_then(|l| {
+                    l.into_iter()
+                        .map(|a| a.addr)
+                        .find(|a| a.segments()[0] & 0xffc0 == 0xfe80)
+                });
+            // One segment (no router between the gateways): pin the peers' addresses.
+            if cfg.gateway.external_next_hop.is_none() {
+                rotator.set_pinning(mac);
+            }
+            match CollisionWatch::open(&cfg.gateway.external_interface, mac, link_local) {
                 Ok(w) => rotator.set_watch(w),
                 Err(e) => log::warn!("{e}; address collisions on the link are not detected"),
             }
@@ -319,13 +332,17 @@ fn serve(
                 } else {
                     next_rotation = rotator.next_change();
                     drops.report(shared);
+                    rotator.report_watch();
+                    if let Some(mac) = rotator.announced_mac() {
+                        collision::announce_link(shared, &shared.table.load(), mac);
+                    }
                 }
             }
             // Announcements of the next epoch's addresses fall due PRIME_LEAD before it.
             rotator.prime_due(&mut sys.netlink, now);
             // Address collisions (docs/PROTOCOL.md §5.2): ours seen on the link, and moves the
             // peer announced; either rebuilds the table at once, well within the interval.
-            let found = rotator.poll_collisions();
+            let found = rotator.poll_collisions(now);
             let mut moved = collision::apply_collisions(shared, &found, now);
             moved |= collision::take_peer_moves(shared, now);
             if moved {

@@ -46,6 +46,10 @@ pub struct Rotator {
     /// entries for them are removed when they leave it).
     remotes: HashSet<Ipv6Addr>,
     watch: Option<CollisionWatch>,
+    /// Our external MAC when the peers are on our segment: announced to them, and their
+    /// announced MACs pinned for their hashed addresses (docs/PROTOCOL.md §5.2).
+    pin_with: Option<[u8; 6]>,
+    pinned: BTreeMap<Ipv6Addr, [u8; 6]>,
 }
 
 fn os(what: String) -> impl FnOnce(mt6d_os::OsError) -> GatewayError {
@@ -104,6 +108,8 @@ impl Rotator {
             pending: Vec::new(),
             remotes: HashSet::new(),
             watch: None,
+            pin_with: None,
+            pinned: BTreeMap::new(),
         }
     }
 
@@ -112,12 +118,20 @@ impl Rotator {
         self.watch = Some(watch);
     }
 
-    /// The collisions on bound hashed addresses seen since the last call.
-    pub fn poll_collisions(&mut self) -> Vec<Collision> {
+    /// Sends the duplicate address probes that are due and returns the confirmed collisions on
+    /// bound hashed addresses seen since the last call.
+    pub fn poll_collisions(&mut self, now: UnixTime) -> Vec<Collision> {
         let bound = &self.bound;
         self.watch
             .as_mut()
-            .map_or_else(Vec::new, |w| w.poll(|a| bound.contains(&a)))
+            .map_or_else(Vec::new, |w| w.poll(now, |a| bound.contains(&a)))
+    }
+
+    /// Logs what the collision watch saw since the last call (once per rotation).
+    pub fn report_watch(&mut self) {
+        if let Some(w) = &mut self.watch {
+            super::collision::log_summary(&w.take_summary());
+        }
     }
 
     /// (active, probes sent, malformed frames) of the collision watch.
@@ -127,8 +141,21 @@ impl Rotator {
                 active: true,
                 probes: w.probes,
                 malformed: w.malformed,
+                claims: w.claims,
+                confirmation_probes: w.confirmation_probes,
+                confirmed: w.confirmed,
             }
         })
+    }
+
+    /// On one segment: announce `mac` to the peers and pin theirs.
+    pub fn set_pinning(&mut self, mac: [u8; 6]) {
+        self.pin_with = Some(mac);
+    }
+
+    /// Our MAC to announce, if pinning is on.
+    pub fn announced_mac(&self) -> Option<[u8; 6]> {
+        self.pin_with
     }
 
     /// Makes every newly bound address known to the on-link next hop; counted in `path`.
@@ -235,8 +262,17 @@ impl Rotator {
         }
         self.schedule_priming(&table, now);
         if let Some(watch) = &mut self.watch {
-            for addr in &fresh {
-                watch.probe(*addr);
+            // Each new address is probed shortly before its epoch starts, not when bound
+            // (docs/PROTOCOL.md §5.2, "Probe timing").
+            for (routes, peer) in table.peers.iter().zip(&shared.peers) {
+                let rotation_ms = peer.stream.config().rotation.as_millis() as u64;
+                for route in &routes.schedule.accept {
+                    let addr = *route.local.ip();
+                    if fresh.contains(&addr) {
+                        let start = peer.stream.epoch_start(route.epoch);
+                        watch.probe_at(addr, super::collision::probe_due(start, rotation_ms));
+                    }
+                }
             }
         }
 
@@ -265,7 +301,42 @@ impl Rotator {
                 );
             }
         }
+        // Pin the peers' hashed addresses of the window to their announced MACs before the
+        // table that sends to them is live: a permanent entry ignores every advertisement
+        // (RFC 4861 §7.2.5 updates apply to dynamic entries only; Linux: NUD_PERMANENT).
+        let mut pins = BTreeMap::new();
+        if self.pin_with.is_some() {
+            for (routes, peer) in table.peers.iter().zip(&shared.peers) {
+                if let Some(mac) = peer.lladdr() {
+                    for r in &routes.schedule.accept {
+                        pins.insert(*r.remote.ip(), mac);
+                    }
+                }
+            }
+        }
+        for (addr, mac) in &pins {
+            if self.pinned.get(addr) != Some(mac) {
+                match nl.add_neighbor(self.external_index, *addr, *mac, true) {
+                    Ok(()) => {
+                        self.pinned.insert(*addr, *mac);
+                    }
+                    Err(e) => log::warn!("pin neighbour {addr}: {e}"),
+                }
+            }
+        }
         shared.table.store(Arc::new(table));
+        let unpinned: Vec<Ipv6Addr> = self
+            .pinned
+            .keys()
+            .filter(|a| !pins.contains_key(a))
+            .copied()
+            .collect();
+        for addr in unpinned {
+            if let Err(e) = nl.del_neighbor(self.external_index, addr) {
+                log::warn!("unpin neighbour {addr}: {e}");
+            }
+            self.pinned.remove(&addr);
+        }
 
         // The old table may still be in a packet thread's hands for one batch; its sockets stay
         // open until that reference is dropped. Addresses go now: a late packet to them is one the
@@ -361,6 +432,11 @@ impl Rotator {
 
     /// Removes every hashed address and closes every socket (shutdown).
     pub fn remove_all(&mut self, nl: &mut Netlink, epoll: &Epoll) {
+        for (addr, _) in std::mem::take(&mut self.pinned) {
+            if let Err(e) = nl.del_neighbor(self.external_index, addr) {
+                log::warn!("unpin neighbour {addr}: {e}");
+            }
+        }
         // The neighbour entries for the peer's addresses (ours or learned): gone with them.
         for addr in self.remotes.drain() {
             let _ = nl.del_neighbor(self.external_index, addr);

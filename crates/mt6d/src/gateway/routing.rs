@@ -33,6 +33,9 @@ pub struct Peer {
     pub moves_changed: AtomicBool,
     /// Notices refused (malformed, bad MAC, outside the window).
     pub notices_refused: AtomicU64,
+    /// The peer's external MAC from its authenticated announcement (docs/PROTOCOL.md §5.2,
+    /// "Pinned neighbours"), as `1 << 48 | mac`; 0 until one arrived.
+    pub lladdr: AtomicU64,
     /// The tunnel payloads the tx thread sent lately: ICMPv6 errors from the path are believed
     /// only about these, once each (docs/PROTOCOL.md §5).
     pub sent: SentLog,
@@ -49,8 +52,27 @@ impl Peer {
             moves,
             moves_changed: AtomicBool::new(false),
             notices_refused: AtomicU64::new(0),
+            lladdr: AtomicU64::new(0),
             sent: SentLog::new(),
         }
+    }
+
+    /// The peer's external MAC, once it announced it.
+    pub fn lladdr(&self) -> Option<[u8; 6]> {
+        let v = self.lladdr.load(std::sync::atomic::Ordering::Relaxed);
+        (v != 0).then(|| {
+            let b = v.to_be_bytes();
+            [b[2], b[3], b[4], b[5], b[6], b[7]]
+        })
+    }
+
+    /// Records the peer's MAC; true if it changed.
+    pub fn set_lladdr(&self, mac: [u8; 6]) -> bool {
+        let mut b = [0u8; 8];
+        b[1] = 1;
+        b[2..].copy_from_slice(&mac);
+        let v = u64::from_be_bytes(b);
+        self.lladdr.swap(v, std::sync::atomic::Ordering::Relaxed) != v
     }
 
     /// The route moves. A poisoned lock still holds consistent state: every update is a plain
