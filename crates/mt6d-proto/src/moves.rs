@@ -66,9 +66,13 @@ mod field {
     pub const OFFSET: usize = 12;
     pub const RESERVED2: Range<usize> = 13..16;
     pub const MAC: Range<usize> = 16..32;
-    pub const LLADDR: Range<usize> = 4..10;
-    pub const LINK_RESERVED: Range<usize> = 10..16;
+    pub const LLADDR: Range<usize> = 2..8;
+    pub const LINK_PAD: Range<usize> = 8..16;
 }
+
+/// What the announcement's pad is derived from (with the route), distinct from every 16-byte
+/// message prefix a MAC is computed over.
+const LINK_PAD_LABEL: &[u8] = b"mt6d link pad";
 
 /// Type byte of a link-layer address announcement (docs/PROTOCOL.md §5.2, "Pinned
 /// neighbours"): same length, MAC and key as a notice.
@@ -87,8 +91,13 @@ pub fn is_link_announcement(payload: &[u8]) -> bool {
 
 /// A link-layer address announcement (32 bytes), authenticated like a notice:
 /// ```text
-/// 0x84 | 00 | 00 00 | lladdr (6) | 00 (6) | mac (16), mac over the route as for a notice
+/// 0x84 | 00 | lladdr (6) | pad (8) | mac (16), mac over the route as for a notice
+/// pad = BLAKE3-keyed(noticeKey, outerSrc || outerDst || srcPort || dstPort || "mt6d link pad")[0..8]
 /// ```
+/// The MAC sits in bytes 2..8, all under header protection (docs/PROTOCOL.md §4.5) in auth and
+/// encrypt mode, and the pad is a route-bound pseudorandom value rather than zeros: no byte of
+/// the message is the same in two epochs, so an observer past a router (who does not see the
+/// Ethernet source) cannot follow the announcement from one epoch to the next.
 /// The sender's external MAC, told to the peer inside the authenticated channel, so that the
 /// peer can pin its neighbour entries for the sender's hashed addresses (a forged advertisement
 /// on the link then changes nothing).
@@ -96,6 +105,8 @@ pub(crate) fn emit_link(key: &Subkey, route: &Route, lladdr: [u8; 6]) -> [u8; NO
     let mut m = [0u8; NOTICE_LEN];
     m[field::TYPE] = TYPE_LINK;
     m[field::LLADDR].copy_from_slice(&lladdr);
+    let pad = message_mac(key.as_bytes(), &route.local, &route.remote, LINK_PAD_LABEL);
+    m[field::LINK_PAD].copy_from_slice(&pad[..field::LINK_PAD.len()]);
     let mac = message_mac(
         key.as_bytes(),
         &route.local,
@@ -321,14 +332,13 @@ impl RouteMoves {
 
     /// Checks a link-layer address announcement that arrived on `arrived_on` (an accept route,
     /// its source checked by the caller) and returns the peer's MAC. Every check of a notice
-    /// applies: exact length, type, zero bytes, MAC for that route in constant time. A group MAC
+    /// applies: exact length, type, zero flags, MAC for that route in constant time (the pad is
+    /// covered by the MAC and needs no check of its own). A group MAC
     /// (low bit of the first byte set: multicast, broadcast) is refused: not an interface's.
     pub fn handle_link(&self, arrived_on: &Route, bytes: &[u8]) -> Result<[u8; 6], NoticeError> {
         let bytes: &[u8; NOTICE_LEN] = bytes.try_into().map_err(|_| NoticeError::Malformed)?;
         if bytes[field::TYPE] != TYPE_LINK
             || bytes[field::FLAGS] != 0
-            || bytes[field::RESERVED1] != [0, 0]
-            || bytes[field::LINK_RESERVED] != [0; 6]
             || bytes[field::LLADDR.start] & 0x01 != 0
         {
             return Err(NoticeError::Malformed);
@@ -982,7 +992,11 @@ mod tests {
         let mac = [0x02, 0x11, 0x22, 0x33, 0x44, 0x55];
         let msg = p.moves[0].frame_link(&a.route(Epoch(100)), mac);
         assert_eq!(msg[0], TYPE_LINK);
-        assert_eq!(msg[4..10], mac);
+        assert_eq!(msg[2..8], mac);
+        // No byte after the header-protected eight is constant across epochs: the pad differs.
+        let next = p.moves[0].frame_link(&a.route(Epoch(101)), mac);
+        assert_ne!(msg[8..16], next[8..16]);
+        assert_ne!(msg[8..16], [0u8; 8]);
         assert!(is_notice(&msg) && is_link_announcement(&msg));
         let on = b.route(Epoch(100));
         assert_eq!(p.moves[1].handle_link(&on, &msg), Ok(mac));
