@@ -30,6 +30,20 @@ pub(crate) fn cvt_size(ret: libc::ssize_t) -> io::Result<usize> {
 }
 
 /// `socket(2)` with `SOCK_CLOEXEC`, owned.
+/// The name interface `index` has now, if it exists (for error messages only).
+pub(crate) fn if_name(index: u32) -> Option<String> {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: buf is IF_NAMESIZE bytes, as if_indextoname(3) requires; it writes a
+    // NUL-terminated name there or returns NULL.
+    let p = unsafe { libc::if_indextoname(index, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: on success buf holds a NUL-terminated string within its IF_NAMESIZE bytes.
+    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Some(name.to_string_lossy().into_owned())
+}
+
 pub(crate) fn socket(
     domain: libc::c_int,
     ty: libc::c_int,
