@@ -131,6 +131,10 @@ pub struct PeerStatus {
     /// Route moves away from address collisions (absent from older daemons).
     #[serde(default)]
     pub moves: MoveStatus,
+    /// Milliseconds since anything (data, keepalive, handshake message) last arrived from this
+    /// peer; None if nothing ever did (absent from older daemons).
+    #[serde(default)]
+    pub last_rx_ms_ago: Option<u64>,
 }
 
 /// What a peer's handshakes have done.
@@ -357,10 +361,14 @@ pub fn render(status: &Status) -> String {
         );
         let _ = writeln!(
             s,
-            "  epoch {}  next rotation in {:.1}s  rotations {}",
+            "  epoch {}  next rotation in {:.1}s  rotations {}  last packet received {}",
             p.epoch,
             p.next_change_ms as f64 / 1000.0,
-            c.rotations
+            c.rotations,
+            p.last_rx_ms_ago.map_or("never".to_string(), |ms| format!(
+                "{:.1}s ago",
+                ms as f64 / 1000.0
+            ))
         );
         match &p.handshake {
             None => {
@@ -510,6 +518,7 @@ mod tests {
             remote_host: "2001:db8::b".into(),
             epoch: 9,
             next_change_ms: 1500,
+            last_rx_ms_ago: Some(1200),
             send: RouteStatus {
                 epoch: 9,
                 local: "[2001:db8::1]:1".into(),
@@ -540,6 +549,7 @@ mod tests {
         assert!(text.contains("handshake up  last 2.5s ago"), "{text}");
         assert!(text.contains("handshake failures hs_bad_mac 7"), "{text}");
         assert!(text.contains("drops bad_tag 3"), "{text}");
+        assert!(text.contains("last packet received 1.2s ago"), "{text}");
         assert!(!text.contains("replay 0"), "{text}");
     }
 }

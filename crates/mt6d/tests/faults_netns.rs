@@ -43,6 +43,34 @@ fn port_of(route: &str) -> u16 {
         .expect("route ends in :port")
 }
 
+/// The switched lab with both gateways' configurations written (handshakes), none started.
+fn configured(rotation_secs: f64) -> Running {
+    let lab = Lab::build_topology(Topology::Switched, "m6").expect("lab builds");
+    let dir = std::env::temp_dir().join(format!(
+        "mt6d-e2e-{}-{}",
+        std::process::id(),
+        lab.gw_a.name()
+    ));
+    std::fs::create_dir_all(&dir).expect("test dir");
+    let keys = LabKeys::generate(&dir, true, None).expect("keys");
+    let settings = GatewaySettings {
+        rotation_secs,
+        mode: "encrypt",
+        keys: &keys,
+    };
+    let running = Running {
+        daemons: Vec::new(),
+        lab,
+        dir,
+        _turn: common::one_at_a_time(),
+    };
+    for (side, label) in [(Side::A, "A"), (Side::B, "B")] {
+        let config = running.dir.join(format!("gw-{label}.toml"));
+        std::fs::write(&config, running.lab.gateway_config(side, &settings)).expect("config");
+    }
+    running
+}
+
 #[test]
 fn a_held_port_of_the_next_epoch_moves_both_gateways_and_loses_nothing() {
     if !root() {
@@ -115,6 +143,13 @@ fn a_held_port_of_the_next_epoch_moves_both_gateways_and_loses_nothing() {
     assert_eq!(send_b.remote, send_a.local);
     assert_ne!(port_of(&send_a.local), held_port);
     assert!(
+        status_a.peers[0]
+            .last_rx_ms_ago
+            .is_some_and(|ms| ms < 1_000),
+        "status shows packets arriving during the train: {:?}",
+        status_a.peers[0].last_rx_ms_ago
+    );
+    assert!(
         status_a.peers[0].moves.moved_epochs.contains(&(e.0, 1)),
         "A moved epoch {} to offset 1: {:?}",
         e.0,
@@ -148,30 +183,7 @@ fn start_up_with_the_current_epochs_port_held_does_not_abort() {
         return eprintln!("skipped: needs root");
     }
     const ROTATION_SECS: f64 = 5.0;
-    let lab = Lab::build_topology(Topology::Switched, "m6").expect("lab builds");
-    let dir = std::env::temp_dir().join(format!(
-        "mt6d-e2e-{}-{}",
-        std::process::id(),
-        lab.gw_a.name()
-    ));
-    std::fs::create_dir_all(&dir).expect("test dir");
-    let keys = LabKeys::generate(&dir, true, None).expect("keys");
-    let settings = GatewaySettings {
-        rotation_secs: ROTATION_SECS,
-        mode: "encrypt",
-        keys: &keys,
-    };
-    let mut running = Running {
-        daemons: Vec::new(),
-        lab,
-        dir,
-        _turn: common::one_at_a_time(),
-    };
-    for label in ["A", "B"] {
-        let side = if label == "A" { Side::A } else { Side::B };
-        let config = running.dir.join(format!("gw-{label}.toml"));
-        std::fs::write(&config, running.lab.gateway_config(side, &settings)).expect("config");
-    }
+    let mut running = configured(ROTATION_SECS);
     let stream = stream_of(&running, "A");
     // Start early in an epoch, so that A comes up in the epoch whose port is held.
     while {
@@ -232,4 +244,68 @@ fn start_up_with_the_current_epochs_port_held_does_not_abort() {
         .expect("ping");
     assert_eq!(train.lost(), 0, "lost at {:?}", train.lost_at);
     drop(held);
+}
+
+#[test]
+fn a_wrong_public_key_is_explained_in_one_log_line_and_in_status() {
+    if !root() {
+        return eprintln!("skipped: needs root");
+    }
+    let mut running = configured(2.0);
+    // Gateway B is told a public key for A that A does not have.
+    let config_b = running.dir.join("gw-B.toml");
+    let text = std::fs::read_to_string(&config_b).expect("config B");
+    let wrong =
+        mt6d::keys::public_key_text(&mt6d::keys::new_private_key().expect("key").public_key());
+    let mut replaced = 0;
+    let text: String = text
+        .lines()
+        .map(|l| {
+            if l.starts_with("public_key") {
+                replaced += 1;
+                format!("public_key = \"{wrong}\"")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert_eq!(replaced, 1, "{text}");
+    std::fs::write(&config_b, text).expect("config B");
+    for (side, label) in [(Side::A, "A"), (Side::B, "B")] {
+        let config = running.dir.join(format!("gw-{label}.toml"));
+        let mut d = start_daemon(&running, side, label, &config);
+        d.wait_ready(Duration::from_secs(10))
+            .expect("gateway starts");
+        running.daemons.push(d);
+    }
+    let explained = |label: usize| {
+        std::fs::read_to_string(&running.daemons[label].log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("handshake down: no response for") && l.contains("public_key"))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while (explained(0) == 0 || explained(1) == 0) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    // Both sides explain it, each exactly once.
+    assert_eq!(explained(0), 1, "{}", running.daemons[0].log_tail(20));
+    assert_eq!(explained(1), 1, "{}", running.daemons[1].log_tail(20));
+    let log_a = std::fs::read_to_string(&running.daemons[0].log).expect("log A");
+    let start = log_a
+        .lines()
+        .find(|l| l.contains("running: own public key"))
+        .expect("start line");
+    assert!(start.contains(env!("CARGO_PKG_VERSION")), "{start}");
+    assert!(start.contains("peer(s): "), "{start}");
+    for side in [Side::A, Side::B] {
+        let st = common::status(&running, side);
+        let p = &st.peers[0];
+        let h = p.handshake.as_ref().expect("handshake peer");
+        assert!(!h.has_keys, "no keys with a wrong public_key");
+        assert!(h.initiations_sent > 0);
+        assert_eq!(p.last_rx_ms_ago, None, "nothing ever arrived");
+    }
 }
