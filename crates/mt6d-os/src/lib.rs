@@ -3,6 +3,7 @@
 //! This crate owns the OS side of a Moving Target IPv6 Defense gateway:
 //! - [`netlink`]: links, IPv6 addresses, routes, (proxy) neighbour entries, veth pairs, over a
 //!   blocking rtnetlink socket, with idempotent adds and deletes;
+//! - [`linkwatch`]: link events (`RTMGRP_LINK`): interfaces deleted, renamed, down, created;
 //! - [`sysctl`]: `/proc/sys/net/ipv6/conf/IFACE/KEY` (forwarding, proxy_ndp, accept_dad, ...);
 //! - [`netns`]: iproute2-compatible named network namespaces for the lab and the tests;
 //! - [`tun`]: the TUN device with virtio-net offload (GSO split on read, GRO on write);
@@ -23,6 +24,7 @@
 pub mod capture;
 pub mod error;
 pub mod icmp;
+pub mod linkwatch;
 pub mod netlink;
 pub mod netns;
 mod sys;

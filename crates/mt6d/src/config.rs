@@ -71,6 +71,9 @@ pub struct GatewayConfig {
     /// `log_level`: error, warn, info (default), debug, trace or off. `mt6d run --log-level` and
     /// then `RUST_LOG` override it.
     pub log_level: Option<log::LevelFilter>,
+    /// `interface_down_exit_secs`: how long an interface may be down or missing before the
+    /// daemon exits non-zero for a supervisor to restart it (default 30).
+    pub interface_down_exit: std::time::Duration,
 }
 
 /// Where the protected host is (000 §3.2 gateway mode; 001 §4 "integrated" configuration).
@@ -161,6 +164,7 @@ struct RawGateway {
     rekey_packets: Option<Spanned<i64>>,
     router_advertisements: Option<Spanned<bool>>,
     log_level: Option<Spanned<String>>,
+    interface_down_exit_secs: Option<Spanned<f64>>,
 }
 
 /// Settings that `[gateway]` gives for every peer and a `[[peer]]` may override. (Listed in
@@ -317,6 +321,19 @@ impl Config {
                 )
             })?),
             None => None,
+        };
+        let interface_down_exit = match &gw.interface_down_exit_secs {
+            Some(v) => {
+                let secs = *v.get_ref();
+                if !(secs.is_finite() && secs > 0.0 && secs <= 86_400.0) {
+                    return Err(src.err(
+                        v,
+                        "interface_down_exit_secs: seconds, more than 0 and at most 86400",
+                    ));
+                }
+                std::time::Duration::from_secs_f64(secs)
+            }
+            None => std::time::Duration::from_secs(30),
         };
         let control_socket = match &gw.control_socket {
             Some(p) => PathBuf::from(p.get_ref()),
@@ -522,6 +539,7 @@ impl Config {
                 external_next_hop,
                 router_advertisements,
                 log_level,
+                interface_down_exit,
             },
             peers,
         })

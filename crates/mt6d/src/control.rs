@@ -34,6 +34,23 @@ pub struct Status {
     /// Duplicate address probes and the neighbour discovery watch (absent from older daemons).
     #[serde(default)]
     pub collision_watch: CollisionWatchStatus,
+    /// The interfaces the daemon uses and their state (absent from older daemons).
+    #[serde(default)]
+    pub interfaces: Vec<InterfaceStatus>,
+}
+
+/// One interface the daemon uses, followed by name through link events.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct InterfaceStatus {
+    /// "external" or "internal".
+    pub role: String,
+    pub name: String,
+    /// The index it had at start-up.
+    pub index: u32,
+    /// "up", "down" or "missing".
+    pub state: String,
+    /// Seconds since it entered that state (or since start-up).
+    pub since_secs: u64,
 }
 
 /// The gateway's own duplicate address detection on the external link (docs/PROTOCOL.md §5.2).
@@ -313,6 +330,19 @@ pub fn render(status: &Status) -> String {
         "mt6d {} pid {} up {}s  tun {}  {inside}  external {}",
         status.version, status.pid, status.uptime_secs, status.tun, status.external_interface
     );
+    if !status.interfaces.is_empty() {
+        let list: Vec<String> = status
+            .interfaces
+            .iter()
+            .map(|i| {
+                format!(
+                    "{} {} (#{}) {} for {}s",
+                    i.role, i.name, i.index, i.state, i.since_secs
+                )
+            })
+            .collect();
+        let _ = writeln!(s, "interfaces: {}", list.join(", "));
+    }
     let path = &status.path;
     let listed = |m: &std::collections::BTreeMap<String, u64>| {
         m.iter()
@@ -461,6 +491,7 @@ mod tests {
             peers: vec![],
             path: PathStatus::default(),
             collision_watch: CollisionWatchStatus::default(),
+            interfaces: Vec::new(),
         }
     }
 

@@ -309,3 +309,122 @@ fn a_wrong_public_key_is_explained_in_one_log_line_and_in_status() {
         assert_eq!(p.last_rx_ms_ago, None, "nothing ever arrived");
     }
 }
+
+#[test]
+fn external_interface_deleted_and_recreated_is_followed_and_traffic_resumes() {
+    if !root() {
+        return eprintln!("skipped: needs root");
+    }
+    let mut running = configured(2.0);
+    for label in ["A", "B"] {
+        let path = running.dir.join(format!("gw-{label}.toml"));
+        let text = std::fs::read_to_string(&path).expect("config");
+        assert!(text.contains("[gateway]\n"), "{text}");
+        let text = text.replacen(
+            "[gateway]\n",
+            "[gateway]\ninterface_down_exit_secs = 2\n",
+            1,
+        );
+        std::fs::write(&path, text).expect("config");
+    }
+    let launch = |running: &mut Running| {
+        for (side, label) in [(Side::A, "A"), (Side::B, "B")] {
+            let config = running.dir.join(format!("gw-{label}.toml"));
+            let mut d = start_daemon(running, side, label, &config);
+            d.wait_ready(Duration::from_secs(10))
+                .expect("gateway starts");
+            running.daemons.push(d);
+        }
+    };
+    launch(&mut running);
+    wait_for_path(&running.lab, HOST_B, 1);
+    let st = common::status(&running, Side::A);
+    assert!(
+        st.interfaces
+            .iter()
+            .any(|i| i.role == "external" && i.name == "ext0" && i.state == "up"),
+        "{:?}",
+        st.interfaces
+    );
+
+    // The public link goes away (the veth pair: both gateways lose their external interface).
+    mt6d::lab::topology::ip(&running.lab.gw_a, &["link", "del", "ext0"]).expect("delete ext0");
+    let deleted = Instant::now();
+    let mut seen_missing = false;
+    while deleted.elapsed() < Duration::from_millis(1_500) && !seen_missing {
+        if let Ok(st) = running.daemons[0].status() {
+            seen_missing = st
+                .interfaces
+                .iter()
+                .any(|i| i.name == "ext0" && i.state == "missing");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(seen_missing, "status showed ext0 missing");
+    // No zombie: both exit once the interface has been gone for interface_down_exit_secs.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (running.daemons[0].is_running() || running.daemons[1].is_running())
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for d in &mut running.daemons {
+        assert!(
+            !d.is_running(),
+            "gateway {} still runs without its interface",
+            d.label
+        );
+        let log = std::fs::read_to_string(&d.log).expect("log");
+        assert_eq!(
+            log.lines()
+                .filter(|l| l.contains("external interface ext0") && l.contains("is gone"))
+                .count(),
+            1,
+            "one line for the change, naming the interface and the kernel's answer:\n{log}"
+        );
+        assert!(log.contains("No such device"), "{log}");
+        assert!(
+            log.contains("exiting so that a supervisor restarts mt6d"),
+            "{log}"
+        );
+    }
+    let exited_after = deleted.elapsed();
+
+    // The interface comes back under the same name; the supervisor (here, the test) restarts.
+    let b_ns = running.lab.gw_b.name().to_string();
+    let lab = &running.lab;
+    mt6d::lab::topology::ip(
+        &lab.gw_a,
+        &[
+            "link", "add", "ext0", "type", "veth", "peer", "name", "m6tmp0",
+        ],
+    )
+    .expect("recreate ext0");
+    mt6d::lab::topology::ip(&lab.gw_a, &["link", "set", "m6tmp0", "netns", &b_ns]).expect("move");
+    mt6d::lab::topology::ip(&lab.gw_b, &["link", "set", "m6tmp0", "name", "ext0"]).expect("rename");
+    mt6d::lab::topology::ip(&lab.gw_a, &["link", "set", "ext0", "up"]).expect("up A");
+    mt6d::lab::topology::ip(&lab.gw_b, &["link", "set", "ext0", "up"]).expect("up B");
+    let recreated = Instant::now();
+    running.daemons.clear();
+    launch(&mut running);
+    wait_for_path(&running.lab, HOST_B, 1);
+    let resumed = recreated.elapsed();
+    eprintln!("gateways exited {exited_after:?} after the deletion; traffic resumed {resumed:?} after the interface came back");
+    assert!(resumed < Duration::from_secs(10), "{resumed:?}");
+    let train = running
+        .lab
+        .host_a
+        .run(|| {
+            ping(
+                HOST_B,
+                100,
+                Pace::Train {
+                    interval: Duration::from_millis(20),
+                },
+                Duration::from_secs(1),
+            )
+        })
+        .expect("enter A")
+        .expect("ping");
+    assert_eq!(train.lost(), 0, "lost at {:?}", train.lost_at);
+}

@@ -17,6 +17,7 @@ mod collision;
 pub mod counters;
 mod dataplane;
 pub mod icmp;
+mod links;
 mod liveness;
 mod neighbor;
 mod rotation;
@@ -218,9 +219,29 @@ fn serve(
         let mut next_rotation = rotator.next_change();
         let mut drops = DropReport::default();
         let mut liveness = Liveness::new(shared.peers.len(), clock::now());
+        let mut watched = vec![(
+            "external",
+            cfg.gateway.external_interface.as_str(),
+            sys.external_index,
+        )];
+        if let Some(internal) = cfg.gateway.internal_interface() {
+            watched.push(("internal", internal, sys.internal_index));
+        }
+        let mut links = links::InterfaceWatch::new(&watched, cfg.gateway.interface_down_exit);
         let own_key = own_public_key(cfg);
         while !stop.load(Ordering::Relaxed) && !shared.shutdown.load(Ordering::Relaxed) {
             let now = clock::now();
+            match links.tick(&mut sys.netlink) {
+                links::Verdict::Carry => {}
+                links::Verdict::Rebind => {
+                    rotator.forget_addresses();
+                    next_rotation = now;
+                }
+                links::Verdict::Exit(why) => {
+                    result = Err(GatewayError::Setup(why));
+                    break;
+                }
+            }
             if now >= next_rotation {
                 if let Err(e) = rotator.step(&mut sys.netlink, epoll, shared, now) {
                     // A failed rotation (e.g. the external interface vanished) leaves the old
@@ -252,6 +273,7 @@ fn serve(
             liveness.tick(shared, own_key.as_deref(), now);
             control.serve_pending(|| {
                 let mut st = status(cfg, shared, path, started, rotator);
+                st.interfaces = links.status();
                 let now = clock::now();
                 for (i, p) in st.peers.iter_mut().enumerate() {
                     p.last_rx_ms_ago = liveness.last_rx_ms_ago(i, now);
@@ -477,5 +499,6 @@ fn status(
         peers,
         path: path.status(cfg.gateway.router_advertisements),
         collision_watch: rotator.watch_status(),
+        interfaces: Vec::new(),
     }
 }

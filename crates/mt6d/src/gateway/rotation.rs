@@ -393,6 +393,12 @@ impl Rotator {
         }
     }
 
+    /// Forgets which hashed addresses are bound, so that the next step binds them all again
+    /// (adds are idempotent): after the external interface came back up, its addresses flushed.
+    pub fn forget_addresses(&mut self) {
+        self.bound.clear();
+    }
+
     /// Removes every hashed address and closes every socket (shutdown).
     pub fn remove_all(&mut self, nl: &mut Netlink, epoll: &Epoll) {
         for addr in self.bound.drain() {
