@@ -35,7 +35,7 @@ pub mod udp;
 pub use error::{OsError, Result};
 pub use icmp::{Icmp6Socket, IcmpRecvInfo};
 pub use netlink::{AddrFlags, AddrInfo, Netlink};
-pub use netns::{unique_name, Netns};
+pub use netns::{current_cookie, unique_name, Netns};
 pub use sys::wait_readable;
 pub use tun::{ExpandBuffer, GROTable, Tun, TunRecvScratch, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN};
 pub use udp::{

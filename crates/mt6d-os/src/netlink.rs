@@ -57,6 +57,8 @@ const VETH_INFO_PEER: u16 = 1;
 const IFA_ADDRESS: u16 = 1;
 const IFA_LOCAL: u16 = 2;
 const IFA_FLAGS: u16 = 8;
+/// `IFA_PROTO` (Linux 6.1): who added the address; an older kernel ignores it.
+const IFA_PROTO: u16 = 11;
 const IFA_F_NODAD: u32 = 0x02;
 const IFA_F_DADFAILED: u32 = 0x08;
 const IFA_F_TENTATIVE: u32 = 0x40;
@@ -65,11 +67,13 @@ const IFA_F_NOPREFIXROUTE: u32 = 0x200;
 const RTA_DST: u16 = 1;
 const RTA_GATEWAY: u16 = 5;
 const RTA_OIF: u16 = 4;
+const RTA_PRIORITY: u16 = 6;
 const RTA_TABLE: u16 = 15;
 const RTPROT_STATIC: u8 = 4;
 const RT_SCOPE_UNIVERSE: u8 = 0;
 const RTN_UNICAST: u8 = 1;
 const RTN_LOCAL: u8 = 2;
+const RTN_PROHIBIT: u8 = 8;
 
 const NDA_DST: u16 = 1;
 const NDA_LLADDR: u16 = 2;
@@ -82,6 +86,10 @@ const AF_INET6: u8 = libc::AF_INET6 as u8;
 
 /// The main routing table (`RT_TABLE_MAIN`).
 pub const MAIN_TABLE: u32 = 254;
+
+/// The metric of a guard route ([`Netlink::add_guard_route`]): the worst there is, so any route
+/// to the same prefix with a real next hop wins while it exists.
+pub const GUARD_METRIC: u32 = u32::MAX;
 
 /// Flags for [`Netlink::add_address`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -104,6 +112,8 @@ pub struct AddrInfo {
     pub tentative: bool,
     /// DAD found a duplicate.
     pub dadfailed: bool,
+    /// `IFA_PROTO`: the marker of whoever added it (0 when unset or on kernels before 6.1).
+    pub proto: u8,
 }
 
 /// A blocking rtnetlink socket. Not shared between threads: give each thread its own.
@@ -112,6 +122,9 @@ pub struct Netlink {
     fd: OwnedFd,
     seq: u32,
     rx: Vec<u8>,
+    /// Ownership marker put on every route (`rtm_protocol`) and address (`IFA_PROTO`) this
+    /// socket adds, and required of every route it deletes; see [`Netlink::set_marker`].
+    marker: u8,
 }
 
 /// Display of a link known only by index, for error context.
@@ -138,7 +151,18 @@ impl Netlink {
             fd,
             seq: 0,
             rx: vec![0; 64 * 1024],
+            marker: RTPROT_STATIC,
         })
+    }
+
+    /// Marks every route and address this socket adds from now on with `marker` (a route
+    /// protocol number, `ip route show proto N`, and the address protocol, `ip addr` shows
+    /// `proto N`), and deletes only routes that carry it. A daemon uses its own number so that
+    /// its objects are told apart from an operator's or another program's (RFC 3549 leaves
+    /// numbers above `RTPROT_STATIC` to routing daemons). Default: `static` for routes, unset
+    /// for addresses.
+    pub fn set_marker(&mut self, marker: u8) {
+        self.marker = marker;
     }
 
     /// The index of interface `name`.
@@ -303,6 +327,9 @@ impl Netlink {
         msg.attr(IFA_LOCAL, &addr.octets());
         msg.attr(IFA_ADDRESS, &addr.octets());
         msg.attr(IFA_FLAGS, &ifa_flags.to_ne_bytes());
+        if self.marker != RTPROT_STATIC {
+            msg.attr(IFA_PROTO, &[self.marker]);
+        }
         match self.transact(msg, |_, _| ()) {
             Err(e) if !is_errno(&e, &[libc::EEXIST]) => Err(ctx(e)),
             _ => Ok(()),
@@ -344,6 +371,7 @@ impl Netlink {
             }
             let mut flags = u32::from(payload[2]);
             let mut addr = None;
+            let mut proto = 0;
             for (t, v) in Attrs(&payload[8..]) {
                 match t {
                     IFA_ADDRESS => addr = <[u8; 16]>::try_from(v).ok().map(Ipv6Addr::from),
@@ -353,6 +381,7 @@ impl Netlink {
                             flags = u32::from_ne_bytes(b);
                         }
                     }
+                    IFA_PROTO => proto = v.first().copied().unwrap_or(0),
                     _ => {}
                 }
             }
@@ -362,6 +391,7 @@ impl Netlink {
                     prefix_len: payload[1],
                     tentative: flags & IFA_F_TENTATIVE != 0,
                     dadfailed: flags & IFA_F_DADFAILED != 0,
+                    proto,
                 });
             }
         })
@@ -395,10 +425,13 @@ impl Netlink {
         let msg = route_msg_via(
             RTM_NEWROUTE,
             NLM_F_CREATE | NLM_F_REPLACE,
-            dst,
-            prefix_len,
-            oif,
-            MAIN_TABLE,
+            RouteKey {
+                dst,
+                prefix_len,
+                oif,
+                table: MAIN_TABLE,
+                marker: self.marker,
+            },
             Some(gateway),
         );
         match self.transact(msg, |_, _| ()) {
@@ -425,10 +458,13 @@ impl Netlink {
         let msg = route_msg(
             RTM_NEWROUTE,
             NLM_F_CREATE | NLM_F_REPLACE,
-            dst,
-            prefix_len,
-            oif,
-            table,
+            RouteKey {
+                dst,
+                prefix_len,
+                oif,
+                table,
+                marker: self.marker,
+            },
         );
         match self.transact(msg, |_, _| ()) {
             Err(e) if !is_errno(&e, &[libc::EEXIST]) => Err(OsError::Route {
@@ -451,7 +487,17 @@ impl Netlink {
         oif: u32,
         table: u32,
     ) -> Result<()> {
-        let msg = route_msg(RTM_DELROUTE, 0, dst, prefix_len, oif, table);
+        let msg = route_msg(
+            RTM_DELROUTE,
+            0,
+            RouteKey {
+                dst,
+                prefix_len,
+                oif,
+                table,
+                marker: self.marker,
+            },
+        );
         match self.transact(msg, |_, _| ()) {
             Err(e) if !is_errno(&e, &[libc::ESRCH, libc::ENOENT, libc::ENODEV]) => {
                 Err(OsError::Route {
@@ -463,6 +509,51 @@ impl Netlink {
                     source: e,
                 })
             }
+            _ => Ok(()),
+        }
+    }
+
+    /// Adds a guard route `prohibit dst/prefix_len metric GUARD_METRIC` to the main table,
+    /// marked like every route of this socket. It outlives the process that added it and
+    /// loses to any other route for the same prefix (every metric is better), so it decides
+    /// only when that route is gone: then the kernel drops the packet and answers the sender
+    /// with "administratively prohibited" instead of falling back to a shorter prefix (a /64
+    /// on-link on the external interface would otherwise solicit the destination there and send
+    /// the packet in clear). Idempotent.
+    pub fn add_guard_route(&mut self, dst: Ipv6Addr, prefix_len: u8) -> Result<()> {
+        let msg = guard_msg(
+            RTM_NEWROUTE,
+            NLM_F_CREATE | NLM_F_REPLACE,
+            dst,
+            prefix_len,
+            self.marker,
+        );
+        match self.transact(msg, |_, _| ()) {
+            Err(e) if !is_errno(&e, &[libc::EEXIST]) => Err(OsError::Route {
+                op: "add guard (prohibit)",
+                dst,
+                prefix_len,
+                oif: 0,
+                table: MAIN_TABLE,
+                source: e,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Deletes the guard route of [`Netlink::add_guard_route`] (only one with this socket's
+    /// marker and [`GUARD_METRIC`]); a missing one is success.
+    pub fn del_guard_route(&mut self, dst: Ipv6Addr, prefix_len: u8) -> Result<()> {
+        let msg = guard_msg(RTM_DELROUTE, 0, dst, prefix_len, self.marker);
+        match self.transact(msg, |_, _| ()) {
+            Err(e) if !is_errno(&e, &[libc::ESRCH, libc::ENOENT]) => Err(OsError::Route {
+                op: "delete guard (prohibit)",
+                dst,
+                prefix_len,
+                oif: 0,
+                table: MAIN_TABLE,
+                source: e,
+            }),
             _ => Ok(()),
         }
     }
@@ -764,27 +855,37 @@ fn ndmsg(index: u32, state: u16, flags: u8) -> [u8; 12] {
     h
 }
 
-/// RTM_NEWROUTE / RTM_DELROUTE with `struct rtmsg` (12 bytes) and RTA_DST/RTA_OIF/RTA_TABLE.
-fn route_msg(ty: u16, flags: u16, dst: Ipv6Addr, prefix_len: u8, oif: u32, table: u32) -> Message {
-    route_msg_via(ty, flags, dst, prefix_len, oif, table, None)
-}
-
-fn route_msg_via(
-    ty: u16,
-    flags: u16,
+/// What names one unicast route: destination, output interface, table, and the marker
+/// (`rtm_protocol`) it was added with. The kernel deletes only a route whose protocol matches a
+/// non-zero one given, so a delete never takes a route another program added to the same prefix.
+struct RouteKey {
     dst: Ipv6Addr,
     prefix_len: u8,
     oif: u32,
     table: u32,
-    via: Option<Ipv6Addr>,
-) -> Message {
+    marker: u8,
+}
+
+/// RTM_NEWROUTE / RTM_DELROUTE with `struct rtmsg` (12 bytes) and RTA_DST/RTA_OIF/RTA_TABLE.
+fn route_msg(ty: u16, flags: u16, key: RouteKey) -> Message {
+    route_msg_via(ty, flags, key, None)
+}
+
+fn route_msg_via(ty: u16, flags: u16, key: RouteKey, via: Option<Ipv6Addr>) -> Message {
+    let RouteKey {
+        dst,
+        prefix_len,
+        oif,
+        table,
+        marker,
+    } = key;
     let mut msg = Message::new(ty, flags);
     let mut h = [0u8; 12];
     h[0] = AF_INET6;
     h[1] = prefix_len;
     // rtm_table is 8 bits; RTA_TABLE carries the full 32-bit id.
     h[4] = if table < 256 { table as u8 } else { 0 };
-    h[5] = RTPROT_STATIC;
+    h[5] = marker;
     h[6] = RT_SCOPE_UNIVERSE;
     h[7] = RTN_UNICAST;
     msg.push(&h);
@@ -794,6 +895,24 @@ fn route_msg_via(
         msg.attr(RTA_GATEWAY, &gw.octets());
     }
     msg.attr(RTA_TABLE, &table.to_ne_bytes());
+    msg
+}
+
+/// A `prohibit` route in the main table with the guard metric: no output interface (the kernel
+/// hangs it on the loopback device), matched on delete by prefix, metric and marker.
+fn guard_msg(ty: u16, flags: u16, dst: Ipv6Addr, prefix_len: u8, marker: u8) -> Message {
+    let mut msg = Message::new(ty, flags);
+    let mut h = [0u8; 12];
+    h[0] = AF_INET6;
+    h[1] = prefix_len;
+    h[4] = MAIN_TABLE as u8;
+    h[5] = marker;
+    h[6] = RT_SCOPE_UNIVERSE;
+    h[7] = RTN_PROHIBIT;
+    msg.push(&h);
+    msg.attr(RTA_DST, &dst.octets());
+    msg.attr(RTA_PRIORITY, &GUARD_METRIC.to_ne_bytes());
+    msg.attr(RTA_TABLE, &MAIN_TABLE.to_ne_bytes());
     msg
 }
 
@@ -959,6 +1078,44 @@ pub(crate) mod tests {
             assert!(Instant::now() < deadline, "peer still exists");
             std::thread::yield_now();
         }
+    }
+
+    /// The fail-closed guard: a prohibit /128 under a device route decides only once that route
+    /// is gone, beats the on-link /64, and is removed only by a socket with the same marker.
+    #[test]
+    fn guard_route_catches_traffic_once_the_device_route_is_gone() {
+        let (ns, mut nl, a, b) = veth_lab();
+        nl.set_marker(109);
+        let dst: Ipv6Addr = "2001:db8:7::b".parse().expect("literal");
+        let prefix: Ipv6Addr = "2001:db8:7::".parse().expect("literal");
+        nl.add_route(prefix, 64, a).expect("on-link /64");
+        nl.add_guard_route(dst, 128).expect("guard once");
+        nl.add_guard_route(dst, 128).expect("guard twice");
+        nl.add_route(dst, 128, b).expect("device /128");
+        // With the device route present the lookup succeeds (not local, not refused).
+        assert!(!nl.is_local_address(dst).expect("routed through vb"));
+        nl.del_route(dst, 128, b).expect("device route gone");
+        let refused = nl.is_local_address(dst).expect_err("guard decides now");
+        assert_eq!(refused.raw_os_error(), Some(libc::EACCES), "{refused}");
+        // Another marker (an operator's `static`) cannot delete our guard.
+        let mut other = ns.run(Netlink::open).expect("enter").expect("open");
+        other
+            .del_guard_route(dst, 128)
+            .expect("nothing of its own to delete");
+        let still = nl.is_local_address(dst).expect_err("guard still there");
+        assert_eq!(still.raw_os_error(), Some(libc::EACCES), "{still}");
+        nl.del_guard_route(dst, 128).expect("delete once");
+        nl.del_guard_route(dst, 128).expect("delete twice");
+        assert!(!nl.is_local_address(dst).expect("back to the on-link /64"));
+        nl.add_address(
+            a,
+            "2001:db8:7::1".parse().expect("literal"),
+            128,
+            AddrFlags::default(),
+        )
+        .expect("marked address");
+        let listed = nl.list_addresses(a).expect("list");
+        assert!(listed.iter().any(|i| i.proto == 109), "{listed:?}");
     }
 
     #[test]

@@ -85,6 +85,21 @@ fn prepare_run_dir() -> io::Result<()> {
     }
 }
 
+/// The cookie of the calling thread's network namespace (`SO_NETNS_COOKIE`, Linux 5.14): a
+/// number the kernel never gives to another namespace until reboot, unlike the namespace's inode
+/// number, which a new namespace may reuse once the old one is gone. mt6d names its per-instance
+/// state files with it, so that a record left by a daemon in a namespace that no longer exists
+/// can never be taken for one of a namespace created later.
+pub fn current_cookie() -> Result<u64> {
+    let ctx = |source| OsError::Netlink {
+        op: "read the network namespace cookie (SO_NETNS_COOKIE)",
+        source,
+    };
+    let fd = crate::sys::socket(libc::AF_INET6, libc::SOCK_DGRAM, 0).map_err(ctx)?;
+    // SO_NETNS_COOKIE is 71 on every Linux architecture (asm-generic/socket.h).
+    crate::sys::getsockopt_u64(fd.as_fd(), libc::SOL_SOCKET, 71).map_err(ctx)
+}
+
 fn check_name(name: &str) -> Result<()> {
     if name.is_empty()
         || name.len() > 64

@@ -97,6 +97,27 @@ pub(crate) fn getsockopt_int(
     Ok(value)
 }
 
+/// `getsockopt(2)` of a `u64` option (e.g. `SO_NETNS_COOKIE`).
+pub(crate) fn getsockopt_u64(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    name: libc::c_int,
+) -> io::Result<u64> {
+    let mut value: u64 = 0;
+    let mut len = mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: `value` and `len` are live locals sized as the kernel expects for a u64 option.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&mut value as *mut u64).cast(),
+            &mut len,
+        )
+    })?;
+    Ok(value)
+}
+
 /// Sets `SO_RCVTIMEO`; `None` blocks forever.
 pub(crate) fn set_read_timeout(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> io::Result<()> {
     let tv = match timeout {

@@ -69,6 +69,70 @@ pub fn get_ipv6_neigh(iface: &str, key: &str) -> Result<String> {
         })
 }
 
+/// Any sysctl under `/proc/sys/net`, named by its path relative to `/proc/sys` with `/`
+/// separators (`net/ipv6/conf/eth0.100/forwarding`: a dotted name is ambiguous once an interface
+/// name has a dot). The daemon records the value it found before changing one, keyed by this
+/// name, so that a clean-up (even by a later process after a crash) restores exactly it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Sysctl(String);
+
+impl Sysctl {
+    /// `net.ipv6.conf.IFACE.KEY`.
+    pub fn ipv6_conf(iface: &str, key: &str) -> Result<Sysctl> {
+        Sysctl::new(&format!("net/ipv6/conf/{iface}/{key}"))
+    }
+
+    /// `net.ipv6.neigh.IFACE.KEY`.
+    pub fn ipv6_neigh(iface: &str, key: &str) -> Result<Sysctl> {
+        Sysctl::new(&format!("net/ipv6/neigh/{iface}/{key}"))
+    }
+
+    /// A sysctl by its path under `/proc/sys`; only the `net/` tree, no `.`/`..`/empty parts.
+    pub fn new(rel: &str) -> Result<Sysctl> {
+        let ok = rel.starts_with("net/")
+            && !rel.contains('\0')
+            && rel
+                .split('/')
+                .all(|c| !c.is_empty() && c != "." && c != "..");
+        if !ok {
+            return Err(OsError::InvalidArgument(format!("sysctl {rel}")));
+        }
+        Ok(Sysctl(rel.to_owned()))
+    }
+
+    /// The name as given (`net/ipv6/conf/all/forwarding`).
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+
+    /// The file in `/proc/sys`.
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from("/proc/sys").join(&self.0)
+    }
+
+    /// Reads the value, trimmed.
+    pub fn get(&self) -> Result<String> {
+        let path = self.path();
+        std::fs::read_to_string(&path)
+            .map(|s| s.trim().to_owned())
+            .map_err(|source| OsError::Sysctl {
+                op: "read".into(),
+                path,
+                source,
+            })
+    }
+
+    /// Writes `value`.
+    pub fn set(&self, value: &str) -> Result<()> {
+        let path = self.path();
+        std::fs::write(&path, value).map_err(|source| OsError::Sysctl {
+            op: format!("write {value:?} to"),
+            path,
+            source,
+        })
+    }
+}
+
 fn neigh_path(iface: &str, key: &str) -> Result<PathBuf> {
     // Same validation as the conf tree; only the directory differs.
     let conf = ipv6_conf_path(iface, key)?;
@@ -90,6 +154,21 @@ mod tests {
         assert_eq!(
             ipv6_conf_path("all", "forwarding").expect("valid"),
             PathBuf::from("/proc/sys/net/ipv6/conf/all/forwarding")
+        );
+    }
+
+    #[test]
+    fn any_net_sysctl_by_path() {
+        assert!(Sysctl::new("kernel/core_pattern").is_err());
+        assert!(Sysctl::new("net/ipv6/conf/../../kernel/x").is_err());
+        assert!(Sysctl::new("net//x").is_err());
+        let s = Sysctl::ipv6_conf("eth0.100", "forwarding").expect("valid");
+        assert_eq!(s.name(), "net/ipv6/conf/eth0.100/forwarding");
+        assert_eq!(
+            Sysctl::ipv6_neigh("eth0", "proxy_delay")
+                .expect("valid")
+                .path(),
+            PathBuf::from("/proc/sys/net/ipv6/neigh/eth0/proxy_delay")
         );
     }
 

@@ -339,6 +339,14 @@ impl Config {
             Some(p) => PathBuf::from(p.get_ref()),
             None => default_control_socket(&tun_name),
         };
+        // The daemon replaces a dead socket at this path; anything else there is someone's
+        // file and is refused now rather than deleted at start-up.
+        if let Err(why) = crate::control::refuse_non_socket(&control_socket) {
+            return Err(match &gw.control_socket {
+                Some(p) => src.err(p, why),
+                None => src.err(&raw.gateway, why),
+            });
+        }
 
         let external_next_hop =
             match &gw.external_next_hop {

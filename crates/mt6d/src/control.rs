@@ -235,11 +235,74 @@ pub fn query_status(path: &Path) -> Result<Status, ControlError> {
 pub struct ControlServer {
     listener: UnixListener,
     path: PathBuf,
+    /// The inode of the socket we bound: on exit only that file is removed, never one that
+    /// replaced it.
+    inode: u64,
+}
+
+/// What is at a control socket path, for the daemon's bind and `mt6d check`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SocketPath {
+    /// Nothing there.
+    Absent,
+    /// A socket a daemon answers on.
+    Live,
+    /// A socket nobody answers on: what a crashed daemon leaves; safe to replace.
+    Stale,
+    /// Something else (a regular file, a directory, a symbolic link...): never removed.
+    NotASocket(&'static str),
+}
+
+/// Looks at `path` without following a symbolic link (a link to a key file must not be
+/// taken for the file, nor removed).
+pub fn inspect_socket_path(path: &Path) -> std::io::Result<SocketPath> {
+    Ok(match file_kind(path)? {
+        None => SocketPath::Absent,
+        Some(Ok(())) if UnixStream::connect(path).is_ok() => SocketPath::Live,
+        Some(Ok(())) => SocketPath::Stale,
+        Some(Err(kind)) => SocketPath::NotASocket(kind),
+    })
+}
+
+/// None: nothing at `path`; Ok: a socket; Err: what else is there. Does not connect.
+fn file_kind(path: &Path) -> std::io::Result<Option<Result<(), &'static str>>> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        r => r?,
+    };
+    let ty = meta.file_type();
+    Ok(Some(if ty.is_socket() {
+        Ok(())
+    } else if ty.is_symlink() {
+        Err("a symbolic link")
+    } else if ty.is_dir() {
+        Err("a directory")
+    } else if ty.is_file() {
+        Err("a regular file")
+    } else {
+        Err("not a socket")
+    }))
+}
+
+/// Why `path` cannot be the control socket, if it cannot: it exists and is not a socket. A
+/// live socket is not refused here (`mt6d check` next to a running daemon); the bind refuses
+/// it. Looks only at the file type: validating a config never connects anywhere.
+pub fn refuse_non_socket(path: &Path) -> Result<(), String> {
+    match file_kind(path) {
+        Ok(Some(Err(kind))) => Err(format!(
+            "control_socket {} exists and is {kind}; mt6d replaces only a socket nobody answers on and never deletes anything else: choose another path",
+            path.display()
+        )),
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!("control_socket {}: {e}", path.display())),
+    }
 }
 
 impl ControlServer {
-    /// Binds the socket. A stale file from a crashed daemon is replaced, but a socket that a live
-    /// daemon still answers on is not stolen.
+    /// Binds the socket. A stale socket from a crashed daemon is replaced; a socket that a live
+    /// daemon still answers on is not stolen; anything that is not a socket is left alone and
+    /// refused (issue: a control_socket naming the config file must not delete it).
     pub fn bind(path: &Path) -> Result<ControlServer, ControlError> {
         let bind_err = |message: String| ControlError::Bind {
             path: path.to_path_buf(),
@@ -249,14 +312,20 @@ impl ControlServer {
             std::fs::create_dir_all(dir)
                 .map_err(|e| bind_err(format!("cannot create {}: {e}", dir.display())))?;
         }
-        if path.exists() {
-            if UnixStream::connect(path).is_ok() {
+        match inspect_socket_path(path).map_err(|e| bind_err(e.to_string()))? {
+            SocketPath::Absent => {}
+            SocketPath::Live => {
                 return Err(bind_err(
                     "another mt6d daemon is running with this control socket; stop it or set gateway.control_socket".into(),
-                ));
+                ))
             }
-            std::fs::remove_file(path)
-                .map_err(|e| bind_err(format!("cannot remove stale socket: {e}")))?;
+            SocketPath::Stale => std::fs::remove_file(path)
+                .map_err(|e| bind_err(format!("cannot remove stale socket: {e}")))?,
+            SocketPath::NotASocket(kind) => {
+                return Err(bind_err(format!(
+                    "exists and is {kind}; only a socket nobody answers on is replaced: choose another control_socket"
+                )))
+            }
         }
         let listener = UnixListener::bind(path).map_err(|e| bind_err(e.to_string()))?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
@@ -264,9 +333,13 @@ impl ControlServer {
         listener
             .set_nonblocking(true)
             .map_err(|e| bind_err(e.to_string()))?;
+        let inode = std::fs::symlink_metadata(path)
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+            .unwrap_or(0);
         Ok(ControlServer {
             listener,
             path: path.to_path_buf(),
+            inode,
         })
     }
 
@@ -312,7 +385,12 @@ fn answer(stream: UnixStream, status: &impl Fn() -> Status) -> std::io::Result<(
 
 impl Drop for ControlServer {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let ours = std::fs::symlink_metadata(&self.path)
+            .is_ok_and(|m| m.file_type().is_socket() && m.ino() == self.inode);
+        if ours {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -493,6 +571,58 @@ mod tests {
             collision_watch: CollisionWatchStatus::default(),
             interfaces: Vec::new(),
         }
+    }
+
+    /// Issue 16 item 4: only a socket nobody answers on is replaced; a regular file, a
+    /// directory or a symbolic link to a file is refused and left intact.
+    #[test]
+    fn bind_replaces_only_a_dead_socket() {
+        let dir = std::env::temp_dir().join(format!("mt6d-ctl-refuse-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("gateway.toml");
+        std::fs::write(&file, "precious").expect("write");
+        let link = dir.join("link.sock");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&file, &link).expect("symlink");
+        let subdir = dir.join("d.sock");
+        std::fs::create_dir_all(&subdir).expect("subdir");
+        for (path, kind) in [
+            (&file, "a regular file"),
+            (&link, "a symbolic link"),
+            (&subdir, "a directory"),
+        ] {
+            assert_eq!(
+                inspect_socket_path(path).expect("inspect"),
+                SocketPath::NotASocket(kind)
+            );
+            let e = ControlServer::bind(path).expect_err("refused");
+            assert!(e.to_string().contains(kind), "{e}");
+            assert!(refuse_non_socket(path).is_err());
+        }
+        assert_eq!(std::fs::read_to_string(&file).expect("intact"), "precious");
+        assert!(subdir.is_dir());
+        // A dead socket (bound, then its listener closed) is replaced; a live one is not.
+        let sock = dir.join("ctl.sock");
+        drop(std::os::unix::net::UnixListener::bind(&sock).expect("bind raw"));
+        assert_eq!(
+            inspect_socket_path(&sock).expect("inspect"),
+            SocketPath::Stale
+        );
+        let live = ControlServer::bind(&sock).expect("replaces the dead socket");
+        assert_eq!(
+            inspect_socket_path(&sock).expect("inspect"),
+            SocketPath::Live
+        );
+        assert!(
+            ControlServer::bind(&sock).is_err(),
+            "a live socket is not stolen"
+        );
+        drop(live);
+        assert_eq!(
+            inspect_socket_path(&sock).expect("inspect"),
+            SocketPath::Absent
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -30,8 +30,16 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run the gateway daemon with a configuration file (root). Stops cleanly on SIGINT/SIGTERM,
-    /// removing every address, route, neighbour entry and device it created.
+    /// Run the gateway daemon with a configuration file (root).
+    ///
+    /// Stops cleanly on SIGTERM, SIGINT, SIGQUIT, SIGXCPU or SIGPWR, removing every address,
+    /// route, neighbour entry and device it created and restoring the sysctls it changed.
+    /// SIGHUP re-reads the file: an
+    /// invalid one is logged (file:line:column) and changes nothing; changes to peers or
+    /// interfaces are logged and need a restart. SIGPIPE, SIGUSR1/2, SIGALRM and the other
+    /// signals that would end it otherwise are ignored. Fails closed: if the process dies
+    /// without clean-up, guard routes keep the protected hosts' packets off the external
+    /// interface until `mt6d down` or the next start.
     Run {
         /// Configuration file (TOML; see docs/CONFIG.md).
         #[arg(short, long, value_name = "FILE")]
@@ -40,6 +48,18 @@ enum Command {
         /// `log_level` (default info).
         #[arg(long, value_name = "LEVEL", value_parser = parse_level)]
         log_level: Option<log::LevelFilter>,
+    },
+    /// Remove what a dead daemon left (after SIGKILL, a crash or OOM); starts nothing.
+    ///
+    /// Removes the guard routes, routes, proxy neighbour entries and hashed addresses the
+    /// daemon for this configuration (in this network namespace) left, and its record in
+    /// /run/mt6d, and restores the sysctls it changed to the values found before it first
+    /// changed them. Refuses while that daemon is running: stop it with SIGTERM instead, which
+    /// cleans up itself.
+    Down {
+        /// Configuration file the dead daemon ran with.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
     },
     /// Validate a configuration file and print what the daemon would set up; changes nothing.
     Check {
@@ -106,6 +126,7 @@ fn main() -> ExitCode {
     init_logging(&cli.command);
     let result = match cli.command {
         Command::Run { config, .. } => gateway::run(&config),
+        Command::Down { config } => gateway::down(&config),
         Command::Check { config } => check(&config),
         Command::Status {
             socket,

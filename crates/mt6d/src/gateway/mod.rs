@@ -6,11 +6,13 @@
 //! - the **icmp** thread ([`icmp`]): ICMPv6 errors from the path, translated for the protected
 //!   host, and the tunnel MTU that follows the path MTU;
 //! - the **main** thread does housekeeping: rotations on schedule ([`rotation`]), control-socket
-//!   requests, the drop report, and the shutdown on SIGINT/SIGTERM.
+//!   requests, the drop report, SIGHUP reloads ([`signals`]), and the shutdown.
 //!
-//! Start-up order: validate the whole config, bind the control socket, apply the kernel state
-//! ([`system`]), remove hashed addresses a crashed earlier run may have left, install the first
-//! routes, start the packet threads. Shutdown runs the same steps backwards.
+//! Start-up order: validate the whole config, claim the instance ([`state`]: refuse if a
+//! running daemon would share anything, clean up after a dead one), bind the control socket,
+//! apply the kernel state ([`system`]: fail-closed guards first), remove hashed addresses a
+//! crashed earlier run may have left, install the first routes, start the packet threads.
+//! Shutdown runs the same steps backwards, the guards last.
 
 pub mod clock;
 mod collision;
@@ -24,6 +26,8 @@ mod rotation;
 mod router;
 pub mod routing;
 pub mod session;
+pub mod signals;
+pub mod state;
 mod system;
 
 use std::path::Path;
@@ -66,25 +70,64 @@ pub enum GatewayError {
     Setup(String),
 }
 
-/// Runs the daemon until SIGINT or SIGTERM.
+/// Runs the daemon until a stop signal ([`signals`]).
 pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = Config::load(config_path)?;
     if !crate::lab::is_root() {
         return Err("mt6d run changes interfaces, addresses and routes and needs root".into());
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, stop.clone())?;
-    }
+    // Handlers first: a signal during set-up then stops the daemon after set-up, through the
+    // same clean-up, instead of killing it half way.
+    let signals = signals::Signals::install()?;
+    let mut netlink = mt6d_os::Netlink::open().map_err(|source| GatewayError::Os {
+        what: "open rtnetlink".into(),
+        source,
+    })?;
+    let instance = state::Instance::claim(&cfg, &mut netlink)?;
     let control = ControlServer::bind(&cfg.gateway.control_socket)?;
-    run_gateway(&cfg, &control, &stop)?;
+    run_gateway(&cfg, &control, &signals, netlink, instance)?;
+    if let Some(sig) = signals.stopped_by() {
+        log::info!("stopped by {sig}");
+    }
     Ok(())
+}
+
+/// `mt6d down -c FILE`: what a daemon for this configuration left after it died (guards,
+/// routes, proxy entries, addresses, sysctls) is removed or restored; nothing is started.
+pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let cfg = Config::load(config_path)?;
+    if !crate::lab::is_root() {
+        return Err("mt6d down changes addresses, routes and sysctls and needs root".into());
+    }
+    let report = state::down(&cfg)?;
+    match &report.owner {
+        Some((pid, config)) => println!(
+            "removed what mt6d pid {pid} ({}) left: {} recorded change(s) undone, hashed addresses swept",
+            config.display(),
+            report.undone
+        ),
+        None => println!(
+            "no record of a dead mt6d for {} in this namespace; hashed addresses swept",
+            config_path.display()
+        ),
+    }
+    if report.failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "could not undo (kept on record, run `mt6d down` again): {}",
+            report.failed.join("; ")
+        )
+        .into())
+    }
 }
 
 fn run_gateway(
     cfg: &Config,
     control: &ControlServer,
-    stop: &AtomicBool,
+    signals: &signals::Signals,
+    netlink: mt6d_os::Netlink,
+    instance: state::Instance,
 ) -> Result<(), GatewayError> {
     let started = Instant::now();
     let now = clock::now();
@@ -109,7 +152,7 @@ fn run_gateway(
         peers.push(Arc::new(Peer::new(p.name.clone(), stream, keys)));
     }
 
-    let mut sys = System::apply(cfg, max_overhead)?;
+    let mut sys = System::apply(cfg, max_overhead, netlink, instance)?;
     let epoll = Epoll::new().map_err(|source| GatewayError::Os {
         what: "create epoll".into(),
         source,
@@ -159,7 +202,7 @@ fn run_gateway(
         serve(
             cfg,
             control,
-            stop,
+            signals,
             &mut sys,
             &epoll,
             &shared,
@@ -180,7 +223,7 @@ fn run_gateway(
 fn serve(
     cfg: &Config,
     control: &ControlServer,
-    stop: &AtomicBool,
+    signals: &signals::Signals,
     sys: &mut System,
     epoll: &Epoll,
     shared: &Shared,
@@ -229,7 +272,10 @@ fn serve(
         }
         let mut links = links::InterfaceWatch::new(&watched, cfg.gateway.interface_down_exit);
         let own_key = own_public_key(cfg);
-        while !stop.load(Ordering::Relaxed) && !shared.shutdown.load(Ordering::Relaxed) {
+        while !signals.stop_requested() && !shared.shutdown.load(Ordering::Relaxed) {
+            if signals.take_reload() {
+                signals::reload(cfg);
+            }
             let now = clock::now();
             match links.tick(&mut sys.netlink) {
                 links::Verdict::Carry => {}

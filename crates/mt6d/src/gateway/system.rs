@@ -1,10 +1,14 @@
 //! The kernel state a gateway needs besides its hashed addresses, applied through mt6d-os and
-//! recorded in an undo journal, so that a failure half way rolls back what was done and a clean
-//! exit removes everything (developers' brief: nothing half-applied, everything cleaned up).
+//! written to the instance record ([`super::state`]) before each change is made, so that a
+//! failure half way rolls back what was done, a clean exit removes everything, and after a
+//! crash `mt6d down` or the next start removes exactly what this instance owned.
 //!
-//! What is set up (000 §3.2.2 binds the remote host's true address to the internal interface;
-//! we answer neighbour discovery for it with a proxy entry instead, and route it into the TUN
-//! device, so the kernel forwards the protected host's packets to us):
+//! What is set up, in this order (000 §3.2.2 binds the remote host's true address to the
+//! internal interface; we answer neighbour discovery for it with a proxy entry instead, and
+//! route it into the TUN device, so the kernel forwards the protected host's packets to us):
+//! - first, per peer, the fail-closed guard: `prohibit REMOTE/128` with the worst metric, which
+//!   decides once the TUN route below is gone (the process died) and keeps the protected
+//!   host's packets off the external interface (docs/ARCHITECTURE.md "Fail closed");
 //! - the TUN device, MTU = external MTU minus the largest tunnel overhead of any peer;
 //! - `net.ipv6.conf.all.forwarding = 1`, `proxy_ndp = 1` on the internal interface;
 //! - per peer: proxy NDP entry for the remote true address on the internal interface, a /128
@@ -23,10 +27,12 @@
 
 use std::net::Ipv6Addr;
 
-use mt6d_os::{sysctl, AddrFlags, Netlink, Tun};
+use mt6d_os::sysctl::{self, Sysctl};
+use mt6d_os::{AddrFlags, Netlink, Tun};
 
 use crate::config::{Config, Role};
 
+use super::state::{Change, Instance, MARKER};
 use super::GatewayError;
 
 /// The true address on the TUN device is the host's own and unique by configuration; DAD on a
@@ -35,35 +41,6 @@ const NO_DAD: AddrFlags = AddrFlags {
     nodad: true,
     noprefixroute: true,
 };
-
-/// One change to revert on exit, newest last.
-#[derive(Debug)]
-enum Undo {
-    Sysctl {
-        iface: String,
-        key: &'static str,
-        old: String,
-    },
-    NeighSysctl {
-        iface: String,
-        key: &'static str,
-        old: String,
-    },
-    Route {
-        dst: Ipv6Addr,
-        len: u8,
-        oif: u32,
-    },
-    ProxyNeighbor {
-        index: u32,
-        addr: Ipv6Addr,
-    },
-    Address {
-        index: u32,
-        addr: Ipv6Addr,
-        len: u8,
-    },
-}
 
 /// The applied state. Dropping it without [`System::teardown`] still reverts (best effort).
 #[derive(Debug)]
@@ -75,7 +52,8 @@ pub struct System {
     pub internal_index: u32,
     pub external_index: u32,
     pub tun_mtu: u32,
-    undo: Vec<Undo>,
+    /// The instance record: every change is written there before it is made.
+    instance: Option<Instance>,
 }
 
 fn os(what: impl Into<String>) -> impl FnOnce(mt6d_os::OsError) -> GatewayError {
@@ -84,10 +62,16 @@ fn os(what: impl Into<String>) -> impl FnOnce(mt6d_os::OsError) -> GatewayError 
 }
 
 impl System {
-    /// Applies everything; on error, reverts what it had done before returning.
-    pub fn apply(cfg: &Config, max_overhead: usize) -> Result<System, GatewayError> {
+    /// Applies everything, recording each change in `instance` first; on error, reverts what
+    /// it had done before returning.
+    pub fn apply(
+        cfg: &Config,
+        max_overhead: usize,
+        mut netlink: Netlink,
+        instance: Instance,
+    ) -> Result<System, GatewayError> {
         let g = &cfg.gateway;
-        let mut netlink = Netlink::open().map_err(os("open rtnetlink"))?;
+        netlink.set_marker(MARKER);
         // Host mode: the TUN device's index, known once it exists (see apply_inner).
         let internal_index = match g.internal_interface() {
             Some(name) => netlink.link_index(name).map_err(os(format!(
@@ -122,7 +106,7 @@ impl System {
             internal_index,
             external_index,
             tun_mtu,
-            undo: Vec::new(),
+            instance: Some(instance),
         };
         if let Err(e) = sys.apply_inner(cfg) {
             sys.teardown();
@@ -131,131 +115,137 @@ impl System {
         Ok(sys)
     }
 
+    fn record(&mut self, change: Change) -> Result<(), GatewayError> {
+        match self.instance.as_mut() {
+            Some(i) => i.record_change(change),
+            None => Err(GatewayError::Setup(
+                "instance record already released".into(),
+            )),
+        }
+    }
+
     fn apply_inner(&mut self, cfg: &Config) -> Result<(), GatewayError> {
         let g = &cfg.gateway;
+        // Fail closed first (docs/ARCHITECTURE.md "Fail closed"): before any route or sysctl
+        // could carry a protected host's packet, each remote true address gets a guard that
+        // outlives this process and decides whenever the route into the TUN device is gone.
+        let mut guarded = Vec::new();
+        for peer in &cfg.peers {
+            let remote = peer.stream.remote.true_addr;
+            if !guarded.contains(&remote) {
+                guarded.push(remote);
+                self.record(Change::Guard {
+                    dst: remote,
+                    len: 128,
+                })?;
+                self.netlink
+                    .add_guard_route(remote, 128)
+                    .map_err(os(format!("peer {}: guard route for {remote}", peer.name)))?;
+            }
+        }
+
         let tun = Tun::create(&g.tun_name, u16::try_from(self.tun_mtu).unwrap_or(u16::MAX))
             .map_err(os(format!("create TUN device {:?}", g.tun_name)))?;
         let tun_index = tun.index();
         self.tun = Some(tun);
 
         // Hashed addresses are added with nodad; the TUN device needs no link-local DAD either.
-        self.set_sysctl(&g.tun_name, "accept_dad", "0")?;
+        self.set_sysctl(&ipv6_conf(&g.tun_name, "accept_dad")?, "0")?;
         let internal = match &g.role {
             Role::Gateway { internal_interface } => Some(internal_interface.as_str()),
             Role::Host { local_host } => {
                 self.internal_index = tun_index;
+                self.record(Change::Address {
+                    index: tun_index,
+                    addr: *local_host,
+                    len: 128,
+                })?;
                 self.netlink
                     .add_address(tun_index, *local_host, 128, NO_DAD)
                     .map_err(os(format!(
                         "host mode: true address {local_host} on TUN {}",
                         g.tun_name
                     )))?;
-                self.undo.push(Undo::Address {
-                    index: tun_index,
-                    addr: *local_host,
-                    len: 128,
-                });
                 None
             }
         };
         if let Some(internal) = internal {
-            self.set_sysctl("all", "forwarding", "1")?;
-            self.set_sysctl(internal, "proxy_ndp", "1")?;
+            self.set_sysctl(&ipv6_conf("all", "forwarding")?, "1")?;
+            self.set_sysctl(&ipv6_conf(internal, "proxy_ndp")?, "1")?;
             // The kernel delays proxied neighbour advertisements by up to 0.8 s (RFC 4861
             // §7.2.8, meant for anycast); the protected host's first packet would wait that long.
-            let old = sysctl::get_ipv6_neigh(internal, "proxy_delay")
-                .map_err(os(format!("read {internal} proxy_delay")))?;
-            sysctl::set_ipv6_neigh(internal, "proxy_delay", "0")
-                .map_err(os(format!("set {internal} proxy_delay")))?;
-            self.undo.push(Undo::NeighSysctl {
-                iface: internal.to_string(),
-                key: "proxy_delay",
-                old,
-            });
+            let delay = Sysctl::ipv6_neigh(internal, "proxy_delay")
+                .map_err(os(format!("{internal} proxy_delay")))?;
+            self.set_sysctl(&delay, "0")?;
         }
 
         let mut remote_prefixes = Vec::new();
         for peer in &cfg.peers {
             let s = &peer.stream;
             let (local, remote) = (s.local.true_addr, s.remote.true_addr);
-            self.route(remote, 128, tun_index)?;
+            self.route(remote, 128, tun_index, None)?;
             if internal.is_some() {
-                self.route(local, 128, self.internal_index)?;
+                self.route(local, 128, self.internal_index, None)?;
+                self.record(Change::ProxyNeighbor {
+                    index: self.internal_index,
+                    addr: remote,
+                })?;
                 self.netlink
                     .add_proxy_neighbor(self.internal_index, remote)
                     .map_err(os(format!("peer {}: proxy NDP for {remote}", peer.name)))?;
-                self.undo.push(Undo::ProxyNeighbor {
-                    index: self.internal_index,
-                    addr: remote,
-                });
             }
             let prefix = s.remote.external_prefix.unwrap_or_else(|| slash64(remote));
             if !remote_prefixes.contains(&prefix) {
                 remote_prefixes.push(prefix);
-                match g.external_next_hop {
-                    None => self.route(prefix, 64, self.external_index)?,
-                    Some(via) => {
-                        self.netlink
-                            .add_route_via(prefix, 64, self.external_index, via)
-                            .map_err(os(format!("route {prefix}/64 via {via}")))?;
-                        self.undo.push(Undo::Route {
-                            dst: prefix,
-                            len: 64,
-                            oif: self.external_index,
-                        });
-                    }
-                }
+                self.route(prefix, 64, self.external_index, g.external_next_hop)?;
             }
         }
         Ok(())
     }
 
-    fn set_sysctl(
+    /// Sets any sysctl under /proc/sys/net to `value`, recording the value found before the
+    /// first change first, so that clean-up (this process's, or `mt6d down` after a crash)
+    /// restores it. Every sysctl the daemon changes goes through here.
+    pub fn set_sysctl(&mut self, name: &Sysctl, value: &str) -> Result<(), GatewayError> {
+        match self.instance.as_mut() {
+            Some(i) => i.set_sysctl(name, value),
+            None => Err(GatewayError::Setup(
+                "instance record already released".into(),
+            )),
+        }
+    }
+
+    fn route(
         &mut self,
-        iface: &str,
-        key: &'static str,
-        value: &str,
+        dst: Ipv6Addr,
+        len: u8,
+        oif: u32,
+        via: Option<Ipv6Addr>,
     ) -> Result<(), GatewayError> {
-        let old =
-            sysctl::get_ipv6_conf(iface, key).map_err(os(format!("read sysctl {iface}.{key}")))?;
-        sysctl::set_ipv6_conf(iface, key, value)
-            .map_err(os(format!("set sysctl {iface}.{key}")))?;
-        self.undo.push(Undo::Sysctl {
-            iface: iface.to_string(),
-            key,
-            old: old.trim().to_string(),
-        });
-        Ok(())
+        self.record(Change::Route { dst, len, oif, via })?;
+        match via {
+            None => self.netlink.add_route(dst, len, oif),
+            Some(gw) => self.netlink.add_route_via(dst, len, oif, gw),
+        }
+        .map_err(os(match via {
+            None => format!("route {dst}/{len}"),
+            Some(gw) => format!("route {dst}/{len} via {gw}"),
+        }))
     }
 
-    fn route(&mut self, dst: Ipv6Addr, len: u8, oif: u32) -> Result<(), GatewayError> {
-        self.netlink
-            .add_route(dst, len, oif)
-            .map_err(os(format!("route {dst}/{len}")))?;
-        self.undo.push(Undo::Route { dst, len, oif });
-        Ok(())
-    }
-
-    /// Reverts every change, newest first, and closes the TUN device. Continues past errors
-    /// (logging them) so one stuck entry does not leave the rest behind.
+    /// Reverts every change, newest first (the guards last), and closes the TUN device.
+    /// Continues past errors (logging them) so one stuck entry does not leave the rest behind;
+    /// what could not be undone stays on record for `mt6d down`.
     pub fn teardown(&mut self) {
-        while let Some(u) = self.undo.pop() {
-            let result = match &u {
-                Undo::Sysctl { iface, key, old } => sysctl::set_ipv6_conf(iface, key, old),
-                Undo::NeighSysctl { iface, key, old } => sysctl::set_ipv6_neigh(iface, key, old),
-                Undo::Route { dst, len, oif } => self.netlink.del_route(*dst, *len, *oif),
-                Undo::ProxyNeighbor { index, addr } => {
-                    self.netlink.del_proxy_neighbor(*index, *addr)
-                }
-                Undo::Address { index, addr, len } => self.netlink.del_address(*index, *addr, *len),
-            };
-            if let Err(e) = result {
-                // The TUN device may already be gone, taking its routes with it: not an error.
-                log::warn!("cleanup of {u:?}: {e}");
-            }
+        if let Some(mut instance) = self.instance.take() {
+            instance.clean_up(&mut self.netlink);
         }
         self.tun = None;
     }
+}
+
+fn ipv6_conf(iface: &str, key: &str) -> Result<Sysctl, GatewayError> {
+    Sysctl::ipv6_conf(iface, key).map_err(os(format!("sysctl {iface}.{key}")))
 }
 
 impl Drop for System {

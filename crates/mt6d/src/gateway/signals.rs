@@ -1,0 +1,144 @@
+//! What each signal does to the daemon. A signal whose default action would end the process
+//! without clean-up either stops it cleanly or is ignored, so that a stray `kill -USR1` or
+//! `systemctl reload` never leaves the kernel state of a dead daemon behind (issue: SIGHUP used
+//! to kill it, leaving routes, proxy entries and `forwarding=1`).
+//!
+//! | signals | action |
+//! |---|---|
+//! | SIGTERM, SIGINT, SIGQUIT, SIGXCPU, SIGPWR | clean stop: everything removed, sysctls restored |
+//! | SIGHUP | re-read the config ([`reload`]): an invalid file is logged with file:line:column and changes nothing |
+//! | SIGPIPE, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF, SIGIO, SIGXFSZ, SIGSTKFLT, SIGRTMIN..SIGRTMAX | ignored |
+//! | SIGKILL, SIGSTOP; SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP, SIGSYS (faults) | cannot or must not be handled: the fail-closed guards hold, and `mt6d down` or the next start cleans up |
+//!
+//! The handlers only set flags (async-signal-safe, via signal-hook); the main loop reads them
+//! every 20 ms.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crate::config::Config;
+
+/// Signals that stop the daemon through its clean-up.
+const STOP: [libc::c_int; 5] = [
+    libc::SIGTERM,
+    libc::SIGINT,
+    libc::SIGQUIT,
+    libc::SIGXCPU,
+    libc::SIGPWR,
+];
+
+/// Signals whose default action terminates and that mean nothing to mt6d. SIGXFSZ ignored
+/// makes an oversized write fail with EFBIG instead of killing the process.
+const IGNORED: [libc::c_int; 9] = [
+    libc::SIGPIPE,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGALRM,
+    libc::SIGVTALRM,
+    libc::SIGPROF,
+    libc::SIGIO,
+    libc::SIGXFSZ,
+    libc::SIGSTKFLT,
+];
+
+/// The flags the handlers set.
+#[derive(Debug)]
+pub struct Signals {
+    stop: Arc<AtomicUsize>,
+    reload: Arc<AtomicBool>,
+}
+
+impl Signals {
+    /// Installs every handler of the table above.
+    pub fn install() -> std::io::Result<Signals> {
+        let stop = Arc::new(AtomicUsize::new(0));
+        let reload = Arc::new(AtomicBool::new(false));
+        for sig in STOP {
+            signal_hook::flag::register_usize(sig, stop.clone(), sig as usize)?;
+        }
+        let ignored = Arc::new(AtomicBool::new(false));
+        let realtime = libc::SIGRTMIN()..=libc::SIGRTMAX();
+        for sig in IGNORED.into_iter().chain(realtime) {
+            signal_hook::flag::register(sig, ignored.clone())?;
+        }
+        signal_hook::flag::register(libc::SIGHUP, reload.clone())?;
+        Ok(Signals { stop, reload })
+    }
+
+    /// Whether a stop signal arrived.
+    pub fn stop_requested(&self) -> bool {
+        self.stop.load(Ordering::Relaxed) != 0
+    }
+
+    /// The name of the signal that stopped the daemon, if one did.
+    pub fn stopped_by(&self) -> Option<String> {
+        let sig = self.stop.load(Ordering::Relaxed);
+        (sig != 0).then(|| {
+            nix::sys::signal::Signal::try_from(sig as libc::c_int)
+                .map_or_else(|_| format!("signal {sig}"), |s| s.as_str().to_string())
+        })
+    }
+
+    /// Whether SIGHUP arrived since the last call.
+    pub fn take_reload(&self) -> bool {
+        self.reload.swap(false, Ordering::Relaxed)
+    }
+}
+
+/// SIGHUP: re-reads and validates the configuration file the daemon runs with. An invalid
+/// file is logged (file:line:column) and nothing changes. A valid one is compared with the
+/// running configuration; what differs is logged by name, and nothing is applied: peers and
+/// interfaces are set up once at start-up (the packet threads, the routes and the guards are
+/// built from them), and a partly applied change is worse than none. A restart applies it.
+pub fn reload(running: &Config) {
+    let new = match Config::load(&running.path) {
+        Ok(c) => c,
+        Err(e) => {
+            log::error!("SIGHUP: {e}; keeping the running configuration unchanged");
+            return;
+        }
+    };
+    let changes = differences(running, &new);
+    if changes.is_empty() {
+        log::info!(
+            "SIGHUP: {} is valid and the same as the running configuration",
+            running.path.display()
+        );
+    } else {
+        log::warn!(
+            "SIGHUP: {} is valid but differs: {}; nothing applied (changes to peers and interfaces need a restart)",
+            running.path.display(),
+            changes.join(", ")
+        );
+    }
+}
+
+/// What differs between two valid configurations, in words. Secrets are compared through a
+/// digest of each peer's stream key (which a changed identity or pre-shared key changes), never
+/// printed.
+pub fn differences(old: &Config, new: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    if format!("{:?}", old.gateway) != format!("{:?}", new.gateway) {
+        out.push("[gateway] settings changed".to_string());
+    }
+    let fingerprint = |p: &crate::config::PeerConfig| {
+        use sha2::Digest as _;
+        let digest = sha2::Sha256::digest(p.stream.key.as_bytes());
+        format!("{:?} {:?} {digest:x}", p.stream, p.keying)
+    };
+    for p in &new.peers {
+        match old.peers.iter().find(|o| o.name == p.name) {
+            None => out.push(format!("peer {:?} added", p.name)),
+            Some(o) if fingerprint(o) != fingerprint(p) => {
+                out.push(format!("peer {:?} changed", p.name));
+            }
+            Some(_) => {}
+        }
+    }
+    for o in &old.peers {
+        if !new.peers.iter().any(|p| p.name == o.name) {
+            out.push(format!("peer {:?} removed", o.name));
+        }
+    }
+    out
+}
