@@ -428,3 +428,45 @@ fn external_interface_deleted_and_recreated_is_followed_and_traffic_resumes() {
         .expect("ping");
     assert_eq!(train.lost(), 0, "lost at {:?}", train.lost_at);
 }
+
+#[test]
+fn external_interface_down_for_a_second_is_used_again_in_place() {
+    if !root() {
+        return eprintln!("skipped: needs root");
+    }
+    let running = start("encrypt", 2.0);
+    let lab = &running.lab;
+    mt6d::lab::topology::ip(&lab.gw_a, &["link", "set", "ext0", "down"]).expect("down");
+    let deadline = Instant::now() + Duration::from_millis(1_500);
+    let mut seen_down = false;
+    while Instant::now() < deadline && !seen_down {
+        seen_down = common::status(&running, Side::A)
+            .interfaces
+            .iter()
+            .any(|i| i.name == "ext0" && i.state == "down");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(seen_down, "status showed ext0 down");
+    std::thread::sleep(Duration::from_secs(1));
+    mt6d::lab::topology::ip(&lab.gw_a, &["link", "set", "ext0", "up"]).expect("up");
+    let up = Instant::now();
+    // The same daemons carry traffic again (addresses and routes re-added in place).
+    wait_for_path(lab, HOST_B, 1);
+    let resumed = up.elapsed();
+    eprintln!("traffic resumed {resumed:?} after ext0 came back up");
+    assert!(resumed < Duration::from_secs(5), "{resumed:?}");
+    let st = common::status(&running, Side::A);
+    assert!(st
+        .interfaces
+        .iter()
+        .any(|i| i.name == "ext0" && i.state == "up"));
+    let log = std::fs::read_to_string(&running.daemons[0].log).expect("log");
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains("external interface ext0") && l.contains("is down"))
+            .count(),
+        1,
+        "{log}"
+    );
+    assert!(log.contains("is up again after being down"), "{log}");
+}

@@ -280,6 +280,10 @@ fn serve(
             match links.tick(&mut sys.netlink) {
                 links::Verdict::Carry => {}
                 links::Verdict::Rebind => {
+                    // Down flushed the hashed addresses and the routes on the interface.
+                    if let Err(e) = sys.reroute_external(cfg) {
+                        log::error!("after the interface came back: {e}");
+                    }
                     rotator.forget_addresses();
                     next_rotation = now;
                 }
