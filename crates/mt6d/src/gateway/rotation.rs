@@ -219,9 +219,11 @@ impl Rotator {
     ) -> Result<(), GatewayError> {
         let mut table = RouteTable::compute(&shared.peers, now);
         let mut fresh = Vec::new();
-        // Each round either binds everything or moves at least one epoch of the accept window
-        // one offset further; offsets are bounded, so this ends.
-        let rounds = (usize::from(mt6d_proto::moves::MAX_OFFSET) + 1) * 4 * shared.peers.len() + 1;
+        // Each round either binds everything, moves one epoch of a peer's window (at most
+        // MAX_OFFSET times for each of its 4 epochs) or gives up on one of its 6 local ports and
+        // addresses; so this many rounds always suffice.
+        let per_peer = usize::from(mt6d_proto::moves::MAX_OFFSET) * 4 + 6;
+        let rounds = per_peer * shared.peers.len() + 1;
         for _ in 0..rounds {
             match self.bind(nl, epoll, &table, &mut fresh) {
                 Ok(()) => break,
