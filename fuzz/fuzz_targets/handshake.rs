@@ -46,10 +46,15 @@ fuzz_target!(|data: &[u8]| {
     .unwrap();
     let route_b = stream.route(Epoch(7));
     let now = UnixTime::from_secs(1_800_000_000);
+    // The first 4 bytes of `body` are the index, the rest the Noise message.
+    let index = body
+        .get(..4)
+        .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+    let noise = body.get(4..).unwrap_or(&[]);
     let msg = match sel % 3 {
         0 => body.to_vec(),
-        1 => b.frame_with_mac(Kind::Initiation, body, &route_b.remote, &route_b.local),
-        _ => b.frame_with_mac(Kind::Response, body, &route_b.remote, &route_b.local),
+        1 => b.frame_with_mac(Kind::Initiation, index, noise, &route_b.remote, &route_b.local),
+        _ => b.frame_with_mac(Kind::Response, index, noise, &route_b.remote, &route_b.local),
     };
     // As responder: forged Noise bytes must fail.
     if sel % 3 != 0 {
@@ -64,7 +69,13 @@ fuzz_target!(|data: &[u8]| {
         remote: route_b.local,
     };
     assert!(a.poll(now, &route_a, 0, || Some([4; 32])).is_some());
-    let resp = a.frame_with_mac(Kind::Response, body, &route_a.remote, &route_a.local);
+    // Half the inputs name the attempt in flight, so the Noise layer behind the index is reached.
+    let index = if sel & 0x80 != 0 {
+        a.pending_index().unwrap()
+    } else {
+        index
+    };
+    let resp = a.frame_with_mac(Kind::Response, index, noise, &route_a.remote, &route_a.local);
     assert!(a.handle(now, &route_a, &route_a, &resp, || Some([5; 32])).is_err());
     // Receive keys with none installed, and arbitrary payloads.
     let mut keys = ReceiveKeys::new();

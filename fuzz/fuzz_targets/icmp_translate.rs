@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use mt6d_proto::icmp::{packet_too_big, quoted_route, translate_path_error, MIN_MTU};
+use mt6d_proto::icmp::{packet_too_big, quoted_route, translate_path_error, SentLog, MIN_MTU};
 use mt6d_proto::wire::{Icmpv6Packet, Ipv6Packet};
 use mt6d_proto::{Endpoint, Epoch, Mode, Route, SessionKey, Stream, StreamConfig};
 
@@ -28,8 +28,19 @@ fuzz_target!(|data: &[u8]| {
         },
         Err(_) => s.route(Epoch(0)),
     };
+    // Record the quoted payload as sent (as far as it is quoted, with the length its UDP header
+    // claims) so the checks after the sent-packet log are reached too.
+    let sent = SentLog::new();
+    if let Some(udp) = pkt.get(48 + 40..) {
+        if udp.len() >= 8 {
+            let claimed = usize::from(u16::from_be_bytes([udp[4], udp[5]])).saturating_sub(8);
+            let mut payload = udp[8..].to_vec();
+            payload.resize(claimed, 0);
+            sent.record(&payload);
+        }
+    }
     let mut out = vec![0u8; MIN_MTU];
-    if let Ok(t) = translate_path_error(&s, &route, pkt, gw, &mut out) {
+    if let Ok(t) = translate_path_error(&s, &route, &sent, pkt, gw, &mut out) {
         check(&out[..t.len]);
     }
     if let Ok(n) = packet_too_big(gw, u32::from(sel) << 4, pkt, &mut out) {

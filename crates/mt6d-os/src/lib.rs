@@ -11,13 +11,14 @@
 //!   UDP GSO/GRO and `sendmmsg`/`recvmmsg` batches, plus [`Epoll`] and the ICMPv6 raw socket;
 //! - [`capture`]: an AF_PACKET observer of one interface, for the lab's leak checks, and the
 //!   daemon's filtered watch of neighbour discovery frames (duplicate address detection);
-//! - [`error`]: [`OsError`], one variant per failing operation with its context.
+//! - [`error`]: [`OsError`], one variant per failing operation with its context;
+//! - [`secrets`]: a non-dumpable process and key pages left out of core dumps.
 //!
 //! What it must not do: protocol logic. Which hashed addresses exist, which packets go where and
 //! what they contain is decided by mt6d-proto and passed in by the daemon; this crate only
 //! carries those decisions out and reports what the kernel said. It is synchronous (no async
 //! runtime), Linux only, and the only crate of the workspace with `unsafe`, which is confined to
-//! `sys`, `netns`, `udp` (mmsg, epoll, eventfd) and `capture`, each block with a `SAFETY` note.
+//! `sys`, `netns`, `udp` (mmsg, epoll, eventfd), `capture` and `secrets`, each block with a `SAFETY` note.
 
 #![cfg(target_os = "linux")]
 
@@ -27,6 +28,7 @@ pub mod icmp;
 pub mod linkwatch;
 pub mod netlink;
 pub mod netns;
+pub mod secrets;
 mod sys;
 pub mod sysctl;
 pub mod tun;

@@ -69,6 +69,10 @@ const RTA_GATEWAY: u16 = 5;
 const RTA_OIF: u16 = 4;
 const RTA_PRIORITY: u16 = 6;
 const RTA_TABLE: u16 = 15;
+/// Route metrics (nested `RTAX_*`), and in them the lock bitmap and the MTU (linux/rtnetlink.h).
+const RTA_METRICS: u16 = 8;
+const RTAX_LOCK: u16 = 1;
+const RTAX_MTU: u16 = 2;
 const RTPROT_STATIC: u8 = 4;
 const RT_SCOPE_UNIVERSE: u8 = 0;
 const RTN_UNICAST: u8 = 1;
@@ -445,6 +449,49 @@ impl Netlink {
             }),
             _ => Ok(()),
         }
+    }
+
+    /// [`Netlink::add_route`] with a locked MTU metric (`ip route replace ... mtu lock MTU`), or
+    /// without any metric for `None`. Linux applies an unlocked route MTU only to packets the
+    /// host itself sends; the lock makes forwarded packets obey it too (and get a Packet Too Big
+    /// from this host when larger). Replaces the route in place (idempotent) and never creates
+    /// one: a route that is gone (removed at shutdown, or by the administrator) stays gone.
+    pub fn set_route_mtu(
+        &mut self,
+        dst: Ipv6Addr,
+        prefix_len: u8,
+        oif: u32,
+        mtu: Option<u32>,
+    ) -> Result<()> {
+        // Same key as add_route (marker included, default metric): the route is replaced, the
+        // guard route of the same prefix (another metric) is not.
+        let mut msg = route_msg(
+            RTM_NEWROUTE,
+            NLM_F_REPLACE,
+            RouteKey {
+                dst,
+                prefix_len,
+                oif,
+                table: MAIN_TABLE,
+                marker: self.marker,
+            },
+        );
+        if let Some(mtu) = mtu {
+            let at = msg.nest_begin(RTA_METRICS);
+            msg.attr(RTAX_LOCK, &(1u32 << RTAX_MTU).to_ne_bytes());
+            msg.attr(RTAX_MTU, &mtu.to_ne_bytes());
+            msg.nest_end(at);
+        }
+        self.transact(msg, |_, _| ())
+            .map(drop)
+            .map_err(|source| OsError::Route {
+                op: "set the MTU of",
+                dst,
+                prefix_len,
+                oif,
+                table: MAIN_TABLE,
+                source,
+            })
     }
 
     /// [`Netlink::add_route`] in routing table `table`.

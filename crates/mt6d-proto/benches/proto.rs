@@ -1,6 +1,7 @@
 //! Criterion benches: seal+open per mode/AEAD at 64/1280/1400/9000 bytes against a memcpy baseline
 //! measured in the same group, one address derivation per derivation mode, and the handshake's
-//! cost to a responder (valid initiation, bogus one) next to sealing one data packet.
+//! cost to a responder (valid initiation, bogus one) next to sealing one data packet, and the
+//! sent-packet log's cost on the transmit path (record) and on the ICMPv6 thread (take).
 //! Run: `cargo bench -p mt6d-proto --bench proto -- --warm-up-time 1 --measurement-time 3`
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
@@ -58,7 +59,7 @@ fn tunnel(c: &mut Criterion) {
             (Mode::Auth, AeadAlg::Aes256Gcm),
         ] {
             let (sa, sb) = streams(mode, aead);
-            let sealer = sa.sealer(UnixTime::from_secs(1_700_000_000));
+            let sealer = sa.sealer(UnixTime::from_secs(1_700_000_000).as_nanos(), u64::MAX);
             let (ra, rb) = (sa.route(Epoch(1)), sb.route(Epoch(1)));
             let name = if mode == Mode::Plain {
                 "plain".to_string()
@@ -124,7 +125,7 @@ fn handshake(c: &mut Criterion) {
     let (ra, rb) = (sa.route(Epoch(9)), sb.route(Epoch(9)));
     let mut g = c.benchmark_group("handshake");
     let data = inner(1280);
-    let sealer = sa.sealer(UnixTime::from_secs(1));
+    let sealer = sa.sealer(UnixTime::from_secs(1).as_nanos(), u64::MAX);
     let mut out = vec![0u8; 2048];
     g.bench_function("baseline-seal-1280", |bch| {
         bch.iter(|| black_box(sealer.seal(&ra, black_box(&data), &mut out).unwrap()))
@@ -162,5 +163,37 @@ fn handshake(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, tunnel, addressing, handshake);
+/// What the transmit path pays for [`SentLog::record`] per packet, against sealing the same
+/// 1400-byte packet without it, and what one ICMPv6 error costs the ICMPv6 thread to look up
+/// (a miss scans both rings).
+fn sent_log(c: &mut Criterion) {
+    use mt6d_proto::icmp::SentLog;
+    let mut g = c.benchmark_group("sent_log/1400");
+    g.throughput(Throughput::Bytes(1400));
+    let pkt = inner(1400);
+    let (sa, _) = streams(Mode::Encrypt, AeadAlg::Aes256Gcm);
+    let sealer = sa.sealer(UnixTime::from_secs(1_700_000_000));
+    let route = sa.route(Epoch(1));
+    let mut wire = vec![0u8; 1500];
+    let log = SentLog::new();
+    g.bench_function("baseline-seal", |b| {
+        b.iter(|| black_box(sealer.seal(&route, black_box(&pkt), &mut wire).unwrap()))
+    });
+    g.bench_function("seal+record", |b| {
+        b.iter(|| {
+            let n = sealer.seal(&route, black_box(&pkt), &mut wire).unwrap();
+            log.record(&wire[..n]);
+            black_box(n)
+        })
+    });
+    g.bench_function("record", |b| {
+        b.iter(|| log.record(black_box(&wire[..1440])))
+    });
+    g.bench_function("take-miss", |b| {
+        b.iter(|| black_box(log.take(black_box(&pkt[..1184]), 1440)))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, tunnel, addressing, handshake, sent_log);
 criterion_main!(benches);

@@ -15,10 +15,18 @@
 //!   cannot be authenticated, and ring offers no unverified decryption, so only what is known
 //!   without decrypting is quoted: a synthesized 40-byte inner header (version 6, payload length from
 //!   the quoted UDP length, Next Header 59, the true addresses). For Packet Too Big,
-//!   [`Translated::path_mtu`] also reports the outer MTU so the daemon lowers its tunnel MTU: the
-//!   next oversized inner packet then gets a full-quote error from [`packet_too_big`].
+//!   [`Translated::path_mtu`] also reports the outer MTU so the daemon lowers that peer's path
+//!   MTU: the next oversized inner packet then gets a full-quote error (from the gateway's kernel,
+//!   or from [`packet_too_big`]).
+//!
+//! Forged errors (docs/PROTOCOL.md §5, "Which errors are believed"): an error is translated only
+//! about a packet this gateway sent recently and no error has yet been accepted for
+//! ([`SentLog`], filled by the transmit path), and a Packet Too Big only if its MTU is at least
+//! 1280 and below the quoted packet's length (RFC 8201 §4). What a believed Packet Too Big
+//! teaches is kept per peer by [`PathMtu`], which only ever lowers its estimate before it ages out.
 
 use std::net::{Ipv6Addr, SocketAddrV6};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 use crate::tunnel::{
     decapsulate, fixed_len, CounterSpace, Decap, OpenError, COUNTER_LEN, INNER_HEADER_CARRIED,
@@ -28,7 +36,7 @@ use crate::wire::{
     Icmpv6Packet, Icmpv6Repr, Icmpv6Type, Ipv6Packet, Ipv6Repr, UdpPacket, WireError,
     IPV6_HEADER_LEN, NEXT_HEADER_ICMPV6, NEXT_HEADER_NONE, NEXT_HEADER_UDP, UDP_HEADER_LEN,
 };
-use crate::{Mode, Route, Sealer, Stream};
+use crate::{Mode, Route, Sealer, Stream, UnixTime};
 
 /// IPv6 minimum link MTU (RFC 8200 §5): errors never exceed it, and no MTU below it is advertised.
 pub const MIN_MTU: usize = 1280;
@@ -64,6 +72,19 @@ pub enum IcmpError {
     /// The inner packet is itself an ICMPv6 error (RFC 4443 §2.4(e)), or its source is not unicast.
     #[error("no ICMPv6 error may be sent about this packet")]
     NotAllowed,
+    /// A Packet Too Big whose MTU is below 1280 (RFC 8201 §4: discarded) or not below the length
+    /// of the packet it quotes (that packet would have fitted): forged or broken.
+    #[error("Packet Too Big MTU {mtu} impossible for a quoted packet of {quoted} bytes")]
+    BogusMtu {
+        /// The MTU the message reported.
+        mtu: u32,
+        /// The quoted packet's length (from its IPv6 header).
+        quoted: usize,
+    },
+    /// The quoted packet is not one this gateway sent recently, or an error about it was already
+    /// accepted ([`SentLog`]).
+    #[error("quoted packet was not sent recently or was already reported")]
+    NotSent,
     /// `out` is too small.
     #[error("output buffer of {have} bytes too small, need {need}")]
     BufferTooSmall {
@@ -85,6 +106,8 @@ impl IcmpError {
             Self::QuoteTooShort => "icmp_quote_too_short",
             Self::BadTag => "icmp_bad_tag",
             Self::NotAllowed => "icmp_not_allowed",
+            Self::BogusMtu { .. } => "icmp_bogus_mtu",
+            Self::NotSent => "icmp_not_sent",
             Self::BufferTooSmall { .. } => "icmp_buffer_too_small",
         }
     }
@@ -116,6 +139,181 @@ pub struct Translated {
     pub quote: Quote,
     /// For Packet Too Big: the MTU the router reported for the outer path.
     pub path_mtu: Option<u32>,
+}
+
+/// Slots of each of [`SentLog`]'s two rings.
+pub const SENT_LOG_SLOTS: usize = 512;
+/// How long a Packet Too Big's lesson holds before the path MTU is raised again (RFC 8201 §4
+/// recommends no less than 5 minutes, 10 by default).
+pub const PMTU_EXPIRY_SECS: u64 = 600;
+/// Bytes of the tunnel payload a [`SentLog`] fingerprint covers: in auth and encrypt modes the
+/// counter (unique per packet and key) and the first 8 ciphertext or clear bytes; in plain mode
+/// the inner header's first 8 bytes and the transport header's first 8 (ports, TCP sequence).
+const FINGERPRINT_LEN: usize = 16;
+
+/// What the transmit path sent lately, per peer: one 64-bit entry per tunnel payload (a 48-bit
+/// fingerprint of its first [`FINGERPRINT_LEN`] bytes and its 16-bit length), in two rings of
+/// [`SENT_LOG_SLOTS`]: packets that can draw a Packet Too Big (outer length above 1280, which
+/// every IPv6 link carries) and the rest, so a stream of small packets (TCP acknowledgements)
+/// does not push out the large ones a router is about to report.
+///
+/// An ICMPv6 error is believed only about a packet found here, and at most once: a router
+/// that drops a packet sends one error about it, so [`SentLog::take`] empties the slot and a
+/// replayed or second error about the same packet is refused.
+///
+/// Lock-free and allocation-free: [`SentLog::record`] is two relaxed loads and two relaxed stores
+/// on the transmit thread (the only writer; a second writer would at worst lose an entry, and
+/// then an error about that packet is dropped), [`SentLog::take`] a scan with compare-exchange on
+/// the ICMPv6 thread. "Recently" is the last 512 packets of each class: at the rate of a large
+/// transfer that is milliseconds, but a path too narrow for its packets drops them all, and the
+/// senders slow down until errors about their retransmissions are found.
+#[derive(Debug)]
+pub struct SentLog {
+    small: Ring,
+    large: Ring,
+}
+
+#[derive(Debug)]
+struct Ring {
+    slots: Box<[AtomicU64]>,
+    next: AtomicUsize,
+}
+
+impl Ring {
+    fn new() -> Ring {
+        Ring {
+            slots: (0..SENT_LOG_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            next: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Default for SentLog {
+    fn default() -> Self {
+        SentLog::new()
+    }
+}
+
+/// The entry of a tunnel payload of `len` bytes starting with `prefix` (its first
+/// `min(len, FINGERPRINT_LEN)` bytes). Never 0 (the empty slot): `len` > 0.
+fn sent_entry(prefix: &[u8], len: usize) -> u64 {
+    let mut b = [0u8; FINGERPRINT_LEN];
+    let n = prefix.len().min(FINGERPRINT_LEN);
+    b[..n].copy_from_slice(&prefix[..n]);
+    let lo = u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
+    let hi = u64::from_le_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]);
+    // Not a MAC: only a compact key for bytes the attacker this guards against (off the path)
+    // cannot see. A multiply-xorshift mix keeps the counter's low bits in the top 48.
+    let x = (lo ^ hi.rotate_left(29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    ((x ^ (x >> 29)) & !0xffff) | (len as u64 & 0xffff).max(1)
+}
+
+impl SentLog {
+    /// An empty log (2 x [`SENT_LOG_SLOTS`] x 8 bytes).
+    pub fn new() -> SentLog {
+        SentLog {
+            small: Ring::new(),
+            large: Ring::new(),
+        }
+    }
+
+    fn ring(&self, payload_len: usize) -> &Ring {
+        if IPV6_HEADER_LEN + UDP_HEADER_LEN + payload_len > MIN_MTU {
+            &self.large
+        } else {
+            &self.small
+        }
+    }
+
+    /// Records a tunnel payload (the UDP payload) just sealed for sending.
+    pub fn record(&self, payload: &[u8]) {
+        if payload.is_empty() {
+            return;
+        }
+        let ring = self.ring(payload.len());
+        let i = ring.next.load(Relaxed);
+        ring.next.store(i.wrapping_add(1), Relaxed);
+        ring.slots[i % SENT_LOG_SLOTS].store(sent_entry(payload, payload.len()), Relaxed);
+    }
+
+    /// If a tunnel payload starting with `prefix` (a quote, possibly truncated) whose UDP
+    /// header claims `len` bytes was recorded and not yet taken: takes it and returns the length
+    /// it was sent with. That is `len`, or less when the quoted packet is several of our
+    /// datagrams in one: a UDP segmentation-offload run that reached a router unsegmented (as
+    /// over veth) or was coalesced on the way (GRO forwarding) carries one UDP header whose
+    /// length covers the whole run, and the router quotes it whole; its first bytes are still
+    /// those of the first datagram.
+    pub fn take(&self, prefix: &[u8], len: usize) -> Option<usize> {
+        if len == 0 || prefix.len() < len.min(FINGERPRINT_LEN) {
+            return None;
+        }
+        let exact = sent_entry(prefix, len);
+        let first = (prefix.len() >= FINGERPRINT_LEN).then(|| sent_entry(prefix, 1) & !0xffff);
+        let matches = |v: u64| {
+            let sent_len = (v & 0xffff) as usize;
+            v == exact
+                || (sent_len >= FINGERPRINT_LEN
+                    && sent_len < len
+                    && first.is_some_and(|f| v & !0xffff == f))
+        };
+        // The datagram's own ring first; a run's first datagram may be in the other.
+        let rings = if std::ptr::eq(self.ring(len), &self.large) {
+            [&self.large, &self.small]
+        } else {
+            [&self.small, &self.large]
+        };
+        rings.iter().find_map(|ring| {
+            ring.slots.iter().find_map(|slot| {
+                let v = slot.load(Relaxed);
+                (v != 0 && matches(v) && slot.compare_exchange(v, 0, Relaxed, Relaxed).is_ok())
+                    .then_some((v & 0xffff) as usize)
+            })
+        })
+    }
+}
+
+/// One peer's path MTU as Packet Too Big taught it (RFC 8201 §4-5), as the inner MTU (the outer
+/// path MTU minus the tunnel overhead, at least 1280).
+///
+/// The estimate only goes down while it holds: a value lower than the current one replaces it
+/// and restarts the [`PMTU_EXPIRY_SECS`] timer; an equal or higher one changes nothing, so a
+/// message repeated (by the path or by anyone who saw one) cannot hold the estimate low for
+/// ever. When the timer runs out the estimate is forgotten, and the next oversized packet's
+/// error (if the path is still narrow) sets it again.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PathMtu {
+    learned: Option<(u32, UnixTime)>,
+}
+
+impl PathMtu {
+    /// A believed Packet Too Big says the inner MTU is `inner`. True if the estimate went down.
+    pub fn on_packet_too_big(&mut self, now: UnixTime, inner: u32) -> bool {
+        self.expire(now);
+        let inner = inner.max(MIN_MTU as u32);
+        match self.learned {
+            Some((m, _)) if inner >= m => false,
+            _ => {
+                self.learned = Some((inner, now));
+                true
+            }
+        }
+    }
+
+    /// The estimate at `now`, if one holds.
+    pub fn get(&mut self, now: UnixTime) -> Option<u32> {
+        self.expire(now);
+        self.learned.map(|(m, _)| m)
+    }
+
+    fn expire(&mut self, now: UnixTime) {
+        let expiry = PMTU_EXPIRY_SECS * 1_000_000_000;
+        if self
+            .learned
+            .is_some_and(|(_, at)| now.as_nanos().saturating_sub(at.as_nanos()) >= expiry)
+        {
+            self.learned = None;
+        }
+    }
 }
 
 /// The outer (source, destination) of the packet an ICMPv6 error quotes, so the caller can find the
@@ -169,24 +367,27 @@ fn parse_error(error_packet: &[u8]) -> Result<Parsed<'_>, IcmpError> {
 /// `route`) into the error the local inner host must see, written into `out` as a whole IPv6 packet
 /// from `gateway` to `stream.local_true()`.
 /// The quoted packet is opened with the stream's static data key; with handshake keys use
-/// [`translate_path_error_sealed`].
+/// [`translate_path_error_sealed`]. It must be in `sent` (and is taken from it).
 pub fn translate_path_error(
     stream: &Stream,
     route: &Route,
+    sent: &SentLog,
     error_packet: &[u8],
     gateway: Ipv6Addr,
     out: &mut [u8],
 ) -> Result<Translated, IcmpError> {
-    translate_path_error_sealed(stream, None, route, error_packet, gateway, out)
+    translate_path_error_sealed(stream, None, route, sent, error_packet, gateway, out)
 }
 
 /// [`translate_path_error`] for a stream whose packets are sealed by `sealer` (a handshake key);
 /// `None` means the stream's static key. A quote sealed under another key (one just replaced by
 /// a rekey) fails with [`IcmpError::BadTag`].
+#[allow(clippy::too_many_arguments)]
 pub fn translate_path_error_sealed(
     stream: &Stream,
     sealer: Option<&Sealer>,
     route: &Route,
+    sent: &SentLog,
     error_packet: &[u8],
     gateway: Ipv6Addr,
     out: &mut [u8],
@@ -199,13 +400,46 @@ pub fn translate_path_error_sealed(
     {
         return Err(IcmpError::NotOurRoute);
     }
+    // MT6D's outer packets carry UDP right after the IPv6 header: both lengths agree.
+    if usize::from(quoted.payload_len()) != usize::from(udp.len()) {
+        return Err(IcmpError::Malformed(WireError::Malformed {
+            what: "quoted packet",
+            field: "length",
+        }));
+    }
     let mode = stream.mode();
     let present = udp.payload();
-    let full_len = usize::from(udp.len()) - UDP_HEADER_LEN; // new_checked_header: len >= 8.
-    let complete = present.len() == full_len;
-    if full_len < fixed_len(mode) || present.len() < INNER_HEADER_CARRIED {
+    let claimed = usize::from(udp.len()) - UDP_HEADER_LEN; // new_checked_header: len >= 8.
+    if claimed < fixed_len(mode) || present.len() < INNER_HEADER_CARRIED {
         return Err(IcmpError::QuoteTooShort);
     }
+    // RFC 8201 §4: below 1280 is discarded; and a router reports the MTU of the link the packet
+    // did not fit, so a value at or above the packet's own length is no such report.
+    let ptb_mtu = (icmp.msg_type() == Icmpv6Type::PacketTooBig).then(|| icmp.data());
+    let bogus = |mtu: u32, payload: usize| {
+        let quoted = IPV6_HEADER_LEN + UDP_HEADER_LEN + payload;
+        (mtu < MIN_MTU as u32 || usize::try_from(mtu).map_or(true, |m| m >= quoted))
+            .then_some(IcmpError::BogusMtu { mtu, quoted })
+    };
+    if let Some(e) = ptb_mtu.and_then(|m| bogus(m, claimed)) {
+        return Err(e);
+    }
+    // A truncated quote cannot be verified: it must be of a packet in the log, which also tells
+    // the datagram's own length when the quote is of an offload run (SentLog::take). A complete
+    // one is verified first and looked up last (below).
+    let (full_len, taken) = if present.len() >= claimed {
+        (claimed, false)
+    } else {
+        (sent.take(present, claimed).ok_or(IcmpError::NotSent)?, true)
+    };
+    if let Some(e) = ptb_mtu.and_then(|m| bogus(m, full_len)) {
+        return Err(e);
+    }
+    if full_len < fixed_len(mode) {
+        return Err(IcmpError::QuoteTooShort);
+    }
+    let present = &present[..present.len().min(full_len)];
+    let complete = present.len() == full_len;
     let body = out.get_mut(ERROR_HEADERS..).unwrap_or_default();
     let (inner_len, quote) = match (mode, complete) {
         (Mode::Plain, _) | (Mode::Auth, false) => {
@@ -264,6 +498,11 @@ pub fn translate_path_error_sealed(
             (IPV6_HEADER_LEN, Quote::HeaderOnly)
         }
     };
+    // A complete quote last, after its tag was verified: a forged quote must not use up the
+    // entry of a packet whose genuine error is still on its way.
+    if !taken && sent.take(present, full_len) != Some(full_len) {
+        return Err(IcmpError::NotSent);
+    }
     let quote_len = inner_len.min(MAX_QUOTE);
     let quote = if quote_len < inner_len && quote == Quote::Full {
         Quote::Truncated
@@ -437,21 +676,24 @@ mod tests {
     use crate::{AeadAlg, Epoch, UnixTime};
 
     const ROUTER: &str = "2001:db8:ffff::1";
+    const PTB: Icmpv6Type = Icmpv6Type::PacketTooBig;
     const GATEWAY: &str = "2001:db8:a::fe";
 
-    /// The outer packet A's gateway sends for `inner`, and the router's error about it quoting at
-    /// most `quote_max` bytes.
+    /// The outer packet A's gateway sends for `inner` (recorded in `sent`), and the router's
+    /// error about it quoting at most `quote_max` bytes.
     fn router_error(
         stream: &Stream,
         route: &Route,
+        sent: &SentLog,
         inner: &[u8],
         msg_type: Icmpv6Type,
         data: u32,
         quote_max: usize,
     ) -> Vec<u8> {
-        let sealer = stream.sealer(UnixTime::from_secs(1_700_000_000));
+        let sealer = stream.sealer(UnixTime::from_secs(1_700_000_000).as_nanos(), u64::MAX);
         let mut payload = [0u8; 2048];
         let n = sealer.seal(route, inner, &mut payload).unwrap();
+        sent.record(&payload[..n]);
         let mut udp_dgram = vec![0u8; 8 + n];
         udp_dgram[8..].copy_from_slice(&payload[..n]);
         let (s, d) = (*route.local.ip(), *route.remote.ip());
@@ -520,10 +762,12 @@ mod tests {
             let route = a.route(Epoch(9));
             let inner = tcp(addr(A), addr(B), &[7; 300]);
             for t in [Icmpv6Type::TimeExceeded, Icmpv6Type::DestinationUnreachable] {
-                let err = router_error(&a, &route, &inner, t, 0, 1232);
+                let sent = SentLog::new();
+                let err = router_error(&a, &route, &sent, &inner, t, 0, 1232);
                 assert_eq!(quoted_route(&err).unwrap(), (route.local, route.remote));
                 let mut out = [0u8; 1280];
-                let tr = translate_path_error(&a, &route, &err, addr(GATEWAY), &mut out).unwrap();
+                let tr =
+                    translate_path_error(&a, &route, &sent, &err, addr(GATEWAY), &mut out).unwrap();
                 assert_eq!(tr.quote, Quote::Full, "{mode}");
                 let icmp = check_output(&out[..tr.len], t);
                 assert_eq!(icmp.payload(), &inner[..], "{mode}");
@@ -538,12 +782,15 @@ mod tests {
             let (a, _) = pair(mode, AeadAlg::Aes256Gcm);
             let route = a.route(Epoch(9));
             let inner = udp(addr(A), addr(B), &[3; 1400]);
-            let err = router_error(&a, &route, &inner, Icmpv6Type::PacketTooBig, 1480, 1232);
+            let sent = SentLog::new();
+            // Below the outer packet's 1464 (plain) or 1488 bytes: a link it did not fit.
+            let err = router_error(&a, &route, &sent, &inner, PTB, 1450, 1232);
             let mut out = [0u8; 1280];
-            let tr = translate_path_error(&a, &route, &err, addr(GATEWAY), &mut out).unwrap();
+            let tr =
+                translate_path_error(&a, &route, &sent, &err, addr(GATEWAY), &mut out).unwrap();
             let icmp = check_output(&out[..tr.len], Icmpv6Type::PacketTooBig);
-            assert_eq!(icmp.data() as usize, 1480 - a.overhead());
-            assert_eq!(tr.path_mtu, Some(1480));
+            assert_eq!(icmp.data() as usize, 1450 - a.overhead());
+            assert_eq!(tr.path_mtu, Some(1450));
             let q = icmp.payload();
             assert_eq!(&q[8..40], &inner[8..40]);
             match mode {
@@ -564,8 +811,9 @@ mod tests {
                 }
             }
             // A low MTU is floored at 1280.
-            let err = router_error(&a, &route, &inner, Icmpv6Type::PacketTooBig, 1280, 1232);
-            let tr = translate_path_error(&a, &route, &err, addr(GATEWAY), &mut out).unwrap();
+            let err = router_error(&a, &route, &sent, &inner, PTB, 1280, 1232);
+            let tr =
+                translate_path_error(&a, &route, &sent, &err, addr(GATEWAY), &mut out).unwrap();
             assert_eq!(
                 check_output(&out[..tr.len], Icmpv6Type::PacketTooBig).data(),
                 1280
@@ -588,18 +836,26 @@ mod tests {
         let (a, _) = pair(Mode::Encrypt, AeadAlg::Aes256Gcm);
         let route = a.route(Epoch(9));
         let inner = tcp(addr(A), addr(B), b"x");
-        let err = router_error(&a, &route, &inner, Icmpv6Type::TimeExceeded, 0, 1232);
+        let sent = SentLog::new();
+        let err = router_error(&a, &route, &sent, &inner, Icmpv6Type::TimeExceeded, 0, 1232);
         let mut out = [0u8; 1280];
         // Other route.
         assert_eq!(
-            translate_path_error(&a, &a.route(Epoch(10)), &err, addr(GATEWAY), &mut out),
+            translate_path_error(
+                &a,
+                &a.route(Epoch(10)),
+                &sent,
+                &err,
+                addr(GATEWAY),
+                &mut out
+            ),
             Err(IcmpError::NotOurRoute)
         );
         // Bad checksum.
         let mut bad = err.clone();
         bad[42] ^= 1;
         assert_eq!(
-            translate_path_error(&a, &route, &bad, addr(GATEWAY), &mut out),
+            translate_path_error(&a, &route, &sent, &bad, addr(GATEWAY), &mut out),
             Err(IcmpError::BadChecksum)
         );
         // Tampered ciphertext with a fixed-up checksum.
@@ -611,20 +867,239 @@ mod tests {
             crate::wire::upper_layer_checksum(addr(ROUTER), *route.local.ip(), 58, &forged[40..]);
         forged[42..44].copy_from_slice(&c.to_be_bytes());
         assert_eq!(
-            translate_path_error(&a, &route, &forged, addr(GATEWAY), &mut out),
+            translate_path_error(&a, &route, &sent, &forged, addr(GATEWAY), &mut out),
             Err(IcmpError::BadTag)
         );
         // Truncated error packets never panic.
         for n in 0..err.len() {
-            let _ = translate_path_error(&a, &route, &err[..n], addr(GATEWAY), &mut out);
+            let _ = translate_path_error(&a, &route, &sent, &err[..n], addr(GATEWAY), &mut out);
             let _ = quoted_route(&err[..n]);
         }
         // Echo request is not an error.
         let echo = crate::testutil::echo(addr(ROUTER), *route.local.ip(), b"");
         assert_eq!(
-            translate_path_error(&a, &route, &echo, addr(GATEWAY), &mut out),
+            translate_path_error(&a, &route, &sent, &echo, addr(GATEWAY), &mut out),
             Err(IcmpError::NotAnError)
         );
+    }
+
+    /// Finding: a Packet Too Big reporting 65535 about a 1488-byte packet became one saying
+    /// 65495 to the host. An MTU not below the quoted packet's length, or below 1280, is no
+    /// report of a narrower link.
+    #[test]
+    fn packet_too_big_with_an_impossible_mtu_is_dropped() {
+        for mode in [Mode::Plain, Mode::Auth, Mode::Encrypt] {
+            let (a, _) = pair(mode, AeadAlg::Aes256Gcm);
+            let route = a.route(Epoch(9));
+            let inner = udp(addr(A), addr(B), &[3; 1400]);
+            let outer_len = inner.len() + a.overhead();
+            let mut out = [0u8; 1280];
+            for mtu in [65535, outer_len as u32, 1279, 0] {
+                let sent = SentLog::new();
+                let err = router_error(&a, &route, &sent, &inner, PTB, mtu, 1232);
+                assert_eq!(
+                    translate_path_error(&a, &route, &sent, &err, addr(GATEWAY), &mut out),
+                    Err(IcmpError::BogusMtu {
+                        mtu,
+                        quoted: outer_len
+                    }),
+                    "{mode} {mtu}"
+                );
+                // Refused before the log: the packet's genuine error still finds its entry.
+                let err = router_error(&a, &route, &sent, &inner, PTB, outer_len as u32 - 1, 1232);
+                let tr = translate_path_error(&a, &route, &sent, &err, addr(GATEWAY), &mut out);
+                assert!(tr.is_ok(), "{mode} {mtu}: {tr:?}");
+            }
+            // A small packet can draw no Packet Too Big at all: every link carries 1280.
+            let small = udp(addr(A), addr(B), &[3; 100]);
+            let sent = SentLog::new();
+            let err = router_error(&a, &route, &sent, &small, PTB, 1280, 1232);
+            assert!(matches!(
+                translate_path_error(&a, &route, &sent, &err, addr(GATEWAY), &mut out),
+                Err(IcmpError::BogusMtu { mtu: 1280, .. })
+            ));
+        }
+    }
+
+    /// Finding: errors about packets never sent, and the same error repeated, reached the host.
+    /// Only an error about a packet in the log is translated, once.
+    #[test]
+    fn errors_about_packets_not_sent_or_already_reported_are_dropped() {
+        for mode in [Mode::Plain, Mode::Auth, Mode::Encrypt] {
+            let (a, _) = pair(mode, AeadAlg::ChaCha20Poly1305);
+            let route = a.route(Epoch(9));
+            let mut out = [0u8; 1280];
+            for (inner, t, data) in [
+                (udp(addr(A), addr(B), &[3; 1400]), PTB, 1400), // truncated quote
+                (
+                    tcp(addr(A), addr(B), b"hello"),
+                    Icmpv6Type::DestinationUnreachable,
+                    0,
+                ), // complete
+            ] {
+                let nobody = SentLog::new();
+                let sent = SentLog::new();
+                let err = router_error(&a, &route, &sent, &inner, t, data, 1232);
+                assert_eq!(
+                    translate_path_error(&a, &route, &nobody, &err, addr(GATEWAY), &mut out),
+                    Err(IcmpError::NotSent),
+                    "{mode}: a packet never sent"
+                );
+                assert!(
+                    translate_path_error(&a, &route, &sent, &err, addr(GATEWAY), &mut out).is_ok()
+                );
+                for _ in 0..3 {
+                    assert_eq!(
+                        translate_path_error(&a, &route, &sent, &err, addr(GATEWAY), &mut out),
+                        Err(IcmpError::NotSent),
+                        "{mode}: repeated"
+                    );
+                }
+            }
+            // Another packet of the same size and route (the next counter, or other bytes in
+            // plain mode) is not the one that was sent.
+            let sent = SentLog::new();
+            let inner = udp(addr(A), addr(B), &[3; 1400]);
+            let err = router_error(&a, &route, &sent, &inner, PTB, 1400, 1232);
+            let mut other = err.clone();
+            other[48 + 40 + 8 + 7] ^= 1; // last byte of the counter; plain: inner hop limit
+            let c = crate::wire::upper_layer_checksum(addr(ROUTER), *route.local.ip(), 58, &{
+                let mut m = other[40..].to_vec();
+                m[2..4].copy_from_slice(&[0, 0]);
+                m
+            });
+            other[42..44].copy_from_slice(&c.to_be_bytes());
+            assert_eq!(
+                translate_path_error(&a, &route, &sent, &other, addr(GATEWAY), &mut out),
+                Err(IcmpError::NotSent),
+                "{mode}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_sent_log_keeps_large_packets_apart_from_small_ones_and_forgets_the_oldest() {
+        let log = SentLog::new();
+        let payload = |i: u64, len: usize| {
+            let mut p = vec![0u8; len];
+            p[..8].copy_from_slice(&i.to_be_bytes());
+            p
+        };
+        let big = payload(1, 1400);
+        log.record(&big);
+        // Many small packets after it: the large one is still there.
+        for i in 2..(2 + 4 * SENT_LOG_SLOTS as u64) {
+            log.record(&payload(i, 60));
+        }
+        assert_eq!(
+            log.take(&big[..1232 - 48], big.len()),
+            Some(1400),
+            "large survives small ones"
+        );
+        assert_eq!(log.take(&big, big.len()), None, "taken once");
+        // The oldest of a ring are forgotten; the newest SENT_LOG_SLOTS are kept.
+        for i in 0..(SENT_LOG_SLOTS as u64 + 10) {
+            log.record(&payload(1000 + i, 1400));
+        }
+        assert!(log.take(&payload(1000, 1400), 1400).is_none());
+        assert_eq!(log.take(&payload(1010, 1400), 1400), Some(1400));
+        let newest = payload(1000 + SENT_LOG_SLOTS as u64 + 9, 1400);
+        assert_eq!(log.take(&newest, 1400), Some(1400));
+        // Same bytes, shorter: not the same packet. A quote too short to fingerprint.
+        log.record(&payload(7, 1400));
+        assert_eq!(log.take(&payload(7, 1399), 1399), None);
+        assert_eq!(log.take(&payload(7, 1400)[..10], 1400), None);
+        assert_eq!(log.take(&[], 0), None);
+        assert_eq!(log.take(&payload(7, 1400), 1400), Some(1400));
+        // An offload run quoted whole (one UDP header for three datagrams of 1000 and 200):
+        // found by its first datagram, whose own length comes back.
+        log.record(&payload(20, 1000));
+        log.record(&payload(21, 1000));
+        log.record(&payload(22, 200));
+        assert_eq!(log.take(&payload(20, 1184), 2200), Some(1000));
+        assert_eq!(log.take(&payload(20, 1184), 2200), None);
+        // A run of small datagrams, quoted as one large packet: found in the small ring.
+        log.record(&payload(30, 600));
+        assert_eq!(log.take(&payload(30, 1184), 1800), Some(600));
+    }
+
+    /// A router that got one of our segmentation-offload runs unsegmented (veth does that) or
+    /// coalesced (GRO forwarding) quotes it whole: one UDP header whose length covers the run.
+    /// The Packet Too Big is believed (its first datagram was sent), the MTU is checked against
+    /// that datagram, and the restored header carries the datagram's own payload length.
+    #[test]
+    fn packet_too_big_about_an_offload_run_is_about_its_first_datagram() {
+        for mode in [Mode::Plain, Mode::Auth, Mode::Encrypt] {
+            let (a, _) = pair(mode, AeadAlg::Aes256Gcm);
+            let route = a.route(Epoch(9));
+            let inner = udp(addr(A), addr(B), &[3; 1400]);
+            let one = inner.len() + a.overhead(); // 1464 or 1488
+            let mut out = [0u8; 1280];
+            for (mtu, want) in [
+                (1450, Ok(1450 - a.overhead() as u32)),
+                (one as u32, Err(())), // below the run's length, not below the datagram's
+            ] {
+                let sent = SentLog::new();
+                let single = router_error(&a, &route, &sent, &inner, PTB, mtu, 1232);
+                // Claim a run of three datagrams in the quoted IPv6 and UDP lengths.
+                let mut run = single.clone();
+                let udp_len = 3 * (one - 40) - 2 * 8;
+                run[48 + 4..48 + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+                run[48 + 40 + 4..48 + 40 + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+                run[42..44].copy_from_slice(&[0, 0]);
+                let c = crate::wire::upper_layer_checksum(
+                    addr(ROUTER),
+                    *route.local.ip(),
+                    58,
+                    &run[40..],
+                );
+                run[42..44].copy_from_slice(&c.to_be_bytes());
+                let tr = translate_path_error(&a, &route, &sent, &run, addr(GATEWAY), &mut out);
+                match want {
+                    Ok(m) => {
+                        let tr = tr.unwrap_or_else(|e| panic!("{mode}: {e}"));
+                        let icmp = check_output(&out[..tr.len], PTB);
+                        assert_eq!(icmp.data(), m, "{mode}");
+                        assert_eq!(&icmp.payload()[4..6], &inner[4..6], "{mode}: own length");
+                    }
+                    Err(()) => assert!(
+                        matches!(tr, Err(IcmpError::BogusMtu { .. })),
+                        "{mode}: {tr:?}"
+                    ),
+                }
+            }
+        }
+    }
+
+    /// Finding: a truncated quote repeated every few minutes held the MTU at 1280 for ever,
+    /// because an equal value restarted the 10-minute timer. Only a lower value does now.
+    #[test]
+    fn path_mtu_goes_down_restarts_only_on_a_lower_value_and_ages_out() {
+        let t = |s: u64| UnixTime::from_secs(1_700_000_000 + s);
+        let mut p = PathMtu::default();
+        assert_eq!(p.get(t(0)), None);
+        assert!(p.on_packet_too_big(t(0), 1400));
+        assert!(!p.on_packet_too_big(t(1), 1450), "higher: ignored");
+        assert_eq!(p.get(t(1)), Some(1400));
+        // The same value every 5 minutes does not keep it.
+        assert!(!p.on_packet_too_big(t(300), 1400));
+        assert_eq!(p.get(t(599)), Some(1400));
+        assert_eq!(
+            p.get(t(600)),
+            None,
+            "aged out 10 minutes after it was learned"
+        );
+        assert!(
+            p.on_packet_too_big(t(601), 1400),
+            "learned again if still narrow"
+        );
+        // Lower: replaces and restarts the timer.
+        assert!(p.on_packet_too_big(t(700), 1300));
+        assert_eq!(p.get(t(1200)), Some(1300));
+        assert_eq!(p.get(t(1300)), None);
+        // Never below 1280.
+        assert!(p.on_packet_too_big(t(2000), 900));
+        assert_eq!(p.get(t(2000)), Some(1280));
     }
 
     #[test]

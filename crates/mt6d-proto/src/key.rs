@@ -3,10 +3,11 @@
 //! uses ever share a key (docs/PROTOCOL.md §2.3).
 
 use std::fmt;
+use std::net::Ipv6Addr;
 
 use zeroize::{Zeroize, Zeroizing};
 
-use crate::{AeadAlg, ProtoError};
+use crate::{AeadAlg, Mode, ProtoError};
 
 /// The pre-shared key of a stream (000 §2.5.1; 16..=64 bytes). Zeroized on drop, redacted in `Debug`.
 #[derive(Clone)]
@@ -45,12 +46,14 @@ pub(crate) mod context {
     pub const PORT: &str = "mt6d-proto 2025-01-01 port hopping key";
     pub const JITTER: &str = "mt6d-proto 2025-01-01 epoch jitter key";
     pub const NOTICE: &str = "mt6d-proto 2026-12-01 route move notice key";
-    pub const DATA_AES_ROLE0: &str = "mt6d-proto 2025-01-01 data key aes256-gcm sender role 0";
-    pub const DATA_AES_ROLE1: &str = "mt6d-proto 2025-01-01 data key aes256-gcm sender role 1";
-    pub const DATA_CHACHA_ROLE0: &str =
-        "mt6d-proto 2025-01-01 data key chacha20-poly1305 sender role 0";
-    pub const DATA_CHACHA_ROLE1: &str =
-        "mt6d-proto 2025-01-01 data key chacha20-poly1305 sender role 1";
+    /// Pre-shared data keys bind the whole stream direction (docs/PROTOCOL.md §2.3, §4.3): the
+    /// 2025 contexts derived them from (key, AEAD, role) only, so two streams sharing a key file
+    /// sealed under one key.
+    pub const STREAM_DATA_AES: &str = "mt6d-proto 2026-11-23 stream data key aes256-gcm";
+    pub const STREAM_DATA_CHACHA: &str = "mt6d-proto 2026-11-23 stream data key chacha20-poly1305";
+    /// Names the counter state file of a pre-shared stream direction (one-way: the file name says
+    /// nothing about the key).
+    pub const COUNTER_STATE_ID: &str = "mt6d-proto 2026-11-23 counter state id";
 }
 
 /// A 256-bit derived key, zeroized on drop, redacted in `Debug`.
@@ -79,15 +82,46 @@ impl fmt::Debug for Subkey {
     }
 }
 
-/// The data (AEAD) key used by the sender holding `sender_role` (0 or 1) with `alg`.
-pub(crate) fn data_key(key: &SessionKey, alg: AeadAlg, sender_role: u8) -> Subkey {
-    let ctx = match (alg, sender_role) {
-        (AeadAlg::Aes256Gcm, 0) => context::DATA_AES_ROLE0,
-        (AeadAlg::Aes256Gcm, _) => context::DATA_AES_ROLE1,
-        (AeadAlg::ChaCha20Poly1305, 0) => context::DATA_CHACHA_ROLE0,
-        (AeadAlg::ChaCha20Poly1305, _) => context::DATA_CHACHA_ROLE1,
+/// The pre-shared data (AEAD) key of one stream direction: the sender at `sender_true` (role
+/// `sender_role`, 0 or 1) sealing for `receiver_true` in `mode` with `alg` (docs/PROTOCOL.md §2.3):
+///
+/// ```text
+/// dataKey = BLAKE3-derive_key(ctx(alg), sessionKey || mode(1) || senderRole(1)
+///                                        || senderTrue(16) || receiverTrue(16))
+/// ```
+/// `mode` is 1 for auth, 2 for encrypt. The key is the only variable-length input and comes
+/// first; the 34 bytes after it are fixed, so the encoding is injective. Two `[[peer]]`s sharing a
+/// key file therefore never share a data key unless they are the same stream.
+pub(crate) fn data_key(
+    key: &SessionKey,
+    alg: AeadAlg,
+    mode: Mode,
+    sender_role: u8,
+    sender_true: Ipv6Addr,
+    receiver_true: Ipv6Addr,
+) -> Subkey {
+    let ctx = match alg {
+        AeadAlg::Aes256Gcm => context::STREAM_DATA_AES,
+        AeadAlg::ChaCha20Poly1305 => context::STREAM_DATA_CHACHA,
     };
-    Subkey::derive(ctx, key)
+    let mode = match mode {
+        Mode::Plain => 0u8,
+        Mode::Auth => 1,
+        Mode::Encrypt => 2,
+    };
+    let mut h = blake3::Hasher::new_derive_key(ctx);
+    h.update(key.as_bytes());
+    h.update(&[mode, sender_role]);
+    h.update(&sender_true.octets());
+    h.update(&receiver_true.octets());
+    Subkey(*h.finalize().as_bytes())
+}
+
+/// The name of the counter state file of the direction sealed with `data`: 16 hex digits of a
+/// one-way function of the data key (docs/PROTOCOL.md §4.3).
+pub(crate) fn counter_state_id(data: &Subkey) -> String {
+    let id = blake3::derive_key(context::COUNTER_STATE_ID, data.as_bytes());
+    id[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]
@@ -117,14 +151,25 @@ mod tests {
     #[test]
     fn subkeys_differ() {
         let k = SessionKey::from_bytes(&[7; 32]).unwrap();
+        let (a, b, c): (Ipv6Addr, Ipv6Addr, Ipv6Addr) = (
+            "2001:db8:a::1".parse().unwrap(),
+            "2001:db8:b::2".parse().unwrap(),
+            "2001:db8:c::3".parse().unwrap(),
+        );
+        let aes = AeadAlg::Aes256Gcm;
+        let chacha = AeadAlg::ChaCha20Poly1305;
         let all = [
             Subkey::derive(context::ADDRESS, &k),
             Subkey::derive(context::PORT, &k),
             Subkey::derive(context::JITTER, &k),
-            data_key(&k, AeadAlg::Aes256Gcm, 0),
-            data_key(&k, AeadAlg::Aes256Gcm, 1),
-            data_key(&k, AeadAlg::ChaCha20Poly1305, 0),
-            data_key(&k, AeadAlg::ChaCha20Poly1305, 1),
+            data_key(&k, aes, Mode::Encrypt, 0, a, b),
+            data_key(&k, aes, Mode::Encrypt, 1, b, a),
+            data_key(&k, chacha, Mode::Encrypt, 0, a, b),
+            data_key(&k, chacha, Mode::Encrypt, 1, b, a),
+            data_key(&k, aes, Mode::Auth, 0, a, b),
+            // One key file, two peers: A talks to B and to C under the same key and role. Before
+            // the stream was bound these two were the same key (issue: shared key files).
+            data_key(&k, aes, Mode::Encrypt, 0, a, c),
         ];
         for (i, a) in all.iter().enumerate() {
             for b in &all[i + 1..] {

@@ -12,6 +12,10 @@
 //!   [`UNICAST_PER_SECOND`] times a second (the rest wait for the next multicast). A solicitation
 //!   from the unspecified address is answered by a multicast after a random 0-500 ms.
 //! - Two multicast advertisements are at least [`MIN_MULTICAST_GAP_MS`] apart.
+//!
+//! On the external link the gateway only listens, and [`UpstreamRouters`] decides what an
+//! advertisement's MTU option is worth: only a default router's (router lifetime > 0, RFC 4861
+//! §6.3.4: a host takes parameters from the routers it uses), for as long as that lifetime.
 
 use std::net::Ipv6Addr;
 
@@ -131,6 +135,59 @@ impl RouterAdvertiser {
     }
 }
 
+/// Default routers tracked at once on the external link; a flood of advertisements from other
+/// sources does not grow the table (the soonest to expire makes room).
+pub const MAX_UPSTREAM_ROUTERS: usize = 4;
+
+/// The external link's default routers and the MTU each advertises (RFC 4861 §6.3.4).
+///
+/// An advertisement with router lifetime 0 comes from a router that is not a default router
+/// (or has stopped being one): its MTU option is not taken, and a lifetime 0 from a router in
+/// the table removes it. A default router's MTU holds for its router lifetime from the last
+/// advertisement, then lapses, as the router itself does for the hosts. MTU values below 1280
+/// are ignored (§6.3.4: hosts copy the option only if it is at least the IPv6 minimum).
+#[derive(Debug, Clone, Default)]
+pub struct UpstreamRouters {
+    routers: Vec<(Ipv6Addr, Option<u32>, UnixTime)>,
+}
+
+impl UpstreamRouters {
+    /// An advertisement (already validated: hop limit 255, link-local source) from `src` with
+    /// `lifetime` seconds and an MTU option `mtu`. True if the MTU it takes changed.
+    pub fn on_advertisement(
+        &mut self,
+        now: UnixTime,
+        src: Ipv6Addr,
+        lifetime_secs: u16,
+        mtu: Option<u32>,
+    ) -> bool {
+        let before = self.mtu(now);
+        self.routers.retain(|(a, _, _)| *a != src);
+        if lifetime_secs > 0 {
+            if self.routers.len() >= MAX_UPSTREAM_ROUTERS {
+                if let Some(i) = (0..self.routers.len()).min_by_key(|&i| self.routers[i].2) {
+                    self.routers.swap_remove(i);
+                }
+            }
+            let mtu = mtu.filter(|m| *m >= 1280);
+            self.routers
+                .push((src, mtu, after(now, u64::from(lifetime_secs) * 1_000)));
+        }
+        self.mtu(now) != before
+    }
+
+    /// The smallest MTU a default router advertises now, if any (expired routers are dropped).
+    pub fn mtu(&mut self, now: UnixTime) -> Option<u32> {
+        self.routers.retain(|(_, _, until)| *until > now);
+        self.routers.iter().filter_map(|(_, m, _)| *m).min()
+    }
+
+    /// The default routers heard and not expired.
+    pub fn count(&self) -> usize {
+        self.routers.len()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,6 +199,42 @@ mod tests {
     /// Every multicast sent between `from` and `to` ms, polling each ms.
     fn sends(a: &mut RouterAdvertiser, from: u64, to: u64) -> Vec<u64> {
         (from..to).filter(|&ms| a.poll(t(ms), ms as u32)).collect()
+    }
+
+    /// Finding: any link-local node could set the MTU, and it stuck. Only a default router's
+    /// MTU counts, and only for its lifetime.
+    #[test]
+    fn upstream_mtu_only_from_default_routers_and_only_for_their_lifetime() {
+        let r1: Ipv6Addr = "fe80::1".parse().unwrap();
+        let r2: Ipv6Addr = "fe80::2".parse().unwrap();
+        let node: Ipv6Addr = "fe80::bad".parse().unwrap();
+        let mut u = UpstreamRouters::default();
+        // Not a default router: nothing.
+        assert!(!u.on_advertisement(t(0), node, 0, Some(1300)));
+        assert_eq!(u.mtu(t(0)), None);
+        // A default router for 30 s.
+        assert!(u.on_advertisement(t(0), r1, 30, Some(1400)));
+        assert_eq!(u.mtu(t(29_999)), Some(1400));
+        assert_eq!(u.mtu(t(30_000)), None, "lapses with the router lifetime");
+        // Refreshed by each advertisement; the smallest of two routers counts.
+        u.on_advertisement(t(40_000), r1, 30, Some(1400));
+        u.on_advertisement(t(41_000), r2, 1800, Some(1380));
+        assert_eq!(u.mtu(t(42_000)), Some(1380));
+        // A router that says lifetime 0 is no longer one.
+        assert!(u.on_advertisement(t(43_000), r2, 0, Some(1380)));
+        assert_eq!(u.mtu(t(43_000)), Some(1400));
+        // No MTU option, or one below 1280: the router counts, its MTU does not.
+        u.on_advertisement(t(44_000), r2, 1800, Some(1000));
+        assert_eq!(u.mtu(t(44_000)), Some(1400));
+        u.on_advertisement(t(44_000), r1, 1800, None);
+        assert_eq!(u.mtu(t(44_000)), None);
+        // A flood of "default routers" keeps the table bounded.
+        for i in 0..100u16 {
+            let a = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 1, i);
+            u.on_advertisement(t(50_000), a, 10, Some(1300));
+        }
+        assert_eq!(u.count(), MAX_UPSTREAM_ROUTERS);
+        assert_eq!(u.mtu(t(60_000)), None, "and each lapses");
     }
 
     #[test]

@@ -63,9 +63,13 @@ impl Stream {
         // ms <= MAX_ROTATION_MS, which fits u64.
         let clock = EpochClock::new(u64::try_from(ms).unwrap_or(u64::MAX), jitter);
         let keys = AddressKeys::derive(&cfg.key);
+        let (low, high) = match role {
+            Role::Low => (cfg.local.true_addr, cfg.remote.true_addr),
+            Role::High => (cfg.remote.true_addr, cfg.local.true_addr),
+        };
         let data = [
-            data_key(&cfg.key, cfg.aead, 0),
-            data_key(&cfg.key, cfg.aead, 1),
+            data_key(&cfg.key, cfg.aead, cfg.mode, 0, low, high),
+            data_key(&cfg.key, cfg.aead, cfg.mode, 1, high, low),
         ];
         Ok(Stream {
             cfg,
@@ -174,15 +178,26 @@ impl Stream {
         }
     }
 
-    /// The sealer for this gateway's direction; its counter starts at `now` in nanoseconds.
-    pub fn sealer(&self, now: UnixTime) -> Sealer {
+    /// The sealer for this gateway's direction. Its counter starts at `first` and stops before
+    /// `reserved_until` until [`Sealer::reserve_until`] raises the limit: the caller persists the
+    /// limit before handing it over, so no restart can go below a counter already used
+    /// (docs/PROTOCOL.md §4.3). Plain mode has no counter and ignores both.
+    pub fn sealer(&self, first: u64, reserved_until: u64) -> Sealer {
         Sealer::new(
             self.cfg.mode,
             self.data_key(self.role),
-            now,
+            first,
+            reserved_until,
             self.cfg.local.true_addr,
             self.cfg.remote.true_addr,
         )
+    }
+
+    /// The name under which this gateway's send counter is persisted: 16 hex digits of a one-way
+    /// function of the send data key (distinct per stream direction, mode and AEAD; reveals
+    /// nothing about the key). docs/PROTOCOL.md §4.3.
+    pub fn counter_state_id(&self) -> String {
+        crate::key::counter_state_id(&self.data[self.role.byte() as usize])
     }
 
     /// The opener for the peer's direction, with an empty replay window.

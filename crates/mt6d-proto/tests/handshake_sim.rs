@@ -46,7 +46,8 @@ struct Gateway {
     hs: Handshake,
     stream: Stream,
     send: Option<Sealer>,
-    pending_send: Option<Sealer>,
+    /// Responder: the send key of each answered initiation, by the key id of its receive key.
+    pending_send: Vec<(u64, Sealer)>,
     recv: ReceiveKeys,
     delivered: Vec<u64>,
     drops: HashMap<&'static str, u64>,
@@ -84,7 +85,7 @@ impl Gateway {
             hs,
             stream,
             send: None,
-            pending_send: None,
+            pending_send: Vec::new(),
             recv: ReceiveKeys::new(),
             delivered: Vec::new(),
             drops: HashMap::new(),
@@ -121,12 +122,19 @@ struct Net {
     loss: f64,
     dup: f64,
     max_delay_ms: u64,
+    /// Every datagram takes at least this long (half the round trip).
+    min_delay_ms: u64,
+    /// A man-on-the-side without keys replays every handshake message it has seen, to both
+    /// gateways, each time a new one is sent.
+    replay_attack: bool,
 }
 
 const CLEAN: Net = Net {
     loss: 0.0,
     dup: 0.0,
     max_delay_ms: 0,
+    min_delay_ms: 0,
+    replay_attack: false,
 };
 
 struct Sim {
@@ -173,6 +181,9 @@ impl Sim {
     }
 
     fn transmit(&mut self, from_b: bool, route: Route, bytes: Vec<u8>) {
+        if is_handshake(&bytes) && self.net.replay_attack {
+            self.replay_everything(&route, from_b, &bytes);
+        }
         if is_handshake(&bytes) {
             self.handshakes_sent.push(Datagram {
                 src: route.local,
@@ -190,7 +201,9 @@ impl Sim {
             if self.rng.random_bool(self.net.loss) {
                 continue;
             }
-            let delay = self.rng.random_range(0..=self.net.max_delay_ms);
+            let delay = self.rng.random_range(
+                self.net.min_delay_ms..=self.net.max_delay_ms.max(self.net.min_delay_ms),
+            );
             self.seq += 1;
             self.in_flight.insert(
                 (self.now_ms + delay, self.seq),
@@ -201,6 +214,38 @@ impl Sim {
                     bytes: bytes.clone(),
                 },
             );
+        }
+    }
+
+    /// The attacker: this message (delivered at once, ahead of the genuine copy) and every
+    /// earlier one, to its own destination on its own route, and to both gateways on the route
+    /// of the current message in both directions.
+    fn replay_everything(&mut self, route: &Route, from_b: bool, bytes: &[u8]) {
+        let mut all: Vec<(SocketAddrV6, SocketAddrV6, bool, Vec<u8>)> = self
+            .handshakes_sent
+            .iter()
+            .rev()
+            .take(32)
+            .map(|d| (d.src, d.dst, d.to_b, d.bytes.clone()))
+            .collect();
+        all.push((route.local, route.remote, !from_b, bytes.to_vec()));
+        for (src, dst, to_b, msg) in all {
+            for (s, d, b) in [
+                (src, dst, to_b),
+                (route.local, route.remote, !from_b),
+                (route.remote, route.local, from_b),
+            ] {
+                self.seq += 1;
+                self.in_flight.insert(
+                    (self.now_ms + 1, self.seq),
+                    Datagram {
+                        src: s,
+                        dst: d,
+                        to_b: b,
+                        bytes: msg.clone(),
+                    },
+                );
+            }
         }
     }
 
@@ -266,14 +311,15 @@ impl Sim {
                 .handle(now, &route, &reply_route, &d.bytes, || Some(entropy))
             {
                 Ok(Outcome::Responded { reply, keys }) => {
+                    let id = keys.recv.key_id().unwrap();
                     g.recv.install(keys.recv, false, now);
-                    g.pending_send = Some(keys.send);
+                    g.pending_send.push((id, keys.send));
                     self.transmit(to_b, reply_route, reply.to_vec());
                 }
                 Ok(Outcome::Completed { keys, .. }) => {
                     g.recv.install(keys.recv, true, now);
                     g.send = Some(keys.send);
-                    g.pending_send = None;
+                    g.pending_send.clear();
                     let mut ka = [0u8; 64];
                     let sealer = g.send.as_ref().unwrap();
                     let n = sealer.seal_keepalive(&reply_route, &mut ka).unwrap();
@@ -293,9 +339,11 @@ impl Sim {
             Ok(opened) => {
                 if let Some(phase) = opened.confirmed {
                     if g.hs.confirm(now, phase) {
-                        if let Some(s) = g.pending_send.take() {
-                            g.send = Some(s);
+                        let id = opened.confirmed_key;
+                        if let Some(at) = g.pending_send.iter().position(|(k, _)| Some(*k) == id) {
+                            g.send = Some(g.pending_send.swap_remove(at).1);
                         }
+                        g.pending_send.clear();
                     }
                 }
                 if opened.len > 0 {
@@ -305,7 +353,7 @@ impl Sim {
             }
             Err(e) => {
                 if e == OpenError::NoKey {
-                    g.hs.want_handshake();
+                    g.hs.packet_for_empty_slot(now);
                 }
                 g.drop_reason(e.reason());
             }
@@ -343,6 +391,7 @@ fn handshake_completes_under_loss_reordering_and_duplication() {
             loss: 0.3,
             dup: 0.2,
             max_delay_ms: 40,
+            ..CLEAN
         };
         let mut sim = Sim::new(seed, net, Duration::from_secs(120));
         let mut waited = 0;
@@ -412,7 +461,7 @@ fn responder_sends_with_new_keys_only_after_confirmation() {
     let init = sim.in_flight.pop_first().unwrap().1;
     sim.deliver(init);
     assert!(
-        sim.b.pending_send.is_some(),
+        !sim.b.pending_send.is_empty(),
         "responder keeps the new send key pending"
     );
     assert!(sim.b.send.is_none(), "no send key before confirmation");
@@ -513,6 +562,7 @@ fn rekeying_during_a_packet_stream_loses_nothing() {
             loss: 0.0,
             dup: 0.05,
             max_delay_ms: 8,
+            ..CLEAN
         };
         let mut sim = Sim::new(100 + seed, net, Duration::from_secs(2));
         sim.run_ms(200);
@@ -629,4 +679,155 @@ fn bogus_initiations_are_rejected_by_the_mac_before_any_diffie_hellman() {
     assert!(sim.send_data(false, 1));
     sim.run_ms(1);
     assert_eq!(sim.b.delivered, vec![1]);
+}
+
+/// Issue findings 3 and 4: at 1 s and 2 s round trips (each longer than the first retry interval)
+/// with an attacker replaying every handshake message it saw, to the same route and others,
+/// handshakes complete, rekeys happen, data flows both ways without loss, and no replay earns a
+/// response (no Diffie-Hellman for the attacker).
+#[test]
+fn handshakes_complete_at_long_round_trips_under_a_replaying_attacker() {
+    for rtt in [1000u64, 2000] {
+        for seed in 0..3 {
+            let net = Net {
+                min_delay_ms: rtt / 2,
+                max_delay_ms: rtt / 2 + 30,
+                replay_attack: true,
+                ..CLEAN
+            };
+            let mut sim = Sim::new(40 + seed, net, Duration::from_secs(15));
+            let mut waited = 0;
+            while !sim.established() {
+                sim.run_ms(100);
+                waited += 100;
+                assert!(waited < 15_000, "rtt {rtt} seed {seed}: no keys after 15 s");
+            }
+            // 60 s of traffic, one packet each way every 20 ms: several rekeys at this round
+            // trip, under the attacker.
+            let n = 3_000u64;
+            for i in 0..n {
+                assert!(
+                    sim.send_data(false, i),
+                    "rtt {rtt} seed {seed}: A no key at {i}"
+                );
+                assert!(
+                    sim.send_data(true, i),
+                    "rtt {rtt} seed {seed}: B no key at {i}"
+                );
+                sim.run_ms(20);
+            }
+            sim.run_ms(rtt + 100);
+            let (a, b) = (sim.a.hs.stats().clone(), sim.b.hs.stats().clone());
+            assert!(
+                a.rekeys + b.rekeys >= 3,
+                "rtt {rtt} seed {seed}: {a:?} {b:?}"
+            );
+            for (name, g) in [("A", &sim.a), ("B", &sim.b)] {
+                let got: HashSet<u64> = g.delivered.iter().copied().collect();
+                assert_eq!(
+                    got.len() as u64,
+                    n,
+                    "rtt {rtt} seed {seed}: {name} lost packets: drops {:?}",
+                    g.drops
+                );
+            }
+            assert!(
+                a.failures_by_reason()
+                    .any(|(r, n)| r == "hs_replayed" && n > 10),
+                "the attacker was active: {a:?}"
+            );
+            // Every response answers a genuine initiation: replays cost no DH.
+            assert!(b.responses_sent <= a.initiations_sent, "{a:?} {b:?}");
+            assert!(a.responses_sent <= b.initiations_sent, "{a:?} {b:?}");
+        }
+    }
+}
+
+/// Issue finding 5: forged 32-byte packets naming the empty key slot, 100 a second for 20 s,
+/// start no handshake while a fresh confirmed key exists, and at most one per
+/// `EMPTY_SLOT_HOLDOFF` once the keys are older than the rekey interval.
+#[test]
+fn forged_empty_slot_packets_cause_no_handshake_storm() {
+    let mut sim = Sim::new(21, CLEAN, Duration::from_secs(120));
+    sim.run_ms(100);
+    assert!(sim.established());
+    let before = sim.a.hs.stats().initiations_sent + sim.b.hs.stats().initiations_sent;
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let forge = |sim: &mut Sim, rng: &mut ChaCha8Rng| {
+        let now = sim.now();
+        let route = sim.a.stream.schedule(now).send;
+        let mut p = [0u8; 32];
+        rng.fill(&mut p[..]);
+        // The phase bit of the slot B has no key in (B's confirmed key is phase 0).
+        p[0] = 0x40;
+        sim.in_flight.insert(
+            (sim.now_ms + 1, u64::MAX - sim.now_ms),
+            Datagram {
+                src: route.local,
+                dst: route.remote,
+                to_b: true,
+                bytes: p.to_vec(),
+            },
+        );
+    };
+    for _ in 0..2_000 {
+        forge(&mut sim, &mut rng);
+        sim.run_ms(10);
+    }
+    let after = sim.a.hs.stats().initiations_sent + sim.b.hs.stats().initiations_sent;
+    assert!(sim.b.drops.get("open_no_key").copied().unwrap_or(0) >= 1_900);
+    assert_eq!(after, before, "no handshake while the keys are fresh");
+    // Keys older than the rekey interval: B may ask, but at most once per hold-off.
+    let mut sim = Sim::new(22, CLEAN, Duration::from_secs(2));
+    sim.run_ms(100);
+    assert!(sim.established());
+    let start = sim.b.hs.stats().initiations_sent + sim.a.hs.stats().initiations_sent;
+    for _ in 0..2_000 {
+        forge(&mut sim, &mut rng);
+        sim.run_ms(10);
+    }
+    let made = sim.b.hs.stats().initiations_sent + sim.a.hs.stats().initiations_sent - start;
+    // Regular rekeys every ~2 s (10 in 20 s, and retries) plus at most 4 asked for by forgeries.
+    assert!(made <= 20, "{made} initiations in 20 s");
+}
+
+/// Issue finding 7: both gateways initiate at the same moment during a stream (a rekey race),
+/// many times over: not one packet is lost.
+#[test]
+fn a_rekey_race_loses_no_packet() {
+    for seed in 0..6 {
+        let net = Net {
+            max_delay_ms: 30,
+            ..CLEAN
+        };
+        let mut sim = Sim::new(60 + seed, net, Duration::from_secs(120));
+        sim.run_ms(200);
+        assert!(sim.established());
+        let mut seq = 0u64;
+        for race in 0..20 {
+            // Both timers decide to rekey in the same millisecond.
+            sim.a.hs.want_handshake();
+            sim.b.hs.want_handshake();
+            sim.tick(false);
+            sim.tick(true);
+            for _ in 0..150 {
+                assert!(sim.send_data(false, seq), "seed {seed} race {race}");
+                assert!(sim.send_data(true, seq), "seed {seed} race {race}");
+                seq += 1;
+                sim.run_ms(2);
+            }
+        }
+        sim.run_ms(100);
+        for (name, g) in [("A", &sim.a), ("B", &sim.b)] {
+            let got: HashSet<u64> = g.delivered.iter().copied().collect();
+            assert_eq!(
+                got.len() as u64,
+                seq,
+                "seed {seed}: {name} lost {} packets: drops {:?}",
+                seq - got.len() as u64,
+                g.drops
+            );
+        }
+        assert!(sim.a.hs.stats().rekeys + sim.b.hs.stats().rekeys >= 20);
+    }
 }

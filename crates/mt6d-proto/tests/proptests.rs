@@ -44,7 +44,7 @@ proptest! {
         let sb = Stream::new(c.mirrored()).unwrap();
         let inner = packet(a, b, head, &payload);
         let mut wire = vec![0u8; inner.len() + 64];
-        let n = sa.sealer(UnixTime::from_nanos(now)).seal(&sa.route(Epoch(epoch.into())), &inner, &mut wire).unwrap();
+        let n = sa.sealer(UnixTime::from_nanos(now).as_nanos(), u64::MAX).seal(&sa.route(Epoch(epoch.into())), &inner, &mut wire).unwrap();
         prop_assert_eq!(n + 48, inner.len() + sa.overhead());
         let mut out = vec![0u8; inner.len()];
         let m = sb.opener().open(&sb.route(Epoch(epoch.into())), &wire[..n], &mut out).unwrap();

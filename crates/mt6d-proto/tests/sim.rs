@@ -62,7 +62,7 @@ impl Pair {
         let now_ms = 1_700_000_000_000;
         let mk = |cfg: StreamConfig, skew| {
             let stream = Stream::new(cfg).unwrap();
-            let sealer = stream.sealer(clock(now_ms, skew));
+            let sealer = stream.sealer(clock(now_ms, skew).as_nanos(), u64::MAX);
             let opener = stream.opener();
             Peer {
                 stream,

@@ -19,6 +19,8 @@ fn high() -> Endpoint {
     Endpoint::new("2001:db8:b::2".parse().unwrap())
 }
 const EPOCH: Epoch = Epoch(170_000_000);
+/// A pre-shared sealer's first counter after one reserved block (docs/PROTOCOL.md §4.3).
+const COUNTER_START: u64 = 1 << 26;
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
@@ -71,6 +73,11 @@ fn print_vectors() {
         for mode in [Mode::Encrypt, Mode::Auth] {
             let (out, n) = seal_vector(mode, alg);
             println!("{mode} {alg} {}", hex(&out[..n]));
+            let mut c = StreamConfig::new(low(), high(), key());
+            c.mode = mode;
+            c.aead = alg;
+            let s = Stream::new(c).unwrap();
+            println!("{mode} {alg} counter state id {}", s.counter_state_id());
         }
     }
 }
@@ -89,7 +96,7 @@ fn seal_vector(mode: Mode, alg: AeadAlg) -> ([u8; 128], usize) {
     c.mode = mode;
     c.aead = alg;
     let s = Stream::new(c).unwrap();
-    let sealer = s.sealer(UnixTime::from_nanos(1_700_000_000_000_000_000));
+    let sealer = s.sealer(COUNTER_START, u64::MAX);
     let mut out = [0u8; 128];
     let n = sealer
         .seal(&s.route(EPOCH), &inner_packet(), &mut out)
@@ -207,22 +214,22 @@ fn sealed_payloads() {
         (
             Mode::Encrypt,
             AeadAlg::Aes256Gcm,
-            "17979cfe362a00003d1b37ff40e91e22160bd233a3c4fea6ce49d3cb36264bd4f6988d51",
+            "00000000040000000579d90f0586f65c41623dd498e91d6e956c9087334f32da563ae2d2",
         ),
         (
             Mode::Auth,
             AeadAlg::Aes256Gcm,
-            "17979cfe362a00006000000000043b406d743664ca0cb4fb76a2ce7f6edce2f890d82168",
+            "00000000040000006000000000043b406d7436649c57d10fe31fbeac2626ab38d94a8dae",
         ),
         (
             Mode::Encrypt,
             AeadAlg::ChaCha20Poly1305,
-            "17979cfe362a00009f05fddc812e1a73e9104db243e5f4b87eff0bc6942cf676663bcf8d",
+            "000000000400000096dc205be5f2c5a45d0b710bc69db1c4a8fb6ba4fcea9aba441538c0",
         ),
         (
             Mode::Auth,
             AeadAlg::ChaCha20Poly1305,
-            "17979cfe362a00006000000000043b406d7436646560c5b8e1c7f8172b23c868fd955804",
+            "00000000040000006000000000043b406d743664cc4c65fd6dd05a2692780473b8fdbed5",
         ),
     ];
     for (mode, alg, want) in cases {
@@ -231,4 +238,20 @@ fn sealed_payloads() {
     }
     let (out, n) = seal_vector(Mode::Plain, AeadAlg::Aes256Gcm);
     assert_eq!(hex(&out[..n]), "6000000000043b406d743664");
+}
+
+/// The counter state file names of §4.3 (role 0's direction).
+#[test]
+fn counter_state_ids() {
+    for (mode, alg, want) in [
+        (Mode::Encrypt, AeadAlg::Aes256Gcm, "e641bddfb55f5640"),
+        (Mode::Auth, AeadAlg::Aes256Gcm, "125344a79dd4867e"),
+        (Mode::Encrypt, AeadAlg::ChaCha20Poly1305, "0b7733f6b44f3f5e"),
+        (Mode::Auth, AeadAlg::ChaCha20Poly1305, "26aa7d5379103700"),
+    ] {
+        let mut c = StreamConfig::new(low(), high(), key());
+        c.mode = mode;
+        c.aead = alg;
+        assert_eq!(Stream::new(c).unwrap().counter_state_id(), want);
+    }
 }

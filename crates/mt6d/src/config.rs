@@ -74,7 +74,13 @@ pub struct GatewayConfig {
     /// `interface_down_exit_secs`: how long an interface may be down or missing before the
     /// daemon exits non-zero for a supervisor to restart it (default 30).
     pub interface_down_exit: std::time::Duration,
+    /// Where pre-shared auth/encrypt streams persist their send counter's high-water mark
+    /// (docs/PROTOCOL.md §4.3). Must survive reboots and not be restored from old copies.
+    pub state_dir: PathBuf,
 }
+
+/// Default `state_dir`.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/mt6d";
 
 /// Where the protected host is (000 §3.2 gateway mode; 001 §4 "integrated" configuration).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,8 +131,22 @@ pub enum Keying {
 
 /// Default rekey interval (thesis `regen_interval`; WireGuard rekeys every 120 s too).
 pub const DEFAULT_REKEY_SECS: u64 = 120;
-/// Default packet budget of one send key before a rekey.
-pub const DEFAULT_REKEY_PACKETS: u64 = 1 << 36;
+/// Default packet budget of one AES-256-GCM send key before a rekey: RFC 9001 §6.6's
+/// confidentiality limit for AES-GCM (2^23 packets of up to 2^16 bytes keeps the attacker's
+/// distinguishing advantage below 2^-57).
+pub const AES_GCM_REKEY_PACKETS: u64 = 1 << 23;
+/// Default packet budget of one ChaCha20-Poly1305 send key. RFC 9001 §6.6 puts its
+/// confidentiality limit above the 2^62 packets a key can number, so no security limit applies;
+/// 2^36 bounds how much traffic one key protects (forward secrecy granularity).
+pub const CHACHA_REKEY_PACKETS: u64 = 1 << 36;
+
+/// The packet budget limit (and default) of `alg`.
+pub fn rekey_packets_limit(alg: AeadAlg) -> u64 {
+    match alg {
+        AeadAlg::Aes256Gcm => AES_GCM_REKEY_PACKETS,
+        AeadAlg::ChaCha20Poly1305 => CHACHA_REKEY_PACKETS,
+    }
+}
 
 impl PeerConfig {
     /// Builds the protocol state for this peer. Cannot fail for a config that [`Config::parse`]
@@ -165,6 +185,7 @@ struct RawGateway {
     router_advertisements: Option<Spanned<bool>>,
     log_level: Option<Spanned<String>>,
     interface_down_exit_secs: Option<Spanned<f64>>,
+    state_dir: Option<Spanned<String>>,
 }
 
 /// Settings that `[gateway]` gives for every peer and a `[[peer]]` may override. (Listed in
@@ -233,7 +254,18 @@ impl Config {
             path: path.to_path_buf(),
             source,
         })?;
-        Config::parse(path, &text)
+        use std::os::unix::fs::PermissionsExt;
+        let config = Config::parse(path, &text)?;
+        let mode = std::fs::metadata(path)
+            .map_err(|source| ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?
+            .permissions()
+            .mode()
+            & 0o777;
+        refuse_readable_inline_secrets(path, &text, mode)?;
+        Ok(config)
     }
 
     /// Validates configuration text; `path` names the file in errors and anchors relative
@@ -364,13 +396,26 @@ impl Config {
             })
             .transpose()?;
         let rekey_after = seconds(&src, &gw.rekey_secs, "rekey_secs", DEFAULT_REKEY_SECS)?;
-        let rekey_after_packets = match &gw.rekey_packets {
-            None => DEFAULT_REKEY_PACKETS,
-            Some(v) => u64::try_from(*v.get_ref())
-                .ok()
-                .filter(|n| (1000..=1 << 60).contains(n))
-                .ok_or_else(|| src.err(v, "rekey_packets out of range (1000 to 2^60)"))?,
+        let rekey_packets = match &gw.rekey_packets {
+            None => None,
+            Some(v) => Some(
+                u64::try_from(*v.get_ref())
+                    .ok()
+                    .filter(|n| (1000..=CHACHA_REKEY_PACKETS).contains(n))
+                    .ok_or_else(|| src.err(v, "rekey_packets out of range (1000 to 2^36)"))?,
+            ),
         };
+        let state_dir = match &gw.state_dir {
+            Some(d) if d.get_ref().is_empty() => {
+                return Err(src.err(d, "state_dir is empty"));
+            }
+            Some(d) => relative_to(path, d.get_ref()),
+            None => PathBuf::from(DEFAULT_STATE_DIR),
+        };
+        // Pre-shared keys already used, with the true addresses of their streams: a key may serve
+        // several streams only if no true address is shared (docs/PROTOCOL.md §4.3).
+        let mut pre_shared: Vec<(zeroize::Zeroizing<Vec<u8>>, Ipv6Addr, Ipv6Addr, String)> =
+            Vec::new();
 
         if raw.peers.is_empty() {
             return Err(ConfigError::File {
@@ -434,7 +479,27 @@ impl Config {
                             "preshared_key_file adds to a handshake: it needs public_key (with key/key_file the pre-shared session key is used directly)",
                         ));
                     }
-                    (peer_key(&src, peer)?, Keying::PreShared)
+                    let key = peer_key(&src, peer)?;
+                    for (k, l, r, other) in &pre_shared {
+                        let shared = [*l, *r]
+                            .into_iter()
+                            .find(|a| *a == local_true || *a == remote_true);
+                        if k[..] == *key.as_bytes() {
+                            if let Some(a) = shared {
+                                return Err(src.err(
+                                    p.key.as_ref().or(p.key_file.as_ref()).unwrap_or(&p.name),
+                                    format!("peer {name:?} uses the same pre-shared key as peer {other:?} and both streams carry {a}: their hashed addresses and ports for {a} would be the same in every epoch, linking the two conversations; give each peer its own key (`mt6d genpsk`)"),
+                                ));
+                            }
+                        }
+                    }
+                    pre_shared.push((
+                        zeroize::Zeroizing::new(key.as_bytes().to_vec()),
+                        local_true,
+                        remote_true,
+                        name.clone(),
+                    ));
+                    (key, Keying::PreShared)
                 }
                 Some(public) => {
                     if let Some(k) = p.key.as_ref().or(p.key_file.as_ref()) {
@@ -471,6 +536,17 @@ impl Config {
                     };
                     let key = link_key(private, &remote_public, &psk)
                         .map_err(|e| src.err(public, format!("peer {name:?}: {e}")))?;
+                    let limit = rekey_packets_limit(aead);
+                    let rekey_after_packets = match (&gw.rekey_packets, rekey_packets) {
+                        (Some(v), Some(n)) if n > limit => {
+                            return Err(src.err(
+                                v,
+                                format!("rekey_packets {n} is beyond the {aead} limit of {limit} packets per key (RFC 9001 §6.6) used by peer {name:?}"),
+                            ))
+                        }
+                        (_, Some(n)) => n,
+                        (_, None) => limit,
+                    };
                     let hs = HandshakeConfig {
                         local_private: private.clone(),
                         remote_public,
@@ -548,6 +624,7 @@ impl Config {
                 router_advertisements,
                 log_level,
                 interface_down_exit,
+                state_dir,
             },
             peers,
         })
@@ -736,6 +813,31 @@ fn relative_to(config: &Path, file: &str) -> PathBuf {
     }
 }
 
+/// Secrets written into the config itself (a peer's `key = "..."`) are refused when group or
+/// others can read the file (`mode` & 0o077), as key files are ([`keys::read_secret_file`]);
+/// the error points at the first such key, file:line:column.
+fn refuse_readable_inline_secrets(path: &Path, text: &str, mode: u32) -> Result<(), ConfigError> {
+    if mode & 0o077 == 0 {
+        return Ok(());
+    }
+    let src = Source { path, text };
+    // The text already parsed once (Config::parse); a failure here cannot happen.
+    let Ok(raw) = toml::from_str::<RawConfig>(text) else {
+        return Ok(());
+    };
+    match raw.peers.iter().find_map(|p| p.get_ref().key.as_ref()) {
+        Some(key) => Err(src.err(
+            key,
+            format!(
+                "a secret key is written in a file group or others can read (mode {mode:03o}); \
+                 run: chmod 600 {}, or move the key to a key_file with mode 0600",
+                path.display()
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 fn peer_key(src: &Source, peer: &Spanned<RawPeer>) -> Result<SessionKey, ConfigError> {
     let p = peer.get_ref();
     let (text, at) = match (&p.key, &p.key_file) {
@@ -917,9 +1019,10 @@ key = "{KEY}"
             err.contains("no internal link to send Router Advertisements"),
             "{err}"
         );
-        // A second peer for another remote host shares the local address.
+        // A second peer for another remote host shares the local address (with its own key:
+        // one key for both would give both streams the same hashed address).
         let second = "\n[[peer]]\nname = \"c\"\nlocal_host = \"2001:db8:1::a\"\nremote_host = \"2001:db8:1::c\"\nkey = \"KEY\"\n"
-            .replace("KEY", KEY);
+            .replace("KEY", "EBESExQVFhcYGRobHB0eHyAhIiMkJSYnKCkqKywtLi8=");
         assert_eq!(
             parse(&(host.clone() + &second))
                 .expect("two peers")
@@ -1045,6 +1148,72 @@ key = "{KEY}"
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 
+    /// Issue finding 1: two peers sharing a key file shared a data key. Data keys now bind the
+    /// stream; a key is refused only where its streams share a true address (their hashed
+    /// addresses and ports for that address would be the same).
+    #[test]
+    fn a_pre_shared_key_shared_by_streams_with_a_common_address_is_refused() {
+        let second = |local: &str, remote: &str| {
+            format!("\n[[peer]]\nname = \"site-c\"\nlocal_host = \"{local}\"\nremote_host = \"{remote}\"\nkey = \"{KEY}\"\n")
+        };
+        let e = parse(&(example() + &second("2001:db8:1::a", "2001:db8:1::c")))
+            .expect_err("same key, same local host")
+            .to_string();
+        assert!(
+            e.contains("gw.toml:17:") && e.contains("site-b") && e.contains("2001:db8:1::a"),
+            "{e}"
+        );
+        assert!(parse(&(example() + &second("2001:db8:2::a", "2001:db8:2::c"))).is_ok());
+        let other_key = second("2001:db8:1::a", "2001:db8:1::c")
+            .replace(KEY, "EBESExQVFhcYGRobHB0eHyAhIiMkJSYnKCkqKywtLi8=");
+        assert!(parse(&(example() + &other_key)).is_ok());
+        let cfg = parse(&example()).expect("must succeed");
+        assert_eq!(cfg.gateway.state_dir, PathBuf::from("/var/lib/mt6d"));
+        let cfg = parse(&example().replace(
+            "rotation_secs = 1\n",
+            "rotation_secs = 1\nstate_dir = \"state\"\n",
+        ))
+        .expect("must succeed");
+        assert_eq!(cfg.gateway.state_dir, PathBuf::from("/etc/mt6d/state"));
+    }
+
+    /// Issue finding 7: the default packet budget stays within the AEAD's limit (RFC 9001 §6.6).
+    #[test]
+    fn rekey_packets_defaults_to_the_aead_limit() {
+        let dir = std::env::temp_dir().join(format!("mt6d-rp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("tmp dir");
+        let key = dir.join("gw.key");
+        std::fs::write(&key, KEY).expect("write key");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let text = example()
+            .replace(
+                &format!("key = \"{KEY}\""),
+                "public_key = \"20glfhI3l2p0rYz+3KACE0CP6JrGJR8bkwJF8kK1wxo=\"",
+            )
+            .replace(
+                "rotation_secs = 1\n",
+                "rotation_secs = 1\nprivate_key_file = \"gw.key\"\n",
+            );
+        let at = |text: &str| Config::parse(&dir.join("gw.toml"), text);
+        let budget = |cfg: Config| match &cfg.peers[0].keying {
+            Keying::Handshake(h) => h.rekey_after_packets,
+            Keying::PreShared => unreachable!("handshake config"),
+        };
+        assert_eq!(budget(at(&text).expect("must succeed")), 1 << 23);
+        let chacha = text.replace(
+            "rotation_secs = 1\n",
+            "rotation_secs = 1\naead = \"chacha20-poly1305\"\n",
+        );
+        assert_eq!(budget(at(&chacha).expect("must succeed")), 1 << 36);
+        let big = text.replace(
+            "rotation_secs = 1\n",
+            "rotation_secs = 1\nrekey_packets = 16777216\n",
+        );
+        let e = at(&big).expect_err("beyond AES-GCM's limit").to_string();
+        assert!(e.contains("RFC 9001"), "{e}");
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
     #[test]
     fn shipped_examples_parse() {
         let dir = std::env::temp_dir().join(format!("mt6d-examples-{}", std::process::id()));
@@ -1083,5 +1252,40 @@ key = "{KEY}"
             assert_eq!(cfg.gateway.is_host(), name.starts_with("host"), "{name}");
         }
         std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    /// An inline `key = "..."` in a config others can read is refused as a 0644 key file is,
+    /// pointing at the key; at 0600 it loads, and a 0644 config without inline secrets too.
+    #[test]
+    fn inline_secrets_in_a_readable_config_are_refused() {
+        let dir = std::env::temp_dir().join(format!("mt6d-inline-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("gw.toml");
+        let text = example();
+        std::fs::write(&path, &text).expect("write");
+        for mode in [0o644, 0o640, 0o604] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            let e = Config::load(&path)
+                .expect_err("readable inline key")
+                .to_string();
+            let at = text.find("key = ").expect("key in example");
+            let line = text[..at].matches('\n').count() + 1;
+            let expect = format!("{}:{line}:7:", path.display());
+            assert!(e.starts_with(&expect), "{e} (want {expect})");
+            assert!(e.contains(&format!("chmod 600 {}", path.display())), "{e}");
+            assert!(e.contains(&format!("mode {mode:03o}")), "{e}");
+        }
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        Config::load(&path).expect("0600 config with an inline key");
+        let key_file = dir.join("peer.key");
+        crate::keys::write_secret_file(&key_file, KEY).expect("key file");
+        let text = text.replace(
+            &format!("key = \"{KEY}\""),
+            &format!("key_file = \"{}\"", key_file.display()),
+        );
+        std::fs::write(&path, &text).expect("write");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        Config::load(&path).expect("0644 config whose key is in a 0600 file");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

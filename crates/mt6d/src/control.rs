@@ -104,6 +104,10 @@ pub struct PathStatus {
     /// Router discovery on the internal and external links (docs/PROTOCOL.md §5.3).
     #[serde(default)]
     pub router: RouterStatus,
+    /// Per peer: the largest inner packet its path carries now (the tunnel MTU, or lower while
+    /// a Packet Too Big about that peer's packets holds; docs/PROTOCOL.md §5 "Path MTU").
+    #[serde(default)]
+    pub peer_mtu: std::collections::BTreeMap<String, u32>,
 }
 
 /// Router Advertisements to the protected hosts and what the external link's router said.
@@ -438,6 +442,15 @@ pub fn render(status: &Status) -> String {
         listed(&path.icmp_dropped),
         path.neighbor_solicitations
     );
+    let narrower: Vec<String> = path
+        .peer_mtu
+        .iter()
+        .filter(|(_, m)| **m < path.tunnel_mtu)
+        .map(|(p, m)| format!("{p} {m}"))
+        .collect();
+    if !narrower.is_empty() {
+        let _ = writeln!(s, "path MTU below the tunnel MTU: {}", narrower.join(", "));
+    }
     let r = &path.router;
     if r.enabled {
         let upstream = match r.upstream_mtu {

@@ -7,3 +7,4 @@ pub mod control;
 pub mod gateway;
 pub mod keys;
 pub mod lab;
+pub mod privilege;

@@ -30,7 +30,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run the gateway daemon with a configuration file (root).
+    /// Run the gateway daemon with a configuration file (root, or a user with CAP_NET_ADMIN and
+    /// CAP_NET_RAW).
     ///
     /// Stops cleanly on SIGTERM, SIGINT, SIGQUIT, SIGXCPU or SIGPWR, removing every address,
     /// route, neighbour entry and device it created and restoring the sysctls it changed.

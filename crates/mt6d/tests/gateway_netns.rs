@@ -556,8 +556,9 @@ fn collect_errors(duration: Duration) -> Vec<HostError> {
 }
 
 /// Runs in the router: captures one tunnel packet Gateway A sent (IPv6 from its hashed /64,
-/// UDP) on the router's link to A, and returns it from the IPv6 header on.
-fn capture_outer_from_a() -> Vec<u8> {
+/// UDP) of at least `min_len` bytes on the router's link to A, and returns it from the IPv6
+/// header on.
+fn capture_outer_from_a(min_len: usize) -> Vec<u8> {
     let cap = PacketCapture::open(ROUTER_IF_A, 4096, Duration::from_millis(100)).expect("capture");
     let mut buf = vec![0u8; 4096];
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -565,6 +566,7 @@ fn capture_outer_from_a() -> Vec<u8> {
         if let Some(f) = cap.recv(&mut buf).expect("capture") {
             let frame = &buf[..f.captured];
             if f.captured == f.wire_len
+                && f.captured >= 14 + min_len
                 && is_udp6(frame)
                 && frame[22..30] == [0x20, 0x01, 0x0d, 0xb8, 0, 0x0a, 0, 0]
                 && frame[22..38] != "2001:db8:a::2".parse::<Ipv6Addr>().expect("a").octets()
@@ -576,11 +578,13 @@ fn capture_outer_from_a() -> Vec<u8> {
     panic!("no tunnel packet from gateway A seen on the router");
 }
 
-/// In the routed lab: Host A pings Host B `pings` times (every 100 ms) while it collects ICMPv6
-/// errors for `listen_secs`; the router captures one of Gateway A's tunnel packets, sends each
-/// `(type, code, data)` of `crafted` about it, then routes Gateway B's hashed /64 nowhere and
-/// lets three more pings draw its kernel's own Destination Unreachable. Returns the captured
-/// outer packet and what Host A received.
+/// In the routed lab: Host A pings Host B `pings` times (every 100 ms), and sends it 1400-byte
+/// UDP datagrams as often, while it collects ICMPv6 errors for `listen_secs`; for each
+/// `(type, code, data)` of `crafted` the router captures a fresh one of Gateway A's tunnel
+/// packets and sends that error about it (a router drops a packet once, so it reports it once;
+/// a Packet Too Big is about a packet larger than its MTU), then routes Gateway B's hashed /64
+/// nowhere and lets three more pings draw its kernel's own Destination Unreachable. Returns the
+/// first captured outer packet and what Host A received.
 fn router_errors_during_pings(
     lab: &Lab,
     listen_secs: u64,
@@ -589,7 +593,24 @@ fn router_errors_during_pings(
 ) -> (Vec<u8>, Vec<HostError>) {
     let router = &lab.routers[0];
     let router_addr: Ipv6Addr = "2001:db8:a::1".parse().expect("addr");
+    // Host B takes the datagrams in (a closed port would answer with errors of its own).
+    let sink = lab
+        .host_b
+        .run(|| std::net::UdpSocket::bind((HOST_B, 9)))
+        .expect("enter B")
+        .expect("bind sink");
     std::thread::scope(|s| {
+        s.spawn(|| {
+            lab.host_a
+                .run(|| {
+                    let sock = std::net::UdpSocket::bind((HOST_A, 0)).expect("bind");
+                    for _ in 0..pings {
+                        let _ = sock.send_to(&[0x5a; 1400], (HOST_B, 9));
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                })
+                .expect("enter A")
+        });
         let listener = s.spawn(|| {
             lab.host_a
                 .run(|| collect_errors(Duration::from_secs(listen_secs)))
@@ -610,20 +631,24 @@ fn router_errors_during_pings(
                 .expect("enter A")
                 .expect("ping")
         });
-        let outer = router.run(capture_outer_from_a).expect("enter router");
-        router
+        let outer = router
             .run(|| {
                 let sock = mt6d_os::Icmp6Socket::open().expect("socket");
                 sock.set_filter_pass_only(&[]).expect("filter");
-                let dst = Ipv6Addr::from(<[u8; 16]>::try_from(&outer[8..24]).expect("16"));
+                let mut first = None;
                 for &(t, code, data) in crafted {
+                    let min_len = if t == 2 { data as usize + 1 } else { 0 };
+                    let outer = capture_outer_from_a(min_len);
+                    let dst = Ipv6Addr::from(<[u8; 16]>::try_from(&outer[8..24]).expect("16"));
                     let mut msg = vec![t, code, 0, 0];
                     msg.extend_from_slice(&data.to_be_bytes());
                     msg.extend_from_slice(&outer[..outer.len().min(1232)]);
                     sock.send_to(&msg, dst, Some(router_addr))
                         .expect("send error");
+                    first.get_or_insert(outer);
                     std::thread::sleep(Duration::from_millis(200));
                 }
+                first.expect("at least one crafted error")
             })
             .expect("enter router");
         pinger.join().expect("pinger");
@@ -648,7 +673,9 @@ fn router_errors_during_pings(
                 Duration::from_millis(300),
             )
         });
-        (outer, listener.join().expect("listener"))
+        let errors = listener.join().expect("listener");
+        drop(sink);
+        (outer, errors)
     })
 }
 
@@ -712,7 +739,14 @@ fn icmp_errors_from_a_router_reach_the_sender_with_true_addresses_only() {
         "{:?}",
         st.path
     );
-    assert_eq!(st.path.tunnel_mtu, 1400 - 40, "tunnel MTU follows the path");
+    // The peer's path MTU follows; the TUN device keeps the link MTU (other peers' paths).
+    assert_eq!(
+        st.path.peer_mtu.values().copied().collect::<Vec<_>>(),
+        vec![1400 - 40],
+        "path MTU follows the path: {:?}",
+        st.path
+    );
+    assert_eq!(st.path.tunnel_mtu, st.path.base_mtu, "{:?}", st.path);
 }
 
 /// The VXLAN hop in the middle is narrower (1450) than the gateways' links (1500), and the
@@ -756,7 +790,12 @@ fn tcp_over_a_narrower_tunneled_path_discovers_the_path_mtu() {
         tcp.bytes
     );
     let st = status(&running, Side::A);
-    assert_eq!(st.path.tunnel_mtu, TUNNEL_MTU - 40, "{:?}", st.path);
+    assert_eq!(
+        st.path.peer_mtu.values().copied().collect::<Vec<_>>(),
+        vec![TUNNEL_MTU - 40],
+        "{:?}",
+        st.path
+    );
     assert!(
         st.path.icmp_translated["packet_too_big"] >= 1,
         "{:?}",
@@ -1222,7 +1261,8 @@ fn handshake_flood(duration: Duration) -> (u64, u64) {
     while Instant::now() < end && sent < 200_000 {
         let mut f = template[..62].to_vec();
         f.extend_from_slice(&[0x81, 0, 0, 0]);
-        f.extend((0..121).map(|_| next() as u8));
+        // Index, Noise message and mac: random (docs/PROTOCOL.md §9.3 layout).
+        f.extend((0..mt6d_proto::handshake::INITIATION_LEN - 4).map(|_| next() as u8));
         set_lengths(&mut f);
         inject(&cap, &f);
         sent += 1;
@@ -1416,7 +1456,12 @@ fn host_mode_delivers_path_errors_to_its_own_stack() {
         "{:?}",
         st.path
     );
-    assert_eq!(st.path.tunnel_mtu, 1400 - 40, "tunnel MTU follows the path");
+    assert_eq!(
+        st.path.peer_mtu.values().copied().collect::<Vec<_>>(),
+        vec![1400 - 40],
+        "path MTU follows the path: {:?}",
+        st.path
+    );
 }
 
 /// The IPv6 MTU Host A uses on its link (what Router Advertisements set).
@@ -1564,13 +1609,11 @@ fn router_advertisements_tell_hosts_the_tunnel_mtu_and_leak_nothing() {
             let mut nl = mt6d_os::Netlink::open().expect("netlink");
             let i = nl.link_index(ROUTER_IF_A).expect("router if");
             let mac = nl.link_mac(i).expect("mac").expect("Ethernet");
-            s.send_via(
-                &router_advertisement(mac, 1400),
-                Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1),
-                None,
-                i,
-            )
-            .expect("send RA");
+            // A default router (lifetime 1800 s): only those set the MTU.
+            let mut ra = router_advertisement(mac, 1400);
+            ra[6..8].copy_from_slice(&1800u16.to_be_bytes());
+            s.send_via(&ra, Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1), None, i)
+                .expect("send RA");
         })
         .expect("enter router");
     let lowered = base - 100;

@@ -2,11 +2,15 @@
 //! length is verified before a field is read.
 //!
 //! ```text
-//! initiation: 0x81 | 00 00 00 | Noise IK message 1 (105) | mac (16)   = 125 bytes
-//! response:   0x82 | 00 00 00 | Noise IK message 2 (49)  | mac (16)   =  69 bytes
+//! initiation: 0x81 | 00 00 00 | index (4) | Noise IK message 1 (105) | mac (16)   = 129 bytes
+//! response:   0x82 | 00 00 00 | index (4) | Noise IK message 2 (49)  | mac (16)   =  73 bytes
 //! mac = BLAKE3-keyed(macKey, outerSrc(16) || outerDst(16) || srcPort(2) || dstPort(2)
 //!                            || message[0 .. len-16])[0..16]
 //! ```
+//! `index` (big-endian) is the initiator's name for its attempt; the response echoes it, so the
+//! initiator finds the attempt it answers before any Diffie-Hellman (WireGuard's sender/receiver
+//! index, docs/PROTOCOL.md §9.3). The type byte stays first and the mac last, so a mask over the
+//! first bytes sampled from the last 16 can be laid over every message.
 
 use std::net::SocketAddrV6;
 
@@ -19,7 +23,11 @@ pub const TYPE_INITIATION: u8 = 0x81;
 /// Type byte of a response.
 pub const TYPE_RESPONSE: u8 = 0x82;
 /// Type byte and three reserved zero bytes.
-pub const HEADER_LEN: usize = 4;
+pub const TYPE_LEN: usize = 4;
+/// Bytes of the attempt index.
+pub const INDEX_LEN: usize = 4;
+/// Type, reserved bytes and index.
+pub const HEADER_LEN: usize = TYPE_LEN + INDEX_LEN;
 /// Bytes of the MAC.
 pub const MAC_LEN: usize = 16;
 /// Noise IK message 1 with a 9-byte payload: e (32) + encrypted s (32 + 16) + payload (9 + 16).
@@ -65,7 +73,7 @@ impl<'a> Message<'a> {
             Some(&TYPE_RESPONSE) => (Kind::Response, RESPONSE_LEN),
             _ => return Err(HandshakeError::UnknownType),
         };
-        if bytes.len() != len || bytes[1..HEADER_LEN] != [0, 0, 0] {
+        if bytes.len() != len || bytes[1..TYPE_LEN] != [0, 0, 0] {
             return Err(HandshakeError::BadLength);
         }
         Ok(Message { kind, bytes })
@@ -73,6 +81,12 @@ impl<'a> Message<'a> {
     /// The message type.
     pub fn kind(&self) -> Kind {
         self.kind
+    }
+    /// The attempt index: the initiator's for an initiation, echoed by a response.
+    pub fn index(&self) -> u32 {
+        let mut b = [0u8; INDEX_LEN];
+        b.copy_from_slice(&self.bytes[TYPE_LEN..HEADER_LEN]);
+        u32::from_be_bytes(b)
     }
     /// The Noise message.
     pub fn noise(&self) -> &'a [u8] {
@@ -117,10 +131,11 @@ pub(crate) fn mac(
     out
 }
 
-/// Frames a Noise message: header, message, MAC for `src` -> `dst`. `out` is exactly the message
-/// length for its type.
+/// Frames a Noise message: header with `index`, message, MAC for `src` -> `dst`. `out` is exactly
+/// the message length for its type.
 pub(crate) fn frame(
     kind: Kind,
+    index: u32,
     noise: &[u8],
     mac_key: &[u8; 32],
     src: &SocketAddrV6,
@@ -131,7 +146,8 @@ pub(crate) fn frame(
         Kind::Initiation => TYPE_INITIATION,
         Kind::Response => TYPE_RESPONSE,
     };
-    out[1..HEADER_LEN].fill(0);
+    out[1..TYPE_LEN].fill(0);
+    out[TYPE_LEN..HEADER_LEN].copy_from_slice(&index.to_be_bytes());
     let split = out.len() - MAC_LEN;
     out[HEADER_LEN..split].copy_from_slice(noise);
     let m = mac(mac_key, src, dst, &out[..split]);
@@ -159,6 +175,7 @@ mod tests {
         let mut out = [0u8; INITIATION_LEN];
         frame(
             Kind::Initiation,
+            0x0102_0304,
             &noise,
             &key,
             &sa(1, 1000),
@@ -169,6 +186,9 @@ mod tests {
         let m = Message::new_checked(&out).unwrap();
         assert_eq!(m.kind(), Kind::Initiation);
         assert_eq!(m.noise(), &noise[..]);
+        assert_eq!(m.index(), 0x0102_0304);
+        assert_eq!(&out[4..8], &[1, 2, 3, 4]);
+        assert_eq!(out.len(), 129);
         assert!(m.verify_mac(&key, &sa(1, 1000), &sa(2, 2000)).is_ok());
         for (s, d) in [
             (sa(2, 1000), sa(1, 2000)),
@@ -198,7 +218,7 @@ mod tests {
             HandshakeError::UnknownType
         );
         assert_eq!(
-            Message::new_checked(&[0x83; 69]).unwrap_err(),
+            Message::new_checked(&[0x83; 73]).unwrap_err(),
             HandshakeError::UnknownType
         );
         let mut r = [0u8; RESPONSE_LEN + 1];

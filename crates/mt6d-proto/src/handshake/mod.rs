@@ -13,14 +13,16 @@
 //! * hands every received handshake message to [`Handshake::handle`], installs the keys of the
 //!   [`Outcome`] (receive keys at once, a responder's send key only once [`ReceiveKeys::open`]
 //!   reports the new phase confirmed) and sends the reply or, as initiator, a keepalive;
-//! * calls [`Handshake::want_handshake`] when it has no send key or a packet arrives for a key
-//!   phase it does not hold.
+//! * calls [`Handshake::want_handshake`] when it has no send key, and
+//!   [`Handshake::packet_for_empty_slot`] when a packet arrives for a key phase it does not hold
+//!   (rate-limited: such a packet may be forged).
 
 mod identity;
 mod keys;
 mod message;
 mod rng;
 
+use std::collections::HashMap;
 use std::net::Ipv6Addr;
 use std::time::Duration;
 
@@ -33,22 +35,47 @@ pub(crate) use message::mac as message_mac;
 pub use message::{is_handshake, Kind, Message, INITIATION_LEN, RESPONSE_LEN};
 
 use crate::tunnel::KeyPhase;
-use crate::{AeadAlg, Mode, Opener, ProtoError, Route, Sealer, SessionKey, UnixTime};
+use crate::{AeadAlg, Epoch, Mode, Opener, ProtoError, Route, Sealer, SessionKey, UnixTime};
 use message::{frame, INITIATION_PAYLOAD_LEN, NOISE_INITIATION_LEN, NOISE_RESPONSE_LEN};
 
 /// The Noise protocol name (WireGuard's).
 pub const NOISE_PARAMS: &str = "Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s";
-/// An unanswered initiation is replaced by a new one (new ephemeral key) after this long.
-pub const RETRY_AFTER: Duration = Duration::from_millis(500);
-/// How long a receive key stays usable after a newer one is confirmed, for packets in flight.
-pub const OLD_KEY_GRACE: Duration = Duration::from_secs(2);
+/// An unanswered initiation is followed by a new one (new ephemeral key and index) after this
+/// long, doubling per attempt up to [`RETRY_MAX`], plus up to a quarter more of random jitter.
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// The longest wait between two initiations of one handshake.
+pub const RETRY_MAX: Duration = Duration::from_secs(4);
+/// An initiation stays answerable this long after it was sent, whatever newer ones followed, so a
+/// round trip longer than the retry interval still completes (with the first answer that
+/// arrives).
+pub const PENDING_LIFETIME: Duration = Duration::from_secs(10);
+/// At most this many initiations are answerable at once (the oldest is forgotten first).
+pub const MAX_PENDING: usize = 8;
+/// How far in the future a peer's initiation timestamp may be. A later one is refused
+/// (`hs_future_timestamp`): accepted, it would block every initiation of the peer after a
+/// restart until the peer's clock passed it. The two gateways' clocks must agree much better
+/// than this anyway for their epochs to match.
+pub const MAX_FUTURE_SKEW: Duration = Duration::from_secs(60);
+/// A packet naming an empty key slot asks for a handshake at most this often (it may be forged:
+/// 32 bytes with the other phase bit cost an attacker nothing).
+pub const EMPTY_SLOT_HOLDOFF: Duration = Duration::from_secs(5);
+/// The side that loses simultaneous initiations rekeys this much later.
+const NON_PREFERRED_REKEY_DELAY: Duration = Duration::from_secs(2);
+/// How long a receive key stays usable after a newer one is confirmed, for packets in flight: the
+/// peer keeps sending under it for up to a round trip after our side confirmed, and those packets
+/// take another one-way trip. 5 s covers the round trips [`PENDING_LIFETIME`] lets handshakes
+/// complete at (finding: 2 s lost packets at a 2 s round trip).
+pub const OLD_KEY_GRACE: Duration = Duration::from_secs(5);
 /// Keys are no longer used this many rekey intervals after their handshake if no newer handshake
 /// succeeded (WireGuard's reject-after-time, scaled to `rekey_after`).
 pub const REJECT_AFTER_REKEYS: u32 = 3;
 /// Initiations a responder processes (one Diffie-Hellman each) per second and peer, burst included.
 pub const RESPONSES_PER_SEC: u32 = 10;
-/// Ephemeral keys remembered to reject replayed messages before any Diffie-Hellman.
-const SEEN_EPHEMERALS: usize = 16;
+/// Ephemeral keys remembered (each for the lifetime of the route it arrived on) to reject replayed
+/// messages before any Diffie-Hellman. Only messages with a valid MAC are remembered, which only
+/// the peer can produce, so this bound is never reached in practice; if it is, the oldest epochs
+/// are forgotten first and the rate limit still bounds DH work.
+const SEEN_EPHEMERALS: usize = 4096;
 
 /// The handshake settings of one peer.
 #[derive(Debug, Clone)]
@@ -93,6 +120,9 @@ pub enum HandshakeError {
     /// An initiation whose timestamp is not newer than the newest accepted one (a replay).
     #[error("initiation timestamp not newer than the last one accepted")]
     StaleTimestamp,
+    /// An initiation dated more than [`MAX_FUTURE_SKEW`] after our clock.
+    #[error("initiation timestamp too far in the future")]
+    FutureTimestamp,
     /// Noise processing failed (wrong static key, tampering, or a response to an older attempt).
     #[error("Noise handshake message did not decrypt")]
     Decrypt,
@@ -105,7 +135,7 @@ pub enum HandshakeError {
     /// Both sides initiated; this side's initiation wins (lower public key), the peer's is ignored.
     #[error("simultaneous initiation: ours wins")]
     Simultaneous,
-    /// A response with no initiation of ours in flight.
+    /// A response whose index names no initiation of ours in flight (checked before any DH).
     #[error("response without a pending initiation")]
     UnexpectedResponse,
     /// The caller had no randomness for the response's ephemeral key.
@@ -115,12 +145,13 @@ pub enum HandshakeError {
 
 impl HandshakeError {
     /// Every variant, in counter order.
-    pub const ALL: [HandshakeError; 11] = [
+    pub const ALL: [HandshakeError; 12] = [
         Self::UnknownType,
         Self::BadLength,
         Self::BadMac,
         Self::Replayed,
         Self::StaleTimestamp,
+        Self::FutureTimestamp,
         Self::Decrypt,
         Self::BadPayload,
         Self::RateLimited,
@@ -136,6 +167,7 @@ impl HandshakeError {
             Self::BadMac => "hs_bad_mac",
             Self::Replayed => "hs_replayed",
             Self::StaleTimestamp => "hs_stale_timestamp",
+            Self::FutureTimestamp => "hs_future_timestamp",
             Self::Decrypt => "hs_decrypt",
             Self::BadPayload => "hs_bad_payload",
             Self::RateLimited => "hs_rate_limited",
@@ -151,12 +183,13 @@ impl HandshakeError {
             Self::BadMac => 2,
             Self::Replayed => 3,
             Self::StaleTimestamp => 4,
-            Self::Decrypt => 5,
-            Self::BadPayload => 6,
-            Self::RateLimited => 7,
-            Self::Simultaneous => 8,
-            Self::UnexpectedResponse => 9,
-            Self::NoEntropy => 10,
+            Self::FutureTimestamp => 5,
+            Self::Decrypt => 6,
+            Self::BadPayload => 7,
+            Self::RateLimited => 8,
+            Self::Simultaneous => 9,
+            Self::UnexpectedResponse => 10,
+            Self::NoEntropy => 11,
         }
     }
 }
@@ -221,9 +254,17 @@ pub enum Outcome {
 }
 
 struct Pending {
+    index: u32,
     state: snow::HandshakeState,
     recv_phase: KeyPhase,
     sent_at: UnixTime,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        // snow keeps a copy of the pre-shared key in the state and never clears it.
+        let _ = self.state.set_psk(2, &[0u8; 32]);
+    }
 }
 
 /// A token bucket over [`RESPONSES_PER_SEC`], in milli-tokens.
@@ -257,19 +298,28 @@ pub struct Handshake {
     prologue: [u8; 64],
     /// Our initiation wins a simultaneous exchange (our public key is the lower one).
     preferred: bool,
-    pending: Option<Pending>,
+    /// Our initiations still answerable, oldest first.
+    pending: Vec<Pending>,
+    /// Initiations made since the last completed handshake (sets the retry interval).
+    attempts: u32,
+    /// When the next initiation of an unfinished handshake is due.
+    retry_at: Option<UnixTime>,
+    /// When a packet for an empty key slot last asked for a handshake.
+    empty_slot_at: Option<UnixTime>,
     /// The newest initiation timestamp accepted from the peer.
     peer_timestamp: u64,
     /// The newest timestamp we sent (kept strictly increasing).
     own_timestamp: u64,
-    seen: [[u8; 32]; SEEN_EPHEMERALS],
-    seen_next: usize,
+    /// Every ephemeral key sent or received with a valid MAC, with the epoch of its route.
+    seen: HashMap<[u8; 32], Epoch>,
     /// Phase of our newest confirmed receive key.
     confirmed_recv: Option<KeyPhase>,
     /// Responder: the receive phase installed and not yet confirmed.
     awaiting: Option<KeyPhase>,
     /// Responder: whether the awaited keys replace earlier ones.
     awaiting_rekey: bool,
+    /// Responder: when we last answered an initiation (the peer's handshake is under way).
+    answered_at: Option<UnixTime>,
     /// When the newest confirmed keys were established.
     established: Option<UnixTime>,
     want: bool,
@@ -283,7 +333,7 @@ impl std::fmt::Debug for Handshake {
             .field("local", &self.cfg.local_private.public_key())
             .field("remote", &self.cfg.remote_public)
             .field("preferred", &self.preferred)
-            .field("pending", &self.pending.is_some())
+            .field("pending", &self.pending.len())
             .field("established", &self.established)
             .finish_non_exhaustive()
     }
@@ -324,14 +374,17 @@ impl Handshake {
             mac_key,
             prologue,
             preferred,
-            pending: None,
+            pending: Vec::new(),
+            attempts: 0,
+            retry_at: None,
+            empty_slot_at: None,
             peer_timestamp: 0,
             own_timestamp: 0,
-            seen: [[0; 32]; SEEN_EPHEMERALS],
-            seen_next: 0,
+            seen: HashMap::new(),
             confirmed_recv: None,
             awaiting: None,
             awaiting_rekey: false,
+            answered_at: None,
             established: None,
             want: true,
             bucket: Bucket {
@@ -352,12 +405,13 @@ impl Handshake {
         &self.stats
     }
 
-    /// Frames arbitrary Noise bytes as a message of `kind` from `src` to `dst` with this pair's
-    /// valid MAC: for fuzzing and tests, which must reach the Noise layer behind the MAC. The
-    /// bytes are cut or zero-padded to the kind's Noise length.
+    /// Frames arbitrary Noise bytes as a message of `kind` with `index` from `src` to `dst` with
+    /// this pair's valid MAC: for fuzzing and tests, which must reach the Noise layer behind the
+    /// MAC. The bytes are cut or zero-padded to the kind's Noise length.
     pub fn frame_with_mac(
         &self,
         kind: Kind,
+        index: u32,
         noise: &[u8],
         src: &std::net::SocketAddrV6,
         dst: &std::net::SocketAddrV6,
@@ -370,8 +424,13 @@ impl Handshake {
         let n = noise.len().min(noise_len);
         body[..n].copy_from_slice(&noise[..n]);
         let mut out = vec![0u8; len];
-        frame(kind, &body, &self.mac_key, src, dst, &mut out);
+        frame(kind, index, &body, &self.mac_key, src, dst, &mut out);
         out
+    }
+
+    /// The index of our newest answerable initiation (for tests and fuzzing).
+    pub fn pending_index(&self) -> Option<u32> {
+        self.pending.last().map(|p| p.index)
     }
 
     /// Whether this side wins simultaneous initiations.
@@ -392,16 +451,38 @@ impl Handshake {
         })
     }
 
-    /// Ask for a handshake at the next [`Handshake::poll`] (no send key, or a packet arrived for
-    /// a key phase we do not hold, e.g. after the peer restarted).
+    /// Ask for a handshake at the next [`Handshake::poll`] (no send key). Retries of a handshake
+    /// already under way keep their backoff.
     pub fn want_handshake(&mut self) {
         self.want = true;
     }
 
+    /// A packet arrived for a key phase we hold no key for (`open_no_key`). Such a packet is 32
+    /// forged bytes away for anyone, so it asks for a handshake only if no fresh confirmed key
+    /// exists (newer than the rekey interval) and none was asked for this way in the last
+    /// [`EMPTY_SLOT_HOLDOFF`]. Returns whether it asked.
+    pub fn packet_for_empty_slot(&mut self, now: UnixTime) -> bool {
+        let fresh = self.confirmed_recv.is_some()
+            && self
+                .established
+                .is_some_and(|at| elapsed(at, now) < self.cfg.rekey_after);
+        let recent = self
+            .empty_slot_at
+            .is_some_and(|at| elapsed(at, now) < EMPTY_SLOT_HOLDOFF);
+        if fresh || recent {
+            return false;
+        }
+        self.empty_slot_at = Some(now);
+        self.want = true;
+        true
+    }
+
     /// The initiation to send on `send_route` now, if one is due: no keys yet, keys wanted, the
     /// rekey interval or packet budget reached (`sent` = packets under the current send key), or
-    /// the last initiation unanswered for [`RETRY_AFTER`]. `entropy` gives 32 fresh random bytes
-    /// and is called only when an initiation is made (None: no randomness, no initiation).
+    /// the retry time of an unanswered handshake reached ([`RETRY_AFTER`] doubling to
+    /// [`RETRY_MAX`], with jitter). Older initiations stay answerable for [`PENDING_LIFETIME`].
+    /// `entropy` gives 32 fresh random bytes and is called only when an initiation is made (None:
+    /// no randomness, no initiation).
     pub fn poll(
         &mut self,
         now: UnixTime,
@@ -409,12 +490,21 @@ impl Handshake {
         sent: u64,
         entropy: impl FnOnce() -> Option<[u8; 32]>,
     ) -> Option<[u8; INITIATION_LEN]> {
-        if let Some(p) = &self.pending {
-            if elapsed(p.sent_at, now) < RETRY_AFTER {
-                return None;
-            }
+        self.pending
+            .retain(|p| elapsed(p.sent_at, now) < PENDING_LIFETIME);
+        if self.retry_at.is_some_and(|at| now < at) {
+            return None;
         }
-        let due = self.pending.is_some()
+        // We answered the peer's initiation and wait for its first packet: its handshake is the
+        // one under way (a second one would race it). If our answer was lost, the peer retries.
+        if self.awaiting.is_some()
+            && self
+                .answered_at
+                .is_some_and(|at| elapsed(at, now) < PENDING_LIFETIME)
+        {
+            return None;
+        }
+        let due = self.retry_at.is_some()
             || self.want
             || sent >= self.cfg.rekey_after_packets
             || self
@@ -432,7 +522,7 @@ impl Handshake {
         if self.preferred {
             self.cfg.rekey_after
         } else {
-            self.cfg.rekey_after + RETRY_AFTER * 4
+            self.cfg.rekey_after + NON_PREFERRED_REKEY_DELAY
         }
     }
 
@@ -458,6 +548,12 @@ impl Handshake {
             .prologue(&self.prologue)?
             .build_initiator()?;
         let recv_phase = self.next_recv_phase();
+        // The index and the jitter come from the same entropy as the ephemeral key, through a
+        // separate derivation (the ephemeral's own stream is `rng::EntropyResolver`'s).
+        let extra =
+            blake3::derive_key("mt6d-proto 2026-11-23 handshake index and jitter", &entropy);
+        let index = u32::from_be_bytes([extra[0], extra[1], extra[2], extra[3]]);
+        let jitter = u64::from(u16::from_be_bytes([extra[4], extra[5]]));
         self.own_timestamp = self.own_timestamp.saturating_add(1).max(now.as_nanos());
         let mut payload = [0u8; INITIATION_PAYLOAD_LEN];
         payload[..8].copy_from_slice(&self.own_timestamp.to_be_bytes());
@@ -468,21 +564,48 @@ impl Handshake {
         let mut out = [0u8; INITIATION_LEN];
         frame(
             Kind::Initiation,
+            index,
             &noise,
             &self.mac_key,
             &route.local,
             &route.remote,
             &mut out,
         );
-        self.remember(&noise[..32]);
-        self.pending = Some(Pending {
+        self.remember(&noise[..32], route.epoch);
+        // An index still in use (chance 2^-32) would make the older attempt unreachable: drop it.
+        self.pending.retain(|p| p.index != index);
+        if self.pending.len() >= MAX_PENDING {
+            self.pending.remove(0);
+        }
+        self.pending.push(Pending {
+            index,
             state,
             recv_phase,
             sent_at: now,
         });
+        self.attempts = self.attempts.saturating_add(1);
+        let base = RETRY_AFTER
+            .saturating_mul(1 << self.attempts.saturating_sub(1).min(8))
+            .min(RETRY_MAX);
+        // Jitter: up to a quarter of the interval, so two gateways that failed together do not
+        // retry in lockstep.
+        let extra_ns = (base.as_nanos() as u64 / 4).saturating_mul(jitter) / 65_536;
+        self.retry_at = Some(UnixTime::from_nanos(
+            now.as_nanos()
+                .saturating_add(base.as_nanos() as u64)
+                .saturating_add(extra_ns),
+        ));
         self.want = false;
         self.stats.initiations_sent += 1;
         Ok(out)
+    }
+
+    /// The handshake is done (completed, or the peer's won): no more retries.
+    fn settle(&mut self) {
+        self.pending.clear();
+        self.attempts = 0;
+        self.retry_at = None;
+        self.want = false;
     }
 
     /// New receive keys go to the slot the newest confirmed key does not use.
@@ -490,13 +613,29 @@ impl Handshake {
         self.confirmed_recv.map_or(KeyPhase::Zero, KeyPhase::flip)
     }
 
-    fn remember(&mut self, ephemeral: &[u8]) {
-        self.seen[self.seen_next].copy_from_slice(ephemeral);
-        self.seen_next = (self.seen_next + 1) % SEEN_EPHEMERALS;
+    /// Remembers an ephemeral key sent or received on a route of `epoch`. A route is accepted
+    /// from the epoch before its own to the one after (§3), so entries two epochs older than the
+    /// newest can no longer pass a MAC and are forgotten.
+    fn remember(&mut self, ephemeral: &[u8], epoch: Epoch) {
+        let mut key = [0u8; 32];
+        key.copy_from_slice(ephemeral);
+        let newest = self
+            .seen
+            .values()
+            .map(|e| e.0)
+            .max()
+            .unwrap_or(0)
+            .max(epoch.0);
+        self.seen.retain(|_, e| e.0.saturating_add(2) >= newest);
+        if self.seen.len() >= SEEN_EPHEMERALS {
+            let oldest = self.seen.values().map(|e| e.0).min().unwrap_or(0);
+            self.seen.retain(|_, e| e.0 != oldest);
+        }
+        self.seen.insert(key, epoch);
     }
 
     fn seen(&self, ephemeral: &[u8]) -> bool {
-        self.seen.iter().any(|s| s[..] == *ephemeral)
+        <&[u8; 32]>::try_from(ephemeral).is_ok_and(|k| self.seen.contains_key(k))
     }
 
     /// Handles a handshake message that arrived on accept route `arrived_on` (its outer source is
@@ -531,6 +670,9 @@ impl Handshake {
         if self.seen(msg.ephemeral()) {
             return Err(HandshakeError::Replayed);
         }
+        // Remembered before any other check or Diffie-Hellman: whatever happens to this message
+        // (stale, rate-limited, a lost race), its replays cost one hash and one lookup.
+        self.remember(msg.ephemeral(), arrived_on.epoch);
         match msg.kind() {
             Kind::Initiation => self.respond(now, &msg, reply_route, entropy),
             Kind::Response => self.complete(now, &msg),
@@ -544,7 +686,7 @@ impl Handshake {
         reply_route: &Route,
         entropy: impl FnOnce() -> Option<[u8; 32]>,
     ) -> Result<Outcome, HandshakeError> {
-        if self.pending.is_some() && self.preferred {
+        if !self.pending.is_empty() && self.preferred {
             return Err(HandshakeError::Simultaneous);
         }
         if !self.bucket.take(now) {
@@ -577,22 +719,30 @@ impl Handshake {
         if ts <= self.peer_timestamp {
             return Err(HandshakeError::StaleTimestamp);
         }
+        if ts
+            > now
+                .as_nanos()
+                .saturating_add(MAX_FUTURE_SKEW.as_nanos() as u64)
+        {
+            return Err(HandshakeError::FutureTimestamp);
+        }
         self.peer_timestamp = ts;
-        self.remember(msg.ephemeral());
-        // Our own initiation loses (or there is none): the peer's handshake goes ahead.
-        self.pending = None;
+        // Our own initiations lose (or there are none): the peer's handshake goes ahead.
+        self.settle();
         let recv_phase = self.next_recv_phase();
         let mut noise = [0u8; NOISE_RESPONSE_LEN];
         let written = state
             .write_message(&[recv_phase.index() as u8], &mut noise)
             .map_err(|_| HandshakeError::Decrypt)?;
         debug_assert_eq!(written, NOISE_RESPONSE_LEN);
-        self.remember(&noise[..32]);
+        self.remember(&noise[..32], reply_route.epoch);
         let (i2r, r2i) = state.dangerously_get_raw_split();
         let (i2r, r2i) = (Zeroizing::new(i2r), Zeroizing::new(r2i));
+        let _ = state.set_psk(2, &[0u8; 32]);
         let mut reply = [0u8; RESPONSE_LEN];
         frame(
             Kind::Response,
+            msg.index(),
             &noise,
             &self.mac_key,
             &reply_route.local,
@@ -600,6 +750,7 @@ impl Handshake {
             &mut reply,
         );
         self.awaiting = Some(recv_phase);
+        self.answered_at = Some(now);
         self.awaiting_rekey = self.established.is_some();
         self.stats.responses_sent += 1;
         Ok(Outcome::Responded {
@@ -609,33 +760,34 @@ impl Handshake {
     }
 
     fn complete(&mut self, now: UnixTime, msg: &Message<'_>) -> Result<Outcome, HandshakeError> {
-        let Some(mut pending) = self.pending.take() else {
+        // The index names the attempt: a response to none of ours costs no Diffie-Hellman.
+        let Some(at) = self.pending.iter().position(|p| p.index == msg.index()) else {
             return Err(HandshakeError::UnexpectedResponse);
         };
         let mut payload = [0u8; 1 + 16];
-        let n = match pending.state.read_message(msg.noise(), &mut payload) {
-            Ok(n) => n,
-            Err(_) => {
-                // The state is spent either way; the retry timer starts a fresh attempt.
-                self.want = true;
-                return Err(HandshakeError::Decrypt);
-            }
-        };
-        self.remember(msg.ephemeral());
+        // A failed read leaves the attempt as it was (snow restores its symmetric state), so
+        // the genuine response can still complete it.
+        let n = self.pending[at]
+            .state
+            .read_message(msg.noise(), &mut payload)
+            .map_err(|_| HandshakeError::Decrypt)?;
         let send_phase = match (n, KeyPhase::from_byte(payload[0])) {
             (1, Some(p)) => p,
+            // Authenticated by the peer's keys yet malformed: the peer is broken; the attempt is
+            // spent, retries continue on their timer.
             _ => {
-                self.want = true;
+                self.pending.remove(at);
                 return Err(HandshakeError::BadPayload);
             }
         };
+        let mut pending = self.pending.remove(at);
         let (i2r, r2i) = pending.state.dangerously_get_raw_split();
         let (i2r, r2i) = (Zeroizing::new(i2r), Zeroizing::new(r2i));
         let rekey = self.established.is_some();
         self.confirmed_recv = Some(pending.recv_phase);
         self.awaiting = None;
         self.established = Some(now);
-        self.want = false;
+        self.settle();
         self.stats.completed += 1;
         self.stats.rekeys += u64::from(rekey);
         self.stats.last_completed = Some(now);
@@ -655,7 +807,7 @@ impl Handshake {
         self.awaiting = None;
         self.confirmed_recv = Some(phase);
         self.established = Some(now);
-        self.want = false;
+        self.settle();
         self.stats.completed += 1;
         self.stats.rekeys += u64::from(self.awaiting_rekey);
         self.stats.last_completed = Some(now);
@@ -757,6 +909,95 @@ mod tests {
             b.handle(t, &rb, &rb, &init, || Some([4; 32])).unwrap_err(),
             HandshakeError::Replayed
         );
+    }
+
+    /// Finding 3: a response that fails (here: valid MAC, right index, garbage Noise, as only a
+    /// key holder could make, or a replay of an answer to this attempt) leaves the attempt
+    /// answerable; a response naming no attempt is refused before any Noise work.
+    #[test]
+    fn a_failed_response_keeps_the_attempt_and_indices_are_checked_first() {
+        let (ca, cb) = configs(Psk::none());
+        let (mut a, mut b) = (Handshake::new(ca).unwrap(), Handshake::new(cb).unwrap());
+        let (sa, sb) = pair(Mode::Encrypt, AeadAlg::Aes256Gcm);
+        let (ra, rb) = (sa.route(Epoch(5)), sb.route(Epoch(5)));
+        let t = UnixTime::from_secs(1_800_000_000);
+        let init = a.poll(t, &ra, 0, || Some([1; 32])).unwrap();
+        let index = a.pending_index().unwrap();
+        assert_eq!(Message::new_checked(&init).unwrap().index(), index);
+        let Outcome::Responded { reply, .. } =
+            b.handle(t, &rb, &rb, &init, || Some([2; 32])).unwrap()
+        else {
+            panic!("responder answers")
+        };
+        assert_eq!(Message::new_checked(&reply).unwrap().index(), index);
+        let junk = a.frame_with_mac(Kind::Response, index, &[7; 49], &ra.remote, &ra.local);
+        assert_eq!(
+            a.handle(t, &ra, &ra, &junk, || None).unwrap_err(),
+            HandshakeError::Decrypt
+        );
+        let stray = a.frame_with_mac(Kind::Response, index ^ 1, &[8; 49], &ra.remote, &ra.local);
+        assert_eq!(
+            a.handle(t, &ra, &ra, &stray, || None).unwrap_err(),
+            HandshakeError::UnexpectedResponse
+        );
+        assert!(matches!(
+            a.handle(t, &ra, &ra, &reply, || None).unwrap(),
+            Outcome::Completed { .. }
+        ));
+    }
+
+    /// Finding 7: an initiation dated beyond the allowed skew is refused and does not raise the
+    /// timestamp a restarted peer must beat.
+    #[test]
+    fn future_timestamps_are_refused_and_block_nothing() {
+        let (ca, cb) = configs(Psk::none());
+        let (mut a, mut b) = (
+            Handshake::new(ca.clone()).unwrap(),
+            Handshake::new(cb).unwrap(),
+        );
+        let (sa, sb) = pair(Mode::Encrypt, AeadAlg::Aes256Gcm);
+        let (ra, rb) = (sa.route(Epoch(5)), sb.route(Epoch(5)));
+        let t = UnixTime::from_secs(1_800_000_000);
+        let ahead = UnixTime::from_nanos(t.as_nanos() + MAX_FUTURE_SKEW.as_nanos() as u64 + 1);
+        let init = a.poll(ahead, &ra, 0, || Some([1; 32])).unwrap();
+        assert_eq!(
+            b.handle(t, &rb, &rb, &init, || Some([2; 32])).unwrap_err(),
+            HandshakeError::FutureTimestamp
+        );
+        // The peer restarts with its clock corrected: accepted at once.
+        let mut a = Handshake::new(ca).unwrap();
+        let init = a.poll(t, &ra, 0, || Some([3; 32])).unwrap();
+        assert!(b.handle(t, &rb, &rb, &init, || Some([4; 32])).is_ok());
+    }
+
+    /// Retries back off from [`RETRY_AFTER`] doubling to [`RETRY_MAX`] with up to a quarter of
+    /// jitter, and older attempts stay answerable for [`PENDING_LIFETIME`].
+    #[test]
+    fn retries_back_off_and_old_attempts_stay_answerable() {
+        let (ca, _) = configs(Psk::none());
+        let mut a = Handshake::new(ca).unwrap();
+        let (sa, _) = pair(Mode::Encrypt, AeadAlg::Aes256Gcm);
+        let ra = sa.route(Epoch(5));
+        let t0 = 1_800_000_000_000u64;
+        let mut sent = Vec::new();
+        for ms in (0..40_000).step_by(10) {
+            let now = UnixTime::from_millis(t0 + ms);
+            if a.poll(now, &ra, 0, || Some([ms as u8; 32])).is_some() {
+                sent.push(ms);
+            }
+        }
+        let gaps: Vec<u64> = sent.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!((1000..=1250).contains(&gaps[0]), "{gaps:?}");
+        assert!((2000..=2500).contains(&gaps[1]), "{gaps:?}");
+        assert!(
+            gaps[2..].iter().all(|g| (4000..=5000).contains(g)),
+            "{gaps:?}"
+        );
+        assert!(a.pending.len() >= 2 && a.pending.len() <= MAX_PENDING);
+        assert!(a
+            .pending
+            .iter()
+            .all(|p| elapsed(p.sent_at, UnixTime::from_millis(t0 + 39_990)) < PENDING_LIFETIME));
     }
 
     #[test]

@@ -103,7 +103,7 @@ impl KeyPhase {
 /// How a sealer's or opener's counter field is laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CounterSpace {
-    /// Static pre-shared key: 63-bit counter starting at the clock (§4.3).
+    /// Static pre-shared key: 63-bit counter from the persisted high-water mark (§4.3).
     Static,
     /// Handshake key: phase bit 62 plus a 62-bit packet number from 0 (§9.5).
     Session(KeyPhase),
@@ -182,6 +182,11 @@ pub enum SealError {
     /// packets, long after the rekey budget).
     #[error("send counter exhausted")]
     CounterExhausted,
+    /// Static key: the next counter is not yet covered by the persisted high-water mark (the
+    /// daemon reserves the next block ahead; this means it fell behind or cannot write its state
+    /// file). docs/PROTOCOL.md §4.3.
+    #[error("send counter not yet reserved on stable storage")]
+    CounterNotReserved,
     /// Plain mode has no counter or tag, so it has no keepalive.
     #[error("plain mode has no keepalive")]
     NoKeepaliveInPlain,
@@ -196,6 +201,7 @@ impl SealError {
             Self::WrongDestination => "seal_wrong_destination",
             Self::BufferTooSmall { .. } => "seal_buffer_too_small",
             Self::CounterExhausted => "seal_counter_exhausted",
+            Self::CounterNotReserved => "seal_counter_not_reserved",
             Self::NoKeepaliveInPlain => "seal_no_keepalive_in_plain",
         }
     }

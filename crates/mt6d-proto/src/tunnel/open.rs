@@ -20,6 +20,7 @@ pub struct Opener {
     key: Option<LessSafeKey>,
     space: CounterSpace,
     replay: ReplayWindow,
+    key_id: Option<u64>,
     local_true: Ipv6Addr,
     remote_true: Ipv6Addr,
     scratch: Vec<u8>,
@@ -37,6 +38,7 @@ impl Opener {
             key,
             space: CounterSpace::Static,
             replay: ReplayWindow::new(),
+            key_id: None,
             local_true,
             remote_true,
             scratch: Vec::new(),
@@ -57,10 +59,17 @@ impl Opener {
             key: Some(aead_key_bytes(alg, key)),
             space: CounterSpace::Session(phase),
             replay: ReplayWindow::new(),
+            key_id: Some(super::seal::key_id(key)),
             local_true,
             remote_true,
             scratch: Vec::new(),
         }
+    }
+
+    /// A one-way fingerprint of a handshake key (None for a static key), as
+    /// [`crate::Sealer::key_id`].
+    pub fn key_id(&self) -> Option<u64> {
+        self.key_id
     }
 
     /// The key phase it opens (None for a static key).
@@ -260,7 +269,7 @@ mod tests {
     fn keepalives_open_to_nothing_once_and_only_on_their_route() {
         for (mode, alg) in MODES.into_iter().filter(|(m, _)| *m != Mode::Plain) {
             let (a, b) = pair(mode, alg);
-            let sealer = a.sealer(UnixTime::from_secs(1_700_000_000));
+            let sealer = a.sealer(UnixTime::from_secs(1_700_000_000).as_nanos(), u64::MAX);
             let mut opener = b.opener();
             let (ra, rb) = (a.route(Epoch(7)), b.route(Epoch(7)));
             let mut wire = [0u8; 64];
@@ -285,7 +294,7 @@ mod tests {
         }
         let (a, _) = pair(Mode::Plain, AeadAlg::Aes256Gcm);
         assert_eq!(
-            a.sealer(UnixTime::from_secs(1))
+            a.sealer(UnixTime::from_secs(1).as_nanos(), u64::MAX)
                 .seal_keepalive(&a.route(Epoch(1)), &mut [0u8; 64]),
             Err(crate::SealError::NoKeepaliveInPlain)
         );
@@ -295,7 +304,7 @@ mod tests {
     fn roundtrip_restores_real_packets_byte_for_byte() {
         for (mode, alg) in MODES {
             let (a, b) = pair(mode, alg);
-            let sealer = a.sealer(UnixTime::from_secs(1_700_000_000));
+            let sealer = a.sealer(UnixTime::from_secs(1_700_000_000).as_nanos(), u64::MAX);
             let mut opener = b.opener();
             let route_a = a.route(Epoch(42));
             let route_b = b.route(Epoch(42));
@@ -327,7 +336,7 @@ mod tests {
     fn tampering_replay_and_bad_counters_are_rejected() {
         for (mode, alg) in MODES.into_iter().filter(|(m, _)| *m != Mode::Plain) {
             let (a, b) = pair(mode, alg);
-            let sealer = a.sealer(UnixTime::from_secs(1_700_000_000));
+            let sealer = a.sealer(UnixTime::from_secs(1_700_000_000).as_nanos(), u64::MAX);
             let mut opener = b.opener();
             let (ra, rb) = (a.route(Epoch(1)), b.route(Epoch(1)));
             let pkt = udp(addr(A), addr(B), b"sensitive");

@@ -11,7 +11,7 @@ use super::{
     COUNTER_LIMIT, INNER_HEADER_CARRIED, KEEPALIVE_LEN, OUTER_AAD_LEN, TAG_LEN,
 };
 use crate::wire::{Ipv6Packet, IPV6_HEADER_LEN};
-use crate::{AeadAlg, Mode, Route, UnixTime};
+use crate::{AeadAlg, Mode, Route};
 
 thread_local! {
     /// Auth-mode AAD is outer fields || counter || clear bytes, which ring needs contiguous. One
@@ -21,8 +21,10 @@ thread_local! {
 
 /// Seals inner packets of one stream, one direction. `Send + Sync`: share it between sending threads.
 ///
-/// With a static key the counter starts at the `now` given to [`crate::Stream::sealer`] in
-/// nanoseconds, so a restarted gateway never reuses a (key, nonce) pair (docs/PROTOCOL.md §4.3).
+/// With a static key the counter starts at the persisted high-water mark given to
+/// [`crate::Stream::sealer`] and never passes the reserved limit (raised by
+/// [`Sealer::reserve_until`] once the caller has persisted a higher one), so a restarted gateway
+/// never reuses a (key, nonce) pair whatever its clock says (docs/PROTOCOL.md §4.3).
 /// With a handshake key ([`Sealer::for_session`]) it starts at 0 under the key's phase bit: the key
 /// is fresh, so no earlier run can have used it (§9.5).
 #[derive(Debug)]
@@ -32,6 +34,8 @@ pub struct Sealer {
     space: CounterSpace,
     /// The packet number the next packet uses.
     counter: AtomicU64,
+    /// Counters at or above this are not reserved (persisted) yet: refused, never used.
+    reserved: AtomicU64,
     first: u64,
     key_id: Option<u64>,
     local_true: Ipv6Addr,
@@ -42,7 +46,8 @@ impl Sealer {
     pub(crate) fn new(
         mode: Mode,
         key: Option<LessSafeKey>,
-        now: UnixTime,
+        first: u64,
+        reserved_until: u64,
         local_true: Ipv6Addr,
         remote_true: Ipv6Addr,
     ) -> Self {
@@ -50,8 +55,9 @@ impl Sealer {
             mode,
             key,
             space: CounterSpace::Static,
-            counter: AtomicU64::new(now.as_nanos()),
-            first: now.as_nanos(),
+            counter: AtomicU64::new(first),
+            reserved: AtomicU64::new(reserved_until),
+            first,
             key_id: None,
             local_true,
             remote_true,
@@ -73,6 +79,8 @@ impl Sealer {
             key: Some(aead_key_bytes(alg, key)),
             space: CounterSpace::Session(phase),
             counter: AtomicU64::new(0),
+            // A fresh key: every packet number is free (the phase space ends at 2^62).
+            reserved: AtomicU64::new(u64::MAX),
             first: 0,
             key_id: Some(key_id(key)),
             local_true,
@@ -83,6 +91,17 @@ impl Sealer {
     /// The counter field the next packet will use (None once exhausted).
     pub fn next_counter(&self) -> Option<u64> {
         self.space.field(self.counter.load(Ordering::Relaxed))
+    }
+
+    /// Allows counters below `limit` (a static-key sealer's caller calls this only after the new
+    /// limit is on stable storage). Never lowers the limit.
+    pub fn reserve_until(&self, limit: u64) {
+        self.reserved.fetch_max(limit, Ordering::Release);
+    }
+
+    /// The current reserved limit: counters from here on are refused until it is raised.
+    pub fn reserved_until(&self) -> u64 {
+        self.reserved.load(Ordering::Acquire)
     }
 
     /// Packets (and keepalives) sealed so far: what a rekey budget counts.
@@ -195,6 +214,10 @@ impl Sealer {
 
     fn next(&self) -> Result<u64, SealError> {
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        if n >= self.reserved.load(Ordering::Acquire) {
+            // The number is burnt, not used: the caller's reservation fell behind the traffic.
+            return Err(SealError::CounterNotReserved);
+        }
         match self.space.field(n) {
             Some(field) => Ok(field),
             None => {
@@ -207,7 +230,7 @@ impl Sealer {
     }
 }
 
-fn key_id(key: &[u8; 32]) -> u64 {
+pub(crate) fn key_id(key: &[u8; 32]) -> u64 {
     let h = blake3::derive_key("mt6d-proto 2026-11-21 key fingerprint", key);
     let mut b = [0u8; 8];
     b.copy_from_slice(&h[..8]);
@@ -223,7 +246,7 @@ mod tests {
     #[test]
     fn refuses_foreign_and_malformed_packets() {
         let (a, _) = pair(Mode::Encrypt, AeadAlg::Aes256Gcm);
-        let s = a.sealer(UnixTime::from_secs(1_700_000_000));
+        let s = a.sealer(0, u64::MAX);
         let r = a.route(Epoch(1));
         let mut out = [0u8; 2048];
         let ok = udp(addr(A), addr(B), b"hi");
@@ -254,23 +277,47 @@ mod tests {
     }
 
     #[test]
-    fn counter_starts_at_now_and_never_reaches_the_high_bit() {
+    fn counter_starts_at_the_mark_and_never_reaches_the_high_bit() {
         let (a, _) = pair(Mode::Auth, AeadAlg::ChaCha20Poly1305);
-        let now = UnixTime::from_nanos(1_700_000_000_123_456_789);
-        let s = a.sealer(now);
+        let mark = 5 << 26;
+        let s = a.sealer(mark, u64::MAX);
         let r = a.route(Epoch(1));
         let mut out = [0u8; 256];
         let pkt = udp(addr(A), addr(B), b"hi");
         s.seal(&r, &pkt, &mut out).unwrap();
-        assert_eq!(
-            u64::from_be_bytes(out[..8].try_into().unwrap()),
-            now.as_nanos()
-        );
-        assert_eq!(s.next_counter(), Some(now.as_nanos() + 1));
-        let s = a.sealer(UnixTime::from_nanos(COUNTER_LIMIT - 1));
+        assert_eq!(u64::from_be_bytes(out[..8].try_into().unwrap()), mark);
+        assert_eq!(s.next_counter(), Some(mark + 1));
+        let s = a.sealer(COUNTER_LIMIT - 1, u64::MAX);
         assert!(s.seal(&r, &pkt, &mut out).is_ok());
         assert_eq!(s.seal(&r, &pkt, &mut out), Err(SealError::CounterExhausted));
         assert_eq!(s.seal(&r, &pkt, &mut out), Err(SealError::CounterExhausted));
+    }
+
+    #[test]
+    fn static_counters_never_pass_the_reserved_limit() {
+        let (a, _) = pair(Mode::Encrypt, AeadAlg::Aes256Gcm);
+        let s = a.sealer(100, 102);
+        let r = a.route(Epoch(1));
+        let pkt = udp(addr(A), addr(B), b"hi");
+        let mut out = [0u8; 256];
+        let mut used = Vec::new();
+        for _ in 0..5 {
+            if s.seal(&r, &pkt, &mut out).is_ok() {
+                used.push(u64::from_be_bytes(out[..8].try_into().unwrap()));
+            }
+        }
+        assert_eq!(used, vec![100, 101], "only reserved counters are used");
+        assert_eq!(
+            s.seal(&r, &pkt, &mut out),
+            Err(SealError::CounterNotReserved)
+        );
+        s.reserve_until(90);
+        assert_eq!(s.reserved_until(), 102, "a reservation never shrinks");
+        s.reserve_until(200);
+        let n = s.seal(&r, &pkt, &mut out).unwrap();
+        assert!(n > 0);
+        let c = u64::from_be_bytes(out[..8].try_into().unwrap());
+        assert!((102..200).contains(&c), "{c}");
     }
 
     #[test]
@@ -306,7 +353,7 @@ mod tests {
     #[test]
     fn plain_is_exactly_the_thesis_layout() {
         let (a, _) = pair(Mode::Plain, AeadAlg::Aes256Gcm);
-        let s = a.sealer(UnixTime::from_secs(1));
+        let s = a.sealer(0, 0);
         let pkt = udp(addr(A), addr(B), b"payload");
         let mut out = [0u8; 256];
         let n = s.seal(&a.route(Epoch(3)), &pkt, &mut out).unwrap();

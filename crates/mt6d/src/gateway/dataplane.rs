@@ -157,7 +157,12 @@ pub fn tx_loop(shared: &Shared, tun: &Tun, tun_mtu: usize) {
                 continue;
             };
             let len = match sealer.seal(route, inner, out) {
-                Ok(len) => len,
+                Ok(len) => {
+                    // Two relaxed loads and stores (docs/PROTOCOL.md §5): what an ICMPv6 error
+                    // from the path must quote to be believed.
+                    shared.peers[peer].sent.record(&out[..len]);
+                    len
+                }
                 Err(e) => {
                     shared.peers[peer]
                         .counters
@@ -408,7 +413,7 @@ pub fn rx_loop(
                     match recv[peer].open(now, &route, datagram, &mut slot[VIRTIO_NET_HDR_LEN..]) {
                         Ok(opened) => {
                             if let Some(phase) = opened.confirmed {
-                                session::on_confirmed(p, phase, now);
+                                session::on_confirmed(p, phase, opened.confirmed_key, now);
                             }
                             // A keepalive confirms keys and carries nothing to deliver.
                             if opened.len > 0 {
@@ -420,7 +425,7 @@ pub fn rx_loop(
                         }
                         Err(e) => {
                             if e == OpenError::NoKey {
-                                p.keys.want.store(true, Ordering::Relaxed);
+                                p.keys.empty_slot.store(true, Ordering::Relaxed);
                             }
                             counters.drop_n(open_drop_reason(&e), 1);
                         }

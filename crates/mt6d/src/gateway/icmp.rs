@@ -13,32 +13,37 @@
 //!    gateway's own address on the internal link, never from a hashed one (in host mode the
 //!    "internal link" is the TUN device and the source the host's own true address: the error
 //!    is looped back to the host's stack);
-//! 4. for Packet Too Big, lowers the TUN device's MTU to the path MTU minus the overhead: the
-//!    gateway's kernel then answers every larger inner packet with a Packet Too Big of its own
-//!    (full quote, from the gateway), before it reaches the tunnel. After [`PMTU_EXPIRY`] the
-//!    MTU goes back up (RFC 8201 §4: a smaller path MTU is an estimate that can age out; if the
-//!    path is still narrow, the next error lowers it again). The external interface's own MTU is
-//!    re-read every second, so a link MTU change is followed too.
+//! 4. for Packet Too Big, lowers that peer's path MTU ([`PathMtu`]: only a lower value
+//!    counts, and it ages out after 10 minutes, RFC 8201 §4) and applies it as a locked MTU
+//!    metric on the /128 route of the peer's remote true address into the TUN device: the
+//!    gateway's kernel then answers every larger inner packet *to that host* with a Packet Too
+//!    Big of its own (full quote, from the gateway) before it reaches the tunnel, while the TUN
+//!    device keeps the link MTU and other peers' paths are not affected. The external
+//!    interface's own MTU is re-read every second, so a link MTU change is followed too.
+//!
+//! Before any of that, the error must quote a packet the tx thread recorded in the peer's
+//! [`SentLog`](mt6d_proto::icmp::SentLog) and no error has been accepted for (docs/PROTOCOL.md
+//! §5, "Which errors are believed"), and a Packet Too Big must report an MTU of at least 1280
+//! and below the quoted packet's length.
 //!
 //! Malformed or foreign errors are counted by reason and dropped; nothing here panics on what
 //! the network sent. This thread is not on the data path: errors are rare, so it may format a log
 //! line when the MTU changes (bounded: the MTU only steps down between 1280 and the base).
 
+use std::collections::BTreeMap;
 use std::net::Ipv6Addr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use mt6d_os::{sysctl, Icmp6Socket, Netlink};
-use mt6d_proto::icmp::{quoted_route, translate_path_error_sealed, IcmpError, MIN_MTU};
+use mt6d_proto::icmp::{quoted_route, translate_path_error_sealed, IcmpError, PathMtu, MIN_MTU};
 use mt6d_proto::wire::{Ipv6Repr, IPV6_HEADER_LEN, NEXT_HEADER_ICMPV6};
 
 use super::dataplane::Shared;
 use super::GatewayError;
 use crate::control::PathStatus;
 
-/// How long a path MTU learned from Packet Too Big holds before the tunnel MTU is raised again
-/// (RFC 8201 §4 recommends no less than 5 minutes, 10 by default).
-pub const PMTU_EXPIRY: Duration = Duration::from_secs(600);
 /// How often the thread wakes without traffic (shutdown flag, expiry, external MTU).
 const TICK: Duration = Duration::from_millis(100);
 const EXTERNAL_MTU_POLL: Duration = Duration::from_secs(1);
@@ -52,7 +57,7 @@ const TYPES: [(u8, &str); 4] = [
 ];
 
 /// Drop labels: [`IcmpError::reason`]s, then the daemon's own.
-const DROPS: [&str; 10] = [
+const DROPS: [&str; 12] = [
     "icmp_malformed",
     "icmp_not_an_error",
     "icmp_bad_checksum",
@@ -61,6 +66,8 @@ const DROPS: [&str; 10] = [
     "icmp_bad_tag",
     "icmp_not_allowed",
     "icmp_buffer_too_small",
+    "icmp_bogus_mtu",
+    "icmp_not_sent",
     "icmp_no_destination",
     "icmp_send_failed",
 ];
@@ -71,10 +78,13 @@ pub struct PathState {
     /// TUN MTU derived from the external MTU at start (the tx buffers are sized for it, so the
     /// tunnel MTU never goes above it).
     pub base_mtu: u32,
+    /// The TUN device's MTU: the link MTU (Packet Too Big lowers per-peer routes, not this).
     pub tunnel_mtu: AtomicU32,
     /// The tunnel MTU without what Packet Too Big taught: what the whole internal link is told
     /// in Router Advertisements ([`super::router`]).
     pub link_mtu: AtomicU32,
+    /// Per peer name, the MTU of its path now (written when it changes, read by `status`).
+    peer_mtu: Mutex<BTreeMap<String, u32>>,
     /// The MTU the external link's router advertises (0: none heard), from [`super::router`].
     pub upstream_mtu: AtomicU32,
     /// What the router discovery thread did.
@@ -90,6 +100,7 @@ impl PathState {
             base_mtu,
             tunnel_mtu: AtomicU32::new(base_mtu),
             link_mtu: AtomicU32::new(base_mtu),
+            peer_mtu: Mutex::new(BTreeMap::new()),
             upstream_mtu: AtomicU32::new(0),
             router: Default::default(),
             translated: Default::default(),
@@ -128,6 +139,12 @@ impl PathState {
                 .collect(),
             neighbor_solicitations: self.solicitations.load(Relaxed),
             router: self.router.status(router_advertisements, self),
+            // A poisoned lock still holds a consistent map: every update is one insert.
+            peer_mtu: self
+                .peer_mtu
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone(),
         }
     }
 }
@@ -143,8 +160,10 @@ pub struct IcmpTranslator {
     /// Source of the errors we deliver: the gateway's own address on the internal link.
     source: Ipv6Addr,
     max_overhead: u32,
-    /// The lowest MTU a Packet Too Big reported, and when.
-    learned: Option<(u32, Instant)>,
+    /// Per peer (daemon order): what Packet Too Big taught about its path.
+    pmtu: Vec<PathMtu>,
+    /// Per remote true address: the MTU now on its /128 route (`None`: no metric, the TUN's).
+    applied: Vec<(Ipv6Addr, Option<u32>)>,
     last_poll: Instant,
 }
 
@@ -165,6 +184,9 @@ impl IcmpTranslator {
         max_overhead: usize,
     ) -> Result<IcmpTranslator, GatewayError> {
         let mut netlink = Netlink::open().map_err(os("open rtnetlink for the ICMPv6 thread"))?;
+        // It replaces the daemon's own routes (a peer's path MTU): they keep the daemon's marker,
+        // so the clean-up that deletes by marker still finds them.
+        netlink.set_marker(super::state::MARKER);
         let addrs = netlink
             .list_addresses(internal_index)
             .map_err(os("list internal addresses"))?;
@@ -195,7 +217,8 @@ impl IcmpTranslator {
             external_interface: external_interface.to_string(),
             source,
             max_overhead: u32::try_from(max_overhead).unwrap_or(u32::MAX),
-            learned: None,
+            pmtu: Vec::new(),
+            applied: Vec::new(),
             last_poll: Instant::now(),
         })
     }
@@ -217,7 +240,7 @@ impl IcmpTranslator {
                 // In host mode our translated errors go to this host's own stack, and this raw
                 // socket sees them too: they are ours, not errors from the path.
                 if info.src == self.source {
-                    self.follow(path);
+                    self.follow(shared, path);
                     continue;
                 }
                 match info.dst {
@@ -238,7 +261,7 @@ impl IcmpTranslator {
                     None => path.drop("icmp_no_destination"),
                 }
             }
-            self.follow(path);
+            self.follow(shared, path);
         }
     }
 
@@ -263,6 +286,7 @@ impl IcmpTranslator {
             stream,
             sealer.as_deref(),
             &route,
+            &shared.peers[peer].sent,
             packet,
             self.source,
             out,
@@ -284,33 +308,31 @@ impl IcmpTranslator {
             Err(_) => path.drop("icmp_send_failed"),
         }
         if let Some(mtu) = tr.path_mtu {
-            let inner = mtu.saturating_sub(self.max_overhead).max(MIN_MTU as u32);
-            if self.learned.is_none_or(|(m, _)| inner <= m) {
-                self.learned = Some((inner, Instant::now()));
+            let overhead = u32::try_from(stream.overhead()).unwrap_or(u32::MAX);
+            let inner = mtu.saturating_sub(overhead).max(MIN_MTU as u32);
+            if self.pmtu.len() < shared.peers.len() {
+                self.pmtu.resize(shared.peers.len(), PathMtu::default());
             }
-            self.apply(path);
+            if self.pmtu[peer].on_packet_too_big(super::clock::now(), inner) {
+                self.apply(shared, path);
+            }
         }
     }
 
-    /// Housekeeping between messages: age out a learned path MTU, follow the external MTU.
-    fn follow(&mut self, path: &PathState) {
+    /// Housekeeping between messages: age out learned path MTUs, follow the external MTU.
+    fn follow(&mut self, shared: &Shared, path: &PathState) {
         if self.last_poll.elapsed() < EXTERNAL_MTU_POLL {
             return;
         }
         self.last_poll = Instant::now();
-        if self
-            .learned
-            .is_some_and(|(_, at)| at.elapsed() >= PMTU_EXPIRY)
-        {
-            self.learned = None;
-        }
-        self.apply(path);
+        self.apply(shared, path);
     }
 
-    /// Sets the TUN MTU to the smallest of: the start value, the external MTU minus the
-    /// overhead now, the MTU the external link's router advertises minus the overhead, and a
-    /// path MTU learned from Packet Too Big.
-    fn apply(&mut self, path: &PathState) {
+    /// Sets the TUN MTU to the link MTU, the smallest of: the start value, the external MTU
+    /// minus the overhead now, and the MTU the external link's router advertises minus the
+    /// overhead; then each peer's route to its remote true address to the path MTU learned from
+    /// Packet Too Big where that is lower (the smallest of the peers that share the address).
+    fn apply(&mut self, shared: &Shared, path: &PathState) {
         let inner = |m: u32| m.saturating_sub(self.max_overhead).max(MIN_MTU as u32);
         let external = sysctl::get_ipv6_conf(&self.external_interface, "mtu")
             .ok()
@@ -325,17 +347,69 @@ impl IcmpTranslator {
             .min()
             .unwrap_or(path.base_mtu);
         path.link_mtu.store(link, Relaxed);
-        let target = self.learned.map_or(link, |(m, _)| m.min(link));
         let current = path.tunnel_mtu.load(Relaxed);
-        if target == current {
-            return;
-        }
-        match self.netlink.link_set_mtu(self.tun_index, target) {
-            Ok(()) => {
-                path.tunnel_mtu.store(target, Relaxed);
-                log::info!("tunnel MTU {current} -> {target} (path MTU minus the overhead)");
+        if link != current {
+            match self.netlink.link_set_mtu(self.tun_index, link) {
+                Ok(()) => {
+                    path.tunnel_mtu.store(link, Relaxed);
+                    log::info!(
+                        "tunnel MTU {current} -> {link} (external link MTU minus the overhead)"
+                    );
+                }
+                Err(e) => log::warn!("set tunnel MTU {link}: {e}"),
             }
-            Err(e) => log::warn!("set tunnel MTU {target}: {e}"),
+        }
+        self.apply_peer_routes(shared, path, link);
+    }
+
+    fn apply_peer_routes(&mut self, shared: &Shared, path: &PathState, link: u32) {
+        let now = super::clock::now();
+        self.pmtu.resize(shared.peers.len(), PathMtu::default());
+        let learned: Vec<Option<u32>> = self.pmtu.iter_mut().map(|p| p.get(now)).collect();
+        for (i, peer) in shared.peers.iter().enumerate() {
+            let remote = peer.stream.remote_true();
+            // Peers that share the remote host share its route: the narrowest path wins.
+            let want = shared
+                .peers
+                .iter()
+                .zip(&learned)
+                .filter(|(p, _)| p.stream.remote_true() == remote)
+                .filter_map(|(_, m)| *m)
+                .min()
+                .filter(|m| *m < link);
+            let slot = match self.applied.iter().position(|(a, _)| *a == remote) {
+                Some(j) => j,
+                None => {
+                    self.applied.push((remote, None));
+                    self.applied.len() - 1
+                }
+            };
+            if self.applied[slot].1 != want {
+                match self
+                    .netlink
+                    .set_route_mtu(remote, 128, self.tun_index, want)
+                {
+                    Ok(()) => {
+                        log::info!(
+                            "path MTU to {remote} (peer {}): {}",
+                            peer.name,
+                            want.map_or(format!("{link}, the tunnel MTU"), |m| format!(
+                                "{m} (Packet Too Big)"
+                            ))
+                        );
+                        self.applied[slot].1 = want;
+                    }
+                    Err(e) => log::warn!("peer {}: {e}", peer.name),
+                }
+            }
+            let mtu = learned[i].map_or(link, |m| m.min(link));
+            let mut shown = path
+                .peer_mtu
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if shown.get(&peer.name) != Some(&mtu) {
+                shown.insert(peer.name.clone(), mtu);
+            }
         }
     }
 }
@@ -359,6 +433,11 @@ mod tests {
             IcmpError::BadTag,
             IcmpError::NotAllowed,
             IcmpError::BufferTooSmall { have: 0, need: 1 },
+            IcmpError::BogusMtu {
+                mtu: 65535,
+                quoted: 1488,
+            },
+            IcmpError::NotSent,
         ];
         for e in errors {
             assert!(DROPS.contains(&e.reason()), "{}", e.reason());

@@ -16,6 +16,7 @@
 
 pub mod clock;
 mod collision;
+pub mod counter_state;
 pub mod counters;
 mod dataplane;
 pub mod icmp;
@@ -73,9 +74,8 @@ pub enum GatewayError {
 /// Runs the daemon until a stop signal ([`signals`]).
 pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = Config::load(config_path)?;
-    if !crate::lab::is_root() {
-        return Err("mt6d run changes interfaces, addresses and routes and needs root".into());
-    }
+    // Capabilities, not uid 0: a dedicated user with CAP_NET_ADMIN and CAP_NET_RAW is enough.
+    crate::privilege::check_all()?;
     // Handlers first: a signal during set-up then stops the daemon after set-up, through the
     // same clean-up, instead of killing it half way.
     let signals = signals::Signals::install()?;
@@ -92,13 +92,30 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// Keys must not reach a core dump or a same-user debugger: the process becomes non-dumpable
+/// before any key is derived, and the pages of the configured keys are left out of dumps
+/// (docs/ARCHITECTURE.md "Keys").
+fn protect_secrets(cfg: &Config) -> Result<(), GatewayError> {
+    mt6d_os::secrets::set_non_dumpable().map_err(|e| {
+        GatewayError::Setup(format!(
+            "mark the process non-dumpable (prctl PR_SET_DUMPABLE 0): {e}"
+        ))
+    })?;
+    for p in &cfg.peers {
+        // Best effort: a failure only means a dump the process cannot produce anyway (it is
+        // non-dumpable) would include these pages.
+        let _ = mt6d_os::secrets::dont_dump(p.stream.key.as_bytes());
+    }
+    Ok(())
+}
+
 /// `mt6d down -c FILE`: what a daemon for this configuration left after it died (guards,
 /// routes, proxy entries, addresses, sysctls) is removed or restored; nothing is started.
 pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = Config::load(config_path)?;
-    if !crate::lab::is_root() {
-        return Err("mt6d down changes addresses, routes and sysctls and needs root".into());
-    }
+    // The same capabilities as `run` (no TUN device is opened): the daemon's own user can
+    // clean up after it.
+    crate::privilege::check_run()?;
     let report = state::down(&cfg)?;
     match &report.owner {
         Some((pid, config)) => println!(
@@ -130,6 +147,7 @@ fn run_gateway(
     instance: state::Instance,
 ) -> Result<(), GatewayError> {
     let started = Instant::now();
+    protect_secrets(cfg)?;
     let now = clock::now();
     let mut peers = Vec::with_capacity(cfg.peers.len());
     let mut recv = Vec::with_capacity(cfg.peers.len());
@@ -140,16 +158,30 @@ fn run_gateway(
         let stream = p.build_stream().map_err(setup)?;
         max_overhead = max_overhead.max(stream.overhead());
         let keys = match &p.keying {
+            Keying::PreShared if stream.mode() == mt6d_proto::Mode::Plain => {
+                recv.push(ReceiveKeys::single(stream.opener()));
+                // Plain mode has no counter and no nonce: nothing to persist.
+                PeerKeys::pre_shared(stream.sealer(0, 0), None)
+            }
             Keying::PreShared => {
                 recv.push(ReceiveKeys::single(stream.opener()));
-                PeerKeys::pre_shared(stream.sealer(now))
+                let (state, first) = counter_state::CounterState::open(
+                    &cfg.gateway.state_dir,
+                    &stream.counter_state_id(),
+                )
+                .map_err(|e| GatewayError::Setup(format!("peer {}: send counter: {e}", p.name)))?;
+                let sealer = stream.sealer(first, state.reserved());
+                PeerKeys::pre_shared(sealer, Some(state))
             }
             Keying::Handshake(hs) => {
                 recv.push(ReceiveKeys::new());
                 PeerKeys::handshake(Handshake::new(hs.clone()).map_err(setup)?)
             }
         };
-        peers.push(Arc::new(Peer::new(p.name.clone(), stream, keys)));
+        let peer = Arc::new(Peer::new(p.name.clone(), stream, keys));
+        // The stream's derived subkeys and the peer's key state live inline in `Peer`.
+        let _ = mt6d_os::secrets::dont_dump(&*peer);
+        peers.push(peer);
     }
 
     let mut sys = System::apply(cfg, max_overhead, netlink, instance)?;

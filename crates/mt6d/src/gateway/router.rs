@@ -11,8 +11,10 @@
 //!   hosts' Router Solicitations. The advertisements come from the internal interface's
 //!   link-local address with its MAC, router lifetime 0 (not a default router: the remote hosts
 //!   are reached on-link through proxy neighbour entries), no prefixes.
-//! - On the **external** link it only listens: an upstream router's MTU option lowers the
-//!   tunnel MTU ([`PathState::upstream_mtu`]). At start it sends one Router Solicitation of its
+//! - On the **external** link it only listens: a default router's MTU option lowers the
+//!   tunnel MTU ([`PathState::upstream_mtu`]) for as long as its router lifetime
+//!   ([`UpstreamRouters`]); an advertisement with router lifetime 0 (any node on the link can
+//!   send one) sets nothing and is counted as `nd_not_default_router`. At start it sends one Router Solicitation of its
 //!   own, from the external interface's link-local address (the gateway's, chosen by the kernel),
 //!   so a router answers at once rather than in up to ten minutes. The hosts' own solicitations are link-local multicast and never leave the
 //!   internal link: the gateway is a router, not a bridge, so no host's MAC or true address is
@@ -27,7 +29,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use mt6d_os::{Icmp6Socket, Netlink};
-use mt6d_proto::router::RouterAdvertiser;
+use mt6d_proto::router::{RouterAdvertiser, UpstreamRouters};
 use mt6d_proto::wire::{
     router_advertisement, router_solicitation, RouterMessage, ROUTER_ADVERTISEMENT,
     ROUTER_SOLICITATION,
@@ -48,11 +50,12 @@ const TICK: Duration = Duration::from_millis(100);
 const SOURCE_RETRY: Duration = Duration::from_secs(1);
 
 /// Drop labels of received router discovery messages.
-const DROPS: [&str; 4] = [
+const DROPS: [&str; 5] = [
     "nd_malformed",
     "nd_hop_limit",
     "nd_bad_source",
     "nd_other_interface",
+    "nd_not_default_router",
 ];
 
 /// Counters shared with the control socket.
@@ -101,6 +104,8 @@ pub struct RouterDiscovery {
     source: Option<Ipv6Addr>,
     last_source_lookup: Option<Instant>,
     advertiser: Option<RouterAdvertiser>,
+    /// The external link's default routers and their MTUs.
+    upstream: UpstreamRouters,
 }
 
 fn os(what: &str) -> impl FnOnce(mt6d_os::OsError) -> GatewayError {
@@ -154,6 +159,7 @@ impl RouterDiscovery {
             source: None,
             last_source_lookup: None,
             advertiser: None,
+            upstream: UpstreamRouters::default(),
         })
     }
 
@@ -200,10 +206,17 @@ impl RouterDiscovery {
                     return counters.drop("nd_bad_source");
                 }
                 counters.upstream_advertisements.fetch_add(1, Relaxed);
-                if let Some(mtu) = m.mtu() {
-                    // The ICMPv6 thread folds it into the tunnel MTU within a second.
-                    path.upstream_mtu.store(mtu, Relaxed);
+                let lifetime = m.router_lifetime();
+                if lifetime == 0 {
+                    counters.drop("nd_not_default_router");
                 }
+                // A lifetime 0 from a router we listed also ends its MTU.
+                let now = clock::now();
+                self.upstream
+                    .on_advertisement(now, info.src, lifetime, m.mtu());
+                // The ICMPv6 thread folds it into the tunnel MTU within a second.
+                path.upstream_mtu
+                    .store(self.upstream.mtu(now).unwrap_or(0), Relaxed);
             }
             (false, i) if i == self.internal_index => {
                 // §6.1.1: from the unspecified address, no link-layer address option.
@@ -233,6 +246,9 @@ impl RouterDiscovery {
 
     /// Sends what the schedule asks for, and follows the link MTU.
     fn advertise(&mut self, path: &PathState, counters: &RouterCounters) {
+        // A default router's MTU lapses with its lifetime, heard from again or not.
+        path.upstream_mtu
+            .store(self.upstream.mtu(clock::now()).unwrap_or(0), Relaxed);
         if self.source.is_none() && !self.find_source() {
             return;
         }

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use mt6d_os::UdpSocket6;
+use mt6d_proto::icmp::SentLog;
 use mt6d_proto::moves::RouteMoves;
 use mt6d_proto::{Route, Schedule, Stream, UnixTime};
 
@@ -32,6 +33,9 @@ pub struct Peer {
     pub moves_changed: AtomicBool,
     /// Notices refused (malformed, bad MAC, outside the window).
     pub notices_refused: AtomicU64,
+    /// The tunnel payloads the tx thread sent lately: ICMPv6 errors from the path are believed
+    /// only about these, once each (docs/PROTOCOL.md §5).
+    pub sent: SentLog,
 }
 
 impl Peer {
@@ -45,6 +49,7 @@ impl Peer {
             moves,
             moves_changed: AtomicBool::new(false),
             notices_refused: AtomicU64::new(0),
+            sent: SentLog::new(),
         }
     }
 

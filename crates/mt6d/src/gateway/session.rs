@@ -19,6 +19,7 @@ use mt6d_os::{SendMsg, SendScratch, UdpSocket6};
 use mt6d_proto::handshake::{Handshake, Outcome, ReceiveKeys};
 use mt6d_proto::{KeyPhase, Route, Sealer, UnixTime};
 
+use super::counter_state::CounterState;
 use super::routing::{Peer, RouteTable};
 
 /// One peer's keys, shared by all threads.
@@ -26,30 +27,40 @@ use super::routing::{Peer, RouteTable};
 pub struct PeerKeys {
     /// What the tx thread seals with. None before the first handshake and after keys expired.
     pub send: ArcSwapOption<Sealer>,
-    /// Set by a packet thread that needs a handshake (nothing to seal with, or a packet for a
-    /// key phase it does not hold); taken by the timer.
+    /// Set by the tx thread when it has nothing to seal with; taken by the timer.
     pub want: AtomicBool,
+    /// Set by the rx thread when a packet named a key phase it holds no key for (may be forged:
+    /// the handshake rate-limits what it does about it); taken by the timer.
+    pub empty_slot: AtomicBool,
     /// Set by the timer when keys expired with no rekey; the rx thread then erases its keys.
     pub erase_recv: AtomicBool,
     /// Handshake state; None with a pre-shared key.
     pub handshake: Option<Mutex<HandshakeSide>>,
+    /// A pre-shared auth/encrypt key's persisted counter reservation (docs/PROTOCOL.md §4.3);
+    /// touched only by the main thread's timer.
+    pub counter: Option<Mutex<CounterState>>,
 }
 
-/// The handshake state machine and a responder's send key waiting for confirmation.
+/// The handshake state machine and a responder's send keys waiting for confirmation: one per
+/// answered initiation of the handshake under way, by the key id of its receive key (the peer
+/// completes with whichever answer reaches it first, docs/PROTOCOL.md §9.5).
 #[derive(Debug)]
 pub struct HandshakeSide {
     pub hs: Handshake,
-    pub pending_send: Option<Arc<Sealer>>,
+    pub pending_send: Vec<(u64, Arc<Sealer>)>,
 }
 
 impl PeerKeys {
-    /// A pre-shared session key: one sealer for the daemon's lifetime, no handshake.
-    pub fn pre_shared(sealer: Sealer) -> PeerKeys {
+    /// A pre-shared session key: one sealer for the daemon's lifetime, no handshake. `counter`:
+    /// the sealer's persisted reservation (None in plain mode, which has no counter).
+    pub fn pre_shared(sealer: Sealer, counter: Option<CounterState>) -> PeerKeys {
         PeerKeys {
             send: ArcSwapOption::from_pointee(sealer),
             want: AtomicBool::new(false),
+            empty_slot: AtomicBool::new(false),
             erase_recv: AtomicBool::new(false),
             handshake: None,
+            counter: counter.map(Mutex::new),
         }
     }
 
@@ -58,11 +69,13 @@ impl PeerKeys {
         PeerKeys {
             send: ArcSwapOption::empty(),
             want: AtomicBool::new(true),
+            empty_slot: AtomicBool::new(false),
             erase_recv: AtomicBool::new(false),
             handshake: Some(Mutex::new(HandshakeSide {
                 hs,
-                pending_send: None,
+                pending_send: Vec::new(),
             })),
+            counter: None,
         }
     }
 
@@ -113,13 +126,23 @@ pub(super) fn send_one(
     }
 }
 
-/// The timer's work for one peer: retire expired keys, start an initiation when one is due.
+/// The timer's work for one peer: reserve a pre-shared sealer's next counter block, retire
+/// expired keys, start an initiation when one is due.
 pub fn tick(peer: &Peer, index: usize, table: &RouteTable, now: UnixTime) {
+    if let Some(counter) = &peer.keys.counter {
+        reserve_counters(peer, counter);
+    }
     let Some(mut side) = peer.keys.lock() else {
         return;
     };
     if peer.keys.want.swap(false, Ordering::Relaxed) {
         side.hs.want_handshake();
+    }
+    if peer.keys.empty_slot.swap(false, Ordering::Relaxed) && side.hs.packet_for_empty_slot(now) {
+        log::debug!(
+            "peer {}: a packet named a key phase with no key; handshake requested",
+            peer.name
+        );
     }
     if side.hs.keys_expired(now) && peer.keys.send.load().is_some() {
         log::warn!(
@@ -128,7 +151,7 @@ pub fn tick(peer: &Peer, index: usize, table: &RouteTable, now: UnixTime) {
             mt6d_proto::handshake::REJECT_AFTER_REKEYS
         );
         peer.keys.send.store(None);
-        side.pending_send = None;
+        side.pending_send.clear();
         peer.keys.erase_recv.store(true, Ordering::Relaxed);
     }
     let Some((route, socket)) = table.send_route(index) else {
@@ -142,6 +165,37 @@ pub fn tick(peer: &Peer, index: usize, table: &RouteTable, now: UnixTime) {
             route.remote
         );
         send_one(socket, &route.local, route.remote, &init);
+    }
+}
+
+/// Keeps a pre-shared sealer's reserved counters ahead of its traffic (docs/PROTOCOL.md §4.3):
+/// the fsync happens here, on the timer, never on a packet thread.
+fn reserve_counters(peer: &Peer, counter: &Mutex<CounterState>) {
+    let send = peer.keys.send.load();
+    let Some(sealer) = send.as_ref() else {
+        return;
+    };
+    let Some(next) = sealer.next_counter() else {
+        return;
+    };
+    let mut state = counter
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let was_failing = state.failing();
+    match state.reserve_ahead(next) {
+        Ok(Some(limit)) => {
+            sealer.reserve_until(limit);
+            if was_failing {
+                log::info!("peer {}: send counter state written again", peer.name);
+            }
+        }
+        Ok(None) => {}
+        // Logged once per outage: the tick retries every 20 ms.
+        Err(e) if !was_failing => log::error!(
+            "peer {}: cannot reserve send counters ({e}); packets are dropped once the reserved ones run out",
+            peer.name
+        ),
+        Err(_) => {}
     }
 }
 
@@ -164,8 +218,13 @@ pub fn on_message(
     };
     match side.hs.handle(now, arrived_on, reply_route, bytes, entropy) {
         Ok(Outcome::Responded { reply, keys }) => {
+            let id = keys.recv.key_id().unwrap_or(0);
             recv.install(keys.recv, false, now);
-            side.pending_send = Some(Arc::new(keys.send));
+            side.pending_send.push((id, Arc::new(keys.send)));
+            // Bounded like the receive side's spare keys.
+            if side.pending_send.len() > mt6d_proto::handshake::MAX_PENDING {
+                side.pending_send.remove(0);
+            }
             send_one(socket, &reply_route.local, reply_route.remote, &reply);
             log::debug!("peer {}: answered a handshake initiation", peer.name);
             true
@@ -180,7 +239,7 @@ pub fn on_message(
             }
             log_established(peer, rekey, &sealer, "initiator");
             peer.keys.send.store(Some(sealer));
-            side.pending_send = None;
+            side.pending_send.clear();
             // Requests raised while there was no key are answered by this handshake.
             peer.keys.want.store(false, Ordering::Relaxed);
             true
@@ -192,15 +251,21 @@ pub fn on_message(
     }
 }
 
-/// The rx thread opened the first packet under the receive key of `phase`: a responder may now
-/// send with the new key.
-pub fn on_confirmed(peer: &Peer, phase: KeyPhase, now: UnixTime) {
+/// The rx thread opened the first packet under the receive key of `phase` (`key`: its key id): a
+/// responder may now send with the matching new key.
+pub fn on_confirmed(peer: &Peer, phase: KeyPhase, key: Option<u64>, now: UnixTime) {
     let Some(mut side) = peer.keys.lock() else {
         return;
     };
     let rekey = side.hs.stats().completed > 0;
     if side.hs.confirm(now, phase) {
-        if let Some(sealer) = side.pending_send.take() {
+        let at = side
+            .pending_send
+            .iter()
+            .position(|(id, _)| Some(*id) == key);
+        let chosen = at.map(|i| side.pending_send.swap_remove(i).1);
+        side.pending_send.clear();
+        if let Some(sealer) = chosen {
             log_established(peer, rekey, &sealer, "responder");
             peer.keys.send.store(Some(sealer));
             peer.keys.want.store(false, Ordering::Relaxed);

@@ -517,8 +517,18 @@ impl LabKeys {
     /// (lines for `[gateway]`, lines for `[[peer]]`) of `side`'s configuration.
     fn config_lines(&self, side: Side) -> (String, String) {
         match self {
+            // Each lab gateway keeps its send counter state (docs/PROTOCOL.md §4.3) next to the
+            // key, not in the system's /var/lib/mt6d.
             LabKeys::PreShared { key_file } => (
-                String::new(),
+                format!(
+                    "state_dir = \"{}\"\n",
+                    key_file
+                        .with_file_name(match side {
+                            Side::A => "state-a",
+                            Side::B => "state-b",
+                        })
+                        .display()
+                ),
                 format!("key_file = \"{}\"\n", key_file.display()),
             ),
             LabKeys::Handshake {
