@@ -51,11 +51,23 @@ fuzz_target!(|data: &[u8]| {
         .get(..4)
         .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
     let noise = body.get(4..).unwrap_or(&[]);
-    let msg = match sel % 3 {
+    let mut msg = match sel % 3 {
         0 => body.to_vec(),
         1 => b.frame_with_mac(Kind::Initiation, index, noise, &route_b.remote, &route_b.local),
         _ => b.frame_with_mac(Kind::Response, index, noise, &route_b.remote, &route_b.local),
     };
+    // The wire carries protected headers (§4.5): raw bytes are unmasked as the gateway does;
+    // framed ones are protected by the sender and unmasked by the receiver.
+    let hk = stream.recv_header_key().unwrap();
+    if sel % 3 != 0 {
+        let framed = msg.clone();
+        if hk.protect(&mut msg).is_ok() {
+            hk.unprotect(&mut msg).unwrap();
+        }
+        assert_eq!(msg, framed);
+    } else {
+        let _ = hk.unprotect(&mut msg);
+    }
     // As responder: forged Noise bytes must fail.
     if sel % 3 != 0 {
         assert!(b.handle(now, &route_b, &route_b, &msg, || Some([3; 32])).is_err());

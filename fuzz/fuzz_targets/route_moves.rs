@@ -27,8 +27,12 @@ fuzz_target!(|data: &[u8]| {
     let current = Epoch(1_000);
     let now = UnixTime::from_secs(1_800_000_000);
     let on = b.route(current);
-    // Raw bytes: no valid MAC, so nothing moves.
+    // Raw bytes, unmasked as the gateway does (§4.5): no valid MAC, so nothing moves.
     let _ = rx.handle_notice(now, current, &on, data);
+    let mut unmasked = data.to_vec();
+    if b.recv_header_key().unwrap().unprotect(&mut unmasked).is_ok() {
+        let _ = rx.handle_notice(now, current, &on, &unmasked);
+    }
     for e in 998..=1_003 {
         assert_eq!(rx.offset(Epoch(e)), 0);
     }

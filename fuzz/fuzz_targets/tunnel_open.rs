@@ -1,8 +1,10 @@
 //! Opens arbitrary UDP payloads in every mode and AEAD: must never panic, and anything accepted
-//! must be a well-formed inner IPv6 packet.
+//! must be a well-formed inner IPv6 packet. The payload goes through header-protection removal
+//! first, as in the gateway.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use mt6d_proto::tunnel::header::MIN_PROTECTED_LEN;
 use mt6d_proto::wire::Ipv6Packet;
 use mt6d_proto::{AeadAlg, Endpoint, Epoch, Mode, SessionKey, Stream, StreamConfig};
 
@@ -26,10 +28,21 @@ fuzz_target!(|data: &[u8]| {
     let s = Stream::new(c).unwrap();
     let mut opener = s.opener();
     let route = s.route(Epoch(u64::from(sel)));
+    // As the gateway receives: header protection removed first (auth/encrypt, §4.5).
+    let mut unmasked = payload.to_vec();
+    if let Some(hk) = s.recv_header_key() {
+        if hk.unprotect(&mut unmasked).is_err() {
+            assert!(payload.len() < MIN_PROTECTED_LEN);
+        }
+        let mut again = unmasked.clone();
+        if hk.protect(&mut again).is_ok() {
+            assert_eq!(again, payload, "protect inverts unprotect");
+        }
+    }
     let mut out = vec![0u8; payload.len() + 64];
-    if let Ok(n) = opener.open(&route, payload, &mut out) {
+    if let Ok(n) = opener.open(&route, &unmasked, &mut out) {
         Ipv6Packet::new_checked(&out[..n]).expect("accepted packet is valid IPv6");
     }
     let cut = usize::from(sel).min(out.len());
-    let _ = opener.open(&route, payload, &mut out[..cut]);
+    let _ = opener.open(&route, &unmasked, &mut out[..cut]);
 });

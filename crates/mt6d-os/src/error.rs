@@ -158,6 +158,18 @@ pub enum OsError {
         source: io::Error,
     },
 
+    /// Loading or deleting an nftables ruleset with the `nft` program failed. `source` is the
+    /// spawn error (NotFound: the program is missing) or, when `nft` ran and refused, an error
+    /// carrying its own message.
+    #[error("nftables: {op}: {source}")]
+    Nftables {
+        /// The operation ("load table inet mt6d_mt6d0", ...).
+        op: String,
+        /// What went wrong.
+        #[source]
+        source: io::Error,
+    },
+
     /// A caller passed an argument the OS layer refuses before calling the kernel.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -190,7 +202,8 @@ impl OsError {
             | OsError::Tun { source, .. }
             | OsError::Udp { source, .. }
             | OsError::Icmp { source, .. }
-            | OsError::Epoll { source, .. } => Some(source),
+            | OsError::Epoll { source, .. }
+            | OsError::Nftables { source, .. } => Some(source),
             OsError::InvalidArgument(_) => None,
         }
     }

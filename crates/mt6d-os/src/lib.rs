@@ -5,6 +5,7 @@
 //!   blocking rtnetlink socket, with idempotent adds and deletes;
 //! - [`linkwatch`]: link events (`RTMGRP_LINK`): interfaces deleted, renamed, down, created;
 //! - [`sysctl`]: `/proc/sys/net/ipv6/conf/IFACE/KEY` (forwarding, proxy_ndp, accept_dad, ...);
+//! - [`nftables`]: loading and deleting one named nftables table through the `nft` program;
 //! - [`netns`]: iproute2-compatible named network namespaces for the lab and the tests;
 //! - [`tun`]: the TUN device with virtio-net offload (GSO split on read, GRO on write);
 //! - [`udp`]: the tunnel's UDP sockets with per-packet source address (IPV6_PKTINFO),
@@ -28,6 +29,7 @@ pub mod icmp;
 pub mod linkwatch;
 pub mod netlink;
 pub mod netns;
+pub mod nftables;
 pub mod secrets;
 mod sys;
 pub mod sysctl;

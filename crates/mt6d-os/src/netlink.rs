@@ -44,6 +44,7 @@ const RTM_DELROUTE: u16 = 25;
 const RTM_GETROUTE: u16 = 26;
 const RTM_NEWNEIGH: u16 = 28;
 const RTM_DELNEIGH: u16 = 29;
+const RTM_GETNEIGH: u16 = 30;
 
 const IFLA_ADDRESS: u16 = 1;
 const IFLA_IFNAME: u16 = 3;
@@ -232,6 +233,23 @@ impl Netlink {
         self.transact(msg, |_, _| ())
             .map_err(|source| OsError::Link {
                 op: format!("set mtu {mtu}"),
+                link: link_ref(index),
+                source,
+            })
+    }
+
+    /// Sets the link-layer (MAC) address of interface `index`. Most drivers (veth among them)
+    /// accept it while the link is up; the others answer EBUSY.
+    pub fn link_set_mac(&mut self, index: u32, mac: [u8; 6]) -> Result<()> {
+        let mut msg = Message::new(RTM_NEWLINK, 0);
+        msg.push(&ifinfomsg(index, 0, 0));
+        msg.attr(IFLA_ADDRESS, &mac);
+        self.transact(msg, |_, _| ())
+            .map_err(|source| OsError::Link {
+                op: format!(
+                    "set MAC address {}",
+                    mac.map(|b| format!("{b:02x}")).join(":")
+                ),
                 link: link_ref(index),
                 source,
             })
@@ -700,6 +718,38 @@ impl Netlink {
         }
     }
 
+    /// The link-layer address of the neighbour entry for `addr` on interface `index`, if there
+    /// is one in a state that holds a usable address (reachable, stale, delay, probe,
+    /// permanent); `None` for no entry, or one still resolving or failed.
+    pub fn neighbor_lladdr(&mut self, index: u32, addr: Ipv6Addr) -> Result<Option<[u8; 6]>> {
+        // NUD_REACHABLE | NUD_STALE | NUD_DELAY | NUD_PROBE | NUD_PERMANENT (linux/neighbour.h).
+        const USABLE: u16 = 0x02 | 0x04 | 0x08 | 0x10 | 0x80;
+        let mut msg = Message::new(RTM_GETNEIGH, 0);
+        msg.push(&ndmsg(index, 0, 0));
+        msg.attr(NDA_DST, &addr.octets());
+        let mut found = None;
+        let result = self.transact(msg, |ty, payload| {
+            if ty != RTM_NEWNEIGH || payload.len() < 12 {
+                return;
+            }
+            let state = u16::from_ne_bytes([payload[8], payload[9]]);
+            if state & USABLE != 0 {
+                found = Attrs(&payload[12..])
+                    .find(|(t, _)| *t == NDA_LLADDR)
+                    .and_then(|(_, v)| <[u8; 6]>::try_from(v).ok());
+            }
+        });
+        match result {
+            Err(e) if !is_errno(&e, &[libc::ENOENT]) => Err(OsError::Neighbor {
+                op: "look up",
+                addr,
+                index,
+                source: e,
+            }),
+            _ => Ok(found),
+        }
+    }
+
     /// Deletes the neighbour entry for `addr` on interface `index`; a missing one is success.
     pub fn del_neighbor(&mut self, index: u32, addr: Ipv6Addr) -> Result<()> {
         let mut msg = Message::new(RTM_DELNEIGH, 0);
@@ -1051,6 +1101,9 @@ pub(crate) mod tests {
         let (_ns, mut nl, a, b) = veth_lab();
         assert_eq!(nl.link_name(a).expect("name"), "va");
         assert!(nl.link_mac(a).expect("mac").is_some());
+        let mac = [0x02, 0x11, 0x22, 0x33, 0x44, 0x55];
+        nl.link_set_mac(a, mac).expect("set MAC while up");
+        assert_eq!(nl.link_mac(a).expect("mac"), Some(mac));
         nl.link_set_mtu(a, 1400).expect("mtu");
         assert!(nl.link_index("nonexistent0").is_err());
 
@@ -1111,7 +1164,15 @@ pub(crate) mod tests {
             .expect("neigh add once");
         nl.add_neighbor(a, proxied, mac, true)
             .expect("neigh add twice");
+        assert_eq!(nl.neighbor_lladdr(a, proxied).expect("look up"), Some(mac));
+        nl.add_neighbor(a, proxied, mac, false)
+            .expect("neigh replace, reachable");
+        assert_eq!(nl.neighbor_lladdr(a, proxied).expect("look up"), Some(mac));
         nl.del_neighbor(a, proxied).expect("neigh del once");
+        assert_eq!(
+            nl.neighbor_lladdr(a, proxied).expect("absent is no error"),
+            None
+        );
         nl.del_neighbor(a, proxied).expect("neigh del twice");
 
         nl.link_set_down(b).expect("down");

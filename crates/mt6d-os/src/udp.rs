@@ -191,6 +191,12 @@ impl RecvBuf {
         let seg = self.segment_size.map_or(self.len, usize::from).max(1);
         self.data().chunks(seg)
     }
+
+    /// The individual datagrams, mutable (header protection is removed in place).
+    pub fn datagrams_mut(&mut self) -> std::slice::ChunksMut<'_, u8> {
+        let seg = self.segment_size.map_or(self.len, usize::from).max(1);
+        self.data_mut().chunks_mut(seg)
+    }
 }
 
 /// Reusable arrays for [`UdpSocket6::recv_batch`]; one per receiving thread.

@@ -225,7 +225,8 @@ impl SentLog {
         }
     }
 
-    /// Records a tunnel payload (the UDP payload) just sealed for sending.
+    /// Records a tunnel payload (the UDP payload) as it is sent: sealed and header-protected
+    /// (§4.5), since a quote holds the wire bytes.
     pub fn record(&self, payload: &[u8]) {
         if payload.is_empty() {
             return;
@@ -463,9 +464,17 @@ pub fn translate_path_error_sealed(
                 inner_src: stream.local_true(),
                 inner_dst: stream.remote_true(),
             };
-            // Errors are rare: a heap buffer here keeps the caller's `out` at 1280 bytes.
+            // A complete quote has its sample (the tag), so its header can be unmasked with our
+            // own send key (§4.5); a truncated one has none and is handled above and below
+            // without the counter. Errors are rare: heap buffers here keep the caller's `out` at
+            // 1280 bytes.
+            let mut sealed = present.to_vec();
+            if let Some(hk) = stream.send_header_key() {
+                hk.unprotect(&mut sealed)
+                    .map_err(|_| IcmpError::QuoteTooShort)?;
+            }
             let mut inner = vec![0u8; IPV6_HEADER_LEN + present.len()];
-            match decapsulate(&d, present, &mut inner, &mut Vec::new(), None) {
+            match decapsulate(&d, &sealed, &mut inner, &mut Vec::new(), None) {
                 Ok(n) => {
                     let q = n.min(MAX_QUOTE);
                     if body.len() < q {
@@ -693,6 +702,11 @@ mod tests {
         let sealer = stream.sealer(UnixTime::from_secs(1_700_000_000).as_nanos(), u64::MAX);
         let mut payload = [0u8; 2048];
         let n = sealer.seal(route, inner, &mut payload).unwrap();
+        // As on the wire: the header is masked after sealing (§4.5), and the log records the
+        // bytes as sent.
+        if let Some(hk) = stream.send_header_key() {
+            hk.protect(&mut payload[..n]).unwrap();
+        }
         sent.record(&payload[..n]);
         let mut udp_dgram = vec![0u8; 8 + n];
         udp_dgram[8..].copy_from_slice(&payload[..n]);

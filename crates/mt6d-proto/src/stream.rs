@@ -8,7 +8,7 @@ use ring::aead::LessSafeKey;
 
 use crate::addressing::{self, AddressKeys, Role};
 use crate::key::{context, data_key, Subkey};
-use crate::tunnel::{self, aead_key};
+use crate::tunnel::{self, aead_key, HeaderKey};
 use crate::{
     Endpoint, Epoch, EpochClock, Mode, Opener, PortPolicy, ProtoError, Route, Schedule, Sealer,
     StreamConfig, UnixTime,
@@ -23,6 +23,8 @@ pub struct Stream {
     clock: EpochClock,
     /// Data keys indexed by sender role.
     data: [Subkey; 2],
+    /// Header-protection keys indexed by sender role (§4.5).
+    header: [HeaderKey; 2],
 }
 
 const MAX_ROTATION_MS: u128 = 365 * 24 * 3600 * 1000;
@@ -71,12 +73,17 @@ impl Stream {
             data_key(&cfg.key, cfg.aead, cfg.mode, 0, low, high),
             data_key(&cfg.key, cfg.aead, cfg.mode, 1, high, low),
         ];
+        let header = [
+            HeaderKey::derive(&cfg.key, Role::Low),
+            HeaderKey::derive(&cfg.key, Role::High),
+        ];
         Ok(Stream {
             cfg,
             role,
             keys,
             clock,
             data,
+            header,
         })
     }
 
@@ -216,6 +223,26 @@ impl Stream {
             Mode::Auth | Mode::Encrypt => {
                 Some(aead_key(self.cfg.aead, &self.data[sender.byte() as usize]))
             }
+        }
+    }
+
+    /// The key that masks the first 8 bytes of every payload this gateway sends (data, keepalives,
+    /// handshake messages, route move notices; §4.5), applied after sealing or framing. None in
+    /// plain mode, which is not protected.
+    pub fn send_header_key(&self) -> Option<&HeaderKey> {
+        self.header_key(self.role)
+    }
+
+    /// The key that unmasks every payload the peer sends, applied before classifying it. None in
+    /// plain mode.
+    pub fn recv_header_key(&self) -> Option<&HeaderKey> {
+        self.header_key(self.role.peer())
+    }
+
+    fn header_key(&self, sender: Role) -> Option<&HeaderKey> {
+        match self.cfg.mode {
+            Mode::Plain => None,
+            Mode::Auth | Mode::Encrypt => Some(&self.header[sender.byte() as usize]),
         }
     }
 

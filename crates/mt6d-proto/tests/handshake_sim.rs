@@ -180,11 +180,21 @@ impl Sim {
         }
     }
 
-    fn transmit(&mut self, from_b: bool, route: Route, bytes: Vec<u8>) {
-        if is_handshake(&bytes) && self.net.replay_attack {
+    /// Puts a finished payload on the wire: its header is masked as the daemon does (§4.5), so
+    /// everything below (captures for replay, the replaying attacker, delivery) sees the wire
+    /// bytes.
+    fn transmit(&mut self, from_b: bool, route: Route, mut bytes: Vec<u8>) {
+        let handshake = is_handshake(&bytes);
+        self.gw(from_b)
+            .stream
+            .send_header_key()
+            .unwrap()
+            .protect(&mut bytes)
+            .unwrap();
+        if handshake && self.net.replay_attack {
             self.replay_everything(&route, from_b, &bytes);
         }
-        if is_handshake(&bytes) {
+        if handshake {
             self.handshakes_sent.push(Datagram {
                 src: route.local,
                 dst: route.remote,
@@ -295,7 +305,7 @@ impl Sim {
         true
     }
 
-    fn deliver(&mut self, d: Datagram) {
+    fn deliver(&mut self, mut d: Datagram) {
         let now = self.now();
         let entropy = self.entropy();
         let to_b = d.to_b;
@@ -304,6 +314,11 @@ impl Sim {
             g.drop_reason("unknown_route");
             return;
         };
+        // Unmask with the peer's header key before classifying (§4.5).
+        if let Err(e) = g.stream.recv_header_key().unwrap().unprotect(&mut d.bytes) {
+            g.drop_reason(e.reason());
+            return;
+        }
         if is_handshake(&d.bytes) {
             let reply_route = g.stream.schedule(now).send;
             match g
@@ -760,6 +775,15 @@ fn forged_empty_slot_packets_cause_no_handshake_storm() {
         rng.fill(&mut p[..]);
         // The phase bit of the slot B has no key in (B's confirmed key is phase 0).
         p[0] = 0x40;
+        // Masked as A would (§4.5): the worst case, an attacker holding the header key (a
+        // thief of one static key can derive it); without it only a quarter of random forgeries
+        // would name that slot.
+        sim.a
+            .stream
+            .send_header_key()
+            .unwrap()
+            .protect(&mut p)
+            .unwrap();
         sim.in_flight.insert(
             (sim.now_ms + 1, u64::MAX - sim.now_ms),
             Datagram {

@@ -46,6 +46,12 @@ proptest! {
         let mut wire = vec![0u8; inner.len() + 64];
         let n = sa.sealer(UnixTime::from_nanos(now).as_nanos(), u64::MAX).seal(&sa.route(Epoch(epoch.into())), &inner, &mut wire).unwrap();
         prop_assert_eq!(n + 48, inner.len() + sa.overhead());
+        // Header protection on the wire (§4.5): the sender's send key is the receiver's recv key.
+        prop_assert_eq!(sa.send_header_key().is_some(), mode != Mode::Plain);
+        if let (Some(tx), Some(rx)) = (sa.send_header_key(), sb.recv_header_key()) {
+            tx.protect(&mut wire[..n]).unwrap();
+            rx.unprotect(&mut wire[..n]).unwrap();
+        }
         let mut out = vec![0u8; inner.len()];
         let m = sb.opener().open(&sb.route(Epoch(epoch.into())), &wire[..n], &mut out).unwrap();
         prop_assert_eq!(&out[..m], &inner[..]);

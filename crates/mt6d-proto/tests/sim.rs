@@ -105,6 +105,10 @@ impl Pair {
         );
         let mut buf = [0u8; 256];
         let n = from.sealer.seal(&sched.send, &inner, &mut buf).unwrap();
+        // The header is masked on the wire (§4.5; plain mode has no header key).
+        if let Some(hk) = from.stream.send_header_key() {
+            hk.protect(&mut buf[..n]).unwrap();
+        }
         self.seq += 1;
         if self.rng.random_bool(self.loss) {
             self.lost_in_network += 1;
@@ -133,8 +137,15 @@ impl Pair {
             *to.drops.entry("no_route").or_default() += 1;
             return Err("no_route");
         };
+        let mut payload = d.payload.clone();
+        if let Some(hk) = to.stream.recv_header_key() {
+            if let Err(e) = hk.unprotect(&mut payload) {
+                *to.drops.entry(e.reason()).or_default() += 1;
+                return Err(e.reason());
+            }
+        }
         let mut out = [0u8; 256];
-        match to.opener.open(route, &d.payload, &mut out) {
+        match to.opener.open(route, &payload, &mut out) {
             Ok(n) => {
                 assert_eq!(&out[..n], &d.inner[..]);
                 to.delivered += 1;
@@ -237,7 +248,7 @@ fn replayed_and_tampered_packets_are_rejected_and_counted() {
     );
     let start = p.now_ms;
     let mut replayed = 0;
-    let mut tampered = 0;
+    let mut tampered = std::collections::HashMap::new();
     for i in 0..2000u64 {
         p.send(true);
         p.now_ms += 25;
@@ -253,10 +264,21 @@ fn replayed_and_tampered_packets_are_rejected_and_counted() {
                     inner: d.inner.clone(),
                     ..d
                 };
-                let at = p.rng.random_range(8..t.payload.len());
+                let len = t.payload.len();
+                let at = p.rng.random_range(8..len);
                 t.payload[at] ^= 1 << p.rng.random_range(0..8);
-                assert_eq!(p.deliver(&t), Err("open_bad_tag"));
-                tampered += 1;
+                let r = p.deliver(&t);
+                if at < len - 16 {
+                    assert_eq!(r, Err("open_bad_tag"));
+                } else {
+                    // A changed tag is a changed header-protection sample (§4.5): the counter
+                    // unmasks to garbage, refused by the counter check, the window or the tag.
+                    assert!(
+                        matches!(r, Err("open_bad_tag" | "open_bad_counter" | "open_replay")),
+                        "{r:?}"
+                    );
+                }
+                *tampered.entry(r.unwrap_err()).or_insert(0u64) += 1;
             }
             assert_eq!(p.deliver(&d), Ok(()));
             if i % 7 == 0 {
@@ -266,7 +288,19 @@ fn replayed_and_tampered_packets_are_rejected_and_counted() {
         }
     }
     assert!(p.now_ms - start > 40 * 1000);
-    assert_eq!(p.b.drops.get("open_replay").copied(), Some(replayed));
-    assert_eq!(p.b.drops.get("open_bad_tag").copied(), Some(tampered));
+    let t = |r: &str| tampered.get(r).copied().unwrap_or(0);
+    assert!(t("open_bad_tag") > 100, "{tampered:?}");
+    assert_eq!(
+        p.b.drops.get("open_replay").copied(),
+        Some(replayed + t("open_replay"))
+    );
+    assert_eq!(
+        p.b.drops.get("open_bad_tag").copied(),
+        Some(t("open_bad_tag"))
+    );
+    assert_eq!(
+        p.b.drops.get("open_bad_counter").copied().unwrap_or(0),
+        t("open_bad_counter")
+    );
     assert!(!p.b.drops.contains_key("no_route"));
 }

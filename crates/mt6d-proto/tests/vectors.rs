@@ -4,6 +4,9 @@
 use std::net::Ipv6Addr;
 
 use mt6d_proto::addressing::{hashed_address, port, thesis_iid, AddressKeys, Role};
+use mt6d_proto::moves::RouteMoves;
+use mt6d_proto::tunnel::header::key_bytes;
+use mt6d_proto::tunnel::HeaderKey;
 use mt6d_proto::{
     AeadAlg, Derivation, Endpoint, Epoch, Mode, PortPolicy, SessionKey, Stream, StreamConfig,
     UnixTime,
@@ -69,6 +72,8 @@ fn print_vectors() {
             s.epoch_start(Epoch(e)).as_millis()
         );
     }
+    println!("header keys and mask {:?}", header_vectors());
+    println!("notice {}", notice_vector());
     for alg in [AeadAlg::Aes256Gcm, AeadAlg::ChaCha20Poly1305] {
         for mode in [Mode::Encrypt, Mode::Auth] {
             let (out, n) = seal_vector(mode, alg);
@@ -101,7 +106,30 @@ fn seal_vector(mode: Mode, alg: AeadAlg) -> ([u8; 128], usize) {
     let n = sealer
         .seal(&s.route(EPOCH), &inner_packet(), &mut out)
         .unwrap();
+    // On the wire the first 8 bytes are masked (§4.5); plain mode has no header key.
+    if let Some(hk) = s.send_header_key() {
+        hk.protect(&mut out[..n]).unwrap();
+    }
     (out, n)
+}
+
+/// The header-protection keys of both roles, and the mask of sample `000102..0f` under role 0's.
+fn header_vectors() -> (String, String, String) {
+    let k = key();
+    let (k0, k1) = (key_bytes(&k, Role::Low), key_bytes(&k, Role::High));
+    let sample: [u8; 16] = core::array::from_fn(|i| i as u8);
+    let mask = HeaderKey::from_bytes(&k0).mask(&sample);
+    (hex(&*k0), hex(&*k1), hex(&mask))
+}
+
+/// Role 0's route move notice for epoch e, offset 1, on its route of epoch e, protected.
+fn notice_vector() -> String {
+    let mut c = StreamConfig::new(low(), high(), key());
+    c.mode = Mode::Encrypt;
+    let s = Stream::new(c).unwrap();
+    let mut n = RouteMoves::new(&s).frame_notice(&s.route(EPOCH), EPOCH, 1, false);
+    s.send_header_key().unwrap().protect(&mut n).unwrap();
+    hex(&n)
 }
 
 #[test]
@@ -208,28 +236,50 @@ fn jitter_schedule() {
     assert_eq!(s.epoch_at(UnixTime::from_millis(1_700_000_002_201)), EPOCH);
 }
 
+/// Cross-checked independently with python3 and the `blake3` and `cryptography` (OpenSSL AES)
+/// packages (docs/PROTOCOL.md §8).
+#[test]
+fn header_protection_keys_mask_and_notice() {
+    let (k0, k1, mask) = header_vectors();
+    assert_eq!(
+        k0,
+        "4e17734d5839b990c3cc966867397695f797de49b77c0ece18de9fc8aefd8c7e"
+    );
+    assert_eq!(
+        k1,
+        "131ac4117cdf07e181429d89bc72ad93b6208f67b59b4a329a86a7e9a0b4c3f6"
+    );
+    assert_eq!(mask, "f5f93a299db279a3");
+    assert_eq!(
+        notice_vector(),
+        "4602b406440259070a21fe8001000000ed20ed8c17b48fb24d70a3a467aa6833"
+    );
+}
+
+/// The sealed payloads as they leave the gateway: AEAD output unchanged from byte 8 on, the
+/// counter `0000000004000000` masked (§4.5). Cross-checked as above.
 #[test]
 fn sealed_payloads() {
     let cases = [
         (
             Mode::Encrypt,
             AeadAlg::Aes256Gcm,
-            "00000000040000000579d90f0586f65c41623dd498e91d6e956c9087334f32da563ae2d2",
+            "f9383c2bae04d97e0579d90f0586f65c41623dd498e91d6e956c9087334f32da563ae2d2",
         ),
         (
             Mode::Auth,
             AeadAlg::Aes256Gcm,
-            "00000000040000006000000000043b406d7436649c57d10fe31fbeac2626ab38d94a8dae",
+            "fc27a1f3f1ca6ff76000000000043b406d7436649c57d10fe31fbeac2626ab38d94a8dae",
         ),
         (
             Mode::Encrypt,
             AeadAlg::ChaCha20Poly1305,
-            "000000000400000096dc205be5f2c5a45d0b710bc69db1c4a8fb6ba4fcea9aba441538c0",
+            "b3ace1076eff439b96dc205be5f2c5a45d0b710bc69db1c4a8fb6ba4fcea9aba441538c0",
         ),
         (
             Mode::Auth,
             AeadAlg::ChaCha20Poly1305,
-            "00000000040000006000000000043b406d743664cc4c65fd6dd05a2692780473b8fdbed5",
+            "23dad892b76532536000000000043b406d743664cc4c65fd6dd05a2692780473b8fdbed5",
         ),
     ];
     for (mode, alg, want) in cases {

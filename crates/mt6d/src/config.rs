@@ -74,6 +74,9 @@ pub struct GatewayConfig {
     /// `interface_down_exit_secs`: how long an interface may be down or missing before the
     /// daemon exits non-zero for a supervisor to restart it (default 30).
     pub interface_down_exit: std::time::Duration,
+    /// Give the external interface a random MAC and a random link-local address for the run,
+    /// restored on exit (docs/PROTOCOL.md §5.4).
+    pub randomize_link: bool,
     /// Where pre-shared auth/encrypt streams persist their send counter's high-water mark
     /// (docs/PROTOCOL.md §4.3). Must survive reboots and not be restored from old copies.
     pub state_dir: PathBuf,
@@ -185,6 +188,7 @@ struct RawGateway {
     router_advertisements: Option<Spanned<bool>>,
     log_level: Option<Spanned<String>>,
     interface_down_exit_secs: Option<Spanned<f64>>,
+    randomize_link: Option<Spanned<bool>>,
     state_dir: Option<Spanned<String>>,
 }
 
@@ -624,6 +628,7 @@ impl Config {
                 router_advertisements,
                 log_level,
                 interface_down_exit,
+                randomize_link: gw.randomize_link.as_ref().is_some_and(|v| *v.get_ref()),
                 state_dir,
             },
             peers,
@@ -992,6 +997,18 @@ key = "{KEY}"
                 .to_string();
             assert!(err.contains(what), "{what}: {err}");
         }
+    }
+
+    #[test]
+    fn randomize_link_is_off_unless_asked_for() {
+        assert!(!parse(&example()).expect("example").gateway.randomize_link);
+        let on = example().replace(
+            "rotation_secs = 1",
+            "rotation_secs = 1\nrandomize_link = true",
+        );
+        assert!(parse(&on).expect("parses").gateway.randomize_link);
+        let bad = example().replace("rotation_secs = 1", "rotation_secs = 1\nrandomize_link = 1");
+        assert!(parse(&bad).is_err());
     }
 
     #[test]

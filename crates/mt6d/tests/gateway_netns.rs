@@ -853,9 +853,19 @@ fn ping_std_and_flood_lose_nothing(topology: Topology, rotation_secs: u64, rotat
         }
         let discards_before = lab.router_unresolved_discards();
         let rotations_before = status(&running, Side::A).peers[0].counters.rotations;
-        // The address Gateway A will send from in the next epoch is known before it is used.
+        // The address Gateway A will send from in the next epoch is known before it is used:
+        // it is announced 250 ms before its epoch starts (docs/PROTOCOL.md §5.1), so look in
+        // the last 150 ms of this one.
         let (next_local, neighbour_ns, neighbour_if) = {
-            let st = status(&running, Side::A);
+            let deadline = Instant::now() + Duration::from_secs(rotation_secs + 2);
+            let st = loop {
+                let st = status(&running, Side::A);
+                if st.peers[0].next_change_ms <= 150 {
+                    break st;
+                }
+                assert!(Instant::now() < deadline, "{topology}: epoch never ends");
+                std::thread::sleep(Duration::from_millis(10));
+            };
             let next = st.peers[0].accept.last().expect("next epoch").local.clone();
             let ip = next
                 .trim_start_matches('[')

@@ -10,7 +10,9 @@
 //! Nonce = `00 00 00 00 || counter (u64 BE)`. AAD = outer src (16) || outer dst (16) || src port (2)
 //! || dst port (2) || counter (8) [|| inner hdr 0..8 || inner payload, auth mode only].
 //! The outer packet never carries IPv6 extension headers (RFC 7872: they are dropped on the path).
+//! On the wire the first 8 bytes of every auth/encrypt payload are masked ([`header`], §4.5).
 
+pub mod header;
 mod open;
 mod replay;
 mod seal;
@@ -19,6 +21,7 @@ use std::net::SocketAddrV6;
 
 use ring::aead::{self, LessSafeKey, Nonce, UnboundKey};
 
+pub use header::{HeaderError, HeaderKey};
 pub use open::Opener;
 pub use replay::ReplayWindow;
 pub use seal::Sealer;

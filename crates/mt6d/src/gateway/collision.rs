@@ -187,7 +187,13 @@ pub fn send_notices(shared: &Shared, table: &RouteTable, now: UnixTime) {
         let mut out = [0u8; NOTICE_LEN];
         while let Some(route) = moves.poll_transmit(now, &routes.schedule, &mut out) {
             if let Some(socket) = table.sockets.get(&route.local.port()) {
-                super::session::send_one(socket, &route.local, route.remote, &out);
+                super::session::send_one(
+                    socket,
+                    &route.local,
+                    route.remote,
+                    &out,
+                    p.stream.send_header_key(),
+                );
             }
         }
     }

@@ -2,10 +2,12 @@
 //!
 //! ```text
 //! tx: TUN read (GSO super-packet split) -> peer by inner destination -> Sealer::seal into one
-//!     contiguous buffer -> runs of equal-size datagrams on one route -> sendmmsg with UDP GSO,
-//!     source address per message via IPV6_PKTINFO
+//!     contiguous buffer -> header protection (docs/PROTOCOL.md §4.5) -> runs of equal-size
+//!     datagrams on one route -> sendmmsg with UDP GSO, source address per message via
+//!     IPV6_PKTINFO
 //! rx: epoll over the per-port sockets -> recvmmsg with UDP GRO -> route by (local address,
-//!     port) -> Opener::open -> TUN write with GRO coalescing
+//!     port) -> header protection removed in place -> classify (notice, handshake, data) ->
+//!     Opener::open -> TUN write with GRO coalescing
 //! ```
 //!
 //! Each thread loads the current [`RouteTable`] once per batch (an atomic pointer load) and owns
@@ -157,12 +159,7 @@ pub fn tx_loop(shared: &Shared, tun: &Tun, tun_mtu: usize) {
                 continue;
             };
             let len = match sealer.seal(route, inner, out) {
-                Ok(len) => {
-                    // Two relaxed loads and stores (docs/PROTOCOL.md §5): what an ICMPv6 error
-                    // from the path must quote to be believed.
-                    shared.peers[peer].sent.record(&out[..len]);
-                    len
-                }
+                Ok(len) => len,
                 Err(e) => {
                     shared.peers[peer]
                         .counters
@@ -171,6 +168,21 @@ pub fn tx_loop(shared: &Shared, tun: &Tun, tun_mtu: usize) {
                     continue;
                 }
             };
+            // Mask the counter (docs/PROTOCOL.md §4.5); a sealed auth/encrypt payload is never
+            // shorter than the 24 bytes protection needs, so this cannot fail.
+            if let Some(hk) = shared.peers[peer].stream.send_header_key() {
+                if hk.protect(&mut out[..len]).is_err() {
+                    shared.peers[peer]
+                        .counters
+                        .tx
+                        .drop_n(DropReason::BadLength, 1);
+                    continue;
+                }
+            }
+            // Two relaxed loads and stores (docs/PROTOCOL.md §5): what an ICMPv6 error from the
+            // path must quote to be believed. Recorded as it leaves (masked): a quote holds the
+            // wire bytes.
+            shared.peers[peer].sent.record(&out[..len]);
             match runs.last_mut() {
                 Some(r)
                     if r.peer == peer
@@ -365,7 +377,7 @@ pub fn rx_loop(
                 }
             };
             let mut ready = 0;
-            for buf in &bufs[..got] {
+            for buf in &mut bufs[..got] {
                 if buf.truncated() {
                     shared.unmatched.drop_n(DropReason::BadLength, 1);
                     continue;
@@ -383,7 +395,18 @@ pub fn rx_loop(
                 }
                 let (mut packets, mut bytes) = (0u64, 0u64);
                 let p = &shared.peers[peer];
-                for datagram in buf.datagrams() {
+                let header_key = p.stream.recv_header_key();
+                for datagram in buf.datagrams_mut() {
+                    // Unmask before classifying (docs/PROTOCOL.md §4.5): the class, the counter
+                    // and the key phase are all in the masked bytes. Garbage unmasks to garbage
+                    // and is refused below by the class's own check.
+                    if let Some(hk) = header_key {
+                        if hk.unprotect(datagram).is_err() {
+                            counters.drop_n(DropReason::BadLength, 1);
+                            continue;
+                        }
+                    }
+                    let datagram = &*datagram;
                     if is_notice(datagram) {
                         if !collision::on_notice(p, &route, datagram, now) {
                             counters.drop_n(DropReason::Handshake, 1);

@@ -23,6 +23,7 @@ pub mod icmp;
 mod links;
 mod liveness;
 mod neighbor;
+mod quiet;
 mod rotation;
 mod router;
 pub mod routing;
@@ -336,6 +337,8 @@ fn serve(
                     drops.report(shared);
                 }
             }
+            // Announcements of the next epoch's addresses fall due PRIME_LEAD before it.
+            rotator.prime_due(&mut sys.netlink, now);
             // Address collisions (docs/PROTOCOL.md §5.2): ours seen on the link, and moves the
             // peer announced; either rebuilds the table at once, well within the interval.
             let found = rotator.poll_collisions();

@@ -5,11 +5,12 @@
 //! loss at rotation): addresses of the *next* epoch are already in the accept window, so they are
 //! bound (with `nodad`, usable at once) one whole interval before the peer starts sending to
 //! them; new sockets exist before the table that names them is published; old addresses are
-//! removed only after the table that no longer names them is live. Right after a new address is
-//! bound, the on-link next hop is made to learn it ([`super::neighbor`]), so that the first
-//! packet to it one interval later is not held up by neighbour discovery (001 §4.2), and is
+//! removed only after the table that no longer names them is live. A newly bound address is
 //! probed for a duplicate on the link ([`super::collision`]); a collision moves the epoch and
-//! calls [`Rotator::step`] again, which binds the moved addresses the same way.
+//! calls [`Rotator::step`] again, which binds the moved addresses the same way. The on-link
+//! next hop learns a new address only [`PRIME_LEAD`] before its epoch starts
+//! ([`super::neighbor`], docs/PROTOCOL.md §5.1): the first packet to it is then not held up by
+//! neighbour discovery (001 §4.2), and nothing names it on the wire any earlier.
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::Ipv6Addr;
@@ -23,7 +24,7 @@ use mt6d_proto::{Epoch, UnixTime};
 use super::collision::{Collision, CollisionWatch};
 use super::dataplane::Shared;
 use super::icmp::PathState;
-use super::neighbor::NeighborPrimer;
+use super::neighbor::{NeighborPrimer, PRIME_LEAD};
 use super::routing::{Peer, RouteTable};
 use super::GatewayError;
 
@@ -38,6 +39,13 @@ pub struct Rotator {
     epochs: Vec<Option<Epoch>>,
     next_change: UnixTime,
     primer: Option<(NeighborPrimer, Arc<PathState>)>,
+    /// Local addresses whose announcement is sent or scheduled.
+    primed: HashSet<Ipv6Addr>,
+    /// Announcements not yet due: (when, from our address, to the next hop).
+    pending: Vec<(UnixTime, Ipv6Addr, Ipv6Addr)>,
+    /// The peers' hashed addresses of the accept window (one segment: our kernel's neighbour
+    /// entries for them are removed when they leave it).
+    remotes: HashSet<Ipv6Addr>,
     watch: Option<CollisionWatch>,
     /// Ports and addresses that could not be bound and had no move left, by name: each is
     /// logged once until it can be bound again.
@@ -105,6 +113,45 @@ fn move_away(
     moved
 }
 
+/// One segment: gives our kernel a neighbour entry for the peer's address `target` of the epoch
+/// about to start, with the MAC its entry for another of the peer's addresses holds, unless it
+/// has one. The announcement to `target` then leaves unicast at once, without a multicast
+/// solicitation first: a switch that drops multicast for groups nobody reported (MLD reports
+/// never leave, docs/PROTOCOL.md §5.4) would drop that one. The peer's own announcement (its
+/// MAC in the link-layer option) corrects the entry if the peer's MAC changed (a restart with
+/// `randomize_link`); the solicited advertisement answering ours confirms it.
+fn peer_entry(nl: &mut Netlink, index: u32, target: Ipv6Addr, remotes: &HashSet<Ipv6Addr>) {
+    if matches!(nl.neighbor_lladdr(index, target), Ok(Some(_))) {
+        return;
+    }
+    let mac = remotes
+        .iter()
+        .filter(|a| **a != target)
+        .find_map(|a| nl.neighbor_lladdr(index, *a).ok().flatten());
+    if let Some(mac) = mac {
+        if let Err(e) = nl.add_neighbor(index, target, mac, false) {
+            log::debug!("neighbour entry for {target}: {e}");
+        }
+    }
+}
+
+/// When each route of the accept window is to be announced (docs/PROTOCOL.md §5.1): the
+/// current epoch's at `now`, the next epoch's [`PRIME_LEAD`] before its boundary, the previous
+/// epoch's never.
+fn announcements(
+    schedule: &mt6d_proto::Schedule,
+    now: UnixTime,
+) -> impl Iterator<Item = (UnixTime, &mt6d_proto::Route)> {
+    let current = schedule.send.epoch;
+    let lead = u64::try_from(PRIME_LEAD.as_nanos()).unwrap_or(u64::MAX);
+    let next_due = UnixTime::from_nanos(schedule.next_change.as_nanos().saturating_sub(lead));
+    schedule
+        .accept
+        .iter()
+        .filter(move |r| r.epoch >= current)
+        .map(move |r| (if r.epoch > current { next_due } else { now }, r))
+}
+
 impl Rotator {
     pub fn new(external_index: u32) -> Rotator {
         Rotator {
@@ -114,6 +161,9 @@ impl Rotator {
             epochs: Vec::new(),
             next_change: UnixTime::from_nanos(0),
             primer: None,
+            primed: HashSet::new(),
+            pending: Vec::new(),
+            remotes: HashSet::new(),
             watch: None,
             unbindable: HashSet::new(),
             skip: HashSet::new(),
@@ -253,7 +303,7 @@ impl Rotator {
         let needed: HashSet<Ipv6Addr> = table.local_addresses().collect();
         // Bound in a round whose table then moved: removed below with the other stale ones.
         fresh.retain(|a| needed.contains(a));
-        self.prime(&table, &fresh);
+        self.schedule_priming(&table, now);
         if let Some(watch) = &mut self.watch {
             for addr in &fresh {
                 watch.probe(*addr);
@@ -296,7 +346,10 @@ impl Rotator {
                 log::warn!("remove hashed address {addr}: {e}");
             }
             self.bound.remove(&addr);
+            self.primed.remove(&addr);
+            self.pending.retain(|(_, from, _)| *from != addr);
         }
+        self.forget_peer_addresses(nl, &shared.table.load());
         let old_ports: Vec<u16> = self
             .sockets
             .keys()
@@ -371,25 +424,21 @@ impl Rotator {
         Ok(())
     }
 
-    /// Sends a neighbour solicitation from each address in `fresh` to the next hop of its peer.
-    fn prime(&self, table: &RouteTable, fresh: &[Ipv6Addr]) {
-        let Some((primer, path)) = &self.primer else {
+    /// Schedules the announcement of each local address of the accept window not yet announced:
+    /// the current epoch's at once (it is in use), the next epoch's [`PRIME_LEAD`] before its
+    /// boundary; the previous epoch's never (nothing more will be sent to it that needs a new
+    /// neighbour entry). The solicitation goes to the router, or on one segment to the peer's
+    /// address *of the same epoch*, so no message names two epochs (docs/PROTOCOL.md §5.1).
+    fn schedule_priming(&mut self, table: &RouteTable, now: UnixTime) {
+        let Some((primer, _)) = &self.primer else {
             return;
         };
         for routes in &table.peers {
-            let target = primer.target(*routes.schedule.send.remote.ip());
-            for route in &routes.schedule.accept {
+            for (due, route) in announcements(&routes.schedule, now) {
                 let from = *route.local.ip();
-                if !fresh.contains(&from) {
-                    continue;
-                }
-                match primer.solicit(from, target) {
-                    Ok(()) => {
-                        path.solicitations
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    // Once per rotation at most, on the main thread.
-                    Err(e) => log::debug!("neighbour solicitation from {from} for {target}: {e}"),
+                if self.primed.insert(from) {
+                    self.pending
+                        .push((due, from, primer.target(*route.remote.ip())));
                 }
             }
         }
@@ -399,10 +448,60 @@ impl Rotator {
     /// (adds are idempotent): after the external interface came back up, its addresses flushed.
     pub fn forget_addresses(&mut self) {
         self.bound.clear();
+        self.primed.clear();
+    }
+
+    /// Sends the announcements that are due; called by the main loop every tick (20 ms).
+    pub fn prime_due(&mut self, nl: &mut Netlink, now: UnixTime) {
+        let Some((primer, path)) = &self.primer else {
+            return;
+        };
+        let (index, remotes) = (self.external_index, &self.remotes);
+        self.pending.retain(|&(due, from, target)| {
+            if due > now {
+                return true;
+            }
+            if primer.on_link() {
+                peer_entry(nl, index, target, remotes);
+            }
+            match primer.solicit(from, target) {
+                Ok(()) => {
+                    path.solicitations
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                // Once per rotation at most, on the main thread.
+                Err(e) => log::debug!("neighbour solicitation from {from} for {target}: {e}"),
+            }
+            false
+        });
+    }
+
+    /// One segment: our kernel's neighbour entries for peer addresses that left the accept
+    /// window are deleted, so that it never probes them later (a probe would name an old
+    /// epoch's address long after its use).
+    fn forget_peer_addresses(&mut self, nl: &mut Netlink, table: &RouteTable) {
+        if !self.primer.as_ref().is_some_and(|(p, _)| p.on_link()) {
+            return;
+        }
+        let now: HashSet<Ipv6Addr> = table
+            .peers
+            .iter()
+            .flat_map(|r| r.schedule.accept.iter().map(|a| *a.remote.ip()))
+            .collect();
+        for gone in self.remotes.difference(&now) {
+            if let Err(e) = nl.del_neighbor(self.external_index, *gone) {
+                log::debug!("forget neighbour {gone}: {e}");
+            }
+        }
+        self.remotes = now;
     }
 
     /// Removes every hashed address and closes every socket (shutdown).
     pub fn remove_all(&mut self, nl: &mut Netlink, epoll: &Epoll) {
+        // The neighbour entries for the peer's addresses (ours or learned): gone with them.
+        for addr in self.remotes.drain() {
+            let _ = nl.del_neighbor(self.external_index, addr);
+        }
         for addr in self.bound.drain() {
             if let Err(e) = nl.del_address(self.external_index, addr, 128) {
                 log::warn!("remove hashed address {addr}: {e}");
@@ -411,5 +510,51 @@ impl Rotator {
         for (_, s) in std::mem::take(&mut self.sockets) {
             let _ = epoll.delete(s.as_raw_fd());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mt6d_proto::{Route, Schedule};
+    use std::net::SocketAddrV6;
+
+    fn route(e: u64) -> Route {
+        let a = |x: u16| {
+            SocketAddrV6::new(
+                Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, x, e as u16),
+                1024,
+                0,
+                0,
+            )
+        };
+        Route {
+            epoch: Epoch(e),
+            local: a(1),
+            remote: a(2),
+        }
+    }
+
+    #[test]
+    fn the_next_epoch_is_announced_only_the_lead_before_its_boundary() {
+        let boundary = UnixTime::from_nanos(10_000_000_000);
+        let schedule = Schedule {
+            send: route(7),
+            accept: [route(6), route(7), route(8)],
+            next_change: boundary,
+        };
+        let now = UnixTime::from_nanos(9_000_000_000);
+        let got: Vec<(u64, u64)> = announcements(&schedule, now)
+            .map(|(due, r)| (r.epoch.0, due.as_nanos()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![(7, now.as_nanos()), (8, 10_000_000_000 - 250_000_000)],
+            "current at once, next 250 ms early, previous never"
+        );
+        assert!(
+            PRIME_LEAD < std::time::Duration::from_millis(500),
+            "below R/2 for R = 1 s"
+        );
     }
 }

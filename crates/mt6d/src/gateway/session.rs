@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use arc_swap::ArcSwapOption;
 use mt6d_os::{SendMsg, SendScratch, UdpSocket6};
 use mt6d_proto::handshake::{Handshake, Outcome, ReceiveKeys};
+use mt6d_proto::tunnel::HeaderKey;
 use mt6d_proto::{KeyPhase, Route, Sealer, UnixTime};
 
 use super::counter_state::CounterState;
@@ -102,13 +103,38 @@ fn entropy() -> Option<[u8; 32]> {
     }
 }
 
-/// Sends one handshake-class datagram (or keepalive) from `src` to `dst`.
+/// Largest control message [`send_one`] protects on its stack (handshake messages are 129 and 73
+/// bytes, notices 32, keepalives 24).
+const MAX_CONTROL_LEN: usize = 512;
+
+/// Sends one handshake-class datagram (or keepalive) from `src` to `dst`, its first 8 bytes
+/// masked with `header` (the stream's send header key, docs/PROTOCOL.md §4.5; None in plain mode).
 pub(super) fn send_one(
     socket: &UdpSocket6,
     src: &SocketAddrV6,
     dst: SocketAddrV6,
     payload: &[u8],
+    header: Option<&HeaderKey>,
 ) -> bool {
+    let mut protected = [0u8; MAX_CONTROL_LEN];
+    let payload = match header {
+        None => payload,
+        Some(hk) => {
+            let Some(buf) = protected.get_mut(..payload.len()) else {
+                log::error!(
+                    "control message of {} bytes to {dst} exceeds {MAX_CONTROL_LEN}; not sent",
+                    payload.len()
+                );
+                return false;
+            };
+            buf.copy_from_slice(payload);
+            if let Err(e) = hk.protect(buf) {
+                log::error!("control message to {dst}: {e}; not sent");
+                return false;
+            }
+            &*buf
+        }
+    };
     let mut scratch = SendScratch::new(1);
     let msg = SendMsg {
         src: *src.ip(),
@@ -164,7 +190,13 @@ pub fn tick(peer: &Peer, index: usize, table: &RouteTable, now: UnixTime) {
             peer.name,
             route.remote
         );
-        send_one(socket, &route.local, route.remote, &init);
+        send_one(
+            socket,
+            &route.local,
+            route.remote,
+            &init,
+            peer.stream.send_header_key(),
+        );
     }
 }
 
@@ -225,7 +257,13 @@ pub fn on_message(
             if side.pending_send.len() > mt6d_proto::handshake::MAX_PENDING {
                 side.pending_send.remove(0);
             }
-            send_one(socket, &reply_route.local, reply_route.remote, &reply);
+            send_one(
+                socket,
+                &reply_route.local,
+                reply_route.remote,
+                &reply,
+                peer.stream.send_header_key(),
+            );
             log::debug!("peer {}: answered a handshake initiation", peer.name);
             true
         }
@@ -235,7 +273,13 @@ pub fn on_message(
             // The keepalive makes the responder confirm the keys even if no data is waiting.
             let mut ka = [0u8; mt6d_proto::tunnel::KEEPALIVE_LEN];
             if let Ok(n) = sealer.seal_keepalive(reply_route, &mut ka) {
-                send_one(socket, &reply_route.local, reply_route.remote, &ka[..n]);
+                send_one(
+                    socket,
+                    &reply_route.local,
+                    reply_route.remote,
+                    &ka[..n],
+                    peer.stream.send_header_key(),
+                );
             }
             log_established(peer, rekey, &sealer, "initiator");
             peer.keys.send.store(Some(sealer));

@@ -77,6 +77,14 @@ pub enum Change {
     ProxyNeighbor { index: u32, addr: Ipv6Addr },
     /// An address on interface `index`.
     Address { index: u32, addr: Ipv6Addr, len: u8 },
+    /// An address that was on interface `index` before and is put back (the original
+    /// link-local address, with `randomize_link`).
+    AddressBack { index: u32, addr: Ipv6Addr, len: u8 },
+    /// The original MAC of interface `index` (`randomize_link`).
+    LinkMac { index: u32, mac: [u8; 6] },
+    /// The instance's nftables table (`inet TABLE`) on external interface `external`
+    /// (docs/PROTOCOL.md §5.4).
+    Firewall { table: String, external: String },
 }
 
 /// A peer as far as ownership goes: its remote true address is routed (and guarded) by exactly
@@ -577,6 +585,22 @@ fn clean_up(nl: &mut Netlink, r: &Record, dir: &Path, own_key: &str) -> Vec<Stri
             Change::Route { dst, len, oif, .. } => nl.del_route(*dst, *len, *oif),
             Change::ProxyNeighbor { index, addr } => nl.del_proxy_neighbor(*index, *addr),
             Change::Address { index, addr, len } => nl.del_address(*index, *addr, *len),
+            Change::AddressBack { index, addr, len } => {
+                // In use before the daemon started: no second DAD, its prefix route as before.
+                let flags = mt6d_os::AddrFlags {
+                    nodad: true,
+                    noprefixroute: false,
+                };
+                nl.add_address(*index, *addr, *len, flags)
+            }
+            Change::LinkMac { index, mac } => nl.link_set_mac(*index, *mac),
+            Change::Firewall { table, external } => {
+                // The addresses just removed made the kernel send MLD reports leaving their
+                // groups, repeated once within the report interval (RFC 3810 §6.1): the table
+                // must still drop the repeat.
+                std::thread::sleep(super::quiet::mld_repeat_window(external));
+                mt6d_os::nftables::NftTable::new(table).and_then(|t| t.delete())
+            }
         };
         if let Err(e) = result {
             failed.push(format!("undo {c:?}: {}", error_chain(&e)));

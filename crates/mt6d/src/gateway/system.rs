@@ -33,7 +33,7 @@ use mt6d_os::{AddrFlags, Netlink, Tun};
 use crate::config::{Config, Role};
 
 use super::state::{Change, Instance, MARKER};
-use super::GatewayError;
+use super::{quiet, GatewayError};
 
 /// The true address on the TUN device is the host's own and unique by configuration; DAD on a
 /// point-to-point device would only hold it tentative (unusable) for a second.
@@ -144,6 +144,10 @@ impl System {
             }
         }
 
+        // Then, before any address is added: the kernel's reports and errors about hashed
+        // addresses never leave (quiet.rs).
+        self.quiet(cfg)?;
+
         let tun = Tun::create(&g.tun_name, u16::try_from(self.tun_mtu).unwrap_or(u16::MAX))
             .map_err(os(format!("create TUN device {:?}", g.tun_name)))?;
         let tun_index = tun.index();
@@ -232,6 +236,91 @@ impl System {
     /// Sets any sysctl under /proc/sys/net to `value`, recording the value found before the
     /// first change first, so that clean-up (this process's, or `mt6d down` after a crash)
     /// restores it. Every sysctl the daemon changes goes through here.
+    /// The mt6d-owned nftables table, the external interface's sysctls and, with
+    /// `randomize_link`, its random MAC and link-local address (docs/PROTOCOL.md §5.4). Each
+    /// change is on record before it is made, so a crash leaves it to `mt6d down` or the next
+    /// start.
+    fn quiet(&mut self, cfg: &Config) -> Result<(), GatewayError> {
+        let g = &cfg.gateway;
+        let ext = g.external_interface.as_str();
+        let table = quiet::table(cfg)?;
+        let (local, remote) = quiet::hashed_prefixes(cfg);
+        let body = quiet::ruleset(ext, &local, &remote, g.is_host())?;
+        self.record(Change::Firewall {
+            table: table.name().to_string(),
+            external: ext.to_string(),
+        })?;
+        table.load(&body).map_err(os(format!(
+            "external_interface {ext}: mt6d's nftables table"
+        )))?;
+        // A Redirect on the public link could move hashed traffic to another next hop; a host
+        // (forwarding off) would obey it. Routers ignore them anyway.
+        self.set_sysctl(&ipv6_conf(ext, "accept_redirects")?, "0")?;
+        if g.randomize_link {
+            self.randomize_link(ext)?;
+        }
+        Ok(())
+    }
+
+    /// A random MAC (set while the link stays up: taking it down would flush its routes) and a
+    /// random link-local address in place of the interface's own, both put back on exit.
+    fn randomize_link(&mut self, ext: &str) -> Result<(), GatewayError> {
+        let index = self.external_index;
+        let original = self
+            .netlink
+            .link_mac(index)
+            .map_err(os(format!("external_interface {ext}: read MAC")))?
+            .ok_or_else(|| {
+                GatewayError::Setup(format!(
+                    "randomize_link: external_interface {ext} has no MAC address to replace"
+                ))
+            })?;
+        let mac = quiet::random_mac()?;
+        self.record(Change::LinkMac {
+            index,
+            mac: original,
+        })?;
+        self.netlink.link_set_mac(index, mac).map_err(os(format!(
+            "randomize_link: external_interface {ext} (a driver that answers EBUSY cannot change its MAC while up)"
+        )))?;
+        let old: Vec<_> = self
+            .netlink
+            .list_addresses(index)
+            .map_err(os(format!("external_interface {ext}: list addresses")))?
+            .into_iter()
+            .filter(|a| quiet::is_link_local(&a.addr))
+            .collect();
+        let ll = quiet::random_link_local()?;
+        // 64 random bits collide with nothing; DAD would only hold it tentative for a second.
+        let flags = AddrFlags {
+            nodad: true,
+            noprefixroute: false,
+        };
+        self.record(Change::Address {
+            index,
+            addr: ll,
+            len: 64,
+        })?;
+        self.netlink
+            .add_address(index, ll, 64, flags)
+            .map_err(os(format!("randomize_link: {ll} on {ext}")))?;
+        for a in old {
+            self.record(Change::AddressBack {
+                index,
+                addr: a.addr,
+                len: a.prefix_len,
+            })?;
+            self.netlink
+                .del_address(index, a.addr, a.prefix_len)
+                .map_err(os(format!("randomize_link: remove {} from {ext}", a.addr)))?;
+        }
+        log::info!(
+            "external interface {ext}: random MAC {} and link-local {ll} for this run",
+            mac.map(|b| format!("{b:02x}")).join(":")
+        );
+        Ok(())
+    }
+
     pub fn set_sysctl(&mut self, name: &Sysctl, value: &str) -> Result<(), GatewayError> {
         match self.instance.as_mut() {
             Some(i) => i.set_sysctl(name, value),

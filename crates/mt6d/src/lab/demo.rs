@@ -54,7 +54,7 @@ pub struct DemoArgs {
     /// Echo requests in the ping flood.
     #[arg(long, value_name = "COUNT", default_value_t = 50_000)]
     pub flood: u64,
-    /// Write what the observer on the public link saw to this pcap file (128 bytes per frame).
+    /// Write what the observer on the public link saw to this pcap file (256 bytes per frame).
     #[arg(long, value_name = "FILE")]
     pub pcap: Option<PathBuf>,
     /// Print the results as one JSON document on stdout (progress goes to stderr).
@@ -76,6 +76,20 @@ pub struct DemoArgs {
     /// Host A as a plain IPv6 host on the public side, Gateway B forwarding to Host B.
     #[arg(long)]
     pub host_mode: bool,
+    /// Instead of the demo: run two conversations between the same two gateways (pre-shared
+    /// keys, --duration / --rotation epochs), capture the public link (and, routed, past the
+    /// router) and print how well each linking method ties consecutive epochs together
+    /// against chance (docs/PRIVACY.md). --pcap keeps the capture.
+    #[arg(long)]
+    pub link_report: bool,
+    /// Instead of the demo: run the linker over a capture written earlier by --link-report
+    /// --pcap FILE and the ground truth beside it (FILE's stem + `.truth.json`). Needs no root.
+    #[arg(long, value_name = "FILE")]
+    pub link_pcap: Option<PathBuf>,
+    /// With --link-pcap: keep only packets from this /64 (the far capture of the routed
+    /// topology, `<stem>-far.pcap`, seen past the router: 2001:db8:a::).
+    #[arg(long, value_name = "PREFIX", requires = "link_pcap")]
+    pub past_router: Option<std::net::Ipv6Addr>,
 }
 
 fn parse_topology(s: &str) -> Result<Topology, String> {
@@ -125,8 +139,34 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
     if args.rekey.is_some() && !handshake {
         return Err("--rekey needs handshakes: drop --psk and use --mode encrypt or auth".into());
     }
+    if let Some(pcap) = &args.link_pcap {
+        let near = pcap.with_file_name(
+            pcap.file_name()
+                .and_then(|n| n.to_str())
+                .map_or(String::new(), |n| n.replace("-far.pcap", ".pcap")),
+        );
+        let truth = super::unlinkability::truth_path(&near);
+        let report = super::unlinkability::link_files(pcap, &truth, args.past_router)?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            println!("{}", report.table());
+            println!("side-channel messages: {:?}", report.side_channel_messages);
+        }
+        return Ok(());
+    }
     if !super::is_root() {
         return Err("mt6d demo builds network namespaces and needs root: run it with sudo".into());
+    }
+    if args.link_report {
+        if args.host_mode || args.psk || args.rekey.is_some() || args.restart_gateway {
+            return Err(
+                "--link-report runs its own two gateway-mode conversations with \
+pre-shared keys: drop --host-mode, --psk, --rekey and --restart-gateway"
+                    .into(),
+            );
+        }
+        return link_report(&args);
     }
     let interrupted = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -512,6 +552,37 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
         Ok(())
     } else {
         Err(format!("demo checks failed: {}", failures.join("; ")).into())
+    }
+}
+
+/// `mt6d demo --link-report`: the linker's measurement (docs/PRIVACY.md), printed as tables
+/// or one JSON document.
+fn link_report(args: &DemoArgs) -> DemoResult<()> {
+    let run = super::unlinkability::run(&super::unlinkability::LinkRunArgs {
+        topology: args.topology,
+        mode: args.mode.clone(),
+        rotation_secs: args.rotation,
+        rotations: (args.duration / args.rotation).ceil().max(2.0) as u32,
+        mt6d: std::env::current_exe()?,
+        pcap: args.pcap.clone(),
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&run)?);
+    } else {
+        println!(
+            "two conversations, {} mode, {} topology, rotation {} s: {} epochs, {} frames with a true address",
+            run.mode, run.topology, run.rotation_secs, run.epochs, run.frames_with_true_address
+        );
+        for r in &run.reports {
+            println!("\n{}", r.table());
+            println!("side-channel messages: {:?}", r.side_channel_messages);
+        }
+    }
+    let linking = run.linking();
+    if linking.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("epochs linked:\n{}", linking.join("\n")).into())
     }
 }
 

@@ -3,10 +3,12 @@
 
 pub mod daemon;
 pub mod demo;
+pub mod linker;
 pub mod observer;
 pub mod ping;
 pub mod topology;
 pub mod transfer;
+pub mod unlinkability;
 
 /// Whether we may create network namespaces and raw sockets.
 pub fn is_root() -> bool {

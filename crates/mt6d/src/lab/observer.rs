@@ -14,9 +14,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use mt6d_os::capture::PacketCapture;
 use mt6d_os::Netns;
 
-/// Bytes of each frame kept: Ethernet 14 + outer IPv6 40 + UDP 8 + tunnel header 16, with room.
-/// The leak scan covers these bytes; the outer headers, where addresses would leak, are inside.
-pub const SNAPLEN: u32 = 128;
+/// Bytes of each frame kept: Ethernet 14 + outer IPv6 40 + UDP 8 + tunnel header 16, with room
+/// for the side channels the linker reads (an ICMPv6 error's quoted header, the first records of
+/// an MLDv2 report). The leak scan covers these bytes; the outer headers are inside.
+pub const SNAPLEN: u32 = 256;
 
 /// What the observer saw.
 #[derive(Debug, Clone, Default)]

@@ -1,0 +1,1199 @@
+//! The linker: a passive observer's attempt to tie consecutive epochs of one conversation
+//! together, method by method, scored against ground truth.
+//!
+//! MT6D promises that an observer of the public link cannot tell that two epochs belong to one
+//! conversation (docs/PROTOCOL.md §9.6, docs/PRIVACY.md). This module is the project's own
+//! attempt to break that promise, kept as test support so that the promise is measured on every
+//! run instead of checked by hand once. It is part of the lab and never imported by a gateway.
+//!
+//! Input: a capture of the public link (a pcap file, e.g. the one `mt6d demo --pcap` or the
+//! observer writes) and the ground truth the test knows from the daemons' status: which outer
+//! (address, port) pair carried which stream in which epoch. The linker groups UDP packets into
+//! *flows* (one per unordered outer endpoint pair, which is one epoch of one stream), and for
+//! every flow of epoch e that has a successor of the same stream in epoch e+1 each [`Method`]
+//! picks, among all flows of epoch e+1 (the true successor and the other conversations' flows:
+//! the decoys), the one it scores highest. The stream labels are never shown to a method.
+//!
+//! A method that cannot tell the candidates apart (all scores equal) is credited 1/k for a
+//! k-way tie that includes the true successor: exactly chance, with no coin to flip and no
+//! variance from tie-breaking. [`MethodResult::recovered`] is the fraction of true links
+//! recovered this way; [`MethodResult::chance`] what guessing recovers.
+//!
+//! The methods are those of the issue that prompted this observer: every outer header field,
+//! the first 8 bytes of the tunnel payload read as a counter (continuation across the switch),
+//! the first payload byte, packet sizes at the switch, and four side channels that name
+//! addresses of two epochs in one message: neighbour discovery (001 §4.2's "oracle"),
+//! redirects, MLD reports (solicited-node groups name the low 24 bits of an address, RFC 4291
+//! §2.7.1) and ICMPv6 errors (outer addresses plus the quoted packet's, RFC 4443 §2.4(c)).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::{Ipv6Addr, SocketAddrV6};
+
+/// One captured frame (Ethernet), as the observer kept it.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    /// Capture time, seconds since the Unix epoch.
+    pub ts: f64,
+    /// Length on the wire (the capture may be shorter: the observer's snap length).
+    pub wire_len: u32,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LinkerError {
+    #[error("{file}: not a pcap file (magic {magic:08x}); only classic little-endian libpcap with Ethernet frames is read")]
+    NotPcap { file: String, magic: u32 },
+    #[error("{file}: link type {linktype} is not Ethernet (1)")]
+    LinkType { file: String, linktype: u32 },
+    #[error("{file}: record {record} truncated at byte {offset}")]
+    Truncated {
+        file: String,
+        record: usize,
+        offset: usize,
+    },
+    #[error("{file}: {source}")]
+    Io {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Reads a classic libpcap file (microsecond timestamps, little endian, Ethernet), as
+/// `tcpdump -w` and the lab observer write it.
+pub fn read_pcap(path: &std::path::Path) -> Result<Vec<Frame>, LinkerError> {
+    let file = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|source| LinkerError::Io {
+        file: file.clone(),
+        source,
+    })?;
+    parse_pcap(&bytes, &file)
+}
+
+fn le32(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+/// Parses pcap bytes; `file` names them in errors.
+pub fn parse_pcap(bytes: &[u8], file: &str) -> Result<Vec<Frame>, LinkerError> {
+    let magic = le32(bytes, 0).unwrap_or(0);
+    if magic != 0xa1b2_c3d4 {
+        return Err(LinkerError::NotPcap {
+            file: file.into(),
+            magic,
+        });
+    }
+    let linktype = le32(bytes, 20).unwrap_or(0);
+    if linktype != 1 {
+        return Err(LinkerError::LinkType {
+            file: file.into(),
+            linktype,
+        });
+    }
+    let mut frames = Vec::new();
+    let mut at = 24;
+    while at < bytes.len() {
+        let truncated = || LinkerError::Truncated {
+            file: file.into(),
+            record: frames.len(),
+            offset: at,
+        };
+        let (Some(sec), Some(usec), Some(caplen), Some(wire_len)) = (
+            le32(bytes, at),
+            le32(bytes, at + 4),
+            le32(bytes, at + 8),
+            le32(bytes, at + 12),
+        ) else {
+            return Err(truncated());
+        };
+        let data = bytes
+            .get(at + 16..at + 16 + caplen as usize)
+            .ok_or_else(truncated)?;
+        frames.push(Frame {
+            ts: f64::from(sec) + f64::from(usec) / 1e6,
+            wire_len,
+            bytes: data.to_vec(),
+        });
+        at += 16 + caplen as usize;
+    }
+    Ok(frames)
+}
+
+/// Which conversation (stream) and epoch an outer route belongs to: the ground truth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Label {
+    pub stream: usize,
+    pub epoch: u64,
+}
+
+/// An unordered pair of outer endpoints: one epoch of one stream on the wire.
+pub type FlowKey = (SocketAddrV6, SocketAddrV6);
+
+/// Orders a pair so that both directions of a flow have one key.
+pub fn flow_key(a: SocketAddrV6, b: SocketAddrV6) -> FlowKey {
+    if (a.ip(), a.port()) <= (b.ip(), b.port()) {
+        (a, b)
+    } else {
+        (b, a)
+    }
+}
+
+/// The ground truth: outer routes by flow key.
+#[derive(Debug, Clone, Default)]
+pub struct Truth {
+    pub routes: HashMap<FlowKey, Label>,
+}
+
+/// One route of the ground truth as written to and read from a file.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct TruthRoute {
+    pub a: SocketAddrV6,
+    pub b: SocketAddrV6,
+    pub stream: usize,
+    pub epoch: u64,
+}
+
+impl Truth {
+    /// The routes, sorted by epoch and stream, for a file beside the capture.
+    pub fn to_routes(&self) -> Vec<TruthRoute> {
+        let mut v: Vec<TruthRoute> = self
+            .routes
+            .iter()
+            .map(|(k, l)| TruthRoute {
+                a: k.0,
+                b: k.1,
+                stream: l.stream,
+                epoch: l.epoch,
+            })
+            .collect();
+        v.sort_by_key(|r| (r.epoch, r.stream));
+        v
+    }
+
+    pub fn from_routes(routes: &[TruthRoute]) -> Truth {
+        let mut t = Truth::default();
+        for r in routes {
+            t.add(
+                r.a,
+                r.b,
+                Label {
+                    stream: r.stream,
+                    epoch: r.epoch,
+                },
+            );
+        }
+        t
+    }
+
+    /// Records that `local` <-> `remote` carried `label`.
+    pub fn add(&mut self, local: SocketAddrV6, remote: SocketAddrV6, label: Label) {
+        self.routes.insert(flow_key(local, remote), label);
+    }
+}
+
+/// Every way the linker tries to tie two epochs together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Method {
+    /// The outer IPv6 flow label (RFC 6437): same values in both epochs.
+    FlowLabel,
+    /// The outer traffic class.
+    TrafficClass,
+    /// The outer hop limit.
+    HopLimit,
+    /// The distribution of outer payload lengths in the two flows.
+    PayloadLength,
+    /// The UDP port of each side: a port kept or reused across the switch.
+    UdpPorts,
+    /// Bits of the interface identifiers that agree between the two epochs' addresses.
+    IidBits,
+    /// The first 8 bytes of the UDP payload as a big-endian counter: the next epoch's first
+    /// value continues the previous epoch's last.
+    Counter,
+    /// The first payload byte (a message type or key-phase bit in clear).
+    FirstByte,
+    /// Any 16-bit word of the payload's first 32 bytes at the same offset in both epochs:
+    /// in auth and plain modes the inner IPv6 and transport headers (flow label, ports,
+    /// sequence numbers, echo identifiers) are there in clear.
+    PayloadWords,
+    /// The sizes of the last packets before the switch against the first after it.
+    PacketSizes,
+    /// Each sender's last packet of one epoch against its first of the next: a stream that
+    /// switches at its own moment (per-stream timing) hands over with no gap.
+    Handover,
+    /// Router and neighbour solicitations and advertisements naming addresses of both flows.
+    NeighborDiscovery,
+    /// ICMPv6 Redirects (RFC 4861 §8) naming addresses of both flows: target, destination,
+    /// outer source and destination.
+    Redirects,
+    /// MLD reports naming (the solicited-node groups of) addresses of both flows.
+    MldReports,
+    /// ICMPv6 errors whose outer and quoted addresses belong to both flows.
+    IcmpErrors,
+}
+
+impl Method {
+    pub const ALL: [Method; 15] = [
+        Method::FlowLabel,
+        Method::TrafficClass,
+        Method::HopLimit,
+        Method::PayloadLength,
+        Method::UdpPorts,
+        Method::IidBits,
+        Method::Counter,
+        Method::FirstByte,
+        Method::PayloadWords,
+        Method::PacketSizes,
+        Method::Handover,
+        Method::NeighborDiscovery,
+        Method::Redirects,
+        Method::MldReports,
+        Method::IcmpErrors,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::FlowLabel => "outer flow label",
+            Method::TrafficClass => "traffic class",
+            Method::HopLimit => "hop limit",
+            Method::PayloadLength => "payload length distribution",
+            Method::UdpPorts => "UDP ports",
+            Method::IidBits => "IID bits",
+            Method::Counter => "counter (first 8 payload bytes)",
+            Method::FirstByte => "first payload byte",
+            Method::PayloadWords => "payload words (first 32 bytes)",
+            Method::PacketSizes => "packet sizes at the switch",
+            Method::Handover => "handover time",
+            Method::NeighborDiscovery => "neighbour discovery pairing",
+            Method::Redirects => "ICMPv6 redirects",
+            Method::MldReports => "MLD reports",
+            Method::IcmpErrors => "ICMPv6 errors quoting epochs",
+        }
+    }
+}
+
+/// Packets kept at each end of a flow for [`Method::PacketSizes`].
+const EDGE_PACKETS: usize = 16;
+
+/// One direction of a flow: what its sender put in the headers and the payload's first bytes.
+#[derive(Debug, Clone, Default)]
+struct Direction {
+    endpoint: Option<SocketAddrV6>,
+    flow_labels: BTreeSet<u32>,
+    traffic_classes: BTreeSet<u8>,
+    hop_limits: BTreeSet<u8>,
+    payload_lengths: BTreeMap<u16, u32>,
+    first_bytes: BTreeMap<u8, u32>,
+    /// (offset, 16-bit word) of the first 32 payload bytes, from the first packets.
+    words: BTreeSet<(u8, u16)>,
+    /// Smallest and largest counter seen (reordering moves the first and last packets).
+    counter_min: Option<u64>,
+    counter_max: Option<u64>,
+    first_sizes: Vec<u32>,
+    first_ts: f64,
+    last_ts: f64,
+    last_sizes: std::collections::VecDeque<u32>,
+}
+
+/// Who sent a packet, as an observer on the link tells gateways apart: the Ethernet source
+/// and the /64 of the outer source. It separates the two gateways, not their conversations.
+type Sender = ([u8; 6], [u8; 8]);
+
+#[derive(Debug, Clone, Default)]
+struct Flow {
+    directions: BTreeMap<Sender, Direction>,
+    /// Capture time of the flow's first packet.
+    first_seen: f64,
+}
+
+/// The IPv6 header fields the linker reads, from a checked slice of one frame.
+struct Ip6<'a> {
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    flow_label: u32,
+    traffic_class: u8,
+    hop_limit: u8,
+    payload_len: u16,
+    /// Upper-layer protocol after at most one hop-by-hop header (MLD reports carry one).
+    protocol: u8,
+    upper: &'a [u8],
+}
+
+fn addr(b: &[u8]) -> Option<Ipv6Addr> {
+    let o: [u8; 16] = b.get(..16)?.try_into().ok()?;
+    Some(Ipv6Addr::from(o))
+}
+
+fn parse_ip6(frame: &[u8]) -> Option<Ip6<'_>> {
+    if frame.get(12..14)? != [0x86, 0xdd] {
+        return None;
+    }
+    let ip = frame.get(14..54)?;
+    if ip[0] >> 4 != 6 {
+        return None;
+    }
+    let mut protocol = ip[6];
+    let mut upper = frame.get(54..)?;
+    if protocol == 0 {
+        // Hop-by-hop options (RFC 8200 §4.3): length in 8-octet units, not counting the first.
+        let len = (usize::from(*upper.get(1)?) + 1) * 8;
+        protocol = *upper.first()?;
+        upper = upper.get(len..)?;
+    }
+    Some(Ip6 {
+        traffic_class: (ip[0] << 4) | (ip[1] >> 4),
+        flow_label: u32::from_be_bytes([0, ip[1] & 0x0f, ip[2], ip[3]]),
+        payload_len: u16::from_be_bytes([ip[4], ip[5]]),
+        hop_limit: ip[7],
+        src: addr(&ip[8..24])?,
+        dst: addr(&ip[24..40])?,
+        protocol,
+        upper,
+    })
+}
+
+/// A message that names several addresses: the side channels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Named {
+    Addr(Ipv6Addr),
+    /// A solicited-node group names the low 24 bits of an address.
+    Low24(u32),
+}
+
+fn low24(a: Ipv6Addr) -> u32 {
+    let o = a.octets();
+    u32::from_be_bytes([0, o[13], o[14], o[15]])
+}
+
+/// Addresses worth naming: global unicast (not unspecified, link-local or multicast), and
+/// solicited-node multicast groups (ff02::1:ffXX:XXXX) as the 24 bits they name.
+fn named(a: Ipv6Addr) -> Option<Named> {
+    let s = a.segments();
+    if s[0] == 0xff02 && s[5] == 1 && s[6] >> 8 == 0xff {
+        return Some(Named::Low24(low24(a)));
+    }
+    if a.is_unspecified() || a.is_multicast() || (s[0] & 0xffc0) == 0xfe80 || a.is_loopback() {
+        return None;
+    }
+    Some(Named::Addr(a))
+}
+
+/// Which side-channel method an ICMPv6 message feeds, by type (RFC 4443, 4861, 2710, 3810).
+fn side_channel(icmp_type: u8) -> Option<Method> {
+    match icmp_type {
+        1..=4 => Some(Method::IcmpErrors),
+        133..=136 => Some(Method::NeighborDiscovery),
+        137 => Some(Method::Redirects),
+        130..=132 | 143 => Some(Method::MldReports),
+        _ => None,
+    }
+}
+
+/// Everything an ICMPv6 message names: outer addresses, the ND target (and a redirect's
+/// destination), MLD multicast addresses, and an error's quoted addresses.
+fn icmp_names(ip: &Ip6<'_>, names: &mut Vec<Named>) {
+    names.extend([ip.src, ip.dst].into_iter().filter_map(named));
+    let m = ip.upper;
+    let Some(&t) = m.first() else { return };
+    let mut at = |off: usize| {
+        if let Some(a) = m.get(off..).and_then(addr) {
+            names.extend(named(a));
+        }
+    };
+    match t {
+        // Errors quote the invoking packet from byte 8: its source at 16, destination at 32.
+        1..=4 => {
+            at(16);
+            at(32);
+        }
+        135 | 136 => at(8),
+        137 => {
+            at(8);
+            at(24);
+        }
+        130..=132 => at(8),
+        143 => {
+            // MLDv2 report: records from byte 8, each 4 + 16 + 16*sources + 4*aux bytes.
+            let count = m.get(6..8).map_or(0, |c| u16::from_be_bytes([c[0], c[1]]));
+            let mut off = 8;
+            for _ in 0..count {
+                let Some(rec) = m.get(off..off + 4) else {
+                    break;
+                };
+                at(off + 4);
+                let sources = usize::from(u16::from_be_bytes([rec[2], rec[3]]));
+                off += 20 + 16 * sources + 4 * usize::from(rec[1]);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A capture reduced to flows and side-channel messages.
+#[derive(Debug, Default)]
+pub struct Capture {
+    flows: HashMap<FlowKey, Flow>,
+    /// Per side-channel method, the named addresses of each message.
+    messages: BTreeMap<Method, Vec<(f64, Vec<Named>)>>,
+    pub frames: usize,
+    pub udp_frames: usize,
+}
+
+/// Which frames of a capture an observer is taken to see.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Vantage {
+    /// Everything on the captured link.
+    OnLink,
+    /// Only packets whose outer source is in this /64: on the far side of a router, what
+    /// crossed it from the gateway behind that prefix.
+    PastRouter { from_prefix: Ipv6Addr },
+}
+
+impl Vantage {
+    fn sees(self, src: Ipv6Addr) -> bool {
+        match self {
+            Vantage::OnLink => true,
+            Vantage::PastRouter { from_prefix } => src.octets()[..8] == from_prefix.octets()[..8],
+        }
+    }
+}
+
+impl Capture {
+    /// Reduces `frames` to what `vantage` sees.
+    pub fn new(frames: &[Frame], vantage: Vantage) -> Capture {
+        let mut c = Capture::default();
+        for f in frames {
+            c.frames += 1;
+            let Some(ip) = parse_ip6(&f.bytes) else {
+                continue;
+            };
+            if !vantage.sees(ip.src) {
+                continue;
+            }
+            match ip.protocol {
+                17 => c.add_udp(f, &ip),
+                58 => {
+                    let method = ip.upper.first().copied().and_then(side_channel);
+                    if let Some(method) = method {
+                        let mut names = Vec::new();
+                        icmp_names(&ip, &mut names);
+                        c.messages.entry(method).or_default().push((f.ts, names));
+                    }
+                }
+                _ => {}
+            }
+        }
+        c
+    }
+
+    fn add_udp(&mut self, f: &Frame, ip: &Ip6<'_>) {
+        let Some(udp) = ip.upper.get(..8) else { return };
+        self.udp_frames += 1;
+        let sport = u16::from_be_bytes([udp[0], udp[1]]);
+        let dport = u16::from_be_bytes([udp[2], udp[3]]);
+        let src = SocketAddrV6::new(ip.src, sport, 0, 0);
+        let dst = SocketAddrV6::new(ip.dst, dport, 0, 0);
+        let mut mac = [0u8; 6];
+        // parse_ip6 succeeded, so the frame holds at least the Ethernet and IPv6 headers.
+        mac.copy_from_slice(&f.bytes[6..12]);
+        let mut prefix = [0u8; 8];
+        prefix.copy_from_slice(&ip.src.octets()[..8]);
+        let flow = self
+            .flows
+            .entry(flow_key(src, dst))
+            .or_insert_with(|| Flow {
+                directions: BTreeMap::new(),
+                first_seen: f.ts,
+            });
+        flow.first_seen = flow.first_seen.min(f.ts);
+        let d = flow.directions.entry((mac, prefix)).or_default();
+        if d.endpoint.is_none() {
+            d.first_ts = f.ts;
+        }
+        d.first_ts = d.first_ts.min(f.ts);
+        d.last_ts = d.last_ts.max(f.ts);
+        d.endpoint = Some(src);
+        d.flow_labels.insert(ip.flow_label);
+        d.traffic_classes.insert(ip.traffic_class);
+        d.hop_limits.insert(ip.hop_limit);
+        *d.payload_lengths.entry(ip.payload_len).or_default() += 1;
+        let payload = &ip.upper[8..];
+        if let Some(&b) = payload.first() {
+            *d.first_bytes.entry(b).or_default() += 1;
+        }
+        if d.first_sizes.len() < EDGE_PACKETS {
+            for (i, w) in payload.chunks_exact(2).take(16).enumerate() {
+                d.words.insert((i as u8, u16::from_be_bytes([w[0], w[1]])));
+            }
+        }
+        if let Some(c) = payload.get(..8) {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(c);
+            let v = u64::from_be_bytes(b);
+            d.counter_min = Some(d.counter_min.map_or(v, |m| m.min(v)));
+            d.counter_max = Some(d.counter_max.map_or(v, |m| m.max(v)));
+        }
+        if d.first_sizes.len() < EDGE_PACKETS {
+            d.first_sizes.push(f.wire_len);
+        }
+        d.last_sizes.push_back(f.wire_len);
+        if d.last_sizes.len() > EDGE_PACKETS {
+            d.last_sizes.pop_front();
+        }
+    }
+}
+
+fn jaccard<T: Ord>(a: &BTreeSet<T>, b: &BTreeSet<T>) -> f64 {
+    let union = a.union(b).count();
+    if union == 0 {
+        return 0.0;
+    }
+    a.intersection(b).count() as f64 / union as f64
+}
+
+/// 1 - total variation distance between two histograms: 1 when they are the same shape.
+fn overlap<T: Ord>(a: &BTreeMap<T, u32>, b: &BTreeMap<T, u32>) -> f64 {
+    let (na, nb) = (
+        a.values().map(|&v| f64::from(v)).sum::<f64>(),
+        b.values().map(|&v| f64::from(v)).sum::<f64>(),
+    );
+    if na == 0.0 || nb == 0.0 {
+        return 0.0;
+    }
+    a.iter()
+        .filter_map(|(k, &va)| {
+            b.get(k)
+                .map(|&vb| (f64::from(va) / na).min(f64::from(vb) / nb))
+        })
+        .sum()
+}
+
+fn multiset_overlap(a: impl Iterator<Item = u32>, b: &[u32]) -> f64 {
+    let mut hb: BTreeMap<u32, u32> = BTreeMap::new();
+    for &x in b {
+        *hb.entry(x).or_default() += 1;
+    }
+    let mut ha: BTreeMap<u32, u32> = BTreeMap::new();
+    for x in a {
+        *ha.entry(x).or_default() += 1;
+    }
+    overlap(&ha, &hb)
+}
+
+fn iid(a: SocketAddrV6) -> u64 {
+    let o = a.ip().octets();
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&o[8..]);
+    u64::from_be_bytes(b)
+}
+
+/// The score of one direction pair (same sender in both epochs) under a header method.
+fn score_direction(m: Method, a: &Direction, b: &Direction) -> Option<f64> {
+    Some(match m {
+        Method::FlowLabel => jaccard(&a.flow_labels, &b.flow_labels),
+        Method::TrafficClass => jaccard(&a.traffic_classes, &b.traffic_classes),
+        Method::HopLimit => jaccard(&a.hop_limits, &b.hop_limits),
+        Method::PayloadLength => overlap(&a.payload_lengths, &b.payload_lengths),
+        Method::UdpPorts => f64::from(u8::from(a.endpoint?.port() == b.endpoint?.port())),
+        Method::IidBits => f64::from(64 - (iid(a.endpoint?) ^ iid(b.endpoint?)).count_ones()),
+        Method::Counter => {
+            // The closer the next epoch's smallest counter is to just after the previous
+            // epoch's largest, the likelier the same sender's counter runs on. A counter only
+            // grows (PROTOCOL §4.3), so a candidate that starts at or below the previous
+            // epoch's largest value is ranked below every one that could continue it.
+            let d = i128::from(b.counter_min?) - i128::from(a.counter_max?) - 1;
+            let distance = d.unsigned_abs() as f64;
+            if d >= 0 {
+                -distance
+            } else {
+                -2f64.powi(80) - distance
+            }
+        }
+        Method::FirstByte => overlap(&a.first_bytes, &b.first_bytes),
+        Method::PayloadWords => jaccard(&a.words, &b.words),
+        Method::PacketSizes => multiset_overlap(a.last_sizes.iter().copied(), &b.first_sizes),
+        Method::Handover => -(b.first_ts - a.last_ts).abs(),
+        Method::NeighborDiscovery | Method::Redirects | Method::MldReports | Method::IcmpErrors => {
+            return None
+        }
+    })
+}
+
+/// Largest epoch (flows per epoch) the joint assignment enumerates: 6! = 720 assignments.
+const MAX_MATCHING: usize = 6;
+
+/// Credit of the true links of one epoch under the best joint assignment of `links`' flows to
+/// `candidates`: each true link counts the share of best-scoring assignments that contain it.
+fn matching_credit(
+    links: &[(usize, usize)],
+    candidates: &[usize],
+    score: impl Fn(usize, usize) -> f64,
+) -> f64 {
+    if links.is_empty() || links.len() > candidates.len() || candidates.len() > MAX_MATCHING {
+        return 0.0;
+    }
+    let table: Vec<Vec<f64>> = links
+        .iter()
+        .map(|&(a, _)| candidates.iter().map(|&b| score(a, b)).collect())
+        .collect();
+    // Every injective assignment of links to candidate positions, with its total.
+    let mut all: Vec<(f64, Vec<usize>)> = Vec::new();
+    let mut current = Vec::with_capacity(links.len());
+    fn walk(
+        table: &[Vec<f64>],
+        current: &mut Vec<usize>,
+        total: f64,
+        all: &mut Vec<(f64, Vec<usize>)>,
+    ) {
+        let row = current.len();
+        if row == table.len() {
+            all.push((total, current.clone()));
+            return;
+        }
+        for c in 0..table[row].len() {
+            if !current.contains(&c) {
+                current.push(c);
+                walk(table, current, total + table[row][c], all);
+                current.pop();
+            }
+        }
+    }
+    walk(&table, &mut current, 0.0, &mut all);
+    let best = all.iter().map(|a| a.0).fold(f64::NEG_INFINITY, f64::max);
+    // Sums taken in different orders differ in the last bits: equal within 1e-9 is a tie.
+    let tolerance = 1e-9 * best.abs().max(1.0);
+    let tied: Vec<&Vec<usize>> = all
+        .iter()
+        .filter(|a| (a.0 - best).abs() <= tolerance)
+        .map(|a| &a.1)
+        .collect();
+    links
+        .iter()
+        .enumerate()
+        .map(|(row, &(_, truth))| {
+            let right = tied
+                .iter()
+                .filter(|assignment| candidates[assignment[row]] == truth)
+                .count();
+            right as f64 / tied.len() as f64
+        })
+        .sum()
+}
+
+fn flow_addresses(key: &FlowKey) -> [Ipv6Addr; 2] {
+    [*key.0.ip(), *key.1.ip()]
+}
+
+/// How one method fared against the ground truth.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MethodResult {
+    pub method: &'static str,
+    /// True consecutive-epoch links (a flow of epoch e whose stream has a flow in e+1).
+    pub links: usize,
+    /// Fraction of those links the method recovered (ties credited 1/k).
+    pub recovered: f64,
+    /// Fraction recovered when each epoch's flows are paired with the next epoch's jointly
+    /// (the assignment with the best total score; tied assignments credited in proportion):
+    /// a method that prefers one candidate for every flow cannot score here by luck.
+    pub matched: f64,
+    /// What picking at random among the candidates recovers.
+    pub chance: f64,
+    /// Links where the method preferred one candidate (no tie).
+    pub decisive: usize,
+    /// Of the decisive picks, the fraction that were right (None when none was decisive).
+    pub precision: Option<f64>,
+}
+
+/// What the linker found in one capture.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LinkReport {
+    /// Where the capture was taken (free text for the table).
+    pub vantage: String,
+    pub frames: usize,
+    pub udp_frames: usize,
+    /// Flows matched to a stream and epoch by the ground truth.
+    pub labeled_flows: usize,
+    /// Flows the ground truth does not know (none expected).
+    pub unlabeled_flows: usize,
+    /// Side-channel messages seen, by method.
+    pub side_channel_messages: BTreeMap<&'static str, usize>,
+    /// Flows whose address a side-channel message named before the flow's first tunnel packet
+    /// (an address announced early: a duplicate-address probe, priming, an MLD join).
+    pub flows_named_early: usize,
+    /// The longest such lead, in seconds.
+    pub longest_lead_secs: f64,
+    pub results: Vec<MethodResult>,
+}
+
+impl LinkReport {
+    pub fn result(&self, m: Method) -> Option<&MethodResult> {
+        self.results.iter().find(|r| r.method == m.name())
+    }
+
+    /// The methods that link better than chance plus `margin` flow by flow, or plus
+    /// `joint_margin` jointly (one decision per epoch instead of one per flow: fewer, so
+    /// guessing strays further from chance).
+    pub fn linking(&self, margin: f64, joint_margin: f64) -> Vec<&MethodResult> {
+        self.results
+            .iter()
+            .filter(|r| {
+                r.links > 0
+                    && (r.recovered > r.chance + margin || r.matched > r.chance + joint_margin)
+            })
+            .collect()
+    }
+
+    /// A Markdown table, one row per method.
+    pub fn table(&self) -> String {
+        let mut t = format!(
+            "{}: {} frames ({} UDP), {} flows labelled by the ground truth, {} not; {} flows' \
+addresses named by a side channel before their first packet (up to {:.2} s ahead)\n\n\
+| method | links | recovered | jointly | chance | decisive | precision |\n|---|---|---|---|---|---|---|\n",
+            self.vantage,
+            self.frames,
+            self.udp_frames,
+            self.labeled_flows,
+            self.unlabeled_flows,
+            self.flows_named_early,
+            self.longest_lead_secs
+        );
+        for r in &self.results {
+            t += &format!(
+                "| {} | {} | {:.2} | {:.2} | {:.2} | {} | {} |\n",
+                r.method,
+                r.links,
+                r.recovered,
+                r.matched,
+                r.chance,
+                r.decisive,
+                r.precision.map_or("-".into(), |p| format!("{p:.2}"))
+            );
+        }
+        t
+    }
+}
+
+/// Runs every method over `capture` against `truth`.
+pub fn link(capture: &Capture, truth: &Truth, vantage: &str) -> LinkReport {
+    let labeled: Vec<(&FlowKey, &Flow, Label)> = capture
+        .flows
+        .iter()
+        .filter_map(|(k, f)| truth.routes.get(k).map(|l| (k, f, *l)))
+        .collect();
+    let mut by_epoch: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+    for (i, (_, _, l)) in labeled.iter().enumerate() {
+        by_epoch.entry(l.epoch).or_default().push(i);
+    }
+    // Side channels: how many messages of each kind name addresses of both flows of a pair.
+    let mut by_addr: HashMap<Named, Vec<usize>> = HashMap::new();
+    for (i, (k, _, _)) in labeled.iter().enumerate() {
+        for a in flow_addresses(k) {
+            by_addr.entry(Named::Addr(a)).or_default().push(i);
+            by_addr.entry(Named::Low24(low24(a))).or_default().push(i);
+        }
+    }
+    let mut pairs: HashMap<(Method, usize, usize), u32> = HashMap::new();
+    // How long before its first tunnel packet a flow's address was named by a side channel.
+    let mut lead: HashMap<usize, f64> = HashMap::new();
+    for (&method, messages) in &capture.messages {
+        for (ts, names) in messages {
+            let touched: BTreeSet<usize> = names
+                .iter()
+                .filter_map(|n| by_addr.get(n))
+                .flatten()
+                .copied()
+                .collect();
+            for &f in &touched {
+                let ahead = labeled[f].1.first_seen - ts;
+                if ahead > 0.0 {
+                    let l = lead.entry(f).or_default();
+                    *l = l.max(ahead);
+                }
+            }
+            for &a in &touched {
+                for &b in &touched {
+                    if a != b {
+                        *pairs.entry((method, a, b)).or_default() += 1;
+                    }
+                }
+            }
+        }
+    }
+    let score = |m: Method, a: usize, b: usize| -> Option<f64> {
+        if let Some(n) = pairs.get(&(m, a, b)) {
+            return Some(f64::from(*n));
+        }
+        let (fa, fb) = (labeled[a].1, labeled[b].1);
+        // Pair the directions by sender when both flows have one (an on-link observer
+        // tells the two gateways apart); else try every pairing.
+        // Both directions must agree, so their scores add up.
+        let same: Vec<f64> = fa
+            .directions
+            .iter()
+            .filter_map(|(s, da)| score_direction(m, da, fb.directions.get(s)?))
+            .collect();
+        if !same.is_empty() {
+            return Some(same.iter().sum());
+        }
+        fa.directions
+            .values()
+            .flat_map(|da| fb.directions.values().map(move |db| (da, db)))
+            .filter_map(|(da, db)| score_direction(m, da, db))
+            .reduce(f64::max)
+    };
+    let mut results = Vec::new();
+    for m in Method::ALL {
+        let (mut links, mut credit, mut chance, mut decisive, mut right) = (0, 0.0, 0.0, 0, 0);
+        for (a, (_, _, la)) in labeled.iter().enumerate() {
+            let Some(candidates) = by_epoch.get(&(la.epoch + 1)) else {
+                continue;
+            };
+            let Some(&truth_b) = candidates
+                .iter()
+                .find(|&&b| labeled[b].2.stream == la.stream)
+            else {
+                continue;
+            };
+            links += 1;
+            chance += 1.0 / candidates.len() as f64;
+            let scores: Vec<(usize, f64)> = candidates
+                .iter()
+                .map(|&b| (b, score(m, a, b).unwrap_or(f64::NEG_INFINITY)))
+                .collect();
+            let best = scores.iter().map(|s| s.1).fold(f64::NEG_INFINITY, f64::max);
+            let tied: Vec<usize> = scores.iter().filter(|s| s.1 == best).map(|s| s.0).collect();
+            if tied.contains(&truth_b) {
+                credit += 1.0 / tied.len() as f64;
+            }
+            if tied.len() == 1 {
+                decisive += 1;
+                right += usize::from(tied[0] == truth_b);
+            }
+        }
+        let matched_credit: f64 = by_epoch
+            .iter()
+            .map(|(e, flows)| {
+                let successors: Vec<(usize, usize)> = flows
+                    .iter()
+                    .filter_map(|&a| {
+                        let next = by_epoch.get(&(e + 1))?;
+                        let b = next
+                            .iter()
+                            .find(|&&b| labeled[b].2.stream == labeled[a].2.stream)?;
+                        Some((a, *b))
+                    })
+                    .collect();
+                let candidates = by_epoch.get(&(e + 1)).map_or(&[][..], |c| &c[..]);
+                matching_credit(&successors, candidates, |a, b| {
+                    score(m, a, b).unwrap_or(0.0)
+                })
+            })
+            .sum();
+        let frac = |x: f64| if links == 0 { 0.0 } else { x / links as f64 };
+        results.push(MethodResult {
+            method: m.name(),
+            links,
+            recovered: frac(credit),
+            matched: frac(matched_credit),
+            chance: frac(chance),
+            decisive,
+            precision: (decisive > 0).then(|| right as f64 / decisive as f64),
+        });
+    }
+    LinkReport {
+        vantage: vantage.to_string(),
+        frames: capture.frames,
+        udp_frames: capture.udp_frames,
+        labeled_flows: labeled.len(),
+        unlabeled_flows: capture.flows.len() - labeled.len(),
+        flows_named_early: lead.len(),
+        longest_lead_secs: lead.values().copied().fold(0.0, f64::max),
+        side_channel_messages: capture
+            .messages
+            .iter()
+            .map(|(m, v)| (m.name(), v.len()))
+            .collect(),
+        results,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
+    const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
+
+    fn ether(mac: [u8; 6]) -> Vec<u8> {
+        let mut f = vec![0xff; 6];
+        f.extend_from_slice(&mac);
+        f.extend_from_slice(&[0x86, 0xdd]);
+        f
+    }
+
+    fn ip6(mac: [u8; 6], src: Ipv6Addr, dst: Ipv6Addr, next: u8, upper: &[u8]) -> Frame {
+        let mut f = ether(mac);
+        let len = upper.len() as u16;
+        f.extend_from_slice(&[0x60, 0, 0, 0]);
+        f.extend_from_slice(&len.to_be_bytes());
+        f.extend_from_slice(&[next, 64]);
+        f.extend_from_slice(&src.octets());
+        f.extend_from_slice(&dst.octets());
+        f.extend_from_slice(upper);
+        Frame {
+            ts: 0.0,
+            wire_len: f.len() as u32,
+            bytes: f,
+        }
+    }
+
+    fn udp(mac: [u8; 6], src: SocketAddrV6, dst: SocketAddrV6, payload: &[u8]) -> Frame {
+        let mut u = src.port().to_be_bytes().to_vec();
+        u.extend_from_slice(&dst.port().to_be_bytes());
+        u.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+        u.extend_from_slice(&[0, 0]);
+        u.extend_from_slice(payload);
+        ip6(mac, *src.ip(), *dst.ip(), 17, &u)
+    }
+
+    fn ep(s: &str, port: u16) -> SocketAddrV6 {
+        SocketAddrV6::new(s.parse().expect("literal"), port, 0, 0)
+    }
+
+    /// Two streams over three epochs; `counter(stream, epoch, i)` is the i-th payload's first
+    /// 8 bytes. Returns the frames and the truth.
+    fn two_streams(counter: impl Fn(usize, u64, u64) -> u64) -> (Vec<Frame>, Truth) {
+        let mut frames = Vec::new();
+        let mut truth = Truth::default();
+        for e in 0..3u64 {
+            for s in 0..2usize {
+                let tag = (e * 2 + s as u64) as u16 + 1;
+                let a = ep(&format!("2001:db8:ff::{tag:x}:a"), 1000 + tag);
+                let b = ep(&format!("2001:db8:ff::{tag:x}:b"), 2000 + tag);
+                truth.add(
+                    a,
+                    b,
+                    Label {
+                        stream: s,
+                        epoch: e,
+                    },
+                );
+                for i in 0..4 {
+                    // Each gateway's own counter: B's is far from A's.
+                    for (mac, from, to, base) in [(MAC_A, a, b, 0), (MAC_B, b, a, 1 << 40)] {
+                        let mut p = counter(s, e, i + base).to_be_bytes().to_vec();
+                        p.extend_from_slice(&[0u8; 40]);
+                        let mut frame = udp(mac, from, to, &p);
+                        frame.ts = e as f64 + i as f64 * 0.01;
+                        frames.push(frame);
+                    }
+                }
+            }
+        }
+        (frames, truth)
+    }
+
+    #[test]
+    fn a_running_counter_links_every_epoch_and_a_random_one_nothing() {
+        // Stream s's counter starts at s * 1e9 and runs on across epochs.
+        let (frames, truth) = two_streams(|s, e, i| s as u64 * 1_000_000_000 + e * 4 + i);
+        let r = link(&Capture::new(&frames, Vantage::OnLink), &truth, "test");
+        let c = r.result(Method::Counter).expect("counter row");
+        assert_eq!(c.links, 4);
+        assert_eq!(c.recovered, 1.0);
+        assert_eq!(c.chance, 0.5);
+        assert_eq!(c.precision, Some(1.0));
+        assert_eq!(c.matched, 1.0);
+        // Every flow has the same flow label, hop limit, sizes: ties, exactly chance.
+        for m in [Method::FlowLabel, Method::HopLimit, Method::PacketSizes] {
+            let row = r.result(m).expect("row");
+            assert_eq!((row.recovered, row.matched), (0.5, 0.5), "{m:?}");
+        }
+        // Both streams switch at the same instant: handover times tie too.
+        let h = r.result(Method::Handover).expect("row");
+        assert_eq!((h.recovered, h.matched), (0.5, 0.5), "{}", r.table());
+        // The clear counter's words (stream 1's high word is 0x3b9a, stream 0's zero) link
+        // too; nothing else does.
+        let linking: Vec<&str> = r.linking(0.25, 0.35).iter().map(|m| m.method).collect();
+        assert_eq!(
+            linking,
+            [Method::Counter.name(), Method::PayloadWords.name()],
+            "{}",
+            r.table()
+        );
+
+        // One daemon starts both streams' counters at the same clock reading: they run one
+        // apart, and only the rule that a counter never goes back tells them apart.
+        let (frames, truth) = two_streams(|s, e, i| 1000 + 1 - s as u64 + e * 4 + i);
+        let r = link(&Capture::new(&frames, Vantage::OnLink), &truth, "test");
+        let c = r.result(Method::Counter).expect("counter row");
+        assert_eq!(
+            (c.recovered, c.precision),
+            (1.0, Some(1.0)),
+            "{}",
+            r.table()
+        );
+
+        // Counters masked: a keyed permutation of the true value links by luck only.
+        let (frames, truth) = two_streams(|s, e, i| {
+            (s as u64 * 1_000_000_000 + e * 4 + i)
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                .rotate_left(29)
+        });
+        let r = link(&Capture::new(&frames, Vantage::OnLink), &truth, "test");
+        let c = r.result(Method::Counter).expect("counter row");
+        assert!(c.recovered < 1.0, "{}", r.table());
+    }
+
+    #[test]
+    fn a_solicitation_naming_two_epochs_links_them() {
+        let (mut frames, truth) = two_streams(|_, _, i| i);
+        // Stream 1's epoch-1 A address solicits stream 1's epoch-0 B address: 001 §4.2's oracle.
+        let (a1, b0): (Ipv6Addr, Ipv6Addr) = (
+            "2001:db8:ff::4:a".parse().expect("a"),
+            "2001:db8:ff::2:b".parse().expect("b"),
+        );
+        let mut ns = vec![135, 0, 0, 0, 0, 0, 0, 0];
+        ns.extend_from_slice(&b0.octets());
+        let mut solicitation = ip6(MAC_A, a1, b0, 58, &ns);
+        solicitation.ts = 0.5;
+        frames.push(solicitation);
+        let r = link(&Capture::new(&frames, Vantage::OnLink), &truth, "test");
+        // Sent half a second before epoch 1's first packet: the address was announced early.
+        assert_eq!(r.flows_named_early, 1);
+        assert!((r.longest_lead_secs - 0.5).abs() < 1e-9);
+        let nd = r.result(Method::NeighborDiscovery).expect("row");
+        // One of four links is named outright; the other three are ties.
+        assert_eq!(nd.decisive, 1);
+        assert_eq!(nd.precision, Some(1.0));
+        assert!((nd.recovered - (1.0 + 3.0 * 0.5) / 4.0).abs() < 1e-9);
+        assert_eq!(
+            r.side_channel_messages
+                .get(Method::NeighborDiscovery.name()),
+            Some(&1)
+        );
+    }
+
+    #[test]
+    fn mld_reports_name_groups_and_errors_name_quoted_addresses() {
+        let (mut frames, truth) = two_streams(|_, _, i| i);
+        let a0: Ipv6Addr = "2001:db8:ff::1:a".parse().expect("a");
+        let a1: Ipv6Addr = "2001:db8:ff::3:a".parse().expect("a");
+        let group = |a: Ipv6Addr| {
+            let o = a.octets();
+            Ipv6Addr::new(
+                0xff02,
+                0,
+                0,
+                0,
+                0,
+                1,
+                0xff00 | u16::from(o[13]),
+                u16::from_be_bytes([o[14], o[15]]),
+            )
+        };
+        // MLDv2 report after a hop-by-hop header: two records, no sources.
+        let mut hbh = vec![58, 0, 5, 2, 0, 0, 1, 0];
+        let mut mld = vec![143, 0, 0, 0, 0, 0, 0, 2];
+        for a in [a1, a0] {
+            mld.extend_from_slice(&[4, 0, 0, 0]);
+            mld.extend_from_slice(&group(a).octets());
+        }
+        hbh.extend_from_slice(&mld);
+        let ll: Ipv6Addr = "fe80::1".parse().expect("ll");
+        frames.push(ip6(MAC_A, ll, "ff02::16".parse().expect("mc"), 0, &hbh));
+        // A Destination Unreachable from epoch 1's address quoting a packet of epoch 0.
+        let mut du = vec![1, 3, 0, 0, 0, 0, 0, 0, 0x60, 0, 0, 0, 0, 8, 17, 64];
+        du.extend_from_slice(&a0.octets());
+        du.extend_from_slice(&"2001:db8:ff::1:b".parse::<Ipv6Addr>().expect("b").octets());
+        frames.push(ip6(
+            MAC_A,
+            a1,
+            "2001:db8:ff::3:b".parse().expect("b"),
+            58,
+            &du,
+        ));
+        let r = link(&Capture::new(&frames, Vantage::OnLink), &truth, "test");
+        for m in [Method::MldReports, Method::IcmpErrors] {
+            let row = r.result(m).expect("row");
+            assert_eq!(
+                (row.decisive, row.precision),
+                (1, Some(1.0)),
+                "{m:?}: {}",
+                r.table()
+            );
+        }
+    }
+
+    #[test]
+    fn the_joint_assignment_cancels_a_shared_preference_and_keeps_a_real_one() {
+        // Flows 0 and 1 (truth: 0 -> 10, 1 -> 11). Both prefer candidate 10 by the same amount:
+        // flow by flow one is right; jointly the two pairings tie.
+        let shared = |_: usize, b: usize| if b == 10 { 1.0 } else { 0.0 };
+        assert_eq!(matching_credit(&[(0, 10), (1, 11)], &[10, 11], shared), 1.0);
+        // Each prefers its own successor: both right.
+        let own = |a: usize, b: usize| if b == a + 10 { 1.0 } else { 0.0 };
+        assert_eq!(matching_credit(&[(0, 10), (1, 11)], &[10, 11], own), 2.0);
+        // Each prefers the other's: both wrong.
+        let crossed = |a: usize, b: usize| if b != a + 10 { 1.0 } else { 0.0 };
+        assert_eq!(
+            matching_credit(&[(0, 10), (1, 11)], &[10, 11], crossed),
+            0.0
+        );
+        // More flows than candidates, or too many to enumerate: no credit, never a panic.
+        assert_eq!(matching_credit(&[(0, 10), (1, 11)], &[10], own), 0.0);
+        let many: Vec<usize> = (10..10 + MAX_MATCHING + 1).collect();
+        assert_eq!(matching_credit(&[(0, 10)], &many, own), 0.0);
+    }
+
+    #[test]
+    fn past_the_router_sees_one_prefix_only() {
+        let (frames, truth) = two_streams(|_, _, i| i);
+        let none = Capture::new(
+            &frames,
+            Vantage::PastRouter {
+                from_prefix: "2001:db8:a::".parse().expect("p"),
+            },
+        );
+        assert_eq!(none.udp_frames, 0);
+        let all = Capture::new(
+            &frames,
+            Vantage::PastRouter {
+                from_prefix: "2001:db8:ff::".parse().expect("p"),
+            },
+        );
+        assert_eq!(all.udp_frames, frames.len());
+        assert_eq!(link(&all, &truth, "t").labeled_flows, 6);
+    }
+
+    #[test]
+    fn pcap_round_trips_and_truncation_is_an_error() {
+        let mut file = Vec::new();
+        for v in [0xa1b2_c3d4u32, 0x0004_0002, 0, 0, 256, 1] {
+            file.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [7u32, 500_000, 3, 1500] {
+            file.extend_from_slice(&v.to_le_bytes());
+        }
+        file.extend_from_slice(&[1, 2, 3]);
+        let frames = parse_pcap(&file, "x.pcap").expect("parses");
+        assert_eq!(frames.len(), 1);
+        assert_eq!((frames[0].ts, frames[0].wire_len), (7.5, 1500));
+        assert_eq!(frames[0].bytes, [1, 2, 3]);
+        assert!(matches!(
+            parse_pcap(&file[..file.len() - 1], "x.pcap"),
+            Err(LinkerError::Truncated { record: 0, .. })
+        ));
+        assert!(matches!(
+            parse_pcap(&[0; 24], "x"),
+            Err(LinkerError::NotPcap { .. })
+        ));
+        // Garbage frames are skipped, never a panic.
+        let garbage = [Frame {
+            ts: 0.0,
+            wire_len: 9,
+            bytes: vec![0, 1, 2, 0x86, 0xdd, 0x60],
+        }];
+        assert_eq!(Capture::new(&garbage, Vantage::OnLink).udp_frames, 0);
+    }
+}

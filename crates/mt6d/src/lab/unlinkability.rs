@@ -1,0 +1,472 @@
+//! Two conversations between the same two gateways, captured on the public link and handed
+//! to the [`linker`](super::linker) with the ground truth: the measurement behind
+//! docs/PRIVACY.md, run by `mt6d demo --link-report` and by `tests/linker_netns.rs`.
+//!
+//! Gateway A serves Host A; Gateway B serves Host B and Host C (a second address on Host B's
+//! link). Two streams (two `[[peer]]`s with their own pre-shared keys, as two customers of one
+//! pair of gateways) carry the same traffic mix at once: a ping train (5/s), a faster ping
+//! train (100/s) and a paced TCP stream (1200 bytes every 20 ms). Identical mixes make each
+//! stream the other's decoy: an observer who must tell which of the next epoch's two flows
+//! continues a given one has a 1/2 chance by guessing, and anything better is a leak of the
+//! tunnel, not of the traffic.
+//!
+//! The ground truth comes from Gateway A's status, polled every 200 ms: each poll lists the
+//! routes of epochs e-1, e and e+1 of every peer (docs/PROTOCOL.md §3), so no epoch is missed.
+
+use std::net::{Ipv6Addr, SocketAddrV6};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::daemon::DaemonProcess;
+use super::linker::{self, Label, LinkReport, Truth, Vantage};
+use super::observer::Observer;
+use super::ping::{ping, Pace};
+use super::topology::{
+    in_ns, Lab, Side, Topology, EXTERNAL_IF, GATEWAY_A, GATEWAY_B, HOST_A, HOST_B, HOST_IF,
+    INTERNAL_IF,
+};
+use super::transfer;
+
+/// The second protected host behind Gateway B (on Host B's link).
+pub const HOST_C: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 0xc);
+
+/// How far above chance a method may score before it counts as linking. With two candidates
+/// per link (chance 1/2) and about 50 links per capture, a method that only guesses exceeds
+/// 0.75 with probability below 10^-3 (binomial: 38 or more of 50); methods whose scores tie are
+/// credited exactly chance. A real leak scores near 1.
+pub const MARGIN: f64 = 0.25;
+/// The same for the joint assignment, which decides once per epoch (about 25 decisions):
+/// guessing exceeds 0.85 (22 or more of 25) with probability below 10^-3.
+pub const JOINT_MARGIN: f64 = 0.35;
+
+/// Echo exchanges the second conversation has before the capture starts.
+const HISTORY: u64 = 37;
+
+/// What a person or a test asks for.
+#[derive(Debug, Clone)]
+pub struct LinkRunArgs {
+    pub topology: Topology,
+    /// encrypt, auth or plain.
+    pub mode: String,
+    pub rotation_secs: f64,
+    /// Rotations to capture (the traffic runs `rotations * rotation_secs`).
+    pub rotations: u32,
+    /// The mt6d executable the gateways run.
+    pub mt6d: PathBuf,
+    /// Keep the captures here: Gateway A's link, and behind a router `<stem>-far.pcap` too.
+    pub pcap: Option<PathBuf>,
+}
+
+/// What the run measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LinkRun {
+    /// [`MARGIN`] and [`JOINT_MARGIN`], for the JSON reader.
+    pub margin: f64,
+    pub joint_margin: f64,
+    pub topology: String,
+    pub mode: String,
+    pub rotation_secs: f64,
+    /// Distinct epochs in the ground truth.
+    pub epochs: usize,
+    /// Frames on the captured links that carried a true address (must be 0).
+    pub frames_with_true_address: u64,
+    pub reports: Vec<LinkReport>,
+}
+
+impl LinkRun {
+    /// "vantage: method links x (chance c)" for every method above chance plus [`MARGIN`].
+    pub fn linking(&self) -> Vec<String> {
+        self.reports
+            .iter()
+            .flat_map(|r| {
+                r.linking(MARGIN, JOINT_MARGIN).into_iter().map(move |m| {
+                    format!(
+                        "{}: {} links {:.2} of consecutive epochs, {:.2} jointly (chance {:.2}, \
+margins {MARGIN} and {JOINT_MARGIN})",
+                        r.vantage, m.method, m.recovered, m.matched, m.chance
+                    )
+                })
+            })
+            .collect()
+    }
+}
+
+/// Removes a private directory on every exit path.
+struct DirGuard(PathBuf);
+
+impl Drop for DirGuard {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Builds the lab, runs two conversations for `rotations` epochs while capturing, and links.
+pub fn run(args: &LinkRunArgs) -> Result<LinkRun, String> {
+    let lab = Lab::build_topology(args.topology, "m6l").map_err(|e| e.to_string())?;
+    in_ns(&lab.host_b, |nl| {
+        let i = nl.link_index(HOST_IF)?;
+        nl.add_address(
+            i,
+            HOST_C,
+            64,
+            mt6d_os::AddrFlags {
+                nodad: true,
+                noprefixroute: false,
+            },
+        )
+    })
+    .map_err(|e| format!("Host C's address: {e}"))?;
+    let dir = std::env::temp_dir().join(format!("mt6d-link-{}", lab.gw_a.name()));
+    let _guard = DirGuard(dir.clone());
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .recursive(true)
+        .create(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    for k in ["k0", "k1"] {
+        let key = crate::keys::random32().map_err(|e| e.to_string())?;
+        crate::keys::write_secret_file(&dir.join(k), &crate::keys::encode(key.as_slice()))
+            .map_err(|e| e.to_string())?;
+    }
+    let mut daemons = Vec::new();
+    for (side, label) in [(Side::A, "A"), (Side::B, "B")] {
+        let config = dir.join(format!("gw-{label}.toml"));
+        std::fs::write(&config, config_text(&lab, side, args, &dir))
+            .map_err(|e| format!("{}: {e}", config.display()))?;
+        let mut cmd = lab
+            .gateway(side)
+            .command(&args.mt6d)
+            .map_err(|e| e.to_string())?;
+        cmd.arg("run").arg("-c").arg(&config);
+        let mut d = DaemonProcess::spawn(
+            label,
+            cmd,
+            &lab.control_socket(side),
+            &dir.join(format!("gw-{label}.log")),
+        )?;
+        d.wait_ready(Duration::from_secs(10))?;
+        daemons.push(d);
+    }
+    let result = capture_and_link(&lab, args, &dir, &daemons);
+    for d in &mut daemons {
+        d.stop(Duration::from_secs(5))?;
+    }
+    result
+}
+
+/// Both gateways' configuration: one `[[peer]]` per conversation, each with its own key.
+fn config_text(lab: &Lab, side: Side, args: &LinkRunArgs, dir: &Path) -> String {
+    let (own, far) = (lab.public(side), lab.public(other(side)));
+    let mut text = format!(
+        "# Generated for the linker's two conversations (gateway {side:?}, {} topology).\n\
+[gateway]\ninternal_interface = \"{INTERNAL_IF}\"\nexternal_interface = \"{EXTERNAL_IF}\"\n\
+tun_name = \"mt6d0\"\ncontrol_socket = \"{}\"\nrotation_secs = {:?}\nmode = \"{}\"\n",
+        lab.topology,
+        lab.control_socket(side).display(),
+        args.rotation_secs,
+        args.mode
+    );
+    if let Some(r) = own.router {
+        text += &format!("external_next_hop = \"{r}\"\n");
+    }
+    for (i, far_host) in [HOST_B, HOST_C].into_iter().enumerate() {
+        let (local, remote) = match side {
+            Side::A => (HOST_A, far_host),
+            Side::B => (far_host, HOST_A),
+        };
+        text += &format!(
+            "\n[[peer]]\nname = \"p{i}\"\nlocal_host = \"{local}\"\nremote_host = \"{remote}\"\nkey_file = \"{}\"\n",
+            dir.join(format!("k{i}")).display()
+        );
+        if let (Some(lp), Some(rp)) = (own.prefix, far.prefix) {
+            text += &format!("local_prefix = \"{lp}/64\"\nremote_prefix = \"{rp}/64\"\n");
+        }
+    }
+    text
+}
+
+fn other(side: Side) -> Side {
+    match side {
+        Side::A => Side::B,
+        Side::B => Side::A,
+    }
+}
+
+fn capture_and_link(
+    lab: &Lab,
+    args: &LinkRunArgs,
+    dir: &Path,
+    daemons: &[DaemonProcess],
+) -> Result<LinkRun, String> {
+    for dst in [HOST_B, HOST_C] {
+        wait_for(lab, dst)?;
+    }
+    // Conversations have histories: give the second one 37 exchanges more before the capture.
+    // Without this, both streams of one daemon start their counters at the same clock reading
+    // and, carrying the same paced traffic, would run in lock step, which hides a running
+    // counter behind a coincidence no real pair of conversations shows.
+    lab.host_a
+        .run(|| {
+            ping(
+                HOST_C,
+                HISTORY,
+                Pace::Flood {
+                    wait: Duration::from_millis(100),
+                },
+                Duration::from_millis(300),
+            )
+        })
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("ping {HOST_C}: {e}"))?;
+    let near = args
+        .pcap
+        .clone()
+        .unwrap_or_else(|| dir.join("gateway-a-link.pcap"));
+    let far = near.with_file_name(format!(
+        "{}-far.pcap",
+        near.file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("capture")
+    ));
+    let watched = vec![HOST_A, HOST_B, HOST_C, GATEWAY_A, GATEWAY_B];
+    let routed = !lab.routers.is_empty();
+    let mut observers = vec![Observer::start(
+        &lab.gw_a,
+        EXTERNAL_IF,
+        watched.clone(),
+        Some(near.clone()),
+    )?];
+    if routed {
+        observers.push(Observer::start(
+            &lab.gw_b,
+            EXTERNAL_IF,
+            watched,
+            Some(far.clone()),
+        )?);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let poller = std::thread::spawn({
+        let stop = stop.clone();
+        let socket = daemons[0].socket.clone();
+        move || poll_truth(&socket, &stop)
+    });
+    let duration = Duration::from_secs_f64(args.rotation_secs * f64::from(args.rotations));
+    let traffic = conversations(lab, duration);
+    stop.store(true, Ordering::Relaxed);
+    let truth = poller
+        .join()
+        .map_err(|_| "status poller panicked".to_string())?;
+    let mut leaks = 0;
+    for o in observers {
+        leaks += o.finish()?.frames_with_true_address;
+    }
+    traffic?;
+    let epochs = truth
+        .routes
+        .values()
+        .map(|l| l.epoch)
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
+    if args.pcap.is_some() {
+        // Beside the capture: the ground truth, so the linker can be run over it again.
+        let path = truth_path(&near);
+        let text = serde_json::to_string_pretty(&truth.to_routes()).map_err(|e| e.to_string())?;
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    let mut reports = Vec::new();
+    let mut add = |path: &Path, vantage: Vantage, name: String| -> Result<(), String> {
+        let frames = linker::read_pcap(path).map_err(|e| e.to_string())?;
+        let capture = linker::Capture::new(&frames, vantage);
+        reports.push(linker::link(&capture, &truth, &name));
+        Ok(())
+    };
+    let t = lab.topology;
+    if routed {
+        add(
+            &near,
+            Vantage::OnLink,
+            format!("{t}, {}, on Gateway A's link", args.mode),
+        )?;
+        let from_prefix = lab.public_a.prefix.unwrap_or(Ipv6Addr::UNSPECIFIED);
+        add(
+            &far,
+            Vantage::PastRouter { from_prefix },
+            format!("{t}, {}, past the router (A's packets at B)", args.mode),
+        )?;
+    } else {
+        add(
+            &near,
+            Vantage::OnLink,
+            format!("{t}, {}, on the segment", args.mode),
+        )?;
+    }
+    Ok(LinkRun {
+        margin: MARGIN,
+        joint_margin: JOINT_MARGIN,
+        topology: t.name().to_string(),
+        mode: args.mode.clone(),
+        rotation_secs: args.rotation_secs,
+        epochs,
+        frames_with_true_address: leaks,
+        reports,
+    })
+}
+
+/// Pings `dst` until one echo is answered (at most 10 s): neighbour discovery is set-up.
+fn wait_for(lab: &Lab, dst: Ipv6Addr) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let r = lab
+            .host_a
+            .run(|| {
+                ping(
+                    dst,
+                    1,
+                    Pace::Flood {
+                        wait: Duration::from_millis(500),
+                    },
+                    Duration::from_millis(300),
+                )
+            })
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        if r.received == 1 {
+            return Ok(());
+        }
+    }
+    Err(format!("Host A cannot reach {dst} through the tunnel"))
+}
+
+/// Every route of every peer that Gateway A's status names, until `stop`.
+fn poll_truth(socket: &Path, stop: &AtomicBool) -> Truth {
+    let mut truth = Truth::default();
+    let endpoint = |s: &str| s.parse::<SocketAddrV6>().ok();
+    while !stop.load(Ordering::Relaxed) {
+        if let Ok(st) = crate::control::query_status(socket) {
+            for (stream, peer) in st.peers.iter().enumerate() {
+                for route in peer.accept.iter().chain([&peer.send]) {
+                    if let (Some(l), Some(r)) = (endpoint(&route.local), endpoint(&route.remote)) {
+                        truth.add(
+                            l,
+                            r,
+                            Label {
+                                stream,
+                                epoch: route.epoch,
+                            },
+                        );
+                    }
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    truth
+}
+
+/// The same traffic mix to Host B and to Host C at once, for `duration`.
+fn conversations(lab: &Lab, duration: Duration) -> Result<(), String> {
+    std::thread::scope(|s| {
+        let mut jobs = Vec::new();
+        for (i, dst) in [HOST_B, HOST_C].into_iter().enumerate() {
+            for interval in [Duration::from_millis(200), Duration::from_millis(10)] {
+                jobs.push(s.spawn(move || -> Result<(), String> {
+                    let count = (duration.as_secs_f64() / interval.as_secs_f64()) as u64;
+                    lab.host_a
+                        .run(|| ping(dst, count, Pace::Train { interval }, Duration::from_secs(1)))
+                        .map_err(|e| e.to_string())?
+                        .map(|_| ())
+                        .map_err(|e| format!("ping {dst}: {e}"))
+                }));
+            }
+            let port = 7100 + i as u16;
+            let listener = lab
+                .host_b
+                .run(|| transfer::listen(dst, port))
+                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("listen on [{dst}]:{port}: {e}"))?;
+            let receiver = s.spawn(move || transfer::serve_once(listener, Duration::from_secs(10)));
+            jobs.push(s.spawn(move || -> Result<(), String> {
+                let sent = lab
+                    .host_a
+                    .run(|| paced_tcp(dst, port, duration))
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| format!("TCP to [{dst}]:{port}: {e}"))?;
+                let got = receiver
+                    .join()
+                    .map_err(|_| "TCP receiver panicked".to_string())?
+                    .map_err(|e| format!("TCP receiver [{dst}]:{port}: {e}"))?;
+                if got.bytes == sent {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "TCP to {dst}: sent {sent} bytes, {} arrived",
+                        got.bytes
+                    ))
+                }
+            }));
+        }
+        jobs.into_iter()
+            .map(|j| {
+                j.join()
+                    .map_err(|_| "traffic thread panicked".to_string())?
+            })
+            .collect::<Result<Vec<()>, String>>()
+            .map(|_| ())
+    })
+}
+
+/// A TCP stream at a steady 1200 bytes every 20 ms; returns the bytes sent.
+fn paced_tcp(dst: Ipv6Addr, port: u16, duration: Duration) -> std::io::Result<u64> {
+    use std::io::{Read, Write};
+    let addr = SocketAddrV6::new(dst, port, 0, 0);
+    let mut stream = std::net::TcpStream::connect_timeout(&addr.into(), Duration::from_secs(5))?;
+    stream.set_write_timeout(Some(Duration::from_secs(10)))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let chunk = [0x5au8; 1200];
+    let start = Instant::now();
+    let mut sent = 0u64;
+    while start.elapsed() < duration {
+        stream.write_all(&chunk)?;
+        sent += chunk.len() as u64;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stream.shutdown(std::net::Shutdown::Write)?;
+    let mut answer = [0u8; 40];
+    stream.read_exact(&mut answer)?;
+    Ok(sent)
+}
+
+/// Where the ground truth of a capture is kept: `<stem>.truth.json` beside it.
+pub fn truth_path(pcap: &Path) -> PathBuf {
+    pcap.with_file_name(format!(
+        "{}.truth.json",
+        pcap.file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("capture")
+    ))
+}
+
+/// Runs the linker over a capture written earlier and its ground truth (`truth_path`);
+/// `past_router` keeps only packets from that /64.
+pub fn link_files(
+    pcap: &Path,
+    truth: &Path,
+    past_router: Option<Ipv6Addr>,
+) -> Result<LinkReport, String> {
+    let text = std::fs::read_to_string(truth).map_err(|e| format!("{}: {e}", truth.display()))?;
+    let routes: Vec<linker::TruthRoute> =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", truth.display()))?;
+    let frames = linker::read_pcap(pcap).map_err(|e| e.to_string())?;
+    let vantage = match past_router {
+        Some(from_prefix) => Vantage::PastRouter { from_prefix },
+        None => Vantage::OnLink,
+    };
+    Ok(linker::link(
+        &linker::Capture::new(&frames, vantage),
+        &Truth::from_routes(&routes),
+        &pcap.display().to_string(),
+    ))
+}

@@ -1,0 +1,68 @@
+//! An observer on the public link tries to link consecutive epochs (issue: unlinkable on the
+//! wire). Two conversations with the same traffic mix run between the same two gateways in
+//! encrypt mode across 25 rotations of 1 s; the linker (`mt6d::lab::linker`) scores every
+//! header field, the payload's first bytes as a counter, packet sizes and the neighbour
+//! discovery, MLD and ICMPv6 side channels against the ground truth from Gateway A's status.
+//! No method may link better than chance plus a margin (0.25 flow by flow, 0.35 in the joint
+//! assignment; docs/PRIVACY.md says why).
+//!
+//! Run: `cargo test --release -p mt6d --test linker_netns -- --nocapture` (as root).
+
+mod common;
+
+use mt6d::lab::topology::Topology;
+use mt6d::lab::unlinkability::{run, LinkRunArgs, JOINT_MARGIN, MARGIN};
+
+const ROTATIONS: u32 = 25;
+
+fn no_method_links_epochs(topology: Topology) {
+    if !common::root() {
+        return eprintln!("skipped: needs root");
+    }
+    let _turn = common::one_at_a_time();
+    let result = run(&LinkRunArgs {
+        topology,
+        mode: "encrypt".into(),
+        rotation_secs: 1.0,
+        rotations: ROTATIONS,
+        mt6d: common::MT6D.into(),
+        pcap: std::env::var_os("MT6D_LINKER_PCAP")
+            .map(|d| std::path::Path::new(&d).join(format!("linker-{}.pcap", topology.name()))),
+    })
+    .expect("the two conversations run");
+    assert_eq!(
+        result.frames_with_true_address, 0,
+        "a true address on the public link"
+    );
+    assert!(
+        result.epochs >= ROTATIONS as usize,
+        "only {} epochs in the ground truth",
+        result.epochs
+    );
+    eprintln!(
+        "a method links if it recovers more than chance + {MARGIN} of the links flow by flow, \
+or chance + {JOINT_MARGIN} jointly"
+    );
+    for r in &result.reports {
+        eprintln!("{}", r.table());
+        eprintln!("side-channel messages: {:?}\n", r.side_channel_messages);
+        let links = r.results.first().map_or(0, |m| m.links);
+        assert!(
+            links >= 2 * (ROTATIONS as usize - 5),
+            "{}: only {links} consecutive-epoch links to score",
+            r.vantage
+        );
+    }
+    let linking = result.linking();
+    assert!(linking.is_empty(), "{}", linking.join("\n"));
+}
+
+#[test]
+fn no_method_links_consecutive_epochs_on_the_segment() {
+    no_method_links_epochs(Topology::Switched);
+}
+
+#[test]
+fn no_method_links_consecutive_epochs_past_the_router() {
+    no_method_links_epochs(Topology::Routed);
+}
