@@ -11,6 +11,7 @@ mod procs;
 mod profile;
 mod report;
 mod run;
+mod soak;
 mod topo;
 mod traffic;
 
@@ -20,6 +21,7 @@ use profile::{Profile, Scenario, Topology};
 
 const USAGE: &str = "\
 usage: mt6d bench [--quick] [--only SCENARIO[,..]] [--topology T[,..]] [--out DIR] [--ping-std N]
+       mt6d bench --soak HOURS [--sample-secs S] [--restart-every MINUTES] [--out DIR]
 
   --quick          short tests, every scenario on every topology (< 5 minutes on 2 cores)
   --only LIST      scenarios: none, mt6d-plain, mt6d-auth, mt6d-encrypt, wireguard-go, boringtun
@@ -27,6 +29,11 @@ usage: mt6d bench [--quick] [--only SCENARIO[,..]] [--topology T[,..]] [--out DI
   --out DIR        where results.json, report.md and the plots go (default bench-results/DATE)
   --ping-std N     echoes in ping_std (full profile: 1,000 at 1/s as in 000, about 5 hours in
                    all; --ping-std 30 makes a full run last about 25 minutes)
+  --soak HOURS     the long run instead (switched lab, rotation 1 s, rekey 120 s): a long-lived
+                   TCP transfer, a 50 packets/s RTP-like UDP stream, a ping train; reports
+                   session breaks, loss, jitter, daemon memory and descriptors over time
+  --sample-secs S  soak: seconds between samples (default 60)
+  --restart-every MINUTES  soak: restart Gateway B this often (default never)
 
 Needs root. Install the peers first: scripts/install-bench-deps.sh (docs/BENCH.md).";
 
@@ -39,6 +46,8 @@ pub struct Args {
     pub out: Option<std::path::PathBuf>,
     /// Overrides the profile's ping_std count (the full profile's 1,000 takes 1,000 s a pair).
     pub ping_std: Option<u64>,
+    /// `--soak HOURS`: the long run of [`soak`] instead of the evaluation.
+    pub soak: Option<soak::SoakArgs>,
 }
 
 fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -48,7 +57,10 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         topologies: Topology::ALL.to_vec(),
         out: None,
         ping_std: None,
+        soak: None,
     };
+    let mut sample_secs = 60u64;
+    let mut restart_every = None;
     while let Some(a) = it.next() {
         let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
         match a.as_str() {
@@ -68,12 +80,48 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                         format!("--ping-std {v:?}: a count of echoes, at least 1")
                     })?);
             }
+            "--soak" => {
+                let v = value("--soak")?;
+                let hours = v
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|h| *h > 0.0 && h.is_finite())
+                    .ok_or_else(|| format!("--soak {v:?}: hours, more than 0"))?;
+                args.soak = Some(soak::SoakArgs {
+                    hours,
+                    sample_secs: 60,
+                    restart_every_mins: None,
+                    out: None,
+                });
+            }
+            "--sample-secs" => {
+                let v = value("--sample-secs")?;
+                sample_secs = v
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| format!("--sample-secs {v:?}: seconds, at least 1"))?;
+            }
+            "--restart-every" => {
+                let v = value("--restart-every")?;
+                restart_every = Some(
+                    v.parse::<f64>()
+                        .ok()
+                        .filter(|m| *m > 0.0 && m.is_finite())
+                        .ok_or_else(|| format!("--restart-every {v:?}: minutes, more than 0"))?,
+                );
+            }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
     if let Some(n) = args.ping_std {
         args.profile.ping_std_count = n;
+    }
+    if let Some(soak) = args.soak.as_mut() {
+        soak.sample_secs = sample_secs;
+        soak.restart_every_mins = restart_every;
+        soak.out.clone_from(&args.out);
     }
     Ok(args)
 }
@@ -116,7 +164,10 @@ fn main() -> ExitCode {
     // Our namespaces are named mb<role><pid hex>x<n>: the reaper removes exactly those if we die.
     let tag = format!("{:x}x", std::process::id());
     let mut reaper = procs::start_reaper(&tag);
-    let result = run::run(&args);
+    let result = match &args.soak {
+        Some(soak) => soak::run(soak),
+        None => run::run(&args),
+    };
     procs::reap(&tag);
     if let Some(r) = reaper.as_mut() {
         let _ = r.kill();

@@ -3,7 +3,9 @@
 //! Every variant names the operation that failed and the object it failed on (interface,
 //! address, route, path, port), and carries the kernel's `io::Error` as its source, so that a
 //! log line like "add address 2001:db8::1/64 on interface #7: File exists" needs no further
-//! context. Callers that must branch on the kernel's answer (EAGAIN on a read timeout,
+//! context. The kernel's answer is part of every message (a person reading a log line has no
+//! other way to see it), and interfaces appear by name with their index (`eth0 (#3)`), or by
+//! index alone once the interface is gone. Callers that must branch on the kernel's answer (EAGAIN on a read timeout,
 //! ENOBUFS on a full queue, EIO from UDP GSO) use [`OsError::raw_os_error`] or
 //! [`OsError::is_would_block`] rather than matching on the display string.
 
@@ -19,7 +21,7 @@ pub type Result<T, E = OsError> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum OsError {
     /// Opening or talking to the rtnetlink socket itself failed.
-    #[error("rtnetlink: {op}")]
+    #[error("rtnetlink: {op}: {source}")]
     Netlink {
         /// What was being done ("open socket", "receive reply", ...).
         op: &'static str,
@@ -29,7 +31,7 @@ pub enum OsError {
     },
 
     /// A link (interface) operation failed; `link` is its name or `#index`.
-    #[error("{op} on interface {link}")]
+    #[error("{op} on interface {link}: {source}")]
     Link {
         /// The operation ("set up", "set mtu 1400", "look up index", ...).
         op: String,
@@ -41,7 +43,7 @@ pub enum OsError {
     },
 
     /// Adding, deleting or listing an address failed.
-    #[error("{op} address {addr}/{prefix_len} on interface #{index}")]
+    #[error("{op} address {addr}/{prefix_len} on interface {}: {source}", link(*index))]
     Address {
         /// "add" or "delete".
         op: &'static str,
@@ -57,7 +59,7 @@ pub enum OsError {
     },
 
     /// Adding or deleting a route failed.
-    #[error("{op} route {dst}/{prefix_len} dev #{oif} table {table}")]
+    #[error("{op} route {dst}/{prefix_len} dev {} table {table}: {source}", link(*oif))]
     Route {
         /// "add" or "delete".
         op: &'static str,
@@ -75,7 +77,7 @@ pub enum OsError {
     },
 
     /// Adding or deleting a (proxy) neighbour entry failed.
-    #[error("{op} neighbour {addr} on interface #{index}")]
+    #[error("{op} neighbour {addr} on interface {}: {source}", link(*index))]
     Neighbor {
         /// "add", "delete", "add proxy", "delete proxy".
         op: &'static str,
@@ -89,7 +91,7 @@ pub enum OsError {
     },
 
     /// Reading or writing a sysctl file failed.
-    #[error("{op} {}", path.display())]
+    #[error("{op} {}: {source}", path.display())]
     Sysctl {
         /// "read" or "write VALUE to".
         op: String,
@@ -101,7 +103,7 @@ pub enum OsError {
     },
 
     /// A network namespace operation failed.
-    #[error("network namespace {name}: {op}")]
+    #[error("network namespace {name}: {op}: {source}")]
     Netns {
         /// The namespace name (as under /run/netns).
         name: String,
@@ -113,7 +115,7 @@ pub enum OsError {
     },
 
     /// A TUN device operation failed.
-    #[error("TUN device {name}: {op}")]
+    #[error("TUN device {name}: {op}: {source}")]
     Tun {
         /// Device name.
         name: String,
@@ -125,7 +127,7 @@ pub enum OsError {
     },
 
     /// A UDP tunnel socket operation failed.
-    #[error("UDP socket [::]:{port}: {op}")]
+    #[error("UDP socket [::]:{port}: {op}: {source}")]
     Udp {
         /// The local port.
         port: u16,
@@ -137,7 +139,7 @@ pub enum OsError {
     },
 
     /// An ICMPv6 raw socket operation failed.
-    #[error("ICMPv6 socket: {op}")]
+    #[error("ICMPv6 socket: {op}: {source}")]
     Icmp {
         /// The operation.
         op: &'static str,
@@ -147,7 +149,7 @@ pub enum OsError {
     },
 
     /// An epoll operation failed.
-    #[error("epoll: {op}")]
+    #[error("epoll: {op}: {source}")]
     Epoll {
         /// The operation.
         op: &'static str,
@@ -171,6 +173,14 @@ pub enum OsError {
     /// A caller passed an argument the OS layer refuses before calling the kernel.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+}
+
+/// `name (#index)` of an interface as it is named now, or `#index` if it no longer exists.
+fn link(index: u32) -> String {
+    match crate::sys::if_name(index) {
+        Some(name) => format!("{name} (#{index})"),
+        None => format!("#{index}"),
+    }
 }
 
 impl OsError {
@@ -221,10 +231,15 @@ mod tests {
             op: "add",
             addr: "2001:db8::1".parse().expect("literal address"),
             prefix_len: 64,
-            index: 7,
+            index: 1,
             source: io::Error::from_raw_os_error(libc::EEXIST),
         };
-        assert_eq!(e.to_string(), "add address 2001:db8::1/64 on interface #7");
+        // Index 1 is the loopback device in every network namespace.
+        let text = e.to_string();
+        assert!(
+            text.starts_with("add address 2001:db8::1/64 on interface lo (#1): File exists"),
+            "{text}"
+        );
         assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
         assert!(!e.is_would_block());
         let e = OsError::Udp {
@@ -233,5 +248,50 @@ mod tests {
             source: io::Error::from_raw_os_error(libc::EAGAIN),
         };
         assert!(e.is_would_block());
+    }
+
+    #[test]
+    fn every_message_carries_the_kernel_answer_and_names_the_interface() {
+        let e = OsError::Link {
+            op: "look up index".into(),
+            link: "eth9".into(),
+            source: io::Error::from_raw_os_error(libc::ENODEV),
+        };
+        assert_eq!(
+            e.to_string(),
+            "look up index on interface eth9: No such device (os error 19)"
+        );
+        let e = OsError::Route {
+            op: "add",
+            dst: "2001:db8:b::".parse().expect("literal address"),
+            prefix_len: 64,
+            oif: 1,
+            table: 254,
+            source: io::Error::from_raw_os_error(libc::ENETUNREACH),
+        };
+        assert_eq!(
+            e.to_string(),
+            "add route 2001:db8:b::/64 dev lo (#1) table 254: Network is unreachable (os error 101)"
+        );
+        // A vanished interface is still named by its index.
+        let e = OsError::Neighbor {
+            op: "add proxy",
+            addr: "2001:db8::1".parse().expect("literal address"),
+            index: 0x7fff_fff0,
+            source: io::Error::from_raw_os_error(libc::ENODEV),
+        };
+        assert_eq!(
+            e.to_string(),
+            "add proxy neighbour 2001:db8::1 on interface #2147483632: No such device (os error 19)"
+        );
+        let e = OsError::Udp {
+            port: 27589,
+            op: "bind",
+            source: io::Error::from_raw_os_error(libc::EADDRINUSE),
+        };
+        assert_eq!(
+            e.to_string(),
+            "UDP socket [::]:27589: bind: Address already in use (os error 98)"
+        );
     }
 }

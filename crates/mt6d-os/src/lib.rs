@@ -3,6 +3,7 @@
 //! This crate owns the OS side of a Moving Target IPv6 Defense gateway:
 //! - [`netlink`]: links, IPv6 addresses, routes, (proxy) neighbour entries, veth pairs, over a
 //!   blocking rtnetlink socket, with idempotent adds and deletes;
+//! - [`linkwatch`]: link events (`RTMGRP_LINK`): interfaces deleted, renamed, down, created;
 //! - [`sysctl`]: `/proc/sys/net/ipv6/conf/IFACE/KEY` (forwarding, proxy_ndp, accept_dad, ...);
 //! - [`nftables`]: loading and deleting one named nftables table through the `nft` program;
 //! - [`netns`]: iproute2-compatible named network namespaces for the lab and the tests;
@@ -25,6 +26,7 @@
 pub mod capture;
 pub mod error;
 pub mod icmp;
+pub mod linkwatch;
 pub mod netlink;
 pub mod netns;
 pub mod nftables;

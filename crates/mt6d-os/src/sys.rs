@@ -29,6 +29,20 @@ pub(crate) fn cvt_size(ret: libc::ssize_t) -> io::Result<usize> {
     }
 }
 
+/// The name interface `index` has now, if it exists (for error messages only).
+pub(crate) fn if_name(index: u32) -> Option<String> {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: buf is IF_NAMESIZE bytes, as if_indextoname(3) requires; it writes a
+    // NUL-terminated name there or returns NULL.
+    let p = unsafe { libc::if_indextoname(index, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: on success buf holds a NUL-terminated string within its IF_NAMESIZE bytes.
+    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Some(name.to_string_lossy().into_owned())
+}
+
 /// `socket(2)` with `SOCK_CLOEXEC`, owned.
 pub(crate) fn socket(
     domain: libc::c_int,
@@ -186,6 +200,24 @@ pub(crate) fn send(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
 }
 
 /// `recv(2)` into one buffer.
+/// Binds a netlink socket to the multicast `groups` (e.g. RTMGRP_LINK) of the calling thread's
+/// network namespace.
+pub(crate) fn bind_netlink_groups(fd: BorrowedFd<'_>, groups: u32) -> io::Result<()> {
+    // SAFETY: sockaddr_nl is plain old data; all-zero is a valid value.
+    let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+    sa.nl_groups = groups;
+    // SAFETY: sa is a valid sockaddr_nl and the length passed is its size.
+    cvt(unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            std::ptr::addr_of!(sa).cast::<libc::sockaddr>(),
+            std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+        )
+    })
+    .map(drop)
+}
+
 pub(crate) fn recv(fd: BorrowedFd<'_>, buf: &mut [u8], flags: libc::c_int) -> io::Result<usize> {
     // SAFETY: the pointer and length describe `buf`, which is exclusively borrowed.
     cvt_size(unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), flags) })

@@ -120,9 +120,10 @@ impl Stream {
         self.route_with_attempt(e, 0)
     }
 
-    /// The route of epoch `e` with both address searches starting at `attempt_offset`: the hook a
-    /// later protocol revision uses to move both peers off a colliding address. Both peers must use
-    /// the same offset.
+    /// The route of epoch `e` with both address searches starting at `attempt_offset` and, for an
+    /// offset above 0, both hopping ports derived with it (docs/PROTOCOL.md §2.4, §2.5): how both
+    /// peers leave an address taken on the link or a port taken on a host (§5.2). Both peers must
+    /// use the same offset.
     pub fn route_with_attempt(&self, e: Epoch, attempt_offset: u8) -> Route {
         let (low, high) = self.endpoints();
         let [a_low, a_high] = addressing::route_addresses(
@@ -133,8 +134,22 @@ impl Stream {
             e,
             attempt_offset,
         );
-        let p_low = addressing::port(&self.keys, self.cfg.ports, low, Role::Low, e);
-        let p_high = addressing::port(&self.keys, self.cfg.ports, high, Role::High, e);
+        let p_low = addressing::port(
+            &self.keys,
+            self.cfg.ports,
+            low,
+            Role::Low,
+            e,
+            attempt_offset,
+        );
+        let p_high = addressing::port(
+            &self.keys,
+            self.cfg.ports,
+            high,
+            Role::High,
+            e,
+            attempt_offset,
+        );
         let low_sa = SocketAddrV6::new(a_low.addr, p_low, 0, 0);
         let high_sa = SocketAddrV6::new(a_high.addr, p_high, 0, 0);
         let (local, remote) = match self.role {

@@ -42,9 +42,17 @@ fn print_vectors() {
     for (ep, role) in [(low(), Role::Low), (high(), Role::High)] {
         println!(
             "port {role:?} {}",
-            port(&k, PortPolicy::Hopping, &ep, role, EPOCH)
+            port(&k, PortPolicy::Hopping, &ep, role, EPOCH, 0)
+        );
+        println!(
+            "port {role:?} offset 1 {}",
+            port(&k, PortPolicy::Hopping, &ep, role, EPOCH, 1)
         );
     }
+    let moved = Stream::new(StreamConfig::new(low(), high(), key()))
+        .unwrap()
+        .route_with_attempt(EPOCH, 1);
+    println!("route at offset 1: {} -> {}", moved.local, moved.remote);
     let mac = [0x00, 0xab, 0xcd, 0x11, 0x22, 0x01];
     println!(
         "thesis mac {}",
@@ -142,12 +150,38 @@ fn keyed_addresses_and_ports() {
             .unwrap()
     );
     assert_eq!(
-        port(&k, PortPolicy::Hopping, &low(), Role::Low, EPOCH),
+        port(&k, PortPolicy::Hopping, &low(), Role::Low, EPOCH, 0),
         40199
     );
     assert_eq!(
-        port(&k, PortPolicy::Hopping, &high(), Role::High, EPOCH),
+        port(&k, PortPolicy::Hopping, &high(), Role::High, EPOCH, 0),
         22970
+    );
+}
+
+/// A moved epoch (attempt offset 1, docs/PROTOCOL.md §2.5, §5.2): both addresses and both ports
+/// change; offset 0 keeps the ports above.
+#[test]
+fn moved_epoch_addresses_and_ports() {
+    let k = AddressKeys::derive(&key());
+    assert_eq!(
+        port(&k, PortPolicy::Hopping, &low(), Role::Low, EPOCH, 1),
+        37090
+    );
+    assert_eq!(
+        port(&k, PortPolicy::Hopping, &high(), Role::High, EPOCH, 1),
+        53308
+    );
+    let moved = Stream::new(StreamConfig::new(low(), high(), key()))
+        .unwrap()
+        .route_with_attempt(EPOCH, 1);
+    assert_eq!(
+        moved.local.to_string(),
+        "[2001:db8:a:0:e4f:b44a:6354:cea5]:37090"
+    );
+    assert_eq!(
+        moved.remote.to_string(),
+        "[2001:db8:b:0:ac72:54a5:3d6:1ea]:53308"
     );
 }
 

@@ -68,6 +68,12 @@ pub struct GatewayConfig {
     /// Send Router Advertisements on the internal link carrying the tunnel MTU (docs/PROTOCOL.md
     /// §5.3). Off where another router already advertises on that link.
     pub router_advertisements: bool,
+    /// `log_level`: error, warn, info (default), debug, trace or off. `mt6d run --log-level` and
+    /// then `RUST_LOG` override it.
+    pub log_level: Option<log::LevelFilter>,
+    /// `interface_down_exit_secs`: how long an interface may be down or missing before the
+    /// daemon exits non-zero for a supervisor to restart it (default 30).
+    pub interface_down_exit: std::time::Duration,
     /// Give the external interface a random MAC and a random link-local address for the run,
     /// restored on exit (docs/PROTOCOL.md §5.4).
     pub randomize_link: bool,
@@ -180,6 +186,8 @@ struct RawGateway {
     rekey_secs: Option<Spanned<f64>>,
     rekey_packets: Option<Spanned<i64>>,
     router_advertisements: Option<Spanned<bool>>,
+    log_level: Option<Spanned<String>>,
+    interface_down_exit_secs: Option<Spanned<f64>>,
     randomize_link: Option<Spanned<bool>>,
     state_dir: Option<Spanned<String>>,
 }
@@ -337,6 +345,31 @@ impl Config {
             }
             Some(v) => *v.get_ref(),
             None => !host_role,
+        };
+        let log_level = match &gw.log_level {
+            Some(v) => Some(parse_log_level(v.get_ref()).ok_or_else(|| {
+                src.err(
+                    v,
+                    format!(
+                        "log_level {:?}: one of error, warn, info, debug, trace, off",
+                        v.get_ref()
+                    ),
+                )
+            })?),
+            None => None,
+        };
+        let interface_down_exit = match &gw.interface_down_exit_secs {
+            Some(v) => {
+                let secs = *v.get_ref();
+                if !(secs.is_finite() && secs > 0.0 && secs <= 86_400.0) {
+                    return Err(src.err(
+                        v,
+                        "interface_down_exit_secs: seconds, more than 0 and at most 86400",
+                    ));
+                }
+                std::time::Duration::from_secs_f64(secs)
+            }
+            None => std::time::Duration::from_secs(30),
         };
         let control_socket = match &gw.control_socket {
             Some(p) => PathBuf::from(p.get_ref()),
@@ -593,11 +626,21 @@ impl Config {
                 control_socket,
                 external_next_hop,
                 router_advertisements,
+                log_level,
+                interface_down_exit,
                 randomize_link: gw.randomize_link.as_ref().is_some_and(|v| *v.get_ref()),
                 state_dir,
             },
             peers,
         })
+    }
+}
+
+/// A `log_level` value (config or `--log-level`): error, warn, info, debug, trace, off.
+pub fn parse_log_level(s: &str) -> Option<log::LevelFilter> {
+    match s {
+        "error" | "warn" | "info" | "debug" | "trace" | "off" => s.parse().ok(),
+        _ => None,
     }
 }
 
@@ -879,6 +922,26 @@ key = "{KEY}"
         let err = parse(&text).expect_err("must fail").to_string();
         assert!(err.starts_with("/etc/mt6d/gw.toml:10:15:"), "{err}");
         assert!(err.contains("not an IPv6 address"), "{err}");
+    }
+
+    #[test]
+    fn log_level_is_read_and_a_bad_one_names_its_place() {
+        assert_eq!(parse(&example()).expect("parses").gateway.log_level, None);
+        let text = example().replace(
+            "rotation_secs = 1",
+            "rotation_secs = 1\nlog_level = \"debug\"",
+        );
+        assert_eq!(
+            parse(&text).expect("parses").gateway.log_level,
+            Some(log::LevelFilter::Debug)
+        );
+        let text = example().replace(
+            "rotation_secs = 1",
+            "rotation_secs = 1\nlog_level = \"loud\"",
+        );
+        let err = parse(&text).expect_err("fails").to_string();
+        assert!(err.starts_with("/etc/mt6d/gw.toml:"), "{err}");
+        assert!(err.contains("log_level \"loud\": one of error"), "{err}");
     }
 
     #[test]

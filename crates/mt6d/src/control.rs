@@ -34,6 +34,23 @@ pub struct Status {
     /// Duplicate address probes and the neighbour discovery watch (absent from older daemons).
     #[serde(default)]
     pub collision_watch: CollisionWatchStatus,
+    /// The interfaces the daemon uses and their state (absent from older daemons).
+    #[serde(default)]
+    pub interfaces: Vec<InterfaceStatus>,
+}
+
+/// One interface the daemon uses, followed by name through link events.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct InterfaceStatus {
+    /// "external" or "internal".
+    pub role: String,
+    pub name: String,
+    /// The index it had at start-up.
+    pub index: u32,
+    /// "up", "down" or "missing".
+    pub state: String,
+    /// Seconds since it entered that state (or since start-up).
+    pub since_secs: u64,
 }
 
 /// The gateway's own duplicate address detection on the external link (docs/PROTOCOL.md §5.2).
@@ -143,6 +160,10 @@ pub struct PeerStatus {
     /// Route moves away from address collisions (absent from older daemons).
     #[serde(default)]
     pub moves: MoveStatus,
+    /// Milliseconds since anything (data, keepalive, handshake message) last arrived from this
+    /// peer; None if nothing ever did (absent from older daemons).
+    #[serde(default)]
+    pub last_rx_ms_ago: Option<u64>,
 }
 
 /// What a peer's handshakes have done.
@@ -399,6 +420,19 @@ pub fn render(status: &Status) -> String {
         "mt6d {} pid {} up {}s  tun {}  {inside}  external {}",
         status.version, status.pid, status.uptime_secs, status.tun, status.external_interface
     );
+    if !status.interfaces.is_empty() {
+        let list: Vec<String> = status
+            .interfaces
+            .iter()
+            .map(|i| {
+                format!(
+                    "{} {} (#{}) {} for {}s",
+                    i.role, i.name, i.index, i.state, i.since_secs
+                )
+            })
+            .collect();
+        let _ = writeln!(s, "interfaces: {}", list.join(", "));
+    }
     let path = &status.path;
     let listed = |m: &std::collections::BTreeMap<String, u64>| {
         m.iter()
@@ -456,10 +490,14 @@ pub fn render(status: &Status) -> String {
         );
         let _ = writeln!(
             s,
-            "  epoch {}  next rotation in {:.1}s  rotations {}",
+            "  epoch {}  next rotation in {:.1}s  rotations {}  last packet received {}",
             p.epoch,
             p.next_change_ms as f64 / 1000.0,
-            c.rotations
+            c.rotations,
+            p.last_rx_ms_ago.map_or("never".to_string(), |ms| format!(
+                "{:.1}s ago",
+                ms as f64 / 1000.0
+            ))
         );
         match &p.handshake {
             None => {
@@ -552,6 +590,7 @@ mod tests {
             peers: vec![],
             path: PathStatus::default(),
             collision_watch: CollisionWatchStatus::default(),
+            interfaces: Vec::new(),
         }
     }
 
@@ -661,6 +700,7 @@ mod tests {
             remote_host: "2001:db8::b".into(),
             epoch: 9,
             next_change_ms: 1500,
+            last_rx_ms_ago: Some(1200),
             send: RouteStatus {
                 epoch: 9,
                 local: "[2001:db8::1]:1".into(),
@@ -691,6 +731,7 @@ mod tests {
         assert!(text.contains("handshake up  last 2.5s ago"), "{text}");
         assert!(text.contains("handshake failures hs_bad_mac 7"), "{text}");
         assert!(text.contains("drops bad_tag 3"), "{text}");
+        assert!(text.contains("last packet received 1.2s ago"), "{text}");
         assert!(!text.contains("replay 0"), "{text}");
     }
 }

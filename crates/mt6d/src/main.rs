@@ -45,6 +45,10 @@ enum Command {
         /// Configuration file (TOML; see docs/CONFIG.md).
         #[arg(short, long, value_name = "FILE")]
         config: PathBuf,
+        /// error, warn, info, debug, trace or off; overrides RUST_LOG and the config's
+        /// `log_level` (default info).
+        #[arg(long, value_name = "LEVEL", value_parser = parse_level)]
+        log_level: Option<log::LevelFilter>,
     },
     /// Remove what a dead daemon left (after SIGKILL, a crash or OOM); starts nothing.
     ///
@@ -120,18 +124,23 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
-        .format_target(false)
-        .init();
+    init_logging(&cli.command);
     let result = match cli.command {
-        Command::Run { config } => gateway::run(&config),
+        Command::Run { config, .. } => gateway::run(&config),
         Command::Down { config } => gateway::down(&config),
         Command::Check { config } => check(&config),
         Command::Status {
             socket,
             config,
             json,
-        } => status(socket, config, json),
+        } => match status(socket, config, json) {
+            // A script asking for JSON gets JSON on failure too (daemon not running, ...).
+            Err(e) if json => {
+                println!("{}", serde_json::json!({ "error": e.to_string() }));
+                return ExitCode::FAILURE;
+            }
+            r => r,
+        },
         Command::Demo(args) => lab::demo::run(args),
         Command::Genpsk { out } => genpsk(out),
         Command::Keygen { file } => keygen(&file),
@@ -146,6 +155,39 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn parse_level(s: &str) -> Result<log::LevelFilter, String> {
+    config::parse_log_level(s)
+        .ok_or_else(|| format!("{s:?}: one of error, warn, info, debug, trace, off"))
+}
+
+/// The log filter: `mt6d run --log-level`, else `RUST_LOG`, else the config's `log_level`,
+/// else info (docs/CONFIG.md).
+fn init_logging(command: &Command) {
+    let mut builder = env_logger::Builder::from_env(env_logger::Env::default());
+    builder.format_target(false);
+    let flag = match command {
+        Command::Run { log_level, .. } => *log_level,
+        _ => None,
+    };
+    let from_config = || match command {
+        // Loaded again by `run`, which reports its errors; here only the level matters.
+        Command::Run { config, .. } => config::Config::load(config)
+            .ok()
+            .and_then(|c| c.gateway.log_level),
+        _ => None,
+    };
+    match flag {
+        Some(level) => {
+            builder.filter_level(level);
+        }
+        None if std::env::var_os("RUST_LOG").is_some() => {}
+        None => {
+            builder.filter_level(from_config().unwrap_or(log::LevelFilter::Info));
+        }
+    }
+    builder.init();
 }
 
 /// Errors of the command-line layer: each wraps the layer below with what was being done.

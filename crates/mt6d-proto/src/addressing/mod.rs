@@ -176,18 +176,26 @@ pub fn route_addresses(
     [a, b]
 }
 
-/// The outer UDP port of the endpoint with `role` in `epoch`. Ports always come from the keyed PRF
-/// (the thesis has no port hopping), whatever the address derivation.
+/// The outer UDP port of the endpoint with `role` in `epoch` at attempt offset `attempt_offset`
+/// (0 unless the epoch moved, docs/PROTOCOL.md §5.2). Ports always come from the keyed PRF (the
+/// thesis has no port hopping), whatever the address derivation; a fixed port never moves.
 pub fn port(
     keys: &AddressKeys,
     policy: PortPolicy,
     endpoint: &Endpoint,
     role: Role,
     epoch: Epoch,
+    attempt_offset: u8,
 ) -> u16 {
     match policy {
         PortPolicy::Fixed(p) => p,
-        PortPolicy::Hopping => keyed_port(&keys.port, role.byte(), endpoint.true_addr, epoch.0),
+        PortPolicy::Hopping => keyed_port(
+            &keys.port,
+            role.byte(),
+            endpoint.true_addr,
+            epoch.0,
+            attempt_offset,
+        ),
     }
 }
 
@@ -259,9 +267,9 @@ mod tests {
         let k = keys();
         let ep = Endpoint::new("2001:db8::1".parse().unwrap());
         assert_eq!(
-            port(&k, PortPolicy::Fixed(4444), &ep, Role::High, Epoch(3)),
+            port(&k, PortPolicy::Fixed(4444), &ep, Role::High, Epoch(3), 2),
             4444
         );
-        assert!(port(&k, PortPolicy::Hopping, &ep, Role::High, Epoch(3)) >= 1024);
+        assert!(port(&k, PortPolicy::Hopping, &ep, Role::High, Epoch(3), 0) >= 1024);
     }
 }

@@ -20,6 +20,8 @@ pub mod counter_state;
 pub mod counters;
 mod dataplane;
 pub mod icmp;
+mod links;
+mod liveness;
 mod neighbor;
 mod quiet;
 mod rotation;
@@ -44,6 +46,7 @@ use collision::CollisionWatch;
 use counters::{DirectionCounters, DropReason};
 use dataplane::Shared;
 use icmp::{IcmpTranslator, PathState};
+use liveness::Liveness;
 use neighbor::NeighborPrimer;
 use rotation::Rotator;
 use router::RouterDiscovery;
@@ -241,20 +244,7 @@ fn run_gateway(
     rotator.purge_stale(&mut sys.netlink, &shared.peers, now);
     let first = rotator.step(&mut sys.netlink, &epoll, &shared, now);
     let result = first.and_then(|()| {
-        let role = match &cfg.gateway.role {
-            Role::Gateway { internal_interface } => {
-                format!("gateway, internal {internal_interface}")
-            }
-            Role::Host { local_host } => format!("host mode, {local_host} on the TUN device"),
-        };
-        log::info!(
-            "mt6d running: {} peer(s), TUN {} (MTU {}), {role}, external {}, control {}",
-            shared.peers.len(),
-            cfg.gateway.tun_name,
-            sys.tun_mtu,
-            cfg.gateway.external_interface,
-            cfg.gateway.control_socket.display()
-        );
+        log::info!("{}", start_line(cfg, &sys, &shared));
         serve(
             cfg,
             control,
@@ -317,11 +307,37 @@ fn serve(
         let mut result = Ok(());
         let mut next_rotation = rotator.next_change();
         let mut drops = DropReport::default();
+        let mut liveness = Liveness::new(shared.peers.len(), clock::now());
+        let mut watched = vec![(
+            "external",
+            cfg.gateway.external_interface.as_str(),
+            sys.external_index,
+        )];
+        if let Some(internal) = cfg.gateway.internal_interface() {
+            watched.push(("internal", internal, sys.internal_index));
+        }
+        let mut links = links::InterfaceWatch::new(&watched, cfg.gateway.interface_down_exit);
+        let own_key = own_public_key(cfg);
         while !signals.stop_requested() && !shared.shutdown.load(Ordering::Relaxed) {
             if signals.take_reload() {
                 signals::reload(cfg);
             }
             let now = clock::now();
+            match links.tick(&mut sys.netlink) {
+                links::Verdict::Carry => {}
+                links::Verdict::Rebind => {
+                    // Down flushed the hashed addresses and the routes on the interface.
+                    if let Err(e) = sys.reroute_external(cfg) {
+                        log::error!("after the interface came back: {e}");
+                    }
+                    rotator.forget_addresses();
+                    next_rotation = now;
+                }
+                links::Verdict::Exit(why) => {
+                    result = Err(GatewayError::Setup(why));
+                    break;
+                }
+            }
             if now >= next_rotation {
                 if let Err(e) = rotator.step(&mut sys.netlink, epoll, shared, now) {
                     // A failed rotation (e.g. the external interface vanished) leaves the old
@@ -356,7 +372,16 @@ fn serve(
                 session::tick(p, i, &table, now);
             }
             drop(table);
-            control.serve_pending(|| status(cfg, shared, path, started, rotator));
+            liveness.tick(shared, own_key.as_deref(), now);
+            control.serve_pending(|| {
+                let mut st = status(cfg, shared, path, started, rotator);
+                st.interfaces = links.status();
+                let now = clock::now();
+                for (i, p) in st.peers.iter_mut().enumerate() {
+                    p.last_rx_ms_ago = liveness.last_rx_ms_ago(i, now);
+                }
+                st
+            });
             if tx.is_finished()
                 || rx.is_finished()
                 || icmp.is_finished()
@@ -377,6 +402,59 @@ fn serve(
 }
 
 use mt6d_proto::handshake::{Handshake, ReceiveKeys};
+
+/// This gateway's identity public key (base64), if it uses handshakes.
+fn own_public_key(cfg: &Config) -> Option<String> {
+    cfg.peers.iter().find_map(|p| match &p.keying {
+        Keying::Handshake(hs) => Some(crate::keys::public_key_text(&hs.local_private.public_key())),
+        Keying::PreShared => None,
+    })
+}
+
+/// The one line logged at start: what a person needs to tell this daemon from another and to
+/// check it against its peer's configuration.
+fn start_line(cfg: &Config, sys: &System, shared: &Shared) -> String {
+    let role = match &cfg.gateway.role {
+        Role::Gateway { internal_interface } => {
+            format!("gateway, internal {internal_interface}")
+        }
+        Role::Host { local_host } => format!("host mode, {local_host} on the TUN device"),
+    };
+    let peers: Vec<String> = cfg
+        .peers
+        .iter()
+        .zip(&shared.peers)
+        .map(|(c, p)| {
+            let keying = match &c.keying {
+                Keying::Handshake(hs) => {
+                    format!(
+                        "public_key {}",
+                        crate::keys::public_key_text(&hs.remote_public)
+                    )
+                }
+                Keying::PreShared => "pre-shared key".to_string(),
+            };
+            format!(
+                "{} ({} <-> {}, {}, {keying})",
+                p.name,
+                p.stream.local_true(),
+                p.stream.remote_true(),
+                p.stream.mode()
+            )
+        })
+        .collect();
+    format!(
+        "mt6d {} running: own public key {}, {role}, external {}, TUN {} (MTU {}), control {}; {} peer(s): {}",
+        env!("CARGO_PKG_VERSION"),
+        own_public_key(cfg).unwrap_or_else(|| "none (pre-shared keys)".into()),
+        cfg.gateway.external_interface,
+        cfg.gateway.tun_name,
+        sys.tun_mtu,
+        cfg.gateway.control_socket.display(),
+        cfg.peers.len(),
+        peers.join("; ")
+    )
+}
 
 /// Logs drops since the last report, at most once per rotation: per-packet events never reach
 /// the log directly (../shared/STYLE.md §8: rate-limited).
@@ -499,6 +577,7 @@ fn status(
                 .into(),
                 handshake: handshake_status(p, now),
                 moves: move_status(p),
+                last_rx_ms_ago: None,
             }
         })
         .collect();
@@ -522,5 +601,6 @@ fn status(
         peers,
         path: path.status(cfg.gateway.router_advertisements),
         collision_watch: rotator.watch_status(),
+        interfaces: Vec::new(),
     }
 }

@@ -18,6 +18,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use mt6d_os::{AddrFlags, Epoll, Netlink, UdpSocket6};
+use mt6d_proto::moves::CollisionOutcome;
 use mt6d_proto::{Epoch, UnixTime};
 
 use super::collision::{Collision, CollisionWatch};
@@ -50,10 +51,67 @@ pub struct Rotator {
     /// announced MACs pinned for their hashed addresses (docs/PROTOCOL.md §5.2).
     pin_with: Option<[u8; 6]>,
     pinned: BTreeMap<Ipv6Addr, [u8; 6]>,
+    /// Ports and addresses that could not be bound and had no move left, by name: each is
+    /// logged once until it can be bound again.
+    unbindable: HashSet<String>,
+    /// Within one step: what could not be bound and has no move left.
+    skip: HashSet<Local>,
 }
 
-fn os(what: String) -> impl FnOnce(mt6d_os::OsError) -> GatewayError {
-    move |source| GatewayError::Os { what, source }
+/// A local port or hashed address the accept window needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Local {
+    Port(u16),
+    Addr(Ipv6Addr),
+}
+
+/// Why [`Rotator::bind`] stopped.
+enum Unbindable {
+    /// This port or address cannot be had (another process holds the port, the kernel refuses
+    /// the address): a move may cure it.
+    Taken {
+        what: String,
+        local: Local,
+        error: String,
+    },
+    /// Nothing a move can cure.
+    Fatal(GatewayError),
+}
+
+/// Moves every epoch of the accept window whose local route uses `local` to its next attempt
+/// offset, as an address collision does (docs/PROTOCOL.md §5.2); true if one moved.
+fn move_away(
+    shared: &Shared,
+    table: &RouteTable,
+    local: Local,
+    what: &str,
+    error: &str,
+    now: UnixTime,
+) -> bool {
+    let mut moved = false;
+    for (routes, p) in table.peers.iter().zip(&shared.peers) {
+        for route in &routes.schedule.accept {
+            let uses = match local {
+                Local::Port(port) => route.local.port() == port,
+                Local::Addr(addr) => *route.local.ip() == addr,
+            };
+            if !uses {
+                continue;
+            }
+            let current = p.stream.epoch_at(now);
+            let mut moves = p.lock_moves();
+            if let CollisionOutcome::Moved(k) = moves.move_locally(now, current, route.epoch) {
+                moved = true;
+                // Once per move: at most MAX_OFFSET per epoch.
+                log::warn!(
+                    "peer {}: {what} of epoch {} cannot be bound ({error}); both gateways move that epoch to attempt offset {k}",
+                    p.name,
+                    route.epoch.0
+                );
+            }
+        }
+    }
+    moved
 }
 
 /// One segment: gives our kernel a neighbour entry for the peer's address `target` of the epoch
@@ -110,6 +168,8 @@ impl Rotator {
             watch: None,
             pin_with: None,
             pinned: BTreeMap::new(),
+            unbindable: HashSet::new(),
+            skip: HashSet::new(),
         }
     }
 
@@ -215,6 +275,15 @@ impl Rotator {
     }
 
     /// Brings addresses, sockets and the published table to the accept window at `now`.
+    ///
+    /// A hashed port another process holds, or a hashed address the kernel refuses, never stalls
+    /// rotation (docs/PROTOCOL.md §5.2, "Ports and addresses that cannot be bound"): the epoch
+    /// that needs it moves to its next attempt offset, exactly as after an address collision,
+    /// so both gateways leave it (the peer learns it from the route move notice), and the table
+    /// is computed again. What still cannot be bound (a fixed port, an epoch moved
+    /// [`mt6d_proto::moves::MAX_OFFSET`] times) is logged once and left out: the table is
+    /// published on time regardless. Only an error that no move can cure (the external
+    /// interface is gone) is returned.
     pub fn step(
         &mut self,
         nl: &mut Netlink,
@@ -223,17 +292,31 @@ impl Rotator {
         now: UnixTime,
     ) -> Result<(), GatewayError> {
         let mut table = RouteTable::compute(&shared.peers, now);
-
-        for port in table.local_ports().collect::<Vec<_>>() {
-            if let std::collections::btree_map::Entry::Vacant(slot) = self.sockets.entry(port) {
-                let socket =
-                    UdpSocket6::bind(port).map_err(os(format!("bind tunnel port {port}")))?;
-                epoll
-                    .add(socket.as_raw_fd(), u64::from(port))
-                    .map_err(os(format!("watch tunnel port {port}")))?;
-                slot.insert(Arc::new(socket));
+        let mut fresh = Vec::new();
+        // Each round either binds everything, moves one epoch of a peer's window (at most
+        // MAX_OFFSET times for each of its 4 epochs) or gives up on one of its 6 local ports and
+        // addresses; so this many rounds always suffice.
+        let per_peer = usize::from(mt6d_proto::moves::MAX_OFFSET) * 4 + 6;
+        let rounds = per_peer * shared.peers.len() + 1;
+        for _ in 0..rounds {
+            match self.bind(nl, epoll, &table, &mut fresh) {
+                Ok(()) => break,
+                Err(Unbindable::Fatal(e)) => return Err(e),
+                Err(Unbindable::Taken { what, local, error }) => {
+                    if move_away(shared, &table, local, &what, &error, now) {
+                        table = RouteTable::compute(&shared.peers, now);
+                    } else {
+                        if self.unbindable.insert(what.clone()) {
+                            log::error!(
+                                "{what}: {error}; no move left for it, its routes are not served"
+                            );
+                        }
+                        self.skip.insert(local);
+                    }
+                }
             }
         }
+        self.skip.clear();
         let needed_ports: HashSet<u16> = table.local_ports().collect();
         table.sockets = self
             .sockets
@@ -241,25 +324,9 @@ impl Rotator {
             .filter(|(p, _)| needed_ports.contains(p))
             .map(|(p, s)| (*p, s.clone()))
             .collect();
-
         let needed: HashSet<Ipv6Addr> = table.local_addresses().collect();
-        let mut fresh = Vec::new();
-        for addr in &needed {
-            if !self.bound.contains(addr) {
-                fresh.push(*addr);
-                nl.add_address(
-                    self.external_index,
-                    *addr,
-                    128,
-                    AddrFlags {
-                        nodad: true,
-                        noprefixroute: true,
-                    },
-                )
-                .map_err(os(format!("bind hashed address {addr}")))?;
-                self.bound.insert(*addr);
-            }
-        }
+        // Bound in a round whose table then moved: removed below with the other stale ones.
+        fresh.retain(|a| needed.contains(a));
         self.schedule_priming(&table, now);
         if let Some(watch) = &mut self.watch {
             // Each new address is probed shortly before its epoch starts, not when bound
@@ -365,6 +432,66 @@ impl Rotator {
         Ok(())
     }
 
+    /// Opens the sockets and binds the addresses `table` needs that are not there yet. Stops at
+    /// the first port or address that cannot be had, naming it.
+    fn bind(
+        &mut self,
+        nl: &mut Netlink,
+        epoll: &Epoll,
+        table: &RouteTable,
+        fresh: &mut Vec<Ipv6Addr>,
+    ) -> Result<(), Unbindable> {
+        for port in table.local_ports().collect::<Vec<_>>() {
+            if self.sockets.contains_key(&port) || self.skip.contains(&Local::Port(port)) {
+                continue;
+            }
+            let socket = UdpSocket6::bind(port).map_err(|e| Unbindable::Taken {
+                what: format!("UDP port {port}"),
+                local: Local::Port(port),
+                error: e.to_string(),
+            })?;
+            epoll
+                .add(socket.as_raw_fd(), u64::from(port))
+                .map_err(|source| {
+                    Unbindable::Fatal(GatewayError::Os {
+                        what: format!("watch tunnel port {port}"),
+                        source,
+                    })
+                })?;
+            self.sockets.insert(port, Arc::new(socket));
+            self.unbindable.remove(&format!("UDP port {port}"));
+        }
+        for addr in table.local_addresses().collect::<Vec<_>>() {
+            if self.bound.contains(&addr) || self.skip.contains(&Local::Addr(addr)) {
+                continue;
+            }
+            let flags = AddrFlags {
+                nodad: true,
+                noprefixroute: true,
+            };
+            if let Err(e) = nl.add_address(self.external_index, addr, 128, flags) {
+                // The interface itself is gone or down: no other address would do better.
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENODEV | libc::ENXIO | libc::ENETDOWN)
+                ) {
+                    return Err(Unbindable::Fatal(GatewayError::Os {
+                        what: format!("bind hashed address {addr}"),
+                        source: e,
+                    }));
+                }
+                return Err(Unbindable::Taken {
+                    what: format!("hashed address {addr}"),
+                    local: Local::Addr(addr),
+                    error: e.to_string(),
+                });
+            }
+            fresh.push(addr);
+            self.bound.insert(addr);
+        }
+        Ok(())
+    }
+
     /// Schedules the announcement of each local address of the accept window not yet announced:
     /// the current epoch's at once (it is in use), the next epoch's [`PRIME_LEAD`] before its
     /// boundary; the previous epoch's never (nothing more will be sent to it that needs a new
@@ -383,6 +510,13 @@ impl Rotator {
                 }
             }
         }
+    }
+
+    /// Forgets which hashed addresses are bound, so that the next step binds them all again
+    /// (adds are idempotent): after the external interface came back up, its addresses flushed.
+    pub fn forget_addresses(&mut self) {
+        self.bound.clear();
+        self.primed.clear();
     }
 
     /// Sends the announcements that are due; called by the main loop every tick (20 ms).

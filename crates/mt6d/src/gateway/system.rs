@@ -207,6 +207,32 @@ impl System {
         Ok(())
     }
 
+    /// Adds the peers' prefix routes on the external interface again (they are on record
+    /// already) after the kernel flushed them because the interface went down; see
+    /// `links.rs`. Adds are idempotent.
+    pub fn reroute_external(&mut self, cfg: &Config) -> Result<(), GatewayError> {
+        let mut done = Vec::new();
+        for peer in &cfg.peers {
+            let s = &peer.stream;
+            let prefix = s
+                .remote
+                .external_prefix
+                .unwrap_or_else(|| slash64(s.remote.true_addr));
+            if done.contains(&prefix) {
+                continue;
+            }
+            done.push(prefix);
+            match cfg.gateway.external_next_hop {
+                None => self.netlink.add_route(prefix, 64, self.external_index),
+                Some(gw) => self
+                    .netlink
+                    .add_route_via(prefix, 64, self.external_index, gw),
+            }
+            .map_err(os(format!("route {prefix}/64 again")))?;
+        }
+        Ok(())
+    }
+
     /// Sets any sysctl under /proc/sys/net to `value`, recording the value found before the
     /// first change first, so that clean-up (this process's, or `mt6d down` after a crash)
     /// restores it. Every sysctl the daemon changes goes through here.

@@ -1,0 +1,167 @@
+//! What a person on call needs to hear about each peer, once per change of state (issue: "logs
+//! that help at 3 a.m."): that nothing has arrived from it for [`PEER_SILENT_SECS`], that
+//! packets arrive again, and that a handshake got no answer for [`NO_RESPONSE_SECS`], with the
+//! likely cause. The handshake coming up is logged where it completes ([`super::session`]).
+//!
+//! Main thread only: it reads the per-peer counters the packet threads already keep once per
+//! housekeeping tick, so nothing is added per packet.
+
+use std::sync::atomic::Ordering;
+
+use mt6d_proto::UnixTime;
+
+use super::dataplane::Shared;
+use super::routing::Peer;
+
+/// A peer that sent nothing this long is reported once (it is back when a packet arrives).
+pub const PEER_SILENT_SECS: u64 = 30;
+/// Without keys for this long although initiations went out: the handshake is reported down.
+pub const NO_RESPONSE_SECS: u64 = 15;
+
+#[derive(Debug, Clone)]
+struct PeerLive {
+    /// Packets (data, keepalives, handshake messages) received so far.
+    seen: u64,
+    last_rx: Option<UnixTime>,
+    silent_logged: bool,
+    had_keys: bool,
+    /// Since when this peer has had no keys (handshake peers only).
+    waiting_since: Option<UnixTime>,
+    no_response_logged: bool,
+}
+
+/// Per-peer liveness, indexed like the daemon's peer list.
+#[derive(Debug)]
+pub struct Liveness {
+    started: UnixTime,
+    peers: Vec<PeerLive>,
+}
+
+fn secs_between(from: UnixTime, to: UnixTime) -> u64 {
+    to.as_millis().saturating_sub(from.as_millis()) / 1000
+}
+
+/// Everything received from `p` so far: delivered packets and drops attributed to it (a packet
+/// that arrived and was refused still shows the peer is reachable), plus handshake messages.
+fn received(p: &Peer) -> u64 {
+    let drops: u64 = super::counters::DropReason::ALL
+        .iter()
+        .map(|r| p.counters.rx.drops(*r))
+        .sum();
+    let handshake = p.keys.lock().map_or(0, |side| {
+        let st = side.hs.stats();
+        st.completed + st.responses_sent
+    });
+    p.counters.rx.packets.load(Ordering::Relaxed) + drops + handshake
+}
+
+impl Liveness {
+    pub fn new(peers: usize, now: UnixTime) -> Liveness {
+        Liveness {
+            started: now,
+            peers: vec![
+                PeerLive {
+                    seen: 0,
+                    last_rx: None,
+                    silent_logged: false,
+                    had_keys: false,
+                    waiting_since: Some(now),
+                    no_response_logged: false,
+                };
+                peers
+            ],
+        }
+    }
+
+    /// Milliseconds since the last packet from peer `i`, if one ever arrived.
+    pub fn last_rx_ms_ago(&self, i: usize, now: UnixTime) -> Option<u64> {
+        self.peers
+            .get(i)?
+            .last_rx
+            .map(|t| now.as_millis().saturating_sub(t.as_millis()))
+    }
+
+    /// Notes what changed since the last tick and logs each change of state once.
+    pub fn tick(&mut self, shared: &Shared, own_public_key: Option<&str>, now: UnixTime) {
+        for (p, s) in shared.peers.iter().zip(&mut self.peers) {
+            let n = received(p);
+            if n != s.seen {
+                s.seen = n;
+                if s.silent_logged {
+                    let since = s.last_rx.unwrap_or(self.started);
+                    log::info!(
+                        "peer {}: receiving again after {} s of silence",
+                        p.name,
+                        secs_between(since, now)
+                    );
+                    s.silent_logged = false;
+                }
+                s.last_rx = Some(now);
+            } else if !s.silent_logged {
+                let since = s.last_rx.unwrap_or(self.started);
+                if secs_between(since, now) >= PEER_SILENT_SECS {
+                    log::warn!(
+                        "peer {}: nothing received for {PEER_SILENT_SECS} s{}",
+                        p.name,
+                        if s.last_rx.is_none() {
+                            " since start-up"
+                        } else {
+                            ""
+                        }
+                    );
+                    s.silent_logged = true;
+                }
+            }
+            let Some(side) = p.keys.lock() else {
+                continue;
+            };
+            let has_keys = p.keys.send.load().is_some();
+            if has_keys {
+                s.waiting_since = None;
+                s.no_response_logged = false;
+            } else if s.had_keys || s.waiting_since.is_none() {
+                s.waiting_since = Some(now);
+            }
+            s.had_keys = has_keys;
+            let Some(since) = s.waiting_since else {
+                continue;
+            };
+            let st = side.hs.stats();
+            if !s.no_response_logged
+                && st.initiations_sent > 0
+                && secs_between(since, now) >= NO_RESPONSE_SECS
+            {
+                let rejected: Vec<String> = st
+                    .failures_by_reason()
+                    .map(|(r, n)| format!("{n} {r}"))
+                    .collect();
+                let rejected = if rejected.is_empty() {
+                    String::from("no handshake message from it arrived")
+                } else {
+                    format!("messages from it were rejected: {}", rejected.join(", "))
+                };
+                log::warn!(
+                    "peer {}: handshake down: no response for {NO_RESPONSE_SECS} s to {} initiation(s) ({rejected}); likely cause: the peer is unreachable or not running, or a public_key is wrong (this gateway's [[peer]] public_key for {}, or the peer's public_key for this gateway, which is {}); with a wrong key the two derive different hashed addresses and never meet",
+                    p.name,
+                    st.initiations_sent,
+                    p.name,
+                    own_public_key.unwrap_or("?")
+                );
+                s.no_response_logged = true;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_between_never_underflow() {
+        let a = UnixTime::from_millis(10_000);
+        let b = UnixTime::from_millis(41_500);
+        assert_eq!(secs_between(a, b), 31);
+        assert_eq!(secs_between(b, a), 0);
+    }
+}
