@@ -652,17 +652,6 @@ fn control_socket_naming_a_regular_file_is_refused_and_the_file_intact() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Reads kernel state with iproute2 (test-side inspection only).
-fn ip_in(ns: &Netns, args: &[&str]) -> String {
-    let out = ns
-        .command("ip")
-        .expect("command")
-        .args(args)
-        .output()
-        .expect("run ip");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Host mode fails closed too: after SIGKILL, an application on the protected host that keeps
 /// sending to the peer's true address is refused by its own kernel (EACCES from the guard), and
 /// nothing with a true address reaches the public link, where an attacker answers for Host B.

@@ -12,6 +12,7 @@ use mt6d::lab::daemon::DaemonProcess;
 use mt6d::lab::ping::{ping, Pace};
 use mt6d::lab::topology::{GatewaySettings, Lab, LabKeys, Side, Topology, HOST_B};
 use mt6d::lab::transfer;
+use mt6d_os::Netns;
 
 pub const MT6D: &str = env!("CARGO_BIN_EXE_mt6d");
 
@@ -198,4 +199,15 @@ pub fn status(running: &Running, side: Side) -> Status {
 
 pub fn drops(st: &Status, reason: &str) -> u64 {
     st.peers[0].counters.drops.get(reason).copied().unwrap_or(0)
+}
+
+/// Reads kernel state with iproute2 (test-side inspection only; the daemon never runs `ip`).
+pub fn ip_in(ns: &Netns, args: &[&str]) -> String {
+    let out = ns
+        .command("ip")
+        .expect("command")
+        .args(args)
+        .output()
+        .expect("run ip");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
