@@ -81,9 +81,21 @@ fn dropped(running: &Running, reason: &str) -> u64 {
     st.path.icmp_dropped.get(reason).copied().unwrap_or(0)
 }
 
+/// The one peer's path MTU in Gateway A's status. The ICMP thread publishes it on its first
+/// tick after start, so wait for it (at most 3 s) rather than race that tick.
 fn peer_mtu(running: &Running) -> u32 {
-    let st = status(running, Side::A);
-    *st.path.peer_mtu.values().next().expect("one peer")
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let st = status(running, Side::A);
+        if let Some(m) = st.path.peer_mtu.values().next() {
+            return *m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no peer MTU in status 3 s after start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// The route Gateway A's kernel has for Host B (`ip -6 route show HOST_B/128`).
