@@ -18,6 +18,13 @@ const BLOCK: u64 = 1 << 26;
 /// In Gateway A's namespace: the smallest counter field of the tunnel packets A sends while Host A
 /// pings Host B (frames from A's external MAC, IPv6, UDP, payload of at least 32 bytes).
 fn counters_sent_by_a(running: &Running) -> Vec<u64> {
+    // The counter is under header protection on the wire (docs/PROTOCOL.md §4.5): the test, which
+    // holds the configuration, unmasks it with Gateway A's send header key.
+    let cfg = mt6d::config::Config::load(&running.dir.join("gw-A.toml")).expect("config");
+    let stream = cfg.peers[0].build_stream().expect("stream");
+    let hp = stream
+        .send_header_key()
+        .expect("encrypt mode has a header key");
     let mac: Vec<u8> = running
         .lab
         .gw_a
@@ -42,14 +49,27 @@ fn counters_sent_by_a(running: &Running) -> Vec<u64> {
                         if let Some(f) = cap.recv(&mut buf).expect("capture") {
                             let fr = &buf[..f.captured];
                             // Ethernet (14) | IPv6 (40, next header UDP) | UDP (8) | payload.
-                            if fr.len() >= 62 + 32
+                            let udp_len = fr
+                                .get(58..60)
+                                .map_or(0, |l| usize::from(u16::from_be_bytes([l[0], l[1]])));
+                            if f.captured == f.wire_len
+                                && fr.len() >= 62 + 32
                                 && fr[6..12] == mac[..]
                                 && fr[12..14] == [0x86, 0xdd]
                                 && fr[20] == 17
+                                && udp_len >= 8 + 24
+                                && 54 + udp_len <= fr.len()
                             {
+                                let mut payload = fr[62..54 + udp_len].to_vec();
+                                hp.unprotect(&mut payload).expect("long enough");
                                 let mut c = [0u8; 8];
-                                c.copy_from_slice(&fr[62..70]);
-                                got.push(u64::from_be_bytes(c));
+                                c.copy_from_slice(&payload[..8]);
+                                let c = u64::from_be_bytes(c);
+                                // The high bit marks the handshake class (notices, link-layer
+                                // announcements): not a data counter.
+                                if c < 1 << 63 {
+                                    got.push(c);
+                                }
                             }
                         }
                     }
