@@ -11,11 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{one_at_a_time, root, start_daemon, status, wait_for_path, Running};
+use common::{root, start_gateways_with, status, Running};
 use mt6d::lab::ping::{ping, Pace};
-use mt6d::lab::topology::{
-    GatewaySettings, Lab, LabKeys, Side, Topology, EXTERNAL_IF, HOST_B, ROUTER_IF_A,
-};
+use mt6d::lab::topology::{Lab, Side, Topology, EXTERNAL_IF, HOST_B, ROUTER_IF_A};
 use mt6d_os::capture::PacketCapture;
 use mt6d_os::nftables::NftTable;
 use mt6d_os::{sysctl, AddrInfo, Netlink, Netns};
@@ -27,38 +25,9 @@ const EARLIEST_BEFORE_USE: Duration = Duration::from_millis(250 + 20 + 100 + 230
 
 /// The lab with both gateways started with `randomize_link = true`.
 fn start_quiet(lab: Lab) -> Running {
-    let dir = std::env::temp_dir().join(format!(
-        "mt6d-quiet-{}-{}",
-        std::process::id(),
-        lab.gw_a.name()
-    ));
-    std::fs::create_dir_all(&dir).expect("test dir");
-    let keys = LabKeys::generate(&dir, true, None).expect("keys");
-    let settings = GatewaySettings {
-        rotation_secs: 1.0,
-        mode: "encrypt",
-        keys: &keys,
-    };
-    let mut running = Running {
-        daemons: Vec::new(),
-        lab,
-        dir,
-        _turn: one_at_a_time(),
-    };
-    for (side, label) in [(Side::A, "A"), (Side::B, "B")] {
-        let config = running.dir.join(format!("gw-{label}.toml"));
-        let text = running
-            .lab
-            .gateway_config(side, &settings)
-            .replace("[gateway]\n", "[gateway]\nrandomize_link = true\n");
-        std::fs::write(&config, text).expect("config");
-        let mut d = start_daemon(&running, side, label, &config);
-        d.wait_ready(Duration::from_secs(10))
-            .expect("gateway starts");
-        running.daemons.push(d);
-    }
-    wait_for_path(&running.lab, HOST_B, 1);
-    running
+    start_gateways_with(lab, "encrypt", 1.0, (true, None), |text| {
+        text.replace("[gateway]\n", "[gateway]\nrandomize_link = true\n")
+    })
 }
 
 /// The link identity and settings of a gateway's external interface that the daemon changes.

@@ -99,7 +99,19 @@ pub fn start_gateways(
     lab: Lab,
     mode: &str,
     rotation_secs: f64,
+    keying: (bool, Option<f64>),
+) -> Running {
+    start_gateways_with(lab, mode, rotation_secs, keying, |text| text)
+}
+
+/// [`start_gateways`], with `edit` applied to each gateway's configuration text before it is
+/// written (a test that needs a setting the lab does not write).
+pub fn start_gateways_with(
+    lab: Lab,
+    mode: &str,
+    rotation_secs: f64,
     (handshake, rekey): (bool, Option<f64>),
+    edit: impl Fn(String) -> String,
 ) -> Running {
     let dir = std::env::temp_dir().join(format!(
         "mt6d-e2e-{}-{}",
@@ -121,7 +133,8 @@ pub fn start_gateways(
     };
     for (side, label) in [(Side::A, "A"), (Side::B, "B")] {
         let config = running.dir.join(format!("gw-{label}.toml"));
-        std::fs::write(&config, running.lab.gateway_config(side, &settings)).expect("config");
+        let text = edit(running.lab.gateway_config(side, &settings));
+        std::fs::write(&config, text).expect("config");
         let mut d = start_daemon(&running, side, label, &config);
         d.wait_ready(Duration::from_secs(10))
             .expect("gateway starts");
