@@ -261,24 +261,7 @@ fn sigkill_during_a_ping_train_leaks_nothing_and_down_restores_everything() {
     // B's kernel, with a proxy entry on its external interface), as in the report: a
     // gateway that failed open would then send Host A's echo requests to it in clear.
     let gw_b = &running.lab.gw_b;
-    gw_b.run(|| mt6d_os::sysctl::set_ipv6_conf(EXTERNAL_IF, "proxy_ndp", "1"))
-        .expect("enter B")
-        .expect("proxy_ndp on B's external interface");
-    let answered = gw_b
-        .command("ip")
-        .expect("command")
-        .args([
-            "-6",
-            "neigh",
-            "add",
-            "proxy",
-            &HOST_B.to_string(),
-            "dev",
-            EXTERNAL_IF,
-        ])
-        .status()
-        .expect("ip");
-    assert!(answered.success(), "attacker's proxy entry");
+    answer_for_host_b(gw_b);
     let observer = Observer::start(&running.lab.gw_a, EXTERNAL_IF, vec![HOST_A, HOST_B], None)
         .expect("observer");
     let stop = AtomicBool::new(false);
@@ -652,17 +635,9 @@ fn control_socket_naming_a_regular_file_is_refused_and_the_file_intact() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Host mode fails closed too: after SIGKILL, an application on the protected host that keeps
-/// sending to the peer's true address is refused by its own kernel (EACCES from the guard), and
-/// nothing with a true address reaches the public link, where an attacker answers for Host B.
-#[test]
-fn host_mode_sigkill_refuses_locally_and_leaks_nothing() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
-    let lab = Lab::build_host_mode(Topology::Switched, "m6").expect("host-mode lab builds");
-    let mut running = start_gateways(lab, "encrypt", 1.0, (true, None));
-    let gw_b = &running.lab.gw_b;
+/// Makes `gw_b`'s kernel answer neighbour solicitations for Host B on its external interface:
+/// the attacker on the public link that a gateway failing open would send Host A's packets to.
+fn answer_for_host_b(gw_b: &Netns) {
     gw_b.run(|| mt6d_os::sysctl::set_ipv6_conf(EXTERNAL_IF, "proxy_ndp", "1"))
         .expect("enter B")
         .expect("proxy_ndp on B's external interface");
@@ -681,6 +656,20 @@ fn host_mode_sigkill_refuses_locally_and_leaks_nothing() {
         .status()
         .expect("ip");
     assert!(answered.success(), "attacker's proxy entry");
+}
+
+/// Host mode fails closed too: after SIGKILL, an application on the protected host that keeps
+/// sending to the peer's true address is refused by its own kernel (EACCES from the guard), and
+/// nothing with a true address reaches the public link, where an attacker answers for Host B.
+#[test]
+fn host_mode_sigkill_refuses_locally_and_leaks_nothing() {
+    if !root() {
+        return eprintln!("skipped: needs root");
+    }
+    let lab = Lab::build_host_mode(Topology::Switched, "m6").expect("host-mode lab builds");
+    let mut running = start_gateways(lab, "encrypt", 1.0, (true, None));
+    let gw_b = &running.lab.gw_b;
+    answer_for_host_b(gw_b);
     let observer = Observer::start(&running.lab.gw_a, EXTERNAL_IF, vec![HOST_A, HOST_B], None)
         .expect("observer");
     running.daemons[0].kill_hard();
