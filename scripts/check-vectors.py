@@ -98,6 +98,11 @@ def sock(addr, p):
     return "[%s]:%d" % (ipstr(addr), p)
 
 
+check("reserved-range bounds",
+      [is_reserved(v.to_bytes(8, "big")) for v in (
+          0, 0x02005EFFFE000000, 0x02005EFFFEFFFFFF, 0xFDFFFFFFFFFFFF80, 0xFDFFFFFFFFFFFFFF,
+          1, 0x02005EFFFDFFFFFF, 0x02005EFFFF000000, 0xFDFFFFFFFFFFFF7F)],
+      [True] * 5 + [False] * 4)
 check("keyed IID candidates, attempts 0..2, role 0 then role 1",
       [keyed_iid(K, r, t, EPOCH, a).hex() for r, t in ((0, LOW), (1, HIGH)) for a in range(3)],
       ["7254c650f3a5d874", "0e4fb44a6354cea5", "49a8161fdb9c4c8c",
@@ -311,13 +316,55 @@ check("rekey: keepalive role 0, phase 1, packet 0 (counter 4000000000000000)",
 
 RK = route(K, EPOCH)
 a, pa, b, pb = RK
+check("keyed addresses role 0 / role 1", (ipstr(a), ipstr(b)),
+      ("2001:db8:a:0:7254:c650:f3a5:d874", "2001:db8:b:0:e7f9:b0dc:441b:86e9"))
+check("thesis IIDs: role 0, role 1, role 0 with MAC, role 0 attempt 1",
+      [thesis_iid(LOW, EPOCH, 0).hex(), thesis_iid(HIGH, EPOCH, 0).hex(),
+       hashlib.sha256(ip(LOW)[8:] + K + struct.pack(">Q", EPOCH)
+                      + bytes.fromhex("00abcd112201")).digest()[:8].hex(),
+       thesis_iid(LOW, EPOCH, 1).hex()],
+      ["0731459642e1d7e5", "b17209a0b04a7f4e", "1553311c39bcc056", "ee407e9869fa86b8"])
+jk = dk("mt6d-proto 2025-01-01 epoch jitter key", K)
+
+
+def jitter(k):
+    return int.from_bytes(keyed(jk, struct.pack(">Q", k), 8), "big") % 5000
+
+
+check("jitter j(e), boundary(e), boundary(e+1)",
+      (jitter(EPOCH), EPOCH * 10000 + jitter(EPOCH), (EPOCH + 1) * 10000 + jitter(EPOCH + 1)),
+      (2201, 1700000002201, 1700000011755))
+check("hpKey(role 1)", hp_key(K, 1).hex(),
+      "131ac4117cdf07e181429d89bc72ad93b6208f67b59b4a329a86a7e9a0b4c3f6")
+# Protecting 8 zero bytes followed by the sample leaves the mask itself in front.
+check("mask of sample 00..0f under hpKey(role 0)",
+      protect(hp_key(K, 0), bytes(8) + bytes(range(16)))[:8].hex(), "f5f93a299db279a3")
 INNER = bytes.fromhex("60000000" "0004" "3b" "40") + ip(LOW) + ip(HIGH) + b"mt6d"
-sk = dk("mt6d-proto 2026-11-23 stream data key aes256-gcm", K + bytes([2, 0]) + ip(LOW) + ip(HIGH))
-ctr = struct.pack(">Q", 1 << 26)
 body = INNER[:8] + INNER[40:]
-sealed = ctr + AESGCM(sk).encrypt(bytes(4) + ctr, body, a + b + struct.pack(">HH", pa, pb) + ctr)
-check("sealed payload, encrypt, aes256-gcm, counter 2^26", protect(hp_key(K, 0), sealed).hex(),
-      "f9383c2bae04d97e0579d90f0586f65c41623dd498e91d6e956c9087334f32da563ae2d2")
+ctr = struct.pack(">Q", 1 << 26)
+outer = a + b + struct.pack(">HH", pa, pb)
+check("sealed payload, plain", body.hex(), "6000000000043b406d743664")
+for mode, mname in ((2, "encrypt"), (1, "auth")):
+    for aead, ctxname, cls, want_id, want in (
+        ("aes256-gcm", "aes256-gcm", AESGCM,
+         {2: "e641bddfb55f5640", 1: "125344a79dd4867e"},
+         {2: "f9383c2bae04d97e0579d90f0586f65c41623dd498e91d6e956c9087334f32da563ae2d2",
+          1: "fc27a1f3f1ca6ff76000000000043b406d7436649c57d10fe31fbeac2626ab38d94a8dae"}),
+        ("chacha20-poly1305", "chacha20-poly1305", ChaCha20Poly1305,
+         {2: "0b7733f6b44f3f5e", 1: "26aa7d5379103700"},
+         {2: "b3ace1076eff439b96dc205be5f2c5a45d0b710bc69db1c4a8fb6ba4fcea9aba441538c0",
+          1: "23dad892b76532536000000000043b406d743664cc4c65fd6dd05a2692780473b8fdbed5"})):
+        sk = dk("mt6d-proto 2026-11-23 stream data key " + ctxname,
+                K + bytes([mode, 0]) + ip(LOW) + ip(HIGH))
+        nonce = bytes(4) + ctr
+        if mode == 2:
+            sealed = ctr + cls(sk).encrypt(nonce, body, outer + ctr)
+        else:
+            sealed = ctr + body + cls(sk).encrypt(nonce, b"", outer + ctr + body)
+        check("sealed payload, %s, %s, counter 2^26" % (mname, aead),
+              protect(hp_key(K, 0), sealed).hex(), want[mode])
+        check("counter state id, %s, %s" % (mname, aead),
+              dk("mt6d-proto 2026-11-23 counter state id", sk)[:8].hex(), want_id[mode])
 nk = dk("mt6d-proto 2026-12-01 route move notice key", K)
 msg = bytes([0x83, 0, 0, 0]) + struct.pack(">Q", EPOCH) + bytes([1, 0, 0, 0])
 notice = msg + keyed(nk, a + b + struct.pack(">HH", pa, pb) + msg, 16)
