@@ -3,13 +3,18 @@
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 use std::net::Ipv6Addr;
 
-use mt6d_proto::addressing::{hashed_address, port, thesis_iid, AddressKeys, Role};
+use mt6d_proto::addressing::{
+    hashed_address, is_reserved_iid, port, route_addresses, thesis_iid, AddressKeys, Role,
+};
+use std::time::Duration;
+
+use mt6d_proto::handshake::{Handshake, HandshakeConfig, Outcome, PrivateKey, Psk, ReceiveKeys};
 use mt6d_proto::moves::RouteMoves;
 use mt6d_proto::tunnel::header::key_bytes;
 use mt6d_proto::tunnel::HeaderKey;
 use mt6d_proto::{
-    AeadAlg, Derivation, Endpoint, Epoch, Mode, PortPolicy, SessionKey, Stream, StreamConfig,
-    UnixTime,
+    AeadAlg, Derivation, Endpoint, Epoch, KeyPhase, Mode, PortPolicy, SessionKey, Stream,
+    StreamConfig, UnixTime,
 };
 
 fn key() -> SessionKey {
@@ -304,4 +309,311 @@ fn counter_state_ids() {
         c.aead = alg;
         assert_eq!(Stream::new(c).unwrap().counter_state_id(), want);
     }
+}
+
+// ---- Derivation rules a second implementation must follow exactly (docs/PROTOCOL.md §2.2-§2.5) ----
+
+/// Keyed IID candidates of attempts 0, 1, 2 (the attempt byte is always appended, §2.2): the
+/// values the reserved-IID skip and the role-1 tie-break of §2.4 move to.
+fn keyed_candidates() -> Vec<String> {
+    let k = AddressKeys::derive(&key());
+    let mut v = Vec::new();
+    for (ep, role) in [(low(), Role::Low), (high(), Role::High)] {
+        for attempt in 0..3 {
+            // No candidate here is reserved, so the search from offset `attempt` stops at it.
+            let h = hashed_address(&k, Derivation::Keyed, &ep, role, EPOCH, attempt);
+            assert_eq!(h.attempt, attempt);
+            v.push(hex(&h.addr.octets()[8..]));
+        }
+    }
+    v
+}
+
+#[test]
+fn keyed_iid_candidates_per_attempt() {
+    assert_eq!(
+        keyed_candidates(),
+        [
+            "7254c650f3a5d874",
+            "0e4fb44a6354cea5",
+            "49a8161fdb9c4c8c",
+            "e7f9b0dc441b86e9",
+            "ac7254a503d601ea",
+            "96549de6fdec42ee",
+        ]
+    );
+}
+
+/// The reserved ranges of §2.4 at their bounds (inclusive).
+#[test]
+fn reserved_iid_bounds() {
+    for (v, reserved) in [
+        (0u64, true),
+        (1, false),
+        (0x0200_5EFF_FDFF_FFFF, false),
+        (0x0200_5EFF_FE00_0000, true),
+        (0x0200_5EFF_FEFF_FFFF, true),
+        (0x0200_5EFF_FF00_0000, false),
+        (0xFDFF_FFFF_FFFF_FF7F, false),
+        (0xFDFF_FFFF_FFFF_FF80, true),
+        (0xFDFF_FFFF_FFFF_FFFF, true),
+    ] {
+        assert_eq!(is_reserved_iid(v.to_be_bytes()), reserved, "{v:016x}");
+    }
+}
+
+/// Thesis mode has no role input, so two endpoints with the same true IID and the same external
+/// /64 derive the same address: role 1 takes its next attempt (§2.4, the tie-break compares whole
+/// addresses). Without the shared /64 the IIDs are still equal but the addresses differ: no tie.
+fn tie_break_route(shared_prefix: bool) -> [(Ipv6Addr, u8); 2] {
+    let k = AddressKeys::derive(&key());
+    let mut a = Endpoint::new("2001:db8:a::5".parse().unwrap());
+    let mut b = Endpoint::new("2001:db8:b::5".parse().unwrap());
+    if shared_prefix {
+        a.external_prefix = Some("2001:db8:ff::".parse().unwrap());
+        b.external_prefix = a.external_prefix;
+    }
+    let [x, y] = route_addresses(&k, Derivation::Thesis, &a, &b, EPOCH, 0);
+    [(x.addr, x.attempt), (y.addr, y.attempt)]
+}
+
+#[test]
+fn role_1_tie_break() {
+    let ip = |s: &str| s.parse::<Ipv6Addr>().unwrap();
+    assert_eq!(
+        tie_break_route(true),
+        [
+            (ip("2001:db8:ff:0:cc4:97a:96eb:b801"), 0),
+            (ip("2001:db8:ff:0:d196:d414:101a:51eb"), 1)
+        ]
+    );
+    assert_eq!(
+        tie_break_route(false),
+        [
+            (ip("2001:db8:a:0:cc4:97a:96eb:b801"), 0),
+            (ip("2001:db8:b:0:cc4:97a:96eb:b801"), 0)
+        ]
+    );
+}
+
+/// Role 0's route of epoch e at attempt offsets 1..=4 (§2.4, §2.5, §5.2).
+fn offset_routes() -> Vec<String> {
+    let s = Stream::new(StreamConfig::new(low(), high(), key())).unwrap();
+    (1..=4)
+        .map(|k| {
+            let r = s.route_with_attempt(EPOCH, k);
+            format!("{} -> {}", r.local, r.remote)
+        })
+        .collect()
+}
+
+#[test]
+fn attempt_offsets() {
+    assert_eq!(
+        offset_routes(),
+        [
+            "[2001:db8:a:0:e4f:b44a:6354:cea5]:37090 -> [2001:db8:b:0:ac72:54a5:3d6:1ea]:53308",
+            "[2001:db8:a:0:49a8:161f:db9c:4c8c]:8150 -> [2001:db8:b:0:9654:9de6:fdec:42ee]:57518",
+            "[2001:db8:a:0:f35c:29df:6045:a3f4]:65021 -> [2001:db8:b:0:37ef:b3f0:f72b:aab8]:47909",
+            "[2001:db8:a:0:90a8:4686:b09:57ec]:2503 -> [2001:db8:b:0:4a11:21b5:a41b:2af2]:28625",
+        ]
+    );
+}
+
+#[test]
+#[ignore = "prints the derivation-rule vectors; run with --ignored --nocapture to regenerate"]
+fn print_rule_vectors() {
+    println!("candidates {:?}", keyed_candidates());
+    println!("tie {:?}", tie_break_route(true));
+    println!("notie {:?}", tie_break_route(false));
+    println!("offsets {:#?}", offset_routes());
+}
+
+// ---- Identity keys and the handshake (docs/PROTOCOL.md §9) ----
+
+/// Identity private keys of the two gateways: role 0 (`2001:db8:a::1`) `40..5f`, role 1
+/// (`2001:db8:b::2`) `60..7f`; no pre-shared key.
+fn identity(role: Role) -> PrivateKey {
+    let base = match role {
+        Role::Low => 0x40u8,
+        Role::High => 0x60,
+    };
+    PrivateKey::from_bytes(core::array::from_fn(|i| base + i as u8))
+}
+
+fn handshake(role: Role) -> Handshake {
+    let (local, remote, peer) = match role {
+        Role::Low => (low(), high(), Role::High),
+        Role::High => (high(), low(), Role::Low),
+    };
+    Handshake::new(HandshakeConfig {
+        local_private: identity(role),
+        remote_public: identity(peer).public_key(),
+        psk: Psk::none(),
+        mode: Mode::Encrypt,
+        aead: AeadAlg::Aes256Gcm,
+        local_true: local.true_addr,
+        remote_true: remote.true_addr,
+        rekey_after: Duration::from_secs(120),
+        rekey_after_packets: 1 << 40,
+    })
+    .unwrap()
+}
+
+/// The stream of `role` over the link key (§9.1), encrypt mode.
+fn link_stream(role: Role, link: &SessionKey) -> Stream {
+    let (local, remote) = match role {
+        Role::Low => (low(), high()),
+        Role::High => (high(), low()),
+    };
+    let mut c = StreamConfig::new(local, remote, link.clone());
+    c.mode = Mode::Encrypt;
+    Stream::new(c).unwrap()
+}
+
+/// One whole exchange with fixed entropy: role 0 initiates at the start of epoch e (no jitter),
+/// role 1 answers, role 0 completes and sends its keepalive (phase 0, packet 0), role 1 confirms
+/// it and sends a keepalive of its own; then role 0 rekeys 1 s later (new entropy) and the
+/// keepalive of the second key carries phase 1. Every payload as it leaves (header-protected)
+/// and, for the handshake messages, unprotected too.
+#[derive(Debug)]
+struct Transcript {
+    link: String,
+    public: [String; 2],
+    initiation: String,
+    initiation_wire: String,
+    response: String,
+    response_wire: String,
+    keepalive_i: String,
+    keepalive_r: String,
+    rekey_keepalive_i: String,
+}
+
+fn transcript() -> Transcript {
+    let (mut a, mut b) = (handshake(Role::Low), handshake(Role::High));
+    let link = a.link_key().clone();
+    assert_eq!(hex(link.as_bytes()), hex(b.link_key().as_bytes()));
+    let (sa, sb) = (
+        link_stream(Role::Low, &link),
+        link_stream(Role::High, &link),
+    );
+    let (ra, rb) = (sa.route(EPOCH), sb.route(EPOCH));
+    let t0 = sa.epoch_start(EPOCH);
+    let protect = |s: &Stream, bytes: &[u8]| {
+        let mut w = bytes.to_vec();
+        s.send_header_key().unwrap().protect(&mut w).unwrap();
+        hex(&w)
+    };
+
+    let init = a.poll(t0, &ra, 0, || Some([0xe0; 32])).unwrap();
+    let Outcome::Responded { reply, keys: kb } =
+        b.handle(t0, &rb, &rb, &init, || Some([0xe1; 32])).unwrap()
+    else {
+        panic!("role 1 must answer");
+    };
+    let Outcome::Completed { keys: ka, .. } = a.handle(t0, &ra, &ra, &reply, || None).unwrap()
+    else {
+        panic!("role 0 must complete");
+    };
+    let mut buf = [0u8; 64];
+    let n = ka.send.seal_keepalive(&ra, &mut buf).unwrap();
+    let keepalive_i = protect(&sa, &buf[..n]);
+    // Role 1 opens it under its new receive key and confirms; its send key is then usable.
+    let mut recv_b = ReceiveKeys::new();
+    recv_b.install(kb.recv, false, t0);
+    let w = buf[..n].to_vec();
+    let opened = recv_b.open(t0, &rb, &w, &mut [0u8; 64]).unwrap();
+    assert_eq!(opened.len, 0);
+    assert_eq!(opened.confirmed, Some(KeyPhase::Zero));
+    assert!(b.confirm(t0, KeyPhase::Zero));
+    let n = kb.send.seal_keepalive(&rb, &mut buf).unwrap();
+    let keepalive_r = protect(&sb, &buf[..n]);
+
+    let t1 = UnixTime::from_millis(t0.as_millis() + 1000);
+    a.want_handshake();
+    let init2 = a.poll(t1, &ra, 1, || Some([0xe2; 32])).unwrap();
+    let Outcome::Responded { reply: reply2, .. } =
+        b.handle(t1, &rb, &rb, &init2, || Some([0xe3; 32])).unwrap()
+    else {
+        panic!("role 1 must answer the rekey");
+    };
+    let Outcome::Completed { keys: ka2, .. } = a.handle(t1, &ra, &ra, &reply2, || None).unwrap()
+    else {
+        panic!("role 0 must complete the rekey");
+    };
+    let n = ka2.send.seal_keepalive(&ra, &mut buf).unwrap();
+    let rekey_keepalive_i = protect(&sa, &buf[..n]);
+
+    Transcript {
+        link: hex(link.as_bytes()),
+        public: [
+            hex(identity(Role::Low).public_key().as_bytes()),
+            hex(identity(Role::High).public_key().as_bytes()),
+        ],
+        initiation: hex(&init),
+        initiation_wire: protect(&sa, &init),
+        response: hex(&reply),
+        response_wire: protect(&sb, &reply),
+        keepalive_i,
+        keepalive_r,
+        rekey_keepalive_i,
+    }
+}
+
+#[test]
+#[ignore = "prints the handshake transcript; run with --ignored --nocapture to regenerate"]
+fn print_transcript() {
+    println!("{:#?}", transcript());
+}
+
+/// Link key, one Noise exchange with fixed ephemeral keys (mac included), the keepalives of the
+/// first key (phase 0) and of the rekey (phase 1). Cross-checked independently by
+/// `scripts/check-vectors.py` (python3, `blake3`, `cryptography`, a Noise written from its
+/// specification), which also derives the data keys these keepalives are sealed under.
+#[test]
+fn handshake_transcript() {
+    let t = transcript();
+    assert_eq!(
+        t.link,
+        "15121bfac4f70e513cef6248be15bb8a0818e2b3612488ef822230cea164a66c"
+    );
+    assert_eq!(
+        t.public,
+        [
+            "79a631eede1bf9c98f12032cdeadd0e7a079398fc786b88cc846ec89af85a51a",
+            "675dd574ed7789310b3d2e7681f3790b466c773b1521fecf36577958371ea52f"
+        ]
+    );
+    assert_eq!(
+        t.initiation,
+        concat!(
+            "810000009e0d989ca9a83574cf53197028ce6b5c2daa99bffc104dcdcf80de7adb4af8d828903b0e",
+            "9f1c872a891da762dad07823d1cd47fcf5baf4fd00d660969fc2a3c82610e8a63f3516fcd115a6b1",
+            "198184573a93dbf91d308ea6b173e9a004767df3ccefcd32a861692864b300375810d4089a356986",
+            "ab01a81b0dba3b68a0"
+        )
+    );
+    assert_eq!(&t.initiation_wire[..16], "9b59c6b66af950e9");
+    assert_eq!(t.initiation_wire[16..], t.initiation[16..]);
+    assert_eq!(
+        t.response,
+        concat!(
+            "820000009e0d989cb23e915663e34f6a271881682e25f3200ec8eab9bc5f7defbde62b0d89b1e52d",
+            "20993b794b7487c4b67930284f53732ef6691b7a9894e03fe93d1eabef26a4c1cf"
+        )
+    );
+    assert_eq!(&t.response_wire[..16], "694b5347b33b6fbe");
+    assert_eq!(t.response_wire[16..], t.response[16..]);
+    assert_eq!(
+        t.keepalive_i,
+        "dddc500f719754700b34dc85f9d605f9981bfac437e447fc"
+    );
+    assert_eq!(
+        t.keepalive_r,
+        "1f32d40486668ce75be4776b52976ea480c36172c0acb1ad"
+    );
+    assert_eq!(
+        t.rekey_keepalive_i,
+        "0109f84f4af0a0868e0f50b598f671ba066c8f41b98fba18"
+    );
 }
