@@ -617,3 +617,27 @@ fn handshake_transcript() {
         "0109f84f4af0a0868e0f50b598f671ba066c8f41b98fba18"
     );
 }
+
+/// The session route key (docs/session-routes.md, a draft not yet followed by the daemon) from
+/// k_i2r = 00..1f, k_r2i = 20..3f, handshake hash = 40..5f, and the route it gives at epoch e
+/// (the §2 derivation unchanged, with the route key as the session key). The key was cross-checked
+/// with the Python `blake3` package:
+/// `blake3.blake3(bytes(range(96)), derive_key_context="mt6d-proto 2026-11-24 session route key")`.
+#[test]
+fn session_route_key_and_route() {
+    let i2r: [u8; 32] = std::array::from_fn(|i| i as u8);
+    let r2i: [u8; 32] = std::array::from_fn(|i| 32 + i as u8);
+    let h: [u8; 32] = std::array::from_fn(|i| 64 + i as u8);
+    let route = mt6d_proto::handshake::session_route_key(&i2r, &r2i, &h).unwrap();
+    assert_eq!(
+        hex(route.as_bytes()),
+        "3a93f304cb351437bfbdab3a5155bd3578740e35c0daf1e6ded8f147235549ad"
+    );
+    let r = Stream::new(StreamConfig::new(low(), high(), route))
+        .unwrap()
+        .route(EPOCH);
+    assert_eq!(
+        format!("{} -> {}", r.local, r.remote),
+        "[2001:db8:a:0:59a0:2892:8c84:4207]:50081 -> [2001:db8:b:0:1e47:2c0a:1355:3d29]:4182"
+    );
+}

@@ -16,6 +16,8 @@ pub(crate) mod context {
     pub const MAC: &str = "mt6d-proto 2026-11-21 handshake mac key";
     pub const DATA_AES: &str = "mt6d-proto 2026-11-21 session data key aes256-gcm";
     pub const DATA_CHACHA: &str = "mt6d-proto 2026-11-21 session data key chacha20-poly1305";
+    /// Session route key (docs/session-routes.md, draft: not yet used by the daemon).
+    pub const ROUTE: &str = "mt6d-proto 2026-11-24 session route key";
 }
 
 /// A gateway's X25519 private key. Zeroized on drop, redacted in `Debug`.
@@ -143,6 +145,28 @@ pub fn link_key(
     ikm[3 * KEY_LEN..].copy_from_slice(hi.as_bytes());
     let link = Zeroizing::new(blake3::derive_key(context::LINK, &ikm[..]));
     SessionKey::from_bytes(&link[..])
+}
+
+/// The route key of one completed handshake (docs/session-routes.md, a draft the daemon does not
+/// follow yet): a session key for §2 (addresses, ports, jitter, header keys) that only the two
+/// holders of the handshake's ephemeral keys can compute. Both sides pass the initiator-to-responder
+/// key first, so both compute the same value:
+///
+/// ```text
+/// route = BLAKE3-derive_key("mt6d-proto 2026-11-24 session route key",
+///                           k_i2r(32) || k_r2i(32) || handshakeHash(32))
+/// ```
+pub fn session_route_key(
+    k_i2r: &[u8; KEY_LEN],
+    k_r2i: &[u8; KEY_LEN],
+    handshake_hash: &[u8; KEY_LEN],
+) -> Result<SessionKey, ProtoError> {
+    let mut ikm = Zeroizing::new([0u8; 3 * KEY_LEN]);
+    ikm[..KEY_LEN].copy_from_slice(k_i2r);
+    ikm[KEY_LEN..2 * KEY_LEN].copy_from_slice(k_r2i);
+    ikm[2 * KEY_LEN..].copy_from_slice(handshake_hash);
+    let route = Zeroizing::new(blake3::derive_key(context::ROUTE, &ikm[..]));
+    SessionKey::from_bytes(&route[..])
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@ use std::time::Duration;
 use snow::params::NoiseParams;
 use zeroize::Zeroizing;
 
-pub use identity::{link_key, PrivateKey, Psk, PublicKey, KEY_LEN};
+pub use identity::{link_key, session_route_key, PrivateKey, Psk, PublicKey, KEY_LEN};
 pub use keys::{Opened, ReceiveKeys};
 pub(crate) use message::mac as message_mac;
 pub use message::{is_handshake, Kind, Message, INITIATION_LEN, RESPONSE_LEN};
@@ -229,6 +229,9 @@ pub struct SessionKeys {
     pub send: Sealer,
     /// Opens the peer's packets (under our chosen receive phase).
     pub recv: Opener,
+    /// The session's route key ([`session_route_key`]): computed and tested, not yet used by the
+    /// daemon, which still routes every phase on the link key (docs/session-routes.md).
+    pub route: SessionKey,
 }
 
 /// What handling a handshake message produced.
@@ -736,9 +739,11 @@ impl Handshake {
             .map_err(|_| HandshakeError::Decrypt)?;
         debug_assert_eq!(written, NOISE_RESPONSE_LEN);
         self.remember(&noise[..32], reply_route.epoch);
+        let hash = handshake_hash(&state);
         let (i2r, r2i) = state.dangerously_get_raw_split();
         let (i2r, r2i) = (Zeroizing::new(i2r), Zeroizing::new(r2i));
         let _ = state.set_psk(2, &[0u8; 32]);
+        let route = session_route_key(&i2r, &r2i, &hash).map_err(|_| HandshakeError::Decrypt)?;
         let mut reply = [0u8; RESPONSE_LEN];
         frame(
             Kind::Response,
@@ -755,7 +760,7 @@ impl Handshake {
         self.stats.responses_sent += 1;
         Ok(Outcome::Responded {
             reply,
-            keys: self.keys(&r2i, send_phase, &i2r, recv_phase),
+            keys: self.keys(&r2i, send_phase, &i2r, recv_phase, route),
         })
     }
 
@@ -781,8 +786,10 @@ impl Handshake {
             }
         };
         let mut pending = self.pending.remove(at);
+        let hash = handshake_hash(&pending.state);
         let (i2r, r2i) = pending.state.dangerously_get_raw_split();
         let (i2r, r2i) = (Zeroizing::new(i2r), Zeroizing::new(r2i));
+        let route = session_route_key(&i2r, &r2i, &hash).map_err(|_| HandshakeError::Decrypt)?;
         let rekey = self.established.is_some();
         self.confirmed_recv = Some(pending.recv_phase);
         self.awaiting = None;
@@ -792,7 +799,7 @@ impl Handshake {
         self.stats.rekeys += u64::from(rekey);
         self.stats.last_completed = Some(now);
         Ok(Outcome::Completed {
-            keys: self.keys(&i2r, send_phase, &r2i, pending.recv_phase),
+            keys: self.keys(&i2r, send_phase, &r2i, pending.recv_phase, route),
             rekey,
         })
     }
@@ -820,6 +827,7 @@ impl Handshake {
         send_phase: KeyPhase,
         recv: &[u8; 32],
         recv_phase: KeyPhase,
+        route: SessionKey,
     ) -> SessionKeys {
         let ctx = match self.cfg.aead {
             AeadAlg::Aes256Gcm => identity::context::DATA_AES,
@@ -831,8 +839,18 @@ impl Handshake {
         SessionKeys {
             send: Sealer::for_session(c.mode, c.aead, &s, send_phase, c.local_true, c.remote_true),
             recv: Opener::for_session(c.mode, c.aead, &r, recv_phase, c.local_true, c.remote_true),
+            route,
         }
     }
+}
+
+/// The Noise handshake hash `h` of a finished handshake (32 bytes with BLAKE2s).
+fn handshake_hash(state: &snow::HandshakeState) -> Zeroizing<[u8; 32]> {
+    let mut h = Zeroizing::new([0u8; 32]);
+    let got = state.get_handshake_hash();
+    let n = got.len().min(32);
+    h[..n].copy_from_slice(&got[..n]);
+    h
 }
 
 fn elapsed(from: UnixTime, to: UnixTime) -> Duration {
