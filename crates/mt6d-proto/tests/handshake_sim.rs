@@ -6,6 +6,9 @@
 //! stream loses nothing; no (key, nonce) pair is ever used twice, across restarts too.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+mod common;
+use common::{handshake_config, ip, A, B, START_MS};
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{Ipv6Addr, SocketAddrV6};
 use std::time::Duration;
@@ -13,19 +16,9 @@ use std::time::Duration;
 use mt6d_proto::handshake::{
     is_handshake, Handshake, HandshakeConfig, HandshakeError, Outcome, PrivateKey, Psk, ReceiveKeys,
 };
-use mt6d_proto::{
-    AeadAlg, Endpoint, Mode, OpenError, Route, Sealer, Stream, StreamConfig, UnixTime,
-};
+use mt6d_proto::{Endpoint, OpenError, Route, Sealer, Stream, StreamConfig, UnixTime};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-
-const A: &str = "2001:db8:a::1";
-const B: &str = "2001:db8:b::2";
-const START_MS: u64 = 1_800_000_000_000;
-
-fn ip(s: &str) -> Ipv6Addr {
-    s.parse().unwrap()
-}
 
 fn udp_packet(src: Ipv6Addr, dst: Ipv6Addr, seq: u64) -> Vec<u8> {
     let payload = seq.to_be_bytes();
@@ -62,15 +55,9 @@ impl Gateway {
         rekey: Duration,
     ) -> Self {
         let hs = Handshake::new(HandshakeConfig {
-            local_private: private.clone(),
-            remote_public: peer.public_key(),
             psk: Psk::from_bytes([0x44; 32]),
-            mode: Mode::Encrypt,
-            aead: AeadAlg::Aes256Gcm,
-            local_true: ip(local),
-            remote_true: ip(remote),
             rekey_after: rekey,
-            rekey_after_packets: 1 << 40,
+            ..handshake_config(&private, peer, local, remote)
         })
         .unwrap();
         let mut cfg = StreamConfig::new(

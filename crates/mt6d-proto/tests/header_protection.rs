@@ -5,27 +5,21 @@
 //! tells the classes apart; the masked counter shows no continuation across an epoch change.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+mod common;
+use common::{handshake_config, ip, A, B};
+
 use std::net::Ipv6Addr;
-use std::time::Duration;
 
 use mt6d_proto::handshake::{
     is_handshake, Handshake, HandshakeConfig, Outcome, PrivateKey, Psk, ReceiveKeys,
 };
 use mt6d_proto::moves::{is_notice, RouteMoves};
 use mt6d_proto::tunnel::header::{MASKED_LEN, MIN_PROTECTED_LEN};
-use mt6d_proto::{
-    AeadAlg, Endpoint, Epoch, Mode, Route, SessionKey, Stream, StreamConfig, UnixTime,
-};
+use mt6d_proto::{Endpoint, Epoch, Mode, Route, SessionKey, Stream, StreamConfig, UnixTime};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-const A: &str = "2001:db8:a::1";
-const B: &str = "2001:db8:b::2";
 const NOW_MS: u64 = 1_800_000_000_000;
-
-fn ip(s: &str) -> Ipv6Addr {
-    s.parse().unwrap()
-}
 
 fn now() -> UnixTime {
     UnixTime::from_millis(NOW_MS)
@@ -52,15 +46,9 @@ struct Side {
 
 fn side(own: &PrivateKey, peer: &PrivateKey, local: &str, remote: &str, mode: Mode) -> Side {
     let hs = Handshake::new(HandshakeConfig {
-        local_private: own.clone(),
-        remote_public: peer.public_key(),
         psk: Psk::from_bytes([0x44; 32]),
         mode,
-        aead: AeadAlg::Aes256Gcm,
-        local_true: ip(local),
-        remote_true: ip(remote),
-        rekey_after: Duration::from_secs(120),
-        rekey_after_packets: 1 << 40,
+        ..handshake_config(own, peer, local, remote)
     })
     .unwrap();
     let cfg = StreamConfig::new(

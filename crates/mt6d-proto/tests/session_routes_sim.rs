@@ -6,38 +6,17 @@
 //! behaviour), where it finds every route, so the check can fail.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+mod common;
+use common::{handshake_config, ip, A, B, START_MS};
+
 use std::collections::HashSet;
-use std::net::{Ipv6Addr, SocketAddrV6};
-use std::time::Duration;
+use std::net::SocketAddrV6;
 
-use mt6d_proto::handshake::{
-    link_key, Handshake, HandshakeConfig, HandshakeError, Outcome, PrivateKey, Psk,
-};
-use mt6d_proto::{AeadAlg, Endpoint, Epoch, Mode, SessionKey, Stream, StreamConfig, UnixTime};
+use mt6d_proto::handshake::{link_key, Handshake, HandshakeError, Outcome, PrivateKey, Psk};
+use mt6d_proto::{Endpoint, Epoch, SessionKey, Stream, StreamConfig, UnixTime};
 
-const A: &str = "2001:db8:a::1";
-const B: &str = "2001:db8:b::2";
-const START_MS: u64 = 1_800_000_000_000;
 /// Epochs of data phase checked per session (R = 10 s: 10 minutes).
 const WINDOW: u64 = 60;
-
-fn ip(s: &str) -> Ipv6Addr {
-    s.parse().unwrap()
-}
-
-fn config(own: &PrivateKey, peer: &PrivateKey, local: &str, remote: &str) -> HandshakeConfig {
-    HandshakeConfig {
-        local_private: own.clone(),
-        remote_public: peer.public_key(),
-        psk: Psk::none(),
-        mode: Mode::Encrypt,
-        aead: AeadAlg::Aes256Gcm,
-        local_true: ip(local),
-        remote_true: ip(remote),
-        rekey_after: Duration::from_secs(120),
-        rekey_after_packets: 1 << 40,
-    }
-}
 
 /// The stream of side A (role 0) with `key` as its session key: its routes are the §2 derivation.
 fn stream(key: SessionKey) -> Stream {
@@ -72,8 +51,8 @@ struct Session {
 /// capture holds every message whatever route a rekey would travel on: the thief gets more here
 /// than on the wire).
 fn conversation(a_key: &PrivateKey, b_key: &PrivateKey, n: usize) -> Vec<Session> {
-    let mut a = Handshake::new(config(a_key, b_key, A, B)).unwrap();
-    let mut b = Handshake::new(config(b_key, a_key, B, A)).unwrap();
+    let mut a = Handshake::new(handshake_config(a_key, b_key, A, B)).unwrap();
+    let mut b = Handshake::new(handshake_config(b_key, a_key, B, A)).unwrap();
     let a_stream = stream(a.link_key().clone());
     let b_stream = Stream::new(StreamConfig::new(
         Endpoint::new(ip(B)),
@@ -130,7 +109,7 @@ fn thief_keys(
 ) -> Vec<SessionKey> {
     let mut keys = vec![link_key(stolen, &other.public_key(), &Psk::none()).unwrap()];
     let (local, remote) = if stolen_is_responder { (B, A) } else { (A, B) };
-    let mut hs = Handshake::new(config(stolen, other, local, remote)).unwrap();
+    let mut hs = Handshake::new(handshake_config(stolen, other, local, remote)).unwrap();
     let s = Stream::new(StreamConfig::new(
         Endpoint::new(ip(local)),
         Endpoint::new(ip(remote)),

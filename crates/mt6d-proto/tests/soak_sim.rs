@@ -8,20 +8,20 @@
 //! (the time is printed); a debug build runs 20,000 rotations.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+mod common;
+use common::{handshake_config, ip, A, B, START_MS};
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{Ipv6Addr, SocketAddrV6};
 use std::time::{Duration, Instant};
 
 use mt6d_proto::handshake::{
-    is_handshake, Handshake, HandshakeConfig, Outcome, PrivateKey, Psk, ReceiveKeys,
+    is_handshake, Handshake, HandshakeConfig, Outcome, PrivateKey, ReceiveKeys,
 };
-use mt6d_proto::{AeadAlg, Endpoint, Mode, OpenError, Sealer, Stream, StreamConfig, UnixTime};
+use mt6d_proto::{Endpoint, OpenError, Sealer, Stream, StreamConfig, UnixTime};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-const A: &str = "2001:db8:a::1";
-const B: &str = "2001:db8:b::2";
-const START_MS: u64 = 1_800_000_000_000;
 const R_MS: u64 = 1_000;
 const REKEY: Duration = Duration::from_secs(120);
 const LOSS: f64 = 0.01;
@@ -30,10 +30,6 @@ const MAX_DELAY_MS: u64 = 40;
 /// schedule allows (docs/PROTOCOL.md §3).
 const SKEW_A_MS: i64 = 150;
 const SKEW_B_MS: i64 = -150;
-
-fn ip(s: &str) -> Ipv6Addr {
-    s.parse().unwrap()
-}
 
 fn udp_packet(src: Ipv6Addr, dst: Ipv6Addr, seq: u64) -> [u8; 56] {
     let mut p = [0u8; 56];
@@ -62,15 +58,8 @@ struct Gateway {
 impl Gateway {
     fn new(private: &PrivateKey, peer: &PrivateKey, local: &str, remote: &str, skew: i64) -> Self {
         let hs = Handshake::new(HandshakeConfig {
-            local_private: private.clone(),
-            remote_public: peer.public_key(),
-            psk: Psk::none(),
-            mode: Mode::Encrypt,
-            aead: AeadAlg::Aes256Gcm,
-            local_true: ip(local),
-            remote_true: ip(remote),
             rekey_after: REKEY,
-            rekey_after_packets: 1 << 40,
+            ..handshake_config(private, peer, local, remote)
         })
         .unwrap();
         let mut cfg = StreamConfig::new(
