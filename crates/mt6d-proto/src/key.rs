@@ -19,6 +19,11 @@ impl SessionKey {
     /// Largest accepted key (512 bits, the thesis's key size).
     pub const MAX_LEN: usize = 64;
 
+    /// A 256-bit key derived by the protocol itself (within the bounds above, so it cannot fail).
+    pub fn from_derived(bytes: &[u8; 32]) -> Self {
+        Self(Zeroizing::new(bytes.to_vec()))
+    }
+
     /// Copies `bytes` into a new key.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, ProtoError> {
         if !(Self::MIN_LEN..=Self::MAX_LEN).contains(&bytes.len()) {

@@ -160,13 +160,13 @@ pub fn session_route_key(
     k_i2r: &[u8; KEY_LEN],
     k_r2i: &[u8; KEY_LEN],
     handshake_hash: &[u8; KEY_LEN],
-) -> Result<SessionKey, ProtoError> {
+) -> SessionKey {
     let mut ikm = Zeroizing::new([0u8; 3 * KEY_LEN]);
     ikm[..KEY_LEN].copy_from_slice(k_i2r);
     ikm[KEY_LEN..2 * KEY_LEN].copy_from_slice(k_r2i);
     ikm[2 * KEY_LEN..].copy_from_slice(handshake_hash);
     let route = Zeroizing::new(blake3::derive_key(context::ROUTE, &ikm[..]));
-    SessionKey::from_bytes(&route[..])
+    SessionKey::from_derived(&route)
 }
 
 #[cfg(test)]

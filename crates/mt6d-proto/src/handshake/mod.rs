@@ -743,7 +743,7 @@ impl Handshake {
         let (i2r, r2i) = state.dangerously_get_raw_split();
         let (i2r, r2i) = (Zeroizing::new(i2r), Zeroizing::new(r2i));
         let _ = state.set_psk(2, &[0u8; 32]);
-        let route = session_route_key(&i2r, &r2i, &hash).map_err(|_| HandshakeError::Decrypt)?;
+        let route = session_route_key(&i2r, &r2i, &hash);
         let mut reply = [0u8; RESPONSE_LEN];
         frame(
             Kind::Response,
@@ -789,7 +789,7 @@ impl Handshake {
         let hash = handshake_hash(&pending.state);
         let (i2r, r2i) = pending.state.dangerously_get_raw_split();
         let (i2r, r2i) = (Zeroizing::new(i2r), Zeroizing::new(r2i));
-        let route = session_route_key(&i2r, &r2i, &hash).map_err(|_| HandshakeError::Decrypt)?;
+        let route = session_route_key(&i2r, &r2i, &hash);
         let rekey = self.established.is_some();
         self.confirmed_recv = Some(pending.recv_phase);
         self.awaiting = None;
