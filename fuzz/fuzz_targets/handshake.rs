@@ -53,8 +53,20 @@ fuzz_target!(|data: &[u8]| {
     let noise = body.get(4..).unwrap_or(&[]);
     let mut msg = match sel % 3 {
         0 => body.to_vec(),
-        1 => b.frame_with_mac(Kind::Initiation, index, noise, &route_b.remote, &route_b.local),
-        _ => b.frame_with_mac(Kind::Response, index, noise, &route_b.remote, &route_b.local),
+        1 => b.frame_with_mac(
+            Kind::Initiation,
+            index,
+            noise,
+            &route_b.remote,
+            &route_b.local,
+        ),
+        _ => b.frame_with_mac(
+            Kind::Response,
+            index,
+            noise,
+            &route_b.remote,
+            &route_b.local,
+        ),
     };
     // The wire carries protected headers (§4.5): raw bytes are unmasked as the gateway does;
     // framed ones are protected by the sender and unmasked by the receiver.
@@ -70,7 +82,9 @@ fuzz_target!(|data: &[u8]| {
     }
     // As responder: forged Noise bytes must fail.
     if sel % 3 != 0 {
-        assert!(b.handle(now, &route_b, &route_b, &msg, || Some([3; 32])).is_err());
+        assert!(b
+            .handle(now, &route_b, &route_b, &msg, || Some([3; 32]))
+            .is_err());
     } else {
         let _ = b.handle(now, &route_b, &route_b, &msg, || Some([3; 32]));
     }
@@ -87,8 +101,16 @@ fuzz_target!(|data: &[u8]| {
     } else {
         index
     };
-    let resp = a.frame_with_mac(Kind::Response, index, noise, &route_a.remote, &route_a.local);
-    assert!(a.handle(now, &route_a, &route_a, &resp, || Some([5; 32])).is_err());
+    let resp = a.frame_with_mac(
+        Kind::Response,
+        index,
+        noise,
+        &route_a.remote,
+        &route_a.local,
+    );
+    assert!(a
+        .handle(now, &route_a, &route_a, &resp, || Some([5; 32]))
+        .is_err());
     // Receive keys with none installed, and arbitrary payloads.
     let mut keys = ReceiveKeys::new();
     let mut out = vec![0u8; body.len() + 64];

@@ -30,12 +30,19 @@ fuzz_target!(|data: &[u8]| {
     // Raw bytes, unmasked as the gateway does (§4.5): no valid MAC, so nothing moves.
     let _ = rx.handle_notice(now, current, &on, data);
     let mut unmasked = data.to_vec();
-    if b.recv_header_key().unwrap().unprotect(&mut unmasked).is_ok() {
+    if b.recv_header_key()
+        .unwrap()
+        .unprotect(&mut unmasked)
+        .is_ok()
+    {
         let _ = rx.handle_notice(now, current, &on, &unmasked);
     }
     assert!(rx.handle_link(&on, data).is_err());
     let mac = [data.first().copied().unwrap_or(0) & 0xfe, 1, 2, 3, 4, 5];
-    assert_eq!(rx.handle_link(&on, &sender.frame_link(&a.route(current), mac)), Ok(mac));
+    assert_eq!(
+        rx.handle_link(&on, &sender.frame_link(&a.route(current), mac)),
+        Ok(mac)
+    );
     for e in 998..=1_003 {
         assert_eq!(rx.offset(Epoch(e)), 0);
     }

@@ -4,8 +4,8 @@
 use libfuzzer_sys::fuzz_target;
 use mt6d_proto::tunnel::TunnelPayload;
 use mt6d_proto::wire::{
-    Icmpv6Packet, Icmpv6Repr, Ipv6Packet, Ipv6Repr, NeighborFrame,
-    RouterMessage, UdpPacket, UdpRepr,
+    Icmpv6Packet, Icmpv6Repr, Ipv6Packet, Ipv6Repr, NeighborFrame, RouterMessage, UdpPacket,
+    UdpRepr,
 };
 use mt6d_proto::Mode;
 

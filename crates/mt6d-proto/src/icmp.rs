@@ -152,7 +152,7 @@ pub const PMTU_EXPIRY_SECS: u64 = 600;
 const FINGERPRINT_LEN: usize = 16;
 
 /// What the transmit path sent lately, per peer: one 64-bit entry per tunnel payload (a 48-bit
-/// fingerprint of its first [`FINGERPRINT_LEN`] bytes and its 16-bit length), in two rings of
+/// fingerprint of its first 16 bytes and its 16-bit length), in two rings of
 /// [`SENT_LOG_SLOTS`]: packets that can draw a Packet Too Big (outer length above 1280, which
 /// every IPv6 link carries) and the rest, so a stream of small packets (TCP acknowledgements)
 /// does not push out the large ones a router is about to report.

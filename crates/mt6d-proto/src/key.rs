@@ -44,7 +44,7 @@ impl fmt::Debug for SessionKey {
     }
 }
 
-/// BLAKE3 `derive_key` contexts. Format per the BLAKE3 docs: "[application] [date] [purpose]".
+/// BLAKE3 `derive_key` contexts. Format per the BLAKE3 docs: "\[application\] \[date\] \[purpose\]".
 /// Changing any of these is a wire-incompatible change.
 pub(crate) mod context {
     pub const ADDRESS: &str = "mt6d-proto 2025-01-01 hashed address key";

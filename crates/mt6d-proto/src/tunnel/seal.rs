@@ -25,7 +25,7 @@ thread_local! {
 /// [`crate::Stream::sealer`] and never passes the reserved limit (raised by
 /// [`Sealer::reserve_until`] once the caller has persisted a higher one), so a restarted gateway
 /// never reuses a (key, nonce) pair whatever its clock says (docs/PROTOCOL.md §4.3).
-/// With a handshake key ([`Sealer::for_session`]) it starts at 0 under the key's phase bit: the key
+/// With a handshake key (made by the handshake module) it starts at 0 under the key's phase bit: the key
 /// is fresh, so no earlier run can have used it (§9.5).
 #[derive(Debug)]
 pub struct Sealer {

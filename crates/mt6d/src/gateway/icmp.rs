@@ -81,11 +81,11 @@ pub struct PathState {
     /// The TUN device's MTU: the link MTU (Packet Too Big lowers per-peer routes, not this).
     pub tunnel_mtu: AtomicU32,
     /// The tunnel MTU without what Packet Too Big taught: what the whole internal link is told
-    /// in Router Advertisements ([`super::router`]).
+    /// in Router Advertisements (the `router` module).
     pub link_mtu: AtomicU32,
     /// Per peer name, the MTU of its path now (written when it changes, read by `status`).
     peer_mtu: Mutex<BTreeMap<String, u32>>,
-    /// The MTU the external link's router advertises (0: none heard), from [`super::router`].
+    /// The MTU the external link's router advertises (0: none heard), from the `router` module.
     pub upstream_mtu: AtomicU32,
     /// What the router discovery thread did.
     pub router: super::router::RouterCounters,

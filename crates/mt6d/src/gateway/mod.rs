@@ -1,16 +1,16 @@
 //! `mt6d run`: the gateway daemon.
 //!
 //! Threads:
-//! - **tx** and **rx** packet threads ([`dataplane`]), one per direction, so the two cores of a
+//! - **tx** and **rx** packet threads (`dataplane`), one per direction, so the two cores of a
 //!   small gateway each carry one direction;
 //! - the **icmp** thread ([`icmp`]): ICMPv6 errors from the path, translated for the protected
 //!   host, and the tunnel MTU that follows the path MTU;
-//! - the **main** thread does housekeeping: rotations on schedule ([`rotation`]), control-socket
+//! - the **main** thread does housekeeping: rotations on schedule (`rotation`), control-socket
 //!   requests, the drop report, SIGHUP reloads ([`signals`]), and the shutdown.
 //!
 //! Start-up order: validate the whole config, claim the instance ([`state`]: refuse if a
 //! running daemon would share anything, clean up after a dead one), bind the control socket,
-//! apply the kernel state ([`system`]: fail-closed guards first), remove hashed addresses a
+//! apply the kernel state (`system`: fail-closed guards first), remove hashed addresses a
 //! crashed earlier run may have left, install the first routes, start the packet threads.
 //! Shutdown runs the same steps backwards, the guards last.
 

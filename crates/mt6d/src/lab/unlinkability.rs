@@ -1,5 +1,5 @@
 //! Two conversations between the same two gateways, captured on the public link and handed
-//! to the [`linker`](super::linker) with the ground truth: the measurement behind
+//! to the [`linker`] with the ground truth: the measurement behind
 //! docs/PRIVACY.md, run by `mt6d demo --link-report` and by `tests/linker_netns.rs`.
 //!
 //! Gateway A serves Host A; Gateway B serves Host B and Host C (a second address on Host B's
