@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+(cd fuzz && cargo fmt --all -- --check && cargo clippy --all-targets --locked -- -D warnings)
+scripts/check-msrv.sh
+scripts/check-deps.sh
 # Release profile: the end-to-end tests push real traffic through the gateways.
 cargo test --workspace --locked --release
 fuzz/run-short.sh "${MT6D_FUZZ_SECS:-10}"
