@@ -186,6 +186,7 @@ mod tests {
     const ECHO_REPLY: u8 = 129;
 
     #[test]
+    #[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
     fn ping_loopback_with_filter() {
         let ns = Netns::create(&unique_name("icm")).expect("netns");
         ns.run(|| {

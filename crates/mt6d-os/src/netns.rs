@@ -305,6 +305,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
     fn create_enter_delete() {
         let name = unique_name("nst");
         let outside = own_netns_inode();
@@ -348,6 +349,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
     fn panic_inside_run_still_cleans_up() {
         let name = unique_name("nsp");
         let r = std::panic::catch_unwind(|| {

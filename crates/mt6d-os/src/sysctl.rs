@@ -173,6 +173,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
     fn set_and_get_inside_a_namespace() {
         let ns = Netns::create(&unique_name("sct")).expect("netns");
         ns.run(|| {

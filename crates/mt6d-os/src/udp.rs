@@ -675,6 +675,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
     fn loopback_batch_and_timeout() {
         let ns = Netns::create(&unique_name("udl")).expect("netns");
         ns.run(|| {
@@ -725,6 +726,7 @@ mod tests {
     /// Two namespaces joined by a veth. A sends from two FREEBIND source addresses chosen per
     /// packet, plus a GSO train; B checks source, destination and GRO segmentation.
     #[test]
+    #[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
     fn veth_pktinfo_sources_and_gso_train() {
         let ns_a = Netns::create(&unique_name("uda")).expect("netns a");
         let ns_b = Netns::create(&unique_name("udb")).expect("netns b");

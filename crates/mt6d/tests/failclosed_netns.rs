@@ -246,10 +246,9 @@ fn netns_cookie(ns: &Netns) -> u64 {
 /// kernel state that outlived the process, refuses the packets. Then `mt6d down` leaves the
 /// namespace exactly as before the first start.
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn sigkill_during_a_ping_train_leaks_nothing_and_down_restores_everything() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     let (mut running, before) = start_with_snapshot();
     let lab_gw_a = running.lab.gw_a.name().to_string();
     let cookie = netns_cookie(&running.lab.gw_a);
@@ -323,10 +322,9 @@ fn sigkill_during_a_ping_train_leaks_nothing_and_down_restores_everything() {
 /// cleaned with `mt6d down`, and also after a clean stop, the namespace is as before the first
 /// start.
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn restart_after_a_crash_records_the_first_originals() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     let (mut running, before) = start_with_snapshot();
     let config = running.dir.join("gw-A.toml");
     for round in 0..2 {
@@ -374,10 +372,9 @@ fn restart_after_a_crash_records_the_first_originals() {
 /// naming the running daemon's pid and what they share; the first carries a ping train
 /// meanwhile without losing one echo. `mt6d down` is refused while the daemon runs.
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn second_instance_is_refused_while_the_first_carries_a_ping_train() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     let running = start("encrypt", 1.0);
     let pid = status(&running, Side::A).pid;
     let config = running.dir.join("gw-A.toml");
@@ -459,10 +456,9 @@ fn signal(pid: u32, sig: Signal) {
 /// ignored; the existing peer's ping train loses nothing through all of it. SIGQUIT then stops
 /// the daemon through its clean-up.
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn signals_never_kill_without_clean_up_and_sighup_validates() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     let (mut running, first) = start_with_snapshot();
     let pid = status(&running, Side::A).pid;
     let config = running.dir.join("gw-A.toml");
@@ -662,10 +658,9 @@ fn answer_for_host_b(gw_b: &Netns) {
 /// sending to the peer's true address is refused by its own kernel (EACCES from the guard), and
 /// nothing with a true address reaches the public link, where an attacker answers for Host B.
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn host_mode_sigkill_refuses_locally_and_leaks_nothing() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     let lab = Lab::build_host_mode(Topology::Switched, "m6").expect("host-mode lab builds");
     let mut running = start_gateways(lab, "encrypt", 1.0, (true, None));
     let gw_b = &running.lab.gw_b;

@@ -25,10 +25,9 @@ use common::*;
 /// Ping and TCP across at least 10 rotations: no loss, SHA-256 intact, no true address on the
 /// public link, at least one outer address pair per rotation.
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn ping_and_tcp_survive_ten_rotations_without_leaking_true_addresses() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     let running = start("encrypt", 1.0);
     let lab = &running.lab;
     let observer =
@@ -63,10 +62,9 @@ fn ping_and_tcp_survive_ten_rotations_without_leaking_true_addresses() {
 /// After SIGTERM the gateway namespace holds no hashed address, TUN device, route, proxy entry
 /// or control socket of the daemon's.
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn shutdown_removes_everything_the_daemon_created() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     let mut running = start("encrypt", 1.0);
     let socket = running.lab.control_socket(Side::A);
     let hashed: Vec<String> = status(&running, Side::A).peers[0]
@@ -122,10 +120,9 @@ fn shutdown_removes_everything_the_daemon_created() {
 /// A gateway killed with SIGKILL leaves its hashed addresses behind; started again with the
 /// same configuration it removes them, carries traffic again, and a clean stop leaves nothing.
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn restart_after_a_crash_converges() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     let mut running = start("encrypt", 1.0);
     running.daemons[0].kill_hard();
     let leftover = hashed_on_external(&running.lab.gw_a);
@@ -196,10 +193,9 @@ fn still_accepted(running: &Running, addr: &Ipv6Addr) -> bool {
 /// Two streams in one daemon, each with its own key and hashed addresses: Host A talks to two
 /// protected addresses behind Gateway B, and both carry traffic.
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn two_peers_in_one_daemon_each_with_its_own_key() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     let host_c: Ipv6Addr = "2001:db8:1::c".parse().expect("addr");
     let lab = Lab::build().expect("lab");
     in_ns(&lab.host_b, |nl| {
@@ -286,10 +282,9 @@ fn two_peers_in_one_daemon_each_with_its_own_key() {
 /// runs. Every bad packet is counted and dropped, the transfer completes intact, and the daemon
 /// keeps running.
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn malformed_replayed_and_forged_packets_are_counted_and_dropped() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     // A long rotation keeps the captured packets inside the accept window.
     let mut running = start("encrypt", 30.0);
     let listener = running
@@ -673,10 +668,9 @@ fn router_errors_during_pings(
 /// Host A's packet with the true addresses, and nowhere a hashed address. A Destination
 /// Unreachable that the router's kernel produces itself (a route to nowhere) arrives the same way.
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn icmp_errors_from_a_router_reach_the_sender_with_true_addresses_only() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     // A long rotation keeps the captured packet's route in the accept window.
     let running = start_on(Topology::Routed, "encrypt", 30.0, |_| {});
     let lab = &running.lab;
@@ -743,10 +737,9 @@ fn icmp_errors_from_a_router_reach_the_sender_with_true_addresses_only() {
 /// Host A translated, the tunnel MTU drops to the path MTU minus the overhead, and a TCP
 /// transfer completes intact: no black hole.
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn tcp_over_a_narrower_tunneled_path_discovers_the_path_mtu() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     let running = start_on(Topology::Tunneled, "encrypt", 2.0, |lab| {
         // Undo "the gateways are told their uplink's MTU": only the path knows it now.
         for (n, i) in [
@@ -802,10 +795,9 @@ fn neighbours(ns: &Netns, iface: &str) -> String {
 /// router, or on one segment the peer gateway) already has an entry for it, and the router never
 /// dropped a packet for want of one (001 §4.2: 10.16 % lost across a router).
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn ping_std_and_flood_lose_nothing_over_twenty_rotations_routed_and_switched() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     for topology in [Topology::Routed, Topology::Switched] {
         ping_std_and_flood_lose_nothing(topology, 1, 20);
     }
@@ -814,10 +806,9 @@ fn ping_std_and_flood_lose_nothing_over_twenty_rotations_routed_and_switched() {
 /// The same across the router at the thesis's 10 s rotation: 6 rotations (about a minute) in
 /// CI; `MT6D_TEN_SECOND_ROTATIONS=20` for the closing note's figure.
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn ping_std_and_flood_lose_nothing_at_ten_second_rotation_routed() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     let rotations = std::env::var("MT6D_TEN_SECOND_ROTATIONS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -999,10 +990,9 @@ fn handshake_of(st: &Status) -> mt6d::control::HandshakeStatus {
 }
 
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn gateways_that_share_only_public_keys_carry_traffic() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     let running = start("encrypt", 1.0);
     for label in ["A", "B"] {
         let text =
@@ -1059,10 +1049,9 @@ fn settle_handshakes(running: &Running) {
 }
 
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn rekey_every_two_seconds_during_tcp_loses_no_ping() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     let running = start_keyed("encrypt", 1.0, true, Some(2.0));
     settle_handshakes(&running);
     let counted = ["bad_tag", "replay", "no_key", "bad_length", "handshake"];
@@ -1105,10 +1094,9 @@ fn rekey_every_two_seconds_during_tcp_loses_no_ping() {
 }
 
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn gateway_b_killed_mid_transfer_rehandshakes_and_the_transfer_completes() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     let mut running = start("encrypt", 1.0);
     let config = running.dir.join("gw-B.toml");
     let listener = running
@@ -1160,10 +1148,9 @@ fn gateway_b_killed_mid_transfer_rehandshakes_and_the_transfer_completes() {
 }
 
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn handshake_flood_neither_stops_traffic_nor_starves_rekeys() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     // A long rotation keeps the attacker's captured route valid; rekeys every 2 s must go on.
     let running = start_keyed("encrypt", 30.0, true, Some(2.0));
     let before = handshake_of(&status(&running, Side::A));
@@ -1297,10 +1284,9 @@ fn handshake_flood(duration: Duration) -> (u64, u64) {
 /// never carries a true address; the host's forwarding and proxy NDP are left alone; and a clean
 /// stop removes the address, TUN device, routes and hashed addresses.
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn host_mode_peer_talks_to_a_gateway_mode_peer() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     for topology in [Topology::Switched, Topology::Routed] {
         let lab = Lab::build_host_mode(topology, "m6").expect("host-mode lab builds");
         assert_eq!(
@@ -1421,10 +1407,9 @@ fn host_mode_peer_talks_to_a_gateway_mode_peer() {
 /// own Destination Unreachable, arrive translated (from and to Host A's true address, quoting
 /// Host A's packet to Host B, no hashed address), and the tunnel MTU follows the Packet Too Big.
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn host_mode_delivers_path_errors_to_its_own_stack() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     let lab = Lab::build_host_mode(Topology::Routed, "m6").expect("host-mode lab builds");
     // A long rotation keeps the captured packet's route in the accept window.
     let running = start_gateways(lab, "encrypt", 30.0, (true, None));
@@ -1502,12 +1487,10 @@ fn eventually(secs: u64, mut f: impl FnMut() -> bool) -> bool {
 /// external link's router lowers the tunnel MTU and the advertised one. Nothing Gateway A sends
 /// to the public link carries Host A's MAC or either true address.
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn router_advertisements_tell_hosts_the_tunnel_mtu_and_leak_nothing() {
     use mt6d_proto::wire::{router_advertisement, router_solicitation, RouterMessage};
-    if !root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    common::require_root();
     let running = start_on(Topology::Routed, "encrypt", 1.0, |_| {});
     let lab = &running.lab;
     let host_mac = lab
@@ -1670,10 +1653,9 @@ fn router_advertisements_tell_hosts_the_tunnel_mtu_and_leak_nothing() {
 /// it, both gateways move that epoch to attempt offset 1 within the interval before it, and a
 /// ping train and floods across the epoch lose nothing; no tunnel packet goes to the squatter.
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn forced_collision_on_the_link_is_survived() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     const ROTATION_SECS: f64 = 2.0;
     let running = start_on(Topology::Routed, "encrypt", ROTATION_SECS, |_| {});
     let lab = &running.lab;

@@ -115,10 +115,9 @@ fn route_to_b(running: &Running) -> String {
 /// nothing; a plausible one about a real packet lowers only that peer's path MTU (a locked /128
 /// route MTU, the TUN device keeping the link MTU), once: repeating it is refused.
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn forged_packet_too_big_and_errors_about_unsent_packets_change_nothing() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     // A long rotation keeps every captured packet's route in the accept window.
     let running = start_on(Topology::Routed, "encrypt", 30.0, |_| {});
     let lab = &running.lab;
@@ -264,10 +263,9 @@ fn forged_packet_too_big_and_errors_about_unsent_packets_change_nothing() {
 /// Advertisement, and it stuck. One from a node that is not a default router (router lifetime
 /// 0) sets nothing; a default router's MTU holds for its router lifetime, then lapses.
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn router_advertisement_mtu_only_from_a_default_router_and_only_for_its_lifetime() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     let running = start_on(Topology::Routed, "encrypt", 1.0, |_| {});
     let lab = &running.lab;
     let base = status(&running, Side::A).path.base_mtu;
@@ -321,10 +319,9 @@ fn router_advertisement_mtu_only_from_a_default_router_and_only_for_its_lifetime
 /// route (what makes the kernel answer forwarded packets with Packet Too Big) and takes it off
 /// again when the learned MTU ages out, keeping the route.
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn a_route_mtu_is_set_locked_and_removed_in_place() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     let ns = mt6d_os::Netns::create(&mt6d_os::unique_name("m6rt")).expect("netns");
     let show = || {
         let out = ns

@@ -86,10 +86,9 @@ fn uid_and_caps_of(config: &Path) -> Option<(String, String)> {
 /// neighbour entry and sysctls are set up, pings cross the tunnel, and it cleans up on SIGTERM.
 /// The same without the capabilities is refused, naming them, before anything is created.
 #[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn an_unprivileged_user_with_net_admin_and_net_raw_runs_a_gateway() {
-    if !root() {
-        return eprintln!("skipped: needs root");
-    }
+    common::require_root();
     let lab = Lab::build_topology(Topology::Switched, "m6").expect("lab builds");
     let dir = std::env::temp_dir().join(format!(
         "mt6d-e2e-{}-{}",

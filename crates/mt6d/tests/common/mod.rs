@@ -44,8 +44,14 @@ impl Drop for Running {
     }
 }
 
-pub fn root() -> bool {
-    mt6d::lab::is_root()
+/// The namespace tests need root. They are `#[ignore]`d, so a plain `cargo test` lists them as
+/// ignored instead of passing them untested; `scripts/test.sh` (as root) runs them with
+/// `--include-ignored`. Run without root, they fail here and say why.
+pub fn require_root() {
+    assert!(
+        mt6d::lab::is_root(),
+        "this test needs root (network namespaces, TUN devices, raw sockets): run it as root"
+    );
 }
 
 /// Builds the lab and starts both gateways with `mode` and `rotation_secs`, with identity keys
