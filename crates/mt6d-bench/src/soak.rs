@@ -13,7 +13,13 @@
 //! (/proc/PID/status, /proc/PID/fd), their handshake and rotation counters, and the loss of each
 //! stream in that window; optionally it restarts Gateway B (SIGTERM, start again) every N
 //! minutes. It writes `samples.csv` and `report.md` into the output directory.
+//!
+//! So that a loss explains itself, the report places every lost RTP packet on the epoch clock
+//! (ms after its epoch began and before the next, computed from Gateway A's config) and next to
+//! the nearest handshake Gateway A completed, and lists every kernel drop counter (IPv6/UDP
+//! discards and errors, interface drops) that rose in any namespace of the lab.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddrV6, TcpListener, TcpStream, UdpSocket};
@@ -72,6 +78,9 @@ struct Meters {
     rtp_max_transit_us: AtomicU64,
     ping_sent: AtomicU64,
     ping_received: AtomicU64,
+    /// RTP sequence numbers not received (yet), with their estimated send time (Unix µs):
+    /// entered at a gap, removed if the packet arrives late. Touched only at gaps.
+    rtp_missing: Mutex<BTreeMap<u64, u64>>,
 }
 
 /// One row of samples.csv.
@@ -113,6 +122,10 @@ fn unix_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The byte the pattern has at stream offset `i`: a receiver that sees anything else saw
@@ -260,6 +273,18 @@ fn soak(args: &SoakArgs, mt6d: &Path, out: &Path, work: &Path) -> Result<(), Str
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("bind [{HOST_B}]:{RTP_PORT}: {e}"))?;
     let lost_pings: Mutex<Vec<f64>> = Mutex::new(Vec::new());
+    // Where lost packets went: the kernel's drop counters of every namespace, before and after.
+    let kernel_before = kernel_drops(&net);
+    let stream = mt6d::config::Config::load(&gateways[0].config)
+        .map_err(|e| e.to_string())?
+        .peers
+        .first()
+        .ok_or("the soak config has no peer")?
+        .build_stream()
+        .map_err(|e| e.to_string())?;
+    // When Gateway A's handshake count went up (Unix µs, within one 200 ms poll).
+    let mut handshake_times = Vec::new();
+    let mut handshakes_seen = 0u64;
     let started = Instant::now();
     let total = Duration::from_secs_f64(args.hours * 3600.0);
     let mut samples = Vec::new();
@@ -303,6 +328,15 @@ fn soak(args: &SoakArgs, mt6d: &Path, out: &Path, work: &Path) -> Result<(), Str
             }
             if failure.is_some() {
                 break;
+            }
+            if let Some(h) = mt6d::control::query_status(&gateways[0].socket)
+                .ok()
+                .and_then(|st| st.peers.first().and_then(|p| p.handshake.clone()))
+            {
+                if h.handshakes > handshakes_seen {
+                    handshakes_seen = h.handshakes;
+                    handshake_times.push(unix_us());
+                }
             }
             if next_restart.is_some_and(|t| started.elapsed() >= t) {
                 let g = &mut gateways[1];
@@ -371,7 +405,16 @@ fn soak(args: &SoakArgs, mt6d: &Path, out: &Path, work: &Path) -> Result<(), Str
         .into_inner()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     lost.sort_by(f64::total_cmp);
-    let report = report(args, &samples, &meters, &lost, failure.as_deref());
+    let kernel = kernel_drops(&net)
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let d = v.saturating_sub(kernel_before.get(&k).copied().unwrap_or(0));
+            (d > 0).then_some((k, d))
+        })
+        .collect();
+    let losses = attribute_losses(&meters, &stream, &handshake_times);
+    let mut report = report(args, &samples, &meters, &lost, failure.as_deref());
+    report.push_str(&losses_report(&losses, &kernel));
     std::fs::write(out.join("report.md"), &report)
         .map_err(|e| format!("{}: {e}", out.display()))?;
     println!("{report}");
@@ -590,8 +633,20 @@ fn rtp_receiver(sock: &UdpSocket, m: &Meters, stop: &AtomicBool) {
             seen.pop_front();
         }
         m.rtp_received.fetch_add(1, Ordering::Relaxed);
-        if highest.is_some_and(|h| seq < h) {
-            m.rtp_reordered.fetch_add(1, Ordering::Relaxed);
+        match highest {
+            Some(h) if seq < h => {
+                m.rtp_reordered.fetch_add(1, Ordering::Relaxed);
+                lock(&m.rtp_missing).remove(&seq);
+            }
+            Some(h) if seq > h + 1 => {
+                // The packets between were sent one period apart before this one.
+                let mut missing = lock(&m.rtp_missing);
+                for (k, q) in (h + 1..seq).rev().enumerate() {
+                    let back = (k as u64 + 1) * RTP_PERIOD.as_micros() as u64;
+                    missing.insert(q, sent.saturating_sub(back));
+                }
+            }
+            _ => {}
         }
         highest = Some(highest.map_or(seq, |h| h.max(seq)));
         let transit = unix_us() as i64 - sent as i64;
@@ -628,6 +683,158 @@ fn ping_train(m: &Meters, stop: &AtomicBool, lost: &Mutex<Vec<f64>>) {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .extend(r.lost_at.iter().copied());
     }
+}
+
+/// Every drop counter of the kernel in each lab namespace, by "namespace counter": IPv6 and
+/// UDP discards and errors (`/proc/thread-self/net/snmp6`, read from a thread inside the
+/// namespace) and each interface's receive/transmit drops and errors (`net/dev`).
+fn kernel_drops(net: &crate::topo::Net) -> BTreeMap<String, u64> {
+    let mut all = BTreeMap::new();
+    for ns in net.all() {
+        let Ok((snmp6, dev)) = ns.run(|| {
+            (
+                std::fs::read_to_string("/proc/thread-self/net/snmp6").unwrap_or_default(),
+                std::fs::read_to_string("/proc/thread-self/net/dev").unwrap_or_default(),
+            )
+        }) else {
+            continue;
+        };
+        for line in snmp6.lines() {
+            let mut it = line.split_whitespace();
+            let (Some(k), Some(v)) = (it.next(), it.next().and_then(|v| v.parse::<u64>().ok()))
+            else {
+                continue;
+            };
+            const DROPS: [&str; 7] = [
+                "Discards",
+                "Errors",
+                "NoRoutes",
+                "NoPorts",
+                "Truncated",
+                "Fails",
+                "DestUnreachs",
+            ];
+            if DROPS.iter().any(|d| k.contains(d)) {
+                all.insert(format!("{} {k}", ns.name()), v);
+            }
+        }
+        // "  name: rx_bytes rx_packets rx_errs rx_drop ... tx_bytes tx_packets tx_errs tx_drop ..."
+        for line in dev.lines().skip(2) {
+            let Some((name, rest)) = line.split_once(':') else {
+                continue;
+            };
+            let v: Vec<u64> = rest
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            if v.len() < 12 {
+                continue;
+            }
+            for (i, what) in [
+                (2, "rx_errs"),
+                (3, "rx_drop"),
+                (10, "tx_errs"),
+                (11, "tx_drop"),
+            ] {
+                all.insert(format!("{} {} {what}", ns.name(), name.trim()), v[i]);
+            }
+        }
+    }
+    all
+}
+
+/// One RTP packet that never arrived, placed on the epoch clock and next to the handshakes.
+#[derive(Debug)]
+struct Loss {
+    seq: u64,
+    sent_us: u64,
+    /// Time since the start of the epoch it was sent in, and until the next epoch.
+    after_start_ms: f64,
+    before_next_ms: f64,
+    /// Distance to the nearest handshake Gateway A completed (poll resolution 200 ms).
+    from_handshake_ms: Option<f64>,
+}
+
+fn attribute_losses(m: &Meters, stream: &mt6d_proto::Stream, handshakes: &[u64]) -> Vec<Loss> {
+    lock(&m.rtp_missing)
+        .iter()
+        .map(|(&seq, &sent_us)| {
+            let t = mt6d_proto::UnixTime::from_nanos(sent_us * 1000);
+            let e = stream.epoch_at(t);
+            let ms = |a: u64, b: u64| (a as f64 - b as f64) / 1e6;
+            Loss {
+                seq,
+                sent_us,
+                after_start_ms: ms(t.as_nanos(), stream.epoch_start(e).as_nanos()),
+                before_next_ms: ms(stream.epoch_start(e.next()).as_nanos(), t.as_nanos()),
+                from_handshake_ms: handshakes
+                    .iter()
+                    .map(|&h| (h as f64 - sent_us as f64).abs() / 1000.0)
+                    .min_by(f64::total_cmp),
+            }
+        })
+        .collect()
+}
+
+fn losses_report(losses: &[Loss], kernel: &BTreeMap<String, u64>) -> String {
+    let mut r = String::from(
+        "
+## Where the losses were
+
+",
+    );
+    if losses.is_empty() {
+        r.push_str(
+            "No RTP packet was lost.
+",
+        );
+    } else {
+        let near_boundary = losses
+            .iter()
+            .filter(|l| l.after_start_ms < 50.0 || l.before_next_ms < 50.0)
+            .count();
+        let near_handshake = losses
+            .iter()
+            .filter(|l| l.from_handshake_ms.is_some_and(|d| d < 500.0))
+            .count();
+        let _ = writeln!(
+            r,
+            "{} RTP packet(s) lost: {near_boundary} sent within 50 ms of an epoch boundary, \
+             {near_handshake} within 500 ms of a handshake Gateway A completed.\n\n\
+             | seq | sent (Unix s) | ms after epoch start | ms before next epoch | ms from nearest handshake |\n|---|---|---|---|---|",
+            losses.len()
+        );
+        for l in losses.iter().take(50) {
+            let _ = writeln!(
+                r,
+                "| {} | {:.3} | {:.1} | {:.1} | {} |",
+                l.seq,
+                l.sent_us as f64 / 1e6,
+                l.after_start_ms,
+                l.before_next_ms,
+                l.from_handshake_ms
+                    .map_or("-".into(), |d| format!("{d:.0}"))
+            );
+        }
+    }
+    r.push_str(
+        "
+Kernel drop counters that rose during the run (all namespaces of the lab):
+
+",
+    );
+    if kernel.is_empty() {
+        r.push_str(
+            "none.
+",
+        );
+    } else {
+        r.push_str("| namespace, counter | increase |\n|---|---|\n");
+        for (k, v) in kernel {
+            let _ = writeln!(r, "| {k} | {v} |");
+        }
+    }
+    r
 }
 
 fn report(
