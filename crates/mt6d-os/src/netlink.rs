@@ -82,6 +82,8 @@ const RTN_PROHIBIT: u8 = 8;
 
 const NDA_DST: u16 = 1;
 const NDA_LLADDR: u16 = 2;
+/// `NDA_PROTOCOL` (linux/neighbour.h): who added the entry, like a route's protocol.
+const NDA_PROTOCOL: u16 = 12;
 const NUD_REACHABLE: u16 = 0x02;
 const NUD_PERMANENT: u16 = 0x80;
 const NTF_PROXY: u8 = 0x08;
@@ -121,14 +123,27 @@ pub struct AddrInfo {
     pub proto: u8,
 }
 
+/// One IPv6 neighbour entry as listed by [`Netlink::list_neighbors`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NeighInfo {
+    pub addr: Ipv6Addr,
+    /// The link-layer address, when the entry has one.
+    pub lladdr: Option<[u8; 6]>,
+    /// `ndm_state` (NUD_* bits).
+    pub state: u16,
+    /// `NDA_PROTOCOL`: the marker of whoever added it (0 when unset).
+    pub proto: u8,
+}
+
 /// A blocking rtnetlink socket. Not shared between threads: give each thread its own.
 #[derive(Debug)]
 pub struct Netlink {
     fd: OwnedFd,
     seq: u32,
     rx: Vec<u8>,
-    /// Ownership marker put on every route (`rtm_protocol`) and address (`IFA_PROTO`) this
-    /// socket adds, and required of every route it deletes; see [`Netlink::set_marker`].
+    /// Ownership marker put on every route (`rtm_protocol`), address (`IFA_PROTO`) and
+    /// neighbour entry (`NDA_PROTOCOL`) this socket adds, and required of every route it
+    /// deletes; see [`Netlink::set_marker`].
     marker: u8,
 }
 
@@ -160,9 +175,10 @@ impl Netlink {
         })
     }
 
-    /// Marks every route and address this socket adds from now on with `marker` (a route
-    /// protocol number, `ip route show proto N`, and the address protocol, `ip addr` shows
-    /// `proto N`), and deletes only routes that carry it. A daemon uses its own number so that
+    /// Marks every route, address and neighbour entry this socket adds from now on with
+    /// `marker` (a route protocol number, `ip route show proto N`; the address protocol, `ip
+    /// addr` shows `proto N`; the neighbour protocol, `ip neigh show proto N`), and deletes
+    /// only routes that carry it. A daemon uses its own number so that
     /// its objects are told apart from an operator's or another program's (RFC 3549 leaves
     /// numbers above `RTPROT_STATIC` to routing daemons). Default: `static` for routes, unset
     /// for addresses.
@@ -707,6 +723,9 @@ impl Netlink {
         msg.push(&ndmsg(index, state, 0));
         msg.attr(NDA_DST, &addr.octets());
         msg.attr(NDA_LLADDR, &lladdr);
+        if self.marker != RTPROT_STATIC {
+            msg.attr(NDA_PROTOCOL, &[self.marker]);
+        }
         match self.transact(msg, |_, _| ()) {
             Err(e) if !is_errno(&e, &[libc::EEXIST]) => Err(OsError::Neighbor {
                 op: "add",
@@ -748,6 +767,46 @@ impl Netlink {
             }),
             _ => Ok(found),
         }
+    }
+
+    /// Every IPv6 neighbour entry on interface `index` (not the proxy entries).
+    pub fn list_neighbors(&mut self, index: u32) -> Result<Vec<NeighInfo>> {
+        let mut msg = Message::new(RTM_GETNEIGH, NLM_F_DUMP);
+        msg.push(&ndmsg(0, 0, 0));
+        let mut out = Vec::new();
+        self.transact(msg, |ty, payload| {
+            if ty != RTM_NEWNEIGH || payload.len() < 12 || payload[0] != AF_INET6 {
+                return;
+            }
+            let ifindex = u32::from_ne_bytes([payload[4], payload[5], payload[6], payload[7]]);
+            if ifindex != index || payload[10] & NTF_PROXY != 0 {
+                return;
+            }
+            let state = u16::from_ne_bytes([payload[8], payload[9]]);
+            let (mut addr, mut lladdr, mut proto) = (None, None, 0);
+            for (t, v) in Attrs(&payload[12..]) {
+                match t {
+                    NDA_DST => addr = <[u8; 16]>::try_from(v).ok().map(Ipv6Addr::from),
+                    NDA_LLADDR => lladdr = <[u8; 6]>::try_from(v).ok(),
+                    NDA_PROTOCOL => proto = v.first().copied().unwrap_or(0),
+                    _ => {}
+                }
+            }
+            if let Some(addr) = addr {
+                out.push(NeighInfo {
+                    addr,
+                    lladdr,
+                    state,
+                    proto,
+                });
+            }
+        })
+        .map_err(|source| OsError::Link {
+            op: "list neighbours".into(),
+            link: link_ref(index),
+            source,
+        })?;
+        Ok(out)
     }
 
     /// Deletes the neighbour entry for `addr` on interface `index`; a missing one is success.
@@ -1175,6 +1234,29 @@ pub(crate) mod tests {
             None
         );
         nl.del_neighbor(a, proxied).expect("neigh del twice");
+
+        // A marked socket's entries say whose they are; an unmarked one's say nothing.
+        let owned: Ipv6Addr = "2001:db8:1::77".parse().expect("literal");
+        let theirs: Ipv6Addr = "2001:db8:1::78".parse().expect("literal");
+        nl.add_neighbor(a, theirs, mac, true).expect("unmarked add");
+        nl.set_marker(200);
+        nl.add_neighbor(a, owned, mac, true).expect("marked add");
+        let list = nl.list_neighbors(a).expect("list neighbours");
+        let find = |x: Ipv6Addr| list.iter().find(|n| n.addr == x).copied();
+        let o = find(owned).expect("marked entry listed");
+        assert_eq!(
+            (o.proto, o.lladdr, o.state),
+            (200, Some(mac), NUD_PERMANENT)
+        );
+        assert_eq!(find(theirs).expect("unmarked entry listed").proto, 0);
+        assert!(nl
+            .list_neighbors(b)
+            .expect("list b")
+            .iter()
+            .all(|n| n.addr != owned));
+        nl.del_neighbor(a, owned).expect("marked del");
+        nl.del_neighbor(a, theirs).expect("unmarked del");
+        nl.set_marker(RTPROT_STATIC);
 
         nl.link_set_down(b).expect("down");
         nl.link_rename(b, "vb2").expect("rename");

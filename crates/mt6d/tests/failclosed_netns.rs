@@ -20,14 +20,15 @@ use nix::unistd::Pid;
 mod common;
 use common::*;
 
-/// What a gateway namespace holds that mt6d could change: global addresses, routes, proxy
-/// neighbour entries, and every readable IPv6 sysctl of `all`, `default` and the lab's two
+/// What a gateway namespace holds that mt6d could change: global addresses, routes, proxy and
+/// permanent neighbour entries (the peer's pinned hashed addresses), and every readable IPv6 sysctl of `all`, `default` and the lab's two
 /// gateway interfaces.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Snapshot {
     addresses: Vec<String>,
     routes: Vec<String>,
     proxies: Vec<String>,
+    permanent: Vec<String>,
     sysctls: BTreeMap<String, String>,
 }
 
@@ -72,6 +73,7 @@ fn snapshot(ns: &Netns) -> Snapshot {
         addresses: lines(&["-6", "-o", "addr", "show", "scope", "global"]),
         routes: lines(&["-6", "route", "show", "table", "all"]),
         proxies: lines(&["-6", "neigh", "show", "proxy"]),
+        permanent: lines(&["-6", "neigh", "show", "nud", "permanent"]),
         sysctls,
     }
 }
@@ -98,6 +100,10 @@ fn assert_same(before: &Snapshot, after: &Snapshot, when: &str) {
     assert_eq!(
         before.proxies, after.proxies,
         "{when}: proxy entries differ"
+    );
+    assert_eq!(
+        before.permanent, after.permanent,
+        "{when}: permanent neighbour entries differ"
     );
     let changed: Vec<_> = before
         .sysctls

@@ -52,8 +52,8 @@ pub fn state_dir() -> PathBuf {
         .map_or_else(|| PathBuf::from(STATE_DIR), PathBuf::from)
 }
 
-/// mt6d's marker on every route (`rtm_protocol`, `ip -6 route show proto 109`) and hashed or
-/// true address (`IFA_PROTO`) it adds. 109 is 0x6d, "m"; unused by the protocols iproute2
+/// mt6d's marker on every route (`rtm_protocol`, `ip -6 route show proto 109`), hashed or
+/// true address (`IFA_PROTO`) and pinned neighbour entry (`NDA_PROTOCOL`) it adds. 109 is 0x6d, "m"; unused by the protocols iproute2
 /// names in `/etc/iproute2/rt_protos`.
 pub const MARKER: u8 = 109;
 
@@ -540,8 +540,9 @@ fn remove_files(dir: &Path, key: &str, done: bool) {
     }
 }
 
-/// Undoes `r`'s changes newest first, then removes the addresses carrying [`MARKER`] on its
-/// external interface (hashed addresses; the interface belongs to one instance per namespace).
+/// Removes the addresses and neighbour entries carrying [`MARKER`] on `r`'s external interface
+/// (hashed addresses and pinned peers; the interface belongs to one instance per namespace),
+/// then undoes `r`'s changes newest first.
 /// A sysctl another running instance of the namespace also recorded is left to that one.
 /// Continues past failures and returns them.
 fn clean_up(nl: &mut Netlink, r: &Record, dir: &Path, own_key: &str) -> Vec<String> {
@@ -564,6 +565,18 @@ fn clean_up(nl: &mut Netlink, r: &Record, dir: &Path, own_key: &str) -> Vec<Stri
                 }
             }
             Err(e) => log::debug!("hashed addresses of {}: {}", r.external, error_chain(&e)),
+        }
+        // The peer's hashed addresses pinned to its MAC (one segment, docs/PROTOCOL.md §5.2):
+        // permanent entries would outlive the daemon.
+        match nl.list_neighbors(r.external_index) {
+            Ok(list) => {
+                for n in list.iter().filter(|n| n.proto == MARKER) {
+                    if let Err(e) = nl.del_neighbor(r.external_index, n.addr) {
+                        failed.push(error_chain(&e));
+                    }
+                }
+            }
+            Err(e) => log::debug!("neighbour entries of {}: {}", r.external, error_chain(&e)),
         }
     }
     for c in r.changes.iter().rev() {
