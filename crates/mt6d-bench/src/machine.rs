@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use crate::json::Value;
+use crate::json::{Value, ValueExt};
 use crate::procs::{find_tool, version_of};
 
 pub fn describe(mt6d: &Path) -> Value {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::json::Value;
+use crate::json::{Value, ValueExt};
 
 /// A child that is stopped (SIGTERM, then SIGKILL) when dropped, on every exit path.
 #[derive(Debug)]

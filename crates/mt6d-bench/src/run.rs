@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use mt6d::lab::topology::HOST_B;
 
-use crate::json::Value;
+use crate::json::{Value, ValueExt};
 use crate::peers::{self, Running};
 use crate::procs::{self, ProcSample};
 use crate::profile::{Profile, Scenario, Topology};
@@ -110,7 +110,7 @@ pub fn run(args: &Args) -> Result<PathBuf, String> {
         rows.push(row);
         progress.done += 1;
         doc.set("duration_secs", progress.start.elapsed().as_secs_f64())
-            .set("rows", Value::Arr(rows.clone()));
+            .set("rows", Value::Array(rows.clone()));
         crate::report::write_all(&doc, &out)?;
     }
     eprintln!(
@@ -217,7 +217,10 @@ fn run_pair(
     if let Some(sock) = &gw.control_a {
         if let Ok(st) = mt6d::control::query_status(sock) {
             if let Some(peer) = st.peers.first() {
-                row.set("gateway_a_drops", Value::from(peer.counters.drops.clone()));
+                row.set(
+                    "gateway_a_drops",
+                    peer.counters.drops.clone().into_iter().collect::<Value>(),
+                );
                 row.set("gateway_a_rotations", peer.counters.rotations);
             }
         }
@@ -302,7 +305,7 @@ fn schedule(gw: &Running, period: f64) -> Option<(f64, f64)> {
 fn profile_json(p: &Profile) -> Value {
     let mut v = Value::obj();
     let pairs = |xs: &[(&str, u64)]| {
-        Value::Arr(
+        Value::Array(
             xs.iter()
                 .map(|(n, b)| {
                     let mut o = Value::obj();

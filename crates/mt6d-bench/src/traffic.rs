@@ -11,7 +11,7 @@ use mt6d::lab::ping::{Pace as LabPace, PingReport};
 use mt6d::lab::topology::HOST_B;
 use mt6d_os::Netns;
 
-use crate::json::Value;
+use crate::json::{Value, ValueExt};
 use crate::procs::Guarded;
 
 /// `ping -f`: the next echo goes when the last one is answered, or after 10 ms (000 §4.2.1:
