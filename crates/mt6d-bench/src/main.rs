@@ -15,27 +15,58 @@ mod soak;
 mod topo;
 mod traffic;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use clap::Parser;
 
 use profile::{Profile, Scenario, Topology};
 
-const USAGE: &str = "\
-usage: mt6d bench [--quick] [--only SCENARIO[,..]] [--topology T[,..]] [--out DIR] [--ping-std N]
-       mt6d bench --soak HOURS [--sample-secs S] [--restart-every MINUTES] [--out DIR]
-
-  --quick          short tests, every scenario on every topology (< 5 minutes on 2 cores)
-  --only LIST      scenarios: none, mt6d-plain, mt6d-auth, mt6d-encrypt, wireguard-go, boringtun
-  --topology LIST  topologies: switched, routed, tunneled
-  --out DIR        where results.json, report.md and the plots go (default bench-results/DATE)
-  --ping-std N     echoes in ping_std (full profile: 1,000 at 1/s as in 000, about 5 hours in
-                   all; --ping-std 30 makes a full run last about 25 minutes)
-  --soak HOURS     the long run instead (switched lab, rotation 1 s, rekey 120 s): a long-lived
-                   TCP transfer, a 50 packets/s RTP-like UDP stream, a ping train; reports
-                   session breaks, loss, jitter, daemon memory and descriptors over time
-  --sample-secs S  soak: seconds between samples (default 60)
-  --restart-every MINUTES  soak: restart Gateway B this often (default never)
-
-Needs root. Install the peers first: scripts/install-bench-deps.sh (docs/BENCH.md).";
+/// `mt6d bench`: the evaluation of 000 Ch. 4-5, or with --soak the long run.
+#[derive(Debug, Parser)]
+#[command(
+    name = "mt6d bench",
+    bin_name = "mt6d bench",
+    version,
+    about = "The thesis evaluation (000 Ch. 4-5) in network namespaces: every scenario on every \
+             topology, or with --soak the long run",
+    after_help = "Needs root. Install the peers first: scripts/install-bench-deps.sh \
+                  (docs/BENCH.md)."
+)]
+struct Cli {
+    /// Short tests, every scenario on every topology (< 5 minutes on 2 cores).
+    #[arg(long, conflicts_with = "full")]
+    quick: bool,
+    /// The full profile (the default).
+    #[arg(long)]
+    full: bool,
+    /// Scenarios: none, mt6d-plain, mt6d-auth, mt6d-encrypt, wireguard-go, boringtun.
+    #[arg(long, value_name = "SCENARIO[,..]", value_delimiter = ',', value_parser = scenario)]
+    only: Vec<Scenario>,
+    /// Topologies: switched, routed, tunneled.
+    #[arg(long, value_name = "T[,..]", value_delimiter = ',', value_parser = topology)]
+    topology: Vec<Topology>,
+    /// Where results.json, report.md and the plots go (default bench-results/DATE; the soak:
+    /// soak-results/DATE).
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Echoes in ping_std (full profile: 1,000 at 1/s as in 000, about 5 hours in all;
+    /// --ping-std 30 makes a full run last about 25 minutes).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    ping_std: Option<u64>,
+    /// The long run instead (switched lab, rotation 1 s, rekey 120 s): a long-lived TCP
+    /// transfer, a 50 packets/s RTP-like UDP stream, a ping train; reports session breaks,
+    /// loss, jitter, daemon memory and descriptors over time.
+    #[arg(long, value_name = "HOURS", value_parser = positive)]
+    soak: Option<f64>,
+    /// Soak: seconds between samples.
+    #[arg(long, value_name = "S", default_value_t = 60, requires = "soak",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    sample_secs: u64,
+    /// Soak: restart Gateway B this often (default never).
+    #[arg(long, value_name = "MINUTES", requires = "soak", value_parser = positive)]
+    restart_every: Option<f64>,
+}
 
 /// The parsed command line.
 #[derive(Debug)]
@@ -43,101 +74,61 @@ pub struct Args {
     pub profile: Profile,
     pub scenarios: Vec<Scenario>,
     pub topologies: Vec<Topology>,
-    pub out: Option<std::path::PathBuf>,
-    /// Overrides the profile's ping_std count (the full profile's 1,000 takes 1,000 s a pair).
-    pub ping_std: Option<u64>,
+    pub out: Option<PathBuf>,
     /// `--soak HOURS`: the long run of [`soak`] instead of the evaluation.
     pub soak: Option<soak::SoakArgs>,
 }
 
-fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
-    let mut args = Args {
-        profile: Profile::full(),
-        scenarios: Scenario::ALL.to_vec(),
-        topologies: Topology::ALL.to_vec(),
-        out: None,
-        ping_std: None,
-        soak: None,
-    };
-    let mut sample_secs = 60u64;
-    let mut restart_every = None;
-    while let Some(a) = it.next() {
-        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
-        match a.as_str() {
-            "--quick" => args.profile = Profile::quick(),
-            "--full" => args.profile = Profile::full(),
-            "--only" => {
-                args.scenarios = list(&value("--only")?, Scenario::parse, "scenario")?;
-            }
-            "--topology" => {
-                args.topologies = list(&value("--topology")?, Topology::parse, "topology")?;
-            }
-            "--out" => args.out = Some(value("--out")?.into()),
-            "--ping-std" => {
-                let v = value("--ping-std")?;
-                args.ping_std =
-                    Some(v.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                        format!("--ping-std {v:?}: a count of echoes, at least 1")
-                    })?);
-            }
-            "--soak" => {
-                let v = value("--soak")?;
-                let hours = v
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|h| *h > 0.0 && h.is_finite())
-                    .ok_or_else(|| format!("--soak {v:?}: hours, more than 0"))?;
-                args.soak = Some(soak::SoakArgs {
-                    hours,
-                    sample_secs: 60,
-                    restart_every_mins: None,
-                    out: None,
-                });
-            }
-            "--sample-secs" => {
-                let v = value("--sample-secs")?;
-                sample_secs = v
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|n| *n > 0)
-                    .ok_or_else(|| format!("--sample-secs {v:?}: seconds, at least 1"))?;
-            }
-            "--restart-every" => {
-                let v = value("--restart-every")?;
-                restart_every = Some(
-                    v.parse::<f64>()
-                        .ok()
-                        .filter(|m| *m > 0.0 && m.is_finite())
-                        .ok_or_else(|| format!("--restart-every {v:?}: minutes, more than 0"))?,
-                );
-            }
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument {other:?}")),
+impl From<Cli> for Args {
+    fn from(c: Cli) -> Args {
+        let mut profile = if c.quick {
+            Profile::quick()
+        } else {
+            Profile::full()
+        };
+        if let Some(n) = c.ping_std {
+            profile.ping_std_count = n;
+        }
+        Args {
+            profile,
+            scenarios: chosen(c.only, &Scenario::ALL),
+            topologies: chosen(c.topology, &Topology::ALL),
+            soak: c.soak.map(|hours| soak::SoakArgs {
+                hours,
+                sample_secs: c.sample_secs,
+                restart_every_mins: c.restart_every,
+                out: c.out.clone(),
+            }),
+            out: c.out,
         }
     }
-    if let Some(n) = args.ping_std {
-        args.profile.ping_std_count = n;
-    }
-    if let Some(soak) = args.soak.as_mut() {
-        soak.sample_secs = sample_secs;
-        soak.restart_every_mins = restart_every;
-        soak.out.clone_from(&args.out);
-    }
-    Ok(args)
 }
 
-fn list<T: Ord>(s: &str, parse: fn(&str) -> Option<T>, what: &str) -> Result<Vec<T>, String> {
-    let mut v = s
-        .split(',')
-        .filter(|x| !x.is_empty())
-        .map(|x| parse(x.trim()).ok_or_else(|| format!("unknown {what} {x:?}")))
-        .collect::<Result<Vec<T>, String>>()?;
+/// The values named, sorted and once each; all of them when none is named.
+fn chosen<T: Ord + Clone>(mut v: Vec<T>, all: &[T]) -> Vec<T> {
     v.sort();
     v.dedup();
     if v.is_empty() {
-        return Err(format!("empty {what} list"));
+        all.to_vec()
+    } else {
+        v
     }
-    Ok(v)
+}
+
+fn scenario(s: &str) -> Result<Scenario, String> {
+    Scenario::parse(s.trim()).ok_or_else(|| format!("unknown scenario {s:?}"))
+}
+
+fn topology(s: &str) -> Result<Topology, String> {
+    Topology::parse(s.trim()).ok_or_else(|| format!("unknown topology {s:?}"))
+}
+
+/// A finite number above 0 (hours, minutes).
+fn positive(s: &str) -> Result<f64, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|x| *x > 0.0 && x.is_finite())
+        .ok_or_else(|| format!("{s:?}: a number above 0"))
 }
 
 fn main() -> ExitCode {
@@ -146,17 +137,7 @@ fn main() -> ExitCode {
         let pid = argv.get(2).and_then(|p| p.parse().ok()).unwrap_or(0);
         procs::reaper(pid, argv.get(3).map_or("none", String::as_str));
     }
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(a) => a,
-        Err(e) if e.is_empty() => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("mt6d bench: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    let args = Args::from(Cli::parse());
     if !mt6d::lab::is_root() {
         eprintln!("mt6d bench: needs root (network namespaces, raw sockets, TUN devices)");
         return ExitCode::from(2);
@@ -178,6 +159,75 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("mt6d bench: error: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+    use profile::Mode;
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Cli::try_parse_from(std::iter::once("mt6d-bench").chain(args.iter().copied()))
+            .map(Args::from)
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn lists_are_sorted_once_each_and_default_to_all() {
+        let a = parse(&[
+            "--quick",
+            "--only",
+            "mt6d-encrypt,none,none",
+            "--topology",
+            "routed",
+        ])
+        .expect("valid");
+        assert_eq!(
+            a.scenarios,
+            vec![Scenario::None, Scenario::Mt6d(Mode::Encrypt)]
+        );
+        assert_eq!(a.topologies, vec![Topology::Routed]);
+        assert_eq!(a.profile.ping_std_count, Profile::quick().ping_std_count);
+        let a = parse(&["--ping-std", "30"]).expect("valid");
+        assert_eq!(a.scenarios, Scenario::ALL.to_vec());
+        assert_eq!(a.topologies, Topology::ALL.to_vec());
+        assert_eq!(a.profile.ping_std_count, 30);
+        assert!(a.soak.is_none());
+    }
+
+    #[test]
+    fn soak_options_need_the_soak_and_sane_values() {
+        let a = parse(&[
+            "--soak",
+            "0.5",
+            "--sample-secs",
+            "30",
+            "--restart-every",
+            "10",
+        ])
+        .expect("valid");
+        let s = a.soak.expect("soak");
+        assert_eq!(
+            (s.hours, s.sample_secs, s.restart_every_mins),
+            (0.5, 30, Some(10.0))
+        );
+        for bad in [
+            &["--soak", "0"][..],
+            &["--soak", "inf"],
+            &["--sample-secs", "30"],
+            &["--soak", "1", "--sample-secs", "0"],
+            &["--ping-std", "0"],
+            &["--only", "mt6d-turbo"],
+            &["--quick", "--full"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} accepted");
         }
     }
 }
