@@ -117,6 +117,26 @@ fn unavailable(r: &Value) -> Option<String> {
 
 pub fn markdown(doc: &Value) -> String {
     let mut s = String::new();
+    intro(&mut s, doc);
+    headlines(&mut s, doc);
+    for topo in topologies(doc) {
+        let rows = rows_of(doc, &topo);
+        let _ = writeln!(s, "## {topo} topology\n");
+        if let Some(mtu) = rows.first().and_then(|r| num(r, &["path_mtu"])) {
+            let _ = writeln!(s, "Gateways' external MTU: {mtu:.0}. Plots: [latency]({topo}-latency.svg), [loss]({topo}-loss.svg), [throughput]({topo}-throughput.svg).\n");
+        }
+        summary_table(&mut s, doc, &rows);
+        icmp_table(&mut s, &rows);
+        tcp_table(&mut s, doc, &rows);
+        udp_table(&mut s, doc, &rows);
+        host_table(&mut s, &rows);
+        let _ = writeln!(s);
+    }
+    s
+}
+
+/// Title, machine, tools and how to read the figures.
+fn intro(s: &mut String, doc: &Value) {
     let m = doc.get("machine").cloned().unwrap_or(Value::Null);
     let ms = |k: &str| {
         m.get(k).map_or("?".to_string(), |v| {
@@ -132,7 +152,7 @@ pub fn markdown(doc: &Value) -> String {
         doc.get("date_utc").and_then(Value::as_str).unwrap_or("?")
     );
     let _ = writeln!(s, "The evaluation of 000 Ch. 4-5 (tracker issue 4) in network namespaces on one machine: {} ({} CPUs, {} MB), kernel {}, {}; run took {:.0} s.\n",
-        ms("cpu_model"), ms("cpus"), ms("memory_mb"), ms("kernel"), ms("os"), num(doc, &["duration_secs"]).unwrap_or(0.0));
+    ms("cpu_model"), ms("cpus"), ms("memory_mb"), ms("kernel"), ms("os"), num(doc, &["duration_secs"]).unwrap_or(0.0));
     if let Some(Value::Object(tools)) = m.get("tools") {
         let _ = writeln!(
             s,
@@ -145,207 +165,217 @@ pub fn markdown(doc: &Value) -> String {
         );
     }
     let _ = writeln!(s, "All figures come from results.json in this directory; docs/BENCH.md explains the topologies, scenarios and test sizes. Throughput in Mbit/s is iperf3's receiver figure; HTTP in MB/s (10^6 bytes) as curl reports it. \"–\" means not measured (see the row's note).\n");
-    headlines(&mut s, doc);
-    for topo in topologies(doc) {
-        let rows = rows_of(doc, &topo);
-        let base = rows.iter().find(|r| name(r) == "none").copied();
-        let wg = rows.iter().find(|r| name(r) == "wireguard-go").copied();
-        let _ = writeln!(s, "## {topo} topology\n");
-        if let Some(mtu) = rows.first().and_then(|r| num(r, &["path_mtu"])) {
-            let _ = writeln!(s, "Gateways' external MTU: {mtu:.0}. Plots: [latency]({topo}-latency.svg), [loss]({topo}-loss.svg), [throughput]({topo}-throughput.svg).\n");
-        }
-        let _ = writeln!(s, "### Summary\n");
-        let _ = writeln!(s, "| Scenario | ping_std avg ms | flood 10k loss % | flood 50k loss % | HTTP avg MB/s | TCP 1 Mbit/s | TCP 4 Mbit/s | UDP jitter ms | TCP 1/4 vs baseline | TCP 1/4 vs wireguard-go | gw A CPU in flood % | gw A private kB |");
-        let _ = writeln!(
-            s,
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-        );
-        for r in &rows {
-            if let Some(why) = unavailable(r) {
-                let _ = writeln!(
-                    s,
-                    "| {} | {} |  |  |  |  |  |  |  |  |  |  |",
-                    name(r),
-                    why.replace('|', "/")
-                );
-                if r.get("tests").is_none() {
-                    continue;
-                }
-            }
-            let t1 = test(r, "iperf_tcp_1", "mbit_per_s");
-            let t4 = test(r, "iperf_tcp_4", "mbit_per_s");
-            let rel = |o: Option<&Value>| {
-                let o1 = o.and_then(|o| test(o, "iperf_tcp_1", "mbit_per_s"));
-                let o4 = o.and_then(|o| test(o, "iperf_tcp_4", "mbit_per_s"));
-                format!("{} / {}", f(ratio(t1, o1), 2), f(ratio(t4, o4), 2))
-            };
-            let jitter: Vec<f64> = list(doc, "udp")
-                .iter()
-                .filter_map(|t| test(r, t, "jitter_ms"))
-                .collect();
+}
+
+/// One line per scenario: the figures of each kind that matter most, and the ratios.
+fn summary_table(s: &mut String, doc: &Value, rows: &[&Value]) {
+    let base = rows.iter().find(|r| name(r) == "none").copied();
+    let wg = rows.iter().find(|r| name(r) == "wireguard-go").copied();
+    let _ = writeln!(s, "### Summary\n");
+    let _ = writeln!(s, "| Scenario | ping_std avg ms | flood 10k loss % | flood 50k loss % | HTTP avg MB/s | TCP 1 Mbit/s | TCP 4 Mbit/s | UDP jitter ms | TCP 1/4 vs baseline | TCP 1/4 vs wireguard-go | gw A CPU in flood % | gw A private kB |");
+    let _ = writeln!(
+        s,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for r in rows {
+        if let Some(why) = unavailable(r) {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} |  |  |  |  |  |  |  |  |  |  |",
                 name(r),
-                f(test(r, "ping_std", "rtt_avg_ms"), 3),
-                f(test(r, "ping_flood_10k", "loss_percent"), 2),
-                f(test(r, "ping_flood_50k", "loss_percent"), 2),
-                f(http_avg(r, doc), 1),
-                f(t1, 0),
-                f(t4, 0),
-                f(
-                    (!jitter.is_empty()).then(|| jitter.iter().sum::<f64>() / jitter.len() as f64),
-                    4
-                ),
-                rel(base),
-                rel(wg),
-                f(
-                    num(
-                        r,
-                        &["tests", "ping_flood_50k", "gateway_a_cpu", "cpu_percent"]
-                    ),
-                    1
-                ),
-                f(num(r, &["gateway_a", "private_memory_kb"]), 0)
+                why.replace('|', "/")
             );
-        }
-        if rows
-            .iter()
-            .any(|r| r.get("router_unresolved_discards").is_some())
-        {
-            let d: Vec<String> = rows
-                .iter()
-                .map(|r| {
-                    format!(
-                        "{} {}",
-                        name(r),
-                        f(num(r, &["router_unresolved_discards"]), 0)
-                    )
-                })
-                .collect();
-            let _ = writeln!(
-                s,
-                "\nPackets the router(s) dropped waiting for neighbour discovery (unres_qlen = 1, 001 §4.2), whole scenario: {}.",
-                d.join(", ")
-            );
-        }
-        let _ = writeln!(
-            s,
-            "\n### ICMP (000 Fig. 5.1, 5.5, 5.10-5.11: latency min/avg/max, loss)\n"
-        );
-        let _ = writeln!(s, "| Scenario | Test | sent | min ms | avg ms | max ms | p99 ms | loss % | lost at rotation |");
-        let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
-        for r in &rows {
-            for t in PING_TESTS {
-                if r.path(&["tests", t]).is_none() {
-                    continue;
-                }
-                let _ = writeln!(
-                    s,
-                    "| {} | {t} | {} | {} | {} | {} | {} | {} | {} |",
-                    name(r),
-                    f(test(r, t, "sent"), 0),
-                    f(test(r, t, "rtt_min_ms"), 3),
-                    f(test(r, t, "rtt_avg_ms"), 3),
-                    f(test(r, t, "rtt_max_ms"), 2),
-                    f(test(r, t, "rtt_p99_ms"), 2),
-                    f(test(r, t, "loss_percent"), 3),
-                    f(test(r, t, "lost_at_rotation"), 0)
-                );
-            }
-        }
-        let dl = downloads(doc);
-        let _ = writeln!(
-            s,
-            "\n### TCP: HTTP downloads, MB/s (000 Fig. 5.2, 5.6, 5.12), and iperf3\n"
-        );
-        let _ = writeln!(s, "| Scenario | {} | TCP 1 stream Mbit/s (retr.) | TCP 4 streams Mbit/s (retr.) | TCP 1 stream at 1 s rotation |", dl.join(" | "));
-        let _ = writeln!(s, "|---|{}---:|---:|---:|", "---:|".repeat(dl.len()));
-        for r in &rows {
             if r.get("tests").is_none() {
                 continue;
             }
-            let cells: Vec<String> = dl.iter().map(|t| f(test(r, t, "mbyte_per_s"), 1)).collect();
-            let tcp = |t: &str| {
+        }
+        let t1 = test(r, "iperf_tcp_1", "mbit_per_s");
+        let t4 = test(r, "iperf_tcp_4", "mbit_per_s");
+        let rel = |o: Option<&Value>| {
+            let o1 = o.and_then(|o| test(o, "iperf_tcp_1", "mbit_per_s"));
+            let o4 = o.and_then(|o| test(o, "iperf_tcp_4", "mbit_per_s"));
+            format!("{} / {}", f(ratio(t1, o1), 2), f(ratio(t4, o4), 2))
+        };
+        let jitter: Vec<f64> = list(doc, "udp")
+            .iter()
+            .filter_map(|t| test(r, t, "jitter_ms"))
+            .collect();
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            name(r),
+            f(test(r, "ping_std", "rtt_avg_ms"), 3),
+            f(test(r, "ping_flood_10k", "loss_percent"), 2),
+            f(test(r, "ping_flood_50k", "loss_percent"), 2),
+            f(http_avg(r, doc), 1),
+            f(t1, 0),
+            f(t4, 0),
+            f(
+                (!jitter.is_empty()).then(|| jitter.iter().sum::<f64>() / jitter.len() as f64),
+                4
+            ),
+            rel(base),
+            rel(wg),
+            f(
+                num(
+                    r,
+                    &["tests", "ping_flood_50k", "gateway_a_cpu", "cpu_percent"]
+                ),
+                1
+            ),
+            f(num(r, &["gateway_a", "private_memory_kb"]), 0)
+        );
+    }
+    if rows
+        .iter()
+        .any(|r| r.get("router_unresolved_discards").is_some())
+    {
+        let d: Vec<String> = rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} {}",
+                    name(r),
+                    f(num(r, &["router_unresolved_discards"]), 0)
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "\nPackets the router(s) dropped waiting for neighbour discovery (unres_qlen = 1, 001 §4.2), whole scenario: {}.",
+            d.join(", ")
+        );
+    }
+}
+
+/// Every ping test: latency and loss (000 Fig. 5.1, 5.5, 5.10-5.11).
+fn icmp_table(s: &mut String, rows: &[&Value]) {
+    let _ = writeln!(
+        s,
+        "\n### ICMP (000 Fig. 5.1, 5.5, 5.10-5.11: latency min/avg/max, loss)\n"
+    );
+    let _ = writeln!(s, "| Scenario | Test | sent | min ms | avg ms | max ms | p99 ms | loss % | lost at rotation |");
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        for t in PING_TESTS {
+            if r.path(&["tests", t]).is_none() {
+                continue;
+            }
+            let _ = writeln!(
+                s,
+                "| {} | {t} | {} | {} | {} | {} | {} | {} | {} |",
+                name(r),
+                f(test(r, t, "sent"), 0),
+                f(test(r, t, "rtt_min_ms"), 3),
+                f(test(r, t, "rtt_avg_ms"), 3),
+                f(test(r, t, "rtt_max_ms"), 2),
+                f(test(r, t, "rtt_p99_ms"), 2),
+                f(test(r, t, "loss_percent"), 3),
+                f(test(r, t, "lost_at_rotation"), 0)
+            );
+        }
+    }
+}
+
+/// HTTP downloads and iperf3 TCP (000 Fig. 5.2, 5.6, 5.12).
+fn tcp_table(s: &mut String, doc: &Value, rows: &[&Value]) {
+    let dl = downloads(doc);
+    let _ = writeln!(
+        s,
+        "\n### TCP: HTTP downloads, MB/s (000 Fig. 5.2, 5.6, 5.12), and iperf3\n"
+    );
+    let _ = writeln!(s, "| Scenario | {} | TCP 1 stream Mbit/s (retr.) | TCP 4 streams Mbit/s (retr.) | TCP 1 stream at 1 s rotation |", dl.join(" | "));
+    let _ = writeln!(s, "|---|{}---:|---:|---:|", "---:|".repeat(dl.len()));
+    for r in rows {
+        if r.get("tests").is_none() {
+            continue;
+        }
+        let cells: Vec<String> = dl.iter().map(|t| f(test(r, t, "mbyte_per_s"), 1)).collect();
+        let tcp = |t: &str| {
+            format!(
+                "{} ({})",
+                f(test(r, t, "mbit_per_s"), 0),
+                f(test(r, t, "retransmits"), 0)
+            )
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} |",
+            name(r),
+            cells.join(" | "),
+            tcp("iperf_tcp_1"),
+            tcp("iperf_tcp_4"),
+            f(test(r, "iperf_tcp_1_1s_rotation", "mbit_per_s"), 0)
+        );
+    }
+}
+
+/// iperf3 UDP jitter and loss (000 Tables 5.1-5.3).
+fn udp_table(s: &mut String, doc: &Value, rows: &[&Value]) {
+    let udp = list(doc, "udp");
+    let _ = writeln!(s, "\n### UDP jitter, ms (loss %) (000 Tables 5.1-5.3)\n");
+    let _ = writeln!(s, "| Scenario | {} |", udp.join(" | "));
+    let _ = writeln!(s, "|---|{}", "---:|".repeat(udp.len()));
+    for r in rows {
+        if r.get("tests").is_none() {
+            continue;
+        }
+        let cells: Vec<String> = udp
+            .iter()
+            .map(|t| {
                 format!(
                     "{} ({})",
-                    f(test(r, t, "mbit_per_s"), 0),
-                    f(test(r, t, "retransmits"), 0)
+                    f(test(r, t, "jitter_ms"), 4),
+                    f(test(r, t, "loss_percent"), 2)
                 )
-            };
-            let _ = writeln!(
-                s,
-                "| {} | {} | {} | {} | {} |",
-                name(r),
-                cells.join(" | "),
-                tcp("iperf_tcp_1"),
-                tcp("iperf_tcp_4"),
-                f(test(r, "iperf_tcp_1_1s_rotation", "mbit_per_s"), 0)
-            );
+            })
+            .collect();
+        let _ = writeln!(s, "| {} | {} |", name(r), cells.join(" | "));
+    }
+}
+
+/// CPU and memory of the gateways (000 §4.3, Fig. 5.7).
+fn host_table(s: &mut String, rows: &[&Value]) {
+    let _ = writeln!(
+        s,
+        "\n### Host performance of the gateways (000 §4.3, Fig. 5.7)\n"
+    );
+    let _ = writeln!(s, "CPU (Eq. 4.1) is the process's average over its life, as `ps` computes it; \"in flood\" and \"in ping_std\" are gateway A's CPU during those tests (100 % = one core). User share is utime / (utime + stime). The baseline forwards in the kernel and has no process.\n");
+    let _ = writeln!(s, "| Scenario | gw A CPU Eq. 4.1 % | gw A in flood % | gw A in ping_std % | gw A in TCP 4 % | user share % | user s | kernel s | private kB A / B | RSS kB A |");
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        if r.get("gateway_a").is_none() {
+            continue;
         }
-        let udp = list(doc, "udp");
-        let _ = writeln!(s, "\n### UDP jitter, ms (loss %) (000 Tables 5.1-5.3)\n");
-        let _ = writeln!(s, "| Scenario | {} |", udp.join(" | "));
-        let _ = writeln!(s, "|---|{}", "---:|".repeat(udp.len()));
-        for r in &rows {
-            if r.get("tests").is_none() {
-                continue;
-            }
-            let cells: Vec<String> = udp
-                .iter()
-                .map(|t| {
-                    format!(
-                        "{} ({})",
-                        f(test(r, t, "jitter_ms"), 4),
-                        f(test(r, t, "loss_percent"), 2)
-                    )
-                })
-                .collect();
-            let _ = writeln!(s, "| {} | {} |", name(r), cells.join(" | "));
-        }
+        let g = |k: &str| num(r, &["gateway_a", k]);
         let _ = writeln!(
             s,
-            "\n### Host performance of the gateways (000 §4.3, Fig. 5.7)\n"
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} |",
+            name(r),
+            f(g("cpu_percent_eq_4_1"), 2),
+            f(
+                num(
+                    r,
+                    &["tests", "ping_flood_50k", "gateway_a_cpu", "cpu_percent"]
+                ),
+                1
+            ),
+            f(
+                num(r, &["tests", "ping_std", "gateway_a_cpu", "cpu_percent"]),
+                2
+            ),
+            f(
+                num(r, &["tests", "iperf_tcp_4", "gateway_a_cpu", "cpu_percent"]),
+                1
+            ),
+            f(g("user_share_percent"), 1),
+            f(g("user_secs"), 2),
+            f(g("kernel_secs"), 2),
+            f(g("private_memory_kb"), 0),
+            f(num(r, &["gateway_b", "private_memory_kb"]), 0),
+            f(g("rss_kb"), 0)
         );
-        let _ = writeln!(s, "CPU (Eq. 4.1) is the process's average over its life, as `ps` computes it; \"in flood\" and \"in ping_std\" are gateway A's CPU during those tests (100 % = one core). User share is utime / (utime + stime). The baseline forwards in the kernel and has no process.\n");
-        let _ = writeln!(s, "| Scenario | gw A CPU Eq. 4.1 % | gw A in flood % | gw A in ping_std % | gw A in TCP 4 % | user share % | user s | kernel s | private kB A / B | RSS kB A |");
-        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-        for r in &rows {
-            if r.get("gateway_a").is_none() {
-                continue;
-            }
-            let g = |k: &str| num(r, &["gateway_a", k]);
-            let _ = writeln!(
-                s,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} |",
-                name(r),
-                f(g("cpu_percent_eq_4_1"), 2),
-                f(
-                    num(
-                        r,
-                        &["tests", "ping_flood_50k", "gateway_a_cpu", "cpu_percent"]
-                    ),
-                    1
-                ),
-                f(
-                    num(r, &["tests", "ping_std", "gateway_a_cpu", "cpu_percent"]),
-                    2
-                ),
-                f(
-                    num(r, &["tests", "iperf_tcp_4", "gateway_a_cpu", "cpu_percent"]),
-                    1
-                ),
-                f(g("user_share_percent"), 1),
-                f(g("user_secs"), 2),
-                f(g("kernel_secs"), 2),
-                f(g("private_memory_kb"), 0),
-                f(num(r, &["gateway_b", "private_memory_kb"]), 0),
-                f(g("rss_kb"), 0)
-            );
-        }
-        let _ = writeln!(s);
     }
-    s
 }
 
 fn headlines(s: &mut String, doc: &Value) {
