@@ -36,6 +36,7 @@ mod key;
 pub mod moves;
 pub mod router;
 mod schedule;
+mod secrets;
 mod stream;
 #[cfg(test)]
 mod testutil;

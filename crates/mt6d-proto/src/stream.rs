@@ -4,11 +4,9 @@
 
 use std::net::{Ipv6Addr, SocketAddrV6};
 
-use ring::aead::LessSafeKey;
-
 use crate::addressing::{self, AddressKeys, Role};
 use crate::key::{context, data_key, Subkey};
-use crate::tunnel::{self, aead_key, HeaderKey};
+use crate::tunnel::{self, aead_key, AeadKey, HeaderKey};
 use crate::{
     Endpoint, Epoch, EpochClock, Mode, Opener, PortPolicy, ProtoError, Route, Schedule, Sealer,
     StreamConfig, UnixTime,
@@ -190,14 +188,17 @@ impl Stream {
     /// limit before handing it over, so no restart can go below a counter already used
     /// (docs/PROTOCOL.md §4.3). Plain mode has no counter and ignores both.
     pub fn sealer(&self, first: u64, reserved_until: u64) -> Sealer {
-        Sealer::new(
+        let sealer = Sealer::new(
             self.cfg.mode,
             self.data_key(self.role),
             first,
             reserved_until,
             self.cfg.local.true_addr,
             self.cfg.remote.true_addr,
-        )
+        );
+        // Building the key schedule left a copy in the frames below this one.
+        crate::secrets::scrub_stack();
+        sealer
     }
 
     /// The name under which this gateway's send counter is persisted: 16 hex digits of a one-way
@@ -209,15 +210,17 @@ impl Stream {
 
     /// The opener for the peer's direction, with an empty replay window.
     pub fn opener(&self) -> Opener {
-        Opener::new(
+        let opener = Opener::new(
             self.cfg.mode,
             self.data_key(self.role.peer()),
             self.cfg.local.true_addr,
             self.cfg.remote.true_addr,
-        )
+        );
+        crate::secrets::scrub_stack();
+        opener
     }
 
-    pub(crate) fn data_key(&self, sender: Role) -> Option<LessSafeKey> {
+    pub(crate) fn data_key(&self, sender: Role) -> Option<AeadKey> {
         match self.cfg.mode {
             Mode::Plain => None,
             Mode::Auth | Mode::Encrypt => {

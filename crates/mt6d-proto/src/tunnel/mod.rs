@@ -13,19 +13,21 @@
 //! On the wire the first 8 bytes of every auth/encrypt payload are masked ([`header`], §4.5).
 
 pub mod header;
+mod key_schedule;
 mod open;
 mod replay;
 mod seal;
 
 use std::net::SocketAddrV6;
 
-use ring::aead::{self, LessSafeKey, Nonce, UnboundKey};
+use ring::aead::{self, Nonce};
 
 pub use header::{HeaderError, HeaderKey};
 pub use open::Opener;
 pub use replay::ReplayWindow;
 pub use seal::Sealer;
 
+pub(crate) use key_schedule::AeadKey;
 pub(crate) use open::{decapsulate, Decap};
 
 use crate::key::Subkey;
@@ -263,19 +265,12 @@ impl OpenError {
     }
 }
 
-pub(crate) fn aead_key(alg: AeadAlg, key: &Subkey) -> LessSafeKey {
+pub(crate) fn aead_key(alg: AeadAlg, key: &Subkey) -> AeadKey {
     aead_key_bytes(alg, key.as_bytes())
 }
 
-pub(crate) fn aead_key_bytes(alg: AeadAlg, key: &[u8; 32]) -> LessSafeKey {
-    let algorithm = match alg {
-        AeadAlg::Aes256Gcm => &aead::AES_256_GCM,
-        AeadAlg::ChaCha20Poly1305 => &aead::CHACHA20_POLY1305,
-    };
-    // Both algorithms take 32-byte keys and Subkey is always 32 bytes, so this cannot fail.
-    #[allow(clippy::expect_used)]
-    let unbound = UnboundKey::new(algorithm, key).expect("32-byte key for a 256-bit AEAD");
-    LessSafeKey::new(unbound)
+pub(crate) fn aead_key_bytes(alg: AeadAlg, key: &[u8; 32]) -> AeadKey {
+    AeadKey::new(alg, key)
 }
 
 pub(crate) fn nonce(counter: u64) -> Nonce {

@@ -6,8 +6,9 @@ use std::net::{Ipv6Addr, SocketAddrV6};
 use ring::aead::{Aad, LessSafeKey, Tag};
 
 use super::{
-    aead_key_bytes, fixed_len, nonce, outer_aad, CounterSpace, KeyPhase, OpenError, ReplayWindow,
-    TunnelPayload, COUNTER_LEN, INNER_HEADER_CARRIED, KEEPALIVE_LEN, OUTER_AAD_LEN, TAG_LEN,
+    aead_key_bytes, fixed_len, nonce, outer_aad, AeadKey, CounterSpace, KeyPhase, OpenError,
+    ReplayWindow, TunnelPayload, COUNTER_LEN, INNER_HEADER_CARRIED, KEEPALIVE_LEN, OUTER_AAD_LEN,
+    TAG_LEN,
 };
 use crate::wire::IPV6_HEADER_LEN;
 use crate::{AeadAlg, Mode, Route};
@@ -17,7 +18,7 @@ use crate::{AeadAlg, Mode, Route};
 #[derive(Debug)]
 pub struct Opener {
     mode: Mode,
-    key: Option<LessSafeKey>,
+    key: Option<AeadKey>,
     space: CounterSpace,
     replay: ReplayWindow,
     key_id: Option<u64>,
@@ -29,7 +30,7 @@ pub struct Opener {
 impl Opener {
     pub(crate) fn new(
         mode: Mode,
-        key: Option<LessSafeKey>,
+        key: Option<AeadKey>,
         local_true: Ipv6Addr,
         remote_true: Ipv6Addr,
     ) -> Self {
@@ -91,7 +92,7 @@ impl Opener {
     ) -> Result<usize, OpenError> {
         let d = Decap {
             mode: self.mode,
-            key: self.key.as_ref(),
+            key: self.key.as_deref(),
             space: self.space,
             outer_src: route.remote,
             outer_dst: route.local,

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use ring::aead::{Aad, LessSafeKey};
 
 use super::{
-    aead_key_bytes, nonce, outer_aad, payload_len, CounterSpace, KeyPhase, SealError, COUNTER_LEN,
-    COUNTER_LIMIT, INNER_HEADER_CARRIED, KEEPALIVE_LEN, OUTER_AAD_LEN, TAG_LEN,
+    aead_key_bytes, nonce, outer_aad, payload_len, AeadKey, CounterSpace, KeyPhase, SealError,
+    COUNTER_LEN, COUNTER_LIMIT, INNER_HEADER_CARRIED, KEEPALIVE_LEN, OUTER_AAD_LEN, TAG_LEN,
 };
 use crate::wire::{Ipv6Packet, IPV6_HEADER_LEN};
 use crate::{AeadAlg, Mode, Route};
@@ -30,7 +30,7 @@ thread_local! {
 #[derive(Debug)]
 pub struct Sealer {
     mode: Mode,
-    key: Option<LessSafeKey>,
+    key: Option<AeadKey>,
     space: CounterSpace,
     /// The packet number the next packet uses.
     counter: AtomicU64,
@@ -45,7 +45,7 @@ pub struct Sealer {
 impl Sealer {
     pub(crate) fn new(
         mode: Mode,
-        key: Option<LessSafeKey>,
+        key: Option<AeadKey>,
         first: u64,
         reserved_until: u64,
         local_true: Ipv6Addr,
@@ -118,7 +118,7 @@ impl Sealer {
     }
 
     pub(crate) fn key(&self) -> Option<&LessSafeKey> {
-        self.key.as_ref()
+        self.key.as_deref()
     }
 
     pub(crate) fn space(&self) -> CounterSpace {
