@@ -21,6 +21,7 @@ mod identity;
 mod keys;
 mod message;
 mod rng;
+mod state;
 
 use std::collections::HashMap;
 use std::net::Ipv6Addr;
@@ -28,6 +29,8 @@ use std::time::Duration;
 
 use snow::params::NoiseParams;
 use zeroize::Zeroizing;
+
+use state::NoiseState;
 
 pub use identity::{link_key, session_route_key, PrivateKey, Psk, PublicKey, KEY_LEN};
 pub use keys::{Opened, ReceiveKeys};
@@ -258,16 +261,9 @@ pub enum Outcome {
 
 struct Pending {
     index: u32,
-    state: snow::HandshakeState,
+    state: NoiseState,
     recv_phase: KeyPhase,
     sent_at: UnixTime,
-}
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        // snow keeps a copy of the pre-shared key in the state and never clears it.
-        let _ = self.state.set_psk(2, &[0u8; 32]);
-    }
 }
 
 /// A token bucket over [`RESPONSES_PER_SEC`], in milli-tokens.
@@ -516,7 +512,10 @@ impl Handshake {
         if !due {
             return None;
         }
-        self.initiate(now, send_route, entropy()?).ok()
+        let initiation = self.initiate(now, send_route, entropy()?).ok();
+        // The Noise message left the ephemeral key and chaining values in frames below this one.
+        crate::secrets::scrub_stack();
+        initiation
     }
 
     /// The preferred initiator rekeys first; the other side waits a little longer so the two do
@@ -543,13 +542,13 @@ impl Handshake {
         entropy: [u8; 32],
     ) -> Result<[u8; INITIATION_LEN], snow::Error> {
         let private = self.cfg.local_private.to_bytes();
-        let mut state = self
+        let state = self
             .builder(entropy)
             .local_private_key(&private[..])?
             .remote_public_key(self.cfg.remote_public.as_bytes())?
-            .psk(2, self.cfg.psk.as_bytes())?
             .prologue(&self.prologue)?
             .build_initiator()?;
+        let mut state = NoiseState::new(state, self.cfg.psk.as_bytes())?;
         let recv_phase = self.next_recv_phase();
         // The index and the jitter come from the same entropy as the ephemeral key, through a
         // separate derivation (the ephemeral's own stream is `rng::EntropyResolver`'s).
@@ -654,6 +653,9 @@ impl Handshake {
         entropy: impl FnOnce() -> Option<[u8; 32]>,
     ) -> Result<Outcome, HandshakeError> {
         let r = self.handle_inner(now, arrived_on, reply_route, bytes, entropy);
+        // Noise reads and writes, and the new keys' schedules, left copies in frames below this
+        // one (also when the message was refused half-way).
+        crate::secrets::scrub_stack();
         if let Err(e) = r {
             self.stats.failures[e.index()] += 1;
         }
@@ -700,9 +702,9 @@ impl Handshake {
         let mut state = self
             .builder(entropy)
             .local_private_key(&private[..])
-            .and_then(|b| b.psk(2, self.cfg.psk.as_bytes()))
             .and_then(|b| b.prologue(&self.prologue))
             .and_then(|b| b.build_responder())
+            .and_then(|state| NoiseState::new(state, self.cfg.psk.as_bytes()))
             .map_err(|_| HandshakeError::Decrypt)?;
         let mut payload = [0u8; INITIATION_PAYLOAD_LEN + 16];
         let n = state
@@ -742,7 +744,7 @@ impl Handshake {
         let hash = handshake_hash(&state);
         let (i2r, r2i) = state.dangerously_get_raw_split();
         let (i2r, r2i) = (Zeroizing::new(i2r), Zeroizing::new(r2i));
-        let _ = state.set_psk(2, &[0u8; 32]);
+        drop(state);
         let route = session_route_key(&i2r, &r2i, &hash);
         let mut reply = [0u8; RESPONSE_LEN];
         frame(
@@ -758,10 +760,8 @@ impl Handshake {
         self.answered_at = Some(now);
         self.awaiting_rekey = self.established.is_some();
         self.stats.responses_sent += 1;
-        Ok(Outcome::Responded {
-            reply,
-            keys: self.keys(&r2i, send_phase, &i2r, recv_phase, route),
-        })
+        let keys = self.keys(&r2i, send_phase, &i2r, recv_phase, route);
+        Ok(Outcome::Responded { reply, keys })
     }
 
     fn complete(&mut self, now: UnixTime, msg: &Message<'_>) -> Result<Outcome, HandshakeError> {
@@ -789,19 +789,19 @@ impl Handshake {
         let hash = handshake_hash(&pending.state);
         let (i2r, r2i) = pending.state.dangerously_get_raw_split();
         let (i2r, r2i) = (Zeroizing::new(i2r), Zeroizing::new(r2i));
+        let recv_phase = pending.recv_phase;
+        drop(pending);
         let route = session_route_key(&i2r, &r2i, &hash);
         let rekey = self.established.is_some();
-        self.confirmed_recv = Some(pending.recv_phase);
+        self.confirmed_recv = Some(recv_phase);
         self.awaiting = None;
         self.established = Some(now);
         self.settle();
         self.stats.completed += 1;
         self.stats.rekeys += u64::from(rekey);
         self.stats.last_completed = Some(now);
-        Ok(Outcome::Completed {
-            keys: self.keys(&i2r, send_phase, &r2i, pending.recv_phase, route),
-            rekey,
-        })
+        let keys = self.keys(&i2r, send_phase, &r2i, recv_phase, route);
+        Ok(Outcome::Completed { keys, rekey })
     }
 
     /// Responder: the peer sent a packet under the receive key of phase `phase` ([`Opened::confirmed`]
