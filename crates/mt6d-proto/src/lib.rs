@@ -29,6 +29,7 @@
 
 pub mod addressing;
 mod config;
+pub mod endpoint;
 mod error;
 pub mod handshake;
 pub mod icmp;
