@@ -20,6 +20,9 @@
 //!    addresses, [`moves::RouteMoves::on_collision`] moves that epoch's route; notices agree the
 //!    move with the peer, and [`Stream::schedule_moved`] replaces step 2's schedule.
 //! 6. ICMPv6 errors from routers about tunnel packets: [`icmp::translate_path_error`].
+//! 7. Many peers (groundwork, not yet used by the daemon): [`endpoint::PeerTable`] keeps the
+//!    streams, the indexes from a packet to its peer and one epoch deadline per peer, and turns
+//!    each rotation into a per-peer [`endpoint::WindowDelta`] instead of steps 2 and 4 per peer.
 //!
 //! With identity keys instead of a pre-shared session key, [`handshake::Handshake`] derives the
 //! stream's key (the link key) and replaces steps 3-4's static keys with session keys from a
@@ -29,6 +32,7 @@
 
 pub mod addressing;
 mod config;
+pub mod endpoint;
 mod error;
 pub mod handshake;
 pub mod icmp;

@@ -1,0 +1,302 @@
+//! Many peers on one endpoint (tracker issue 11, item 2; groundwork: the daemon does not use it
+//! yet): compact peer ids ([`PeerSlab`]), the two indexes that route packets to peers
+//! ([`RouteIndex`]: local (hashed address, port) -> (peer, epoch), inner (source, destination)
+//! -> peer), and one rotation deadline per peer ([`Timers`]). [`PeerTable`] joins them to
+//! [`Stream`]s.
+//!
+//! What it replaces, per packet and per rotation: a linear scan of the peers for the inner
+//! pair, a `RouteTable` rebuilt for every peer at each rotation, and a 20 ms tick that visits
+//! every peer. Here a lookup is one keyed hash and one probe, a rotation touches one peer and
+//! changes its window by a delta (one route derived, one key inserted, one removed), and a tick
+//! pops only the peers whose epoch boundary has passed.
+//!
+//! Sans-IO like the rest of the crate: `now` comes in, the hash key comes in as an
+//! [`IndexSeed`], and what the kernel must change (addresses to bind or release, sockets to
+//! open or close) goes out as [`WindowDelta`]s.
+
+mod hasher;
+mod index;
+mod slab;
+mod timers;
+
+pub use hasher::IndexSeed;
+pub use index::{IndexError, RouteIndex, WindowDelta, WINDOW};
+pub use slab::{PeerId, PeerSlab};
+pub use timers::Timers;
+
+use std::net::Ipv6Addr;
+
+use crate::{Epoch, Route, Stream, UnixTime};
+
+/// Streams of many peers with their route indexes and epoch timers.
+///
+/// Call order (one owner, e.g. the daemon's main thread; the packet threads would read a
+/// published copy or a concurrent variant, see docs/ARCHITECTURE.md):
+/// 1. [`PeerTable::add`]`(stream, now, ..)` per peer: installs the accept window of `now` and
+///    schedules the peer's next epoch boundary. Bind the returned delta's routes.
+/// 2. Sleep until [`PeerTable::poll_timeout`]; then [`PeerTable::handle_timeout`]`(now, ..)`
+///    advances exactly the peers whose boundary passed and hands each one's delta to the
+///    caller (bind `added`, release `removed`, move the epochs of `contested`).
+/// 3. When a peer's epoch moves (docs/PROTOCOL.md §5.2), [`PeerTable::refresh`] re-derives
+///    that one route.
+/// 4. Per packet: [`PeerTable::lookup_local`] / [`PeerTable::lookup_inner`], then
+///    [`RouteIndex::route`] or [`RouteIndex::send_route`] through [`PeerTable::index`].
+///
+/// Every call that takes a [`PeerId`] refuses a stale one.
+#[derive(Debug)]
+pub struct PeerTable {
+    streams: PeerSlab<Stream>,
+    index: RouteIndex,
+    timers: Timers,
+}
+
+impl PeerTable {
+    /// An empty table whose indexes are keyed by `seed`, with room for `peers` peers.
+    pub fn with_capacity(seed: IndexSeed, peers: usize) -> PeerTable {
+        PeerTable {
+            streams: PeerSlab::with_capacity(peers),
+            index: RouteIndex::with_capacity(seed, peers),
+            timers: Timers::with_capacity(peers),
+        }
+    }
+
+    /// Adds a peer: its window at `now` (routes at the offsets `offset(epoch)`, 0 unless moved)
+    /// and its next boundary as its deadline. Refused if another peer has the same inner pair.
+    /// O(1) amortised plus the derivation of [`WINDOW`] routes.
+    pub fn add(
+        &mut self,
+        stream: Stream,
+        now: UnixTime,
+        offset: impl Fn(Epoch) -> u8,
+    ) -> Result<(PeerId, WindowDelta), IndexError> {
+        let (local, remote) = (stream.local_true(), stream.remote_true());
+        let e = stream.epoch_at(now);
+        let next = stream.epoch_start(e.next());
+        let id = self.streams.insert(stream).ok_or(IndexError::Full)?;
+        if let Err(err) = self.index.add_peer(id, local, remote) {
+            self.streams.remove(id);
+            return Err(err);
+        }
+        let delta = self.advance(id, e, offset)?;
+        self.timers.schedule(id, next);
+        Ok((id, delta))
+    }
+
+    /// Removes a peer: its stream and the routes to release. `None` for a stale id.
+    pub fn remove(&mut self, id: PeerId) -> Option<(Stream, WindowDelta)> {
+        let stream = self.streams.remove(id)?;
+        self.timers.cancel(id);
+        let delta = self.index.remove_peer(id).ok()?;
+        Some((stream, delta))
+    }
+
+    /// When [`PeerTable::handle_timeout`] must run next: the earliest epoch boundary of any
+    /// peer. O(1).
+    pub fn poll_timeout(&self) -> Option<UnixTime> {
+        self.timers.next_deadline()
+    }
+
+    /// Advances every peer whose epoch boundary is at or before `now` to the epoch of `now`
+    /// (routes at `offset(peer, epoch)`), schedules its next boundary and passes its delta to
+    /// `on_delta`. Returns how many peers it advanced. Costs O(log n) plus one
+    /// [`RouteIndex::set_window`] per due peer, O(1) when none is due; peers not due are not
+    /// touched.
+    pub fn handle_timeout(
+        &mut self,
+        now: UnixTime,
+        offset: impl Fn(PeerId, Epoch) -> u8,
+        mut on_delta: impl FnMut(PeerId, &WindowDelta),
+    ) -> usize {
+        let mut n = 0;
+        while let Some((id, _)) = self.timers.pop_due(now) {
+            let Some(stream) = self.streams.get(id) else {
+                continue; // a deadline a removed peer left: nothing to do
+            };
+            let e = stream.epoch_at(now);
+            let next = stream.epoch_start(e.next());
+            if let Ok(delta) = self.advance(id, e, |e| offset(id, e)) {
+                on_delta(id, &delta);
+                n += 1;
+            }
+            self.timers.schedule(id, next);
+        }
+        n
+    }
+
+    /// Re-derives the routes of `id`'s window whose offset changed (an epoch moved away from a
+    /// collision or a held port, docs/PROTOCOL.md §5.2), at `now`.
+    pub fn refresh(
+        &mut self,
+        id: PeerId,
+        now: UnixTime,
+        offset: impl Fn(Epoch) -> u8,
+    ) -> Result<WindowDelta, IndexError> {
+        let e = self
+            .streams
+            .get(id)
+            .ok_or(IndexError::UnknownPeer { peer: id })?
+            .epoch_at(now);
+        self.advance(id, e, offset)
+    }
+
+    fn advance(
+        &mut self,
+        id: PeerId,
+        e: Epoch,
+        offset: impl Fn(Epoch) -> u8,
+    ) -> Result<WindowDelta, IndexError> {
+        let stream = self
+            .streams
+            .get(id)
+            .ok_or(IndexError::UnknownPeer { peer: id })?;
+        self.index
+            .set_window(id, e, offset, |e, k| stream.route_with_attempt(e, k))
+    }
+
+    /// [`RouteIndex::lookup_local`].
+    pub fn lookup_local(&self, addr: Ipv6Addr, port: u16) -> Option<(PeerId, Epoch)> {
+        self.index.lookup_local(addr, port)
+    }
+
+    /// [`RouteIndex::lookup_inner`].
+    pub fn lookup_inner(&self, src: Ipv6Addr, dst: Ipv6Addr) -> Option<PeerId> {
+        self.index.lookup_inner(src, dst)
+    }
+
+    /// The route `id` sends on. O(WINDOW).
+    pub fn send_route(&self, id: PeerId) -> Option<&Route> {
+        self.index.send_route(id)
+    }
+
+    /// A peer's stream.
+    pub fn stream(&self, id: PeerId) -> Option<&Stream> {
+        self.streams.get(id)
+    }
+
+    /// The route indexes.
+    pub fn index(&self) -> &RouteIndex {
+        &self.index
+    }
+
+    /// The epoch timers.
+    pub fn timers(&self) -> &Timers {
+        &self.timers
+    }
+
+    /// Live peers.
+    pub fn len(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// No peer.
+    pub fn is_empty(&self) -> bool {
+        self.streams.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{Endpoint, SessionKey, StreamConfig};
+
+    fn stream(i: u32, jitter: bool) -> Stream {
+        let mut key = [0x11u8; 32];
+        key[..4].copy_from_slice(&i.to_be_bytes());
+        let mut c = StreamConfig::new(
+            Endpoint::new("2001:db8:a::1".parse().unwrap()),
+            Endpoint::new(Ipv6Addr::from(
+                (0x2001_0db8_000b_u128 << 80) | (u128::from(i) + 1),
+            )),
+            SessionKey::from_bytes(&key).unwrap(),
+        );
+        c.jitter = jitter;
+        c.rotation = Duration::from_secs(10);
+        Stream::new(c).unwrap()
+    }
+
+    #[test]
+    fn a_tick_advances_only_due_peers_and_matches_the_schedule() {
+        let mut t = PeerTable::with_capacity(IndexSeed::from_bytes([9; 16]), 4);
+        let t0 = UnixTime::from_millis(1_700_000_000_000);
+        let ids: Vec<PeerId> = (0..50)
+            .map(|i| t.add(stream(i, true), t0, |_| 0).unwrap().0)
+            .collect();
+        let mut now = t0;
+        for _ in 0..60 {
+            now = now.saturating_add(Duration::from_millis(500));
+            let due = ids
+                .iter()
+                .filter(|id| t.timers().deadline(**id).is_some_and(|d| d <= now))
+                .count();
+            let mut seen = 0;
+            let n = t.handle_timeout(
+                now,
+                |_, _| 0,
+                |_, d| {
+                    seen += 1;
+                    assert_eq!(d.added().count(), 1);
+                    assert_eq!(d.removed().count(), 1);
+                },
+            );
+            assert_eq!((n, seen), (due, due));
+            assert!(t.poll_timeout().unwrap() > now);
+            for id in &ids {
+                let s = t.stream(*id).unwrap();
+                let sch = s.schedule(now);
+                assert_eq!(t.send_route(*id), Some(&sch.send));
+                for r in sch.accept {
+                    assert_eq!(
+                        t.lookup_local(*r.local.ip(), r.local.port()),
+                        Some((*id, r.epoch))
+                    );
+                }
+                assert_eq!(t.lookup_inner(s.local_true(), s.remote_true()), Some(*id));
+            }
+        }
+    }
+
+    #[test]
+    fn removed_peers_leave_no_route_timer_or_id() {
+        let mut t = PeerTable::with_capacity(IndexSeed::from_bytes([9; 16]), 0);
+        let t0 = UnixTime::from_millis(1_700_000_000_000);
+        let (a, _) = t.add(stream(1, false), t0, |_| 0).unwrap();
+        let (b, _) = t.add(stream(2, false), t0, |_| 0).unwrap();
+        let s = t.stream(a).unwrap().schedule(t0);
+        let (_, delta) = t.remove(a).unwrap();
+        assert_eq!(delta.removed().count(), 3);
+        assert!(t.remove(a).is_none());
+        assert_eq!(
+            t.lookup_local(*s.send.local.ip(), s.send.local.port()),
+            None
+        );
+        assert_eq!(t.timers().len(), 1);
+        assert!(matches!(
+            t.refresh(a, t0, |_| 0),
+            Err(IndexError::UnknownPeer { .. })
+        ));
+        // The same stream again is a new peer in the old slot; the old id stays dead.
+        let (c, _) = t.add(stream(1, false), t0, |_| 0).unwrap();
+        assert_eq!(c.index(), a.index());
+        assert_ne!(c, a);
+        assert!(t.stream(a).is_none());
+        assert_eq!(t.len(), 2);
+        // A stream with b's inner pair is refused and leaves nothing behind.
+        assert!(matches!(
+            t.add(stream(2, false), t0, |_| 0),
+            Err(IndexError::InnerTaken { .. })
+        ));
+        assert_eq!((t.len(), t.index().len(), t.timers().len()), (2, 2, 2));
+        // Moving b's next epoch re-derives that route alone.
+        let next = t.stream(b).unwrap().epoch_at(t0).next();
+        let moved = t.refresh(b, t0, |e| u8::from(e == next)).unwrap();
+        let r = t.stream(b).unwrap().route_with_attempt(next, 1);
+        assert_eq!(moved.added().copied().collect::<Vec<_>>(), [r]);
+        assert_eq!(moved.removed().count(), 1);
+        assert_eq!(
+            t.lookup_local(*r.local.ip(), r.local.port()),
+            Some((b, next))
+        );
+    }
+}
