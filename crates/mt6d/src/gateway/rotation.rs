@@ -22,11 +22,12 @@ use mt6d_proto::moves::CollisionOutcome;
 use mt6d_proto::{Epoch, UnixTime};
 
 use super::collision::{Collision, CollisionWatch};
-use super::dataplane::Shared;
-use super::icmp::PathState;
+use super::error::GatewayError;
 use super::neighbor::{NeighborPrimer, PRIME_LEAD};
-use super::routing::{Peer, RouteTable};
-use super::GatewayError;
+use super::path::PathState;
+use super::peer::Peer;
+use super::routing::RouteTable;
+use super::shared::Shared;
 
 /// How far back start-up looks for hashed addresses a crashed run may have left behind.
 const STALE_WINDOW_SECS: u64 = 24 * 3600;
