@@ -46,7 +46,8 @@ use arc_swap::ArcSwap;
 use mt6d_os::Epoll;
 
 use crate::config::{Config, Keying, Role};
-use crate::control::{ControlServer, HandshakeStatus, MoveStatus, PeerStatus, RouteStatus, Status};
+use crate::control::ControlServer;
+use crate::status::{HandshakeStatus, MoveStatus, PeerStatus, RouteStatus, Status};
 use collision::CollisionWatch;
 use counters::{DirectionCounters, DropReason};
 pub use error::GatewayError;

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
-use crate::control::{PathStatus, RouterStatus};
+use crate::status::{PathStatus, RouterStatus};
 
 /// The four translated types, in type order, with their labels in `mt6d status`.
 pub(super) const ICMP_TYPES: [(u8, &str); 4] = [

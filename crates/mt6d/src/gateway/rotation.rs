@@ -196,17 +196,17 @@ impl Rotator {
     }
 
     /// (active, probes sent, malformed frames) of the collision watch.
-    pub fn watch_status(&self) -> crate::control::CollisionWatchStatus {
-        self.watch.as_ref().map_or_else(Default::default, |w| {
-            crate::control::CollisionWatchStatus {
+    pub fn watch_status(&self) -> crate::status::CollisionWatchStatus {
+        self.watch
+            .as_ref()
+            .map_or_else(Default::default, |w| crate::status::CollisionWatchStatus {
                 active: true,
                 probes: w.probes,
                 malformed: w.malformed,
                 claims: w.claims,
                 confirmation_probes: w.confirmation_probes,
                 confirmed: w.confirmed,
-            }
-        })
+            })
     }
 
     /// On one segment: announce `mac` to the peers and pin theirs.

@@ -379,7 +379,7 @@ pre-shared keys: drop --host-mode, --psk, --rekey and --restart-gateway"
         .peers
         .first()
         .map_or(0, |p| p.counters.rotations);
-    let hs_sum = |f: fn(&crate::control::HandshakeStatus) -> u64| -> u64 {
+    let hs_sum = |f: fn(&crate::status::HandshakeStatus) -> u64| -> u64 {
         statuses
             .iter()
             .filter_map(|st| st.peers.first()?.handshake.as_ref().map(f))
