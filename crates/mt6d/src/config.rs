@@ -11,7 +11,7 @@ use std::net::Ipv6Addr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use mt6d_proto::handshake::{link_key, HandshakeConfig, Psk};
+use mt6d_proto::handshake::{link_key, HandshakeConfig, PrivateKey, Psk};
 use mt6d_proto::{
     AeadAlg, Derivation, Endpoint, Mode, PortPolicy, SessionKey, Stream, StreamConfig,
 };
@@ -283,107 +283,63 @@ impl Config {
                 message: e.message().to_string(),
             },
         })?;
-
-        let gw = raw.gateway.get_ref();
-        let host_role = match &gw.role {
-            None => false,
-            Some(r) => match r.get_ref().as_str() {
-                "gateway" => false,
-                "host" => true,
-                other => {
-                    return Err(src.err(
-                        r,
-                        format!("role {other:?}: \"gateway\" (in front of protected hosts) or \"host\" (on the protected host itself)"),
-                    ))
-                }
-            },
-        };
-        let internal_interface = match (&gw.internal_interface, host_role) {
-            (Some(name), false) => Some(interface_name(&src, name)?),
-            (None, true) => None,
-            (Some(name), true) => {
-                return Err(src.err(
-                    name,
-                    "role = \"host\" has no internal interface: the true address goes on the TUN device; remove internal_interface",
-                ))
-            }
-            (None, false) => {
-                return Err(src.err(
-                    &raw.gateway,
-                    "[gateway] needs internal_interface = \"IFACE\" (towards the protected hosts), or role = \"host\" when mt6d runs on the protected host itself",
-                ))
-            }
-        };
-        let external_interface = interface_name(&src, &gw.external_interface)?;
-        if internal_interface.as_deref() == Some(external_interface.as_str()) {
-            return Err(src.err(
-                &gw.external_interface,
-                "external_interface must differ from internal_interface",
-            ));
-        }
-        let tun_name = match &gw.tun_name {
-            Some(name) => interface_name(&src, name)?,
-            None => "mt6d0".to_string(),
-        };
-        if internal_interface.as_deref() == Some(tun_name.as_str())
-            || tun_name == external_interface
-        {
-            return Err(src.err(
-                gw.tun_name.as_ref().unwrap_or(&gw.external_interface),
-                format!("tun_name {tun_name:?} is already used by another interface setting"),
-            ));
-        }
-        // Host mode has no internal link to be the router of: the host's own stack takes the
-        // tunnel MTU from the TUN device, and its kernel reads the upstream router's MTU option
-        // on the external interface itself (it does not forward), which the ICMP thread follows.
-        let router_advertisements = match &gw.router_advertisements {
-            Some(v) if host_role && *v.get_ref() => {
-                return Err(src.err(
-                    v,
-                    "role = \"host\" has no internal link to send Router Advertisements on: remove router_advertisements",
-                ))
-            }
-            Some(v) => *v.get_ref(),
-            None => !host_role,
-        };
-        let log_level = match &gw.log_level {
-            Some(v) => Some(parse_log_level(v.get_ref()).ok_or_else(|| {
-                src.err(
-                    v,
-                    format!(
-                        "log_level {:?}: one of error, warn, info, debug, trace, off",
-                        v.get_ref()
-                    ),
-                )
-            })?),
-            None => None,
-        };
-        let interface_down_exit = match &gw.interface_down_exit_secs {
-            Some(v) => {
-                let secs = *v.get_ref();
-                if !(secs.is_finite() && secs > 0.0 && secs <= 86_400.0) {
-                    return Err(src.err(
-                        v,
-                        "interface_down_exit_secs: seconds, more than 0 and at most 86400",
-                    ));
-                }
-                std::time::Duration::from_secs_f64(secs)
-            }
-            None => std::time::Duration::from_secs(30),
-        };
-        let control_socket = match &gw.control_socket {
-            Some(p) => PathBuf::from(p.get_ref()),
-            None => default_control_socket(&tun_name),
-        };
-        // The daemon replaces a dead socket at this path; anything else there is someone's
-        // file and is refused now rather than deleted at start-up.
-        if let Err(why) = crate::control::refuse_non_socket(&control_socket) {
-            return Err(match &gw.control_socket {
-                Some(p) => src.err(p, why),
-                None => src.err(&raw.gateway, why),
+        let section = GatewaySection::parse(&src, &raw.gateway)?;
+        if raw.peers.is_empty() {
+            return Err(ConfigError::File {
+                path: path.to_path_buf(),
+                message: "no [[peer]] section: a gateway needs at least one peer".into(),
             });
         }
+        let mut seen = PeersSeen::default();
+        let mut peers = Vec::with_capacity(raw.peers.len());
+        for peer in &raw.peers {
+            peers.push(parse_peer(
+                &src,
+                raw.gateway.get_ref(),
+                &section,
+                peer,
+                &mut seen,
+            )?);
+        }
+        Ok(Config {
+            path: path.to_path_buf(),
+            gateway: section.finish(path, raw.gateway.get_ref(), seen.host_address)?,
+            peers,
+        })
+    }
+}
 
+/// The `[gateway]` section validated, before the peers say which address a host protects.
+struct GatewaySection {
+    host_role: bool,
+    /// None in host mode.
+    internal_interface: Option<String>,
+    external_interface: String,
+    tun_name: String,
+    router_advertisements: bool,
+    log_level: Option<log::LevelFilter>,
+    interface_down_exit: Duration,
+    control_socket: PathBuf,
+    external_next_hop: Option<Ipv6Addr>,
+    /// What every peer with a `public_key` uses for its handshake.
+    private_key: Option<PrivateKey>,
+    rekey_after: Duration,
+    rekey_packets: Option<u64>,
+    state_dir: PathBuf,
+}
+
+impl GatewaySection {
+    /// Each setting in the order of the checks, so that of several mistakes the same one is
+    /// reported first.
+    fn parse(src: &Source, section: &Spanned<RawGateway>) -> Result<GatewaySection, ConfigError> {
+        let gw = section.get_ref();
+        let host_role = host_role(src, gw)?;
+        let (internal_interface, external_interface, tun_name) =
+            interfaces(src, section, host_role)?;
+        let router_advertisements = router_advertisements(src, gw, host_role)?;
+        let log_level = log_level(src, gw)?;
+        let interface_down_exit = interface_down_exit(src, gw)?;
+        let control_socket = control_socket(src, section, &tun_name)?;
         let external_next_hop =
             match &gw.external_next_hop {
                 None => None,
@@ -391,15 +347,15 @@ impl Config {
                     src.err(v, format!("{:?} is not an IPv6 address", v.get_ref()))
                 })?),
             };
-
         let private_key = gw
             .private_key_file
             .as_ref()
             .map(|f| {
-                keys::read_private_key(&relative_to(path, f.get_ref())).map_err(|e| src.err(f, e))
+                keys::read_private_key(&relative_to(src.path, f.get_ref()))
+                    .map_err(|e| src.err(f, e))
             })
             .transpose()?;
-        let rekey_after = seconds(&src, &gw.rekey_secs, "rekey_secs", DEFAULT_REKEY_SECS)?;
+        let rekey_after = seconds(src, &gw.rekey_secs, "rekey_secs", DEFAULT_REKEY_SECS)?;
         let rekey_packets = match &gw.rekey_packets {
             None => None,
             Some(v) => Some(
@@ -413,227 +369,442 @@ impl Config {
             Some(d) if d.get_ref().is_empty() => {
                 return Err(src.err(d, "state_dir is empty"));
             }
-            Some(d) => relative_to(path, d.get_ref()),
+            Some(d) => relative_to(src.path, d.get_ref()),
             None => PathBuf::from(DEFAULT_STATE_DIR),
         };
-        // Pre-shared keys already used, with the true addresses of their streams: a key may serve
-        // several streams only if no true address is shared (docs/PROTOCOL.md §4.3).
-        let mut pre_shared: Vec<(zeroize::Zeroizing<Vec<u8>>, Ipv6Addr, Ipv6Addr, String)> =
-            Vec::new();
-
-        if raw.peers.is_empty() {
-            return Err(ConfigError::File {
-                path: path.to_path_buf(),
-                message: "no [[peer]] section: a gateway needs at least one peer".into(),
-            });
-        }
-
-        let mut names = HashSet::new();
-        let mut remotes = HashSet::new();
-        // Host mode: the one address of this host, from the first peer; the others must agree.
-        let mut host_address: Option<Ipv6Addr> = None;
-        let mut peers = Vec::with_capacity(raw.peers.len());
-        for peer in &raw.peers {
-            let p = peer.get_ref();
-            let name = p.name.get_ref().trim().to_string();
-            if name.is_empty()
-                || !name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-            {
-                return Err(src.err(
-                    &p.name,
-                    "peer name must be non-empty and use only letters, digits, '-', '_' and '.'",
-                ));
-            }
-            if !names.insert(name.clone()) {
-                return Err(src.err(&p.name, format!("duplicate peer name {name:?}")));
-            }
-            let local_true = address(&src, &p.local_host)?;
-            let remote_true = address(&src, &p.remote_host)?;
-            if local_true == remote_true {
-                return Err(src.err(&p.remote_host, "remote_host equals local_host"));
-            }
-            if host_role {
-                match host_address {
-                    None => host_address = Some(local_true),
-                    Some(first) if first != local_true => {
-                        return Err(src.err(
-                            &p.local_host,
-                            format!("role = \"host\" protects one address, this host's own: every peer's local_host must be {first}"),
-                        ))
-                    }
-                    Some(_) => {}
-                }
-            }
-            if !remotes.insert((local_true, remote_true)) {
-                return Err(src.err(
-                    &p.remote_host,
-                    format!("another peer already carries {local_true} <-> {remote_true}: each pair of hosts belongs to one peer"),
-                ));
-            }
-            let settings = merge(&gateway_settings(gw), &peer_settings(p));
-            let mode: Mode = parse_opt(&src, &settings.mode, Mode::default())?;
-            let aead: AeadAlg = parse_opt(&src, &settings.aead, AeadAlg::default())?;
-            let (key, keying) = match &p.public_key {
-                None => {
-                    if let Some(f) = &p.preshared_key_file {
-                        return Err(src.err(
-                            f,
-                            "preshared_key_file adds to a handshake: it needs public_key (with key/key_file the pre-shared session key is used directly)",
-                        ));
-                    }
-                    let key = peer_key(&src, peer)?;
-                    for (k, l, r, other) in &pre_shared {
-                        let shared = [*l, *r]
-                            .into_iter()
-                            .find(|a| *a == local_true || *a == remote_true);
-                        if k[..] == *key.as_bytes() {
-                            if let Some(a) = shared {
-                                return Err(src.err(
-                                    p.key.as_ref().or(p.key_file.as_ref()).unwrap_or(&p.name),
-                                    format!("peer {name:?} uses the same pre-shared key as peer {other:?} and both streams carry {a}: their hashed addresses and ports for {a} would be the same in every epoch, linking the two conversations; give each peer its own key (`mt6d genpsk`)"),
-                                ));
-                            }
-                        }
-                    }
-                    pre_shared.push((
-                        zeroize::Zeroizing::new(key.as_bytes().to_vec()),
-                        local_true,
-                        remote_true,
-                        name.clone(),
-                    ));
-                    (key, Keying::PreShared)
-                }
-                Some(public) => {
-                    if let Some(k) = p.key.as_ref().or(p.key_file.as_ref()) {
-                        return Err(src.err(
-                            k,
-                            "give either public_key (handshake) or key/key_file (pre-shared session key), not both",
-                        ));
-                    }
-                    let Some(private) = &private_key else {
-                        return Err(src.err(
-                            public,
-                            "public_key needs [gateway] private_key_file = \"PATH\" (create one with `mt6d keygen PATH`)",
-                        ));
-                    };
-                    if mode == Mode::Plain {
-                        return Err(src.err(
-                            public,
-                            "mode \"plain\" has no counter or tag, so it cannot use handshake keys; use key/key_file (pre-shared) or mode \"auth\"/\"encrypt\"",
-                        ));
-                    }
-                    let remote_public = keys::public_key(public.get_ref(), "public_key")
-                        .map_err(|e| src.err(public, e))?;
-                    let psk = match &p.preshared_key_file {
-                        None => Psk::none(),
-                        Some(f) => {
-                            let file = relative_to(path, f.get_ref());
-                            let text = keys::read_secret_file(&file).map_err(|e| src.err(f, e))?;
-                            let what = format!("preshared key file {}", file.display());
-                            Psk::from_bytes(
-                                *keys::decode32(&text, &what, "pre-shared key")
-                                    .map_err(|e| src.err(f, e))?,
-                            )
-                        }
-                    };
-                    let key = link_key(private, &remote_public, &psk)
-                        .map_err(|e| src.err(public, format!("peer {name:?}: {e}")))?;
-                    let limit = rekey_packets_limit(aead);
-                    let rekey_after_packets = match (&gw.rekey_packets, rekey_packets) {
-                        (Some(v), Some(n)) if n > limit => {
-                            return Err(src.err(
-                                v,
-                                format!("rekey_packets {n} is beyond the {aead} limit of {limit} packets per key (RFC 9001 §6.6) used by peer {name:?}"),
-                            ))
-                        }
-                        (_, Some(n)) => n,
-                        (_, None) => limit,
-                    };
-                    let hs = HandshakeConfig {
-                        local_private: private.clone(),
-                        remote_public,
-                        psk,
-                        mode,
-                        aead,
-                        local_true,
-                        remote_true,
-                        rekey_after,
-                        rekey_after_packets,
-                    };
-                    (key, Keying::Handshake(hs))
-                }
-            };
-            let stream = StreamConfig {
-                local: Endpoint {
-                    true_addr: local_true,
-                    external_prefix: p
-                        .local_prefix
-                        .as_ref()
-                        .map(|s| prefix64(&src, s))
-                        .transpose()?,
-                    mac: p.local_mac.as_ref().map(|s| mac(&src, s)).transpose()?,
-                },
-                remote: Endpoint {
-                    true_addr: remote_true,
-                    external_prefix: p
-                        .remote_prefix
-                        .as_ref()
-                        .map(|s| prefix64(&src, s))
-                        .transpose()?,
-                    mac: p.remote_mac.as_ref().map(|s| mac(&src, s)).transpose()?,
-                },
-                key,
-                derivation: parse_opt(&src, &settings.derivation, Derivation::default())?,
-                ports: ports(&src, &settings.port)?,
-                mode,
-                aead,
-                rotation: rotation(&src, &settings.rotation_secs)?,
-                jitter: settings.jitter.as_ref().is_some_and(|j| *j.get_ref()),
-            };
-            // Build the stream once so that anything the protocol layer rejects is reported
-            // here, against this peer's lines.
-            Stream::new(stream.clone())
-                .map_err(|e| src.err(&p.name, format!("peer {name:?}: {e}")))?;
-            if let Keying::Handshake(hs) = &keying {
-                mt6d_proto::handshake::Handshake::new(hs.clone())
-                    .map_err(|e| src.err(&p.name, format!("peer {name:?}: {e}")))?;
-            }
-            peers.push(PeerConfig {
-                name,
-                stream,
-                keying,
-            });
-        }
-
-        Ok(Config {
-            path: path.to_path_buf(),
-            gateway: GatewayConfig {
-                role: match (internal_interface, host_address) {
-                    (Some(internal_interface), _) => Role::Gateway { internal_interface },
-                    (None, Some(local_host)) => Role::Host { local_host },
-                    // Host role without an address is impossible: there is at least one peer.
-                    (None, None) => {
-                        return Err(ConfigError::File {
-                            path: path.to_path_buf(),
-                            message: "role = \"host\" needs a [[peer]] with local_host".into(),
-                        })
-                    }
-                },
-                external_interface,
-                tun_name,
-                control_socket,
-                external_next_hop,
-                router_advertisements,
-                log_level,
-                interface_down_exit,
-                randomize_link: gw.randomize_link.as_ref().is_some_and(|v| *v.get_ref()),
-                state_dir,
-            },
-            peers,
+        Ok(GatewaySection {
+            host_role,
+            internal_interface,
+            external_interface,
+            tun_name,
+            router_advertisements,
+            log_level,
+            interface_down_exit,
+            control_socket,
+            external_next_hop,
+            private_key,
+            rekey_after,
+            rekey_packets,
+            state_dir,
         })
     }
+
+    /// The gateway's settings, once the peers named the host's address (host mode).
+    fn finish(
+        self,
+        path: &Path,
+        gw: &RawGateway,
+        host_address: Option<Ipv6Addr>,
+    ) -> Result<GatewayConfig, ConfigError> {
+        Ok(GatewayConfig {
+            role: match (self.internal_interface, host_address) {
+                (Some(internal_interface), _) => Role::Gateway { internal_interface },
+                (None, Some(local_host)) => Role::Host { local_host },
+                // Host role without an address is impossible: there is at least one peer.
+                (None, None) => {
+                    return Err(ConfigError::File {
+                        path: path.to_path_buf(),
+                        message: "role = \"host\" needs a [[peer]] with local_host".into(),
+                    })
+                }
+            },
+            external_interface: self.external_interface,
+            tun_name: self.tun_name,
+            control_socket: self.control_socket,
+            external_next_hop: self.external_next_hop,
+            router_advertisements: self.router_advertisements,
+            log_level: self.log_level,
+            interface_down_exit: self.interface_down_exit,
+            randomize_link: gw.randomize_link.as_ref().is_some_and(|v| *v.get_ref()),
+            state_dir: self.state_dir,
+        })
+    }
+}
+
+/// `role`: true for `"host"`.
+fn host_role(src: &Source, gw: &RawGateway) -> Result<bool, ConfigError> {
+    match &gw.role {
+        None => Ok(false),
+        Some(r) => match r.get_ref().as_str() {
+            "gateway" => Ok(false),
+            "host" => Ok(true),
+            other => Err(src.err(
+                r,
+                format!("role {other:?}: \"gateway\" (in front of protected hosts) or \"host\" (on the protected host itself)"),
+            )),
+        },
+    }
+}
+
+/// (internal interface, external interface, TUN name), all different; no internal interface in
+/// host mode.
+fn interfaces(
+    src: &Source,
+    section: &Spanned<RawGateway>,
+    host_role: bool,
+) -> Result<(Option<String>, String, String), ConfigError> {
+    let gw = section.get_ref();
+    let internal_interface = match (&gw.internal_interface, host_role) {
+        (Some(name), false) => Some(interface_name(src, name)?),
+        (None, true) => None,
+        (Some(name), true) => {
+            return Err(src.err(
+                name,
+                "role = \"host\" has no internal interface: the true address goes on the TUN device; remove internal_interface",
+            ))
+        }
+        (None, false) => {
+            return Err(src.err(
+                section,
+                "[gateway] needs internal_interface = \"IFACE\" (towards the protected hosts), or role = \"host\" when mt6d runs on the protected host itself",
+            ))
+        }
+    };
+    let external_interface = interface_name(src, &gw.external_interface)?;
+    if internal_interface.as_deref() == Some(external_interface.as_str()) {
+        return Err(src.err(
+            &gw.external_interface,
+            "external_interface must differ from internal_interface",
+        ));
+    }
+    let tun_name = match &gw.tun_name {
+        Some(name) => interface_name(src, name)?,
+        None => "mt6d0".to_string(),
+    };
+    if internal_interface.as_deref() == Some(tun_name.as_str()) || tun_name == external_interface {
+        return Err(src.err(
+            gw.tun_name.as_ref().unwrap_or(&gw.external_interface),
+            format!("tun_name {tun_name:?} is already used by another interface setting"),
+        ));
+    }
+    Ok((internal_interface, external_interface, tun_name))
+}
+
+/// `router_advertisements`: on by default in gateway mode, refused in host mode.
+fn router_advertisements(
+    src: &Source,
+    gw: &RawGateway,
+    host_role: bool,
+) -> Result<bool, ConfigError> {
+    // Host mode has no internal link to be the router of: the host's own stack takes the
+    // tunnel MTU from the TUN device, and its kernel reads the upstream router's MTU option
+    // on the external interface itself (it does not forward), which the ICMP thread follows.
+    match &gw.router_advertisements {
+        Some(v) if host_role && *v.get_ref() => Err(src.err(
+            v,
+            "role = \"host\" has no internal link to send Router Advertisements on: remove router_advertisements",
+        )),
+        Some(v) => Ok(*v.get_ref()),
+        None => Ok(!host_role),
+    }
+}
+
+fn log_level(src: &Source, gw: &RawGateway) -> Result<Option<log::LevelFilter>, ConfigError> {
+    match &gw.log_level {
+        Some(v) => Ok(Some(parse_log_level(v.get_ref()).ok_or_else(|| {
+            src.err(
+                v,
+                format!(
+                    "log_level {:?}: one of error, warn, info, debug, trace, off",
+                    v.get_ref()
+                ),
+            )
+        })?)),
+        None => Ok(None),
+    }
+}
+
+fn interface_down_exit(src: &Source, gw: &RawGateway) -> Result<Duration, ConfigError> {
+    match &gw.interface_down_exit_secs {
+        Some(v) => {
+            let secs = *v.get_ref();
+            if !(secs.is_finite() && secs > 0.0 && secs <= 86_400.0) {
+                return Err(src.err(
+                    v,
+                    "interface_down_exit_secs: seconds, more than 0 and at most 86400",
+                ));
+            }
+            Ok(Duration::from_secs_f64(secs))
+        }
+        None => Ok(Duration::from_secs(30)),
+    }
+}
+
+fn control_socket(
+    src: &Source,
+    section: &Spanned<RawGateway>,
+    tun_name: &str,
+) -> Result<PathBuf, ConfigError> {
+    let gw = section.get_ref();
+    let control_socket = match &gw.control_socket {
+        Some(p) => PathBuf::from(p.get_ref()),
+        None => default_control_socket(tun_name),
+    };
+    // The daemon replaces a dead socket at this path; anything else there is someone's
+    // file and is refused now rather than deleted at start-up.
+    if let Err(why) = crate::control::refuse_non_socket(&control_socket) {
+        return Err(match &gw.control_socket {
+            Some(p) => src.err(p, why),
+            None => src.err(section, why),
+        });
+    }
+    Ok(control_socket)
+}
+
+/// What the peers validated so far claim, for the checks across peers.
+#[derive(Default)]
+struct PeersSeen {
+    names: HashSet<String>,
+    pairs: HashSet<(Ipv6Addr, Ipv6Addr)>,
+    /// Host mode: the one address of this host, from the first peer; the others must agree.
+    host_address: Option<Ipv6Addr>,
+    /// Pre-shared keys already used, with the true addresses of their streams: a key may serve
+    /// several streams only if no true address is shared (docs/PROTOCOL.md §4.3).
+    pre_shared: Vec<(zeroize::Zeroizing<Vec<u8>>, Ipv6Addr, Ipv6Addr, String)>,
+}
+
+/// One `[[peer]]` whose name and true addresses passed, with its merged stream settings.
+struct PeerDraft<'a> {
+    raw: &'a Spanned<RawPeer>,
+    name: String,
+    local_true: Ipv6Addr,
+    remote_true: Ipv6Addr,
+    settings: RawStreamSettings,
+    mode: Mode,
+    aead: AeadAlg,
+}
+
+/// One `[[peer]]`: its name and addresses, its keys, its stream; then the stream (and its
+/// handshake) built once, so that anything the protocol layer rejects is reported here,
+/// against this peer's lines.
+fn parse_peer(
+    src: &Source,
+    gw: &RawGateway,
+    section: &GatewaySection,
+    peer: &Spanned<RawPeer>,
+    seen: &mut PeersSeen,
+) -> Result<PeerConfig, ConfigError> {
+    let p = peer.get_ref();
+    let (name, local_true, remote_true) = peer_hosts(src, p, section.host_role, seen)?;
+    let settings = merge(&gateway_settings(gw), &peer_settings(p));
+    let draft = PeerDraft {
+        raw: peer,
+        name,
+        local_true,
+        remote_true,
+        mode: parse_opt(src, &settings.mode, Mode::default())?,
+        aead: parse_opt(src, &settings.aead, AeadAlg::default())?,
+        settings,
+    };
+    let (key, keying) = match &p.public_key {
+        None => pre_shared_keying(src, &draft, &mut seen.pre_shared)?,
+        Some(public) => handshake_keying(src, gw, section, &draft, public)?,
+    };
+    let stream = stream_config(src, &draft, key)?;
+    let name = draft.name;
+    Stream::new(stream.clone()).map_err(|e| src.err(&p.name, format!("peer {name:?}: {e}")))?;
+    if let Keying::Handshake(hs) = &keying {
+        mt6d_proto::handshake::Handshake::new(hs.clone())
+            .map_err(|e| src.err(&p.name, format!("peer {name:?}: {e}")))?;
+    }
+    Ok(PeerConfig {
+        name,
+        stream,
+        keying,
+    })
+}
+
+/// (name, local true address, remote true address) of a peer, checked against the peers before
+/// it: names unique, each pair of hosts carried once, one local address in host mode.
+fn peer_hosts(
+    src: &Source,
+    p: &RawPeer,
+    host_role: bool,
+    seen: &mut PeersSeen,
+) -> Result<(String, Ipv6Addr, Ipv6Addr), ConfigError> {
+    let name = p.name.get_ref().trim().to_string();
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        return Err(src.err(
+            &p.name,
+            "peer name must be non-empty and use only letters, digits, '-', '_' and '.'",
+        ));
+    }
+    if !seen.names.insert(name.clone()) {
+        return Err(src.err(&p.name, format!("duplicate peer name {name:?}")));
+    }
+    let local_true = address(src, &p.local_host)?;
+    let remote_true = address(src, &p.remote_host)?;
+    if local_true == remote_true {
+        return Err(src.err(&p.remote_host, "remote_host equals local_host"));
+    }
+    if host_role {
+        match seen.host_address {
+            None => seen.host_address = Some(local_true),
+            Some(first) if first != local_true => {
+                return Err(src.err(
+                    &p.local_host,
+                    format!("role = \"host\" protects one address, this host's own: every peer's local_host must be {first}"),
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    if !seen.pairs.insert((local_true, remote_true)) {
+        return Err(src.err(
+            &p.remote_host,
+            format!("another peer already carries {local_true} <-> {remote_true}: each pair of hosts belongs to one peer"),
+        ));
+    }
+    Ok((name, local_true, remote_true))
+}
+
+/// A pre-shared session key (`key` or `key_file`), refused if an earlier stream with a true
+/// address in common uses the same key.
+fn pre_shared_keying(
+    src: &Source,
+    draft: &PeerDraft,
+    pre_shared: &mut Vec<(zeroize::Zeroizing<Vec<u8>>, Ipv6Addr, Ipv6Addr, String)>,
+) -> Result<(SessionKey, Keying), ConfigError> {
+    let p = draft.raw.get_ref();
+    let (name, local_true, remote_true) = (&draft.name, draft.local_true, draft.remote_true);
+    if let Some(f) = &p.preshared_key_file {
+        return Err(src.err(
+            f,
+            "preshared_key_file adds to a handshake: it needs public_key (with key/key_file the pre-shared session key is used directly)",
+        ));
+    }
+    let key = peer_key(src, draft.raw)?;
+    for (k, l, r, other) in pre_shared.iter() {
+        let shared = [*l, *r]
+            .into_iter()
+            .find(|a| *a == local_true || *a == remote_true);
+        if k[..] == *key.as_bytes() {
+            if let Some(a) = shared {
+                return Err(src.err(
+                    p.key.as_ref().or(p.key_file.as_ref()).unwrap_or(&p.name),
+                    format!("peer {name:?} uses the same pre-shared key as peer {other:?} and both streams carry {a}: their hashed addresses and ports for {a} would be the same in every epoch, linking the two conversations; give each peer its own key (`mt6d genpsk`)"),
+                ));
+            }
+        }
+    }
+    pre_shared.push((
+        zeroize::Zeroizing::new(key.as_bytes().to_vec()),
+        local_true,
+        remote_true,
+        name.clone(),
+    ));
+    Ok((key, Keying::PreShared))
+}
+
+/// Handshake keys: this gateway's private key, the peer's `public_key` and an optional
+/// `preshared_key_file` give the link key (docs/PROTOCOL.md §9.1) and the handshake settings.
+fn handshake_keying(
+    src: &Source,
+    gw: &RawGateway,
+    section: &GatewaySection,
+    draft: &PeerDraft,
+    public: &Spanned<String>,
+) -> Result<(SessionKey, Keying), ConfigError> {
+    let p = draft.raw.get_ref();
+    let (name, mode, aead) = (&draft.name, draft.mode, draft.aead);
+    if let Some(k) = p.key.as_ref().or(p.key_file.as_ref()) {
+        return Err(src.err(
+            k,
+            "give either public_key (handshake) or key/key_file (pre-shared session key), not both",
+        ));
+    }
+    let Some(private) = &section.private_key else {
+        return Err(src.err(
+            public,
+            "public_key needs [gateway] private_key_file = \"PATH\" (create one with `mt6d keygen PATH`)",
+        ));
+    };
+    if mode == Mode::Plain {
+        return Err(src.err(
+            public,
+            "mode \"plain\" has no counter or tag, so it cannot use handshake keys; use key/key_file (pre-shared) or mode \"auth\"/\"encrypt\"",
+        ));
+    }
+    let remote_public =
+        keys::public_key(public.get_ref(), "public_key").map_err(|e| src.err(public, e))?;
+    let psk = match &p.preshared_key_file {
+        None => Psk::none(),
+        Some(f) => {
+            let file = relative_to(src.path, f.get_ref());
+            let text = keys::read_secret_file(&file).map_err(|e| src.err(f, e))?;
+            let what = format!("preshared key file {}", file.display());
+            Psk::from_bytes(
+                *keys::decode32(&text, &what, "pre-shared key").map_err(|e| src.err(f, e))?,
+            )
+        }
+    };
+    let key = link_key(private, &remote_public, &psk)
+        .map_err(|e| src.err(public, format!("peer {name:?}: {e}")))?;
+    let limit = rekey_packets_limit(aead);
+    let rekey_after_packets = match (&gw.rekey_packets, section.rekey_packets) {
+        (Some(v), Some(n)) if n > limit => {
+            return Err(src.err(
+                v,
+                format!("rekey_packets {n} is beyond the {aead} limit of {limit} packets per key (RFC 9001 §6.6) used by peer {name:?}"),
+            ))
+        }
+        (_, Some(n)) => n,
+        (_, None) => limit,
+    };
+    let hs = HandshakeConfig {
+        local_private: private.clone(),
+        remote_public,
+        psk,
+        mode,
+        aead,
+        local_true: draft.local_true,
+        remote_true: draft.remote_true,
+        rekey_after: section.rekey_after,
+        rekey_after_packets,
+    };
+    Ok((key, Keying::Handshake(hs)))
+}
+
+/// The protocol crate's stream settings of a peer: its endpoints (prefixes and MACs), key,
+/// derivation, ports, mode, AEAD, rotation and jitter.
+fn stream_config(
+    src: &Source,
+    draft: &PeerDraft,
+    key: SessionKey,
+) -> Result<StreamConfig, ConfigError> {
+    let p = draft.raw.get_ref();
+    let settings = &draft.settings;
+    Ok(StreamConfig {
+        local: Endpoint {
+            true_addr: draft.local_true,
+            external_prefix: p
+                .local_prefix
+                .as_ref()
+                .map(|s| prefix64(src, s))
+                .transpose()?,
+            mac: p.local_mac.as_ref().map(|s| mac(src, s)).transpose()?,
+        },
+        remote: Endpoint {
+            true_addr: draft.remote_true,
+            external_prefix: p
+                .remote_prefix
+                .as_ref()
+                .map(|s| prefix64(src, s))
+                .transpose()?,
+            mac: p.remote_mac.as_ref().map(|s| mac(src, s)).transpose()?,
+        },
+        key,
+        derivation: parse_opt(src, &settings.derivation, Derivation::default())?,
+        ports: ports(src, &settings.port)?,
+        mode: draft.mode,
+        aead: draft.aead,
+        rotation: rotation(src, &settings.rotation_secs)?,
+        jitter: settings.jitter.as_ref().is_some_and(|j| *j.get_ref()),
+    })
 }
 
 /// A `log_level` value (config or `--log-level`): error, warn, info, debug, trace, off.
