@@ -8,3 +8,4 @@ pub mod gateway;
 pub mod keys;
 pub mod lab;
 pub mod privilege;
+pub mod status;

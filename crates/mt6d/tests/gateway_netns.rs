@@ -8,7 +8,6 @@
 use std::net::Ipv6Addr;
 use std::time::{Duration, Instant};
 
-use mt6d::control::Status;
 use mt6d::lab::observer::Observer;
 use mt6d::lab::ping::{ping, Pace};
 use mt6d::lab::topology::{
@@ -16,6 +15,7 @@ use mt6d::lab::topology::{
     ROUTER_IF_B, TUNNEL_MTU,
 };
 use mt6d::lab::transfer;
+use mt6d::status::Status;
 use mt6d_os::capture::PacketCapture;
 use mt6d_os::Netns;
 
@@ -985,7 +985,7 @@ fn transfer_and_pings<T: Send>(
     (tcp, p, t)
 }
 
-fn handshake_of(st: &Status) -> mt6d::control::HandshakeStatus {
+fn handshake_of(st: &Status) -> mt6d::status::HandshakeStatus {
     st.peers[0].handshake.clone().expect("peer uses handshakes")
 }
 

@@ -27,9 +27,10 @@ use mt6d_proto::moves::{is_link_announcement, CollisionOutcome, Evidence, MAX_OF
 use mt6d_proto::wire::{confirmation_probe_frame, dad_probe_frame, NeighborClaim, NeighborFrame};
 use mt6d_proto::{Epoch, Route, UnixTime};
 
-use super::dataplane::Shared;
-use super::routing::{Peer, RouteTable};
-use super::GatewayError;
+use super::error::GatewayError;
+use super::peer::Peer;
+use super::routing::RouteTable;
+use super::shared::Shared;
 
 /// Frames examined per tick at most: a flood of advertisements cannot hold the main thread.
 const MAX_FRAMES_PER_TICK: usize = 256;

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use serde::{Deserialize, Serialize};
+use crate::status::CounterSnapshot;
 
 /// Why a packet was dropped. The labels are stable: they appear in `mt6d status --json`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,18 +95,6 @@ pub struct PeerCounters {
     /// Tunnel packets from the public side, delivered to the protected side.
     pub rx: DirectionCounters,
     pub rotations: AtomicU64,
-}
-
-/// A snapshot for `mt6d status`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct CounterSnapshot {
-    pub tx_packets: u64,
-    pub tx_bytes: u64,
-    pub rx_packets: u64,
-    pub rx_bytes: u64,
-    pub rotations: u64,
-    /// Drops by reason label, both directions added.
-    pub drops: std::collections::BTreeMap<String, u64>,
 }
 
 impl PeerCounters {

@@ -14,11 +14,10 @@
 //! all of its buffers; nothing on these paths allocates, locks or logs per packet. Drops are
 //! counted per reason and reported by the housekeeping loop.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use mt6d_os::udp::RecvBuf;
 use mt6d_os::{
     wait_readable, Epoll, EpollEvents, GROTable, RecvScratch, SendMsg, SendScratch, Tun,
@@ -28,8 +27,9 @@ use mt6d_proto::handshake::{is_handshake, ReceiveKeys};
 use mt6d_proto::moves::is_notice;
 use mt6d_proto::{OpenError, SealError};
 
-use super::counters::{DirectionCounters, DropReason};
-use super::routing::{Peer, RouteTable};
+use super::counters::DropReason;
+use super::routing::RouteTable;
+use super::shared::Shared;
 use super::{collision, session};
 
 /// How often blocked threads look at the shutdown flag.
@@ -40,27 +40,6 @@ const MAX_GSO_SEGMENTS: usize = 64;
 const MAX_GSO_BYTES: usize = 65_000;
 /// Buffers in one recvmmsg.
 const RX_BATCH: usize = 32;
-
-/// What both packet threads share.
-#[derive(Debug)]
-pub struct Shared {
-    pub peers: Vec<Arc<Peer>>,
-    pub table: ArcSwap<RouteTable>,
-    pub shutdown: AtomicBool,
-    /// Packets that match no peer (unknown inner destination, unknown outer route).
-    pub unmatched: DirectionCounters,
-}
-
-impl Shared {
-    /// The peer (stream) of an inner packet: its local host is the source, its remote host the
-    /// destination. A linear scan: gateways have a handful of peers, and comparing 32 bytes a
-    /// few times beats hashing them.
-    fn peer_for_inner(&self, src: &[u8], dst: &[u8]) -> Option<usize> {
-        self.peers.iter().position(|p| {
-            p.stream.remote_true().octets() == dst && p.stream.local_true().octets() == src
-        })
-    }
-}
 
 fn seal_drop_reason(e: &SealError) -> DropReason {
     match e {

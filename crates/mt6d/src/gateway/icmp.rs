@@ -30,124 +30,21 @@
 //! the network sent. This thread is not on the data path: errors are rare, so it may format a log
 //! line when the MTU changes (bounded: the MTU only steps down between 1280 and the base).
 
-use std::collections::BTreeMap;
 use std::net::Ipv6Addr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use mt6d_os::{sysctl, Icmp6Socket, Netlink};
 use mt6d_proto::icmp::{quoted_route, translate_path_error_sealed, IcmpError, PathMtu, MIN_MTU};
 use mt6d_proto::wire::{Ipv6Repr, IPV6_HEADER_LEN, NEXT_HEADER_ICMPV6};
 
-use super::dataplane::Shared;
-use super::GatewayError;
-use crate::control::PathStatus;
+use super::error::GatewayError;
+use super::path::{PathState, ICMP_TYPES};
+use super::shared::Shared;
 
 /// How often the thread wakes without traffic (shutdown flag, expiry, external MTU).
 const TICK: Duration = Duration::from_millis(100);
 const EXTERNAL_MTU_POLL: Duration = Duration::from_secs(1);
-
-/// The four translated types, in type order, with their labels in `mt6d status`.
-const TYPES: [(u8, &str); 4] = [
-    (1, "destination_unreachable"),
-    (2, "packet_too_big"),
-    (3, "time_exceeded"),
-    (4, "parameter_problem"),
-];
-
-/// Drop labels: [`IcmpError::reason`]s, then the daemon's own.
-const DROPS: [&str; 12] = [
-    "icmp_malformed",
-    "icmp_not_an_error",
-    "icmp_bad_checksum",
-    "icmp_not_our_route",
-    "icmp_quote_too_short",
-    "icmp_bad_tag",
-    "icmp_not_allowed",
-    "icmp_buffer_too_small",
-    "icmp_bogus_mtu",
-    "icmp_not_sent",
-    "icmp_no_destination",
-    "icmp_send_failed",
-];
-
-/// What the ICMPv6 thread and the rotator report, shared with the control socket.
-#[derive(Debug)]
-pub struct PathState {
-    /// TUN MTU derived from the external MTU at start (the tx buffers are sized for it, so the
-    /// tunnel MTU never goes above it).
-    pub base_mtu: u32,
-    /// The TUN device's MTU: the link MTU (Packet Too Big lowers per-peer routes, not this).
-    pub tunnel_mtu: AtomicU32,
-    /// The tunnel MTU without what Packet Too Big taught: what the whole internal link is told
-    /// in Router Advertisements (the `router` module).
-    pub link_mtu: AtomicU32,
-    /// Per peer name, the MTU of its path now (written when it changes, read by `status`).
-    peer_mtu: Mutex<BTreeMap<String, u32>>,
-    /// The MTU the external link's router advertises (0: none heard), from the `router` module.
-    pub upstream_mtu: AtomicU32,
-    /// What the router discovery thread did.
-    pub router: super::router::RouterCounters,
-    translated: [AtomicU64; TYPES.len()],
-    dropped: [AtomicU64; DROPS.len()],
-    pub solicitations: AtomicU64,
-}
-
-impl PathState {
-    pub fn new(base_mtu: u32) -> PathState {
-        PathState {
-            base_mtu,
-            tunnel_mtu: AtomicU32::new(base_mtu),
-            link_mtu: AtomicU32::new(base_mtu),
-            peer_mtu: Mutex::new(BTreeMap::new()),
-            upstream_mtu: AtomicU32::new(0),
-            router: Default::default(),
-            translated: Default::default(),
-            dropped: Default::default(),
-            solicitations: AtomicU64::new(0),
-        }
-    }
-
-    fn drop(&self, label: &str) {
-        // Every label passed in is one of DROPS (IcmpError::reason's are listed there; the
-        // unit test below checks it); an unknown one is counted under the first.
-        let i = DROPS.iter().position(|l| *l == label).unwrap_or(0);
-        self.dropped[i].fetch_add(1, Relaxed);
-    }
-
-    fn translated(&self, msg_type: u8) {
-        if let Some(i) = TYPES.iter().position(|(t, _)| *t == msg_type) {
-            self.translated[i].fetch_add(1, Relaxed);
-        }
-    }
-
-    /// The `path` part of `mt6d status`; `router_advertisements` from the config.
-    pub fn status(&self, router_advertisements: bool) -> PathStatus {
-        PathStatus {
-            tunnel_mtu: self.tunnel_mtu.load(Relaxed),
-            base_mtu: self.base_mtu,
-            icmp_translated: TYPES
-                .iter()
-                .zip(&self.translated)
-                .map(|((_, l), n)| (l.to_string(), n.load(Relaxed)))
-                .collect(),
-            icmp_dropped: DROPS
-                .iter()
-                .zip(&self.dropped)
-                .map(|(l, n)| (l.to_string(), n.load(Relaxed)))
-                .collect(),
-            neighbor_solicitations: self.solicitations.load(Relaxed),
-            router: self.router.status(router_advertisements, self),
-            // A poisoned lock still holds a consistent map: every update is one insert.
-            peer_mtu: self
-                .peer_mtu
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .clone(),
-        }
-    }
-}
 
 /// The ICMPv6 thread's own resources.
 #[derive(Debug)]
@@ -202,7 +99,7 @@ impl IcmpTranslator {
                 )
             })?;
         let socket = Icmp6Socket::open().map_err(os("open ICMPv6 socket"))?;
-        let types: Vec<u8> = TYPES.iter().map(|(t, _)| *t).collect();
+        let types: Vec<u8> = ICMP_TYPES.iter().map(|(t, _)| *t).collect();
         socket
             .set_filter_pass_only(&types)
             .map_err(os("ICMPv6 filter"))?;
@@ -411,45 +308,5 @@ impl IcmpTranslator {
                 shown.insert(peer.name.clone(), mtu);
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every reason the protocol crate reports has its own counter.
-    #[test]
-    fn every_icmp_error_reason_has_a_label() {
-        let errors = [
-            IcmpError::Malformed(mt6d_proto::wire::WireError::Malformed {
-                what: "x",
-                field: "y",
-            }),
-            IcmpError::NotAnError,
-            IcmpError::BadChecksum,
-            IcmpError::NotOurRoute,
-            IcmpError::QuoteTooShort,
-            IcmpError::BadTag,
-            IcmpError::NotAllowed,
-            IcmpError::BufferTooSmall { have: 0, need: 1 },
-            IcmpError::BogusMtu {
-                mtu: 65535,
-                quoted: 1488,
-            },
-            IcmpError::NotSent,
-        ];
-        for e in errors {
-            assert!(DROPS.contains(&e.reason()), "{}", e.reason());
-        }
-        let p = PathState::new(1460);
-        p.drop("icmp_bad_tag");
-        p.translated(2);
-        p.translated(200);
-        let s = p.status(true);
-        assert_eq!(s.icmp_dropped["icmp_bad_tag"], 1);
-        assert_eq!(s.icmp_translated["packet_too_big"], 1);
-        assert_eq!(s.icmp_translated.values().sum::<u64>(), 1);
-        assert_eq!(s.tunnel_mtu, 1460);
     }
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use mt6d_os::linkwatch::LinkEvents;
 use mt6d_os::Netlink;
 
-use crate::control::InterfaceStatus;
+use crate::status::InterfaceStatus;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum State {

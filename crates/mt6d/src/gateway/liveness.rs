@@ -10,8 +10,8 @@ use std::sync::atomic::Ordering;
 
 use mt6d_proto::UnixTime;
 
-use super::dataplane::Shared;
-use super::routing::Peer;
+use super::peer::Peer;
+use super::shared::Shared;
 
 /// A peer that sent nothing this long is reported once (it is back when a packet arrives).
 pub const PEER_SILENT_SECS: u64 = 30;

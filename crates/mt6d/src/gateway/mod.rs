@@ -19,15 +19,20 @@ mod collision;
 pub mod counter_state;
 pub mod counters;
 mod dataplane;
+mod error;
 pub mod icmp;
 mod links;
 mod liveness;
 mod neighbor;
+mod path;
+mod peer;
+mod prefix;
 mod quiet;
 mod rotation;
 mod router;
 pub mod routing;
 pub mod session;
+mod shared;
 pub mod signals;
 pub mod state;
 mod system;
@@ -41,36 +46,21 @@ use arc_swap::ArcSwap;
 use mt6d_os::Epoll;
 
 use crate::config::{Config, Keying, Role};
-use crate::control::{ControlServer, HandshakeStatus, MoveStatus, PeerStatus, RouteStatus, Status};
+use crate::control::ControlServer;
+use crate::status::{HandshakeStatus, MoveStatus, PeerStatus, RouteStatus, Status};
 use collision::CollisionWatch;
 use counters::{DirectionCounters, DropReason};
-use dataplane::Shared;
-use icmp::{IcmpTranslator, PathState};
+pub use error::GatewayError;
+use icmp::IcmpTranslator;
 use liveness::Liveness;
 use neighbor::NeighborPrimer;
+use path::PathState;
+use peer::{Peer, PeerKeys};
 use rotation::Rotator;
 use router::RouterDiscovery;
-use routing::{Peer, RouteTable};
-use session::PeerKeys;
+use routing::RouteTable;
+use shared::Shared;
 use system::System;
-
-/// Why the daemon could not start or had to stop.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum GatewayError {
-    #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
-    #[error(transparent)]
-    Control(#[from] crate::control::ControlError),
-    #[error("{what}: {source}")]
-    Os {
-        what: String,
-        #[source]
-        source: mt6d_os::OsError,
-    },
-    #[error("{0}")]
-    Setup(String),
-}
 
 /// Runs the daemon until a stop signal ([`signals`]).
 pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {

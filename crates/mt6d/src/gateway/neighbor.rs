@@ -23,7 +23,7 @@ use std::net::Ipv6Addr;
 use mt6d_os::Icmp6Socket;
 use mt6d_proto::wire::neighbor_solicitation;
 
-use super::GatewayError;
+use super::error::GatewayError;
 
 /// How long before an epoch starts its address is announced. Must exceed the clock skew
 /// between the gateways (the peer may start sending that much early), the main loop's tick

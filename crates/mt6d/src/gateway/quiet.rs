@@ -19,8 +19,8 @@ use std::net::Ipv6Addr;
 
 use mt6d_os::nftables::{quoted_interface, NftTable};
 
-use super::system::slash64;
-use super::GatewayError;
+use super::error::GatewayError;
+use super::prefix::slash64;
 use crate::config::Config;
 
 /// The table of one daemon instance: `inet mt6d_<TUN name>` (the TUN name is unique per

@@ -22,11 +22,12 @@ use mt6d_proto::moves::CollisionOutcome;
 use mt6d_proto::{Epoch, UnixTime};
 
 use super::collision::{Collision, CollisionWatch};
-use super::dataplane::Shared;
-use super::icmp::PathState;
+use super::error::GatewayError;
 use super::neighbor::{NeighborPrimer, PRIME_LEAD};
-use super::routing::{Peer, RouteTable};
-use super::GatewayError;
+use super::path::PathState;
+use super::peer::Peer;
+use super::routing::RouteTable;
+use super::shared::Shared;
 
 /// How far back start-up looks for hashed addresses a crashed run may have left behind.
 const STALE_WINDOW_SECS: u64 = 24 * 3600;
@@ -195,17 +196,17 @@ impl Rotator {
     }
 
     /// (active, probes sent, malformed frames) of the collision watch.
-    pub fn watch_status(&self) -> crate::control::CollisionWatchStatus {
-        self.watch.as_ref().map_or_else(Default::default, |w| {
-            crate::control::CollisionWatchStatus {
+    pub fn watch_status(&self) -> crate::status::CollisionWatchStatus {
+        self.watch
+            .as_ref()
+            .map_or_else(Default::default, |w| crate::status::CollisionWatchStatus {
                 active: true,
                 probes: w.probes,
                 malformed: w.malformed,
                 claims: w.claims,
                 confirmation_probes: w.confirmation_probes,
                 confirmed: w.confirmed,
-            }
-        })
+            })
     }
 
     /// On one segment: announce `mac` to the peers and pin theirs.

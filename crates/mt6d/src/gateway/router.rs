@@ -25,7 +25,7 @@
 //! message.
 
 use std::net::Ipv6Addr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use mt6d_os::{Icmp6Socket, Netlink};
@@ -36,10 +36,9 @@ use mt6d_proto::wire::{
 };
 
 use super::clock;
-use super::dataplane::Shared;
-use super::icmp::PathState;
-use super::GatewayError;
-use crate::control::RouterStatus;
+use super::error::GatewayError;
+use super::path::{PathState, RouterCounters};
+use super::shared::Shared;
 
 /// All-nodes and all-routers link-local multicast groups.
 const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
@@ -48,49 +47,6 @@ const ALL_ROUTERS: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 2);
 const TICK: Duration = Duration::from_millis(100);
 /// How often a missing internal link-local address is looked for again.
 const SOURCE_RETRY: Duration = Duration::from_secs(1);
-
-/// Drop labels of received router discovery messages.
-const DROPS: [&str; 5] = [
-    "nd_malformed",
-    "nd_hop_limit",
-    "nd_bad_source",
-    "nd_other_interface",
-    "nd_not_default_router",
-];
-
-/// Counters shared with the control socket.
-#[derive(Debug, Default)]
-pub struct RouterCounters {
-    pub advertised_mtu: AtomicU32,
-    pub advertisements_sent: AtomicU64,
-    pub solicitations_answered: AtomicU64,
-    pub upstream_advertisements: AtomicU64,
-    dropped: [AtomicU64; DROPS.len()],
-}
-
-impl RouterCounters {
-    fn drop(&self, label: &str) {
-        let i = DROPS.iter().position(|l| *l == label).unwrap_or(0);
-        self.dropped[i].fetch_add(1, Relaxed);
-    }
-
-    /// The `router` part of `mt6d status`.
-    pub fn status(&self, enabled: bool, path: &PathState) -> RouterStatus {
-        RouterStatus {
-            enabled,
-            advertised_mtu: self.advertised_mtu.load(Relaxed),
-            advertisements_sent: self.advertisements_sent.load(Relaxed),
-            solicitations_answered: self.solicitations_answered.load(Relaxed),
-            upstream_advertisements: self.upstream_advertisements.load(Relaxed),
-            upstream_mtu: path.upstream_mtu.load(Relaxed),
-            dropped: DROPS
-                .iter()
-                .zip(&self.dropped)
-                .map(|(l, n)| (l.to_string(), n.load(Relaxed)))
-                .collect(),
-        }
-    }
-}
 
 /// The router thread's own resources.
 #[derive(Debug)]
@@ -325,21 +281,6 @@ impl RouterDiscovery {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_drop_has_a_label_and_status_reports_them() {
-        let c = RouterCounters::default();
-        for l in DROPS {
-            c.drop(l);
-        }
-        c.advertised_mtu.store(1436, Relaxed);
-        let path = PathState::new(1436);
-        path.upstream_mtu.store(1400, Relaxed);
-        let s = c.status(true, &path);
-        assert_eq!(s.dropped.len(), DROPS.len());
-        assert!(s.dropped.values().all(|n| *n == 1));
-        assert_eq!((s.advertised_mtu, s.upstream_mtu), (1436, 1400));
-    }
 
     #[test]
     fn link_local_means_fe80_slash_10() {

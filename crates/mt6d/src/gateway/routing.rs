@@ -7,82 +7,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv6Addr;
-use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use mt6d_os::UdpSocket6;
-use mt6d_proto::icmp::SentLog;
-use mt6d_proto::moves::RouteMoves;
-use mt6d_proto::{Route, Schedule, Stream, UnixTime};
+use mt6d_proto::{Route, Schedule, UnixTime};
 
-use super::counters::PeerCounters;
-use super::session::PeerKeys;
-
-/// One configured peer: its protocol state and counters. Shared by all threads; immutable apart
-/// from the atomics inside.
-#[derive(Debug)]
-pub struct Peer {
-    pub name: String,
-    pub stream: Stream,
-    pub keys: PeerKeys,
-    pub counters: PeerCounters,
-    /// Epochs moved away from address collisions (docs/PROTOCOL.md §5.2). Locked by the main
-    /// thread's tick and by the rx thread for a notice, never per data packet.
-    pub moves: Mutex<RouteMoves>,
-    /// Set by the rx thread when a peer's notice moved a route: the table must be rebuilt.
-    pub moves_changed: AtomicBool,
-    /// Notices refused (malformed, bad MAC, outside the window).
-    pub notices_refused: AtomicU64,
-    /// The peer's external MAC from its authenticated announcement (docs/PROTOCOL.md §5.2,
-    /// "Pinned neighbours"), as `1 << 48 | mac`; 0 until one arrived.
-    pub lladdr: AtomicU64,
-    /// The tunnel payloads the tx thread sent lately: ICMPv6 errors from the path are believed
-    /// only about these, once each (docs/PROTOCOL.md §5).
-    pub sent: SentLog,
-}
-
-impl Peer {
-    pub fn new(name: String, stream: Stream, keys: PeerKeys) -> Peer {
-        let moves = Mutex::new(RouteMoves::new(&stream));
-        Peer {
-            name,
-            stream,
-            keys,
-            counters: PeerCounters::default(),
-            moves,
-            moves_changed: AtomicBool::new(false),
-            notices_refused: AtomicU64::new(0),
-            lladdr: AtomicU64::new(0),
-            sent: SentLog::new(),
-        }
-    }
-
-    /// The peer's external MAC, once it announced it.
-    pub fn lladdr(&self) -> Option<[u8; 6]> {
-        let v = self.lladdr.load(std::sync::atomic::Ordering::Relaxed);
-        (v != 0).then(|| {
-            let b = v.to_be_bytes();
-            [b[2], b[3], b[4], b[5], b[6], b[7]]
-        })
-    }
-
-    /// Records the peer's MAC; true if it changed.
-    pub fn set_lladdr(&self, mac: [u8; 6]) -> bool {
-        let mut b = [0u8; 8];
-        b[1] = 1;
-        b[2..].copy_from_slice(&mac);
-        let v = u64::from_be_bytes(b);
-        self.lladdr.swap(v, std::sync::atomic::Ordering::Relaxed) != v
-    }
-
-    /// The route moves. A poisoned lock still holds consistent state: every update is a plain
-    /// field assignment.
-    pub fn lock_moves(&self) -> MutexGuard<'_, RouteMoves> {
-        self.moves
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
+use super::peer::Peer;
 
 /// The routes of one peer at the time the table was built.
 #[derive(Debug, Clone)]

@@ -1,5 +1,5 @@
-//! Data keys as the threads share them, and the daemon's side of the handshake
-//! (docs/PROTOCOL.md §9, docs/ARCHITECTURE.md "Keys").
+//! The daemon's side of the handshake, and how the threads use each peer's data keys (`PeerKeys`,
+//! in `peer.rs`; docs/PROTOCOL.md §9, docs/ARCHITECTURE.md "Keys").
 //!
 //! * The **tx** thread seals with `PeerKeys::send`, one atomic pointer load per packet, no lock.
 //! * The **rx** thread owns each peer's [`ReceiveKeys`] and handles handshake messages as they
@@ -11,83 +11,17 @@
 //! The per-peer [`Mutex`] is taken only for handshake events: a few times per rekey interval.
 
 use std::net::SocketAddrV6;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
-use arc_swap::ArcSwapOption;
 use mt6d_os::{SendMsg, SendScratch, UdpSocket6};
-use mt6d_proto::handshake::{Handshake, Outcome, ReceiveKeys};
+use mt6d_proto::handshake::{Outcome, ReceiveKeys};
 use mt6d_proto::tunnel::HeaderKey;
 use mt6d_proto::{KeyPhase, Route, Sealer, UnixTime};
 
 use super::counter_state::CounterState;
-use super::routing::{Peer, RouteTable};
-
-/// One peer's keys, shared by all threads.
-#[derive(Debug)]
-pub struct PeerKeys {
-    /// What the tx thread seals with. None before the first handshake and after keys expired.
-    pub send: ArcSwapOption<Sealer>,
-    /// Set by the tx thread when it has nothing to seal with; taken by the timer.
-    pub want: AtomicBool,
-    /// Set by the rx thread when a packet named a key phase it holds no key for (may be forged:
-    /// the handshake rate-limits what it does about it); taken by the timer.
-    pub empty_slot: AtomicBool,
-    /// Set by the timer when keys expired with no rekey; the rx thread then erases its keys.
-    pub erase_recv: AtomicBool,
-    /// Handshake state; None with a pre-shared key.
-    pub handshake: Option<Mutex<HandshakeSide>>,
-    /// A pre-shared auth/encrypt key's persisted counter reservation (docs/PROTOCOL.md §4.3);
-    /// touched only by the main thread's timer.
-    pub counter: Option<Mutex<CounterState>>,
-}
-
-/// The handshake state machine and a responder's send keys waiting for confirmation: one per
-/// answered initiation of the handshake under way, by the key id of its receive key (the peer
-/// completes with whichever answer reaches it first, docs/PROTOCOL.md §9.5).
-#[derive(Debug)]
-pub struct HandshakeSide {
-    pub hs: Handshake,
-    pub pending_send: Vec<(u64, Arc<Sealer>)>,
-}
-
-impl PeerKeys {
-    /// A pre-shared session key: one sealer for the daemon's lifetime, no handshake. `counter`:
-    /// the sealer's persisted reservation (None in plain mode, which has no counter).
-    pub fn pre_shared(sealer: Sealer, counter: Option<CounterState>) -> PeerKeys {
-        PeerKeys {
-            send: ArcSwapOption::from_pointee(sealer),
-            want: AtomicBool::new(false),
-            empty_slot: AtomicBool::new(false),
-            erase_recv: AtomicBool::new(false),
-            handshake: None,
-            counter: counter.map(Mutex::new),
-        }
-    }
-
-    /// Keys from handshakes: none until the first one completes.
-    pub fn handshake(hs: Handshake) -> PeerKeys {
-        PeerKeys {
-            send: ArcSwapOption::empty(),
-            want: AtomicBool::new(true),
-            empty_slot: AtomicBool::new(false),
-            erase_recv: AtomicBool::new(false),
-            handshake: Some(Mutex::new(HandshakeSide {
-                hs,
-                pending_send: Vec::new(),
-            })),
-            counter: None,
-        }
-    }
-
-    /// The handshake state, if this peer uses handshakes. A poisoned lock (a panic while it was
-    /// held) still holds consistent state: every update is a plain field assignment.
-    pub fn lock(&self) -> Option<MutexGuard<'_, HandshakeSide>> {
-        self.handshake
-            .as_ref()
-            .map(|m| m.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
-    }
-}
+use super::peer::Peer;
+use super::routing::RouteTable;
 
 /// 32 bytes from the OS for one handshake message, asked for only once a message is due or has
 /// passed the MAC (a flood of bogus messages costs no syscall). If the OS has none to give, no

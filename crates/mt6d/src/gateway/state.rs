@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
 
-use super::GatewayError;
+use super::error::GatewayError;
 
 /// Where instance records live (tmpfs: gone after a reboot, like the kernel state they describe).
 pub const STATE_DIR: &str = "/run/mt6d";

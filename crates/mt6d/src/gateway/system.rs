@@ -32,8 +32,10 @@ use mt6d_os::{AddrFlags, Netlink, Tun};
 
 use crate::config::{Config, Role};
 
+use super::error::GatewayError;
+use super::prefix::slash64;
+use super::quiet;
 use super::state::{Change, Instance, MARKER};
-use super::{quiet, GatewayError};
 
 /// The true address on the TUN device is the host's own and unique by configuration; DAD on a
 /// point-to-point device would only hold it tentative (unusable) for a second.
@@ -367,10 +369,4 @@ impl Drop for System {
     fn drop(&mut self) {
         self.teardown();
     }
-}
-
-/// The /64 containing `addr`.
-pub fn slash64(addr: Ipv6Addr) -> Ipv6Addr {
-    let s = addr.segments();
-    Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0)
 }

@@ -10,7 +10,7 @@
 
 use std::io::Write as _;
 use std::os::unix::fs::DirBuilderExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,13 +18,14 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::daemon::DaemonProcess;
-use super::observer::Observer;
+use super::observer::{Observer, ObserverReport};
 use super::ping::{ping, Pace, PingReport};
 use super::topology::{
     GatewaySettings, Lab, LabKeys, Side, Topology, EXTERNAL_IF, GATEWAY_A, GATEWAY_B, HOST_A,
     HOST_B,
 };
 use super::transfer::{self, TransferReport};
+use crate::status::{HandshakeStatus, Status};
 
 const TCP_PORT: u16 = 5001;
 /// Pace of the ping trains, with and without the tunnel.
@@ -115,6 +116,94 @@ impl Say {
 type DemoResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 pub fn run(args: DemoArgs) -> DemoResult<()> {
+    let (mode, handshake) = check_args(&args)?;
+    if let Some(pcap) = &args.link_pcap {
+        return link_pcap(&args, pcap);
+    }
+    if !super::is_root() {
+        return Err("mt6d demo builds network namespaces and needs root: run it with sudo".into());
+    }
+    if args.link_report {
+        return link_report(&args);
+    }
+    let check = interruption()?;
+    let say = Say { json: args.json };
+    let phase = Duration::from_secs_f64(args.duration);
+    let lab = build_lab(&args, &say)?;
+    let baseline = measure_baseline(&lab, &args, &say, phase)?;
+    check()?;
+
+    // Fresh keys, in a private directory, read by the gateways from 0600 files.
+    let dir = std::env::temp_dir().join(format!("mt6d-demo-{}", std::process::id()));
+    let _dir_guard = DirGuard(dir.clone());
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .recursive(true)
+        .create(&dir)?;
+    let keys = LabKeys::generate(&dir, handshake, args.rekey)?;
+    let gateways = Gateways {
+        lab: &lab,
+        dir: &dir,
+        settings: GatewaySettings {
+            rotation_secs: args.rotation,
+            mode: &args.mode,
+            keys: &keys,
+        },
+    };
+    announce_gateways(&args, &say, mode, handshake);
+    let mut daemons = vec![gateways.start(Side::A, "A")?, gateways.start(Side::B, "B")?];
+    warm_up(&lab)?;
+    let observer = Observer::start(
+        &lab.gw_a,
+        EXTERNAL_IF,
+        vec![HOST_A, HOST_B, GATEWAY_A, GATEWAY_B],
+        args.pcap.clone(),
+    )?;
+    let monitor = RotationMonitor::start(daemons[0].socket.clone(), args.json);
+    let result = through_the_tunnel(&args, &say, &gateways, &mut daemons, phase, &check);
+    // Whatever the traffic did, the observer, the monitor and the daemons are stopped first.
+    let epochs_seen = monitor.finish();
+    let seen = observer.finish()?;
+    let statuses: Vec<_> = daemons
+        .iter()
+        .map(|d| d.status())
+        .collect::<Result<_, _>>()?;
+    for d in &mut daemons {
+        d.stop(Duration::from_secs(5))?;
+    }
+    let results = Results {
+        args: &args,
+        mode,
+        handshake,
+        lab: &lab,
+        baseline,
+        tunnel: result?,
+        epochs_seen,
+        seen,
+        statuses,
+    };
+    results.report(&say, &daemons)
+}
+
+/// Ctrl-C and SIGTERM set a flag that the returned check reads between phases: the demo then
+/// stops with an error, and everything it built is removed on the way out.
+fn interruption() -> DemoResult<impl Fn() -> DemoResult<()>> {
+    let interrupted = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, interrupted.clone())?;
+    }
+    Ok(move || -> DemoResult<()> {
+        if interrupted.load(Ordering::Relaxed) {
+            Err("interrupted; cleaning up".into())
+        } else {
+            Ok(())
+        }
+    })
+}
+
+/// Checks the options that clap cannot: ranges, and which go together. Returns the tunnel
+/// mode and whether the gateways use handshakes.
+fn check_args(args: &DemoArgs) -> DemoResult<(mt6d_proto::Mode, bool)> {
     if !(1.0..=3600.0).contains(&args.rotation) {
         return Err(format!(
             "--rotation {} out of range (1 to 3600 seconds)",
@@ -139,49 +228,28 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
     if args.rekey.is_some() && !handshake {
         return Err("--rekey needs handshakes: drop --psk and use --mode encrypt or auth".into());
     }
-    if let Some(pcap) = &args.link_pcap {
-        let near = pcap.with_file_name(
-            pcap.file_name()
-                .and_then(|n| n.to_str())
-                .map_or(String::new(), |n| n.replace("-far.pcap", ".pcap")),
-        );
-        let truth = super::unlinkability::truth_path(&near);
-        let report = super::unlinkability::link_files(pcap, &truth, args.past_router)?;
-        if args.json {
-            println!("{}", serde_json::to_string_pretty(&report)?);
-        } else {
-            println!("{}", report.table());
-            println!("side-channel messages: {:?}", report.side_channel_messages);
-        }
-        return Ok(());
-    }
-    if !super::is_root() {
-        return Err("mt6d demo builds network namespaces and needs root: run it with sudo".into());
-    }
-    if args.link_report {
-        if args.host_mode || args.psk || args.rekey.is_some() || args.restart_gateway {
-            return Err(
-                "--link-report runs its own two gateway-mode conversations with \
-pre-shared keys: drop --host-mode, --psk, --rekey and --restart-gateway"
-                    .into(),
-            );
-        }
-        return link_report(&args);
-    }
-    let interrupted = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, interrupted.clone())?;
-    }
-    let check = || -> DemoResult<()> {
-        if interrupted.load(Ordering::Relaxed) {
-            Err("interrupted; cleaning up".into())
-        } else {
-            Ok(())
-        }
-    };
-    let say = Say { json: args.json };
-    let phase = Duration::from_secs_f64(args.duration);
+    Ok((mode, handshake))
+}
 
+/// `mt6d demo --link-pcap FILE`: the linker over an earlier capture and its ground truth.
+fn link_pcap(args: &DemoArgs, pcap: &Path) -> DemoResult<()> {
+    let near = pcap.with_file_name(
+        pcap.file_name()
+            .and_then(|n| n.to_str())
+            .map_or(String::new(), |n| n.replace("-far.pcap", ".pcap")),
+    );
+    let truth = super::unlinkability::truth_path(&near);
+    let report = super::unlinkability::link_files(pcap, &truth, args.past_router)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("{}", report.table());
+        println!("side-channel messages: {:?}", report.side_channel_messages);
+    }
+    Ok(())
+}
+
+fn build_lab(args: &DemoArgs, say: &Say) -> DemoResult<Lab> {
     let between = match args.topology {
         Topology::Switched => "public link",
         Topology::Routed => "router",
@@ -199,18 +267,32 @@ pre-shared keys: drop --host-mode, --psk, --rekey and --restart-gateway"
         "  namespaces {}; Host A {HOST_A}, Host B {HOST_B}",
         names.join(" ")
     ));
+    Ok(lab)
+}
 
-    // Baseline: the same path with plain forwarding and no MT6D.
+/// The same path with plain forwarding and no MT6D.
+struct Baseline {
+    ping: PingReport,
+    flood: PingReport,
+    tcp: TransferReport,
+}
+
+fn measure_baseline(
+    lab: &Lab,
+    args: &DemoArgs,
+    say: &Say,
+    phase: Duration,
+) -> DemoResult<Baseline> {
     say.line(if args.host_mode {
         "baseline without MT6D: Host A as a plain IPv6 host, forwarded by Gateway B"
     } else {
         "baseline without MT6D: plain IPv6 forwarding through both gateways"
     });
     lab.baseline_up()?;
-    warm_up(&lab)?;
+    warm_up(lab)?;
     // The same pace as the train through the tunnel, so the two medians compare like with like
     // (an idle CPU wakes up more slowly than a busy one).
-    let base_ping = lab.host_a.run(|| {
+    let ping_train = lab.host_a.run(|| {
         ping(
             HOST_B,
             TRAIN_BASELINE_COUNT,
@@ -220,13 +302,13 @@ pre-shared keys: drop --host-mode, --psk, --rekey and --restart-gateway"
             Duration::from_millis(500),
         )
     })??;
-    let (bmin, bmed, bmax) = base_ping.rtt_summary();
+    let (bmin, bmed, bmax) = ping_train.rtt_summary();
     say.line(format!(
         "  ping {}/{} rtt min/median/max {bmin:.3}/{bmed:.3}/{bmax:.3} ms",
-        base_ping.received, base_ping.sent
+        ping_train.received, ping_train.sent
     ));
     // A short flood for the busy-path RTT (threads awake), to set against the tunnel's flood.
-    let base_flood = lab.host_a.run(|| {
+    let flood = lab.host_a.run(|| {
         ping(
             HOST_B,
             BASELINE_FLOOD_COUNT,
@@ -236,28 +318,20 @@ pre-shared keys: drop --host-mode, --psk, --rekey and --restart-gateway"
             Duration::from_millis(500),
         )
     })??;
-    let base_tcp = tcp_transfer(&lab, phase.min(Duration::from_secs(5)), 1)?;
+    let tcp = tcp_transfer(lab, phase.min(Duration::from_secs(5)), 1)?;
     say.line(format!(
         "  tcp {:.0} Mbit/s ({} bytes, sha256 match {})",
-        base_tcp.mbit_s, base_tcp.bytes, base_tcp.sha256_match
+        tcp.mbit_s, tcp.bytes, tcp.sha256_match
     ));
     lab.baseline_down()?;
-    check()?;
+    Ok(Baseline {
+        ping: ping_train,
+        flood,
+        tcp,
+    })
+}
 
-    // Fresh keys, in a private directory, read by the gateways from 0600 files.
-    let dir = std::env::temp_dir().join(format!("mt6d-demo-{}", std::process::id()));
-    let _dir_guard = DirGuard(dir.clone());
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .recursive(true)
-        .create(&dir)?;
-    let keys = LabKeys::generate(&dir, handshake, args.rekey)?;
-    let settings = GatewaySettings {
-        rotation_secs: args.rotation,
-        mode: &args.mode,
-        keys: &keys,
-    };
-
+fn announce_gateways(args: &DemoArgs, say: &Say, mode: mt6d_proto::Mode, handshake: bool) {
     say.line(format!(
         "starting {}: mode {mode}, rotation every {} s, {}",
         if args.host_mode {
@@ -276,212 +350,283 @@ pre-shared keys: drop --host-mode, --psk, --rekey and --restart-gateway"
             "one pre-shared session key".to_string()
         }
     ));
-    let start_daemon = |side: Side, label: &str| -> DemoResult<DaemonProcess> {
-        let config = dir.join(format!("gateway-{label}.toml"));
+}
+
+/// Starts the lab's daemons from config files in the demo's private directory.
+struct Gateways<'a> {
+    lab: &'a Lab,
+    dir: &'a Path,
+    settings: GatewaySettings<'a>,
+}
+
+impl Gateways<'_> {
+    /// Starts the daemon of `side` and waits until it answers; its config file is written the
+    /// first time, so a restarted gateway reads the same one.
+    fn start(&self, side: Side, label: &str) -> DemoResult<DaemonProcess> {
+        let config = self.dir.join(format!("gateway-{label}.toml"));
         if !config.exists() {
-            std::fs::write(&config, lab.gateway_config(side, &settings))?;
+            std::fs::write(&config, self.lab.gateway_config(side, &self.settings))?;
         }
         let mut d = DaemonProcess::start(
             label,
-            lab.gateway(side),
+            self.lab.gateway(side),
             &config,
-            &lab.control_socket(side),
-            &dir.join(format!("gateway-{label}.log")),
+            &self.lab.control_socket(side),
+            &self.dir.join(format!("gateway-{label}.log")),
         )?;
         d.wait_ready(Duration::from_secs(10))?;
         Ok(d)
-    };
-    let mut daemons = vec![start_daemon(Side::A, "A")?, start_daemon(Side::B, "B")?];
-    warm_up(&lab)?;
-    let observer = Observer::start(
-        &lab.gw_a,
-        EXTERNAL_IF,
-        vec![HOST_A, HOST_B, GATEWAY_A, GATEWAY_B],
-        args.pcap.clone(),
-    )?;
-    let monitor = RotationMonitor::start(daemons[0].socket.clone(), args.json);
-
-    let mut restart: Option<serde_json::Value> = None;
-    let result = (|| -> DemoResult<(PingReport, PingReport, TransferReport)> {
-        say.line(format!("ping train: {} s at 5 per second", args.duration));
-        let count = (args.duration / TRAIN_INTERVAL.as_secs_f64()).ceil() as u64;
-        let train = lab.host_a.run(|| {
-            ping(
-                HOST_B,
-                count,
-                Pace::Train {
-                    interval: TRAIN_INTERVAL,
-                },
-                Duration::from_secs(1),
-            )
-        })??;
-        check()?;
-        say.line(format!("ping flood: {} echo requests", args.flood));
-        let flood = lab.host_a.run(|| {
-            ping(
-                HOST_B,
-                args.flood,
-                Pace::Flood {
-                    wait: Duration::from_millis(10),
-                },
-                Duration::from_secs(1),
-            )
-        })??;
-        check()?;
-        say.line(format!(
-            "tcp transfer: {} s of random data, SHA-256 checked at Host B{}",
-            args.duration,
-            if args.restart_gateway {
-                "; Gateway B is killed and restarted half-way"
-            } else {
-                ""
-            }
-        ));
-        let tcp = if args.restart_gateway {
-            let (tcp, r) = std::thread::scope(|s| -> DemoResult<_> {
-                let transfer = s.spawn(|| tcp_transfer(&lab, phase, 2).map_err(|e| e.to_string()));
-                std::thread::sleep(phase / 2);
-                let killed = Instant::now();
-                daemons[1].kill_hard();
-                let started = start_daemon(Side::B, "B");
-                let up_ms = killed.elapsed().as_secs_f64() * 1000.0;
-                let tcp = transfer
-                    .join()
-                    .map_err(|_| "TCP transfer thread panicked")??;
-                daemons[1] = started?;
-                Ok((tcp, up_ms))
-            })?;
-            say.line(format!(
-                "  Gateway B killed and running again after {r:.0} ms; longest TCP stall {:.0} ms",
-                tcp.longest_stall_ms
-            ));
-            restart = Some(
-                json!({ "gateway": "B", "signal": "SIGKILL", "restarted_after_ms": r, "longest_tcp_stall_ms": tcp.longest_stall_ms }),
-            );
-            tcp
-        } else {
-            tcp_transfer(&lab, phase, 2)?
-        };
-        Ok((train, flood, tcp))
-    })();
-    let epochs_seen = monitor.finish();
-    let seen = observer.finish()?;
-    let statuses: Vec<_> = daemons
-        .iter()
-        .map(|d| d.status())
-        .collect::<Result<_, _>>()?;
-    for d in &mut daemons {
-        d.stop(Duration::from_secs(5))?;
     }
-    let (train, flood, tcp) = result?;
+}
 
-    let rotations = statuses[0]
-        .peers
-        .first()
-        .map_or(0, |p| p.counters.rotations);
-    let hs_sum = |f: fn(&crate::control::HandshakeStatus) -> u64| -> u64 {
-        statuses
+/// What went through the tunnel.
+struct Tunnel {
+    train: PingReport,
+    flood: PingReport,
+    tcp: TransferReport,
+    /// With --restart-gateway: how the restart of Gateway B went.
+    restart: Option<serde_json::Value>,
+}
+
+/// The ping train, the ping flood and the TCP transfer through the running gateways (Gateway
+/// B killed and restarted half-way through the transfer with --restart-gateway).
+fn through_the_tunnel(
+    args: &DemoArgs,
+    say: &Say,
+    gateways: &Gateways,
+    daemons: &mut [DaemonProcess],
+    phase: Duration,
+    check: &dyn Fn() -> DemoResult<()>,
+) -> DemoResult<Tunnel> {
+    let lab = gateways.lab;
+    say.line(format!("ping train: {} s at 5 per second", args.duration));
+    let count = (args.duration / TRAIN_INTERVAL.as_secs_f64()).ceil() as u64;
+    let train = lab.host_a.run(|| {
+        ping(
+            HOST_B,
+            count,
+            Pace::Train {
+                interval: TRAIN_INTERVAL,
+            },
+            Duration::from_secs(1),
+        )
+    })??;
+    check()?;
+    say.line(format!("ping flood: {} echo requests", args.flood));
+    let flood = lab.host_a.run(|| {
+        ping(
+            HOST_B,
+            args.flood,
+            Pace::Flood {
+                wait: Duration::from_millis(10),
+            },
+            Duration::from_secs(1),
+        )
+    })??;
+    check()?;
+    say.line(format!(
+        "tcp transfer: {} s of random data, SHA-256 checked at Host B{}",
+        args.duration,
+        if args.restart_gateway {
+            "; Gateway B is killed and restarted half-way"
+        } else {
+            ""
+        }
+    ));
+    let (tcp, restart) = if args.restart_gateway {
+        let (tcp, r) = std::thread::scope(|s| -> DemoResult<_> {
+            let transfer = s.spawn(|| tcp_transfer(lab, phase, 2).map_err(|e| e.to_string()));
+            std::thread::sleep(phase / 2);
+            let killed = Instant::now();
+            daemons[1].kill_hard();
+            let started = gateways.start(Side::B, "B");
+            let up_ms = killed.elapsed().as_secs_f64() * 1000.0;
+            let tcp = transfer
+                .join()
+                .map_err(|_| "TCP transfer thread panicked")??;
+            daemons[1] = started?;
+            Ok((tcp, up_ms))
+        })?;
+        say.line(format!(
+            "  Gateway B killed and running again after {r:.0} ms; longest TCP stall {:.0} ms",
+            tcp.longest_stall_ms
+        ));
+        let restart = json!({ "gateway": "B", "signal": "SIGKILL", "restarted_after_ms": r, "longest_tcp_stall_ms": tcp.longest_stall_ms });
+        (tcp, Some(restart))
+    } else {
+        (tcp_transfer(lab, phase, 2)?, None)
+    };
+    Ok(Tunnel {
+        train,
+        flood,
+        tcp,
+        restart,
+    })
+}
+
+/// Everything the demo measured, for its checks and its summary.
+struct Results<'a> {
+    args: &'a DemoArgs,
+    mode: mt6d_proto::Mode,
+    handshake: bool,
+    lab: &'a Lab,
+    baseline: Baseline,
+    tunnel: Tunnel,
+    epochs_seen: u64,
+    seen: ObserverReport,
+    /// Gateway A's, then Gateway B's.
+    statuses: Vec<Status>,
+}
+
+impl Results<'_> {
+    /// Gateway A's rotations.
+    fn rotations(&self) -> u64 {
+        self.statuses[0]
+            .peers
+            .first()
+            .map_or(0, |p| p.counters.rotations)
+    }
+
+    /// A handshake counter added over both gateways.
+    fn handshake_sum(&self, f: fn(&HandshakeStatus) -> u64) -> u64 {
+        self.statuses
             .iter()
             .filter_map(|st| st.peers.first()?.handshake.as_ref().map(f))
             .sum()
-    };
-    let handshakes = hs_sum(|h| h.handshakes);
-    let rekeys = hs_sum(|h| h.rekeys);
-    let (tmin, tmed, tmax) = train.rtt_summary();
-    let (_, flood_med, _) = flood.rtt_summary();
-    let (_, base_flood_med, _) = base_flood.rtt_summary();
-    let added_ms = tmed - bmed;
-    let mut failures = Vec::new();
-    if train.lost() > 0 {
-        failures.push(format!(
-            "ping train lost {} of {}",
-            train.lost(),
-            train.sent
-        ));
-    }
-    if flood.lost() > 0 {
-        failures.push(format!(
-            "ping flood lost {} of {}",
-            flood.lost(),
-            flood.sent
-        ));
-    }
-    if !tcp.sha256_match {
-        failures.push("TCP transfer: SHA-256 mismatch".into());
-    }
-    if handshake && handshakes == 0 {
-        failures.push("no handshake completed".into());
-    }
-    if seen.frames_with_true_address > 0 {
-        failures.push(format!(
-            "{} frames on the public link carried a true address; first: {}",
-            seen.frames_with_true_address,
-            seen.first_leak.clone().unwrap_or_default()
-        ));
-    }
-    if (seen.outer_pairs.len() as u64) < rotations {
-        failures.push(format!(
-            "only {} outer address pairs for {rotations} rotations",
-            seen.outer_pairs.len()
-        ));
     }
 
-    let summary = json!({
-        "topology": args.topology.name(),
-        "host_mode": args.host_mode,
-        "router_unresolved_discards": lab.router_unresolved_discards(),
-        "mode": mode.to_string(),
-        "rotation_secs": args.rotation,
-        "duration_secs": args.duration,
-        "rotations": rotations,
-        "epochs_seen": epochs_seen,
-        "ping": {
-            "sent": train.sent, "received": train.received,
-            "rtt_ms": { "min": tmin, "median": tmed, "max": tmax },
-        },
-        "flood": {
-            "sent": flood.sent, "received": flood.received,
-            "rtt_ms": { "median": flood_med },
-            "baseline_rtt_ms": { "median": base_flood_med },
-            "added_rtt_ms": flood_med - base_flood_med,
-        },
-        "tcp": { "bytes": tcp.bytes, "seconds": tcp.seconds, "sha256_match": tcp.sha256_match, "mbit_s": tcp.mbit_s, "longest_stall_ms": tcp.longest_stall_ms },
-        "transfer": { "sha256_match": tcp.sha256_match, "bytes": tcp.bytes, "longest_stall_ms": tcp.longest_stall_ms },
-        "keying": if handshake { "handshake" } else { "pre-shared" },
-        "rekey_secs": args.rekey,
-        "handshakes": handshakes,
-        "rekeys": rekeys,
-        "restart": restart,
-        "baseline": {
-            "rtt_ms": { "min": bmin, "median": bmed, "max": bmax },
-            "tcp": { "mbit_s": base_tcp.mbit_s, "bytes": base_tcp.bytes, "sha256_match": base_tcp.sha256_match },
-        },
-        "tunnel_added_rtt_ms": added_ms,
-        "true_addresses": {
-            "host_a": HOST_A.to_string(), "host_b": HOST_B.to_string(),
-            // Host mode has no Gateway A (and no address of its on an internal link).
-            "gateway_a": (!args.host_mode).then(|| GATEWAY_A.to_string()),
-            "gateway_b": GATEWAY_B.to_string(),
-        },
-        "outer_address_pairs": seen.outer_pairs.len(),
-        "observer": {
-            "frames": seen.frames, "udp_frames": seen.udp_frames,
-            "frames_with_true_address": seen.frames_with_true_address,
-            "pcap": args.pcap.as_ref().map(|p| p.display().to_string()),
-        },
-        "gateways": {
-            "a": statuses[0].peers.first().map(|p| &p.counters),
-            "b": statuses[1].peers.first().map(|p| &p.counters),
-            "a_handshake": statuses[0].peers.first().and_then(|p| p.handshake.as_ref()),
-            "b_handshake": statuses[1].peers.first().and_then(|p| p.handshake.as_ref()),
-        },
-        "ok": failures.is_empty(),
-        "failures": failures,
-    });
+    /// What the demo promises and did not keep.
+    fn failures(&self) -> Vec<String> {
+        let (train, flood, tcp, seen) = (
+            &self.tunnel.train,
+            &self.tunnel.flood,
+            &self.tunnel.tcp,
+            &self.seen,
+        );
+        let rotations = self.rotations();
+        let mut failures = Vec::new();
+        if train.lost() > 0 {
+            failures.push(format!(
+                "ping train lost {} of {}",
+                train.lost(),
+                train.sent
+            ));
+        }
+        if flood.lost() > 0 {
+            failures.push(format!(
+                "ping flood lost {} of {}",
+                flood.lost(),
+                flood.sent
+            ));
+        }
+        if !tcp.sha256_match {
+            failures.push("TCP transfer: SHA-256 mismatch".into());
+        }
+        if self.handshake && self.handshake_sum(|h| h.handshakes) == 0 {
+            failures.push("no handshake completed".into());
+        }
+        if seen.frames_with_true_address > 0 {
+            failures.push(format!(
+                "{} frames on the public link carried a true address; first: {}",
+                seen.frames_with_true_address,
+                seen.first_leak.clone().unwrap_or_default()
+            ));
+        }
+        if (seen.outer_pairs.len() as u64) < rotations {
+            failures.push(format!(
+                "only {} outer address pairs for {rotations} rotations",
+                seen.outer_pairs.len()
+            ));
+        }
+        failures
+    }
 
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
-    } else {
+    /// Prints the summary (text, or JSON with --json) and fails if a check failed.
+    fn report(&self, say: &Say, daemons: &[DaemonProcess]) -> DemoResult<()> {
+        let failures = self.failures();
+        if self.args.json {
+            println!("{}", serde_json::to_string_pretty(&self.json(&failures))?);
+        } else {
+            self.print(say, daemons, &failures);
+        }
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("demo checks failed: {}", failures.join("; ")).into())
+        }
+    }
+
+    fn json(&self, failures: &[String]) -> serde_json::Value {
+        let (args, lab, seen, statuses) = (self.args, self.lab, &self.seen, &self.statuses);
+        let (train, flood, tcp) = (&self.tunnel.train, &self.tunnel.flood, &self.tunnel.tcp);
+        let (bmin, bmed, bmax) = self.baseline.ping.rtt_summary();
+        let (tmin, tmed, tmax) = train.rtt_summary();
+        let (_, flood_med, _) = flood.rtt_summary();
+        let (_, base_flood_med, _) = self.baseline.flood.rtt_summary();
+        let base_tcp = &self.baseline.tcp;
+        json!({
+            "topology": args.topology.name(),
+            "host_mode": args.host_mode,
+            "router_unresolved_discards": lab.router_unresolved_discards(),
+            "mode": self.mode.to_string(),
+            "rotation_secs": args.rotation,
+            "duration_secs": args.duration,
+            "rotations": self.rotations(),
+            "epochs_seen": self.epochs_seen,
+            "ping": {
+                "sent": train.sent, "received": train.received,
+                "rtt_ms": { "min": tmin, "median": tmed, "max": tmax },
+            },
+            "flood": {
+                "sent": flood.sent, "received": flood.received,
+                "rtt_ms": { "median": flood_med },
+                "baseline_rtt_ms": { "median": base_flood_med },
+                "added_rtt_ms": flood_med - base_flood_med,
+            },
+            "tcp": { "bytes": tcp.bytes, "seconds": tcp.seconds, "sha256_match": tcp.sha256_match, "mbit_s": tcp.mbit_s, "longest_stall_ms": tcp.longest_stall_ms },
+            "transfer": { "sha256_match": tcp.sha256_match, "bytes": tcp.bytes, "longest_stall_ms": tcp.longest_stall_ms },
+            "keying": if self.handshake { "handshake" } else { "pre-shared" },
+            "rekey_secs": args.rekey,
+            "handshakes": self.handshake_sum(|h| h.handshakes),
+            "rekeys": self.handshake_sum(|h| h.rekeys),
+            "restart": self.tunnel.restart,
+            "baseline": {
+                "rtt_ms": { "min": bmin, "median": bmed, "max": bmax },
+                "tcp": { "mbit_s": base_tcp.mbit_s, "bytes": base_tcp.bytes, "sha256_match": base_tcp.sha256_match },
+            },
+            "tunnel_added_rtt_ms": tmed - bmed,
+            "true_addresses": {
+                "host_a": HOST_A.to_string(), "host_b": HOST_B.to_string(),
+                // Host mode has no Gateway A (and no address of its on an internal link).
+                "gateway_a": (!args.host_mode).then(|| GATEWAY_A.to_string()),
+                "gateway_b": GATEWAY_B.to_string(),
+            },
+            "outer_address_pairs": seen.outer_pairs.len(),
+            "observer": {
+                "frames": seen.frames, "udp_frames": seen.udp_frames,
+                "frames_with_true_address": seen.frames_with_true_address,
+                "pcap": args.pcap.as_ref().map(|p| p.display().to_string()),
+            },
+            "gateways": {
+                "a": statuses[0].peers.first().map(|p| &p.counters),
+                "b": statuses[1].peers.first().map(|p| &p.counters),
+                "a_handshake": statuses[0].peers.first().and_then(|p| p.handshake.as_ref()),
+                "b_handshake": statuses[1].peers.first().and_then(|p| p.handshake.as_ref()),
+            },
+            "ok": failures.is_empty(),
+            "failures": failures,
+        })
+    }
+
+    fn print(&self, say: &Say, daemons: &[DaemonProcess], failures: &[String]) {
+        let (args, lab, seen, mode) = (self.args, self.lab, &self.seen, self.mode);
+        let (train, flood, tcp) = (&self.tunnel.train, &self.tunnel.flood, &self.tunnel.tcp);
+        let (_, bmed, _) = self.baseline.ping.rtt_summary();
+        let (tmin, tmed, tmax) = train.rtt_summary();
+        let (_, flood_med, _) = flood.rtt_summary();
+        let (_, base_flood_med, _) = self.baseline.flood.rtt_summary();
+        let added_ms = tmed - bmed;
+        let rotations = self.rotations();
         say.line("");
         say.line(format!(
             "summary ({mode}, {} topology{}, rotation {} s): {rotations} rotations",
@@ -508,7 +653,7 @@ pre-shared keys: drop --host-mode, --psk, --rekey and --restart-gateway"
         say.line(format!(
             "  tcp         {:.0} Mbit/s through MT6D, {:.0} Mbit/s baseline; {} bytes, sha256 {}",
             tcp.mbit_s,
-            base_tcp.mbit_s,
+            self.baseline.tcp.mbit_s,
             tcp.bytes,
             if tcp.sha256_match {
                 "matches"
@@ -516,7 +661,11 @@ pre-shared keys: drop --host-mode, --psk, --rekey and --restart-gateway"
                 "MISMATCH"
             }
         ));
-        if handshake {
+        if self.handshake {
+            let (handshakes, rekeys) = (
+                self.handshake_sum(|h| h.handshakes),
+                self.handshake_sum(|h| h.rekeys),
+            );
             say.line(format!(
                 "  handshakes  {handshakes} completed ({rekeys} rekeys) across both gateways"
             ));
@@ -530,7 +679,7 @@ pre-shared keys: drop --host-mode, --psk, --rekey and --restart-gateway"
         if let Some(p) = &args.pcap {
             say.line(format!("  capture     {}", p.display()));
         }
-        for (d, st) in daemons.iter().zip(&statuses) {
+        for (d, st) in daemons.iter().zip(&self.statuses) {
             if let Some(p) = st.peers.first() {
                 let drops: u64 = p.counters.drops.values().sum();
                 say.line(format!(
@@ -548,16 +697,18 @@ pre-shared keys: drop --host-mode, --psk, --rekey and --restart-gateway"
             format!("result: FAILED: {}", failures.join("; "))
         });
     }
-    if failures.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("demo checks failed: {}", failures.join("; ")).into())
-    }
 }
 
 /// `mt6d demo --link-report`: the linker's measurement (docs/PRIVACY.md), printed as tables
 /// or one JSON document.
 fn link_report(args: &DemoArgs) -> DemoResult<()> {
+    if args.host_mode || args.psk || args.rekey.is_some() || args.restart_gateway {
+        return Err(
+            "--link-report runs its own two gateway-mode conversations with \
+pre-shared keys: drop --host-mode, --psk, --rekey and --restart-gateway"
+                .into(),
+        );
+    }
     let run = super::unlinkability::run(&super::unlinkability::LinkRunArgs {
         topology: args.topology,
         mode: args.mode.clone(),

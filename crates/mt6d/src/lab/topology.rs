@@ -34,6 +34,8 @@ use std::process::Stdio;
 
 use mt6d_os::{sysctl, unique_name, AddrFlags, Netlink, Netns};
 
+use super::config_file::{ConfigFile, GatewaySection, PeerSection};
+
 /// The protected hosts' true addresses in the lab.
 pub const HOST_A: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 0xa);
 pub const HOST_B: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 0xb);
@@ -514,23 +516,20 @@ impl LabKeys {
         })
     }
 
-    /// (lines for `[gateway]`, lines for `[[peer]]`) of `side`'s configuration.
-    fn config_lines(&self, side: Side) -> (String, String) {
+    /// `side`'s keys: into `[gateway]` (its state directory or identity key) and its
+    /// `[[peer]]` (the session key file or the other gateway's public key).
+    fn fill(&self, side: Side, gateway: &mut GatewaySection, peer: &mut PeerSection) {
         match self {
             // Each lab gateway keeps its send counter state (docs/PROTOCOL.md §4.3) next to the
             // key, not in the system's /var/lib/mt6d.
-            LabKeys::PreShared { key_file } => (
-                format!(
-                    "state_dir = \"{}\"\n",
-                    key_file
-                        .with_file_name(match side {
-                            Side::A => "state-a",
-                            Side::B => "state-b",
-                        })
-                        .display()
-                ),
-                format!("key_file = \"{}\"\n", key_file.display()),
-            ),
+            LabKeys::PreShared { key_file } => {
+                let state = key_file.with_file_name(match side {
+                    Side::A => "state-a",
+                    Side::B => "state-b",
+                });
+                gateway.state_dir = Some(state.display().to_string());
+                peer.key_file = Some(key_file.display().to_string());
+            }
             LabKeys::Handshake {
                 private_a,
                 private_b,
@@ -538,15 +537,13 @@ impl LabKeys {
                 public_b,
                 rekey_secs,
             } => {
-                let (own, peer) = match side {
+                let (own, far) = match side {
                     Side::A => (private_a, public_b),
                     Side::B => (private_b, public_a),
                 };
-                let rekey = rekey_secs.map_or(String::new(), |r| format!("rekey_secs = {r}\n"));
-                (
-                    format!("private_key_file = \"{}\"\n{rekey}", own.display()),
-                    format!("public_key = \"{peer}\"\n"),
-                )
+                gateway.private_key_file = Some(own.display().to_string());
+                gateway.rekey_secs = *rekey_secs;
+                peer.public_key = Some(far.clone());
             }
         }
     }
@@ -572,32 +569,34 @@ pub struct ConfigText<'a> {
 /// addresses come from each side's external /64 and leave through the router.
 pub fn gateway_config_text(c: &ConfigText<'_>) -> String {
     let s = c.settings;
-    let inside = if c.host_mode {
-        "role = \"host\"".to_string()
-    } else {
-        format!("internal_interface = \"{INTERNAL_IF}\"")
+    let mut gateway = GatewaySection {
+        role: c.host_mode.then(|| "host".to_string()),
+        internal_interface: (!c.host_mode).then(|| INTERNAL_IF.to_string()),
+        external_interface: EXTERNAL_IF.to_string(),
+        tun_name: "mt6d0".to_string(),
+        control_socket: c.socket.display().to_string(),
+        rotation_secs: s.rotation_secs,
+        mode: s.mode.to_string(),
+        external_next_hop: c.own.router,
+        state_dir: None,
+        private_key_file: None,
+        rekey_secs: None,
     };
-    let mut text = format!(
-        "# {}\n[gateway]\n{inside}\nexternal_interface = \"{EXTERNAL_IF}\"\n\
-tun_name = \"mt6d0\"\ncontrol_socket = \"{}\"\nrotation_secs = {:?}\nmode = \"{}\"\n",
-        c.comment,
-        c.socket.display(),
-        s.rotation_secs,
-        s.mode,
-    );
-    if let Some(r) = c.own.router {
-        text += &format!("external_next_hop = \"{r}\"\n");
+    let mut peer = PeerSection {
+        name: "far".to_string(),
+        local_host: c.local,
+        remote_host: c.remote,
+        key_file: None,
+        public_key: None,
+        local_prefix: None,
+        remote_prefix: None,
+    };
+    s.keys.fill(c.side, &mut gateway, &mut peer);
+    ConfigFile {
+        gateway,
+        peers: vec![peer.with_prefixes(c.own.prefix, c.far.prefix)],
     }
-    let (gateway_keys, peer_keys) = s.keys.config_lines(c.side);
-    text += &gateway_keys;
-    text += &format!(
-        "\n[[peer]]\nname = \"far\"\nlocal_host = \"{}\"\nremote_host = \"{}\"\n{peer_keys}",
-        c.local, c.remote,
-    );
-    if let (Some(lp), Some(rp)) = (c.own.prefix, c.far.prefix) {
-        text += &format!("local_prefix = \"{lp}/64\"\nremote_prefix = \"{rp}/64\"\n");
-    }
-    text
+    .text(c.comment)
 }
 
 /// `unresolved_discards` of the calling thread's namespace, all CPUs added.

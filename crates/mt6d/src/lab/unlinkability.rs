@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::config_file::{ConfigFile, GatewaySection, PeerSection};
 use super::daemon::DaemonProcess;
 use super::linker::{self, Label, LinkReport, Truth, Vantage};
 use super::observer::Observer;
@@ -160,32 +161,43 @@ pub fn run(args: &LinkRunArgs) -> Result<LinkRun, String> {
 /// Both gateways' configuration: one `[[peer]]` per conversation, each with its own key.
 fn config_text(lab: &Lab, side: Side, args: &LinkRunArgs, dir: &Path) -> String {
     let (own, far) = (lab.public(side), lab.public(other(side)));
-    let mut text = format!(
-        "# Generated for the linker's two conversations (gateway {side:?}, {} topology).\n\
-[gateway]\ninternal_interface = \"{INTERNAL_IF}\"\nexternal_interface = \"{EXTERNAL_IF}\"\n\
-tun_name = \"mt6d0\"\ncontrol_socket = \"{}\"\nrotation_secs = {:?}\nmode = \"{}\"\n",
-        lab.topology,
-        lab.control_socket(side).display(),
-        args.rotation_secs,
-        args.mode
-    );
-    if let Some(r) = own.router {
-        text += &format!("external_next_hop = \"{r}\"\n");
-    }
-    for (i, far_host) in [HOST_B, HOST_C].into_iter().enumerate() {
-        let (local, remote) = match side {
-            Side::A => (HOST_A, far_host),
-            Side::B => (far_host, HOST_A),
-        };
-        text += &format!(
-            "\n[[peer]]\nname = \"p{i}\"\nlocal_host = \"{local}\"\nremote_host = \"{remote}\"\nkey_file = \"{}\"\n",
-            dir.join(format!("k{i}")).display()
-        );
-        if let (Some(lp), Some(rp)) = (own.prefix, far.prefix) {
-            text += &format!("local_prefix = \"{lp}/64\"\nremote_prefix = \"{rp}/64\"\n");
-        }
-    }
-    text
+    let gateway = GatewaySection {
+        role: None,
+        internal_interface: Some(INTERNAL_IF.to_string()),
+        external_interface: EXTERNAL_IF.to_string(),
+        tun_name: "mt6d0".to_string(),
+        control_socket: lab.control_socket(side).display().to_string(),
+        rotation_secs: args.rotation_secs,
+        mode: args.mode.clone(),
+        external_next_hop: own.router,
+        state_dir: None,
+        private_key_file: None,
+        rekey_secs: None,
+    };
+    let peers = [HOST_B, HOST_C]
+        .into_iter()
+        .enumerate()
+        .map(|(i, far_host)| {
+            let (local, remote) = match side {
+                Side::A => (HOST_A, far_host),
+                Side::B => (far_host, HOST_A),
+            };
+            PeerSection {
+                name: format!("p{i}"),
+                local_host: local,
+                remote_host: remote,
+                key_file: Some(dir.join(format!("k{i}")).display().to_string()),
+                public_key: None,
+                local_prefix: None,
+                remote_prefix: None,
+            }
+            .with_prefixes(own.prefix, far.prefix)
+        })
+        .collect();
+    ConfigFile { gateway, peers }.text(&format!(
+        "Generated for the linker's two conversations (gateway {side:?}, {} topology).",
+        lab.topology
+    ))
 }
 
 fn other(side: Side) -> Side {

@@ -7,11 +7,11 @@ use std::net::Ipv6Addr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use mt6d::control::Status;
 use mt6d::lab::daemon::DaemonProcess;
 use mt6d::lab::ping::{ping, Pace};
 use mt6d::lab::topology::{GatewaySettings, Lab, LabKeys, Side, Topology, HOST_B};
 use mt6d::lab::transfer;
+use mt6d::status::Status;
 use mt6d_os::Netns;
 
 pub const MT6D: &str = env!("CARGO_BIN_EXE_mt6d");

@@ -5,23 +5,19 @@
 //! half-applies (developers' brief; `mt6d check -c FILE` runs exactly this code). The schema is
 //! documented with a full example in `docs/CONFIG.md` and `examples/gateway-a.toml`.
 
-use std::collections::HashSet;
-use std::fmt;
 use std::net::Ipv6Addr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use mt6d_proto::handshake::{link_key, HandshakeConfig, Psk};
-use mt6d_proto::{
-    AeadAlg, Derivation, Endpoint, Mode, PortPolicy, SessionKey, Stream, StreamConfig,
-};
+use mt6d_proto::handshake::HandshakeConfig;
+use mt6d_proto::{AeadAlg, Stream, StreamConfig};
 
-use crate::keys;
-use serde::Deserialize;
-use toml::Spanned;
+mod gateway;
+mod peer;
+mod raw;
 
-/// Longest interface name Linux accepts (IFNAMSIZ - 1).
-const IFNAME_MAX: usize = 15;
+use gateway::GatewaySection;
+use peer::{parse_peer, PeersSeen};
+use raw::{RawConfig, Source};
 
 /// A configuration error, with the place in the file a person has to look at.
 #[derive(Debug, thiserror::Error)]
@@ -159,98 +155,6 @@ impl PeerConfig {
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawConfig {
-    gateway: Spanned<RawGateway>,
-    #[serde(default, rename = "peer")]
-    peers: Vec<Spanned<RawPeer>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawGateway {
-    role: Option<Spanned<String>>,
-    internal_interface: Option<Spanned<String>>,
-    external_interface: Spanned<String>,
-    tun_name: Option<Spanned<String>>,
-    control_socket: Option<Spanned<String>>,
-    external_next_hop: Option<Spanned<String>>,
-    rotation_secs: Option<Spanned<f64>>,
-    jitter: Option<Spanned<bool>>,
-    mode: Option<Spanned<String>>,
-    aead: Option<Spanned<String>>,
-    derivation: Option<Spanned<String>>,
-    port: Option<Spanned<toml::Value>>,
-    private_key_file: Option<Spanned<String>>,
-    rekey_secs: Option<Spanned<f64>>,
-    rekey_packets: Option<Spanned<i64>>,
-    router_advertisements: Option<Spanned<bool>>,
-    log_level: Option<Spanned<String>>,
-    interface_down_exit_secs: Option<Spanned<f64>>,
-    randomize_link: Option<Spanned<bool>>,
-    state_dir: Option<Spanned<String>>,
-}
-
-/// Settings that `[gateway]` gives for every peer and a `[[peer]]` may override. (Listed in
-/// both sections rather than flattened: serde's flatten loses the spans that give line numbers.)
-#[derive(Default, Clone)]
-struct RawStreamSettings {
-    rotation_secs: Option<Spanned<f64>>,
-    jitter: Option<Spanned<bool>>,
-    mode: Option<Spanned<String>>,
-    aead: Option<Spanned<String>>,
-    derivation: Option<Spanned<String>>,
-    port: Option<Spanned<toml::Value>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawPeer {
-    name: Spanned<String>,
-    local_host: Spanned<String>,
-    remote_host: Spanned<String>,
-    local_prefix: Option<Spanned<String>>,
-    remote_prefix: Option<Spanned<String>>,
-    local_mac: Option<Spanned<String>>,
-    remote_mac: Option<Spanned<String>>,
-    key: Option<Spanned<String>>,
-    key_file: Option<Spanned<String>>,
-    public_key: Option<Spanned<String>>,
-    preshared_key_file: Option<Spanned<String>>,
-    rotation_secs: Option<Spanned<f64>>,
-    jitter: Option<Spanned<bool>>,
-    mode: Option<Spanned<String>>,
-    aead: Option<Spanned<String>>,
-    derivation: Option<Spanned<String>>,
-    port: Option<Spanned<toml::Value>>,
-}
-
-/// Turns byte offsets into the `file:line:column` a person can open.
-struct Source<'a> {
-    path: &'a Path,
-    text: &'a str,
-}
-
-impl Source<'_> {
-    fn err_at(&self, span: std::ops::Range<usize>, message: impl fmt::Display) -> ConfigError {
-        let start = span.start.min(self.text.len());
-        let before = &self.text[..start];
-        let line = before.matches('\n').count() + 1;
-        let column = start - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-        ConfigError::At {
-            path: self.path.to_path_buf(),
-            line,
-            column,
-            message: message.to_string(),
-        }
-    }
-
-    fn err<T>(&self, item: &Spanned<T>, message: impl fmt::Display) -> ConfigError {
-        self.err_at(item.span(), message)
-    }
-}
-
 impl Config {
     /// Reads and validates a configuration file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -283,354 +187,27 @@ impl Config {
                 message: e.message().to_string(),
             },
         })?;
-
-        let gw = raw.gateway.get_ref();
-        let host_role = match &gw.role {
-            None => false,
-            Some(r) => match r.get_ref().as_str() {
-                "gateway" => false,
-                "host" => true,
-                other => {
-                    return Err(src.err(
-                        r,
-                        format!("role {other:?}: \"gateway\" (in front of protected hosts) or \"host\" (on the protected host itself)"),
-                    ))
-                }
-            },
-        };
-        let internal_interface = match (&gw.internal_interface, host_role) {
-            (Some(name), false) => Some(interface_name(&src, name)?),
-            (None, true) => None,
-            (Some(name), true) => {
-                return Err(src.err(
-                    name,
-                    "role = \"host\" has no internal interface: the true address goes on the TUN device; remove internal_interface",
-                ))
-            }
-            (None, false) => {
-                return Err(src.err(
-                    &raw.gateway,
-                    "[gateway] needs internal_interface = \"IFACE\" (towards the protected hosts), or role = \"host\" when mt6d runs on the protected host itself",
-                ))
-            }
-        };
-        let external_interface = interface_name(&src, &gw.external_interface)?;
-        if internal_interface.as_deref() == Some(external_interface.as_str()) {
-            return Err(src.err(
-                &gw.external_interface,
-                "external_interface must differ from internal_interface",
-            ));
-        }
-        let tun_name = match &gw.tun_name {
-            Some(name) => interface_name(&src, name)?,
-            None => "mt6d0".to_string(),
-        };
-        if internal_interface.as_deref() == Some(tun_name.as_str())
-            || tun_name == external_interface
-        {
-            return Err(src.err(
-                gw.tun_name.as_ref().unwrap_or(&gw.external_interface),
-                format!("tun_name {tun_name:?} is already used by another interface setting"),
-            ));
-        }
-        // Host mode has no internal link to be the router of: the host's own stack takes the
-        // tunnel MTU from the TUN device, and its kernel reads the upstream router's MTU option
-        // on the external interface itself (it does not forward), which the ICMP thread follows.
-        let router_advertisements = match &gw.router_advertisements {
-            Some(v) if host_role && *v.get_ref() => {
-                return Err(src.err(
-                    v,
-                    "role = \"host\" has no internal link to send Router Advertisements on: remove router_advertisements",
-                ))
-            }
-            Some(v) => *v.get_ref(),
-            None => !host_role,
-        };
-        let log_level = match &gw.log_level {
-            Some(v) => Some(parse_log_level(v.get_ref()).ok_or_else(|| {
-                src.err(
-                    v,
-                    format!(
-                        "log_level {:?}: one of error, warn, info, debug, trace, off",
-                        v.get_ref()
-                    ),
-                )
-            })?),
-            None => None,
-        };
-        let interface_down_exit = match &gw.interface_down_exit_secs {
-            Some(v) => {
-                let secs = *v.get_ref();
-                if !(secs.is_finite() && secs > 0.0 && secs <= 86_400.0) {
-                    return Err(src.err(
-                        v,
-                        "interface_down_exit_secs: seconds, more than 0 and at most 86400",
-                    ));
-                }
-                std::time::Duration::from_secs_f64(secs)
-            }
-            None => std::time::Duration::from_secs(30),
-        };
-        let control_socket = match &gw.control_socket {
-            Some(p) => PathBuf::from(p.get_ref()),
-            None => default_control_socket(&tun_name),
-        };
-        // The daemon replaces a dead socket at this path; anything else there is someone's
-        // file and is refused now rather than deleted at start-up.
-        if let Err(why) = crate::control::refuse_non_socket(&control_socket) {
-            return Err(match &gw.control_socket {
-                Some(p) => src.err(p, why),
-                None => src.err(&raw.gateway, why),
-            });
-        }
-
-        let external_next_hop =
-            match &gw.external_next_hop {
-                None => None,
-                Some(v) => Some(v.get_ref().parse::<Ipv6Addr>().map_err(|_| {
-                    src.err(v, format!("{:?} is not an IPv6 address", v.get_ref()))
-                })?),
-            };
-
-        let private_key = gw
-            .private_key_file
-            .as_ref()
-            .map(|f| {
-                keys::read_private_key(&relative_to(path, f.get_ref())).map_err(|e| src.err(f, e))
-            })
-            .transpose()?;
-        let rekey_after = seconds(&src, &gw.rekey_secs, "rekey_secs", DEFAULT_REKEY_SECS)?;
-        let rekey_packets = match &gw.rekey_packets {
-            None => None,
-            Some(v) => Some(
-                u64::try_from(*v.get_ref())
-                    .ok()
-                    .filter(|n| (1000..=CHACHA_REKEY_PACKETS).contains(n))
-                    .ok_or_else(|| src.err(v, "rekey_packets out of range (1000 to 2^36)"))?,
-            ),
-        };
-        let state_dir = match &gw.state_dir {
-            Some(d) if d.get_ref().is_empty() => {
-                return Err(src.err(d, "state_dir is empty"));
-            }
-            Some(d) => relative_to(path, d.get_ref()),
-            None => PathBuf::from(DEFAULT_STATE_DIR),
-        };
-        // Pre-shared keys already used, with the true addresses of their streams: a key may serve
-        // several streams only if no true address is shared (docs/PROTOCOL.md §4.3).
-        let mut pre_shared: Vec<(zeroize::Zeroizing<Vec<u8>>, Ipv6Addr, Ipv6Addr, String)> =
-            Vec::new();
-
+        let section = GatewaySection::parse(&src, &raw.gateway)?;
         if raw.peers.is_empty() {
             return Err(ConfigError::File {
                 path: path.to_path_buf(),
                 message: "no [[peer]] section: a gateway needs at least one peer".into(),
             });
         }
-
-        let mut names = HashSet::new();
-        let mut remotes = HashSet::new();
-        // Host mode: the one address of this host, from the first peer; the others must agree.
-        let mut host_address: Option<Ipv6Addr> = None;
+        let mut seen = PeersSeen::default();
         let mut peers = Vec::with_capacity(raw.peers.len());
         for peer in &raw.peers {
-            let p = peer.get_ref();
-            let name = p.name.get_ref().trim().to_string();
-            if name.is_empty()
-                || !name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-            {
-                return Err(src.err(
-                    &p.name,
-                    "peer name must be non-empty and use only letters, digits, '-', '_' and '.'",
-                ));
-            }
-            if !names.insert(name.clone()) {
-                return Err(src.err(&p.name, format!("duplicate peer name {name:?}")));
-            }
-            let local_true = address(&src, &p.local_host)?;
-            let remote_true = address(&src, &p.remote_host)?;
-            if local_true == remote_true {
-                return Err(src.err(&p.remote_host, "remote_host equals local_host"));
-            }
-            if host_role {
-                match host_address {
-                    None => host_address = Some(local_true),
-                    Some(first) if first != local_true => {
-                        return Err(src.err(
-                            &p.local_host,
-                            format!("role = \"host\" protects one address, this host's own: every peer's local_host must be {first}"),
-                        ))
-                    }
-                    Some(_) => {}
-                }
-            }
-            if !remotes.insert((local_true, remote_true)) {
-                return Err(src.err(
-                    &p.remote_host,
-                    format!("another peer already carries {local_true} <-> {remote_true}: each pair of hosts belongs to one peer"),
-                ));
-            }
-            let settings = merge(&gateway_settings(gw), &peer_settings(p));
-            let mode: Mode = parse_opt(&src, &settings.mode, Mode::default())?;
-            let aead: AeadAlg = parse_opt(&src, &settings.aead, AeadAlg::default())?;
-            let (key, keying) = match &p.public_key {
-                None => {
-                    if let Some(f) = &p.preshared_key_file {
-                        return Err(src.err(
-                            f,
-                            "preshared_key_file adds to a handshake: it needs public_key (with key/key_file the pre-shared session key is used directly)",
-                        ));
-                    }
-                    let key = peer_key(&src, peer)?;
-                    for (k, l, r, other) in &pre_shared {
-                        let shared = [*l, *r]
-                            .into_iter()
-                            .find(|a| *a == local_true || *a == remote_true);
-                        if k[..] == *key.as_bytes() {
-                            if let Some(a) = shared {
-                                return Err(src.err(
-                                    p.key.as_ref().or(p.key_file.as_ref()).unwrap_or(&p.name),
-                                    format!("peer {name:?} uses the same pre-shared key as peer {other:?} and both streams carry {a}: their hashed addresses and ports for {a} would be the same in every epoch, linking the two conversations; give each peer its own key (`mt6d genpsk`)"),
-                                ));
-                            }
-                        }
-                    }
-                    pre_shared.push((
-                        zeroize::Zeroizing::new(key.as_bytes().to_vec()),
-                        local_true,
-                        remote_true,
-                        name.clone(),
-                    ));
-                    (key, Keying::PreShared)
-                }
-                Some(public) => {
-                    if let Some(k) = p.key.as_ref().or(p.key_file.as_ref()) {
-                        return Err(src.err(
-                            k,
-                            "give either public_key (handshake) or key/key_file (pre-shared session key), not both",
-                        ));
-                    }
-                    let Some(private) = &private_key else {
-                        return Err(src.err(
-                            public,
-                            "public_key needs [gateway] private_key_file = \"PATH\" (create one with `mt6d keygen PATH`)",
-                        ));
-                    };
-                    if mode == Mode::Plain {
-                        return Err(src.err(
-                            public,
-                            "mode \"plain\" has no counter or tag, so it cannot use handshake keys; use key/key_file (pre-shared) or mode \"auth\"/\"encrypt\"",
-                        ));
-                    }
-                    let remote_public = keys::public_key(public.get_ref(), "public_key")
-                        .map_err(|e| src.err(public, e))?;
-                    let psk = match &p.preshared_key_file {
-                        None => Psk::none(),
-                        Some(f) => {
-                            let file = relative_to(path, f.get_ref());
-                            let text = keys::read_secret_file(&file).map_err(|e| src.err(f, e))?;
-                            let what = format!("preshared key file {}", file.display());
-                            Psk::from_bytes(
-                                *keys::decode32(&text, &what, "pre-shared key")
-                                    .map_err(|e| src.err(f, e))?,
-                            )
-                        }
-                    };
-                    let key = link_key(private, &remote_public, &psk)
-                        .map_err(|e| src.err(public, format!("peer {name:?}: {e}")))?;
-                    let limit = rekey_packets_limit(aead);
-                    let rekey_after_packets = match (&gw.rekey_packets, rekey_packets) {
-                        (Some(v), Some(n)) if n > limit => {
-                            return Err(src.err(
-                                v,
-                                format!("rekey_packets {n} is beyond the {aead} limit of {limit} packets per key (RFC 9001 §6.6) used by peer {name:?}"),
-                            ))
-                        }
-                        (_, Some(n)) => n,
-                        (_, None) => limit,
-                    };
-                    let hs = HandshakeConfig {
-                        local_private: private.clone(),
-                        remote_public,
-                        psk,
-                        mode,
-                        aead,
-                        local_true,
-                        remote_true,
-                        rekey_after,
-                        rekey_after_packets,
-                    };
-                    (key, Keying::Handshake(hs))
-                }
-            };
-            let stream = StreamConfig {
-                local: Endpoint {
-                    true_addr: local_true,
-                    external_prefix: p
-                        .local_prefix
-                        .as_ref()
-                        .map(|s| prefix64(&src, s))
-                        .transpose()?,
-                    mac: p.local_mac.as_ref().map(|s| mac(&src, s)).transpose()?,
-                },
-                remote: Endpoint {
-                    true_addr: remote_true,
-                    external_prefix: p
-                        .remote_prefix
-                        .as_ref()
-                        .map(|s| prefix64(&src, s))
-                        .transpose()?,
-                    mac: p.remote_mac.as_ref().map(|s| mac(&src, s)).transpose()?,
-                },
-                key,
-                derivation: parse_opt(&src, &settings.derivation, Derivation::default())?,
-                ports: ports(&src, &settings.port)?,
-                mode,
-                aead,
-                rotation: rotation(&src, &settings.rotation_secs)?,
-                jitter: settings.jitter.as_ref().is_some_and(|j| *j.get_ref()),
-            };
-            // Build the stream once so that anything the protocol layer rejects is reported
-            // here, against this peer's lines.
-            Stream::new(stream.clone())
-                .map_err(|e| src.err(&p.name, format!("peer {name:?}: {e}")))?;
-            if let Keying::Handshake(hs) = &keying {
-                mt6d_proto::handshake::Handshake::new(hs.clone())
-                    .map_err(|e| src.err(&p.name, format!("peer {name:?}: {e}")))?;
-            }
-            peers.push(PeerConfig {
-                name,
-                stream,
-                keying,
-            });
+            peers.push(parse_peer(
+                &src,
+                raw.gateway.get_ref(),
+                &section,
+                peer,
+                &mut seen,
+            )?);
         }
-
         Ok(Config {
             path: path.to_path_buf(),
-            gateway: GatewayConfig {
-                role: match (internal_interface, host_address) {
-                    (Some(internal_interface), _) => Role::Gateway { internal_interface },
-                    (None, Some(local_host)) => Role::Host { local_host },
-                    // Host role without an address is impossible: there is at least one peer.
-                    (None, None) => {
-                        return Err(ConfigError::File {
-                            path: path.to_path_buf(),
-                            message: "role = \"host\" needs a [[peer]] with local_host".into(),
-                        })
-                    }
-                },
-                external_interface,
-                tun_name,
-                control_socket,
-                external_next_hop,
-                router_advertisements,
-                log_level,
-                interface_down_exit,
-                randomize_link: gw.randomize_link.as_ref().is_some_and(|v| *v.get_ref()),
-                state_dir,
-            },
+            gateway: section.finish(path, raw.gateway.get_ref(), seen.host_address)?,
             peers,
         })
     }
@@ -650,176 +227,8 @@ pub fn default_control_socket(tun_name: &str) -> PathBuf {
     PathBuf::from(format!("/run/mt6d/{tun_name}.sock"))
 }
 
-fn gateway_settings(g: &RawGateway) -> RawStreamSettings {
-    RawStreamSettings {
-        rotation_secs: g.rotation_secs.clone(),
-        jitter: g.jitter.clone(),
-        mode: g.mode.clone(),
-        aead: g.aead.clone(),
-        derivation: g.derivation.clone(),
-        port: g.port.clone(),
-    }
-}
-
-fn peer_settings(p: &RawPeer) -> RawStreamSettings {
-    RawStreamSettings {
-        rotation_secs: p.rotation_secs.clone(),
-        jitter: p.jitter.clone(),
-        mode: p.mode.clone(),
-        aead: p.aead.clone(),
-        derivation: p.derivation.clone(),
-        port: p.port.clone(),
-    }
-}
-
-fn merge(defaults: &RawStreamSettings, own: &RawStreamSettings) -> RawStreamSettings {
-    RawStreamSettings {
-        rotation_secs: own
-            .rotation_secs
-            .clone()
-            .or_else(|| defaults.rotation_secs.clone()),
-        jitter: own.jitter.clone().or_else(|| defaults.jitter.clone()),
-        mode: own.mode.clone().or_else(|| defaults.mode.clone()),
-        aead: own.aead.clone().or_else(|| defaults.aead.clone()),
-        derivation: own
-            .derivation
-            .clone()
-            .or_else(|| defaults.derivation.clone()),
-        port: own.port.clone().or_else(|| defaults.port.clone()),
-    }
-}
-
-fn interface_name(src: &Source, v: &Spanned<String>) -> Result<String, ConfigError> {
-    let name = v.get_ref();
-    if name.is_empty()
-        || name.len() > IFNAME_MAX
-        || name.contains('/')
-        || name.contains(char::is_whitespace)
-    {
-        return Err(src.err(
-            v,
-            format!("{name:?} is not a valid interface name (1-{IFNAME_MAX} characters, no '/' or spaces)"),
-        ));
-    }
-    Ok(name.clone())
-}
-
-fn address(src: &Source, v: &Spanned<String>) -> Result<Ipv6Addr, ConfigError> {
-    let addr: Ipv6Addr = v
-        .get_ref()
-        .parse()
-        .map_err(|_| src.err(v, format!("{:?} is not an IPv6 address", v.get_ref())))?;
-    if addr.is_unspecified() || addr.is_loopback() || addr.is_multicast() {
-        return Err(src.err(v, format!("{addr} cannot be a protected host's address")));
-    }
-    if addr.segments()[0] & 0xffc0 == 0xfe80 {
-        return Err(src.err(
-            v,
-            format!(
-                "{addr} is link-local: a protected host needs a global or unique-local address"
-            ),
-        ));
-    }
-    Ok(addr)
-}
-
-fn prefix64(src: &Source, v: &Spanned<String>) -> Result<Ipv6Addr, ConfigError> {
-    let text = v.get_ref();
-    let (addr, len) = text.split_once('/').ok_or_else(|| {
-        src.err(
-            v,
-            format!("{text:?} is not a prefix: write it as ADDRESS/64"),
-        )
-    })?;
-    if len != "64" {
-        return Err(src.err(
-            v,
-            format!("prefix length /{len} not supported: hashed addresses take a /64 (their low 64 bits are the hash)"),
-        ));
-    }
-    let addr: Ipv6Addr = addr
-        .parse()
-        .map_err(|_| src.err(v, format!("{addr:?} is not an IPv6 address")))?;
-    let seg = addr.segments();
-    Ok(Ipv6Addr::new(seg[0], seg[1], seg[2], seg[3], 0, 0, 0, 0))
-}
-
-fn mac(src: &Source, v: &Spanned<String>) -> Result<[u8; 6], ConfigError> {
-    let text = v.get_ref();
-    let mut out = [0u8; 6];
-    let parts: Vec<&str> = text.split([':', '-']).collect();
-    if parts.len() != 6 {
-        return Err(src.err(v, format!("{text:?} is not a MAC address (six hex bytes)")));
-    }
-    for (slot, part) in out.iter_mut().zip(parts) {
-        *slot = u8::from_str_radix(part, 16)
-            .map_err(|_| src.err(v, format!("{text:?} is not a MAC address (six hex bytes)")))?;
-    }
-    Ok(out)
-}
-
-fn parse_opt<T>(src: &Source, v: &Option<Spanned<String>>, default: T) -> Result<T, ConfigError>
-where
-    T: std::str::FromStr,
-    T::Err: fmt::Display,
-{
-    match v {
-        None => Ok(default),
-        Some(s) => s.get_ref().parse().map_err(|e| src.err(s, e)),
-    }
-}
-
-fn ports(src: &Source, v: &Option<Spanned<toml::Value>>) -> Result<PortPolicy, ConfigError> {
-    match v {
-        None => Ok(PortPolicy::default()),
-        Some(s) => match s.get_ref() {
-            toml::Value::String(h) if h == "hopping" => Ok(PortPolicy::Hopping),
-            toml::Value::Integer(p) if (1024..=65535).contains(p) => {
-                // The range check above makes the conversion exact.
-                Ok(PortPolicy::Fixed(*p as u16))
-            }
-            _ => Err(src.err(
-                s,
-                "port must be \"hopping\" (a new port every epoch) or a fixed port number 1024-65535",
-            )),
-        },
-    }
-}
-
-fn rotation(src: &Source, v: &Option<Spanned<f64>>) -> Result<Duration, ConfigError> {
-    seconds(src, v, "rotation_secs", 10)
-}
-
-/// A duration setting in seconds (1 to 86400, millisecond resolution).
-fn seconds(
-    src: &Source,
-    v: &Option<Spanned<f64>>,
-    name: &str,
-    default_secs: u64,
-) -> Result<Duration, ConfigError> {
-    match v {
-        None => Ok(Duration::from_secs(default_secs)),
-        Some(s) => {
-            let secs = *s.get_ref();
-            if !(1.0..=86_400.0).contains(&secs) {
-                return Err(src.err(s, format!("{name} {secs} out of range (1 to 86400)")));
-            }
-            Ok(Duration::from_millis((secs * 1000.0).round() as u64))
-        }
-    }
-}
-
-/// A path from the file, relative to the configuration file's directory unless absolute.
-fn relative_to(config: &Path, file: &str) -> PathBuf {
-    let file = PathBuf::from(file);
-    match config.parent() {
-        Some(dir) if file.is_relative() => dir.join(file),
-        _ => file,
-    }
-}
-
 /// Secrets written into the config itself (a peer's `key = "..."`) are refused when group or
-/// others can read the file (`mode` & 0o077), as key files are ([`keys::read_secret_file`]);
+/// others can read the file (`mode` & 0o077), as key files are ([`crate::keys::read_secret_file`]);
 /// the error points at the first such key, file:line:column.
 fn refuse_readable_inline_secrets(path: &Path, text: &str, mode: u32) -> Result<(), ConfigError> {
     if mode & 0o077 == 0 {
@@ -843,30 +252,12 @@ fn refuse_readable_inline_secrets(path: &Path, text: &str, mode: u32) -> Result<
     }
 }
 
-fn peer_key(src: &Source, peer: &Spanned<RawPeer>) -> Result<SessionKey, ConfigError> {
-    let p = peer.get_ref();
-    let (text, at) = match (&p.key, &p.key_file) {
-        (Some(_), Some(f)) => return Err(src.err(f, "give either key or key_file, not both")),
-        (None, None) => {
-            return Err(src.err(
-                &p.name,
-                "peer has no key: set public_key = \"BASE64\" (the peer's `mt6d pubkey`), or a pre-shared key = \"BASE64\" / key_file = \"PATH\" (`mt6d genpsk`)",
-            ))
-        }
-        (Some(k), None) => (zeroize::Zeroizing::new(k.get_ref().clone()), k),
-        (None, Some(f)) => {
-            let file = relative_to(src.path, f.get_ref());
-            (keys::read_secret_file(&file).map_err(|e| src.err(f, e))?, f)
-        }
-    };
-    let bytes = keys::decode(&text, "key").map_err(|e| src.err(at, e))?;
-    SessionKey::from_bytes(&bytes).map_err(|e| src.err(at, e))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mt6d_proto::{Mode, PortPolicy};
     use std::os::unix::fs::PermissionsExt;
+    use std::time::Duration;
 
     const KEY: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
 
@@ -1255,13 +646,16 @@ key = "{KEY}"
         for (name, text) in [
             (
                 "gateway-a.toml",
-                include_str!("../../../examples/gateway-a.toml"),
+                include_str!("../../../../examples/gateway-a.toml"),
             ),
             (
                 "gateway-b.toml",
-                include_str!("../../../examples/gateway-b.toml"),
+                include_str!("../../../../examples/gateway-b.toml"),
             ),
-            ("host-a.toml", include_str!("../../../examples/host-a.toml")),
+            (
+                "host-a.toml",
+                include_str!("../../../../examples/host-a.toml"),
+            ),
         ] {
             let cfg =
                 Config::parse(&dir.join(name), text).unwrap_or_else(|e| panic!("{name}: {e}"));

@@ -1,0 +1,148 @@
+//! One configured peer as every thread of the daemon shares it: its stream, its keys (sealed
+//! with by the tx thread, replaced by the handshake), its counters and its route moves. Its own
+//! file because the route table (`routing`) and the handshake (`session`) both name it, and
+//! neither should import the other for it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arc_swap::ArcSwapOption;
+use mt6d_proto::handshake::Handshake;
+use mt6d_proto::icmp::SentLog;
+use mt6d_proto::moves::RouteMoves;
+use mt6d_proto::{Sealer, Stream};
+
+use super::counter_state::CounterState;
+use super::counters::PeerCounters;
+
+/// One configured peer: its protocol state and counters. Shared by all threads; immutable apart
+/// from the atomics inside.
+#[derive(Debug)]
+pub struct Peer {
+    pub name: String,
+    pub stream: Stream,
+    pub keys: PeerKeys,
+    pub counters: PeerCounters,
+    /// Epochs moved away from address collisions (docs/PROTOCOL.md §5.2). Locked by the main
+    /// thread's tick and by the rx thread for a notice, never per data packet.
+    pub moves: Mutex<RouteMoves>,
+    /// Set by the rx thread when a peer's notice moved a route: the table must be rebuilt.
+    pub moves_changed: AtomicBool,
+    /// Notices refused (malformed, bad MAC, outside the window).
+    pub notices_refused: AtomicU64,
+    /// The peer's external MAC from its authenticated announcement (docs/PROTOCOL.md §5.2,
+    /// "Pinned neighbours"), as `1 << 48 | mac`; 0 until one arrived.
+    pub lladdr: AtomicU64,
+    /// The tunnel payloads the tx thread sent lately: ICMPv6 errors from the path are believed
+    /// only about these, once each (docs/PROTOCOL.md §5).
+    pub sent: SentLog,
+}
+
+impl Peer {
+    pub fn new(name: String, stream: Stream, keys: PeerKeys) -> Peer {
+        let moves = Mutex::new(RouteMoves::new(&stream));
+        Peer {
+            name,
+            stream,
+            keys,
+            counters: PeerCounters::default(),
+            moves,
+            moves_changed: AtomicBool::new(false),
+            notices_refused: AtomicU64::new(0),
+            lladdr: AtomicU64::new(0),
+            sent: SentLog::new(),
+        }
+    }
+
+    /// The peer's external MAC, once it announced it.
+    pub fn lladdr(&self) -> Option<[u8; 6]> {
+        let v = self.lladdr.load(std::sync::atomic::Ordering::Relaxed);
+        (v != 0).then(|| {
+            let b = v.to_be_bytes();
+            [b[2], b[3], b[4], b[5], b[6], b[7]]
+        })
+    }
+
+    /// Records the peer's MAC; true if it changed.
+    pub fn set_lladdr(&self, mac: [u8; 6]) -> bool {
+        let mut b = [0u8; 8];
+        b[1] = 1;
+        b[2..].copy_from_slice(&mac);
+        let v = u64::from_be_bytes(b);
+        self.lladdr.swap(v, std::sync::atomic::Ordering::Relaxed) != v
+    }
+
+    /// The route moves. A poisoned lock still holds consistent state: every update is a plain
+    /// field assignment.
+    pub fn lock_moves(&self) -> MutexGuard<'_, RouteMoves> {
+        self.moves
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// One peer's keys, shared by all threads.
+#[derive(Debug)]
+pub struct PeerKeys {
+    /// What the tx thread seals with. None before the first handshake and after keys expired.
+    pub send: ArcSwapOption<Sealer>,
+    /// Set by the tx thread when it has nothing to seal with; taken by the timer.
+    pub want: AtomicBool,
+    /// Set by the rx thread when a packet named a key phase it holds no key for (may be forged:
+    /// the handshake rate-limits what it does about it); taken by the timer.
+    pub empty_slot: AtomicBool,
+    /// Set by the timer when keys expired with no rekey; the rx thread then erases its keys.
+    pub erase_recv: AtomicBool,
+    /// Handshake state; None with a pre-shared key.
+    pub handshake: Option<Mutex<HandshakeSide>>,
+    /// A pre-shared auth/encrypt key's persisted counter reservation (docs/PROTOCOL.md §4.3);
+    /// touched only by the main thread's timer.
+    pub counter: Option<Mutex<CounterState>>,
+}
+
+/// The handshake state machine and a responder's send keys waiting for confirmation: one per
+/// answered initiation of the handshake under way, by the key id of its receive key (the peer
+/// completes with whichever answer reaches it first, docs/PROTOCOL.md §9.5).
+#[derive(Debug)]
+pub struct HandshakeSide {
+    pub hs: Handshake,
+    pub pending_send: Vec<(u64, Arc<Sealer>)>,
+}
+
+impl PeerKeys {
+    /// A pre-shared session key: one sealer for the daemon's lifetime, no handshake. `counter`:
+    /// the sealer's persisted reservation (None in plain mode, which has no counter).
+    pub fn pre_shared(sealer: Sealer, counter: Option<CounterState>) -> PeerKeys {
+        PeerKeys {
+            send: ArcSwapOption::from_pointee(sealer),
+            want: AtomicBool::new(false),
+            empty_slot: AtomicBool::new(false),
+            erase_recv: AtomicBool::new(false),
+            handshake: None,
+            counter: counter.map(Mutex::new),
+        }
+    }
+
+    /// Keys from handshakes: none until the first one completes.
+    pub fn handshake(hs: Handshake) -> PeerKeys {
+        PeerKeys {
+            send: ArcSwapOption::empty(),
+            want: AtomicBool::new(true),
+            empty_slot: AtomicBool::new(false),
+            erase_recv: AtomicBool::new(false),
+            handshake: Some(Mutex::new(HandshakeSide {
+                hs,
+                pending_send: Vec::new(),
+            })),
+            counter: None,
+        }
+    }
+
+    /// The handshake state, if this peer uses handshakes. A poisoned lock (a panic while it was
+    /// held) still holds consistent state: every update is a plain field assignment.
+    pub fn lock(&self) -> Option<MutexGuard<'_, HandshakeSide>> {
+        self.handshake
+            .as_ref()
+            .map(|m| m.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+}

@@ -1,0 +1,202 @@
+//! The status schema: what `mt6d status` (and `--json`, the demo, the tests and the bench) read
+//! from a running daemon. The daemon (`gateway`) fills it in and the control socket (`control`)
+//! carries it; both import it from here, so neither imports the other for it.
+//!
+//! Fields added later carry `#[serde(default)]`, so a newer `mt6d status` still reads an older
+//! daemon's answer.
+
+use serde::{Deserialize, Serialize};
+
+/// What the daemon reports about itself.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Status {
+    pub version: String,
+    pub pid: u32,
+    pub uptime_secs: u64,
+    pub tun: String,
+    /// `gateway` or `host` (absent from older daemons: gateway).
+    #[serde(default = "gateway_role")]
+    pub role: String,
+    /// Empty in host mode, which has no internal interface.
+    pub internal_interface: String,
+    pub external_interface: String,
+    pub peers: Vec<PeerStatus>,
+    /// Path MTU, ICMPv6 errors and neighbour priming (absent from older daemons).
+    #[serde(default)]
+    pub path: PathStatus,
+    /// Duplicate address probes and the neighbour discovery watch (absent from older daemons).
+    #[serde(default)]
+    pub collision_watch: CollisionWatchStatus,
+    /// The interfaces the daemon uses and their state (absent from older daemons).
+    #[serde(default)]
+    pub interfaces: Vec<InterfaceStatus>,
+}
+
+/// One interface the daemon uses, followed by name through link events.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct InterfaceStatus {
+    /// "external" or "internal".
+    pub role: String,
+    pub name: String,
+    /// The index it had at start-up.
+    pub index: u32,
+    /// "up", "down" or "missing".
+    pub state: String,
+    /// Seconds since it entered that state (or since start-up).
+    pub since_secs: u64,
+}
+
+/// The gateway's own duplicate address detection on the external link (docs/PROTOCOL.md §5.2).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CollisionWatchStatus {
+    /// Whether the watch runs (it needs the external interface's link-layer address).
+    pub active: bool,
+    /// Duplicate address probes sent for newly bound hashed addresses.
+    pub probes: u64,
+    /// Solicitations and advertisements that failed the parser.
+    pub malformed: u64,
+    /// Advertisements and probes from other nodes naming one of our hashed addresses.
+    #[serde(default)]
+    pub claims: u64,
+    /// Unicast probes sent to a claimant, and the claims they confirmed (collisions).
+    #[serde(default)]
+    pub confirmation_probes: u64,
+    #[serde(default)]
+    pub confirmed: u64,
+}
+
+/// A peer's route moves away from address collisions (docs/PROTOCOL.md §5.2).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MoveStatus {
+    /// Collisions on this gateway's hashed addresses that moved a route.
+    pub collisions_detected: u64,
+    /// Collisions left in place because the epoch had moved the maximum number of times.
+    pub collisions_unresolved: u64,
+    /// Routes moved: by this gateway's collisions plus by the peer's notices.
+    pub routes_moved: u64,
+    /// Of which on the peer's notice.
+    pub moved_by_peer: u64,
+    pub notices_sent: u64,
+    pub acks_sent: u64,
+    pub notices_received: u64,
+    /// Malformed, forged or out-of-window notices.
+    pub notices_refused: u64,
+    /// Epochs of the window now moved, as (epoch, attempt offset).
+    pub moved_epochs: Vec<(u64, u8)>,
+}
+
+fn gateway_role() -> String {
+    "gateway".into()
+}
+
+/// What the gateway knows and did about the public path (docs/PROTOCOL.md §5).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PathStatus {
+    /// The TUN device's MTU now: the largest inner packet the tunnel carries.
+    pub tunnel_mtu: u32,
+    /// The TUN MTU from the external interface's MTU, before any Packet Too Big lowered it.
+    pub base_mtu: u32,
+    /// ICMPv6 errors from the path translated and delivered to the protected host, by type.
+    pub icmp_translated: std::collections::BTreeMap<String, u64>,
+    /// ICMPv6 errors not translated, by reason (`icmp_not_our_route`, `icmp_bad_tag`, ...).
+    pub icmp_dropped: std::collections::BTreeMap<String, u64>,
+    /// Neighbour solicitations sent from new hashed addresses to the on-link next hop.
+    pub neighbor_solicitations: u64,
+    /// Router discovery on the internal and external links (docs/PROTOCOL.md §5.3).
+    #[serde(default)]
+    pub router: RouterStatus,
+    /// Per peer: the largest inner packet its path carries now (the tunnel MTU, or lower while
+    /// a Packet Too Big about that peer's packets holds; docs/PROTOCOL.md §5 "Path MTU").
+    #[serde(default)]
+    pub peer_mtu: std::collections::BTreeMap<String, u32>,
+}
+
+/// Router Advertisements to the protected hosts and what the external link's router said.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RouterStatus {
+    /// `router_advertisements` in the config.
+    pub enabled: bool,
+    /// The MTU the last advertisement carried (0: none sent yet).
+    pub advertised_mtu: u32,
+    pub advertisements_sent: u64,
+    /// Router Solicitations from hosts answered unicast.
+    pub solicitations_answered: u64,
+    /// Router Advertisements heard on the external link.
+    pub upstream_advertisements: u64,
+    /// The MTU the external link's router advertises (0: none heard).
+    pub upstream_mtu: u32,
+    /// Router discovery messages dropped, by reason (`nd_malformed`, `nd_hop_limit`, ...).
+    pub dropped: std::collections::BTreeMap<String, u64>,
+}
+
+/// One peer (stream) of the daemon.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PeerStatus {
+    pub name: String,
+    pub mode: String,
+    pub local_host: String,
+    pub remote_host: String,
+    pub epoch: u64,
+    /// Milliseconds until the send route changes.
+    pub next_change_ms: u64,
+    /// The route packets are sent on now.
+    pub send: RouteStatus,
+    /// The routes accepted now: previous, current and next epoch.
+    pub accept: Vec<RouteStatus>,
+    pub counters: CounterSnapshot,
+    /// "handshake" (identity keys) or "pre-shared" (a static session key).
+    #[serde(default)]
+    pub keying: String,
+    /// Handshake state; absent with a pre-shared key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handshake: Option<HandshakeStatus>,
+    /// Route moves away from address collisions (absent from older daemons).
+    #[serde(default)]
+    pub moves: MoveStatus,
+    /// Milliseconds since anything (data, keepalive, handshake message) last arrived from this
+    /// peer; None if nothing ever did (absent from older daemons).
+    #[serde(default)]
+    pub last_rx_ms_ago: Option<u64>,
+}
+
+/// What a peer's handshakes have done.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HandshakeStatus {
+    /// Whether this gateway holds a send key (a handshake has completed and keys have not expired).
+    pub has_keys: bool,
+    /// Milliseconds since the newest handshake completed (None: never).
+    pub last_handshake_ms_ago: Option<u64>,
+    /// Age of the send key in use, in milliseconds (None: no key).
+    pub key_age_ms: Option<u64>,
+    /// Fingerprint of the send key in use (hex; tells keys apart, reveals nothing).
+    pub send_key_id: Option<String>,
+    /// Handshakes completed, and how many of them replaced keys.
+    pub handshakes: u64,
+    pub rekeys: u64,
+    pub initiations_sent: u64,
+    pub responses_sent: u64,
+    /// Rejected handshake messages by reason (`hs_bad_mac`, `hs_replayed`, ...).
+    pub failures: std::collections::BTreeMap<String, u64>,
+}
+
+/// A pair of outer endpoints for one epoch.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RouteStatus {
+    pub epoch: u64,
+    /// `[address]:port` of this gateway.
+    pub local: String,
+    /// `[address]:port` of the peer gateway.
+    pub remote: String,
+}
+
+/// A snapshot for `mt6d status`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CounterSnapshot {
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    pub rotations: u64,
+    /// Drops by reason label, both directions added.
+    pub drops: std::collections::BTreeMap<String, u64>,
+}
