@@ -90,6 +90,18 @@ pub enum OsError {
         source: io::Error,
     },
 
+    /// Telling the service manager our state (sd_notify) failed.
+    #[error("{op} (NOTIFY_SOCKET {socket}): {source}")]
+    ServiceManager {
+        /// What was being sent.
+        op: &'static str,
+        /// The socket path the manager gave.
+        socket: String,
+        /// The kernel's answer.
+        #[source]
+        source: io::Error,
+    },
+
     /// Reading or writing a sysctl file failed.
     #[error("{op} {}: {source}", path.display())]
     Sysctl {
@@ -198,6 +210,7 @@ impl OsError {
             | OsError::Route { source, .. }
             | OsError::Neighbor { source, .. }
             | OsError::Sysctl { source, .. }
+            | OsError::ServiceManager { source, .. }
             | OsError::Netns { source, .. }
             | OsError::Tun { source, .. }
             | OsError::Udp { source, .. }

@@ -31,6 +31,7 @@ pub mod netlink;
 pub mod netns;
 pub mod nftables;
 pub mod secrets;
+pub mod service;
 mod sys;
 pub mod sysctl;
 pub mod tun;

@@ -235,6 +235,11 @@ fn run_gateway(
     let first = rotator.step(&mut sys.netlink, &epoll, &shared, now);
     let result = first.and_then(|()| {
         log::info!("{}", start_line(cfg, &sys, &shared));
+        // The current epoch's addresses are bound: units ordered after this one may start.
+        let ready = format!("carrying {} peer(s)", shared.peers.len());
+        if let Err(e) = mt6d_os::service::ready(&ready) {
+            log::warn!("{e}");
+        }
         serve(
             cfg,
             control,
@@ -249,6 +254,9 @@ fn run_gateway(
         )
     });
     shared.shutdown.store(true, Ordering::Relaxed);
+    if let Err(e) = mt6d_os::service::stopping() {
+        log::warn!("{e}");
+    }
     rotator.remove_all(&mut sys.netlink, &epoll);
     sys.teardown();
     log::info!("mt6d stopped; addresses, routes, neighbour entries and the TUN device removed");

@@ -1,0 +1,62 @@
+//! Issue 15 item 3: under a service manager (`Type=notify` in packaging/systemd/mt6d@.service)
+//! the daemon reports ready only once the current epoch's hashed address is bound, and reports
+//! stopping when SIGTERM starts its clean-up. The manager's side is a datagram socket at
+//! `NOTIFY_SOCKET`, as systemd passes it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a failed test
+
+mod common;
+
+use std::os::unix::net::UnixDatagram;
+use std::time::Duration;
+
+use common::*;
+use mt6d::lab::daemon::DaemonProcess;
+use mt6d::lab::topology::{Side, HOST_B};
+
+#[test]
+#[ignore = "needs root: network namespaces, TUN devices and raw sockets (run with --include-ignored as root)"]
+fn ready_once_the_current_address_is_bound_and_stopping_on_sigterm() {
+    require_root();
+    let mut running = start("encrypt", 2.0);
+    // Restart gateway A under a "service manager".
+    running.daemons[0].stop(Duration::from_secs(5)).unwrap();
+    let manager_path = running.dir.join("notify.sock");
+    let manager = UnixDatagram::bind(&manager_path).unwrap();
+    manager
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    let config = running.dir.join("gw-A.toml");
+    let mut cmd = running.lab.gateway(Side::A).command(MT6D).unwrap();
+    cmd.arg("run")
+        .arg("-c")
+        .arg(&config)
+        .env("NOTIFY_SOCKET", &manager_path);
+    let log = running.dir.join("gw-A-service.log");
+    running.daemons[0] =
+        DaemonProcess::spawn("A", cmd, &running.lab.control_socket(Side::A), &log).unwrap();
+
+    let mut buf = [0u8; 512];
+    let n = manager.recv(&mut buf).expect("READY within 15 s");
+    let ready = String::from_utf8_lossy(&buf[..n]).into_owned();
+    assert_eq!(ready, "READY=1\nSTATUS=carrying 1 peer(s)\n");
+    // Ready means the current epoch's address is on the external interface already.
+    let st = running.daemons[0].status().unwrap();
+    let local = st.peers[0].send.local.clone();
+    let host = local
+        .trim_start_matches('[')
+        .split(']')
+        .next()
+        .unwrap()
+        .to_string();
+    let addrs = ip_in(&running.lab.gw_a, &["-6", "addr", "show"]);
+    assert!(
+        addrs.contains(&host),
+        "the send route's local address {host} is bound when READY arrives:\n{addrs}"
+    );
+    wait_for_path(&running.lab, HOST_B, 3);
+
+    running.daemons[0].stop(Duration::from_secs(10)).unwrap();
+    let n = manager.recv(&mut buf).expect("STOPPING before exit");
+    assert_eq!(&buf[..n], b"STOPPING=1\n");
+}
