@@ -9,7 +9,7 @@ use mt6d::{config, control, gateway, keys, lab};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -111,6 +111,19 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
     },
+    /// Print a shell completion script to standard output, e.g.
+    /// `mt6d completions bash > /usr/share/bash-completion/completions/mt6d`
+    /// (zsh: `_mt6d` in a directory of `$fpath`; fish: `~/.config/fish/completions/mt6d.fish`).
+    Completions {
+        #[arg(value_enum, value_name = "SHELL")]
+        shell: clap_complete::Shell,
+    },
+    /// Write the manual pages, mt6d.1 and mt6d-SUBCOMMAND.1, generated from this help, into DIR
+    /// (e.g. /usr/share/man/man1).
+    Man {
+        #[arg(long, value_name = "DIR", default_value = ".")]
+        out: PathBuf,
+    },
     /// Debugging: print the hashed routes (addresses and ports) of each peer for a few epochs
     /// around now, as both gateways compute them. Needs no root and touches nothing.
     Routes {
@@ -147,6 +160,11 @@ fn main() -> ExitCode {
         Command::Pubkey { file } => pubkey(file),
         Command::Routes { config, around } => routes(&config, around),
         Command::Bench { args } => bench(args),
+        Command::Completions { shell } => {
+            completions(shell, &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man { out } => man(&out),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -326,4 +344,66 @@ fn routes(path: &std::path::Path, around: u64) -> CliResult {
         }
     }
     Ok(())
+}
+
+fn completions(shell: clap_complete::Shell, out: &mut dyn std::io::Write) {
+    clap_complete::generate(shell, &mut Cli::command(), "mt6d", out);
+}
+
+fn man(out: &std::path::Path) -> CliResult {
+    std::fs::create_dir_all(out)
+        .map_err(|e| format!("create manual page directory {}: {e}", out.display()))?;
+    clap_mangen::generate_to(Cli::command(), out)
+        .map_err(|e| format!("write manual pages into {}: {e}", out.display()))?;
+    println!("wrote the manual pages into {}", out.display());
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn completion_scripts_name_every_subcommand() {
+        for shell in [
+            clap_complete::Shell::Bash,
+            clap_complete::Shell::Zsh,
+            clap_complete::Shell::Fish,
+        ] {
+            let mut out = Vec::new();
+            completions(shell, &mut out);
+            let text = String::from_utf8(out).unwrap();
+            for sub in [
+                "run",
+                "down",
+                "check",
+                "status",
+                "demo",
+                "keygen",
+                "completions",
+            ] {
+                assert!(text.contains(sub), "{shell:?} completion lacks {sub}");
+            }
+        }
+    }
+
+    #[test]
+    fn manual_pages_are_written_for_the_command_and_its_subcommands() {
+        let dir = std::env::temp_dir().join(format!("mt6d-man-{}", std::process::id()));
+        man(&dir).unwrap();
+        let page = std::fs::read_to_string(dir.join("mt6d.1")).unwrap();
+        assert!(page.contains("\n.TH mt6d 1 "), "{page:.200}");
+        let run = std::fs::read_to_string(dir.join("mt6d-run.1")).unwrap();
+        assert!(
+            run.contains("SIGHUP"),
+            "the run page carries the signal documentation"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
