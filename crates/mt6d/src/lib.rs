@@ -7,5 +7,6 @@ pub mod control;
 pub mod gateway;
 pub mod keys;
 pub mod lab;
+pub mod metrics;
 pub mod privilege;
 pub mod status;

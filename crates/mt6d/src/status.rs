@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 /// What the daemon reports about itself.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Status {
     pub version: String,
     pub pid: u32,
@@ -130,7 +130,7 @@ pub struct RouterStatus {
 }
 
 /// One peer (stream) of the daemon.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct PeerStatus {
     pub name: String,
     pub mode: String,
@@ -180,7 +180,7 @@ pub struct HandshakeStatus {
 }
 
 /// A pair of outer endpoints for one epoch.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct RouteStatus {
     pub epoch: u64,
     /// `[address]:port` of this gateway.

@@ -60,3 +60,76 @@ fn ready_once_the_current_address_is_bound_and_stopping_on_sigterm() {
     let n = manager.recv(&mut buf).expect("STOPPING before exit");
     assert_eq!(&buf[..n], b"STOPPING=1\n");
 }
+
+/// Issue 15 item 2: `metrics_listen` serves the status counters to a Prometheus scraper, in a
+/// format `promtool check metrics` accepts, and they move with the traffic.
+#[test]
+#[ignore = "needs root (network namespaces) and promtool (scripts/install-deps.sh installs both tools)"]
+fn metrics_are_scraped_and_pass_promtool() {
+    require_root();
+    let lab =
+        mt6d::lab::topology::Lab::build_topology(mt6d::lab::topology::Topology::Switched, "m6")
+            .expect("lab builds");
+    let running = start_gateways_with(lab, "encrypt", 2.0, (true, None), |text| {
+        text.replacen(
+            "[gateway]\n",
+            "[gateway]\nmetrics_listen = \"[::1]:9586\"\n",
+            1,
+        )
+    });
+    let scrape = || {
+        running
+            .lab
+            .gateway(Side::A)
+            .run(|| {
+                use std::io::{Read, Write};
+                let mut c = std::net::TcpStream::connect("[::1]:9586")?;
+                c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")?;
+                let mut reply = String::new();
+                c.read_to_string(&mut reply)?;
+                Ok::<_, std::io::Error>(reply)
+            })
+            .expect("enter gateway A")
+            .expect("scrape")
+    };
+    let count = |text: &str, sample: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(sample))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no sample {sample} in\n{text}"))
+    };
+    // The first snapshot is published within a second of start.
+    std::thread::sleep(Duration::from_millis(1200));
+    let before = scrape();
+    assert!(before.starts_with("HTTP/1.1 200 OK"), "{before}");
+    let tx = "mt6d_peer_packets_total{peer=\"far\",direction=\"tx\"}";
+    let first = count(&before, tx);
+    wait_for_path(&running.lab, HOST_B, 20);
+    std::thread::sleep(Duration::from_millis(1200));
+    let after = scrape();
+    assert!(
+        count(&after, tx) >= first + 20,
+        "20 echoes sealed: {first} -> {}",
+        count(&after, tx)
+    );
+    let body = after.split("\r\n\r\n").nth(1).expect("body");
+    let mut promtool = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (scripts/install-deps.sh installs Debian's prometheus package)");
+    std::io::Write::write_all(&mut promtool.stdin.take().expect("stdin"), body.as_bytes())
+        .expect("write");
+    let out = promtool.wait_with_output().expect("promtool runs");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "promtool: {said}\n{body}"
+    );
+}

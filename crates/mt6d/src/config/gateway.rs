@@ -31,6 +31,7 @@ pub(super) struct GatewaySection {
     pub(super) rekey_after: Duration,
     pub(super) rekey_packets: Option<u64>,
     pub(super) state_dir: PathBuf,
+    pub(super) metrics_listen: Option<std::net::SocketAddr>,
 }
 
 impl GatewaySection {
@@ -80,6 +81,18 @@ impl GatewaySection {
             Some(d) => relative_to(src.path, d.get_ref()),
             None => PathBuf::from(DEFAULT_STATE_DIR),
         };
+        let metrics_listen = match &gw.metrics_listen {
+            None => None,
+            Some(v) => Some(v.get_ref().parse::<std::net::SocketAddr>().map_err(|_| {
+                src.err(
+                    v,
+                    format!(
+                        "metrics_listen {:?} is not an address and port, e.g. \"[::1]:9586\"",
+                        v.get_ref()
+                    ),
+                )
+            })?),
+        };
         Ok(GatewaySection {
             host_role,
             internal_interface,
@@ -94,6 +107,7 @@ impl GatewaySection {
             rekey_after,
             rekey_packets,
             state_dir,
+            metrics_listen,
         })
     }
 
@@ -125,6 +139,7 @@ impl GatewaySection {
             interface_down_exit: self.interface_down_exit,
             randomize_link: gw.randomize_link.as_ref().is_some_and(|v| *v.get_ref()),
             state_dir: self.state_dir,
+            metrics_listen: self.metrics_listen,
         })
     }
 }

@@ -76,6 +76,9 @@ pub struct GatewayConfig {
     /// Where pre-shared auth/encrypt streams persist their send counter's high-water mark
     /// (docs/PROTOCOL.md §4.3). Must survive reboots and not be restored from old copies.
     pub state_dir: PathBuf,
+    /// `metrics_listen`: address and port of the Prometheus endpoint (`GET /metrics`), e.g.
+    /// `[::1]:9586`. Unset (the default): no endpoint.
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// Default `state_dir`.
@@ -313,6 +316,32 @@ key = "{KEY}"
         let err = parse(&text).expect_err("must fail").to_string();
         assert!(err.starts_with("/etc/mt6d/gw.toml:10:15:"), "{err}");
         assert!(err.contains("not an IPv6 address"), "{err}");
+    }
+
+    #[test]
+    fn metrics_listen_is_off_by_default_and_a_bad_one_names_its_place() {
+        assert_eq!(
+            parse(&example()).expect("parses").gateway.metrics_listen,
+            None
+        );
+        let text = example().replace(
+            "rotation_secs = 1",
+            "rotation_secs = 1\nmetrics_listen = \"[::1]:9586\"",
+        );
+        assert_eq!(
+            parse(&text).expect("parses").gateway.metrics_listen,
+            Some("[::1]:9586".parse().expect("address"))
+        );
+        let text = example().replace(
+            "rotation_secs = 1",
+            "rotation_secs = 1\nmetrics_listen = \"::1\"",
+        );
+        let err = parse(&text).expect_err("fails").to_string();
+        assert!(err.starts_with("/etc/mt6d/gw.toml:"), "{err}");
+        assert!(
+            err.contains("metrics_listen \"::1\" is not an address and port"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -47,6 +47,7 @@ pub(super) struct RawGateway {
     pub(super) interface_down_exit_secs: Option<Spanned<f64>>,
     pub(super) randomize_link: Option<Spanned<bool>>,
     pub(super) state_dir: Option<Spanned<String>>,
+    pub(super) metrics_listen: Option<Spanned<String>>,
 }
 
 /// Settings that `[gateway]` gives for every peer and a `[[peer]]` may override. (Listed in

@@ -175,6 +175,13 @@ fn run_gateway(
         peers.push(peer);
     }
 
+    // Bound before any kernel state changes: a taken port stops the start with nothing to undo.
+    let metrics = cfg
+        .gateway
+        .metrics_listen
+        .map(crate::metrics::MetricsServer::bind)
+        .transpose()
+        .map_err(|e| GatewayError::Setup(e.to_string()))?;
     let mut sys = System::apply(cfg, max_overhead, netlink, instance)?;
     let epoll = Epoll::new().map_err(|source| GatewayError::Os {
         what: "create epoll".into(),
@@ -251,6 +258,7 @@ fn run_gateway(
             recv,
             (icmp, router, &path),
             started,
+            metrics.as_ref(),
         )
     });
     shared.shutdown.store(true, Ordering::Relaxed);
@@ -275,7 +283,9 @@ fn serve(
     recv: Vec<ReceiveKeys>,
     (icmp, router, path): (IcmpTranslator, Option<RouterDiscovery>, &PathState),
     started: Instant,
+    metrics: Option<&crate::metrics::MetricsServer>,
 ) -> Result<(), GatewayError> {
+    let published = crate::metrics::Published::empty();
     let tun = sys
         .tun
         .take()
@@ -302,6 +312,15 @@ fn serve(
             })
             .transpose()
             .map_err(|e| GatewayError::Setup(format!("start router discovery thread: {e}")))?;
+        if let Some(m) = metrics {
+            let published = &published;
+            std::thread::Builder::new()
+                .name("mt6d-metrics".into())
+                .spawn_scoped(s, move || m.run(published, &shared.shutdown))
+                .map_err(|e| GatewayError::Setup(format!("start metrics thread: {e}")))?;
+            log::info!("metrics on http://{}/metrics", m.local_addr());
+        }
+        let mut published_at: Option<Instant> = None;
         let mut result = Ok(());
         let mut next_rotation = rotator.next_change();
         let mut drops = DropReport::default();
@@ -371,7 +390,7 @@ fn serve(
             }
             drop(table);
             liveness.tick(shared, own_key.as_deref(), now);
-            control.serve_pending(|| {
+            let snapshot = || {
                 let mut st = status(cfg, shared, path, started, rotator);
                 st.interfaces = links.status();
                 let now = clock::now();
@@ -379,7 +398,16 @@ fn serve(
                     p.last_rx_ms_ago = liveness.last_rx_ms_ago(i, now);
                 }
                 st
-            });
+            };
+            control.serve_pending(snapshot);
+            // The metrics thread serves the newest snapshot; once a second is fresh enough for
+            // any scrape interval and costs the housekeeping loop nothing measurable.
+            if metrics.is_some()
+                && published_at.is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+            {
+                published.store(Some(std::sync::Arc::new(snapshot())));
+                published_at = Some(Instant::now());
+            }
             if tx.is_finished()
                 || rx.is_finished()
                 || icmp.is_finished()
