@@ -6,6 +6,7 @@
 #     own table with `nft`)
 #   - util-linux's setpriv and unshare (the least-privilege test runs the daemon as `nobody`
 #     with two capabilities; essential on Debian, checked anyway)
+#   - promtool, from Debian's prometheus package (the metrics tests check the endpoint with it)
 #   - the Rust toolchain's rustfmt and clippy components
 set -euo pipefail
 
@@ -20,6 +21,30 @@ if ((${#need[@]})); then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq "${need[@]}"
+fi
+
+# promtool (Debian's prometheus package) checks the metrics endpoint's output. The package would
+# start a Prometheus server at install; a policy-rc.d that refuses service starts is put in place
+# for the install only (and only if none exists), so nothing is left running.
+if ! command -v promtool >/dev/null 2>&1; then
+    echo "install-deps: apt-get install prometheus (for promtool; its service is not started)"
+    export DEBIAN_FRONTEND=noninteractive
+    guard=
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+        chmod 0755 /usr/sbin/policy-rc.d
+        guard=1
+    fi
+    apt-get update -qq
+    status=0
+    apt-get install -y -qq --no-install-recommends prometheus || status=$?
+    if [ -n "$guard" ]; then
+        rm -f /usr/sbin/policy-rc.d
+    fi
+    if [ "$status" -ne 0 ]; then
+        echo "install-deps: installing prometheus (promtool) failed" >&2
+        exit "$status"
+    fi
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then
