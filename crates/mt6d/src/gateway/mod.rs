@@ -6,7 +6,9 @@
 //! - the **icmp** thread ([`icmp`]): ICMPv6 errors from the path, translated for the protected
 //!   host, and the tunnel MTU that follows the path MTU;
 //! - the **main** thread does housekeeping: rotations on schedule (`rotation`), control-socket
-//!   requests, the drop report, SIGHUP reloads ([`signals`]), and the shutdown.
+//!   requests, the drop report, SIGHUP reloads ([`signals`]), and the shutdown;
+//! - with `metrics_listen`, the **metrics** thread ([`crate::metrics`]) answers Prometheus
+//!   scrapes from a status snapshot the main thread publishes once a second.
 //!
 //! Start-up order: validate the whole config, claim the instance ([`state`]: refuse if a
 //! running daemon would share anything, clean up after a dead one), bind the control socket,
