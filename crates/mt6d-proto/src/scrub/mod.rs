@@ -172,6 +172,9 @@ pub fn strip(
         return Ok(StripOutcome::Unchanged);
     }
     let block = tcp.options();
+    if is_clean(block, policy) {
+        return Ok(StripOutcome::Unchanged);
+    }
     let mut kept = Kept::default();
     let mut removed_opts = 0u8;
     for item in TcpOptions::new(block, policy.host_id_kinds) {
@@ -251,6 +254,42 @@ pub fn strip(
         removed,
         new_len: IPV6_HEADER_LEN + new_seg_len,
     })
+}
+
+/// The fast path of [`strip`]: true if the classifying walk would find nothing to remove and no
+/// error (every option well framed, of a kind that is kept, with the length its kind requires),
+/// checked on kind and length bytes alone. False sends the block to the classifying walk.
+fn is_clean(block: &[u8], policy: &ScrubPolicy) -> bool {
+    let mut i = 0;
+    while let Some(&k) = block.get(i) {
+        // Configured 004 kinds first: the classifier reads them before the standard meanings.
+        if removable_kind(k, policy) {
+            return false;
+        }
+        let ok_len = match k {
+            kind::EOL => return block[i + 1..].iter().all(|&b| b == 0),
+            kind::NOP => {
+                i += 1;
+                continue;
+            }
+            kind::MSS => |l: usize| l == 4,
+            kind::WINDOW_SCALE => |l: usize| l == 3,
+            kind::SACK_PERMITTED => |l: usize| l == 2,
+            kind::SACK => |l: usize| (10..=34).contains(&l) && (l - 2) % 8 == 0,
+            kind::TIMESTAMPS => |l: usize| l == 10,
+            _ if policy.strip_unknown => return false,
+            _ => |l: usize| l >= 2,
+        };
+        let Some(&len) = block.get(i + 1) else {
+            return false;
+        };
+        let len = usize::from(len);
+        if !ok_len(len) || i + len > block.len() {
+            return false;
+        }
+        i += len;
+    }
+    true
 }
 
 /// True if a malformed option of this kind would have been removed anyway.

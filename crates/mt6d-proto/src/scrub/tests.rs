@@ -469,6 +469,12 @@ proptest! {
         block.truncate(40);
         block.resize(block.len().div_ceil(4) * 4, 0);
         let mut p = packet(flags, &block, &payload, csum);
+        // The fast path agrees with the classifying walk.
+        if is_clean(&block, &POLICY) {
+            for o in TcpOptions::new(&block, KINDS) {
+                prop_assert!(o.is_ok_and(|o| !o.option.is_identity()));
+            }
+        }
         let before = p.clone();
         match strip(&mut p, &POLICY, csum) {
             Err(_) => prop_assert_eq!(&p, &before),
