@@ -212,7 +212,13 @@ pub fn strip(
     }
     let mut new_block = [0u8; MAX_OPTIONS];
     let new_len = lay_out(&kept, block, &mut new_block, block.len());
-    let removed = block.len() - new_len;
+    // The packed layout is never longer than the options it keeps; checked rather than trusted.
+    let Some(removed) = block.len().checked_sub(new_len) else {
+        return Err(ScrubError::Wire(WireError::Malformed {
+            what: "TCP",
+            field: "options",
+        }));
+    };
 
     // Sums of what changes, taken before writing: the header (checksum field left out) and the
     // TCP length of the pseudo-header. The payload moves by a multiple of 4 bytes, so its
