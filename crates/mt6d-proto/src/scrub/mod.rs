@@ -58,7 +58,8 @@ pub enum ChecksumField {
 /// What to remove besides the identity options, which [`strip`] always removes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct ScrubPolicy {
-    /// The kinds this deployment's HOST_ID injectors use for 004's forms.
+    /// The kinds this deployment's HOST_ID injectors use for 004's forms (check them with
+    /// [`HostIdKinds::conflict`] when reading the configuration).
     pub host_id_kinds: HostIdKinds,
     /// Also remove options of unknown kind and other RFC 6994 experiments. Off by default: TCP
     /// MD5 (kind 19) and TCP-AO (29) connections die without theirs, and MPTCP (30) / TFO (34)

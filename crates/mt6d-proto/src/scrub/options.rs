@@ -55,6 +55,21 @@ pub struct HostIdKinds {
     pub enabled: Option<u8>,
 }
 
+impl HostIdKinds {
+    /// The first configured kind that must not be one of 004's: EOL, NOP and the kinds read here
+    /// with a standard meaning (2-8), RFC 6994's shared 253/254 (told apart by ExID, not kind),
+    /// or a kind given to two forms. Configured as WING, kind 2 would make every MSS an identity
+    /// option to strip. `None` when the configuration is usable; the daemon refuses it otherwise.
+    pub fn conflict(&self) -> Option<u8> {
+        let set = [self.wing, self.boucadair, self.enabled];
+        set.iter().enumerate().find_map(|(i, k)| {
+            let k = (*k)?;
+            let reserved = k <= kind::TIMESTAMPS || k >= kind::EXPERIMENT_1;
+            (reserved || set[i + 1..].contains(&Some(k))).then_some(k)
+        })
+    }
+}
+
 /// What HOST_ID_BOUCADAIR's 7 data bytes hold, by its Origin (004 §3.2). Data comes first, then
 /// zero padding ("padding is required").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -622,6 +637,44 @@ mod tests {
                 matches!(one(short), Err(OptionError::BadLength { .. })),
                 "{short}"
             );
+        }
+    }
+
+    #[test]
+    fn kinds_that_cannot_be_004s() {
+        assert_eq!(KINDS.conflict(), None);
+        assert_eq!(HostIdKinds::default().conflict(), None);
+        for (kinds, bad) in [
+            (
+                HostIdKinds {
+                    wing: Some(2),
+                    ..KINDS
+                },
+                2,
+            ),
+            (
+                HostIdKinds {
+                    enabled: Some(0),
+                    ..KINDS
+                },
+                0,
+            ),
+            (
+                HostIdKinds {
+                    boucadair: Some(253),
+                    ..KINDS
+                },
+                253,
+            ),
+            (
+                HostIdKinds {
+                    enabled: Some(200),
+                    ..KINDS
+                },
+                200,
+            ),
+        ] {
+            assert_eq!(kinds.conflict(), Some(bad), "{kinds:?}");
         }
     }
 
