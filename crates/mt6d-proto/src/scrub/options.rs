@@ -351,6 +351,10 @@ impl<'a> Iterator for TcpOptions<'a> {
 }
 
 /// Classifies one option of kind >= 2 whose `raw` bytes (kind, length, data) are in bounds.
+/// Inlined so the option is built where `next` returns it: returned through a call, the
+/// enum was written in pieces and read back whole, a store-forwarding stall per option that
+/// made up most of a SYN's walk.
+#[inline(always)]
 fn classify(at: usize, raw: &[u8], kinds: HostIdKinds) -> Result<TcpOption<'_>, OptionError> {
     let k = raw[0];
     let len = raw[1];
