@@ -2,7 +2,8 @@
 //! measured in the same group, with and without header protection (one mask each way), one address
 //! derivation per derivation mode, and the handshake's cost to a responder (valid initiation, bogus
 //! one) next to sealing one data packet, and the sent-packet log's cost on the transmit path
-//! (record) and on the ICMPv6 thread (take).
+//! (record) and on the ICMPv6 thread (take), and identity scrubbing of TCP segments (the 1400-byte
+//! data segment every forwarded packet pays for, a SYN carrying a HOST_ID to strip).
 //! Run: `cargo bench -p mt6d-proto --bench proto -- --warm-up-time 1 --measurement-time 3`
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
@@ -225,5 +226,92 @@ fn sent_log(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, tunnel, header, addressing, handshake, sent_log);
+/// An IPv6+TCP packet A -> B with `opts` (a multiple of 4 bytes) and `payload` zero bytes, with a
+/// valid checksum.
+fn tcp_packet(flags: u8, opts: &[u8], payload: usize) -> Vec<u8> {
+    use mt6d_proto::wire::upper_layer_checksum;
+    let seg = 20 + opts.len() + payload;
+    let mut p = inner(40 + seg);
+    p[6] = 6;
+    p[40..60].copy_from_slice(&[
+        0x9c, 0x40, 0x01, 0xbb, 0, 0, 0, 1, 0, 0, 0, 0, 0, flags, 0xfa, 0xf0, 0, 0, 0, 0,
+    ]);
+    p[52] = (((20 + opts.len()) / 4) as u8) << 4;
+    p[60..60 + opts.len()].copy_from_slice(opts);
+    let c = upper_layer_checksum(A.parse().unwrap(), B.parse().unwrap(), 6, &p[40..]);
+    p[56..58].copy_from_slice(&c.to_be_bytes());
+    p
+}
+
+/// What identity scrubbing costs per forwarded packet: a 1400-byte data segment without options
+/// and with Linux's timestamps (nothing to strip: the path nearly every packet takes), and a SYN
+/// with Linux's options plus a HOST_ID_WING to strip, each strip preceded by restoring the SYN
+/// (the copy alone is the baseline).
+fn scrub(c: &mut Criterion) {
+    use mt6d_proto::scrub::{clamp_mss, strip, ChecksumField, HostIdKinds, ScrubPolicy};
+    use mt6d_proto::wire::tcp_flags;
+    let kinds = HostIdKinds {
+        wing: Some(200),
+        boucadair: Some(201),
+        enabled: Some(202),
+    };
+    let policy = ScrubPolicy {
+        host_id_kinds: kinds,
+        strip_unknown: false,
+    };
+    let full = ChecksumField::Complete;
+    let mut g = c.benchmark_group("scrub/1400");
+    g.throughput(Throughput::Bytes(1400));
+    let mut data = tcp_packet(tcp_flags::ACK, &[], 1400 - 60);
+    g.bench_function("strip-no-options", |b| {
+        b.iter(|| black_box(strip(black_box(&mut data), &policy, full).unwrap()))
+    });
+    let ts = [1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2];
+    let mut data_ts = tcp_packet(tcp_flags::ACK, &ts, 1400 - 72);
+    g.bench_function("strip-timestamps", |b| {
+        b.iter(|| black_box(strip(black_box(&mut data_ts), &policy, full).unwrap()))
+    });
+    g.bench_function("clamp-not-syn", |b| {
+        b.iter(|| black_box(clamp_mss(black_box(&mut data), 1380, kinds, full).unwrap()))
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("scrub/syn");
+    let opts = [
+        2, 4, 0x23, 0xc4, 4, 2, 8, 10, 0, 0, 0x10, 0, 0, 0, 0, 0, 1, 3, 3, 7, 200, 4, 0x30, 0x39,
+    ];
+    let syn = tcp_packet(tcp_flags::SYN, &opts, 0);
+    let mut buf = syn.clone();
+    g.bench_function("baseline-copy", |b| {
+        b.iter(|| {
+            buf.copy_from_slice(black_box(&syn));
+            black_box(&buf);
+        })
+    });
+    for (name, csum) in [
+        ("copy+strip-wing", full),
+        (
+            "copy+strip-wing-partial",
+            ChecksumField::Partial {
+                includes_length: true,
+            },
+        ),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                buf.copy_from_slice(black_box(&syn));
+                black_box(strip(&mut buf, &policy, csum).unwrap())
+            })
+        });
+    }
+    g.bench_function("copy+clamp", |b| {
+        b.iter(|| {
+            buf.copy_from_slice(black_box(&syn));
+            black_box(clamp_mss(&mut buf, 1380, kinds, full).unwrap())
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, tunnel, header, addressing, handshake, sent_log, scrub);
 criterion_main!(benches);

@@ -40,6 +40,7 @@ mod key;
 pub mod moves;
 pub mod router;
 mod schedule;
+pub mod scrub;
 mod secrets;
 mod stream;
 #[cfg(test)]

@@ -7,6 +7,7 @@ mod icmpv6;
 mod ipv6;
 mod ndisc;
 mod router;
+mod tcp;
 mod udp;
 
 pub use checksum::{checksum, combine, pseudo_header_sum, upper_layer_checksum};
@@ -23,6 +24,9 @@ pub use ndisc::{
 pub use router::{
     router_advertisement, router_solicitation, RouterMessage, ROUTER_ADVERTISEMENT,
     ROUTER_ADVERTISEMENT_LEN, ROUTER_SOLICITATION, ROUTER_SOLICITATION_LEN,
+};
+pub use tcp::{
+    flags as tcp_flags, TcpPacket, TcpRepr, TCP_CHECKSUM_OFFSET, TCP_HEADER_LEN, TCP_MAX_HEADER_LEN,
 };
 pub use udp::{UdpPacket, UdpRepr, UDP_HEADER_LEN};
 

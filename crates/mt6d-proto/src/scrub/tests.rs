@@ -1,0 +1,516 @@
+//! Tests of `strip` and `clamp_mss` against fixed packets, every checksum checked by a full
+//! computation independent of the incremental update under test.
+
+use std::net::Ipv6Addr;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::wire::{hex, pseudo_header_sum, tcp_flags, upper_layer_checksum};
+
+const KINDS: HostIdKinds = HostIdKinds {
+    wing: Some(200),
+    boucadair: Some(201),
+    enabled: Some(202),
+};
+const POLICY: ScrubPolicy = ScrubPolicy {
+    host_id_kinds: KINDS,
+    strip_unknown: false,
+};
+
+fn addrs() -> (Ipv6Addr, Ipv6Addr) {
+    (
+        "2001:db8:a::1".parse().unwrap(),
+        "2001:db8:b::2".parse().unwrap(),
+    )
+}
+
+/// An IPv6+TCP packet 2001:db8:a::1:40000 -> 2001:db8:b::2:443 with `opts` (padded by the
+/// caller to a multiple of 4), `payload`, and a checksum field as `csum` says.
+fn packet(flags: u8, opts: &[u8], payload: &[u8], csum: ChecksumField) -> Vec<u8> {
+    assert_eq!(opts.len() % 4, 0);
+    let (s, d) = addrs();
+    let seg_len = 20 + opts.len() + payload.len();
+    let mut p = hex("60000000 0000 06 40");
+    p[4..6].copy_from_slice(&(seg_len as u16).to_be_bytes());
+    p.extend_from_slice(&s.octets());
+    p.extend_from_slice(&d.octets());
+    p.extend_from_slice(&hex("9c40 01bb 01020304 05060708"));
+    p.push((((20 + opts.len()) / 4) as u8) << 4);
+    p.push(flags);
+    p.extend_from_slice(&hex("faf0 0000 0000"));
+    p.extend_from_slice(opts);
+    p.extend_from_slice(payload);
+    let c = match csum {
+        ChecksumField::Complete => upper_layer_checksum(s, d, 6, &p[40..]),
+        ChecksumField::Partial { includes_length } => {
+            let len = if includes_length { seg_len as u32 } else { 0 };
+            fold(pseudo_header_sum(s, d, len, 6))
+        }
+    };
+    p[56..58].copy_from_slice(&c.to_be_bytes());
+    p
+}
+
+fn fold(mut s: u32) -> u16 {
+    while s > 0xffff {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    s as u16
+}
+
+/// The device's (or the kernel's segmentation's) completion of a partial checksum, then a full
+/// verification: a GSO super-packet's segments each get their own length added by the kernel,
+/// so here the length is added for it when the field left it out.
+fn verify(p: &[u8], csum: ChecksumField) -> bool {
+    let (s, d) = addrs();
+    let ip = Ipv6Packet::new_checked(p).unwrap();
+    let seg = ip.payload();
+    match csum {
+        ChecksumField::Complete => upper_layer_checksum(s, d, 6, seg) == 0,
+        ChecksumField::Partial { includes_length } => {
+            let mut done = seg.to_vec();
+            let mut sum = u32::from(combine(&done, 0));
+            if !includes_length {
+                sum += seg.len() as u32;
+            }
+            done[16..18].copy_from_slice(&(!fold(sum)).to_be_bytes());
+            upper_layer_checksum(s, d, 6, &done) == 0
+        }
+    }
+}
+
+fn options_of(p: &[u8]) -> Vec<u8> {
+    let ip = Ipv6Packet::new_checked(p).unwrap();
+    TcpPacket::new_checked(ip.payload())
+        .unwrap()
+        .options()
+        .to_vec()
+}
+
+const PAYLOAD: &[u8] = b"GET / HTTP/1.1\r\n";
+const LINUX_SYN: &str = "020405a0 0402080a 00001000 00000000 01030307";
+const ALL_CSUM: [ChecksumField; 3] = [
+    ChecksumField::Complete,
+    ChecksumField::Partial {
+        includes_length: true,
+    },
+    ChecksumField::Partial {
+        includes_length: false,
+    },
+];
+
+/// Strips and checks what every successful strip must give: the payload intact, lengths
+/// consistent, a valid checksum, a well-formed block without identity options.
+fn strip_ok(p: &mut Vec<u8>, csum: ChecksumField) -> StripOutcome {
+    let before = p.clone();
+    let old_payload = {
+        let ip = Ipv6Packet::new_checked(&before[..]).unwrap();
+        TcpPacket::new_checked(ip.payload())
+            .unwrap()
+            .payload()
+            .to_vec()
+    };
+    let out = strip(p, &POLICY, csum).unwrap();
+    if let StripOutcome::Stripped {
+        new_len, removed, ..
+    } = out
+    {
+        assert_eq!(new_len + removed, before.len());
+        p.truncate(new_len);
+    } else {
+        assert_eq!(*p, before);
+    }
+    let ip = Ipv6Packet::new_checked(&p[..]).unwrap();
+    let tcp = TcpPacket::new_checked(ip.payload()).unwrap();
+    assert_eq!(tcp.payload(), &old_payload[..]);
+    assert!(verify(p, csum), "{out:?}");
+    for o in TcpOptions::new(tcp.options(), KINDS) {
+        assert!(!o.unwrap().option.is_identity());
+    }
+    out
+}
+
+#[test]
+fn wing_in_a_linux_syn_goes_and_the_header_shrinks() {
+    for csum in ALL_CSUM {
+        let opts = hex(&format!("{LINUX_SYN} c8043039 "));
+        let mut p = packet(tcp_flags::SYN, &opts, &[], csum);
+        let out = strip_ok(&mut p, csum);
+        assert_eq!(
+            out,
+            StripOutcome::Stripped {
+                options: 1,
+                removed: 4,
+                new_len: 80
+            }
+        );
+        assert_eq!(options_of(&p), hex(LINUX_SYN));
+        assert_eq!(&p[4..6], &[0, 40]);
+        assert_eq!(p[52], 0xa0);
+    }
+}
+
+#[test]
+fn every_identity_form_is_removed() {
+    let forms = [
+        "c8043039",
+        "c806c0000201",
+        "c80a20010db800000001",
+        "c90a001f900000000000",
+        "c90a310a000001000000",
+        "c90a021f900a00000100",
+        "c90af320010db8000001",
+        "c90a0401020304050607",
+        "ca02",
+        "fd060348c633",
+        "fe070348 0a0001",
+        "fe081f90c0000201",
+        // Malformed identity options are removed too.
+        "c90a001f900000000001",
+        "c805000000",
+        "fd02",
+    ];
+    for form in forms {
+        for csum in ALL_CSUM {
+            // Identity option first, in the middle of a SYN's options, with payload after.
+            let mut opts = hex(form);
+            opts.extend_from_slice(&hex("020405a0 0402 01 030307"));
+            opts.resize(opts.len().div_ceil(4) * 4, 0);
+            let mut p = packet(tcp_flags::SYN, &opts, PAYLOAD, csum);
+            let out = strip_ok(&mut p, csum);
+            assert!(
+                matches!(out, StripOutcome::Stripped { options: 1, .. }),
+                "{form}"
+            );
+            // Linux layout: mss, nop, ws, nop, nop, sackOK.
+            assert_eq!(options_of(&p), hex("020405a0 01030307 01010402"), "{form}");
+        }
+    }
+}
+
+#[test]
+fn canonical_layout_of_the_kept_options() {
+    // Shuffled options with NOP holes, a HOST_ID_ENABLED and a kept unknown (MPTCP capable).
+    let opts =
+        hex("0303 07 01 ca02 080a 00000001 00000000 0402 1e0c 0081 0102030405060708 020405a0 0000");
+    let mut p = packet(tcp_flags::SYN, &opts, &[], ChecksumField::Complete);
+    strip_ok(&mut p, ChecksumField::Complete);
+    assert_eq!(
+        options_of(&p),
+        hex("020405a0 0402080a 00000001 00000000 01030307 1e0c0081 01020304 05060708")
+    );
+    // An ACK with timestamps and SACK, TOA in front.
+    let opts = hex("fe081f90c0000201 0101080a 00000002 00000001 0101050a 00000010 00000020");
+    let mut p = packet(tcp_flags::ACK, &opts, PAYLOAD, ChecksumField::Complete);
+    let out = strip_ok(&mut p, ChecksumField::Complete);
+    assert!(matches!(out, StripOutcome::Stripped { removed: 8, .. }));
+    assert_eq!(
+        options_of(&p),
+        hex("0101080a 00000002 00000001 0101050a 00000010 00000020")
+    );
+}
+
+#[test]
+fn packed_layout_when_the_aligned_one_does_not_fit() {
+    // ts, two SACK blocks, ws, a 5-byte unknown and a WING packed tight in 40 bytes: Linux's
+    // layout of what is kept needs 12 + 20 + 4 + 5 = 41 -> 44 bytes, so it is packed (36).
+    let opts = hex(
+        "080a0000000100000002 0512 0000000100000002 0000000300000004 030307 1e05abcdef c8043039",
+    );
+    assert_eq!(opts.len(), 40);
+    let mut p = packet(tcp_flags::ACK, &opts, PAYLOAD, ChecksumField::Complete);
+    let out = strip_ok(&mut p, ChecksumField::Complete);
+    assert!(matches!(out, StripOutcome::Stripped { removed: 4, .. }));
+    assert_eq!(
+        options_of(&p),
+        hex("080a0000000100000002 030307 0512 0000000100000002 0000000300000004 1e05abcdef")
+    );
+}
+
+#[test]
+fn strip_unknown_when_asked() {
+    let opts = hex("1e04abcd 020405a0 fd04abcd");
+    let policy = ScrubPolicy {
+        strip_unknown: true,
+        ..POLICY
+    };
+    let mut p = packet(tcp_flags::SYN, &opts, &[], ChecksumField::Complete);
+    let out = strip(&mut p, &policy, ChecksumField::Complete).unwrap();
+    assert!(matches!(
+        out,
+        StripOutcome::Stripped {
+            options: 2,
+            removed: 8,
+            new_len: 64
+        }
+    ));
+    p.truncate(64);
+    assert_eq!(options_of(&p), hex("020405a0"));
+    assert!(verify(&p, ChecksumField::Complete));
+    // By default both stay and nothing is written.
+    let mut p = packet(tcp_flags::SYN, &opts, &[], ChecksumField::Complete);
+    let before = p.clone();
+    assert_eq!(
+        strip_ok(&mut p, ChecksumField::Complete),
+        StripOutcome::Unchanged
+    );
+    assert_eq!(p, before);
+}
+
+#[test]
+fn fast_paths_write_nothing() {
+    let mut p = packet(tcp_flags::ACK, &[], &[0x55; 1400], ChecksumField::Complete);
+    let before = p.clone();
+    assert_eq!(
+        strip(&mut p, &POLICY, ChecksumField::Complete),
+        Ok(StripOutcome::Unchanged)
+    );
+    assert_eq!(p, before);
+    let mut p = packet(
+        tcp_flags::SYN,
+        &hex(LINUX_SYN),
+        &[],
+        ChecksumField::Complete,
+    );
+    let before = p.clone();
+    assert_eq!(
+        strip(&mut p, &POLICY, ChecksumField::Complete),
+        Ok(StripOutcome::Unchanged)
+    );
+    assert_eq!(p, before);
+    let mut udp = p.clone();
+    udp[6] = 17;
+    assert_eq!(
+        strip(&mut udp, &POLICY, ChecksumField::Complete),
+        Ok(StripOutcome::NotTcp { next_header: 17 })
+    );
+}
+
+#[test]
+fn a_wrong_checksum_stays_wrong() {
+    let opts = hex(&format!("{LINUX_SYN} c8043039 "));
+    let mut p = packet(tcp_flags::SYN, &opts, PAYLOAD, ChecksumField::Complete);
+    p[57] ^= 0x40;
+    strip(&mut p, &POLICY, ChecksumField::Complete).unwrap();
+    p.truncate(p.len() - 4);
+    assert!(!verify(&p, ChecksumField::Complete));
+}
+
+#[test]
+fn errors_leave_the_packet_untouched() {
+    let cases: [(&str, &str); 6] = [
+        // Framing: length 1, past the end, no length byte, bytes after EOL.
+        ("c801 0000", "LengthTooSmall"),
+        ("c8043039 020a0000", "PastEnd"),
+        ("c8043039 010101 02", "NoLength"),
+        ("c8043039 00 010000", "BadPadding"),
+        // A malformed option that would be kept: MSS of length 3.
+        ("c8043039 020305 00", "BadLength"),
+        // Window scale of length 4.
+        ("c8043039 03040000", "BadLength"),
+    ];
+    for (opts, what) in cases {
+        let mut p = packet(tcp_flags::SYN, &hex(opts), PAYLOAD, ChecksumField::Complete);
+        let before = p.clone();
+        let e = strip(&mut p, &POLICY, ChecksumField::Complete).unwrap_err();
+        assert!(format!("{e:?}").contains(what), "{opts}: {e:?}");
+        assert_eq!(p, before);
+    }
+    // Truncated IPv6, truncated TCP, a data offset past the segment.
+    let good = packet(
+        tcp_flags::SYN,
+        &hex("c8043039"),
+        PAYLOAD,
+        ChecksumField::Complete,
+    );
+    for n in [0, 39, 40, 59, 63] {
+        let mut p = good[..n].to_vec();
+        if n >= 40 {
+            p[4..6].copy_from_slice(&((n - 40) as u16).to_be_bytes());
+        }
+        let before = p.clone();
+        assert!(matches!(
+            strip(&mut p, &POLICY, ChecksumField::Complete),
+            Err(ScrubError::Wire(_))
+        ));
+        assert_eq!(p, before);
+    }
+}
+
+#[test]
+fn gso_super_packet_moves_its_payload_once() {
+    // A 64 KiB-ish super-packet as virtio-net hands it over: checksum partial without length.
+    let payload: Vec<u8> = (0..60_000u32).map(|i| (i * 7) as u8).collect();
+    let opts = hex("0101080a 00000002 00000001 fd060348c633 0000");
+    let csum = ChecksumField::Partial {
+        includes_length: false,
+    };
+    let mut p = packet(tcp_flags::ACK | tcp_flags::PSH, &opts, &payload, csum);
+    let field = p[56..58].to_vec();
+    let out = strip_ok(&mut p, csum);
+    assert!(matches!(out, StripOutcome::Stripped { removed: 8, .. }));
+    // The pseudo-header sum without a length does not depend on the header: unchanged.
+    assert_eq!(&p[56..58], &field[..]);
+    // A single segment with the length included has it lowered by 8.
+    let csum = ChecksumField::Partial {
+        includes_length: true,
+    };
+    let mut p = packet(tcp_flags::ACK, &opts, &payload, csum);
+    strip_ok(&mut p, csum);
+}
+
+#[test]
+fn clamp_lowers_the_mss_of_syns_only() {
+    let (s, d) = addrs();
+    for csum in ALL_CSUM {
+        // MSS at an odd offset (after a NOP) and at an even one.
+        for opts in [
+            "01 020423c4 000000",
+            "020423c4 01030307",
+            "c8043039 020423c4",
+        ] {
+            let mut p = packet(tcp_flags::SYN, &hex(opts), &[], csum);
+            let out = clamp_mss(&mut p, 1380, KINDS, csum).unwrap();
+            assert_eq!(
+                out,
+                ClampOutcome::Clamped {
+                    from: 9156,
+                    to: 1380
+                }
+            );
+            assert!(verify(&p, csum), "{opts}");
+            let got: Vec<_> = TcpOptions::new(&options_of(&p), KINDS)
+                .filter_map(|o| match o.unwrap().option {
+                    TcpOption::Mss(v) => Some(v),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(got, [1380]);
+        }
+    }
+    let mut p = packet(
+        tcp_flags::SYN,
+        &hex("020405a0"),
+        &[],
+        ChecksumField::Complete,
+    );
+    assert_eq!(
+        clamp_mss(&mut p, 1440, KINDS, ChecksumField::Complete),
+        Ok(ClampOutcome::Unchanged(1440))
+    );
+    let mut p = packet(
+        tcp_flags::ACK,
+        &hex("020423c4"),
+        &[],
+        ChecksumField::Complete,
+    );
+    assert_eq!(
+        clamp_mss(&mut p, 1380, KINDS, ChecksumField::Complete),
+        Ok(ClampOutcome::NotSyn)
+    );
+    let mut p = packet(
+        tcp_flags::SYN,
+        &hex("01030307"),
+        &[],
+        ChecksumField::Complete,
+    );
+    assert_eq!(
+        clamp_mss(&mut p, 1380, KINDS, ChecksumField::Complete),
+        Ok(ClampOutcome::NoMss)
+    );
+    let mut p = packet(
+        tcp_flags::SYN,
+        &hex("020423c4 0200 0000"),
+        &[],
+        ChecksumField::Complete,
+    );
+    let before = p.clone();
+    assert!(clamp_mss(&mut p, 1380, KINDS, ChecksumField::Complete).is_err());
+    assert_eq!(p, before);
+    assert!(upper_layer_checksum(s, d, 6, &p[40..]) == 0);
+    assert_eq!(mss_for_mtu(1500), 1440);
+    assert_eq!(mss_for_mtu(1280), 1220);
+    assert_eq!(mss_for_mtu(0), 1220);
+}
+
+/// Any option from the forms above, or random bytes.
+fn any_option() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        Just(hex("020405a0")),
+        Just(hex("030307")),
+        Just(hex("0402")),
+        Just(hex("01")),
+        Just(hex("080a0000000100000002")),
+        Just(hex("050a0000001000000020")),
+        Just(hex("c8043039")),
+        Just(hex("c80a20010db800000001")),
+        Just(hex("c90a021f900a00000100")),
+        Just(hex("c90a001f900000000001")),
+        Just(hex("ca02")),
+        Just(hex("fd060348c633")),
+        Just(hex("fe081f90c0000201")),
+        Just(hex("1e04abcd")),
+        proptest::collection::vec(any::<u8>(), 1..6),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn strip_and_clamp_never_break_a_packet(
+        opts in proptest::collection::vec(any_option(), 0..8),
+        payload in proptest::collection::vec(any::<u8>(), 0..64),
+        flags in any::<u8>(),
+        mode in 0usize..3,
+        max_mss in any::<u16>(),
+    ) {
+        let csum = ALL_CSUM[mode];
+        let mut block: Vec<u8> = opts.concat();
+        block.truncate(40);
+        block.resize(block.len().div_ceil(4) * 4, 0);
+        let mut p = packet(flags, &block, &payload, csum);
+        // The fast path agrees with the classifying walk.
+        if is_clean(&block, &POLICY) {
+            for o in TcpOptions::new(&block, KINDS) {
+                prop_assert!(o.is_ok_and(|o| !o.option.is_identity()));
+            }
+        }
+        let before = p.clone();
+        match strip(&mut p, &POLICY, csum) {
+            Err(_) => prop_assert_eq!(&p, &before),
+            Ok(_) => {
+                p = before.clone();
+                strip_ok(&mut p, csum);
+                let ip = Ipv6Packet::new_checked(&p[..]).unwrap();
+                let tcp = TcpPacket::new_checked(ip.payload()).unwrap();
+                prop_assert_eq!(tcp.options().len() % 4, 0);
+                for o in TcpOptions::new(tcp.options(), KINDS) {
+                    prop_assert!(o.is_ok());
+                }
+            }
+        }
+        let before = p.clone();
+        match clamp_mss(&mut p, max_mss, KINDS, csum) {
+            Ok(ClampOutcome::Clamped { .. }) => prop_assert!(verify(&p, csum)),
+            _ => prop_assert_eq!(&p, &before),
+        }
+    }
+
+    #[test]
+    fn random_packets_never_panic(mut p in proptest::collection::vec(any::<u8>(), 0..200), mode in 0usize..3) {
+        if p.len() >= 40 {
+            p[0] = 0x60;
+            p[6] = 6;
+            let n = (p.len() - 40) as u16;
+            p[4..6].copy_from_slice(&n.to_be_bytes());
+        }
+        let before = p.clone();
+        if strip(&mut p, &POLICY, ALL_CSUM[mode]).is_err() {
+            prop_assert_eq!(&p, &before);
+        }
+        let before = p.clone();
+        if clamp_mss(&mut p, 1200, KINDS, ALL_CSUM[mode]).is_err() {
+            prop_assert_eq!(&p, &before);
+        }
+    }
+}
