@@ -6,7 +6,8 @@
 //! - the **icmp** thread ([`icmp`]): ICMPv6 errors from the path, translated for the protected
 //!   host, and the tunnel MTU that follows the path MTU;
 //! - the **main** thread does housekeeping: rotations on schedule (`rotation`), control-socket
-//!   requests, the drop report, SIGHUP reloads ([`signals`]), and the shutdown.
+//!   requests, the drop report, SIGHUP reloads (`reload`: peers added, removed or changed
+//!   while the others carry on), and the shutdown.
 //!
 //! Start-up order: validate the whole config, claim the instance ([`state`]: refuse if a
 //! running daemon would share anything, clean up after a dead one), bind the control socket,
@@ -28,6 +29,7 @@ mod path;
 mod peer;
 mod prefix;
 mod quiet;
+mod reload;
 mod rotation;
 mod router;
 pub mod routing;
@@ -272,17 +274,30 @@ fn serve(
             watched.push(("internal", internal, sys.internal_index));
         }
         let mut links = links::InterfaceWatch::new(&watched, cfg.gateway.interface_down_exit);
-        let own_key = own_public_key(cfg);
+        // The running configuration: a SIGHUP replaces its peers (never its [gateway] section).
+        let mut cfg = cfg.clone();
+        let mut own_key = own_public_key(&cfg);
         while !signals.stop_requested() && !shared.shutdown.load(Ordering::Relaxed) {
             if signals.take_reload() {
-                signals::reload(cfg);
+                let changed = reload::reload(reload::Running {
+                    cfg: &mut cfg,
+                    sys: &mut *sys,
+                    rotator: &mut *rotator,
+                    epoll,
+                    shared,
+                });
+                if changed {
+                    own_key = own_public_key(&cfg);
+                    // The new set's next boundary may come before the old set's.
+                    next_rotation = rotator.next_change();
+                }
             }
             let now = clock::now();
             match links.tick(&mut sys.netlink) {
                 links::Verdict::Carry => {}
                 links::Verdict::Rebind => {
                     // Down flushed the hashed addresses and the routes on the interface.
-                    if let Err(e) = sys.reroute_external(cfg) {
+                    if let Err(e) = sys.reroute_external(&cfg) {
                         log::error!("after the interface came back: {e}");
                     }
                     rotator.forget_addresses();
@@ -329,7 +344,7 @@ fn serve(
             drop(table);
             liveness.tick(shared, own_key.as_deref(), now);
             control.serve_pending(|| {
-                let mut st = status(cfg, shared, path, started, rotator);
+                let mut st = status(&cfg, shared, path, started, rotator);
                 st.interfaces = links.status();
                 let now = clock::now();
                 for p in &mut st.peers {

@@ -225,6 +225,20 @@ impl Rotator {
         self.primer = Some((primer, path));
     }
 
+    /// The peer set the next step publishes.
+    pub fn peers(&self) -> &[Arc<Peer>] {
+        &self.peers
+    }
+
+    /// Replaces the peer set; the next [`Rotator::step`] binds what the new set needs,
+    /// publishes it as a new generation, and only then removes what only the old set used
+    /// (hashed addresses, sockets, pinned and learned neighbour entries). Peers kept from the
+    /// old set must be the same `Arc`s: their state is carried over by identity.
+    pub fn set_peers(&mut self, peers: Vec<Arc<Peer>>) {
+        self.peers = peers;
+        self.generation += 1;
+    }
+
     /// When the next step is due.
     pub fn next_change(&self) -> UnixTime {
         self.next_change
