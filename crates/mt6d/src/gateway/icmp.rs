@@ -289,6 +289,11 @@ impl IcmpTranslator {
         let now = super::clock::now();
         let table = shared.table.load();
         self.follow_peers(&table);
+        // A peer a reload removed is no longer shown.
+        path.peer_mtu
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|name, _| table.peers.iter().any(|r| r.peer.name == *name));
         let learned: Vec<Option<u32>> = self.pmtu.iter_mut().map(|(_, p)| p.get(now)).collect();
         for (i, routes) in table.peers.iter().enumerate() {
             let peer = &routes.peer;
