@@ -215,3 +215,58 @@ fn apply(run: Running<'_>, new: Config, plan: &Plan) -> Result<(), GatewayError>
     *cfg = new;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    /// One key per peer: two peers of one host with the same key are refused (linkable).
+    const KEYS: [&str; 6] = [
+        "JSYnKCkqKywtLi8wMTIzNDU2Nzg5Ojs8PT4/QEFCQ0Q=",
+        "SktMTU5PUFFSU1RVVldYWVpbXF1eX2BhYmNkZWZnaGk=",
+        "b3BxcnN0dXZ3eHl6e3x9fn+AgYKDhIWGh4iJiouMjY4=",
+        "lJWWl5iZmpucnZ6foKGio6SlpqeoqaqrrK2ur7CxsrM=",
+        "ubq7vL2+v8DBwsPExcbHyMnKy8zNzs/Q0dLT1NXW19g=",
+        "3t/g4eLj5OXm5+jp6uvs7e7v8PHy8/T19vf4+fr7/P0=",
+    ];
+
+    fn config(peers: &[(&str, &str, &str)]) -> Config {
+        let mut text = String::from(
+            "[gateway]\ninternal_interface = \"eth1\"\nexternal_interface = \"eth0\"\nrotation_secs = 1\n",
+        );
+        for (name, remote, key) in peers {
+            text.push_str(&format!(
+                "\n[[peer]]\nname = \"{name}\"\nlocal_host = \"2001:db8:1::a\"\nremote_host = \"{remote}\"\nkey = \"{key}\"\n"
+            ));
+        }
+        Config::parse(Path::new("/etc/mt6d/gw.toml"), &text).expect("valid")
+    }
+
+    #[test]
+    fn plan_names_added_removed_and_changed_peers_and_keeps_the_rest() {
+        let old = config(&[
+            ("kept", "2001:db8:1::b", KEYS[0]),
+            ("gone", "2001:db8:1::c", KEYS[1]),
+            ("rekeyed", "2001:db8:1::d", KEYS[2]),
+            ("moved", "2001:db8:1::e", KEYS[3]),
+        ]);
+        let new = config(&[
+            ("kept", "2001:db8:1::b", KEYS[0]),
+            ("rekeyed", "2001:db8:1::d", KEYS[4]),
+            ("moved", "2001:db8:1::f", KEYS[3]),
+            ("new", "2001:db8:1::9", KEYS[5]),
+        ]);
+        let plan = Plan::between(&old, &new);
+        assert_eq!(plan.added, ["new"]);
+        assert_eq!(plan.removed, ["gone"]);
+        assert_eq!(
+            plan.changed,
+            ["rekeyed", "moved"],
+            "a new key or address changes a peer"
+        );
+        assert!(!plan.drops("kept") && !plan.brings("kept"));
+        assert!(plan.drops("rekeyed") && plan.brings("rekeyed"));
+        assert!(Plan::between(&old, &old).is_empty());
+    }
+}
