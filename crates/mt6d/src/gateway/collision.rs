@@ -321,14 +321,14 @@ fn mac_text(m: [u8; 6]) -> String {
 
 /// The peer, epoch and attempt offset whose local address is `addr`, among the accept routes of
 /// `table` (the offset is recomputed: the table may predate a move the rx thread just applied).
-fn owner(shared: &Shared, table: &RouteTable, addr: Ipv6Addr) -> Option<(usize, Epoch, u8)> {
+fn owner(table: &RouteTable, addr: Ipv6Addr) -> Option<(usize, Epoch, u8)> {
     table.peers.iter().enumerate().find_map(|(i, routes)| {
         let route = routes
             .schedule
             .accept
             .iter()
             .find(|r| *r.local.ip() == addr)?;
-        let stream = &shared.peers[i].stream;
+        let stream = &routes.peer.stream;
         let offset = (0..=MAX_OFFSET)
             .find(|&k| *stream.route_with_attempt(route.epoch, k).local.ip() == addr)?;
         Some((i, route.epoch, offset))
@@ -340,10 +340,10 @@ pub fn apply_collisions(shared: &Shared, found: &[Collision], now: UnixTime) -> 
     let table = shared.table.load();
     let mut moved = false;
     for c in found {
-        let Some((i, epoch, offset)) = owner(shared, &table, c.addr) else {
+        let Some((i, epoch, offset)) = owner(&table, c.addr) else {
             continue;
         };
-        let p = &shared.peers[i];
+        let p = table.peer(i);
         let current = p.stream.epoch_at(now);
         // Only confirmed claims reach here: the holder answered our unicast probe.
         let outcome = p
@@ -382,7 +382,7 @@ pub fn apply_collisions(shared: &Shared, found: &[Collision], now: UnixTime) -> 
 /// applied a peer's move since the last tick (then the table must be rebuilt).
 pub fn take_peer_moves(shared: &Shared, now: UnixTime) -> bool {
     let mut changed = false;
-    for p in &shared.peers {
+    for p in shared.table.load().peers.iter().map(|r| &r.peer) {
         p.lock_moves().expire(p.stream.epoch_at(now));
         changed |= p.moves_changed.swap(false, Ordering::Relaxed);
     }
@@ -390,8 +390,9 @@ pub fn take_peer_moves(shared: &Shared, now: UnixTime) -> bool {
 }
 
 /// Sends the notices and acks every peer's state machine has due, on the published table.
-pub fn send_notices(shared: &Shared, table: &RouteTable, now: UnixTime) {
-    for (p, routes) in shared.peers.iter().zip(&table.peers) {
+pub fn send_notices(table: &RouteTable, now: UnixTime) {
+    for routes in &table.peers {
+        let p = &routes.peer;
         let mut moves = p.lock_moves();
         let mut out = [0u8; NOTICE_LEN];
         while let Some(route) = moves.poll_transmit(now, &routes.schedule, &mut out) {
@@ -410,8 +411,9 @@ pub fn send_notices(shared: &Shared, table: &RouteTable, now: UnixTime) {
 
 /// Tells every peer our external MAC on its send route (once per rotation: a lost copy is
 /// replaced at the next), so that it can pin its neighbour entries for our hashed addresses.
-pub fn announce_link(shared: &Shared, table: &RouteTable, mac: [u8; 6]) {
-    for (p, routes) in shared.peers.iter().zip(&table.peers) {
+pub fn announce_link(table: &RouteTable, mac: [u8; 6]) {
+    for routes in &table.peers {
+        let p = &routes.peer;
         let route = routes.schedule.send;
         let msg = p.lock_moves().frame_link(&route, mac);
         if let Some(socket) = table.sockets.get(&route.local.port()) {

@@ -28,7 +28,7 @@ use mt6d_proto::moves::is_notice;
 use mt6d_proto::{OpenError, SealError};
 
 use super::counters::DropReason;
-use super::routing::RouteTable;
+use super::routing::{self, RouteTable};
 use super::shared::Shared;
 use super::{collision, session};
 
@@ -117,51 +117,43 @@ pub fn tx_loop(shared: &Shared, tun: &Tun, tun_mtu: usize) {
             let Some(peer) = inner
                 .get(8..24)
                 .zip(inner.get(24..40))
-                .and_then(|(src, dst)| shared.peer_for_inner(src, dst))
+                .and_then(|(src, dst)| table.peer_for_inner(src, dst))
             else {
                 unmatched += 1;
                 continue;
             };
+            let p = table.peer(peer);
             let Some((route, _)) = table.send_route(peer) else {
-                shared.peers[peer]
-                    .counters
-                    .tx
-                    .drop_n(DropReason::UnknownAddress, 1);
+                p.counters.tx.drop_n(DropReason::UnknownAddress, 1);
                 continue;
             };
             let out = &mut sealed[cursor..cursor + max_wire];
-            let keys = &shared.peers[peer].keys;
+            let keys = &p.keys;
             let sealer = keys.send.load();
             let Some(sealer) = sealer.as_deref() else {
                 keys.want.store(true, Ordering::Relaxed);
-                shared.peers[peer].counters.tx.drop_n(DropReason::NoKey, 1);
+                p.counters.tx.drop_n(DropReason::NoKey, 1);
                 continue;
             };
             let len = match sealer.seal(route, inner, out) {
                 Ok(len) => len,
                 Err(e) => {
-                    shared.peers[peer]
-                        .counters
-                        .tx
-                        .drop_n(seal_drop_reason(&e), 1);
+                    p.counters.tx.drop_n(seal_drop_reason(&e), 1);
                     continue;
                 }
             };
             // Mask the counter (docs/PROTOCOL.md §4.5); a sealed auth/encrypt payload is never
             // shorter than the 24 bytes protection needs, so this cannot fail.
-            if let Some(hk) = shared.peers[peer].stream.send_header_key() {
+            if let Some(hk) = p.stream.send_header_key() {
                 if hk.protect(&mut out[..len]).is_err() {
-                    shared.peers[peer]
-                        .counters
-                        .tx
-                        .drop_n(DropReason::BadLength, 1);
+                    p.counters.tx.drop_n(DropReason::BadLength, 1);
                     continue;
                 }
             }
             // Two relaxed loads and stores (docs/PROTOCOL.md §5): what an ICMPv6 error from the
             // path must quote to be believed. Recorded as it leaves (masked): a quote holds the
             // wire bytes.
-            shared.peers[peer].sent.record(&out[..len]);
+            p.sent.record(&out[..len]);
             match runs.last_mut() {
                 Some(r)
                     if r.peer == peer
@@ -189,7 +181,7 @@ pub fn tx_loop(shared: &Shared, tun: &Tun, tun_mtu: usize) {
             shared.unmatched.drop_n(DropReason::NoPeer, unmatched);
         }
         let msgs = recycle(std::mem::take(&mut msgs_store));
-        msgs_store = send_runs(shared, &table, &runs, &sealed, &mut send_scratch, msgs);
+        msgs_store = send_runs(&table, &runs, &sealed, &mut send_scratch, msgs);
     }
 }
 
@@ -197,7 +189,6 @@ pub fn tx_loop(shared: &Shared, tun: &Tun, tun_mtu: usize) {
 /// sendmmsg. Counts what left and what the kernel refused. Returns the (emptied) message vector
 /// so its allocation is reused.
 fn send_runs<'a>(
-    shared: &Shared,
     table: &RouteTable,
     runs: &[Run],
     sealed: &'a [u8],
@@ -241,7 +232,7 @@ fn send_runs<'a>(
             }
             j += 1;
         }
-        send_all(shared, socket, scratch, &msgs, &runs[i..j]);
+        send_all(table, socket, scratch, &msgs, &runs[i..j]);
         i = j;
     }
     recycle(msgs)
@@ -249,7 +240,7 @@ fn send_runs<'a>(
 
 /// Pushes `msgs` through `sendmmsg` until all are taken or the kernel refuses; counts per peer.
 fn send_all(
-    shared: &Shared,
+    table: &RouteTable,
     socket: &mt6d_os::UdpSocket6,
     scratch: &mut SendScratch,
     msgs: &[SendMsg<'_>],
@@ -272,7 +263,7 @@ fn send_all(
         }
     }
     for r in runs {
-        let c = &shared.peers[r.peer].counters.tx;
+        let c = &table.peer(r.peer).counters.tx;
         if failed {
             // Counting exactly which runs made it would need per-message bookkeeping; a refused
             // batch is rare (queue full) and is reported as such.
@@ -305,14 +296,12 @@ fn tun_fd(tun: &Tun) -> std::os::fd::RawFd {
 }
 
 /// The tunnel -> protected side thread. Owns every peer's [`ReceiveKeys`] (and so their replay
-/// windows), and handles handshake messages, which arrive here.
-pub fn rx_loop(
-    shared: &Shared,
-    tun: &Tun,
-    epoll: &Epoll,
-    mut recv: Vec<ReceiveKeys>,
-    tun_mtu: usize,
-) {
+/// windows), and handles handshake messages, which arrive here. When a reload changed the peer
+/// set, the keys are carried over by peer identity before the new table is used: an unchanged
+/// peer keeps its keys and replay window, a new peer starts with its configured ones.
+pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize) {
+    let mut recv: Vec<(Arc<super::peer::Peer>, ReceiveKeys)> = Vec::new();
+    let mut generation = None;
     let mut events = EpollEvents::with_capacity(64);
     let mut scratch = RecvScratch::new(RX_BATCH);
     let mut bufs: Vec<RecvBuf> = (0..RX_BATCH).map(|_| RecvBuf::new()).collect();
@@ -335,9 +324,13 @@ pub fn rx_loop(
             }
         }
         let table = shared.table.load();
+        if generation != Some(table.generation) {
+            recv = routing::carry_over(std::mem::take(&mut recv), &table, |p| p.receive_keys());
+            generation = Some(table.generation);
+        }
         // One clock read per wake-up: key confirmation and expiry need only coarse time.
         let now = super::clock::now();
-        for (keys, p) in recv.iter_mut().zip(&shared.peers) {
+        for (p, keys) in &mut recv {
             if p.keys.erase_recv.swap(false, Ordering::Relaxed) {
                 keys.clear();
             }
@@ -367,13 +360,13 @@ pub fn rx_loop(
                         .drop_n(DropReason::UnknownAddress, buf.datagrams().count() as u64);
                     continue;
                 };
-                let counters = &shared.peers[peer].counters.rx;
+                let p = table.peer(peer);
+                let counters = &p.counters.rx;
                 if buf.src() != route.remote {
                     counters.drop_n(DropReason::UnknownAddress, buf.datagrams().count() as u64);
                     continue;
                 }
                 let (mut packets, mut bytes) = (0u64, 0u64);
-                let p = &shared.peers[peer];
                 let header_key = p.stream.recv_header_key();
                 for datagram in buf.datagrams_mut() {
                     // Unmask before classifying (docs/PROTOCOL.md §4.5): the class, the counter
@@ -399,7 +392,7 @@ pub fn rx_loop(
                             &table,
                             &route,
                             datagram,
-                            &mut recv[peer],
+                            &mut recv[peer].1,
                             now,
                         ) {
                             counters.drop_n(DropReason::Handshake, 1);
@@ -412,7 +405,10 @@ pub fn rx_loop(
                     }
                     let slot = &mut out[ready];
                     slot.resize(VIRTIO_NET_HDR_LEN + inner_cap, 0);
-                    match recv[peer].open(now, &route, datagram, &mut slot[VIRTIO_NET_HDR_LEN..]) {
+                    match recv[peer]
+                        .1
+                        .open(now, &route, datagram, &mut slot[VIRTIO_NET_HDR_LEN..])
+                    {
                         Ok(opened) => {
                             if let Some(phase) = opened.confirmed {
                                 session::on_confirmed(p, phase, opened.confirmed_key, now);

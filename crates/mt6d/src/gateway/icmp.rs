@@ -6,7 +6,7 @@
 //! Packet Too Big, Time Exceeded and Parameter Problem. For each one it:
 //! 1. rebuilds the IPv6 header the socket strips (source, and destination from IPV6_PKTINFO);
 //! 2. finds the stream and accepted route from the quoted outer (address, port) pair in the
-//!    published [`RouteTable`](super::routing::RouteTable) (errors about the previous epoch's
+//!    published [`RouteTable`] (errors about the previous epoch's
 //!    packets are still in the accept window);
 //! 3. translates it with [`mt6d_proto::icmp::translate_path_error_sealed`] (true addresses, the inner
 //!    packet quoted, MTU minus the overhead) and sends it to the local protected host from the
@@ -32,6 +32,7 @@
 
 use std::net::Ipv6Addr;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mt6d_os::{sysctl, Icmp6Socket, Netlink};
@@ -40,6 +41,8 @@ use mt6d_proto::wire::{Ipv6Repr, IPV6_HEADER_LEN, NEXT_HEADER_ICMPV6};
 
 use super::error::GatewayError;
 use super::path::{PathState, ICMP_TYPES};
+use super::peer::Peer;
+use super::routing::{carry_over, RouteTable};
 use super::shared::Shared;
 
 /// How often the thread wakes without traffic (shutdown flag, expiry, external MTU).
@@ -57,8 +60,11 @@ pub struct IcmpTranslator {
     /// Source of the errors we deliver: the gateway's own address on the internal link.
     source: Ipv6Addr,
     max_overhead: u32,
-    /// Per peer (daemon order): what Packet Too Big taught about its path.
-    pmtu: Vec<PathMtu>,
+    /// Per peer, in the order of the table `generation` names: what Packet Too Big taught about
+    /// its path.
+    pmtu: Vec<(Arc<Peer>, PathMtu)>,
+    /// The peer set `pmtu` is indexed for.
+    generation: Option<u64>,
     /// Per remote true address: the MTU now on its /128 route (`None`: no metric, the TUN's).
     applied: Vec<(Ipv6Addr, Option<u32>)>,
     last_poll: Instant,
@@ -115,6 +121,7 @@ impl IcmpTranslator {
             source,
             max_overhead: u32::try_from(max_overhead).unwrap_or(u32::MAX),
             pmtu: Vec::new(),
+            generation: None,
             applied: Vec::new(),
             last_poll: Instant::now(),
         })
@@ -175,15 +182,15 @@ impl IcmpTranslator {
         if route.remote != remote {
             return drop(IcmpError::NotOurRoute);
         }
-        let stream = &shared.peers[peer].stream;
+        let stream = &table.peer(peer).stream;
         // The quote is one of our own packets: opened with the key that sealed it (the current
         // send key; a packet sealed just before a rekey fails and is dropped as bad_tag).
-        let sealer = shared.peers[peer].keys.send.load();
+        let sealer = table.peer(peer).keys.send.load();
         let tr = match translate_path_error_sealed(
             stream,
             sealer.as_deref(),
             &route,
-            &shared.peers[peer].sent,
+            &table.peer(peer).sent,
             packet,
             self.source,
             out,
@@ -207,10 +214,11 @@ impl IcmpTranslator {
         if let Some(mtu) = tr.path_mtu {
             let overhead = u32::try_from(stream.overhead()).unwrap_or(u32::MAX);
             let inner = mtu.saturating_sub(overhead).max(MIN_MTU as u32);
-            if self.pmtu.len() < shared.peers.len() {
-                self.pmtu.resize(shared.peers.len(), PathMtu::default());
-            }
-            if self.pmtu[peer].on_packet_too_big(super::clock::now(), inner) {
+            self.follow_peers(&table);
+            if self.pmtu[peer]
+                .1
+                .on_packet_too_big(super::clock::now(), inner)
+            {
                 self.apply(shared, path);
             }
         }
@@ -259,16 +267,42 @@ impl IcmpTranslator {
         self.apply_peer_routes(shared, path, link);
     }
 
-    fn apply_peer_routes(&mut self, shared: &Shared, path: &PathState, link: u32) {
-        let now = super::clock::now();
-        self.pmtu.resize(shared.peers.len(), PathMtu::default());
-        let learned: Vec<Option<u32>> = self.pmtu.iter_mut().map(|p| p.get(now)).collect();
-        for (i, peer) in shared.peers.iter().enumerate() {
-            let remote = peer.stream.remote_true();
-            // Peers that share the remote host share its route: the narrowest path wins.
-            let want = shared
+    /// Re-indexes the learned path MTUs for `table`'s peer set after a reload; a removed
+    /// peer's route is gone, and with it what was applied to it.
+    fn follow_peers(&mut self, table: &RouteTable) {
+        if self.generation == Some(table.generation) {
+            return;
+        }
+        self.generation = Some(table.generation);
+        self.pmtu = carry_over(std::mem::take(&mut self.pmtu), table, |_| {
+            PathMtu::default()
+        });
+        self.applied.retain(|(a, _)| {
+            table
                 .peers
                 .iter()
+                .any(|r| r.peer.stream.remote_true() == *a)
+        });
+    }
+
+    fn apply_peer_routes(&mut self, shared: &Shared, path: &PathState, link: u32) {
+        let now = super::clock::now();
+        let table = shared.table.load();
+        self.follow_peers(&table);
+        // A peer a reload removed is no longer shown.
+        path.peer_mtu
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|name, _| table.peers.iter().any(|r| r.peer.name == *name));
+        let learned: Vec<Option<u32>> = self.pmtu.iter_mut().map(|(_, p)| p.get(now)).collect();
+        for (i, routes) in table.peers.iter().enumerate() {
+            let peer = &routes.peer;
+            let remote = peer.stream.remote_true();
+            // Peers that share the remote host share its route: the narrowest path wins.
+            let want = table
+                .peers
+                .iter()
+                .map(|r| &r.peer)
                 .zip(&learned)
                 .filter(|(p, _)| p.stream.remote_true() == remote)
                 .filter_map(|(_, m)| *m)

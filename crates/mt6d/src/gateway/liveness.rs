@@ -7,10 +7,12 @@
 //! housekeeping tick, so nothing is added per packet.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use mt6d_proto::UnixTime;
 
 use super::peer::Peer;
+use super::routing::carry_over;
 use super::shared::Shared;
 
 /// A peer that sent nothing this long is reported once (it is back when a packet arrives).
@@ -20,6 +22,8 @@ pub const NO_RESPONSE_SECS: u64 = 15;
 
 #[derive(Debug, Clone)]
 struct PeerLive {
+    /// When the daemon started with this peer, or a reload added it.
+    added: UnixTime,
     /// Packets (data, keepalives, handshake messages) received so far.
     seen: u64,
     last_rx: Option<UnixTime>,
@@ -30,11 +34,25 @@ struct PeerLive {
     no_response_logged: bool,
 }
 
-/// Per-peer liveness, indexed like the daemon's peer list.
-#[derive(Debug)]
+/// Per-peer liveness, in the order of the table `generation` names.
+#[derive(Debug, Default)]
 pub struct Liveness {
-    started: UnixTime,
-    peers: Vec<PeerLive>,
+    peers: Vec<(Arc<Peer>, PeerLive)>,
+    generation: Option<u64>,
+}
+
+impl PeerLive {
+    fn new(now: UnixTime) -> PeerLive {
+        PeerLive {
+            added: now,
+            seen: 0,
+            last_rx: None,
+            silent_logged: false,
+            had_keys: false,
+            waiting_since: Some(now),
+            no_response_logged: false,
+        }
+    }
 }
 
 fn secs_between(from: UnixTime, to: UnixTime) -> u64 {
@@ -56,39 +74,31 @@ fn received(p: &Peer) -> u64 {
 }
 
 impl Liveness {
-    pub fn new(peers: usize, now: UnixTime) -> Liveness {
-        Liveness {
-            started: now,
-            peers: vec![
-                PeerLive {
-                    seen: 0,
-                    last_rx: None,
-                    silent_logged: false,
-                    had_keys: false,
-                    waiting_since: Some(now),
-                    no_response_logged: false,
-                };
-                peers
-            ],
-        }
-    }
-
-    /// Milliseconds since the last packet from peer `i`, if one ever arrived.
-    pub fn last_rx_ms_ago(&self, i: usize, now: UnixTime) -> Option<u64> {
+    /// Milliseconds since the last packet from peer `name`, if one ever arrived.
+    pub fn last_rx_ms_ago(&self, name: &str, now: UnixTime) -> Option<u64> {
         self.peers
-            .get(i)?
+            .iter()
+            .find(|(p, _)| p.name == name)?
+            .1
             .last_rx
             .map(|t| now.as_millis().saturating_sub(t.as_millis()))
     }
 
     /// Notes what changed since the last tick and logs each change of state once.
     pub fn tick(&mut self, shared: &Shared, own_public_key: Option<&str>, now: UnixTime) {
-        for (p, s) in shared.peers.iter().zip(&mut self.peers) {
+        let table = shared.table.load();
+        if self.generation != Some(table.generation) {
+            self.generation = Some(table.generation);
+            self.peers = carry_over(std::mem::take(&mut self.peers), &table, |_| {
+                PeerLive::new(now)
+            });
+        }
+        for (p, s) in &mut self.peers {
             let n = received(p);
             if n != s.seen {
                 s.seen = n;
                 if s.silent_logged {
-                    let since = s.last_rx.unwrap_or(self.started);
+                    let since = s.last_rx.unwrap_or(s.added);
                     log::info!(
                         "peer {}: receiving again after {} s of silence",
                         p.name,
@@ -98,13 +108,13 @@ impl Liveness {
                 }
                 s.last_rx = Some(now);
             } else if !s.silent_logged {
-                let since = s.last_rx.unwrap_or(self.started);
+                let since = s.last_rx.unwrap_or(s.added);
                 if secs_between(since, now) >= PEER_SILENT_SECS {
                     log::warn!(
                         "peer {}: nothing received for {PEER_SILENT_SECS} s{}",
                         p.name,
                         if s.last_rx.is_none() {
-                            " since start-up"
+                            " since it was configured"
                         } else {
                             ""
                         }

@@ -6,7 +6,8 @@
 //! - the **icmp** thread ([`icmp`]): ICMPv6 errors from the path, translated for the protected
 //!   host, and the tunnel MTU that follows the path MTU;
 //! - the **main** thread does housekeeping: rotations on schedule (`rotation`), control-socket
-//!   requests, the drop report, SIGHUP reloads ([`signals`]), and the shutdown;
+//!   requests, the drop report, SIGHUP reloads (`reload`: peers added, removed or changed
+//!   while the others carry on), and the shutdown;
 //! - with `metrics_listen`, the **metrics** thread ([`crate::metrics`]) answers Prometheus
 //!   scrapes from a status snapshot the main thread publishes once a second.
 //!
@@ -30,6 +31,7 @@ mod path;
 mod peer;
 mod prefix;
 mod quiet;
+mod reload;
 mod rotation;
 mod router;
 pub mod routing;
@@ -87,18 +89,13 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
 
 /// Keys must not reach a core dump or a same-user debugger: the process becomes non-dumpable
 /// before any key is derived, and the pages of the configured keys are left out of dumps
-/// (docs/ARCHITECTURE.md "Keys").
-fn protect_secrets(cfg: &Config) -> Result<(), GatewayError> {
+/// (docs/ARCHITECTURE.md "Keys"; [`build_peer`] does that for each peer, at start and reload).
+fn protect_secrets() -> Result<(), GatewayError> {
     mt6d_os::secrets::set_non_dumpable().map_err(|e| {
         GatewayError::Setup(format!(
             "mark the process non-dumpable (prctl PR_SET_DUMPABLE 0): {e}"
         ))
     })?;
-    for p in &cfg.peers {
-        // Best effort: a failure only means a dump the process cannot produce anyway (it is
-        // non-dumpable) would include these pages.
-        let _ = mt6d_os::secrets::dont_dump(p.stream.key.as_bytes());
-    }
     Ok(())
 }
 
@@ -140,40 +137,13 @@ fn run_gateway(
     instance: state::Instance,
 ) -> Result<(), GatewayError> {
     let started = Instant::now();
-    protect_secrets(cfg)?;
+    protect_secrets()?;
     let now = clock::now();
     let mut peers = Vec::with_capacity(cfg.peers.len());
-    let mut recv = Vec::with_capacity(cfg.peers.len());
     let mut max_overhead = 0;
     for p in &cfg.peers {
-        let setup =
-            |e: mt6d_proto::ProtoError| GatewayError::Setup(format!("peer {}: {e}", p.name));
-        let stream = p.build_stream().map_err(setup)?;
-        max_overhead = max_overhead.max(stream.overhead());
-        let keys = match &p.keying {
-            Keying::PreShared if stream.mode() == mt6d_proto::Mode::Plain => {
-                recv.push(ReceiveKeys::single(stream.opener()));
-                // Plain mode has no counter and no nonce: nothing to persist.
-                PeerKeys::pre_shared(stream.sealer(0, 0), None)
-            }
-            Keying::PreShared => {
-                recv.push(ReceiveKeys::single(stream.opener()));
-                let (state, first) = counter_state::CounterState::open(
-                    &cfg.gateway.state_dir,
-                    &stream.counter_state_id(),
-                )
-                .map_err(|e| GatewayError::Setup(format!("peer {}: send counter: {e}", p.name)))?;
-                let sealer = stream.sealer(first, state.reserved());
-                PeerKeys::pre_shared(sealer, Some(state))
-            }
-            Keying::Handshake(hs) => {
-                recv.push(ReceiveKeys::new());
-                PeerKeys::handshake(Handshake::new(hs.clone()).map_err(setup)?)
-            }
-        };
-        let peer = Arc::new(Peer::new(p.name.clone(), stream, keys));
-        // The stream's derived subkeys and the peer's key state live inline in `Peer`.
-        let _ = mt6d_os::secrets::dont_dump(&*peer);
+        let (peer, overhead) = build_peer(cfg, p)?;
+        max_overhead = max_overhead.max(overhead);
         peers.push(peer);
     }
 
@@ -190,13 +160,12 @@ fn run_gateway(
         source,
     })?;
     let shared = Shared {
-        peers,
         table: ArcSwap::from_pointee(RouteTable::default()),
         shutdown: AtomicBool::new(false),
         unmatched: DirectionCounters::default(),
     };
     let path = Arc::new(PathState::new(sys.tun_mtu));
-    let mut rotator = Rotator::new(sys.external_index);
+    let mut rotator = Rotator::new(sys.external_index, peers);
     match sys.netlink.link_mac(sys.external_index) {
         Ok(Some(mac)) => {
             rotator.set_primer(
@@ -240,12 +209,12 @@ fn run_gateway(
     } else {
         None
     };
-    rotator.purge_stale(&mut sys.netlink, &shared.peers, now);
+    rotator.purge_stale(&mut sys.netlink, now);
     let first = rotator.step(&mut sys.netlink, &epoll, &shared, now);
     let result = first.and_then(|()| {
         log::info!("{}", start_line(cfg, &sys, &shared));
         // The current epoch's addresses are bound: units ordered after this one may start.
-        let ready = format!("carrying {} peer(s)", shared.peers.len());
+        let ready = format!("carrying {} peer(s)", shared.table.load().peers.len());
         if let Err(e) = mt6d_os::service::ready(&ready) {
             log::warn!("{e}");
         }
@@ -257,7 +226,6 @@ fn run_gateway(
             &epoll,
             &shared,
             &mut rotator,
-            recv,
             (icmp, router, &path),
             started,
             metrics.as_ref(),
@@ -282,7 +250,6 @@ fn serve(
     epoll: &Epoll,
     shared: &Shared,
     rotator: &mut Rotator,
-    recv: Vec<ReceiveKeys>,
     (icmp, router, path): (IcmpTranslator, Option<RouterDiscovery>, &PathState),
     started: Instant,
     metrics: Option<&crate::metrics::MetricsServer>,
@@ -300,7 +267,7 @@ fn serve(
             .map_err(|e| GatewayError::Setup(format!("start transmit thread: {e}")))?;
         let rx = std::thread::Builder::new()
             .name("mt6d-rx".into())
-            .spawn_scoped(s, || dataplane::rx_loop(shared, &tun, epoll, recv, tun_mtu))
+            .spawn_scoped(s, || dataplane::rx_loop(shared, &tun, epoll, tun_mtu))
             .map_err(|e| GatewayError::Setup(format!("start receive thread: {e}")))?;
         let icmp = std::thread::Builder::new()
             .name("mt6d-icmp".into())
@@ -326,7 +293,7 @@ fn serve(
         let mut result = Ok(());
         let mut next_rotation = rotator.next_change();
         let mut drops = DropReport::default();
-        let mut liveness = Liveness::new(shared.peers.len(), clock::now());
+        let mut liveness = Liveness::default();
         let mut watched = vec![(
             "external",
             cfg.gateway.external_interface.as_str(),
@@ -336,17 +303,30 @@ fn serve(
             watched.push(("internal", internal, sys.internal_index));
         }
         let mut links = links::InterfaceWatch::new(&watched, cfg.gateway.interface_down_exit);
-        let own_key = own_public_key(cfg);
+        // The running configuration: a SIGHUP replaces its peers (never its [gateway] section).
+        let mut cfg = cfg.clone();
+        let mut own_key = own_public_key(&cfg);
         while !signals.stop_requested() && !shared.shutdown.load(Ordering::Relaxed) {
             if signals.take_reload() {
-                signals::reload(cfg);
+                let changed = reload::reload(reload::Running {
+                    cfg: &mut cfg,
+                    sys: &mut *sys,
+                    rotator: &mut *rotator,
+                    epoll,
+                    shared,
+                });
+                if changed {
+                    own_key = own_public_key(&cfg);
+                    // The new set's next boundary may come before the old set's.
+                    next_rotation = rotator.next_change();
+                }
             }
             let now = clock::now();
             match links.tick(&mut sys.netlink) {
                 links::Verdict::Carry => {}
                 links::Verdict::Rebind => {
                     // Down flushed the hashed addresses and the routes on the interface.
-                    if let Err(e) = sys.reroute_external(cfg) {
+                    if let Err(e) = sys.reroute_external(&cfg) {
                         log::error!("after the interface came back: {e}");
                     }
                     rotator.forget_addresses();
@@ -369,7 +349,7 @@ fn serve(
                     drops.report(shared);
                     rotator.report_watch();
                     if let Some(mac) = rotator.announced_mac() {
-                        collision::announce_link(shared, &shared.table.load(), mac);
+                        collision::announce_link(&shared.table.load(), mac);
                     }
                 }
             }
@@ -386,18 +366,18 @@ fn serve(
                 }
             }
             let table = shared.table.load();
-            collision::send_notices(shared, &table, now);
-            for (i, p) in shared.peers.iter().enumerate() {
-                session::tick(p, i, &table, now);
+            collision::send_notices(&table, now);
+            for (i, r) in table.peers.iter().enumerate() {
+                session::tick(&r.peer, i, &table, now);
             }
             drop(table);
             liveness.tick(shared, own_key.as_deref(), now);
             let snapshot = || {
-                let mut st = status(cfg, shared, path, started, rotator);
+                let mut st = status(&cfg, shared, path, started, rotator);
                 st.interfaces = links.status();
                 let now = clock::now();
-                for (i, p) in st.peers.iter_mut().enumerate() {
-                    p.last_rx_ms_ago = liveness.last_rx_ms_ago(i, now);
+                for p in &mut st.peers {
+                    p.last_rx_ms_ago = liveness.last_rx_ms_ago(&p.name, now);
                 }
                 st
             };
@@ -429,7 +409,42 @@ fn serve(
     result
 }
 
-use mt6d_proto::handshake::{Handshake, ReceiveKeys};
+use mt6d_proto::handshake::Handshake;
+
+/// Builds one configured peer: its stream, its keys (a pre-shared key's persisted counter
+/// reservation, or a handshake), and returns it with its tunnel overhead. The key pages are left
+/// out of core dumps.
+fn build_peer(
+    cfg: &Config,
+    p: &crate::config::PeerConfig,
+) -> Result<(Arc<Peer>, usize), GatewayError> {
+    let setup = |e: mt6d_proto::ProtoError| GatewayError::Setup(format!("peer {}: {e}", p.name));
+    // Best effort: a failure only means a dump the process cannot produce anyway (it is
+    // non-dumpable) would include these pages.
+    let _ = mt6d_os::secrets::dont_dump(p.stream.key.as_bytes());
+    let stream = p.build_stream().map_err(setup)?;
+    let overhead = stream.overhead();
+    let keys = match &p.keying {
+        // Plain mode has no counter and no nonce: nothing to persist.
+        Keying::PreShared if stream.mode() == mt6d_proto::Mode::Plain => {
+            PeerKeys::pre_shared(stream.sealer(0, 0), None)
+        }
+        Keying::PreShared => {
+            let (state, first) = counter_state::CounterState::open(
+                &cfg.gateway.state_dir,
+                &stream.counter_state_id(),
+            )
+            .map_err(|e| GatewayError::Setup(format!("peer {}: send counter: {e}", p.name)))?;
+            let sealer = stream.sealer(first, state.reserved());
+            PeerKeys::pre_shared(sealer, Some(state))
+        }
+        Keying::Handshake(hs) => PeerKeys::handshake(Handshake::new(hs.clone()).map_err(setup)?),
+    };
+    let peer = Arc::new(Peer::new(p.name.clone(), stream, keys));
+    // The stream's derived subkeys and the peer's key state live inline in `Peer`.
+    let _ = mt6d_os::secrets::dont_dump(&*peer);
+    Ok((peer, overhead))
+}
 
 /// This gateway's identity public key (base64), if it uses handshakes.
 fn own_public_key(cfg: &Config) -> Option<String> {
@@ -448,10 +463,11 @@ fn start_line(cfg: &Config, sys: &System, shared: &Shared) -> String {
         }
         Role::Host { local_host } => format!("host mode, {local_host} on the TUN device"),
     };
+    let table = shared.table.load();
     let peers: Vec<String> = cfg
         .peers
         .iter()
-        .zip(&shared.peers)
+        .zip(table.peers.iter().map(|r| &r.peer))
         .map(|(c, p)| {
             let keying = match &c.keying {
                 Keying::Handshake(hs) => {
@@ -488,39 +504,52 @@ fn start_line(cfg: &Config, sys: &System, shared: &Shared) -> String {
 /// the log directly (../shared/STYLE.md §8: rate-limited).
 #[derive(Debug, Default)]
 struct DropReport {
-    last: Vec<u64>,
+    /// Drops per reason at the last report, by peer name ("(no peer)": unmatched packets).
+    last: Vec<(String, Vec<u64>)>,
 }
 
 impl DropReport {
     fn report(&mut self, shared: &Shared) {
-        let mut now = Vec::new();
-        for p in &shared.peers {
-            for r in DropReason::ALL {
-                now.push(p.counters.tx.drops(r) + p.counters.rx.drops(r));
-            }
-        }
-        for r in DropReason::ALL {
-            now.push(shared.unmatched.drops(r));
-        }
-        if self.last.len() == now.len() {
-            let mut parts = Vec::new();
-            let names = shared
-                .peers
+        let table = shared.table.load();
+        let mut now: Vec<(String, Vec<u64>)> = table
+            .peers
+            .iter()
+            .map(|r| {
+                let c = &r.peer.counters;
+                let n = DropReason::ALL
+                    .iter()
+                    .map(|&d| c.tx.drops(d) + c.rx.drops(d))
+                    .collect();
+                (r.peer.name.clone(), n)
+            })
+            .collect();
+        now.push((
+            "(no peer)".into(),
+            DropReason::ALL
                 .iter()
-                .map(|p| p.name.as_str())
-                .chain(std::iter::once("(no peer)"));
-            for (i, name) in names.enumerate() {
-                for (j, r) in DropReason::ALL.iter().enumerate() {
-                    let k = i * DropReason::ALL.len() + j;
-                    let delta = now[k] - self.last[k];
-                    if delta > 0 {
-                        parts.push(format!("{name}: {delta} {}", r.label()));
-                    }
+                .map(|&d| shared.unmatched.drops(d))
+                .collect(),
+        ));
+        let mut parts = Vec::new();
+        for (name, counts) in &now {
+            // A peer added since the last report has no baseline yet (a changed peer's new
+            // counters start at zero: no baseline either).
+            let Some((_, last)) = self
+                .last
+                .iter()
+                .find(|(n, l)| n == name && l.len() == counts.len())
+            else {
+                continue;
+            };
+            for ((r, n), l) in DropReason::ALL.iter().zip(counts).zip(last) {
+                let delta = n.saturating_sub(*l);
+                if delta > 0 {
+                    parts.push(format!("{name}: {delta} {}", r.label()));
                 }
             }
-            if !parts.is_empty() {
-                log::warn!("dropped since last rotation: {}", parts.join(", "));
-            }
+        }
+        if !parts.is_empty() {
+            log::warn!("dropped since last rotation: {}", parts.join(", "));
         }
         self.last = now;
     }
@@ -581,11 +610,11 @@ fn status(
         local: r.local.to_string(),
         remote: r.remote.to_string(),
     };
-    let peers = shared
+    let peers = table
         .peers
         .iter()
-        .zip(&table.peers)
-        .map(|(p, routes)| {
+        .map(|routes| {
+            let p = &routes.peer;
             let s = &routes.schedule;
             PeerStatus {
                 name: p.name.clone(),

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::ArcSwapOption;
-use mt6d_proto::handshake::Handshake;
+use mt6d_proto::handshake::{Handshake, ReceiveKeys};
 use mt6d_proto::icmp::SentLog;
 use mt6d_proto::moves::RouteMoves;
 use mt6d_proto::{Sealer, Stream};
@@ -51,6 +51,16 @@ impl Peer {
             notices_refused: AtomicU64::new(0),
             lladdr: AtomicU64::new(0),
             sent: SentLog::new(),
+        }
+    }
+
+    /// The receive keys the rx thread starts this peer with: the pre-shared key's opener, or
+    /// none until a handshake completes.
+    pub fn receive_keys(&self) -> ReceiveKeys {
+        if self.keys.handshake.is_some() {
+            ReceiveKeys::new()
+        } else {
+            ReceiveKeys::single(self.stream.opener())
         }
     }
 

@@ -21,7 +21,7 @@ use mt6d_os::nftables::{quoted_interface, NftTable};
 
 use super::error::GatewayError;
 use super::prefix::slash64;
-use crate::config::Config;
+use crate::config::{Config, PeerConfig};
 
 /// The table of one daemon instance: `inet mt6d_<TUN name>` (the TUN name is unique per
 /// instance on a host, so two daemons never share a table).
@@ -39,9 +39,9 @@ pub fn table(cfg: &Config) -> Result<NftTable, GatewayError> {
 }
 
 /// The hashed /64s of every peer: (local prefixes, remote prefixes), each listed once.
-pub fn hashed_prefixes(cfg: &Config) -> (Vec<Ipv6Addr>, Vec<Ipv6Addr>) {
+pub fn hashed_prefixes(peers: &[&PeerConfig]) -> (Vec<Ipv6Addr>, Vec<Ipv6Addr>) {
     let (mut local, mut remote) = (Vec::new(), Vec::new());
-    for p in &cfg.peers {
+    for p in peers {
         let s = &p.stream;
         for (list, ep) in [(&mut local, &s.local), (&mut remote, &s.remote)] {
             let prefix = ep

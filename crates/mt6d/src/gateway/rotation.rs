@@ -26,7 +26,7 @@ use super::error::GatewayError;
 use super::neighbor::{NeighborPrimer, PRIME_LEAD};
 use super::path::PathState;
 use super::peer::Peer;
-use super::routing::RouteTable;
+use super::routing::{carry_over, RouteTable};
 use super::shared::Shared;
 
 /// How far back start-up looks for hashed addresses a crashed run may have left behind.
@@ -35,9 +35,13 @@ const STALE_WINDOW_SECS: u64 = 24 * 3600;
 #[derive(Debug)]
 pub struct Rotator {
     external_index: u32,
+    /// The peer set every step publishes, and its generation (see `routing.rs`).
+    peers: Vec<Arc<Peer>>,
+    generation: u64,
     bound: HashSet<Ipv6Addr>,
     sockets: BTreeMap<u16, Arc<UdpSocket6>>,
-    epochs: Vec<Option<Epoch>>,
+    /// The send epoch each peer was last seen in, in the order of `peers`.
+    epochs: Vec<(Arc<Peer>, Option<Epoch>)>,
     next_change: UnixTime,
     primer: Option<(NeighborPrimer, Arc<PathState>)>,
     /// Local addresses whose announcement is sent or scheduled.
@@ -81,16 +85,10 @@ enum Unbindable {
 
 /// Moves every epoch of the accept window whose local route uses `local` to its next attempt
 /// offset, as an address collision does (docs/PROTOCOL.md §5.2); true if one moved.
-fn move_away(
-    shared: &Shared,
-    table: &RouteTable,
-    local: Local,
-    what: &str,
-    error: &str,
-    now: UnixTime,
-) -> bool {
+fn move_away(table: &RouteTable, local: Local, what: &str, error: &str, now: UnixTime) -> bool {
     let mut moved = false;
-    for (routes, p) in table.peers.iter().zip(&shared.peers) {
+    for routes in &table.peers {
+        let p = &routes.peer;
         for route in &routes.schedule.accept {
             let uses = match local {
                 Local::Port(port) => route.local.port() == port,
@@ -155,9 +153,12 @@ fn announcements(
 }
 
 impl Rotator {
-    pub fn new(external_index: u32) -> Rotator {
+    pub fn new(external_index: u32, peers: Vec<Arc<Peer>>) -> Rotator {
         Rotator {
             external_index,
+            peers,
+            // Never 0, the generation of the empty table published before the first step.
+            generation: 1,
             bound: HashSet::new(),
             sockets: BTreeMap::new(),
             epochs: Vec::new(),
@@ -224,6 +225,20 @@ impl Rotator {
         self.primer = Some((primer, path));
     }
 
+    /// The peer set the next step publishes.
+    pub fn peers(&self) -> &[Arc<Peer>] {
+        &self.peers
+    }
+
+    /// Replaces the peer set; the next [`Rotator::step`] binds what the new set needs,
+    /// publishes it as a new generation, and only then removes what only the old set used
+    /// (hashed addresses, sockets, pinned and learned neighbour entries). Peers kept from the
+    /// old set must be the same `Arc`s: their state is carried over by identity.
+    pub fn set_peers(&mut self, peers: Vec<Arc<Peer>>) {
+        self.peers = peers;
+        self.generation += 1;
+    }
+
     /// When the next step is due.
     pub fn next_change(&self) -> UnixTime {
         self.next_change
@@ -232,7 +247,8 @@ impl Rotator {
     /// Removes hashed addresses of our peers from the last day that are still on the external
     /// interface: what a daemon killed with SIGKILL (or a power cut) leaves. Together with the
     /// idempotent adds this makes a restart converge.
-    pub fn purge_stale(&mut self, nl: &mut Netlink, peers: &[Arc<Peer>], now: UnixTime) {
+    pub fn purge_stale(&mut self, nl: &mut Netlink, now: UnixTime) {
+        let peers = &self.peers;
         let present: HashSet<Ipv6Addr> = match nl.list_addresses(self.external_index) {
             Ok(list) => list
                 .into_iter()
@@ -292,20 +308,20 @@ impl Rotator {
         shared: &Shared,
         now: UnixTime,
     ) -> Result<(), GatewayError> {
-        let mut table = RouteTable::compute(&shared.peers, now);
+        let mut table = RouteTable::compute(&self.peers, self.generation, now);
         let mut fresh = Vec::new();
         // Each round either binds everything, moves one epoch of a peer's window (at most
         // MAX_OFFSET times for each of its 4 epochs) or gives up on one of its 6 local ports and
         // addresses; so this many rounds always suffice.
         let per_peer = usize::from(mt6d_proto::moves::MAX_OFFSET) * 4 + 6;
-        let rounds = per_peer * shared.peers.len() + 1;
+        let rounds = per_peer * self.peers.len() + 1;
         for _ in 0..rounds {
             match self.bind(nl, epoll, &table, &mut fresh) {
                 Ok(()) => break,
                 Err(Unbindable::Fatal(e)) => return Err(e),
                 Err(Unbindable::Taken { what, local, error }) => {
-                    if move_away(shared, &table, local, &what, &error, now) {
-                        table = RouteTable::compute(&shared.peers, now);
+                    if move_away(&table, local, &what, &error, now) {
+                        table = RouteTable::compute(&self.peers, self.generation, now);
                     } else {
                         if self.unbindable.insert(what.clone()) {
                             log::error!(
@@ -332,7 +348,8 @@ impl Rotator {
         if let Some(watch) = &mut self.watch {
             // Each new address is probed shortly before its epoch starts, not when bound
             // (docs/PROTOCOL.md §5.2, "Probe timing").
-            for (routes, peer) in table.peers.iter().zip(&shared.peers) {
+            for routes in &table.peers {
+                let peer = &routes.peer;
                 let rotation_ms = peer.stream.config().rotation.as_millis() as u64;
                 for route in &routes.schedule.accept {
                     let addr = *route.local.ip();
@@ -350,8 +367,17 @@ impl Rotator {
             .map(|p| p.schedule.next_change)
             .min()
             .unwrap_or(UnixTime::from_nanos(now.as_nanos() + 1_000_000_000));
-        self.epochs.resize(table.peers.len(), None);
-        for ((seen, routes), peer) in self.epochs.iter_mut().zip(&table.peers).zip(&shared.peers) {
+        if self.epochs.len() != table.peers.len()
+            || self
+                .epochs
+                .iter()
+                .zip(&table.peers)
+                .any(|((p, _), r)| !Arc::ptr_eq(p, &r.peer))
+        {
+            self.epochs = carry_over(std::mem::take(&mut self.epochs), &table, |_| None);
+        }
+        for ((_, seen), routes) in self.epochs.iter_mut().zip(&table.peers) {
+            let peer = &routes.peer;
             let e = routes.schedule.send.epoch;
             if *seen != Some(e) {
                 if seen.is_some() {
@@ -374,8 +400,8 @@ impl Rotator {
         // (RFC 4861 §7.2.5 updates apply to dynamic entries only; Linux: NUD_PERMANENT).
         let mut pins = BTreeMap::new();
         if self.pin_with.is_some() {
-            for (routes, peer) in table.peers.iter().zip(&shared.peers) {
-                if let Some(mac) = peer.lladdr() {
+            for routes in &table.peers {
+                if let Some(mac) = routes.peer.lladdr() {
                     for r in &routes.schedule.accept {
                         pins.insert(*r.remote.ip(), mac);
                     }

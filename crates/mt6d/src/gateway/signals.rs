@@ -6,7 +6,7 @@
 //! | signals | action |
 //! |---|---|
 //! | SIGTERM, SIGINT, SIGQUIT, SIGXCPU, SIGPWR | clean stop: everything removed, sysctls restored |
-//! | SIGHUP | re-read the config ([`reload`]): an invalid file is logged with file:line:column and changes nothing |
+//! | SIGHUP | re-read the config (`reload.rs`): an invalid file is logged with file:line:column and changes nothing; a valid one's added, removed and changed peers are applied, all or nothing, the others untouched |
 //! | SIGPIPE, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF, SIGIO, SIGXFSZ, SIGSTKFLT, SIGRTMIN..SIGRTMAX | ignored |
 //! | SIGKILL, SIGSTOP; SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP, SIGSYS (faults) | cannot or must not be handled: the fail-closed guards hold, and `mt6d down` or the next start cleans up |
 //!
@@ -15,8 +15,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-
-use crate::config::Config;
 
 /// Signals that stop the daemon through its clean-up.
 const STOP: [libc::c_int; 5] = [
@@ -83,62 +81,4 @@ impl Signals {
     pub fn take_reload(&self) -> bool {
         self.reload.swap(false, Ordering::Relaxed)
     }
-}
-
-/// SIGHUP: re-reads and validates the configuration file the daemon runs with. An invalid
-/// file is logged (file:line:column) and nothing changes. A valid one is compared with the
-/// running configuration; what differs is logged by name, and nothing is applied: peers and
-/// interfaces are set up once at start-up (the packet threads, the routes and the guards are
-/// built from them), and a partly applied change is worse than none. A restart applies it.
-pub fn reload(running: &Config) {
-    let new = match Config::load(&running.path) {
-        Ok(c) => c,
-        Err(e) => {
-            log::error!("SIGHUP: {e}; keeping the running configuration unchanged");
-            return;
-        }
-    };
-    let changes = differences(running, &new);
-    if changes.is_empty() {
-        log::info!(
-            "SIGHUP: {} is valid and the same as the running configuration",
-            running.path.display()
-        );
-    } else {
-        log::warn!(
-            "SIGHUP: {} is valid but differs: {}; nothing applied (changes to peers and interfaces need a restart)",
-            running.path.display(),
-            changes.join(", ")
-        );
-    }
-}
-
-/// What differs between two valid configurations, in words. Secrets are compared through a
-/// digest of each peer's stream key (which a changed identity or pre-shared key changes), never
-/// printed.
-pub fn differences(old: &Config, new: &Config) -> Vec<String> {
-    let mut out = Vec::new();
-    if format!("{:?}", old.gateway) != format!("{:?}", new.gateway) {
-        out.push("[gateway] settings changed".to_string());
-    }
-    let fingerprint = |p: &crate::config::PeerConfig| {
-        use sha2::Digest as _;
-        let digest = sha2::Sha256::digest(p.stream.key.as_bytes());
-        format!("{:?} {:?} {digest:x}", p.stream, p.keying)
-    };
-    for p in &new.peers {
-        match old.peers.iter().find(|o| o.name == p.name) {
-            None => out.push(format!("peer {:?} added", p.name)),
-            Some(o) if fingerprint(o) != fingerprint(p) => {
-                out.push(format!("peer {:?} changed", p.name));
-            }
-            Some(_) => {}
-        }
-    }
-    for o in &old.peers {
-        if !new.peers.iter().any(|p| p.name == o.name) {
-            out.push(format!("peer {:?} removed", o.name));
-        }
-    }
-    out
 }

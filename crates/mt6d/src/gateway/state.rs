@@ -35,7 +35,7 @@ use mt6d_os::Netlink;
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
-use crate::config::Config;
+use crate::config::{Config, PeerConfig};
 
 use super::error::GatewayError;
 
@@ -95,6 +95,15 @@ pub struct PeerRecord {
     pub remote: Ipv6Addr,
 }
 
+impl PeerRecord {
+    fn of(p: &PeerConfig) -> PeerRecord {
+        PeerRecord {
+            name: p.name.clone(),
+            remote: p.stream.remote.true_addr,
+        }
+    }
+}
+
 /// The record of one instance (`<key>.json`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
@@ -129,14 +138,7 @@ impl Record {
             external: g.external_interface.clone(),
             internal: g.internal_interface().map(str::to_owned),
             control_socket: g.control_socket.clone(),
-            peers: cfg
-                .peers
-                .iter()
-                .map(|p| PeerRecord {
-                    name: p.name.clone(),
-                    remote: p.stream.remote.true_addr,
-                })
-                .collect(),
+            peers: cfg.peers.iter().map(PeerRecord::of).collect(),
             external_index: 0,
             changes: Vec::new(),
         }
@@ -508,6 +510,46 @@ impl Instance {
         left
     }
 
+    /// Undoes one change this instance made and takes it off the record (a reload removing a
+    /// peer). What could not be undone stays on record, for the clean-up at exit or `mt6d down`.
+    pub fn undo(&mut self, nl: &mut Netlink, change: &Change) -> Result<(), GatewayError> {
+        undo_one(nl, change).map_err(|e| setup(format!("undo {change:?}: {}", error_chain(&e))))?;
+        self.record.changes.retain(|c| c != change);
+        self.persist()
+    }
+
+    /// Refuses peers that a running daemon of this namespace already routes (the same check
+    /// as at start-up, for peers a reload adds), naming its pid and the address.
+    pub fn admit_peers(&self, peers: &[&PeerConfig]) -> Result<(), GatewayError> {
+        let _registry = Registry::lock(&self.dir)?;
+        for o in scan(&self.dir, &self.key).into_iter().filter(|o| o.running) {
+            let Some(theirs) = &o.record else { continue };
+            if theirs.netns != self.record.netns {
+                continue;
+            }
+            for p in peers.iter().map(|p| PeerRecord::of(p)) {
+                if let Some(t) = theirs.peers.iter().find(|t| t.remote == p.remote) {
+                    return Err(setup(format!(
+                        "peer {:?}: another mt6d (pid {}, config {}) routes its true address {} (as peer {:?})",
+                        p.name,
+                        o.pid.unwrap_or(theirs.pid),
+                        theirs.config.display(),
+                        p.remote,
+                        t.name
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Records `peers` as this instance's (a reload), so that the conflict checks of other
+    /// starts see them.
+    pub fn set_peers(&mut self, peers: &[&PeerConfig]) -> Result<(), GatewayError> {
+        self.record.peers = peers.iter().map(|p| PeerRecord::of(p)).collect();
+        self.persist()
+    }
+
     fn persist(&self) -> Result<(), GatewayError> {
         let path = self.dir.join(format!("{}.json", self.key));
         let tmp = self.dir.join(format!("{}.json.tmp", self.key));
@@ -581,45 +623,54 @@ fn clean_up(nl: &mut Netlink, r: &Record, dir: &Path, own_key: &str) -> Vec<Stri
     }
     for c in r.changes.iter().rev() {
         let result = match c {
-            Change::Sysctl { name, original } => {
-                if running.iter().any(|o| o.sysctl_original(name).is_some()) {
-                    log::info!("{name}: left as is for the other mt6d of this namespace");
-                    Ok(())
-                } else {
-                    match Sysctl::new(name).and_then(|s| s.set(original)) {
-                        // The interface went away (the TUN device with the dead process), and
-                        // its settings with it.
-                        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-                        r => r,
-                    }
-                }
+            Change::Sysctl { name, .. }
+                if running.iter().any(|o| o.sysctl_original(name).is_some()) =>
+            {
+                log::info!("{name}: left as is for the other mt6d of this namespace");
+                Ok(())
             }
-            Change::Guard { dst, len } => nl.del_guard_route(*dst, *len),
-            Change::Route { dst, len, oif, .. } => nl.del_route(*dst, *len, *oif),
-            Change::ProxyNeighbor { index, addr } => nl.del_proxy_neighbor(*index, *addr),
-            Change::Address { index, addr, len } => nl.del_address(*index, *addr, *len),
-            Change::AddressBack { index, addr, len } => {
-                // In use before the daemon started: no second DAD, its prefix route as before.
-                let flags = mt6d_os::AddrFlags {
-                    nodad: true,
-                    noprefixroute: false,
-                };
-                nl.add_address(*index, *addr, *len, flags)
-            }
-            Change::LinkMac { index, mac } => nl.link_set_mac(*index, *mac),
-            Change::Firewall { table, external } => {
-                // The addresses just removed made the kernel send MLD reports leaving their
-                // groups, repeated once within the report interval (RFC 3810 §6.1): the table
-                // must still drop the repeat.
-                std::thread::sleep(super::quiet::mld_repeat_window(external));
-                mt6d_os::nftables::NftTable::new(table).and_then(|t| t.delete())
-            }
+            c => undo_one(nl, c),
         };
         if let Err(e) = result {
             failed.push(format!("undo {c:?}: {}", error_chain(&e)));
         }
     }
     failed
+}
+
+/// Undoes one recorded change (a sysctl: restores its original, whoever else shares it; the
+/// caller decides that).
+fn undo_one(nl: &mut Netlink, c: &Change) -> Result<(), mt6d_os::OsError> {
+    match c {
+        Change::Sysctl { name, original } => {
+            match Sysctl::new(name).and_then(|s| s.set(original)) {
+                // The interface went away (the TUN device with the dead process), and
+                // its settings with it.
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+                r => r,
+            }
+        }
+        Change::Guard { dst, len } => nl.del_guard_route(*dst, *len),
+        Change::Route { dst, len, oif, .. } => nl.del_route(*dst, *len, *oif),
+        Change::ProxyNeighbor { index, addr } => nl.del_proxy_neighbor(*index, *addr),
+        Change::Address { index, addr, len } => nl.del_address(*index, *addr, *len),
+        Change::AddressBack { index, addr, len } => {
+            // In use before the daemon started: no second DAD, its prefix route as before.
+            let flags = mt6d_os::AddrFlags {
+                nodad: true,
+                noprefixroute: false,
+            };
+            nl.add_address(*index, *addr, *len, flags)
+        }
+        Change::LinkMac { index, mac } => nl.link_set_mac(*index, *mac),
+        Change::Firewall { table, external } => {
+            // The addresses just removed made the kernel send MLD reports leaving their
+            // groups, repeated once within the report interval (RFC 3810 §6.1): the table
+            // must still drop the repeat.
+            std::thread::sleep(super::quiet::mld_repeat_window(external));
+            mt6d_os::nftables::NftTable::new(table).and_then(|t| t.delete())
+        }
+    }
 }
 
 /// An error with its causes, `a: b: c`, so the kernel's errno text is never lost.

@@ -24,13 +24,16 @@
 //! Nothing is forwarded, so forwarding and proxy NDP are not touched; the true address is never
 //! on the external interface (the kernel answers neighbour solicitations only for addresses of
 //! the receiving interface), so the public link never learns it.
-
-use std::net::Ipv6Addr;
+//!
+//! A SIGHUP reload (`reload.rs`) adds or removes one peer's share of the per-peer part
+//! ([`System::add_peers`], [`System::remove_peers`]) in the same order: guards first when
+//! adding, last when removing; what peers share (a guard, a prefix route) stays while one of
+//! them needs it, and every removal is taken off the instance record once it is done.
 
 use mt6d_os::sysctl::{self, Sysctl};
 use mt6d_os::{AddrFlags, Netlink, Tun};
 
-use crate::config::{Config, Role};
+use crate::config::{Config, GatewayConfig, PeerConfig, Role};
 
 use super::error::GatewayError;
 use super::prefix::slash64;
@@ -53,7 +56,15 @@ pub struct System {
     /// TUN device itself (translated ICMPv6 errors are sent there, from the true address).
     pub internal_index: u32,
     pub external_index: u32,
+    /// The largest tunnel overhead of any peer at start: the TUN MTU leaves room for it, so a
+    /// peer a reload adds may not need more.
+    pub max_overhead: usize,
+    /// The TUN device's index (the device itself is handed to the packet threads).
+    tun_index: u32,
     pub tun_mtu: u32,
+    /// The body of mt6d's nftables table as loaded (a reload replaces it when the hashed
+    /// prefixes change).
+    quiet_body: String,
     /// The instance record: every change is written there before it is made.
     instance: Option<Instance>,
 }
@@ -107,7 +118,10 @@ impl System {
             tun: None,
             internal_index,
             external_index,
+            max_overhead,
+            tun_index: 0,
             tun_mtu,
+            quiet_body: String::new(),
             instance: Some(instance),
         };
         if let Err(e) = sys.apply_inner(cfg) {
@@ -131,28 +145,21 @@ impl System {
         // Fail closed first (docs/ARCHITECTURE.md "Fail closed"): before any route or sysctl
         // could carry a protected host's packet, each remote true address gets a guard that
         // outlives this process and decides whenever the route into the TUN device is gone.
-        let mut guarded = Vec::new();
+        let all: Vec<&PeerConfig> = cfg.peers.iter().collect();
         for peer in &cfg.peers {
-            let remote = peer.stream.remote.true_addr;
-            if !guarded.contains(&remote) {
-                guarded.push(remote);
-                self.record(Change::Guard {
-                    dst: remote,
-                    len: 128,
-                })?;
-                self.netlink
-                    .add_guard_route(remote, 128)
-                    .map_err(os(format!("peer {}: guard route for {remote}", peer.name)))?;
+            for change in self.peer_changes(g, peer, true) {
+                self.make(&peer.name, change)?;
             }
         }
 
         // Then, before any address is added: the kernel's reports and errors about hashed
         // addresses never leave (quiet.rs).
-        self.quiet(cfg)?;
+        self.quiet(cfg, &all)?;
 
         let tun = Tun::create(&g.tun_name, u16::try_from(self.tun_mtu).unwrap_or(u16::MAX))
             .map_err(os(format!("create TUN device {:?}", g.tun_name)))?;
         let tun_index = tun.index();
+        self.tun_index = tun_index;
         self.tun = Some(tun);
 
         // Hashed addresses are added with nodad; the TUN device needs no link-local DAD either.
@@ -185,27 +192,241 @@ impl System {
             self.set_sysctl(&delay, "0")?;
         }
 
-        let mut remote_prefixes = Vec::new();
         for peer in &cfg.peers {
-            let s = &peer.stream;
-            let (local, remote) = (s.local.true_addr, s.remote.true_addr);
-            self.route(remote, 128, tun_index, None)?;
-            if internal.is_some() {
-                self.route(local, 128, self.internal_index, None)?;
-                self.record(Change::ProxyNeighbor {
-                    index: self.internal_index,
-                    addr: remote,
-                })?;
-                self.netlink
-                    .add_proxy_neighbor(self.internal_index, remote)
-                    .map_err(os(format!("peer {}: proxy NDP for {remote}", peer.name)))?;
-            }
-            let prefix = s.remote.external_prefix.unwrap_or_else(|| slash64(remote));
-            if !remote_prefixes.contains(&prefix) {
-                remote_prefixes.push(prefix);
-                self.route(prefix, 64, self.external_index, g.external_next_hop)?;
+            for change in self.peer_changes(g, peer, false) {
+                self.make(&peer.name, change)?;
             }
         }
+        Ok(())
+    }
+
+    /// The kernel changes one peer needs, in the order they are made: with `guards`, its
+    /// fail-closed guard only; without, the rest: the /128 route for the remote true address
+    /// into the TUN device; in gateway mode the /128 route for the local true address on the
+    /// internal interface and the proxy NDP entry for the remote one; the /64 route for the
+    /// remote hashed prefix on the external interface. Peers that share an address or prefix
+    /// share the change (the record holds it once).
+    fn peer_changes(&self, g: &GatewayConfig, peer: &PeerConfig, guards: bool) -> Vec<Change> {
+        let s = &peer.stream;
+        let (local, remote) = (s.local.true_addr, s.remote.true_addr);
+        if guards {
+            return vec![Change::Guard {
+                dst: remote,
+                len: 128,
+            }];
+        }
+        let mut out = vec![Change::Route {
+            dst: remote,
+            len: 128,
+            oif: self.tun_index,
+            via: None,
+        }];
+        if g.internal_interface().is_some() {
+            out.push(Change::Route {
+                dst: local,
+                len: 128,
+                oif: self.internal_index,
+                via: None,
+            });
+            out.push(Change::ProxyNeighbor {
+                index: self.internal_index,
+                addr: remote,
+            });
+        }
+        let prefix = s.remote.external_prefix.unwrap_or_else(|| slash64(remote));
+        out.push(Change::Route {
+            dst: prefix,
+            len: 64,
+            oif: self.external_index,
+            via: g.external_next_hop,
+        });
+        out
+    }
+
+    /// Records `change` (write-ahead), then makes it; adds are idempotent.
+    fn make(&mut self, peer: &str, change: Change) -> Result<(), GatewayError> {
+        self.record(change.clone())?;
+        let nl = &mut self.netlink;
+        let (result, what) = match change {
+            Change::Guard { dst, len } => (
+                nl.add_guard_route(dst, len),
+                format!("guard route for {dst}"),
+            ),
+            Change::Route {
+                dst,
+                len,
+                oif,
+                via: None,
+            } => (nl.add_route(dst, len, oif), format!("route {dst}/{len}")),
+            Change::Route {
+                dst,
+                len,
+                oif,
+                via: Some(gw),
+            } => (
+                nl.add_route_via(dst, len, oif, gw),
+                format!("route {dst}/{len} via {gw}"),
+            ),
+            Change::ProxyNeighbor { index, addr } => (
+                nl.add_proxy_neighbor(index, addr),
+                format!("proxy NDP for {addr}"),
+            ),
+            other => {
+                return Err(GatewayError::Setup(format!(
+                    "peer {peer}: not a per-peer change: {other:?}"
+                )))
+            }
+        };
+        result.map_err(os(format!("peer {peer}: {what}")))
+    }
+
+    /// The per-peer changes of `peers` in the order they are made: every guard first, then the
+    /// rest; each once.
+    fn changes_of(&self, g: &GatewayConfig, peers: &[&PeerConfig]) -> Vec<(String, Change)> {
+        let mut out: Vec<(String, Change)> = Vec::new();
+        for guards in [true, false] {
+            for p in peers {
+                for c in self.peer_changes(g, p, guards) {
+                    if !out.iter().any(|(_, o)| *o == c) {
+                        out.push((p.name.clone(), c));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Refuses a reload's peers that a running daemon of this namespace already routes.
+    pub fn admit_peers(&self, peers: &[&PeerConfig]) -> Result<(), GatewayError> {
+        match self.instance.as_ref() {
+            Some(i) => i.admit_peers(peers),
+            None => Err(GatewayError::Setup(
+                "instance record already released".into(),
+            )),
+        }
+    }
+
+    /// Records `peers` as this instance's (for the conflict checks of other starts).
+    pub fn record_peers(&mut self, peers: &[&PeerConfig]) -> Result<(), GatewayError> {
+        match self.instance.as_mut() {
+            Some(i) => i.set_peers(peers),
+            None => Err(GatewayError::Setup(
+                "instance record already released".into(),
+            )),
+        }
+    }
+
+    /// A reload's additions: makes the kernel changes `added` needs that `applied` (the peers
+    /// running now, removed ones included: they still carry traffic) do not share: guards
+    /// first, then mt6d's nftables table for both sets' hashed prefixes, then routes and proxy
+    /// entries. On error, undoes what it made (guards last) and returns the error: the running
+    /// set is left exactly as it was.
+    pub fn add_peers(
+        &mut self,
+        cfg: &Config,
+        applied: &[&PeerConfig],
+        added: &[&PeerConfig],
+    ) -> Result<(), GatewayError> {
+        let have = self.changes_of(&cfg.gateway, applied);
+        let new: Vec<(String, Change)> = self
+            .changes_of(&cfg.gateway, added)
+            .into_iter()
+            .filter(|(_, c)| !have.iter().any(|(_, h)| h == c))
+            .collect();
+        let both: Vec<&PeerConfig> = applied.iter().chain(added).copied().collect();
+        let mut done = Vec::new();
+        if let Err(e) = self.add_in_order(cfg, &both, new, &mut done) {
+            self.undo_peer_changes(cfg, applied, done);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn add_in_order(
+        &mut self,
+        cfg: &Config,
+        both: &[&PeerConfig],
+        new: Vec<(String, Change)>,
+        done: &mut Vec<Change>,
+    ) -> Result<(), GatewayError> {
+        let (guards, rest): (Vec<_>, Vec<_>) = new
+            .into_iter()
+            .partition(|(_, c)| matches!(c, Change::Guard { .. }));
+        for (name, c) in guards {
+            // On record before it is made: a failed add is undone too (undoing what is not
+            // there is success).
+            done.push(c.clone());
+            self.make(&name, c)?;
+        }
+        // Before any route: the kernel's reports about the new hashed prefixes never leave.
+        self.requiet(cfg, both)?;
+        for (name, c) in rest {
+            done.push(c.clone());
+            self.make(&name, c)?;
+        }
+        Ok(())
+    }
+
+    /// A reload's removals, after the table without `removed` is live: undoes the kernel
+    /// changes only `removed` needed, that no peer of `cfg` (the set now running) shares (routes and proxy entries, then mt6d's nftables table for
+    /// the remaining peers, then the guards last) and takes them off the record. Continues past
+    /// failures, logging them; what could not be undone stays on record for the clean-up at
+    /// exit or `mt6d down`.
+    pub fn remove_peers(&mut self, cfg: &Config, removed: &[&PeerConfig]) {
+        let remaining: Vec<&PeerConfig> = cfg.peers.iter().collect();
+        let keep = self.changes_of(&cfg.gateway, &remaining);
+        let gone: Vec<Change> = self
+            .changes_of(&cfg.gateway, removed)
+            .into_iter()
+            .map(|(_, c)| c)
+            .filter(|c| !keep.iter().any(|(_, k)| k == c))
+            .collect();
+        self.undo_peer_changes(cfg, &remaining, gone);
+    }
+
+    /// Undoes per-peer `changes` that `remaining` does not need: routes and proxy entries
+    /// newest first, then mt6d's nftables table for `remaining`, then the guards.
+    fn undo_peer_changes(&mut self, cfg: &Config, remaining: &[&PeerConfig], changes: Vec<Change>) {
+        let (guards, rest): (Vec<Change>, Vec<Change>) = changes
+            .into_iter()
+            .partition(|c| matches!(c, Change::Guard { .. }));
+        self.undo_all(rest);
+        if let Err(e) = self.requiet(cfg, remaining) {
+            log::error!("{e}");
+        }
+        self.undo_all(guards);
+    }
+
+    /// Undoes `changes` newest first, taking each off the record; logs what fails (it stays on
+    /// record).
+    fn undo_all(&mut self, changes: Vec<Change>) {
+        for c in changes.into_iter().rev() {
+            let result = match self.instance.as_mut() {
+                Some(i) => i.undo(&mut self.netlink, &c),
+                None => Err(GatewayError::Setup(
+                    "instance record already released".into(),
+                )),
+            };
+            if let Err(e) = result {
+                log::error!("{e}; left on record for the clean-up at exit or `mt6d down`");
+            }
+        }
+    }
+
+    /// Loads mt6d's nftables table for the hashed prefixes of `peers`, unless it holds them
+    /// already.
+    fn requiet(&mut self, cfg: &Config, peers: &[&PeerConfig]) -> Result<(), GatewayError> {
+        let g = &cfg.gateway;
+        let ext = g.external_interface.as_str();
+        let (local, remote) = quiet::hashed_prefixes(peers);
+        let body = quiet::ruleset(ext, &local, &remote, g.is_host())?;
+        if body == self.quiet_body {
+            return Ok(());
+        }
+        quiet::table(cfg)?.load(&body).map_err(os(format!(
+            "external_interface {ext}: mt6d's nftables table"
+        )))?;
+        self.quiet_body = body;
         Ok(())
     }
 
@@ -242,11 +463,11 @@ impl System {
     /// `randomize_link`, its random MAC and link-local address (docs/PROTOCOL.md §5.4). Each
     /// change is on record before it is made, so a crash leaves it to `mt6d down` or the next
     /// start.
-    fn quiet(&mut self, cfg: &Config) -> Result<(), GatewayError> {
+    fn quiet(&mut self, cfg: &Config, peers: &[&PeerConfig]) -> Result<(), GatewayError> {
         let g = &cfg.gateway;
         let ext = g.external_interface.as_str();
         let table = quiet::table(cfg)?;
-        let (local, remote) = quiet::hashed_prefixes(cfg);
+        let (local, remote) = quiet::hashed_prefixes(peers);
         let body = quiet::ruleset(ext, &local, &remote, g.is_host())?;
         self.record(Change::Firewall {
             table: table.name().to_string(),
@@ -255,6 +476,7 @@ impl System {
         table.load(&body).map_err(os(format!(
             "external_interface {ext}: mt6d's nftables table"
         )))?;
+        self.quiet_body = body;
         // A Redirect on the public link could move hashed traffic to another next hop; a host
         // (forwarding off) would obey it. Routers ignore them anyway.
         self.set_sysctl(&ipv6_conf(ext, "accept_redirects")?, "0")?;
@@ -330,24 +552,6 @@ impl System {
                 "instance record already released".into(),
             )),
         }
-    }
-
-    fn route(
-        &mut self,
-        dst: Ipv6Addr,
-        len: u8,
-        oif: u32,
-        via: Option<Ipv6Addr>,
-    ) -> Result<(), GatewayError> {
-        self.record(Change::Route { dst, len, oif, via })?;
-        match via {
-            None => self.netlink.add_route(dst, len, oif),
-            Some(gw) => self.netlink.add_route_via(dst, len, oif, gw),
-        }
-        .map_err(os(match via {
-            None => format!("route {dst}/{len}"),
-            Some(gw) => format!("route {dst}/{len} via {gw}"),
-        }))
     }
 
     /// Reverts every change, newest first (the guards last), and closes the TUN device.
