@@ -110,14 +110,12 @@ impl PacketCapture {
         if index == 0 {
             return Err(err(interface, "look up index")(io::Error::last_os_error()));
         }
+        // Protocol 0: the socket receives nothing until bind(2) names the interface and the
+        // protocol (packet(7)). Opened with the protocol itself it would queue matching frames
+        // of *every* interface until the bind: a capture of the external link then reported a
+        // host's echo request seen on the internal link as a clear packet on the public one.
         // SAFETY: plain socket(2) call; the result is checked before it is wrapped.
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                i32::from(protocol.to_be()),
-            )
-        };
+        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
         if raw < 0 {
             return Err(err(interface, "open AF_PACKET socket")(
                 io::Error::last_os_error(),
