@@ -388,28 +388,7 @@ mod tests {
     #[test]
     #[ignore = "needs promtool (Debian's prometheus package; scripts/install-deps.sh installs it)"]
     fn promtool_accepts_the_rendering() {
-        let out = std::process::Command::new("promtool")
-            .args(["check", "metrics"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .and_then(|mut child| {
-                if let Some(mut stdin) = child.stdin.take() {
-                    stdin.write_all(render(&sample()).as_bytes())?;
-                }
-                child.wait_with_output()
-            })
-            .expect("promtool runs (scripts/install-deps.sh installs it)");
-        let said = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            out.status.success() && said.trim().is_empty(),
-            "promtool: {said}"
-        );
+        crate::lab::promtool_check(&render(&sample())).unwrap();
     }
 
     /// The example dashboard queries only metrics the endpoint exposes.

@@ -113,23 +113,5 @@ fn metrics_are_scraped_and_pass_promtool() {
         count(&after, tx)
     );
     let body = after.split("\r\n\r\n").nth(1).expect("body");
-    let mut promtool = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("promtool (scripts/install-deps.sh installs Debian's prometheus package)");
-    std::io::Write::write_all(&mut promtool.stdin.take().expect("stdin"), body.as_bytes())
-        .expect("write");
-    let out = promtool.wait_with_output().expect("promtool runs");
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && said.trim().is_empty(),
-        "promtool: {said}\n{body}"
-    );
+    mt6d::lab::promtool_check(body).unwrap_or_else(|e| panic!("{e}\n{body}"));
 }

@@ -15,3 +15,35 @@ pub mod unlinkability;
 pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
+
+/// Runs `promtool check metrics` (Debian's prometheus package) on a metrics page: Ok when it
+/// accepts the page without a remark, else what it said. Test support for the metrics endpoint.
+pub fn promtool_check(page: &str) -> Result<(), String> {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("promtool (scripts/install-deps.sh installs it): {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(page.as_bytes())
+            .map_err(|e| format!("promtool stdin: {e}"))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("promtool: {e}"))?;
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() && said.trim().is_empty() {
+        Ok(())
+    } else {
+        Err(format!("promtool: {said}"))
+    }
+}
