@@ -27,14 +27,6 @@ pub fn ready(status: &str) -> Result<(), OsError> {
     )
 }
 
-/// A one-line status for `systemctl status` (no state change).
-pub fn status(status: &str) -> Result<(), OsError> {
-    send(
-        "notify the service manager: status",
-        &[sd_notify::NotifyState::Status(status)],
-    )
-}
-
 /// The daemon is stopping (cleaning up).
 pub fn stopping() -> Result<(), OsError> {
     send(
