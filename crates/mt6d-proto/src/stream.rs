@@ -85,6 +85,34 @@ impl Stream {
         })
     }
 
+    /// The same stream on another route set (docs/PROTOCOL.md §9.8): hashed addresses, ports,
+    /// header-protection keys, route move notice key and pre-shared data keys all derived from
+    /// `key` (a session's route key) exactly as from the configured key; the epoch clock, jitter
+    /// included, stays the configured one, so every set of a stream shares its epoch boundaries.
+    pub fn with_route_key(&self, key: &crate::SessionKey) -> Stream {
+        let mut cfg = self.cfg.clone();
+        cfg.key = key.clone();
+        let (low, high) = match self.role {
+            Role::Low => (cfg.local.true_addr, cfg.remote.true_addr),
+            Role::High => (cfg.remote.true_addr, cfg.local.true_addr),
+        };
+        let data = [
+            data_key(&cfg.key, cfg.aead, cfg.mode, 0, low, high),
+            data_key(&cfg.key, cfg.aead, cfg.mode, 1, high, low),
+        ];
+        Stream {
+            role: self.role,
+            keys: AddressKeys::derive(&cfg.key),
+            clock: self.clock.clone(),
+            data,
+            header: [
+                HeaderKey::derive(&cfg.key, Role::Low),
+                HeaderKey::derive(&cfg.key, Role::High),
+            ],
+            cfg,
+        }
+    }
+
     /// This gateway's role.
     pub fn role(&self) -> Role {
         self.role
@@ -340,6 +368,34 @@ mod tests {
         );
         assert_eq!(sch.next_change, UnixTime::from_millis(1_700_000_010_000));
         assert_eq!(s.overhead(), 40);
+    }
+
+    #[test]
+    fn a_route_set_keeps_the_clock_and_changes_every_route() {
+        let mut c = cfg();
+        c.jitter = true;
+        let link = Stream::new(c.clone()).unwrap();
+        let k = SessionKey::from_bytes(&[0x77; 32]).unwrap();
+        let set = link.with_route_key(&k);
+        let peer = Stream::new(c.mirrored()).unwrap().with_route_key(&k);
+        for e in 100..140 {
+            assert_eq!(link.epoch_start(Epoch(e)), set.epoch_start(Epoch(e)));
+            let (a, b) = (link.route(Epoch(e)), set.route(Epoch(e)));
+            assert_ne!(a.local.ip(), b.local.ip());
+            assert_ne!(a.remote.ip(), b.remote.ip());
+            assert_eq!(set.route(Epoch(e)).local, peer.route(Epoch(e)).remote);
+        }
+        let mask = |s: &Stream| {
+            let mut b = [0u8; 40];
+            s.send_header_key().unwrap().protect(&mut b).unwrap();
+            b
+        };
+        assert_ne!(mask(&link), mask(&set));
+        // Built the same way as a stream configured with that key, apart from the clock.
+        let mut direct = c.clone();
+        direct.key = k;
+        let direct = Stream::new(direct).unwrap();
+        assert_eq!(direct.route(Epoch(7)), set.route(Epoch(7)));
     }
 
     #[test]

@@ -225,6 +225,27 @@ impl HandshakeStats {
     }
 }
 
+/// The key of the route-bound MAC on handshake messages (docs/PROTOCOL.md §9.3), one per route
+/// set (§9.8): a message travels on a route of one set and carries that set's MAC.
+#[derive(Clone)]
+pub struct MacKey(Zeroizing<[u8; 32]>);
+
+impl MacKey {
+    /// The MAC key of the route set keyed by `key` (the link key, or a session's route key).
+    pub fn derive(key: &SessionKey) -> MacKey {
+        MacKey(Zeroizing::new(blake3::derive_key(
+            identity::context::MAC,
+            key.as_bytes(),
+        )))
+    }
+}
+
+impl std::fmt::Debug for MacKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MacKey([redacted])")
+    }
+}
+
 /// New data keys from a handshake.
 #[derive(Debug)]
 pub struct SessionKeys {
@@ -232,9 +253,12 @@ pub struct SessionKeys {
     pub send: Sealer,
     /// Opens the peer's packets (under our chosen receive phase).
     pub recv: Opener,
-    /// The session's route key ([`session_route_key`]): computed and tested, not yet used by the
-    /// daemon, which still routes every phase on the link key (docs/session-routes.md).
+    /// The session's route key ([`session_route_key`]): the key of the route set the session's
+    /// data travels on from its activation epoch (docs/PROTOCOL.md §9.8).
     pub route: SessionKey,
+    /// The epoch of the route the answered initiation travelled on: the session's route set is
+    /// activated two epochs later (§9.8). Both sides know it without a byte on the wire.
+    pub initiation_epoch: Epoch,
 }
 
 /// What handling a handshake message produced.
@@ -261,6 +285,8 @@ pub enum Outcome {
 
 struct Pending {
     index: u32,
+    /// The epoch of the route the initiation was sent on.
+    epoch: Epoch,
     state: NoiseState,
     recv_phase: KeyPhase,
     sent_at: UnixTime,
@@ -293,7 +319,7 @@ pub struct Handshake {
     cfg: HandshakeConfig,
     params: NoiseParams,
     link: SessionKey,
-    mac_key: Zeroizing<[u8; 32]>,
+    mac_key: MacKey,
     prologue: [u8; 64],
     /// Our initiation wins a simultaneous exchange (our public key is the lower one).
     preferred: bool,
@@ -350,7 +376,7 @@ impl Handshake {
             });
         }
         let link = link_key(&cfg.local_private, &cfg.remote_public, &cfg.psk)?;
-        let mac_key = Zeroizing::new(blake3::derive_key(identity::context::MAC, link.as_bytes()));
+        let mac_key = MacKey::derive(&link);
         // NOISE_PARAMS is a constant the snow crate supports; a parse failure is a build defect.
         #[allow(clippy::expect_used)]
         let params: NoiseParams = NOISE_PARAMS.parse().expect("supported Noise pattern");
@@ -423,13 +449,18 @@ impl Handshake {
         let n = noise.len().min(noise_len);
         body[..n].copy_from_slice(&noise[..n]);
         let mut out = vec![0u8; len];
-        frame(kind, index, &body, &self.mac_key, src, dst, &mut out);
+        frame(kind, index, &body, &self.mac_key.0, src, dst, &mut out);
         out
     }
 
     /// The index of our newest answerable initiation (for tests and fuzzing).
     pub fn pending_index(&self) -> Option<u32> {
         self.pending.last().map(|p| p.index)
+    }
+
+    /// Initiations sent since the last completed handshake (0 when none is under way).
+    pub fn attempts(&self) -> u32 {
+        self.attempts
     }
 
     /// Whether this side wins simultaneous initiations.
@@ -489,6 +520,19 @@ impl Handshake {
         sent: u64,
         entropy: impl FnOnce() -> Option<[u8; 32]>,
     ) -> Option<[u8; INITIATION_LEN]> {
+        self.poll_on(now, send_route, None, sent, entropy)
+    }
+
+    /// [`Handshake::poll`] for a route of the route set whose MAC key is `mac` (None: the link
+    /// set's, docs/PROTOCOL.md §9.8).
+    pub fn poll_on(
+        &mut self,
+        now: UnixTime,
+        send_route: &Route,
+        mac: Option<&MacKey>,
+        sent: u64,
+        entropy: impl FnOnce() -> Option<[u8; 32]>,
+    ) -> Option<[u8; INITIATION_LEN]> {
         self.pending
             .retain(|p| elapsed(p.sent_at, now) < PENDING_LIFETIME);
         if self.retry_at.is_some_and(|at| now < at) {
@@ -512,7 +556,7 @@ impl Handshake {
         if !due {
             return None;
         }
-        let initiation = self.initiate(now, send_route, entropy()?).ok();
+        let initiation = self.initiate(now, send_route, mac, entropy()?).ok();
         // The Noise message left the ephemeral key and chaining values in frames below this one.
         crate::secrets::scrub_stack();
         initiation
@@ -539,6 +583,7 @@ impl Handshake {
         &mut self,
         now: UnixTime,
         route: &Route,
+        mac: Option<&MacKey>,
         entropy: [u8; 32],
     ) -> Result<[u8; INITIATION_LEN], snow::Error> {
         let private = self.cfg.local_private.to_bytes();
@@ -568,7 +613,7 @@ impl Handshake {
             Kind::Initiation,
             index,
             &noise,
-            &self.mac_key,
+            &mac.unwrap_or(&self.mac_key).0,
             &route.local,
             &route.remote,
             &mut out,
@@ -581,6 +626,7 @@ impl Handshake {
         }
         self.pending.push(Pending {
             index,
+            epoch: route.epoch,
             state,
             recv_phase,
             sent_at: now,
@@ -652,7 +698,22 @@ impl Handshake {
         bytes: &[u8],
         entropy: impl FnOnce() -> Option<[u8; 32]>,
     ) -> Result<Outcome, HandshakeError> {
-        let r = self.handle_inner(now, arrived_on, reply_route, bytes, entropy);
+        self.handle_on(now, arrived_on, reply_route, None, bytes, entropy)
+    }
+
+    /// [`Handshake::handle`] for a message that arrived on a route of the route set whose MAC
+    /// key is `mac` (None: the link set's); the reply, if any, is framed with the same key, for a
+    /// route of the same set (docs/PROTOCOL.md §9.8).
+    pub fn handle_on(
+        &mut self,
+        now: UnixTime,
+        arrived_on: &Route,
+        reply_route: &Route,
+        mac: Option<&MacKey>,
+        bytes: &[u8],
+        entropy: impl FnOnce() -> Option<[u8; 32]>,
+    ) -> Result<Outcome, HandshakeError> {
+        let r = self.handle_inner(now, arrived_on, reply_route, mac, bytes, entropy);
         // Noise reads and writes, and the new keys' schedules, left copies in frames below this
         // one (also when the message was refused half-way).
         crate::secrets::scrub_stack();
@@ -667,11 +728,14 @@ impl Handshake {
         now: UnixTime,
         arrived_on: &Route,
         reply_route: &Route,
+        mac: Option<&MacKey>,
         bytes: &[u8],
         entropy: impl FnOnce() -> Option<[u8; 32]>,
     ) -> Result<Outcome, HandshakeError> {
         let msg = Message::new_checked(bytes)?;
-        msg.verify_mac(&self.mac_key, &arrived_on.remote, &arrived_on.local)?;
+        // A copy (zeroized on drop): handshake messages are rare, and `self` is borrowed below.
+        let mac = mac.unwrap_or(&self.mac_key).clone();
+        msg.verify_mac(&mac.0, &arrived_on.remote, &arrived_on.local)?;
         if self.seen(msg.ephemeral()) {
             return Err(HandshakeError::Replayed);
         }
@@ -679,7 +743,9 @@ impl Handshake {
         // (stale, rate-limited, a lost race), its replays cost one hash and one lookup.
         self.remember(msg.ephemeral(), arrived_on.epoch);
         match msg.kind() {
-            Kind::Initiation => self.respond(now, &msg, reply_route, entropy),
+            Kind::Initiation => {
+                self.respond(now, &msg, arrived_on.epoch, reply_route, &mac, entropy)
+            }
             Kind::Response => self.complete(now, &msg),
         }
     }
@@ -688,7 +754,9 @@ impl Handshake {
         &mut self,
         now: UnixTime,
         msg: &Message<'_>,
+        initiation_epoch: Epoch,
         reply_route: &Route,
+        mac: &MacKey,
         entropy: impl FnOnce() -> Option<[u8; 32]>,
     ) -> Result<Outcome, HandshakeError> {
         if !self.pending.is_empty() && self.preferred {
@@ -751,7 +819,7 @@ impl Handshake {
             Kind::Response,
             msg.index(),
             &noise,
-            &self.mac_key,
+            &mac.0,
             &reply_route.local,
             &reply_route.remote,
             &mut reply,
@@ -760,7 +828,7 @@ impl Handshake {
         self.answered_at = Some(now);
         self.awaiting_rekey = self.established.is_some();
         self.stats.responses_sent += 1;
-        let keys = self.keys(&r2i, send_phase, &i2r, recv_phase, route);
+        let keys = self.keys(&r2i, send_phase, &i2r, recv_phase, route, initiation_epoch);
         Ok(Outcome::Responded { reply, keys })
     }
 
@@ -790,6 +858,7 @@ impl Handshake {
         let (i2r, r2i) = pending.state.dangerously_get_raw_split();
         let (i2r, r2i) = (Zeroizing::new(i2r), Zeroizing::new(r2i));
         let recv_phase = pending.recv_phase;
+        let initiation_epoch = pending.epoch;
         drop(pending);
         let route = session_route_key(&i2r, &r2i, &hash);
         let rekey = self.established.is_some();
@@ -800,7 +869,7 @@ impl Handshake {
         self.stats.completed += 1;
         self.stats.rekeys += u64::from(rekey);
         self.stats.last_completed = Some(now);
-        let keys = self.keys(&i2r, send_phase, &r2i, recv_phase, route);
+        let keys = self.keys(&i2r, send_phase, &r2i, recv_phase, route, initiation_epoch);
         Ok(Outcome::Completed { keys, rekey })
     }
 
@@ -828,6 +897,7 @@ impl Handshake {
         recv: &[u8; 32],
         recv_phase: KeyPhase,
         route: SessionKey,
+        initiation_epoch: Epoch,
     ) -> SessionKeys {
         let ctx = match self.cfg.aead {
             AeadAlg::Aes256Gcm => identity::context::DATA_AES,
@@ -840,6 +910,7 @@ impl Handshake {
             send: Sealer::for_session(c.mode, c.aead, &s, send_phase, c.local_true, c.remote_true),
             recv: Opener::for_session(c.mode, c.aead, &r, recv_phase, c.local_true, c.remote_true),
             route,
+            initiation_epoch,
         }
     }
 }
@@ -927,6 +998,43 @@ mod tests {
             b.handle(t, &rb, &rb, &init, || Some([4; 32])).unwrap_err(),
             HandshakeError::Replayed
         );
+    }
+
+    /// A rekey on a session's route set (§9.8): the messages carry that set's MAC, a message
+    /// framed with the link set's MAC on the same route is refused, and both sides learn the
+    /// epoch the initiation travelled on.
+    #[test]
+    fn a_handshake_on_a_session_set_uses_its_mac_and_reports_the_initiation_epoch() {
+        let (ca, cb) = configs(Psk::none());
+        let (mut a, mut b) = (Handshake::new(ca).unwrap(), Handshake::new(cb).unwrap());
+        let (sa, sb) = pair(Mode::Encrypt, AeadAlg::Aes256Gcm);
+        let set = SessionKey::from_bytes(&[0x42; 32]).unwrap();
+        let (sa, sb) = (sa.with_route_key(&set), sb.with_route_key(&set));
+        let mac = MacKey::derive(&set);
+        let (ra, rb) = (sa.route(Epoch(9)), sb.route(Epoch(9)));
+        let t = UnixTime::from_secs(1_800_000_000);
+        let init = a.poll_on(t, &ra, Some(&mac), 0, || Some([1; 32])).unwrap();
+        assert_eq!(
+            b.handle(t, &rb, &rb, &init, || Some([2; 32])).unwrap_err(),
+            HandshakeError::BadMac,
+            "the link set's MAC key does not verify a session set's message"
+        );
+        let Outcome::Responded { reply, keys: kb } = b
+            .handle_on(t, &rb, &rb, Some(&mac), &init, || Some([2; 32]))
+            .unwrap()
+        else {
+            panic!("responder answers")
+        };
+        assert_eq!(kb.initiation_epoch, Epoch(9));
+        assert!(a.handle(t, &ra, &ra, &reply, || None).is_err());
+        let Outcome::Completed { keys: ka, .. } = a
+            .handle_on(t, &ra, &ra, Some(&mac), &reply, || None)
+            .unwrap()
+        else {
+            panic!("initiator completes")
+        };
+        assert_eq!(ka.initiation_epoch, Epoch(9));
+        assert_eq!(ka.route.as_bytes(), kb.route.as_bytes());
     }
 
     /// Finding 3: a response that fails (here: valid MAC, right index, garbage Noise, as only a
