@@ -359,6 +359,27 @@ pub fn render(status: &Status) -> String {
             );
         }
         let _ = writeln!(s, "  sending  {} -> {}", p.send.local, p.send.remote);
+        if let Some(set) = p.route_sets.iter().find(|r| r.sending) {
+            let bound: Vec<String> = p
+                .route_sets
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{} {}{}",
+                        r.kind,
+                        r.id,
+                        if r.data { "" } else { " (handshakes only)" }
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                s,
+                "  route set {} {} (bound: {})",
+                set.kind,
+                set.id,
+                bound.join(", ")
+            );
+        }
         for r in &p.accept {
             let _ = writeln!(
                 s,
@@ -527,6 +548,7 @@ mod tests {
                 remote: "[2001:db8::2]:2".into(),
             },
             accept: vec![],
+            route_sets: vec![],
             counters,
             keying: "handshake".into(),
             handshake: Some(HandshakeStatus {

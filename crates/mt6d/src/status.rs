@@ -141,8 +141,12 @@ pub struct PeerStatus {
     pub next_change_ms: u64,
     /// The route packets are sent on now.
     pub send: RouteStatus,
-    /// The routes accepted now: previous, current and next epoch.
+    /// The routes accepted now: previous, current and next epoch of every bound route set.
     pub accept: Vec<RouteStatus>,
+    /// The bound route sets (docs/PROTOCOL.md §9.8), the link set first (absent from older
+    /// daemons).
+    #[serde(default)]
+    pub route_sets: Vec<RouteSetStatus>,
     pub counters: CounterSnapshot,
     /// "handshake" (identity keys) or "pre-shared" (a static session key).
     #[serde(default)]
@@ -157,6 +161,21 @@ pub struct PeerStatus {
     /// peer; None if nothing ever did (absent from older daemons).
     #[serde(default)]
     pub last_rx_ms_ago: Option<u64>,
+}
+
+/// One bound route set of a peer.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RouteSetStatus {
+    /// 0 for the link set; session sets count up from 1 per daemon run.
+    pub id: u64,
+    /// "link" (from the link or pre-shared key) or "session" (from a handshake's route key).
+    pub kind: String,
+    /// The first epoch data may travel on it (0 for the link set).
+    pub activation_epoch: u64,
+    /// Whether data is sent on it now.
+    pub sending: bool,
+    /// Whether data is accepted on it (else only handshake-class messages).
+    pub data: bool,
 }
 
 /// What a peer's handshakes have done.

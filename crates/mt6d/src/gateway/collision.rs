@@ -29,6 +29,7 @@ use mt6d_proto::{Epoch, Route, UnixTime};
 
 use super::error::GatewayError;
 use super::peer::Peer;
+use super::route_set::RouteSet;
 use super::routing::RouteTable;
 use super::shared::Shared;
 
@@ -319,19 +320,18 @@ fn mac_text(m: [u8; 6]) -> String {
     )
 }
 
-/// The peer, epoch and attempt offset whose local address is `addr`, among the accept routes of
-/// `table` (the offset is recomputed: the table may predate a move the rx thread just applied).
-fn owner(table: &RouteTable, addr: Ipv6Addr) -> Option<(usize, Epoch, u8)> {
+/// The peer, route set, epoch and attempt offset whose local address is `addr`, among the
+/// accept routes of `table` (the offset is recomputed: the table may predate a move the rx
+/// thread just applied).
+fn owner(table: &RouteTable, addr: Ipv6Addr) -> Option<(usize, &RouteSet, Epoch, u8)> {
     table.peers.iter().enumerate().find_map(|(i, routes)| {
-        let route = routes
-            .schedule
-            .accept
-            .iter()
-            .find(|r| *r.local.ip() == addr)?;
-        let stream = &routes.peer.stream;
-        let offset = (0..=MAX_OFFSET)
-            .find(|&k| *stream.route_with_attempt(route.epoch, k).local.ip() == addr)?;
-        Some((i, route.epoch, offset))
+        routes.sets.iter().find_map(|set| {
+            let route = set.schedule.accept.iter().find(|r| *r.local.ip() == addr)?;
+            let stream = &set.set.stream;
+            let offset = (0..=MAX_OFFSET)
+                .find(|&k| *stream.route_with_attempt(route.epoch, k).local.ip() == addr)?;
+            Some((i, &*set.set, route.epoch, offset))
+        })
     })
 }
 
@@ -340,15 +340,15 @@ pub fn apply_collisions(shared: &Shared, found: &[Collision], now: UnixTime) -> 
     let table = shared.table.load();
     let mut moved = false;
     for c in found {
-        let Some((i, epoch, offset)) = owner(&table, c.addr) else {
+        let Some((i, set, epoch, offset)) = owner(&table, c.addr) else {
             continue;
         };
         let p = table.peer(i);
         let current = p.stream.epoch_at(now);
         // Only confirmed claims reach here: the holder answered our unicast probe.
-        let outcome = p
-            .lock_moves()
-            .on_collision(now, current, epoch, offset, Evidence::Confirmed);
+        let outcome =
+            set.lock_moves()
+                .on_collision(now, current, epoch, offset, Evidence::Confirmed);
         match outcome {
             CollisionOutcome::Moved(k) => {
                 moved = true;
@@ -382,8 +382,11 @@ pub fn apply_collisions(shared: &Shared, found: &[Collision], now: UnixTime) -> 
 /// applied a peer's move since the last tick (then the table must be rebuilt).
 pub fn take_peer_moves(shared: &Shared, now: UnixTime) -> bool {
     let mut changed = false;
-    for p in shared.table.load().peers.iter().map(|r| &r.peer) {
-        p.lock_moves().expire(p.stream.epoch_at(now));
+    for routes in &shared.table.load().peers {
+        let p = &routes.peer;
+        for set in &routes.sets {
+            set.set.lock_moves().expire(p.stream.epoch_at(now));
+        }
         changed |= p.moves_changed.swap(false, Ordering::Relaxed);
     }
     changed
@@ -391,18 +394,17 @@ pub fn take_peer_moves(shared: &Shared, now: UnixTime) -> bool {
 
 /// Sends the notices and acks every peer's state machine has due, on the published table.
 pub fn send_notices(table: &RouteTable, now: UnixTime) {
-    for routes in &table.peers {
-        let p = &routes.peer;
-        let mut moves = p.lock_moves();
+    for set in table.peers.iter().flat_map(|r| &r.sets) {
+        let mut moves = set.set.lock_moves();
         let mut out = [0u8; NOTICE_LEN];
-        while let Some(route) = moves.poll_transmit(now, &routes.schedule, &mut out) {
+        while let Some(route) = moves.poll_transmit(now, &set.schedule, &mut out) {
             if let Some(socket) = table.sockets.get(&route.local.port()) {
                 super::session::send_one(
                     socket,
                     &route.local,
                     route.remote,
                     &out,
-                    p.stream.send_header_key(),
+                    set.set.stream.send_header_key(),
                 );
             }
         }
@@ -413,26 +415,32 @@ pub fn send_notices(table: &RouteTable, now: UnixTime) {
 /// replaced at the next), so that it can pin its neighbour entries for our hashed addresses.
 pub fn announce_link(table: &RouteTable, mac: [u8; 6]) {
     for routes in &table.peers {
-        let p = &routes.peer;
-        let route = routes.schedule.send;
-        let msg = p.lock_moves().frame_link(&route, mac);
+        let set = routes.send_set();
+        let route = set.schedule.send;
+        let msg = set.set.lock_moves().frame_link(&route, mac);
         if let Some(socket) = table.sockets.get(&route.local.port()) {
             super::session::send_one(
                 socket,
                 &route.local,
                 route.remote,
                 &msg,
-                p.stream.send_header_key(),
+                set.set.stream.send_header_key(),
             );
         }
     }
 }
 
-/// The rx thread's handling of a notice from `peer` on `arrived_on` (its source already
-/// checked). Returns false if it was refused (counted).
-pub fn on_notice(peer: &Peer, arrived_on: &Route, bytes: &[u8], now: UnixTime) -> bool {
+/// The rx thread's handling of a notice from `peer` on `arrived_on`, a route of `set` (its
+/// source already checked). Returns false if it was refused (counted).
+pub fn on_notice(
+    peer: &Peer,
+    set: &RouteSet,
+    arrived_on: &Route,
+    bytes: &[u8],
+    now: UnixTime,
+) -> bool {
     if is_link_announcement(bytes) {
-        return match peer.lock_moves().handle_link(arrived_on, bytes) {
+        return match set.lock_moves().handle_link(arrived_on, bytes) {
             Ok(mac) => {
                 if peer.set_lladdr(mac) {
                     // The pins follow at the next tick (the table is rebuilt).
@@ -452,7 +460,7 @@ pub fn on_notice(peer: &Peer, arrived_on: &Route, bytes: &[u8], now: UnixTime) -
         };
     }
     let current = peer.stream.epoch_at(now);
-    let result = peer
+    let result = set
         .lock_moves()
         .handle_notice(now, current, arrived_on, bytes);
     match result {

@@ -28,7 +28,7 @@ use mt6d_proto::moves::is_notice;
 use mt6d_proto::{OpenError, SealError};
 
 use super::counters::DropReason;
-use super::routing::{self, RouteTable};
+use super::routing::{self, RouteTable, RxRoute};
 use super::shared::Shared;
 use super::{collision, session};
 
@@ -144,7 +144,7 @@ pub fn tx_loop(shared: &Shared, tun: &Tun, tun_mtu: usize) {
             };
             // Mask the counter (docs/PROTOCOL.md §4.5); a sealed auth/encrypt payload is never
             // shorter than the 24 bytes protection needs, so this cannot fail.
-            if let Some(hk) = p.stream.send_header_key() {
+            if let Some(hk) = table.send_header_key(peer) {
                 if hk.protect(&mut out[..len]).is_err() {
                     p.counters.tx.drop_n(DropReason::BadLength, 1);
                     continue;
@@ -354,20 +354,26 @@ pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize) {
                     shared.unmatched.drop_n(DropReason::BadLength, 1);
                     continue;
                 }
-                let Some(&(peer, route)) = table.rx.get(&(buf.dst(), socket.local_port())) else {
+                let Some(&RxRoute {
+                    peer,
+                    set: set_index,
+                    route,
+                }) = table.rx.get(&(buf.dst(), socket.local_port()))
+                else {
                     shared
                         .unmatched
                         .drop_n(DropReason::UnknownAddress, buf.datagrams().count() as u64);
                     continue;
                 };
                 let p = table.peer(peer);
+                let bound = &table.peers[peer].sets[set_index];
                 let counters = &p.counters.rx;
                 if buf.src() != route.remote {
                     counters.drop_n(DropReason::UnknownAddress, buf.datagrams().count() as u64);
                     continue;
                 }
                 let (mut packets, mut bytes) = (0u64, 0u64);
-                let header_key = p.stream.recv_header_key();
+                let header_key = bound.set.stream.recv_header_key();
                 for datagram in buf.datagrams_mut() {
                     // Unmask before classifying (docs/PROTOCOL.md §4.5): the class, the counter
                     // and the key phase are all in the masked bytes. Garbage unmasks to garbage
@@ -380,7 +386,7 @@ pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize) {
                     }
                     let datagram = &*datagram;
                     if is_notice(datagram) {
-                        if !collision::on_notice(p, &route, datagram, now) {
+                        if !collision::on_notice(p, &bound.set, &route, datagram, now) {
                             counters.drop_n(DropReason::Handshake, 1);
                         }
                         continue;
@@ -390,6 +396,7 @@ pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize) {
                             p,
                             peer,
                             &table,
+                            set_index,
                             &route,
                             datagram,
                             &mut recv[peer].1,
@@ -397,6 +404,14 @@ pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize) {
                         ) {
                             counters.drop_n(DropReason::Handshake, 1);
                         }
+                        continue;
+                    }
+                    // The link set after the session's switch: handshake-class messages only
+                    // (docs/PROTOCOL.md §9.8). The table may predate an answer just given on it
+                    // (a restarted peer's keepalive follows at once), so ask the live state; only
+                    // packets to a link set closed to data take the lock.
+                    if !bound.data && !p.sets.lock().takes_data(&bound.set) {
+                        counters.drop_n(DropReason::UnknownAddress, 1);
                         continue;
                     }
                     if ready == out.len() {
@@ -410,6 +425,7 @@ pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize) {
                         .open(now, &route, datagram, &mut slot[VIRTIO_NET_HDR_LEN..])
                     {
                         Ok(opened) => {
+                            bound.set.opened_on(route.epoch);
                             if let Some(phase) = opened.confirmed {
                                 session::on_confirmed(p, phase, opened.confirmed_key, now);
                             }

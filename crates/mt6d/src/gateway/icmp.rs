@@ -42,7 +42,7 @@ use mt6d_proto::wire::{Ipv6Repr, IPV6_HEADER_LEN, NEXT_HEADER_ICMPV6};
 use super::error::GatewayError;
 use super::path::{PathState, ICMP_TYPES};
 use super::peer::Peer;
-use super::routing::{carry_over, RouteTable};
+use super::routing::{carry_over, RouteTable, RxRoute};
 use super::shared::Shared;
 
 /// How often the thread wakes without traffic (shutdown flag, expiry, external MTU).
@@ -176,13 +176,15 @@ impl IcmpTranslator {
             Err(e) => return drop(e),
         };
         let table = shared.table.load();
-        let Some(&(peer, route)) = table.rx.get(&(*local.ip(), local.port())) else {
+        let Some(&RxRoute { peer, set, route }) = table.rx.get(&(*local.ip(), local.port())) else {
             return drop(IcmpError::NotOurRoute);
         };
         if route.remote != remote {
             return drop(IcmpError::NotOurRoute);
         }
-        let stream = &table.peer(peer).stream;
+        // The set's stream: same true addresses and mode, and the header key the quote was
+        // masked with.
+        let stream = &table.peers[peer].sets[set].set.stream;
         // The quote is one of our own packets: opened with the key that sealed it (the current
         // send key; a packet sealed just before a rekey fails and is dropped as bad_tag).
         let sealer = table.peer(peer).keys.send.load();

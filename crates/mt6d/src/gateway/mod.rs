@@ -33,6 +33,7 @@ mod prefix;
 mod quiet;
 mod reload;
 mod rotation;
+mod route_set;
 mod router;
 pub mod routing;
 pub mod session;
@@ -51,7 +52,7 @@ use mt6d_os::Epoll;
 
 use crate::config::{Config, Keying, Role};
 use crate::control::ControlServer;
-use crate::status::{HandshakeStatus, MoveStatus, PeerStatus, RouteStatus, Status};
+use crate::status::{HandshakeStatus, MoveStatus, PeerStatus, RouteSetStatus, RouteStatus, Status};
 use collision::CollisionWatch;
 use counters::{DirectionCounters, DropReason};
 pub use error::GatewayError;
@@ -365,6 +366,13 @@ fn serve(
                     log::error!("moving a route away from an address collision: {e}");
                 }
             }
+            // A handshake bound a new session route set, or a parent set was released
+            // (docs/PROTOCOL.md §9.8): bind and publish now, well before its activation epoch.
+            if session::take_set_changes(shared, now) {
+                if let Err(e) = rotator.step(&mut sys.netlink, epoll, shared, now) {
+                    log::error!("binding a session's route set: {e}");
+                }
+            }
             let table = shared.table.load();
             collision::send_notices(&table, now);
             for (i, r) in table.peers.iter().enumerate() {
@@ -581,8 +589,7 @@ fn handshake_status(p: &Peer, now: mt6d_proto::UnixTime) -> Option<HandshakeStat
 }
 
 fn move_status(p: &Peer) -> MoveStatus {
-    let moves = p.lock_moves();
-    let st = moves.stats();
+    let (st, moved) = p.sets.lock().move_stats();
     MoveStatus {
         collisions_detected: st.collisions,
         collisions_unresolved: st.exhausted,
@@ -592,7 +599,7 @@ fn move_status(p: &Peer) -> MoveStatus {
         acks_sent: st.acks_sent,
         notices_received: st.received,
         notices_refused: p.notices_refused.load(Ordering::Relaxed),
-        moved_epochs: moves.moved().map(|(e, k)| (e.0, k)).collect(),
+        moved_epochs: moved.into_iter().map(|(e, k)| (e.0, k)).collect(),
     }
 }
 
@@ -615,7 +622,7 @@ fn status(
         .iter()
         .map(|routes| {
             let p = &routes.peer;
-            let s = &routes.schedule;
+            let s = &routes.send_set().schedule;
             PeerStatus {
                 name: p.name.clone(),
                 mode: p.stream.mode().to_string(),
@@ -624,7 +631,18 @@ fn status(
                 epoch: s.send.epoch.0,
                 next_change_ms: s.next_change.as_millis().saturating_sub(now.as_millis()),
                 send: route(&s.send),
-                accept: s.accept.iter().map(route).collect(),
+                accept: routes.accept().map(route).collect(),
+                route_sets: routes
+                    .sets
+                    .iter()
+                    .map(|b| RouteSetStatus {
+                        id: b.set.id,
+                        kind: if b.set.is_link() { "link" } else { "session" }.into(),
+                        activation_epoch: b.set.activation.0,
+                        sending: std::ptr::eq(b, routes.send_set()),
+                        data: b.data,
+                    })
+                    .collect(),
                 counters: p.counters.snapshot(),
                 keying: if p.keys.handshake.is_some() {
                     "handshake"

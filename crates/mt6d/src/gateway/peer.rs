@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use arc_swap::ArcSwapOption;
 use mt6d_proto::handshake::{Handshake, ReceiveKeys};
 use mt6d_proto::icmp::SentLog;
-use mt6d_proto::moves::RouteMoves;
 use mt6d_proto::{Sealer, Stream};
 
 use super::counter_state::CounterState;
 use super::counters::PeerCounters;
+use super::route_set::PeerSets;
 
 /// One configured peer: its protocol state and counters. Shared by all threads; immutable apart
 /// from the atomics inside.
@@ -23,9 +23,10 @@ pub struct Peer {
     pub stream: Stream,
     pub keys: PeerKeys,
     pub counters: PeerCounters,
-    /// Epochs moved away from address collisions (docs/PROTOCOL.md §5.2). Locked by the main
-    /// thread's tick and by the rx thread for a notice, never per data packet.
-    pub moves: Mutex<RouteMoves>,
+    /// The route sets (docs/PROTOCOL.md §9.8): the link set, and the sessions' sets with the
+    /// route moves of each. Locked by the main thread and by the rx thread for a handshake
+    /// message or a notice, never per data packet.
+    pub sets: PeerSets,
     /// Set by the rx thread when a peer's notice moved a route: the table must be rebuilt.
     pub moves_changed: AtomicBool,
     /// Notices refused (malformed, bad MAC, outside the window).
@@ -40,13 +41,13 @@ pub struct Peer {
 
 impl Peer {
     pub fn new(name: String, stream: Stream, keys: PeerKeys) -> Peer {
-        let moves = Mutex::new(RouteMoves::new(&stream));
+        let sets = PeerSets::new(&stream);
         Peer {
             name,
             stream,
             keys,
             counters: PeerCounters::default(),
-            moves,
+            sets,
             moves_changed: AtomicBool::new(false),
             notices_refused: AtomicU64::new(0),
             lladdr: AtomicU64::new(0),
@@ -80,14 +81,6 @@ impl Peer {
         b[2..].copy_from_slice(&mac);
         let v = u64::from_be_bytes(b);
         self.lladdr.swap(v, std::sync::atomic::Ordering::Relaxed) != v
-    }
-
-    /// The route moves. A poisoned lock still holds consistent state: every update is a plain
-    /// field assignment.
-    pub fn lock_moves(&self) -> MutexGuard<'_, RouteMoves> {
-        self.moves
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

@@ -89,7 +89,11 @@ fn move_away(table: &RouteTable, local: Local, what: &str, error: &str, now: Uni
     let mut moved = false;
     for routes in &table.peers {
         let p = &routes.peer;
-        for route in &routes.schedule.accept {
+        for (set, route) in routes
+            .sets
+            .iter()
+            .flat_map(|s| s.schedule.accept.iter().map(move |r| (s, r)))
+        {
             let uses = match local {
                 Local::Port(port) => route.local.port() == port,
                 Local::Addr(addr) => *route.local.ip() == addr,
@@ -98,7 +102,7 @@ fn move_away(table: &RouteTable, local: Local, what: &str, error: &str, now: Uni
                 continue;
             }
             let current = p.stream.epoch_at(now);
-            let mut moves = p.lock_moves();
+            let mut moves = set.set.lock_moves();
             if let CollisionOutcome::Moved(k) = moves.move_locally(now, current, route.epoch) {
                 moved = true;
                 // Once per move: at most MAX_OFFSET per epoch.
@@ -310,11 +314,12 @@ impl Rotator {
     ) -> Result<(), GatewayError> {
         let mut table = RouteTable::compute(&self.peers, self.generation, now);
         let mut fresh = Vec::new();
-        // Each round either binds everything, moves one epoch of a peer's window (at most
+        // Each round either binds everything, moves one epoch of a route set's window (at most
         // MAX_OFFSET times for each of its 4 epochs) or gives up on one of its 6 local ports and
         // addresses; so this many rounds always suffice.
-        let per_peer = usize::from(mt6d_proto::moves::MAX_OFFSET) * 4 + 6;
-        let rounds = per_peer * self.peers.len() + 1;
+        let per_set = usize::from(mt6d_proto::moves::MAX_OFFSET) * 4 + 6;
+        let sets: usize = table.peers.iter().map(|p| p.sets.len()).sum();
+        let rounds = per_set * sets + 1;
         for _ in 0..rounds {
             match self.bind(nl, epoll, &table, &mut fresh) {
                 Ok(()) => break,
@@ -351,7 +356,7 @@ impl Rotator {
             for routes in &table.peers {
                 let peer = &routes.peer;
                 let rotation_ms = peer.stream.config().rotation.as_millis() as u64;
-                for route in &routes.schedule.accept {
+                for route in routes.accept() {
                     let addr = *route.local.ip();
                     if fresh.contains(&addr) {
                         let start = peer.stream.epoch_start(route.epoch);
@@ -364,7 +369,7 @@ impl Rotator {
         self.next_change = table
             .peers
             .iter()
-            .map(|p| p.schedule.next_change)
+            .map(|p| p.next_change())
             .min()
             .unwrap_or(UnixTime::from_nanos(now.as_nanos() + 1_000_000_000));
         if self.epochs.len() != table.peers.len()
@@ -378,7 +383,7 @@ impl Rotator {
         }
         for ((_, seen), routes) in self.epochs.iter_mut().zip(&table.peers) {
             let peer = &routes.peer;
-            let e = routes.schedule.send.epoch;
+            let e = routes.send().epoch;
             if *seen != Some(e) {
                 if seen.is_some() {
                     peer.counters
@@ -386,12 +391,15 @@ impl Rotator {
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
                 *seen = Some(e);
+                let set = &routes.send_set().set;
                 log::debug!(
-                    "peer {}: epoch {} sending {} -> {}",
+                    "peer {}: epoch {} sending on {} set {} {} -> {}",
                     peer.name,
                     e.0,
-                    routes.schedule.send.local,
-                    routes.schedule.send.remote
+                    if set.is_link() { "link" } else { "session" },
+                    set.id,
+                    routes.send().local,
+                    routes.send().remote
                 );
             }
         }
@@ -402,7 +410,7 @@ impl Rotator {
         if self.pin_with.is_some() {
             for routes in &table.peers {
                 if let Some(mac) = routes.peer.lladdr() {
-                    for r in &routes.schedule.accept {
+                    for r in routes.accept() {
                         pins.insert(*r.remote.ip(), mac);
                     }
                 }
@@ -528,8 +536,10 @@ impl Rotator {
         let Some((primer, _)) = &self.primer else {
             return;
         };
-        for routes in &table.peers {
-            for (due, route) in announcements(&routes.schedule, now) {
+        // Only sets that carry data: the link set's idle routes, bound for handshakes alone, are
+        // left to ordinary neighbour discovery (one message, one epoch).
+        for set in table.peers.iter().flat_map(|r| &r.sets).filter(|s| s.data) {
+            for (due, route) in announcements(&set.schedule, now) {
                 let from = *route.local.ip();
                 if self.primed.insert(from) {
                     self.pending
@@ -581,7 +591,7 @@ impl Rotator {
         let now: HashSet<Ipv6Addr> = table
             .peers
             .iter()
-            .flat_map(|r| r.schedule.accept.iter().map(|a| *a.remote.ip()))
+            .flat_map(|r| r.accept().map(|a| *a.remote.ip()))
             .collect();
         for gone in self.remotes.difference(&now) {
             if let Err(e) = nl.del_neighbor(self.external_index, *gone) {

@@ -16,15 +16,62 @@ use std::net::Ipv6Addr;
 use std::sync::Arc;
 
 use mt6d_os::UdpSocket6;
+use mt6d_proto::tunnel::HeaderKey;
 use mt6d_proto::{Route, Schedule, UnixTime};
 
 use super::peer::Peer;
+use super::route_set::RouteSet;
+
+/// One bound route set of a peer at the time the table was built (docs/PROTOCOL.md §9.8).
+#[derive(Debug, Clone)]
+pub struct SetRoutes {
+    pub set: Arc<RouteSet>,
+    /// The set's routes at `now` (moved epochs at their agreed offsets): `send` is the route a
+    /// handshake-class message on this set travels on now.
+    pub schedule: Schedule,
+    /// Whether data may arrive on the set (else only handshake-class messages).
+    pub data: bool,
+}
 
 /// One peer and its routes at the time the table was built.
 #[derive(Debug, Clone)]
 pub struct PeerRoutes {
     pub peer: Arc<Peer>,
-    pub schedule: Schedule,
+    /// The bound sets, the link set first.
+    pub sets: Vec<SetRoutes>,
+    /// Which of `sets` data is sent on.
+    pub send_set: usize,
+}
+
+impl PeerRoutes {
+    /// The route data is sent on now.
+    pub fn send(&self) -> &Route {
+        &self.sets[self.send_set].schedule.send
+    }
+
+    /// The set data is sent on now.
+    pub fn send_set(&self) -> &SetRoutes {
+        &self.sets[self.send_set]
+    }
+
+    /// Every accepted route of every bound set.
+    pub fn accept(&self) -> impl Iterator<Item = &Route> + '_ {
+        self.sets.iter().flat_map(|s| s.schedule.accept.iter())
+    }
+
+    /// When the routes change next.
+    pub fn next_change(&self) -> UnixTime {
+        self.sets[self.send_set].schedule.next_change
+    }
+}
+
+/// What a local (hashed address, port) belongs to.
+#[derive(Debug, Clone, Copy)]
+pub struct RxRoute {
+    pub peer: usize,
+    /// Index into the peer's `sets`.
+    pub set: usize,
+    pub route: Route,
 }
 
 /// Everything the packet threads need to pick or recognise a route.
@@ -34,31 +81,54 @@ pub struct RouteTable {
     pub generation: u64,
     /// The peers in configuration order; an index is valid only in this table.
     pub peers: Vec<PeerRoutes>,
-    /// Local (hashed address, port) -> (peer index, the accepted route it belongs to).
-    pub rx: HashMap<(Ipv6Addr, u16), (usize, Route)>,
+    /// Local (hashed address, port) -> the peer, route set and accepted route it belongs to.
+    pub rx: HashMap<(Ipv6Addr, u16), RxRoute>,
     /// The open tunnel sockets by local port: one per port in use (with port hopping, one per
-    /// peer and epoch in the accept window; with a fixed port, one).
+    /// peer, set and epoch in the accept window; with a fixed port, one).
     pub sockets: BTreeMap<u16, Arc<UdpSocket6>>,
 }
 
 impl RouteTable {
-    /// Computes every peer's schedule at `now`, moved epochs at their agreed offsets. Sockets are attached by the caller, which owns
-    /// their creation.
+    /// Computes every peer's bound route sets and their schedules at `now`, moved epochs at their
+    /// agreed offsets. Sockets are attached by the caller, which owns their creation.
     pub fn compute(peers: &[Arc<Peer>], generation: u64, now: UnixTime) -> RouteTable {
         let mut table = RouteTable {
             generation,
             ..RouteTable::default()
         };
         for (index, peer) in peers.iter().enumerate() {
-            let schedule = peer.stream.schedule_moved(now, &peer.lock_moves());
-            for route in schedule.accept {
-                table
-                    .rx
-                    .insert((*route.local.ip(), route.local.port()), (index, route));
+            let epoch = peer.stream.epoch_at(now);
+            let selection = peer.sets.lock().select(epoch);
+            let mut sets = Vec::with_capacity(selection.bound.len());
+            let mut send_set = 0;
+            for (s, bound) in selection.bound.into_iter().enumerate() {
+                let schedule = bound
+                    .set
+                    .stream
+                    .schedule_moved(now, &bound.set.lock_moves());
+                for route in schedule.accept {
+                    table.rx.insert(
+                        (*route.local.ip(), route.local.port()),
+                        RxRoute {
+                            peer: index,
+                            set: s,
+                            route,
+                        },
+                    );
+                }
+                if Arc::ptr_eq(&bound.set, &selection.send) {
+                    send_set = s;
+                }
+                sets.push(SetRoutes {
+                    set: bound.set,
+                    schedule,
+                    data: bound.data,
+                });
             }
             table.peers.push(PeerRoutes {
                 peer: peer.clone(),
-                schedule,
+                sets,
+                send_set,
             });
         }
         table
@@ -83,20 +153,32 @@ impl RouteTable {
     pub fn local_ports(&self) -> impl Iterator<Item = u16> + '_ {
         self.peers
             .iter()
-            .flat_map(|p| p.schedule.accept.iter().map(|r| r.local.port()))
+            .flat_map(|p| p.accept().map(|r| r.local.port()))
     }
 
     /// Every local hashed address the table needs bound on the external interface.
     pub fn local_addresses(&self) -> impl Iterator<Item = Ipv6Addr> + '_ {
         self.peers
             .iter()
-            .flat_map(|p| p.schedule.accept.iter().map(|r| *r.local.ip()))
+            .flat_map(|p| p.accept().map(|r| *r.local.ip()))
     }
 
-    /// The route to send on for a peer and the socket whose port it uses.
+    /// The route to send data on for a peer and the socket whose port it uses.
     pub fn send_route(&self, peer: usize) -> Option<(&Route, &Arc<UdpSocket6>)> {
-        let route = &self.peers.get(peer)?.schedule.send;
+        self.route_of(peer, self.peers.get(peer)?.send_set)
+    }
+
+    /// The current route of set `set` of a peer (what a handshake-class message on that set
+    /// travels on) and the socket whose port it uses.
+    pub fn route_of(&self, peer: usize, set: usize) -> Option<(&Route, &Arc<UdpSocket6>)> {
+        let route = &self.peers.get(peer)?.sets.get(set)?.schedule.send;
         Some((route, self.sockets.get(&route.local.port())?))
+    }
+
+    /// The header-protection key of what this gateway sends to a peer on its data route (None in
+    /// plain mode).
+    pub fn send_header_key(&self, peer: usize) -> Option<&HeaderKey> {
+        self.peers[peer].send_set().set.stream.send_header_key()
     }
 }
 

@@ -21,7 +21,9 @@ use mt6d_proto::{KeyPhase, Route, Sealer, UnixTime};
 
 use super::counter_state::CounterState;
 use super::peer::Peer;
+use super::route_set::Change;
 use super::routing::RouteTable;
+use super::shared::Shared;
 
 /// 32 bytes from the OS for one handshake message, asked for only once a message is due or has
 /// passed the MAC (a flood of bogus messages costs no syscall). If the OS has none to give, no
@@ -113,26 +115,62 @@ pub fn tick(peer: &Peer, index: usize, table: &RouteTable, now: UnixTime) {
         peer.keys.send.store(None);
         side.pending_send.clear();
         peer.keys.erase_recv.store(true, Ordering::Relaxed);
+        // The session sets go with their keys: back to the link set (docs/PROTOCOL.md §9.8).
+        peer.sets.lock().reset();
+        peer.sets.mark_changed();
     }
-    let Some((route, socket)) = table.send_route(index) else {
+    let Some(routes) = table.peers.get(index) else {
         return;
     };
+    // Initiations travel on the set data is sent on (a rekey chains on the session's routes);
+    // after RECOVERY_AFTER unanswered ones, on the link set, which a peer that lost its
+    // session (a restart) still has bound (docs/PROTOCOL.md §9.8, "Recovery").
+    let set = if side.hs.attempts() >= RECOVERY_AFTER {
+        0
+    } else {
+        routes.send_set
+    };
+    let Some((route, socket)) = table.route_of(index, set) else {
+        return;
+    };
+    let set = &routes.sets[set].set;
     let sent = peer.keys.send.load().as_ref().map_or(0, |s| s.sealed());
-    if let Some(init) = side.hs.poll(now, route, sent, entropy) {
+    if let Some(init) = side.hs.poll_on(now, route, set.mac.as_ref(), sent, entropy) {
         log::debug!(
-            "peer {}: handshake initiation to {}",
+            "peer {}: handshake initiation to {} on {} set {}",
             peer.name,
-            route.remote
+            route.remote,
+            if set.is_link() { "the link" } else { "session" },
+            set.id
         );
         send_one(
             socket,
             &route.local,
             route.remote,
             &init,
-            peer.stream.send_header_key(),
+            set.stream.send_header_key(),
         );
     }
 }
+
+/// Housekeeping of every peer's route sets (docs/PROTOCOL.md §9.8): forgets answers never
+/// confirmed, releases parents the peer no longer uses, and reports whether a set was bound or
+/// released since the last call (then the table must be rebuilt).
+pub fn take_set_changes(shared: &Shared, now: UnixTime) -> bool {
+    let mut changed = false;
+    for routes in &shared.table.load().peers {
+        let p = &routes.peer;
+        if let Some(Change::Released { id }) = p.sets.lock().expire(p.stream.epoch_at(now), now) {
+            log::debug!("peer {}: route set {id} released", p.name);
+            changed = true;
+        }
+        changed |= p.sets.changed.swap(false, Ordering::Relaxed);
+    }
+    changed
+}
+
+/// Unanswered initiations on a session set after which the next ones travel on the link set.
+pub const RECOVERY_AFTER: u32 = 3;
 
 /// Keeps a pre-shared sealer's reserved counters ahead of its traffic (docs/PROTOCOL.md §4.3):
 /// the fsync happens here, on the timer, never on a packet thread.
@@ -165,12 +203,16 @@ fn reserve_counters(peer: &Peer, counter: &Mutex<CounterState>) {
     }
 }
 
-/// The rx thread's handling of a handshake message from `peer` on `arrived_on`. Returns false if
-/// it was rejected (counted in the handshake failures).
+/// The rx thread's handling of a handshake message from `peer` on `arrived_on`, a route of its
+/// set `set` in `table`. The message's MAC and header protection are the set's, and so are the
+/// reply's, which travels on the same set's current route (docs/PROTOCOL.md §9.8). Returns
+/// false if it was rejected (counted in the handshake failures).
+#[allow(clippy::too_many_arguments)]
 pub fn on_message(
     peer: &Peer,
     index: usize,
     table: &RouteTable,
+    set: usize,
     arrived_on: &Route,
     bytes: &[u8],
     recv: &mut ReceiveKeys,
@@ -179,12 +221,31 @@ pub fn on_message(
     let Some(mut side) = peer.keys.lock() else {
         return false;
     };
-    let Some((reply_route, socket)) = table.send_route(index) else {
+    let Some((reply_route, socket)) = table.route_of(index, set) else {
         return false;
     };
-    match side.hs.handle(now, arrived_on, reply_route, bytes, entropy) {
+    let set = &table.peers[index].sets[set].set;
+    let header = set.stream.send_header_key();
+    let epoch = peer.stream.epoch_at(now);
+    match side.hs.handle_on(
+        now,
+        arrived_on,
+        reply_route,
+        set.mac.as_ref(),
+        bytes,
+        entropy,
+    ) {
         Ok(Outcome::Responded { reply, keys }) => {
             let id = keys.recv.key_id().unwrap_or(0);
+            peer.sets.lock().answered(
+                &peer.stream,
+                id,
+                &keys.route,
+                keys.initiation_epoch,
+                set.clone(),
+                now,
+            );
+            peer.sets.mark_changed();
             recv.install(keys.recv, false, now);
             side.pending_send.push((id, Arc::new(keys.send)));
             // Bounded like the receive side's spare keys.
@@ -196,12 +257,28 @@ pub fn on_message(
                 &reply_route.local,
                 reply_route.remote,
                 &reply,
-                peer.stream.send_header_key(),
+                header,
             );
             log::debug!("peer {}: answered a handshake initiation", peer.name);
             true
         }
         Ok(Outcome::Completed { keys, rekey }) => {
+            // The response came back on the set the initiation went out on: the new session's
+            // parent, which carries its data until the activation epoch.
+            let new = peer.sets.lock().completed(
+                &peer.stream,
+                &keys.route,
+                keys.initiation_epoch,
+                set.clone(),
+                epoch,
+            );
+            peer.sets.mark_changed();
+            log::debug!(
+                "peer {}: session route set {} from epoch {}",
+                peer.name,
+                new.id,
+                new.activation.0
+            );
             recv.install(keys.recv, true, now);
             let sealer = Arc::new(keys.send);
             // The keepalive makes the responder confirm the keys even if no data is waiting.
@@ -212,7 +289,7 @@ pub fn on_message(
                     &reply_route.local,
                     reply_route.remote,
                     &ka[..n],
-                    peer.stream.send_header_key(),
+                    header,
                 );
             }
             log_established(peer, rekey, &sealer, "initiator");
@@ -243,6 +320,11 @@ pub fn on_confirmed(peer: &Peer, phase: KeyPhase, key: Option<u64>, now: UnixTim
             .position(|(id, _)| Some(*id) == key);
         let chosen = at.map(|i| side.pending_send.swap_remove(i).1);
         side.pending_send.clear();
+        let epoch = peer.stream.epoch_at(now);
+        if let Some(id) = peer.sets.lock().confirmed(key, epoch) {
+            peer.sets.mark_changed();
+            log::debug!("peer {}: session route set {id} confirmed", peer.name);
+        }
         if let Some(sealer) = chosen {
             log_established(peer, rekey, &sealer, "responder");
             peer.keys.send.store(Some(sealer));
