@@ -371,4 +371,17 @@ notice = msg + keyed(nk, a + b + struct.pack(">HH", pa, pb) + msg, 16)
 check("route move notice, offset 1, protected", protect(hp_key(K, 0), notice).hex(),
       "4602b406440259070a21fe8001000000ed20ed8c17b48fb24d70a3a467aa6833")
 
+# ---- §9.8 route sets ----
+SK_I2R, SK_R2I, SK_H = bytes(range(32)), bytes(range(32, 64)), bytes(range(64, 96))
+RKEY = dk("mt6d-proto 2026-11-24 session route key", SK_I2R + SK_R2I + SK_H)
+check("session route key", RKEY.hex(),
+      "3a93f304cb351437bfbdab3a5155bd3578740e35c0daf1e6ded8f147235549ad")
+sa, spa, sb, spb = route(RKEY, EPOCH)
+check("session set route", ("[%s]:%d" % (ipstr(sa), spa), "[%s]:%d" % (ipstr(sb), spb)),
+      ("[2001:db8:a:0:59a0:2892:8c84:4207]:50081", "[2001:db8:b:0:1e47:2c0a:1355:3d29]:4182"))
+check("session set mac key", dk("mt6d-proto 2026-11-21 handshake mac key", RKEY).hex(),
+      "ae82aa5c87c9a1c0de8526e3fc2d6db333e1308bd02f4fd31914aa805b9a9576")
+check("session set mask of 24 zero bytes, role 0", protect(hp_key(RKEY, 0), bytes(24)).hex(),
+      "080d0b17f765be9500000000000000000000000000000000")
+
 sys.exit(1 if FAILED else 0)

@@ -1,9 +1,9 @@
 //! A thief of one static key, holding the whole capture of a conversation, against the session
-//! route key (docs/session-routes.md, a draft the daemon does not follow yet): it computes every
+//! route key (docs/PROTOCOL.md §9.8): it computes every
 //! link-key route, replays every captured initiation into its own copy of the stolen gateway, and
 //! feeds every captured response to it, and still reaches no route of a session whose ephemeral
-//! keys it never had. The control runs the same attacker against link-key routes (today's
-//! behaviour), where it finds every route, so the check can fail.
+//! keys it never had. The control runs the same attacker against link-key routes (the link set,
+//! and what every route was before route sets), where it finds every route, so the check can fail.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 mod common;

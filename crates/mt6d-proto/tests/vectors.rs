@@ -618,7 +618,7 @@ fn handshake_transcript() {
     );
 }
 
-/// The session route key (docs/session-routes.md, a draft not yet followed by the daemon) from
+/// The session route key (docs/PROTOCOL.md §9.8) from
 /// k_i2r = 00..1f, k_r2i = 20..3f, handshake hash = 40..5f, and the route it gives at epoch e
 /// (the §2 derivation unchanged, with the route key as the session key). The key was cross-checked
 /// with the Python `blake3` package:
@@ -633,11 +633,30 @@ fn session_route_key_and_route() {
         hex(route.as_bytes()),
         "3a93f304cb351437bfbdab3a5155bd3578740e35c0daf1e6ded8f147235549ad"
     );
-    let r = Stream::new(StreamConfig::new(low(), high(), route))
+    let r = Stream::new(StreamConfig::new(low(), high(), route.clone()))
         .unwrap()
         .route(EPOCH);
     assert_eq!(
         format!("{} -> {}", r.local, r.remote),
         "[2001:db8:a:0:59a0:2892:8c84:4207]:50081 -> [2001:db8:b:0:1e47:2c0a:1355:3d29]:4182"
+    );
+    // The session's route set (PROTOCOL §9.8): the same route from a link stream rekeyed with
+    // the route key (the epoch clock stays the link stream's), the set's handshake MAC key, and
+    // the low side's header mask of 24 zero bytes under the set's header key (§4.5).
+    let link = Stream::new(StreamConfig::new(low(), high(), key())).unwrap();
+    let set = link.with_route_key(&route);
+    assert_eq!(set.route(EPOCH), r);
+    assert_eq!(
+        hex(&blake3::derive_key(
+            "mt6d-proto 2026-11-21 handshake mac key",
+            route.as_bytes()
+        )),
+        "ae82aa5c87c9a1c0de8526e3fc2d6db333e1308bd02f4fd31914aa805b9a9576"
+    );
+    let mut masked = [0u8; 24];
+    set.send_header_key().unwrap().protect(&mut masked).unwrap();
+    assert_eq!(
+        hex(&masked),
+        "080d0b17f765be9500000000000000000000000000000000"
     );
 }

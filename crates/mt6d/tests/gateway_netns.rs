@@ -1657,7 +1657,16 @@ fn router_advertisements_tell_hosts_the_tunnel_mtu_and_leak_nothing() {
 fn forced_collision_on_the_link_is_survived() {
     common::require_root();
     const ROTATION_SECS: f64 = 2.0;
-    let running = start_on(Topology::Routed, "encrypt", ROTATION_SECS, |_| {});
+    // A pre-shared key: the test must know a coming epoch's address before the daemon binds
+    // it. With identity keys, data travels on the session's route set (docs/PROTOCOL.md §9.8),
+    // whose addresses no one can compute from the config; moves are per set, by the same code.
+    let running = common::start_lab(
+        Topology::Routed,
+        "encrypt",
+        ROTATION_SECS,
+        (false, None),
+        |_| {},
+    );
     let lab = &running.lab;
     // The gateway's own stream, from its own configuration and keys: the addresses it will use.
     let cfg = mt6d::config::Config::load(&running.dir.join("gw-A.toml")).expect("config A");

@@ -16,7 +16,7 @@ pub(crate) mod context {
     pub const MAC: &str = "mt6d-proto 2026-11-21 handshake mac key";
     pub const DATA_AES: &str = "mt6d-proto 2026-11-21 session data key aes256-gcm";
     pub const DATA_CHACHA: &str = "mt6d-proto 2026-11-21 session data key chacha20-poly1305";
-    /// Session route key (docs/session-routes.md, draft: not yet used by the daemon).
+    /// Session route key (docs/PROTOCOL.md §9.8).
     pub const ROUTE: &str = "mt6d-proto 2026-11-24 session route key";
 }
 
@@ -147,8 +147,8 @@ pub fn link_key(
     SessionKey::from_bytes(&link[..])
 }
 
-/// The route key of one completed handshake (docs/session-routes.md, a draft the daemon does not
-/// follow yet): a session key for §2 (addresses, ports, jitter, header keys) that only the two
+/// The route key of one completed handshake (docs/PROTOCOL.md §9.8): the key of the session's
+/// route set (addresses, ports, header keys, MACs; the jitter stays the link key's) that only the two
 /// holders of the handshake's ephemeral keys can compute. Both sides pass the initiator-to-responder
 /// key first, so both compute the same value:
 ///

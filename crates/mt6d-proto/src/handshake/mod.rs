@@ -1,7 +1,9 @@
 //! The authenticated key exchange (docs/PROTOCOL.md §9): Noise `IKpsk2_25519_ChaChaPoly_BLAKE2s`
 //! (WireGuard's pattern, through the `snow` crate) carried in the tunnel's own UDP packets at the
-//! current epoch's hashed addresses and ports, with a route-bound MAC keyed by the link key so a
-//! packet from anyone who does not hold an identity key of this pair is rejected by one BLAKE3.
+//! current epoch's hashed addresses and ports, with a route-bound MAC keyed by the key of the
+//! route set the message travels on (the link key, or a session's route key: docs/PROTOCOL.md
+//! §9.8), so a packet from anyone who does not hold an identity key of this pair is rejected by
+//! one BLAKE3.
 //!
 //! Sans-IO like the rest of the crate: time and 32 bytes of entropy come in as arguments; messages
 //! go out as byte arrays for the caller to send on the route it is given.

@@ -2,7 +2,7 @@
 //! a pcap file, and answers the two questions the demo and the tests ask of the wire:
 //! did any frame carry a true address, and how many distinct outer address pairs were seen?
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::net::Ipv6Addr;
 use std::path::PathBuf;
@@ -30,6 +30,8 @@ pub struct ObserverReport {
     pub first_leak: Option<String>,
     /// Distinct (source, destination) of outer IPv6/UDP packets.
     pub outer_pairs: BTreeSet<(Ipv6Addr, Ipv6Addr)>,
+    /// Outer IPv6/UDP packets per (source, destination).
+    pub udp_per_pair: BTreeMap<(Ipv6Addr, Ipv6Addr), u64>,
 }
 
 /// A running capture; `finish` stops it and returns the report.
@@ -129,6 +131,7 @@ fn observe(
         if let Some(pair) = outer_udp_pair(bytes) {
             report.udp_frames += 1;
             report.outer_pairs.insert(pair);
+            *report.udp_per_pair.entry(pair).or_default() += 1;
         }
     }
     if let Some(w) = writer.as_mut() {
