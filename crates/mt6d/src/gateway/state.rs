@@ -330,6 +330,21 @@ fn scan(dir: &Path, except: &str) -> Vec<Found> {
     out
 }
 
+/// The daemons running now with a record in `dir` (normally [`state_dir`]), in key order:
+/// what `mt6d status` lists when no socket is named. A record whose lock is free belongs to a
+/// dead daemon and is left out.
+pub fn running_instances(dir: &Path) -> Vec<(Record, u32)> {
+    let mut found: Vec<Found> = scan(dir, "").into_iter().filter(|f| f.running).collect();
+    found.sort_by(|a, b| a.key.cmp(&b.key));
+    found
+        .into_iter()
+        .filter_map(|f| {
+            let pid = f.pid.or(f.record.as_ref().map(|r| r.pid))?;
+            f.record.map(|r| (r, pid))
+        })
+        .collect()
+}
+
 fn read_record(path: &Path) -> Option<Record> {
     let text = std::fs::read_to_string(path).ok()?;
     match serde_json::from_str(&text) {
