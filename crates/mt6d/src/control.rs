@@ -116,6 +116,17 @@ pub fn query_status(path: &Path) -> Result<Status, ControlError> {
     stream.write_all(b"status\n").map_err(io)?;
     let mut body = Vec::new();
     stream.read_to_end(&mut body).map_err(io)?;
+    // A refusal (not allowed, unknown request) is `{"error": ...}` instead of a status.
+    if let Ok(ChangeAnswer {
+        error: Some(message),
+        ..
+    }) = serde_json::from_slice::<ChangeAnswer>(&body)
+    {
+        return Err(ControlError::Refused {
+            path: path.to_path_buf(),
+            message,
+        });
+    }
     serde_json::from_slice(&body).map_err(|source| ControlError::Decode {
         path: path.to_path_buf(),
         source,
@@ -335,6 +346,12 @@ fn read_request(stream: &UnixStream) -> std::io::Result<Option<Asked>> {
     stream.set_read_timeout(Some(Duration::from_millis(500)))?;
     stream.set_write_timeout(Some(Duration::from_millis(500)))?;
     let cred = mt6d_os::peer_credentials(stream.as_fd())?;
+    // The line is read before any answer, refusals included: closing a socket with unread
+    // data resets the connection, and the client would see the reset instead of the reason.
+    let mut line = String::new();
+    BufReader::new(stream)
+        .take(MAX_REQUEST)
+        .read_line(&mut line)?;
     if !allowed(cred.uid) {
         log::warn!(
             "control socket: refused a request of pid {} uid {}: only root and uid {} may use it",
@@ -353,10 +370,6 @@ fn read_request(stream: &UnixStream) -> std::io::Result<Option<Asked>> {
         out.write_all(&serde_json::to_vec(&refusal).map_err(std::io::Error::other)?)?;
         return Ok(None);
     }
-    let mut line = String::new();
-    BufReader::new(stream)
-        .take(MAX_REQUEST)
-        .read_line(&mut line)?;
     let line = line.trim();
     Ok(Some(if line == "status" {
         Asked::Status
