@@ -6,8 +6,8 @@
 //! - the **icmp** thread ([`icmp`]): ICMPv6 errors from the path, translated for the protected
 //!   host, and the tunnel MTU that follows the path MTU;
 //! - the **main** thread does housekeeping: rotations on schedule (`rotation`), control-socket
-//!   requests, the drop report, SIGHUP reloads (`reload`: peers added, removed or changed
-//!   while the others carry on), and the shutdown;
+//!   requests, the drop report, live changes (`reload`: SIGHUP, `mt6d reload` and `mt6d peer`
+//!   add, remove or change peers while the others carry on), and the shutdown;
 //! - with `metrics_listen`, the **metrics** thread ([`crate::metrics`]) answers Prometheus
 //!   scrapes from a status snapshot the main thread publishes once a second.
 //!
