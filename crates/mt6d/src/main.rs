@@ -250,8 +250,9 @@ enum Command {
     /// to [gateway] settings is not possible here. Only root and the daemon's user may use the
     /// control socket.
     Peer {
+        // Boxed: the options of `peer add` outweigh every other command's.
         #[command(subcommand)]
-        action: PeerAction,
+        action: Box<PeerAction>,
     },
     /// Build a lab in network namespaces (two hosts, two gateways, a public link), run real
     /// traffic through MT6D across several rotations, print what an observer saw, and clean up.
@@ -317,7 +318,7 @@ fn main() -> ExitCode {
         Command::Down { config } => gateway::down(&config),
         Command::Check { config } => check(&config),
         Command::Reload { target } => reload(&target),
-        Command::Peer { action } => peer(action),
+        Command::Peer { action } => peer(*action),
         Command::Status { target, json } => match status(target, json) {
             // A script asking for JSON gets JSON on failure too (daemon not running, ...).
             Err(e) if json => {
