@@ -8,6 +8,8 @@
 #     with two capabilities; essential on Debian, checked anyway)
 #   - promtool, from Debian's prometheus package (the metrics tests check the endpoint with it)
 #   - the Rust toolchain's rustfmt and clippy components
+#   - cargo-deb (crates.io), which scripts/check-deb.sh builds the .deb with, and debootstrap,
+#     which makes the clean chroot that script installs it into
 set -euo pipefail
 
 need=()
@@ -54,4 +56,15 @@ fi
 for component in rustfmt clippy; do
     rustup component list --installed 2>/dev/null | grep -q "^$component" || rustup component add "$component"
 done
+command -v debootstrap >/dev/null 2>&1 || {
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq debootstrap
+}
+# Pinned: the package's layout is checked against what this version writes.
+cargo_deb_version=3.8.0
+if ! cargo deb --version 2>/dev/null | grep -q " $cargo_deb_version\b"; then
+    echo "install-deps: cargo install cargo-deb $cargo_deb_version"
+    cargo install --locked --version "$cargo_deb_version" cargo-deb
+fi
 echo "install-deps: ok"

@@ -14,6 +14,7 @@ scripts/check-deps.sh
 # Release profile: the end-to-end tests push real traffic through the gateways.
 cargo test --workspace --locked --release -- --include-ignored
 scripts/check-systemd.sh
+scripts/check-deb.sh
 fuzz/run-short.sh "${MT6D_FUZZ_SECS:-10}"
 # The lab bench's quick profile (issue 4): every scenario on every topology, checked complete.
 scripts/install-bench-deps.sh

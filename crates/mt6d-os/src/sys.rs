@@ -238,6 +238,47 @@ pub(crate) fn read_u64(fd: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(u64::from_ne_bytes(b))
 }
 
+/// The process at the other end of a connected unix socket, as the kernel recorded it when
+/// that process connected (`SO_PEERCRED`, unix(7)): it cannot be forged by the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCredentials {
+    pub pid: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// `SO_PEERCRED` of a connected unix socket.
+pub fn peer_credentials(fd: BorrowedFd<'_>) -> io::Result<PeerCredentials> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` is a live ucred and `len` its size, as getsockopt(2) for SO_PEERCRED
+    // requires; the kernel writes at most `len` bytes there.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    })?;
+    Ok(PeerCredentials {
+        pid: cred.pid.max(0) as u32,
+        uid: cred.uid,
+        gid: cred.gid,
+    })
+}
+
+/// The effective user id of this process (geteuid(2) cannot fail).
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid takes no arguments, touches no memory of ours and always succeeds.
+    unsafe { libc::geteuid() }
+}
+
 /// Waits until `fd` is readable or `timeout` passes; returns whether it is readable.
 /// EINTR counts as "not readable yet".
 pub fn wait_readable(fd: RawFd, timeout: Option<Duration>) -> io::Result<bool> {

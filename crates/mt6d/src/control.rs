@@ -1,16 +1,32 @@
-//! The control socket: how `mt6d status` (and the demo) ask a running daemon what it is doing.
+//! The control socket: how `mt6d status`, `mt6d reload` and `mt6d peer add|remove|set` (and
+//! the demo) talk to a running daemon.
 //!
-//! Protocol: a client connects to the daemon's unix stream socket, writes one request line
-//! (`status`), and reads one JSON document until end of file. The socket is created mode 0600:
-//! status shows addresses and counters, which only root should read.
+//! Protocol: a client connects to the daemon's unix stream socket, writes one request line,
+//! and reads one JSON document until end of file. The request is `status` (the answer is a
+//! [`Status`]) or a [`Request`] as one line of JSON (the answer is a [`ChangeAnswer`]).
+//!
+//! Only root and the daemon's own user may ask anything: the socket is created mode 0600 (status
+//! shows addresses and counters; the other requests change the running peers), and every
+//! connection's `SO_PEERCRED` is checked as well, so a socket left with wider permissions (a
+//! bind under a lax umask, a changed mode) still answers no one else.
+//!
+//! Requests are served by the daemon's main thread, one at a time, between its housekeeping
+//! steps: a change is applied by the same code as SIGHUP (`gateway::reload`), never while
+//! another runs.
 
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use crate::status::Status;
+
+/// Longest request line read: a batch of peer changes fits many times over.
+const MAX_REQUEST: u64 = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -34,6 +50,54 @@ pub enum ControlError {
     },
     #[error("control socket {path}: {message}")]
     Bind { path: PathBuf, message: String },
+    /// The daemon refused the request; `message` says why, and nothing was changed.
+    #[error("{message}")]
+    Refused { path: PathBuf, message: String },
+}
+
+/// A request that is not `status`, sent as one line of JSON.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "request", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Request {
+    /// Re-read the configuration file, as SIGHUP does, and answer what changed.
+    Reload,
+    /// Change the running peers: every edit applies, or none does.
+    Peers { edits: Vec<Edit> },
+}
+
+/// One change to the running peers. Fields are the `[[peer]]` keys of the configuration file
+/// (docs/CONFIG.md), with the values a file would hold; relative paths are resolved by the
+/// client, so they mean what they meant where the command was typed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Edit {
+    /// A new peer: a whole `[[peer]]` table, `name` included.
+    Add { peer: toml::Table },
+    /// Peer `name`: the keys in `unset` are removed, then those of `fields` set.
+    Set {
+        name: String,
+        #[serde(default)]
+        fields: toml::Table,
+        #[serde(default)]
+        unset: Vec<String>,
+    },
+    /// Peer `name` goes.
+    Remove { name: String },
+}
+
+/// The daemon's answer to a [`Request`]: what changed, or why nothing did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangeAnswer {
+    #[serde(default)]
+    pub added: Vec<String>,
+    #[serde(default)]
+    pub removed: Vec<String>,
+    #[serde(default)]
+    pub changed: Vec<String>,
+    /// Set when the request was refused; then nothing changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Asks the daemon at `path` for its status.
@@ -52,10 +116,58 @@ pub fn query_status(path: &Path) -> Result<Status, ControlError> {
     stream.write_all(b"status\n").map_err(io)?;
     let mut body = Vec::new();
     stream.read_to_end(&mut body).map_err(io)?;
+    // A refusal (not allowed, unknown request) is `{"error": ...}` instead of a status.
+    if let Ok(ChangeAnswer {
+        error: Some(message),
+        ..
+    }) = serde_json::from_slice::<ChangeAnswer>(&body)
+    {
+        return Err(ControlError::Refused {
+            path: path.to_path_buf(),
+            message,
+        });
+    }
     serde_json::from_slice(&body).map_err(|source| ControlError::Decode {
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// Sends `request` to the daemon at `path` and waits for its answer (a change binds addresses
+/// and may re-validate many peers: up to 60 s). A refusal is [`ControlError::Refused`].
+pub fn send(path: &Path, request: &Request) -> Result<ChangeAnswer, ControlError> {
+    let mut stream = UnixStream::connect(path).map_err(|source| ControlError::Connect {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let io = |source| ControlError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .map_err(io)?;
+    // serde_json writes no newline inside a document: the request stays one line.
+    let mut line = serde_json::to_vec(request).map_err(|source| ControlError::Decode {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    line.push(b'\n');
+    stream.write_all(&line).map_err(io)?;
+    let mut body = Vec::new();
+    stream.read_to_end(&mut body).map_err(io)?;
+    let answer: ChangeAnswer =
+        serde_json::from_slice(&body).map_err(|source| ControlError::Decode {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    match answer.error {
+        Some(message) => Err(ControlError::Refused {
+            path: path.to_path_buf(),
+            message,
+        }),
+        None => Ok(answer),
+    }
 }
 
 /// The listening side, owned by the daemon. Removes its socket file when dropped.
@@ -171,44 +283,105 @@ impl ControlServer {
         })
     }
 
-    /// Answers every pending request with `status()`; returns at once when none is waiting.
-    /// The daemon calls this from its housekeeping loop, so a slow client cannot stall packets.
-    pub fn serve_pending(&self, status: impl Fn() -> Status) {
+    /// The next request a client is waiting on, or `None` at once when no client is. The
+    /// daemon calls this from its housekeeping loop, so a slow client cannot stall packets; a
+    /// client that is neither root nor the daemon's user is answered with a refusal here and
+    /// never reaches the caller.
+    pub fn next_request(&self) -> Option<Pending> {
         loop {
-            match self.listener.accept() {
-                Ok((stream, _)) => {
-                    if let Err(e) = answer(stream, &status) {
-                        log::debug!("control client on {}: {e}", self.path.display());
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+            let stream = match self.listener.accept() {
+                Ok((stream, _)) => stream,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return None,
                 Err(e) => {
                     log::warn!("control socket {}: accept failed: {e}", self.path.display());
-                    return;
+                    return None;
                 }
+            };
+            match read_request(&stream) {
+                Ok(Some(request)) => return Some(Pending { stream, request }),
+                Ok(None) => {}
+                Err(e) => log::debug!("control client on {}: {e}", self.path.display()),
             }
         }
     }
 }
 
-fn answer(stream: UnixStream, status: &impl Fn() -> Status) -> std::io::Result<()> {
+/// What a client asked.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Asked {
+    Status,
+    Change(Request),
+    /// A line that is no request: answered with this error.
+    Unknown(String),
+}
+
+/// A client waiting for its answer.
+#[derive(Debug)]
+pub struct Pending {
+    stream: UnixStream,
+    pub request: Asked,
+}
+
+impl Pending {
+    /// Answers with `body` (JSON) and closes the connection.
+    pub fn reply(self, body: &impl Serialize) {
+        let mut out = &self.stream;
+        let sent = serde_json::to_vec(body)
+            .map_err(std::io::Error::other)
+            .and_then(|b| out.write_all(&b));
+        if let Err(e) = sent {
+            log::debug!("control client: answer not delivered: {e}");
+        }
+    }
+}
+
+/// Who may ask: root, and the user the daemon runs as (a systemd `User=`).
+fn allowed(uid: u32) -> bool {
+    uid == 0 || uid == mt6d_os::effective_uid()
+}
+
+/// Reads one request line; a client that may not ask is answered here: `Ok(None)`.
+fn read_request(stream: &UnixStream) -> std::io::Result<Option<Asked>> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(Duration::from_millis(500)))?;
     stream.set_write_timeout(Some(Duration::from_millis(500)))?;
+    let cred = mt6d_os::peer_credentials(stream.as_fd())?;
+    // The line is read before any answer, refusals included: closing a socket with unread
+    // data resets the connection, and the client would see the reset instead of the reason.
     let mut line = String::new();
-    BufReader::new(&stream).take(256).read_line(&mut line)?;
-    let mut out = &stream;
-    match line.trim() {
-        "status" => {
-            let body = serde_json::to_vec(&status()).map_err(std::io::Error::other)?;
-            out.write_all(&body)
-        }
-        other => out.write_all(
-            serde_json::json!({ "error": format!("unknown request {other:?}; known: status") })
-                .to_string()
-                .as_bytes(),
-        ),
+    BufReader::new(stream)
+        .take(MAX_REQUEST)
+        .read_line(&mut line)?;
+    if !allowed(cred.uid) {
+        log::warn!(
+            "control socket: refused a request of pid {} uid {}: only root and uid {} may use it",
+            cred.pid,
+            cred.uid,
+            mt6d_os::effective_uid()
+        );
+        let refusal = ChangeAnswer {
+            error: Some(format!(
+                "permission denied: uid {} is neither root nor the daemon's user",
+                cred.uid
+            )),
+            ..ChangeAnswer::default()
+        };
+        let mut out = stream;
+        out.write_all(&serde_json::to_vec(&refusal).map_err(std::io::Error::other)?)?;
+        return Ok(None);
     }
+    let line = line.trim();
+    Ok(Some(if line == "status" {
+        Asked::Status
+    } else {
+        match serde_json::from_str::<Request>(line) {
+            Ok(r) => Asked::Change(r),
+            Err(e) => Asked::Unknown(format!(
+                "unknown request {:?} ({e}); known: status, or a reload or peers request as JSON",
+                line.chars().take(80).collect::<String>()
+            )),
+        }
+    }))
 }
 
 impl Drop for ControlServer {
@@ -503,7 +676,10 @@ mod tests {
         });
         // Serve until the client got its answer; bounded so a bug cannot hang the test.
         for _ in 0..200 {
-            server.serve_pending(sample);
+            if let Some(p) = server.next_request() {
+                assert_eq!(p.request, Asked::Status);
+                p.reply(&sample());
+            }
             if client.is_finished() {
                 break;
             }
@@ -520,6 +696,63 @@ mod tests {
         );
         drop(server);
         assert!(!path.exists(), "socket file removed on drop");
+    }
+
+    /// A change request crosses the socket as one JSON line and comes back as the daemon's
+    /// answer; a refusal reaches the client as an error with the daemon's words.
+    #[test]
+    fn change_requests_and_refusals_roundtrip() {
+        let path = std::env::temp_dir().join(format!("mt6d-ctl-chg-{}.sock", std::process::id()));
+        let server = ControlServer::bind(&path).expect("bind");
+        let peer: toml::Table =
+            "name = \"c\"\nremote_host = \"2001:db8:1::c\"\nport = 4500\nrotation_secs = 1.5\n"
+                .parse()
+                .expect("table");
+        let edits = vec![Edit::Add { peer }, Edit::Remove { name: "b".into() }];
+        let serve = |answer: ChangeAnswer, want: Request| {
+            let client = std::thread::spawn({
+                let path = path.clone();
+                let want = want.clone();
+                move || send(&path, &want)
+            });
+            for _ in 0..200 {
+                if let Some(p) = server.next_request() {
+                    assert_eq!(p.request, Asked::Change(want.clone()));
+                    p.reply(&answer);
+                }
+                if client.is_finished() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            client.join().expect("client thread")
+        };
+        let got = serve(
+            ChangeAnswer {
+                added: vec!["c".into()],
+                removed: vec!["b".into()],
+                ..ChangeAnswer::default()
+            },
+            Request::Peers { edits },
+        )
+        .expect("applied");
+        assert_eq!(
+            (got.added, got.removed),
+            (vec!["c".to_string()], vec!["b".to_string()])
+        );
+        let refused = serve(
+            ChangeAnswer {
+                error: Some("refused, nothing changed: peer \"c\": bad".into()),
+                ..ChangeAnswer::default()
+            },
+            Request::Reload,
+        )
+        .expect_err("refused");
+        assert!(
+            matches!(&refused, ControlError::Refused { .. }),
+            "{refused:?}"
+        );
+        assert!(refused.to_string().contains("peer \"c\": bad"), "{refused}");
     }
 
     #[test]

@@ -28,6 +28,154 @@ struct Cli {
     command: Command,
 }
 
+/// Which daemon a client command talks to.
+#[derive(clap::Args, Debug, Clone)]
+struct Target {
+    /// Control socket of the daemon.
+    #[arg(short, long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Read the control socket path from this configuration file.
+    #[arg(short, long, value_name = "FILE", conflicts_with = "socket")]
+    config: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+enum PeerAction {
+    /// Add a peer: NAME and the [[peer]] settings of docs/CONFIG.md as options (at least
+    /// --local-host, --remote-host, and --public-key or --key-file). Runtime only: the
+    /// configuration file is not written.
+    Add {
+        /// The peer's name, unique among the daemon's peers.
+        name: String,
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        fields: PeerFields,
+    },
+    /// Change settings of peer NAME (its session restarts; the other peers carry on). Runtime
+    /// only: the configuration file is not written.
+    Set {
+        name: String,
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        fields: PeerFields,
+        /// Remove this setting from the peer first (e.g. `--unset key_file --public-key K`);
+        /// repeatable.
+        #[arg(long, value_name = "KEY")]
+        unset: Vec<String>,
+    },
+    /// Remove the peers named, together (all or none). Runtime only: the configuration file
+    /// is not written.
+    Remove {
+        #[arg(required = true, value_name = "NAME")]
+        names: Vec<String>,
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+/// A [[peer]]'s settings as options; each is the configuration key of the same name
+/// (docs/CONFIG.md). There is no option for an inline `key`: a secret on a command line is
+/// visible to every user of the machine; use --key-file.
+#[derive(clap::Args, Debug, Clone, Default)]
+struct PeerFields {
+    /// The protected host on this side (local_host).
+    #[arg(long, value_name = "ADDR")]
+    local_host: Option<String>,
+    /// The protected host behind the peer (remote_host).
+    #[arg(long, value_name = "ADDR")]
+    remote_host: Option<String>,
+    /// The peer gateway's identity public key, base64 (public_key).
+    #[arg(long, value_name = "KEY")]
+    public_key: Option<String>,
+    /// A pre-shared session key file instead of a handshake (key_file).
+    #[arg(long, value_name = "FILE")]
+    key_file: Option<PathBuf>,
+    /// An extra pre-shared key mixed into the handshake (preshared_key_file).
+    #[arg(long, value_name = "FILE")]
+    preshared_key_file: Option<PathBuf>,
+    #[arg(long, value_name = "PREFIX")]
+    local_prefix: Option<String>,
+    #[arg(long, value_name = "PREFIX")]
+    remote_prefix: Option<String>,
+    #[arg(long, value_name = "MAC")]
+    local_mac: Option<String>,
+    #[arg(long, value_name = "MAC")]
+    remote_mac: Option<String>,
+    /// encrypt, auth or plain.
+    #[arg(long, value_name = "MODE")]
+    mode: Option<String>,
+    #[arg(long, value_name = "AEAD")]
+    aead: Option<String>,
+    #[arg(long, value_name = "DERIVATION")]
+    derivation: Option<String>,
+    /// `hopping` or a fixed port number.
+    #[arg(long, value_name = "PORT")]
+    port: Option<String>,
+    #[arg(long, value_name = "SECS")]
+    rotation_secs: Option<f64>,
+    #[arg(long, value_name = "BOOL")]
+    jitter: Option<bool>,
+}
+
+impl PeerFields {
+    /// The settings as a `[[peer]]` table; relative key file paths are made absolute here,
+    /// against the directory the command runs in, which is what a person typing them means.
+    fn table(&self) -> Result<toml::Table, String> {
+        use toml::Value;
+        let mut t = toml::Table::new();
+        let text = [
+            ("local_host", &self.local_host),
+            ("remote_host", &self.remote_host),
+            ("public_key", &self.public_key),
+            ("local_prefix", &self.local_prefix),
+            ("remote_prefix", &self.remote_prefix),
+            ("local_mac", &self.local_mac),
+            ("remote_mac", &self.remote_mac),
+            ("mode", &self.mode),
+            ("aead", &self.aead),
+            ("derivation", &self.derivation),
+        ];
+        for (k, v) in text {
+            if let Some(v) = v {
+                t.insert(k.into(), Value::String(v.clone()));
+            }
+        }
+        for (k, v) in [
+            ("key_file", &self.key_file),
+            ("preshared_key_file", &self.preshared_key_file),
+        ] {
+            if let Some(path) = v {
+                let abs = std::path::absolute(path)
+                    .map_err(|e| format!("--{}: {}: {e}", k.replace('_', "-"), path.display()))?;
+                let Some(s) = abs.to_str() else {
+                    return Err(format!(
+                        "--{}: {} is not UTF-8",
+                        k.replace('_', "-"),
+                        abs.display()
+                    ));
+                };
+                t.insert(k.into(), Value::String(s.to_owned()));
+            }
+        }
+        if let Some(p) = &self.port {
+            // The file's forms: "hopping" or a number (the daemon checks the range).
+            let v = p
+                .parse::<i64>()
+                .map_or_else(|_| Value::String(p.clone()), Value::Integer);
+            t.insert("port".into(), v);
+        }
+        if let Some(r) = self.rotation_secs {
+            t.insert("rotation_secs".into(), Value::Float(r));
+        }
+        if let Some(j) = self.jitter {
+            t.insert("jitter".into(), Value::Boolean(j));
+        }
+        Ok(t)
+    }
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the gateway daemon with a configuration file (root, or a user with CAP_NET_ADMIN and
@@ -35,9 +183,10 @@ enum Command {
     ///
     /// Stops cleanly on SIGTERM, SIGINT, SIGQUIT, SIGXCPU or SIGPWR, removing every address,
     /// route, neighbour entry and device it created and restoring the sysctls it changed.
-    /// SIGHUP re-reads the file: an
-    /// invalid one is logged (file:line:column) and changes nothing; changes to peers or
-    /// interfaces are logged and need a restart. SIGPIPE, SIGUSR1/2, SIGALRM and the other
+    /// SIGHUP re-reads the file (as `mt6d reload` does): an invalid one is logged
+    /// (file:line:column) and changes nothing; peers added, removed or changed are applied
+    /// live, all or nothing; a changed [gateway] section is refused whole and needs a restart.
+    /// `mt6d peer` changes peers live without the file. SIGPIPE, SIGUSR1/2, SIGALRM and the other
     /// signals that would end it otherwise are ignored. Fails closed: if the process dies
     /// without clean-up, guard routes keep the protected hosts' packets off the external
     /// interface until `mt6d down` or the next start.
@@ -67,17 +216,43 @@ enum Command {
         #[arg(short, long, value_name = "FILE")]
         config: PathBuf,
     },
-    /// Ask a running daemon for its epochs, addresses, ports and counters.
+    /// Ask running daemons for their epochs, addresses, ports and counters: every daemon of
+    /// the machine (found by its record under /run/mt6d, or MT6D_STATE_DIR), or the one named
+    /// by --socket or --config.
+    ///
+    /// With --json and no daemon named, the answer is a list with one object per daemon
+    /// (`pid`, `config`, `control_socket`, and `status` or `error`).
     Status {
-        /// Control socket of the daemon (default: the one named by --config, else /run/mt6d/mt6d0.sock).
-        #[arg(short, long, value_name = "PATH")]
-        socket: Option<PathBuf>,
-        /// Read the control socket path from this configuration file.
-        #[arg(short, long, value_name = "FILE", conflicts_with = "socket")]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        target: Target,
         /// Print the status as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Make a running daemon re-read its configuration file, as SIGHUP does, and say what
+    /// changed: peers added, removed or changed are applied all or nothing, without a lost
+    /// packet for the others; an invalid file or a changed [gateway] section changes nothing
+    /// and the error says why. Changes made with `mt6d peer` and not written in the file are
+    /// undone.
+    Reload {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Add, change or remove a peer of a running daemon, without a restart and without a lost
+    /// packet for the other peers.
+    ///
+    /// Runtime only, as `wg set` is: the configuration file is not written, so the change
+    /// lasts until the next SIGHUP, `mt6d reload` or restart, which make the daemon match the
+    /// file again. To keep a change, write the same [[peer]] in the file too.
+    ///
+    /// The change is validated exactly as the file is, together with every running peer, and
+    /// refused whole if anything is wrong (the error names the peer and the setting); a change
+    /// to [gateway] settings is not possible here. Only root and the daemon's user may use the
+    /// control socket.
+    Peer {
+        // Boxed: the options of `peer add` outweigh every other command's.
+        #[command(subcommand)]
+        action: Box<PeerAction>,
     },
     /// Build a lab in network namespaces (two hosts, two gateways, a public link), run real
     /// traffic through MT6D across several rotations, print what an observer saw, and clean up.
@@ -142,11 +317,9 @@ fn main() -> ExitCode {
         Command::Run { config, .. } => gateway::run(&config),
         Command::Down { config } => gateway::down(&config),
         Command::Check { config } => check(&config),
-        Command::Status {
-            socket,
-            config,
-            json,
-        } => match status(socket, config, json) {
+        Command::Reload { target } => reload(&target),
+        Command::Peer { action } => peer(*action),
+        Command::Status { target, json } => match status(target, json) {
             // A script asking for JSON gets JSON on failure too (daemon not running, ...).
             Err(e) if json => {
                 println!("{}", serde_json::json!({ "error": e.to_string() }));
@@ -255,19 +428,181 @@ fn check(path: &std::path::Path) -> CliResult {
     Ok(())
 }
 
-fn status(socket: Option<PathBuf>, config: Option<PathBuf>, json: bool) -> CliResult {
-    let path = match (socket, config) {
-        (Some(s), _) => s,
-        (None, Some(c)) => config::Config::load(&c)?.gateway.control_socket,
-        (None, None) => config::default_control_socket("mt6d0"),
-    };
-    let st = control::query_status(&path)?;
+/// The control socket `target` names, if it names one.
+fn named_socket(target: &Target) -> Result<Option<PathBuf>, Box<dyn std::error::Error>> {
+    Ok(match (&target.socket, &target.config) {
+        (Some(s), _) => Some(s.clone()),
+        (None, Some(c)) => Some(config::Config::load(c)?.gateway.control_socket),
+        (None, None) => None,
+    })
+}
+
+/// The control socket of the one daemon a command means: the one named, else the only one
+/// running; several running is an error that lists them.
+fn one_socket(target: &Target) -> Result<PathBuf, Box<dyn std::error::Error>> {
+    if let Some(s) = named_socket(target)? {
+        return Ok(s);
+    }
+    let dir = gateway::state::state_dir();
+    let running = gateway::state::running_instances(&dir);
+    match running.as_slice() {
+        [(only, _)] => Ok(only.control_socket.clone()),
+        [] => Err(format!(
+            "no running mt6d has a record in {}; name its control socket with --socket or its configuration with --config",
+            dir.display()
+        )
+        .into()),
+        many => Err(format!(
+            "{} daemons are running; name one with --socket or --config: {}",
+            many.len(),
+            many.iter()
+                .map(|(r, pid)| format!(
+                    "pid {pid} ({}, control socket {})",
+                    r.config.display(),
+                    r.control_socket.display()
+                ))
+                .collect::<Vec<_>>()
+                .join("; ")
+        )
+        .into()),
+    }
+}
+
+fn status(target: Target, json: bool) -> CliResult {
+    if let Some(path) = named_socket(&target)? {
+        let st = control::query_status(&path)?;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&st)?);
+        } else {
+            print!("{}", control::render(&st));
+        }
+        return Ok(());
+    }
+    // No daemon named: every daemon of the machine, by the records they keep.
+    let dir = gateway::state::state_dir();
+    let running = gateway::state::running_instances(&dir);
+    if running.is_empty() {
+        return Err(format!(
+            "no running mt6d has a record in {} (a daemon started with another MT6D_STATE_DIR: set it, or name the daemon's --socket)",
+            dir.display()
+        )
+        .into());
+    }
+    let mut listed = Vec::new();
+    let mut failed = 0;
+    for (i, (record, pid)) in running.iter().enumerate() {
+        let answer = control::query_status(&record.control_socket);
+        failed += usize::from(answer.is_err());
+        if json {
+            let mut entry = serde_json::json!({
+                "pid": pid,
+                "config": record.config,
+                "control_socket": record.control_socket,
+            });
+            entry[if answer.is_ok() { "status" } else { "error" }] = match &answer {
+                Ok(st) => serde_json::to_value(st)?,
+                Err(e) => serde_json::Value::String(e.to_string()),
+            };
+            listed.push(entry);
+            continue;
+        }
+        if i > 0 {
+            println!();
+        }
+        println!(
+            "== mt6d pid {pid}: {} (control socket {})",
+            record.config.display(),
+            record.control_socket.display()
+        );
+        match answer {
+            Ok(st) => print!("{}", control::render(&st)),
+            Err(e) => println!("no answer: {e}"),
+        }
+    }
     if json {
-        println!("{}", serde_json::to_string_pretty(&st)?);
-    } else {
-        print!("{}", control::render(&st));
+        println!("{}", serde_json::to_string_pretty(&listed)?);
+    }
+    if failed > 0 {
+        return Err(format!("{failed} of {} daemons did not answer", running.len()).into());
     }
     Ok(())
+}
+
+fn reload(target: &Target) -> CliResult {
+    let socket = one_socket(target)?;
+    let answer = control::send(&socket, &control::Request::Reload)?;
+    print_change(
+        &answer,
+        "the configuration file is unchanged since the daemon read it",
+    );
+    Ok(())
+}
+
+fn peer(action: PeerAction) -> CliResult {
+    let (target, edits) = match action {
+        PeerAction::Add {
+            name,
+            target,
+            fields,
+        } => {
+            let mut peer = toml::Table::new();
+            peer.insert("name".into(), toml::Value::String(name));
+            peer.extend(fields.table()?);
+            (target, vec![control::Edit::Add { peer }])
+        }
+        PeerAction::Set {
+            name,
+            target,
+            fields,
+            unset,
+        } => {
+            let fields = fields.table()?;
+            if fields.is_empty() && unset.is_empty() {
+                return Err(format!(
+                    "peer set {name}: nothing to change (give settings as options, or --unset KEY)"
+                )
+                .into());
+            }
+            (
+                target,
+                vec![control::Edit::Set {
+                    name,
+                    fields,
+                    unset,
+                }],
+            )
+        }
+        PeerAction::Remove { names, target } => (
+            target,
+            names
+                .into_iter()
+                .map(|name| control::Edit::Remove { name })
+                .collect(),
+        ),
+    };
+    let socket = one_socket(&target)?;
+    let answer = control::send(&socket, &control::Request::Peers { edits })?;
+    print_change(&answer, "the peer is already as asked");
+    println!("runtime only: the configuration file was not written (the next reload or restart returns to it)");
+    Ok(())
+}
+
+fn print_change(answer: &control::ChangeAnswer, same: &str) {
+    let mut parts = Vec::new();
+    for (what, names) in [
+        ("added", &answer.added),
+        ("removed", &answer.removed),
+        ("changed", &answer.changed),
+    ] {
+        if !names.is_empty() {
+            parts.push(format!("{what} {}", names.join(", ")));
+        }
+    }
+    if parts.is_empty() {
+        println!("nothing changed: {same}");
+    } else {
+        println!("{}", parts.join("; "));
+    }
 }
 
 fn genpsk(out: Option<PathBuf>) -> CliResult {
@@ -387,6 +722,8 @@ mod tests {
                 "demo",
                 "keygen",
                 "completions",
+                "reload",
+                "peer",
             ] {
                 assert!(text.contains(sub), "{shell:?} completion lacks {sub}");
             }

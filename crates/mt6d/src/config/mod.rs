@@ -161,6 +161,14 @@ impl PeerConfig {
 impl Config {
     /// Reads and validates a configuration file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Config::load_document(path).map(|(config, _)| config)
+    }
+
+    /// Reads and validates a configuration file, and returns with it the TOML document it was
+    /// validated from: the daemon keeps that document to validate live changes against
+    /// (`gateway::reload`), so that a peer added over the control socket goes through exactly
+    /// the checks a peer written in the file does.
+    pub fn load_document(path: &Path) -> Result<(Config, toml::Table), ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
@@ -176,7 +184,12 @@ impl Config {
             .mode()
             & 0o777;
         refuse_readable_inline_secrets(path, &text, mode)?;
-        Ok(config)
+        // The text parsed as a configuration above, so it parses as a TOML table.
+        let doc = text.parse::<toml::Table>().map_err(|e| ConfigError::File {
+            path: path.to_path_buf(),
+            message: e.message().to_string(),
+        })?;
+        Ok((config, doc))
     }
 
     /// Validates configuration text; `path` names the file in errors and anchors relative

@@ -6,8 +6,8 @@
 //! - the **icmp** thread ([`icmp`]): ICMPv6 errors from the path, translated for the protected
 //!   host, and the tunnel MTU that follows the path MTU;
 //! - the **main** thread does housekeeping: rotations on schedule (`rotation`), control-socket
-//!   requests, the drop report, SIGHUP reloads (`reload`: peers added, removed or changed
-//!   while the others carry on), and the shutdown;
+//!   requests, the drop report, live changes (`reload`: SIGHUP, `mt6d reload` and `mt6d peer`
+//!   add, remove or change peers while the others carry on), and the shutdown;
 //! - with `metrics_listen`, the **metrics** thread ([`crate::metrics`]) answers Prometheus
 //!   scrapes from a status snapshot the main thread publishes once a second.
 //!
@@ -51,8 +51,10 @@ use arc_swap::ArcSwap;
 use mt6d_os::Epoll;
 
 use crate::config::{Config, Keying, Role};
-use crate::control::ControlServer;
-use crate::status::{HandshakeStatus, MoveStatus, PeerStatus, RouteSetStatus, RouteStatus, Status};
+use crate::control::{Asked, ChangeAnswer, ControlServer, Request};
+use crate::status::{
+    HandshakeStatus, MoveStatus, PeerStatus, RouteSetStatus, RouteStatus, Status,
+};
 use collision::CollisionWatch;
 use counters::{DirectionCounters, DropReason};
 pub use error::GatewayError;
@@ -69,7 +71,7 @@ use system::System;
 
 /// Runs the daemon until a stop signal ([`signals`]).
 pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
-    let cfg = Config::load(config_path)?;
+    let (cfg, doc) = Config::load_document(config_path)?;
     // Capabilities, not uid 0: a dedicated user with CAP_NET_ADMIN and CAP_NET_RAW is enough.
     crate::privilege::check_all()?;
     // Handlers first: a signal during set-up then stops the daemon after set-up, through the
@@ -81,7 +83,7 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     })?;
     let instance = state::Instance::claim(&cfg, &mut netlink)?;
     let control = ControlServer::bind(&cfg.gateway.control_socket)?;
-    run_gateway(&cfg, &control, &signals, netlink, instance)?;
+    run_gateway(&cfg, doc, &control, &signals, netlink, instance)?;
     if let Some(sig) = signals.stopped_by() {
         log::info!("stopped by {sig}");
     }
@@ -132,6 +134,7 @@ pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
 
 fn run_gateway(
     cfg: &Config,
+    doc: toml::Table,
     control: &ControlServer,
     signals: &signals::Signals,
     netlink: mt6d_os::Netlink,
@@ -220,7 +223,10 @@ fn run_gateway(
             log::warn!("{e}");
         }
         serve(
-            cfg,
+            reload::Live {
+                cfg: cfg.clone(),
+                doc,
+            },
             control,
             signals,
             &mut sys,
@@ -244,7 +250,7 @@ fn run_gateway(
 
 #[allow(clippy::too_many_arguments)]
 fn serve(
-    cfg: &Config,
+    mut live: reload::Live,
     control: &ControlServer,
     signals: &signals::Signals,
     sys: &mut System,
@@ -297,37 +303,83 @@ fn serve(
         let mut liveness = Liveness::default();
         let mut watched = vec![(
             "external",
-            cfg.gateway.external_interface.as_str(),
+            live.cfg.gateway.external_interface.as_str(),
             sys.external_index,
         )];
-        if let Some(internal) = cfg.gateway.internal_interface() {
+        if let Some(internal) = live.cfg.gateway.internal_interface() {
             watched.push(("internal", internal, sys.internal_index));
         }
-        let mut links = links::InterfaceWatch::new(&watched, cfg.gateway.interface_down_exit);
-        // The running configuration: a SIGHUP replaces its peers (never its [gateway] section).
-        let mut cfg = cfg.clone();
-        let mut own_key = own_public_key(&cfg);
+        let mut links = links::InterfaceWatch::new(&watched, live.cfg.gateway.interface_down_exit);
+        // The running configuration: SIGHUP and the control socket replace its peers (never its
+        // [gateway] section).
+        let mut own_key = own_public_key(&live.cfg);
         while !signals.stop_requested() && !shared.shutdown.load(Ordering::Relaxed) {
+            let mut changed = false;
             if signals.take_reload() {
-                let changed = reload::reload(reload::Running {
-                    cfg: &mut cfg,
+                let running = reload::Running {
+                    live: &mut live,
                     sys: &mut *sys,
                     rotator: &mut *rotator,
                     epoll,
                     shared,
-                });
-                if changed {
-                    own_key = own_public_key(&cfg);
-                    // The new set's next boundary may come before the old set's.
-                    next_rotation = rotator.next_change();
-                }
+                };
+                changed |= reload::reload_file(running, "SIGHUP").is_ok_and(|p| !p.is_empty());
+            }
+            // Control requests, one at a time: a change is applied before the next is read.
+            while let Some(pending) = control.next_request() {
+                let running = reload::Running {
+                    live: &mut live,
+                    sys: &mut *sys,
+                    rotator: &mut *rotator,
+                    epoll,
+                    shared,
+                };
+                let outcome = match &pending.request {
+                    Asked::Status => {
+                        let st = full_status(
+                            &live.cfg, shared, path, started, rotator, &links, &liveness,
+                        );
+                        pending.reply(&st);
+                        continue;
+                    }
+                    Asked::Unknown(why) => Err(why.clone()),
+                    Asked::Change(Request::Reload) => {
+                        reload::reload_file(running, "reload (control socket)")
+                            .map_err(|e| e.to_string())
+                    }
+                    Asked::Change(Request::Peers { edits }) => {
+                        reload::edit(running, edits, "peer change (control socket)")
+                            .map_err(|e| e.to_string())
+                    }
+                };
+                let answer = match outcome {
+                    Ok(plan) => {
+                        changed |= !plan.is_empty();
+                        ChangeAnswer {
+                            added: plan.added,
+                            removed: plan.removed,
+                            changed: plan.changed,
+                            error: None,
+                        }
+                    }
+                    Err(e) => ChangeAnswer {
+                        error: Some(format!("refused, nothing changed: {e}")),
+                        ..ChangeAnswer::default()
+                    },
+                };
+                pending.reply(&answer);
+            }
+            if changed {
+                own_key = own_public_key(&live.cfg);
+                // The new set's next boundary may come before the old set's.
+                next_rotation = rotator.next_change();
             }
             let now = clock::now();
             match links.tick(&mut sys.netlink) {
                 links::Verdict::Carry => {}
                 links::Verdict::Rebind => {
                     // Down flushed the hashed addresses and the routes on the interface.
-                    if let Err(e) = sys.reroute_external(&cfg) {
+                    if let Err(e) = sys.reroute_external(&live.cfg) {
                         log::error!("after the interface came back: {e}");
                     }
                     rotator.forget_addresses();
@@ -380,22 +432,14 @@ fn serve(
             }
             drop(table);
             liveness.tick(shared, own_key.as_deref(), now);
-            let snapshot = || {
-                let mut st = status(&cfg, shared, path, started, rotator);
-                st.interfaces = links.status();
-                let now = clock::now();
-                for p in &mut st.peers {
-                    p.last_rx_ms_ago = liveness.last_rx_ms_ago(&p.name, now);
-                }
-                st
-            };
-            control.serve_pending(snapshot);
             // The metrics thread serves the newest snapshot; once a second is fresh enough for
             // any scrape interval and costs the housekeeping loop nothing measurable.
             if metrics.is_some()
                 && published_at.is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
             {
-                published.store(Some(std::sync::Arc::new(snapshot())));
+                published.store(Some(std::sync::Arc::new(full_status(
+                    &live.cfg, shared, path, started, rotator, &links, &liveness,
+                ))));
                 published_at = Some(Instant::now());
             }
             if tx.is_finished()
@@ -601,6 +645,26 @@ fn move_status(p: &Peer) -> MoveStatus {
         notices_refused: p.notices_refused.load(Ordering::Relaxed),
         moved_epochs: moved.into_iter().map(|(e, k)| (e.0, k)).collect(),
     }
+}
+
+/// The status `mt6d status` and the metrics show: [`status`] with the interfaces' state and the
+/// time since each peer was last heard.
+fn full_status(
+    cfg: &Config,
+    shared: &Shared,
+    path: &PathState,
+    started: Instant,
+    rotator: &Rotator,
+    links: &links::InterfaceWatch,
+    liveness: &Liveness,
+) -> Status {
+    let mut st = status(cfg, shared, path, started, rotator);
+    st.interfaces = links.status();
+    let now = clock::now();
+    for p in &mut st.peers {
+        p.last_rx_ms_ago = liveness.last_rx_ms_ago(&p.name, now);
+    }
+    st
 }
 
 fn status(

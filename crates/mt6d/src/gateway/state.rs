@@ -330,6 +330,28 @@ fn scan(dir: &Path, except: &str) -> Vec<Found> {
     out
 }
 
+/// The daemons running now with a record in `dir` (normally [`state_dir`]), in key order:
+/// what `mt6d status` lists when no socket is named. A record whose lock is free belongs to a
+/// dead daemon and is left out.
+pub fn running_instances(dir: &Path) -> Vec<(Record, u32)> {
+    // Probing a lock takes it for a moment: under the registry lock, a daemon starting with the
+    // same key cannot find its lock taken by this probe and refuse. A client that may not open
+    // the registry (another user) probes without it.
+    if !dir.is_dir() {
+        return Vec::new();
+    }
+    let _registry = Registry::lock(dir).ok();
+    let mut found: Vec<Found> = scan(dir, "").into_iter().filter(|f| f.running).collect();
+    found.sort_by(|a, b| a.key.cmp(&b.key));
+    found
+        .into_iter()
+        .filter_map(|f| {
+            let pid = f.pid.or(f.record.as_ref().map(|r| r.pid))?;
+            f.record.map(|r| (r, pid))
+        })
+        .collect()
+}
+
 fn read_record(path: &Path) -> Option<Record> {
     let text = std::fs::read_to_string(path).ok()?;
     match serde_json::from_str(&text) {
