@@ -354,6 +354,14 @@ fn commit(buf: &mut [u8], total: usize, hl: usize, new_block: &[u8], csum: Check
     t + new_seg_len
 }
 
+/// True if the option block has anything [`strip`] would remove, or anything malformed: an
+/// identity option (of a configured kind, or on 253/254), an unknown one under `strip_unknown`,
+/// or a framing or length error. False is the byte walk that most segments (no options, or
+/// Linux's timestamps) end with; only true needs the classifying walk.
+pub fn needs_policy(block: &[u8], policy: &ScrubPolicy) -> bool {
+    !is_clean(block, policy)
+}
+
 /// The fast path of [`strip`]: true if the classifying walk would find nothing to remove and no
 /// error (every option well framed, of a kind that is kept, with the length its kind requires),
 /// checked on kind and length bytes alone. False sends the block to the classifying walk.
