@@ -170,18 +170,19 @@ pub(super) fn parse_policy(
     let h = raw.get_ref();
     let mut policy = HostIdPolicy::default();
     if let Some(a) = &h.action {
-        policy.default =
-            match a.get_ref().as_str() {
-                "strip" => RuleAction::Strip,
-                "accept" => RuleAction::Accept,
-                "drop" => RuleAction::Drop,
-                other => return Err(src.err(
+        policy.default = match a.get_ref().as_str() {
+            "strip" => RuleAction::Strip,
+            "accept" => RuleAction::Accept,
+            "drop" => RuleAction::Drop,
+            other => {
+                return Err(src.err(
                     a,
                     format!(
                         "action {other:?}: the default action is \"strip\", \"accept\" or \"drop\""
                     ),
-                )),
-            };
+                ))
+            }
+        };
     }
     if let Some(m) = &h.malformed {
         policy.drop_malformed = match m.get_ref().as_str() {
