@@ -377,7 +377,7 @@ fn every_identity_form_is_stripped_matching_syns_dropped_and_malformed_ones_refu
         .tcp
         .iter()
         .find(|t| t.direction == "out")
-        .unwrap()
+        .expect("status lists the out direction")
         .rules;
     assert_eq!(rules[0].rule, "wing 0x1000-0x1fff drop");
     assert_eq!(rules[0].hits, 1);
@@ -423,7 +423,7 @@ fn injected_options_are_well_formed_and_read_back_on_the_far_side() {
     // The first 56 bits of 2001:db8:1::a.
     assert_eq!(
         ids,
-        vec![(HostIdForm::Boucadair, 0x2001_0db8_0001_00)],
+        vec![(HostIdForm::Boucadair, 0x0020_010d_b800_0100)],
         "{s:?}"
     );
     assert_eq!(

@@ -307,10 +307,10 @@ mod tests {
             (
                 "c90a0320010db8000001",
                 HostIdForm::Boucadair,
-                0x2001_0db8_0000_01,
+                0x0020_010d_b800_0001,
             ),
             ("ca02", HostIdForm::Enabled, 0),
-            ("fe070348 0a0001", HostIdForm::Rfc7974, 0x0a_0001),
+            ("fe070348 0a0001", HostIdForm::Rfc7974, 0x000a_0001),
             ("fe081f90c0000201", HostIdForm::Toa, 0x1f90_c000_0201),
         ];
         for (block, form, value) in cases {
@@ -398,7 +398,7 @@ mod tests {
                 InjectForm::Boucadair,
                 InjectData::Prefix,
                 HostIdForm::Boucadair,
-                0x2001_0db8_0001_00,
+                0x0020_010d_b800_0100,
             ),
             (
                 InjectForm::Boucadair,

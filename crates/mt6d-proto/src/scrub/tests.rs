@@ -455,7 +455,7 @@ fn injected_options_read_back_with_a_valid_checksum() {
             InjectForm::Wing { bytes: 8 },
             InjectData::Prefix,
             HostIdForm::Wing,
-            0x2001_0db8_000a_00,
+            0x0020_010d_b800_0a00,
         ),
         (
             InjectForm::Boucadair,
@@ -467,7 +467,7 @@ fn injected_options_read_back_with_a_valid_checksum() {
             InjectForm::Boucadair,
             InjectData::Prefix,
             HostIdForm::Boucadair,
-            0x2001_0db8_000a_00,
+            0x0020_010d_b800_0a00,
         ),
         (
             InjectForm::Enabled,

@@ -391,6 +391,7 @@ fn inject(src: &Source, i: &Spanned<RawInject>, kinds: HostIdKinds) -> Result<In
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 mod tests {
     use crate::config::{Config, ConfigError, InjectMode};
     use mt6d_proto::scrub::{HostIdForm, InjectData, InjectForm, RuleAction};
