@@ -580,6 +580,35 @@ pub fn render(status: &Status) -> String {
                 drops.join(", ")
             }
         );
+        for t in &p.tcp {
+            let events: Vec<String> = t
+                .events
+                .iter()
+                .filter(|(_, n)| **n > 0)
+                .map(|(k, n)| format!("{k} {n}"))
+                .collect();
+            let rules: Vec<String> = t
+                .rules
+                .iter()
+                .enumerate()
+                .map(|(i, r)| format!("#{} {}: {}", i + 1, r.rule, r.hits))
+                .collect();
+            if events.is_empty() && rules.is_empty() {
+                continue;
+            }
+            let _ = writeln!(
+                s,
+                "  tcp {:<3} {}{}{}",
+                t.direction,
+                if events.is_empty() {
+                    "nothing yet".to_string()
+                } else {
+                    events.join(", ")
+                },
+                if rules.is_empty() { "" } else { "; rules " },
+                rules.join(", ")
+            );
+        }
     }
     s
 }
@@ -797,8 +826,20 @@ mod tests {
                 routes_moved: 1,
                 ..MoveStatus::default()
             },
+            tcp: vec![crate::status::TcpPolicyStatus {
+                direction: "out".into(),
+                events: [("stripped".to_string(), 2), ("dropped".to_string(), 0)].into(),
+                rules: vec![crate::status::RuleStatus {
+                    rule: "wing 0x1234 drop".into(),
+                    hits: 1,
+                }],
+            }],
         });
         let text = render(&st);
+        assert!(
+            text.contains("tcp out stripped 2; rules #1 wing 0x1234 drop: 1"),
+            "{text}"
+        );
         assert!(
             text.contains("address collisions 1 (unresolved 0)  routes moved 1"),
             "{text}"

@@ -128,6 +128,38 @@ pub fn render(st: &Status) -> String {
         "mt6d_peer_last_receive_age_seconds",
         "Seconds since a packet from the peer last opened (absent before the first)",
     );
+    let tcp_events = counter(
+        &mut registry,
+        "mt6d_peer_tcp_segments",
+        "TCP segments by what the identity option policy and MSS clamping did, by peer, direction (out: into the tunnel) and event",
+    );
+    let rule_hits = counter(
+        &mut registry,
+        "mt6d_peer_host_id_rule_matches",
+        "Matches of each host_id rule, by peer, direction and rule (as written)",
+    );
+    for p in &st.peers {
+        for t in &p.tcp {
+            for (event, n) in &t.events {
+                tcp_events
+                    .get_or_create(&vec![
+                        ("peer", p.name.clone()),
+                        ("direction", t.direction.clone()),
+                        ("event", event.clone()),
+                    ])
+                    .inc_by(*n);
+            }
+            for (i, r) in t.rules.iter().enumerate() {
+                rule_hits
+                    .get_or_create(&vec![
+                        ("peer", p.name.clone()),
+                        ("direction", t.direction.clone()),
+                        ("rule", format!("{} {}", i + 1, r.rule)),
+                    ])
+                    .inc_by(r.hits);
+            }
+        }
+    }
     for p in &st.peers {
         let peer = || vec![("peer", p.name.clone())];
         let with = |k: &'static str, v: &str| {
@@ -329,6 +361,14 @@ mod tests {
         peer.counters.rx_packets = 9;
         peer.counters.rotations = 42;
         peer.counters.drops.insert("open_replay".into(), 5);
+        peer.tcp.push(crate::status::TcpPolicyStatus {
+            direction: "out".into(),
+            events: [("stripped".to_string(), 4)].into_iter().collect(),
+            rules: vec![crate::status::RuleStatus {
+                rule: "wing 0x1234 drop".into(),
+                hits: 2,
+            }],
+        });
         Status {
             version: "0.1.0".into(),
             role: "gateway".into(),
@@ -351,6 +391,8 @@ mod tests {
             "mt6d_peer_key_age_seconds{peer=\"site-b\"} 61",
             "mt6d_peer_last_receive_age_seconds{peer=\"site-b\"} 2",
             "mt6d_uptime_seconds 90",
+            "mt6d_peer_tcp_segments_total{peer=\"site-b\",direction=\"out\",event=\"stripped\"} 4",
+            "mt6d_peer_host_id_rule_matches_total{peer=\"site-b\",direction=\"out\",rule=\"1 wing 0x1234 drop\"} 2",
             "# TYPE mt6d_peer_packets_total counter",
             "# TYPE mt6d_uptime_seconds gauge",
         ] {

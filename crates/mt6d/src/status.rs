@@ -161,6 +161,28 @@ pub struct PeerStatus {
     /// peer; None if nothing ever did (absent from older daemons).
     #[serde(default)]
     pub last_rx_ms_ago: Option<u64>,
+    /// TCP identity option policy and MSS clamping, per direction (`out`: protected side into
+    /// the tunnel, `in`: out of it); absent from older daemons.
+    #[serde(default)]
+    pub tcp: Vec<TcpPolicyStatus>,
+}
+
+/// One direction of a peer's TCP policy: events by label (`inspected`, `stripped`,
+/// `options_removed`, `accepted`, `dropped`, `malformed`, `malformed_accepted`, `logged`,
+/// `log_suppressed`, `injected`, `inject_no_room`, `mss_clamped`) and matches per rule.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TcpPolicyStatus {
+    pub direction: String,
+    pub events: std::collections::BTreeMap<String, u64>,
+    pub rules: Vec<RuleStatus>,
+}
+
+/// One `[[peer.host_id_*.rule]]` and how often it matched.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RuleStatus {
+    /// The rule as written: `wing 0x1000-0x1fff drop`.
+    pub rule: String,
+    pub hits: u64,
 }
 
 /// One bound route set of a peer.

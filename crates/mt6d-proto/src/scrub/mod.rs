@@ -25,8 +25,13 @@
 //! (BIG TCP jumbograms, payload length 0) fail [`crate::wire::Ipv6Packet::new_checked`] and are
 //! left alone with an error.
 
+mod hostid;
 mod options;
 
+pub use hostid::{
+    build_option, evaluate, identity_value, Evaluation, HostIdForm, HostIdRule, InjectData,
+    InjectForm, RuleAction, MAX_RULES, REPORTED,
+};
 pub use options::{
     kind, Boucadair, BoucadairData, HostIdKinds, Located, OptionError, TcpOption, TcpOptions,
     HOST_ID_EXID, TOA_LEN,
@@ -167,6 +172,8 @@ pub fn strip(
             next_header: ip.next_header(),
         });
     }
+    // The IPv6 payload length decides where the packet ends (checked against the buffer).
+    let total = IPV6_HEADER_LEN + ip.payload().len();
     let tcp = TcpPacket::new_checked(ip.payload())?;
     let hl = tcp.header_len();
     if hl == TCP_HEADER_LEN {
@@ -176,6 +183,100 @@ pub fn strip(
     if is_clean(block, policy) {
         return Ok(StripOutcome::Unchanged);
     }
+    let (kept, removed_opts) = collect(block, policy)?;
+    if removed_opts == 0 {
+        return Ok(StripOutcome::Unchanged);
+    }
+    let mut new_block = [0u8; MAX_OPTIONS];
+    let new_len = lay_out(&kept, block, &[], &mut new_block, block.len());
+    // The packed layout is never longer than the options it keeps; checked rather than trusted.
+    let Some(removed) = block.len().checked_sub(new_len) else {
+        return Err(ScrubError::Wire(WireError::Malformed {
+            what: "TCP",
+            field: "options",
+        }));
+    };
+    let new_total = commit(packet, total, hl, &new_block[..new_len], csum);
+    Ok(StripOutcome::Stripped {
+        options: removed_opts,
+        removed,
+        new_len: new_total,
+    })
+}
+
+/// What [`inject`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum InjectOutcome {
+    /// Not TCP directly behind the IPv6 header: untouched.
+    NotTcp {
+        /// The IPv6 next header.
+        next_header: u8,
+    },
+    /// The option is in; the packet is now `new_len` bytes (`buf[..new_len]`).
+    Injected {
+        /// Identity options the segment already carried, replaced by the injected one.
+        replaced: u8,
+        /// The packet's length now.
+        new_len: usize,
+    },
+    /// The kept options and the new one do not fit 40 bytes, or the packet would not fit the
+    /// buffer or `max_len`: untouched.
+    NoRoom,
+}
+
+/// Adds the identity option `option` (built by [`build_option`]) to the TCP segment in
+/// `buf[..len]`, replacing any identity option it carries (004 §7.2: the AFTR injects its
+/// option and removes the host's), re-laid in the canonical layout with the new option after
+/// the standard ones. The header grows by a multiple of 4 and the payload moves up; the result
+/// must fit `max_len` (the inner MTU) and the buffer. Which segments get an option (SYNs, or
+/// the ACK of 004 §3.2.2's ACK mode) is the caller's decision. Errors as [`strip`]; on error
+/// or [`InjectOutcome::NoRoom`] the packet is untouched.
+pub fn inject(
+    buf: &mut [u8],
+    len: usize,
+    max_len: usize,
+    option: &[u8],
+    policy: &ScrubPolicy,
+    csum: ChecksumField,
+) -> Result<InjectOutcome, ScrubError> {
+    let Some(packet) = buf.get(..len) else {
+        return Err(ScrubError::Wire(WireError::Truncated {
+            what: "IPv6",
+            have: buf.len(),
+            need: len,
+        }));
+    };
+    let ip = Ipv6Packet::new_checked(packet)?;
+    if ip.next_header() != NEXT_HEADER_TCP {
+        return Ok(InjectOutcome::NotTcp {
+            next_header: ip.next_header(),
+        });
+    }
+    let tcp = TcpPacket::new_checked(ip.payload())?;
+    let hl = tcp.header_len();
+    let block = tcp.options();
+    let (kept, replaced) = collect(block, policy)?;
+    if room_for(&kept, option.len(), false) > MAX_OPTIONS {
+        return Ok(InjectOutcome::NoRoom);
+    }
+    let mut new_block = [0u8; MAX_OPTIONS];
+    let new_blen = lay_out(&kept, block, option, &mut new_block, MAX_OPTIONS);
+    let total = IPV6_HEADER_LEN + tcp.into_inner().len();
+    let new_total = total + new_blen - hl + TCP_HEADER_LEN;
+    if new_total > buf.len().min(max_len) {
+        return Ok(InjectOutcome::NoRoom);
+    }
+    let new_total = commit(buf, total, hl, &new_block[..new_blen], csum);
+    Ok(InjectOutcome::Injected {
+        replaced,
+        new_len: new_total,
+    })
+}
+
+/// The options of `block` that stay, and how many identity options (also malformed ones, and
+/// unknown ones if the policy says so) go. A framing error, or a malformed option that would
+/// stay, is an error.
+fn collect(block: &[u8], policy: &ScrubPolicy) -> Result<(Kept, u8), ScrubError> {
     let mut kept = Kept::default();
     let mut removed_opts = 0u8;
     for item in TcpOptions::new(block, policy.host_id_kinds) {
@@ -208,40 +309,34 @@ pub fn strip(
             }
         }
     }
-    if removed_opts == 0 {
-        return Ok(StripOutcome::Unchanged);
-    }
-    let mut new_block = [0u8; MAX_OPTIONS];
-    let new_len = lay_out(&kept, block, &mut new_block, block.len());
-    // The packed layout is never longer than the options it keeps; checked rather than trusted.
-    let Some(removed) = block.len().checked_sub(new_len) else {
-        return Err(ScrubError::Wire(WireError::Malformed {
-            what: "TCP",
-            field: "options",
-        }));
-    };
+    Ok((kept, removed_opts))
+}
 
-    // Sums of what changes, taken before writing: the header (checksum field left out) and the
-    // TCP length of the pseudo-header. The payload moves by a multiple of 4 bytes, so its
-    // 16-bit words, and their sum, are unchanged.
-    let seg_len = tcp.into_inner().len();
-    let old_hdr = &packet[IPV6_HEADER_LEN..IPV6_HEADER_LEN + hl];
-    let old_sum = header_sum(old_hdr);
-    let new_hl = TCP_HEADER_LEN + new_len;
-    let new_seg_len = seg_len - removed;
-
-    // Writes from here on; nothing below can fail.
+/// Replaces the TCP header's option block of the packet in `buf[..total]` (header length `hl`)
+/// with `new_block` (a multiple of 4, at most 40 bytes, and the packet must fit `buf` after),
+/// moving the payload, and fixes the data offset, the IPv6 payload length and the checksum as
+/// `csum` says. Returns the packet's new length.
+///
+/// Checksums from sums of what changes: the header (checksum field left out) and the TCP length
+/// of the pseudo-header. The payload moves by a multiple of 4 bytes, so its 16-bit words, and
+/// their sum, are unchanged.
+fn commit(buf: &mut [u8], total: usize, hl: usize, new_block: &[u8], csum: ChecksumField) -> usize {
     let t = IPV6_HEADER_LEN;
-    packet[t + TCP_HEADER_LEN..t + new_hl].copy_from_slice(&new_block[..new_len]);
-    if removed > 0 {
-        packet.copy_within(t + hl.., t + new_hl);
-        packet[t + 12] = (packet[t + 12] & 0x0f) | (((new_hl / 4) as u8) << 4);
-        // new_seg_len <= seg_len fitted the 16-bit payload length field.
-        packet[4..6].copy_from_slice(&(new_seg_len as u16).to_be_bytes());
+    let seg_len = total - t;
+    let old_sum = header_sum(&buf[t..t + hl]);
+    let new_hl = TCP_HEADER_LEN + new_block.len();
+    let new_seg_len = seg_len + new_hl - hl;
+    if new_hl != hl {
+        // The new block is in its own array: the old one may be overwritten by the move.
+        buf.copy_within(t + hl..total, t + new_hl);
+        buf[t + 12] = (buf[t + 12] & 0x0f) | (((new_hl / 4) as u8) << 4);
+        // The caller checked that the new length fits (<= the old one, or <= the MTU).
+        buf[4..6].copy_from_slice(&(new_seg_len as u16).to_be_bytes());
     }
-    let new_sum = header_sum(&packet[t..t + new_hl]);
+    buf[t + TCP_HEADER_LEN..t + new_hl].copy_from_slice(new_block);
+    let new_sum = header_sum(&buf[t..t + new_hl]);
     let at = t + TCP_CHECKSUM_OFFSET;
-    let field = u16::from_be_bytes([packet[at], packet[at + 1]]);
+    let field = u16::from_be_bytes([buf[at], buf[at + 1]]);
     let field = match csum {
         ChecksumField::Complete => !adjust(
             !field,
@@ -255,12 +350,16 @@ pub fn strip(
             includes_length: false,
         } => field,
     };
-    packet[at..at + 2].copy_from_slice(&field.to_be_bytes());
-    Ok(StripOutcome::Stripped {
-        options: removed_opts,
-        removed,
-        new_len: IPV6_HEADER_LEN + new_seg_len,
-    })
+    buf[at..at + 2].copy_from_slice(&field.to_be_bytes());
+    t + new_seg_len
+}
+
+/// True if the option block has anything [`strip`] would remove, or anything malformed: an
+/// identity option (of a configured kind, or on 253/254), an unknown one under `strip_unknown`,
+/// or a framing or length error. False is the byte walk that most segments (no options, or
+/// Linux's timestamps) end with; only true needs the classifying walk.
+pub fn needs_policy(block: &[u8], policy: &ScrubPolicy) -> bool {
+    !is_clean(block, policy)
 }
 
 /// The fast path of [`strip`]: true if the classifying walk would find nothing to remove and no
@@ -311,12 +410,18 @@ fn removable_kind(k: u8, policy: &ScrubPolicy) -> bool {
 
 /// Writes the kept options into `out` in Linux's `tcp_options_write` layout (MSS; SACK-permitted
 /// and timestamps as `sackOK,ts` or `nop,nop,ts`; `nop,ws`; `nop,nop,sackOK` without timestamps;
-/// `nop,nop,sack`), then other kept options, then EOL and zeros to a multiple of 4. If that does
+/// `nop,nop,sack`), then other kept options, then `extra` (an injected option), then EOL and zeros to a multiple of 4. If that does
 /// not fit in `room` (the old block's length), packs them without NOPs in the same order: never
 /// longer than the kept options were. Returns the block length.
-fn lay_out(kept: &Kept, block: &[u8], out: &mut [u8; MAX_OPTIONS], room: usize) -> usize {
+fn lay_out(
+    kept: &Kept,
+    block: &[u8],
+    extra: &[u8],
+    out: &mut [u8; MAX_OPTIONS],
+    room: usize,
+) -> usize {
     let mut w = Writer { out, n: 0 };
-    let aligned = room_for(kept, true) <= room;
+    let aligned = room_for(kept, extra.len(), true) <= room;
     if let Some(m) = kept.mss {
         w.put(&m);
     }
@@ -349,12 +454,13 @@ fn lay_out(kept: &Kept, block: &[u8], out: &mut [u8; MAX_OPTIONS], room: usize) 
         let (at, len) = (usize::from(at), usize::from(len));
         w.put(block.get(at..at + len).unwrap_or_default());
     }
+    w.put(extra);
     // EOL then zero padding (RFC 9293 §3.1); `out` starts zeroed.
     w.n.div_ceil(4) * 4
 }
 
-/// Bytes `lay_out` writes, rounded up to 4.
-fn room_for(kept: &Kept, aligned: bool) -> usize {
+/// Bytes `lay_out` writes (with `extra` bytes of injected option), rounded up to 4.
+fn room_for(kept: &Kept, extra: usize, aligned: bool) -> usize {
     let (nop1, nop2) = if aligned { (1, 2) } else { (0, 0) };
     let mut n = kept.mss.map_or(0, |_| 4);
     n += match (kept.ts.is_some(), kept.sack_permitted) {
@@ -369,6 +475,7 @@ fn room_for(kept: &Kept, aligned: bool) -> usize {
         .iter()
         .map(|&(_, l)| usize::from(l))
         .sum::<usize>();
+    n += extra;
     n.div_ceil(4) * 4
 }
 

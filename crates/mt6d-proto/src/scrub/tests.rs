@@ -435,6 +435,104 @@ fn clamp_lowers_the_mss_of_syns_only() {
 }
 
 /// Any option from the forms above, or random bytes.
+#[test]
+fn injected_options_read_back_with_a_valid_checksum() {
+    let (src, _) = addrs();
+    let forms = [
+        (
+            InjectForm::Wing { bytes: 2 },
+            InjectData::SourcePort,
+            HostIdForm::Wing,
+            40000,
+        ),
+        (
+            InjectForm::Wing { bytes: 4 },
+            InjectData::Label(7),
+            HostIdForm::Wing,
+            7,
+        ),
+        (
+            InjectForm::Wing { bytes: 8 },
+            InjectData::Prefix,
+            HostIdForm::Wing,
+            0x0020_010d_b800_0a00,
+        ),
+        (
+            InjectForm::Boucadair,
+            InjectData::SourcePort,
+            HostIdForm::Boucadair,
+            40000,
+        ),
+        (
+            InjectForm::Boucadair,
+            InjectData::Prefix,
+            HostIdForm::Boucadair,
+            0x0020_010d_b800_0a00,
+        ),
+        (
+            InjectForm::Enabled,
+            InjectData::SourcePort,
+            HostIdForm::Enabled,
+            0,
+        ),
+    ];
+    for (form, data, want, value) in forms {
+        for csum in ALL_CSUM {
+            // A host's own identity option is replaced, not doubled.
+            let opts = hex(&format!("{LINUX_SYN} c8041111"));
+            let mut p = packet(tcp_flags::SYN, &opts, PAYLOAD, csum);
+            let len = p.len();
+            p.resize(len + 40, 0xee);
+            let mut o = [0u8; 10];
+            let n = build_option(form, data, KINDS, src, 40000, &mut o).unwrap();
+            let out = inject(&mut p, len, 1500, &o[..n], &POLICY, csum).unwrap();
+            let InjectOutcome::Injected { replaced, new_len } = out else {
+                panic!("{out:?}");
+            };
+            assert_eq!(replaced, 1);
+            p.truncate(new_len);
+            assert!(verify(&p, csum), "{form:?} {csum:?}");
+            let ip = Ipv6Packet::new_checked(&p[..]).unwrap();
+            let tcp = TcpPacket::new_checked(ip.payload()).unwrap();
+            assert_eq!(tcp.payload(), PAYLOAD);
+            let ids: Vec<_> = TcpOptions::new(tcp.options(), KINDS)
+                .map(|o| o.unwrap())
+                .filter_map(|o| identity_value(&o.option))
+                .collect();
+            assert_eq!(ids, vec![(want, value)], "{form:?}");
+            // The standard options keep Linux's layout in front of it.
+            assert!(options_of(&p).starts_with(&hex(LINUX_SYN)));
+        }
+    }
+}
+
+#[test]
+fn inject_without_room_leaves_the_packet_alone() {
+    // 37 bytes of options to keep (no NOP to reclaim in a packed layout): no room for 4 more.
+    let opts = hex(
+        "020405a0 0402080a 00001000 00000000 01030307 1e12 00810102030405060708090a0b0c0d0e 0000",
+    );
+    let mut p = packet(tcp_flags::SYN, &opts, &[], ChecksumField::Complete);
+    let len = p.len();
+    p.resize(len + 40, 0);
+    let before = p.clone();
+    let o = hex("c8043039");
+    let out = inject(&mut p, len, 1500, &o, &POLICY, ChecksumField::Complete).unwrap();
+    assert_eq!(out, InjectOutcome::NoRoom);
+    assert_eq!(p, before);
+    // The MTU bounds it too.
+    let mut p = packet(
+        tcp_flags::SYN,
+        &hex(LINUX_SYN),
+        &[],
+        ChecksumField::Complete,
+    );
+    let len = p.len();
+    p.resize(len + 40, 0);
+    let out = inject(&mut p, len, len, &o, &POLICY, ChecksumField::Complete).unwrap();
+    assert_eq!(out, InjectOutcome::NoRoom);
+}
+
 fn any_option() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         Just(hex("020405a0")),

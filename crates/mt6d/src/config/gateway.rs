@@ -140,6 +140,7 @@ impl GatewaySection {
             randomize_link: gw.randomize_link.as_ref().is_some_and(|v| *v.get_ref()),
             state_dir: self.state_dir,
             metrics_listen: self.metrics_listen,
+            tcp: super::TcpConfig::default(),
         })
     }
 }

@@ -14,6 +14,9 @@ use mt6d_proto::{AeadAlg, Stream, StreamConfig};
 mod gateway;
 mod peer;
 mod raw;
+mod tcp;
+
+pub use tcp::{HostIdPolicy, Inject, InjectMode, TcpConfig};
 
 use gateway::GatewaySection;
 use peer::{parse_peer, PeersSeen};
@@ -47,6 +50,10 @@ pub struct Config {
     pub peers: Vec<PeerConfig>,
 }
 
+/// A peer's identity option policies: `[0]` for segments from the protected side into the
+/// tunnel (`host_id_out`), `[1]` for segments out of the tunnel (`host_id_in`).
+pub type HostIdPolicies = [HostIdPolicy; 2];
+
 /// Settings of the node itself (`[gateway]`, whichever its role).
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
@@ -79,6 +86,8 @@ pub struct GatewayConfig {
     /// `metrics_listen`: address and port of the Prometheus endpoint (`GET /metrics`), e.g.
     /// `[::1]:9586`. Unset (the default): no endpoint.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// `[tcp]`: MSS clamping and the HOST_ID kinds (a change needs a restart, as `[gateway]`).
+    pub tcp: TcpConfig,
 }
 
 /// Default `state_dir`.
@@ -120,6 +129,8 @@ pub struct PeerConfig {
     pub stream: StreamConfig,
     /// How data keys are obtained.
     pub keying: Keying,
+    /// What the gateway does with identity options, per direction.
+    pub host_id: HostIdPolicies,
 }
 
 /// Where a peer's data keys come from.
@@ -204,6 +215,7 @@ impl Config {
             },
         })?;
         let section = GatewaySection::parse(&src, &raw.gateway)?;
+        let tcp = tcp::parse_tcp(&src, raw.tcp.as_ref())?;
         if raw.peers.is_empty() {
             return Err(ConfigError::File {
                 path: path.to_path_buf(),
@@ -220,10 +232,18 @@ impl Config {
                 peer,
                 &mut seen,
             )?);
+            let p = peer.get_ref();
+            let last = peers.len() - 1;
+            peers[last].host_id = [
+                tcp::parse_policy(&src, p.host_id_out.as_ref(), &tcp, true)?,
+                tcp::parse_policy(&src, p.host_id_in.as_ref(), &tcp, false)?,
+            ];
         }
+        let mut gateway = section.finish(path, raw.gateway.get_ref(), seen.host_address)?;
+        gateway.tcp = tcp;
         Ok(Config {
             path: path.to_path_buf(),
-            gateway: section.finish(path, raw.gateway.get_ref(), seen.host_address)?,
+            gateway,
             peers,
         })
     }

@@ -76,6 +76,7 @@ pub(super) fn parse_peer(
         name,
         stream,
         keying,
+        host_id: Default::default(),
     })
 }
 

@@ -20,6 +20,7 @@ const IFNAME_MAX: usize = 15;
 #[serde(deny_unknown_fields)]
 pub(super) struct RawConfig {
     pub(super) gateway: Spanned<RawGateway>,
+    pub(super) tcp: Option<Spanned<super::tcp::RawTcp>>,
     #[serde(default, rename = "peer")]
     pub(super) peers: Vec<Spanned<RawPeer>>,
 }
@@ -82,6 +83,8 @@ pub(super) struct RawPeer {
     pub(super) aead: Option<Spanned<String>>,
     pub(super) derivation: Option<Spanned<String>>,
     pub(super) port: Option<Spanned<toml::Value>>,
+    pub(super) host_id_out: Option<Spanned<super::tcp::RawHostId>>,
+    pub(super) host_id_in: Option<Spanned<super::tcp::RawHostId>>,
 }
 
 /// Turns byte offsets into the `file:line:column` a person can open.

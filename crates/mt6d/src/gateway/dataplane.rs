@@ -28,8 +28,10 @@ use mt6d_proto::moves::is_notice;
 use mt6d_proto::{OpenError, SealError};
 
 use super::counters::DropReason;
+use super::path::PathState;
 use super::routing::{self, RouteTable, RxRoute};
 use super::shared::Shared;
+use super::tcp_policy::{Direction, Limits, LogBudget, Verdict};
 use super::{collision, session};
 
 /// How often blocked threads look at the shutdown flag.
@@ -75,7 +77,7 @@ struct Run {
 }
 
 /// The protected side -> tunnel thread.
-pub fn tx_loop(shared: &Shared, tun: &Tun, tun_mtu: usize) {
+pub fn tx_loop(shared: &Shared, tun: &Tun, tun_mtu: usize, path: &PathState) {
     let max_wire = tun_mtu + 64;
     let mut scratch = TunRecvScratch::new();
     let mut packets: Vec<Vec<u8>> = vec![vec![0u8; max_wire]; IDEAL_BATCH_SIZE];
@@ -84,6 +86,7 @@ pub fn tx_loop(shared: &Shared, tun: &Tun, tun_mtu: usize) {
     let mut runs: Vec<Run> = Vec::with_capacity(IDEAL_BATCH_SIZE);
     let mut send_scratch = SendScratch::new(IDEAL_BATCH_SIZE);
     let mut msgs_store: Vec<SendMsg<'static>> = Vec::with_capacity(IDEAL_BATCH_SIZE);
+    let mut log_budget = LogBudget::default();
 
     while !shared.shutdown.load(Ordering::Relaxed) {
         match wait_readable(tun_fd(tun), Some(POLL)) {
@@ -109,20 +112,33 @@ pub fn tx_loop(shared: &Shared, tun: &Tun, tun_mtu: usize) {
             }
         };
         let table = shared.table.load();
+        let limits = tcp_limits(path);
         runs.clear();
         let mut cursor = 0;
         let mut unmatched = 0u64;
-        for (packet, &size) in packets.iter().zip(&sizes).take(n) {
-            let inner = &packet[..size];
-            let Some(peer) = inner
+        for (packet, &size) in packets.iter_mut().zip(&sizes).take(n) {
+            let Some(peer) = packet[..size]
                 .get(8..24)
-                .zip(inner.get(24..40))
+                .zip(packet[..size].get(24..40))
                 .and_then(|(src, dst)| table.peer_for_inner(src, dst))
             else {
                 unmatched += 1;
                 continue;
             };
             let p = table.peer(peer);
+            // The peer's TCP policy before sealing; a dropped segment is counted there.
+            let size = match p.tcp.apply(
+                packet,
+                size,
+                Direction::Out,
+                limits,
+                &p.name,
+                &mut log_budget,
+            ) {
+                Verdict::Forward(len) => len,
+                Verdict::Drop => continue,
+            };
+            let inner = &packet[..size];
             let Some((route, _)) = table.send_route(peer) else {
                 p.counters.tx.drop_n(DropReason::UnknownAddress, 1);
                 continue;
@@ -290,6 +306,17 @@ fn recycle<'b>(mut v: Vec<SendMsg<'_>>) -> Vec<SendMsg<'b>> {
         .collect()
 }
 
+/// The MSS to clamp SYNs to and the largest inner packet, from the TUN MTU now (it follows the
+/// path MTU): read once per batch.
+fn tcp_limits(path: &PathState) -> Limits {
+    let mtu = path.tunnel_mtu.load(Ordering::Relaxed);
+    let mtu = u16::try_from(mtu).unwrap_or(u16::MAX);
+    Limits {
+        mss: mt6d_proto::scrub::mss_for_mtu(mtu),
+        mtu: usize::from(mtu),
+    }
+}
+
 fn tun_fd(tun: &Tun) -> std::os::fd::RawFd {
     use std::os::fd::AsRawFd;
     tun.as_raw_fd()
@@ -299,7 +326,7 @@ fn tun_fd(tun: &Tun) -> std::os::fd::RawFd {
 /// windows), and handles handshake messages, which arrive here. When a reload changed the peer
 /// set, the keys are carried over by peer identity before the new table is used: an unchanged
 /// peer keeps its keys and replay window, a new peer starts with its configured ones.
-pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize) {
+pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize, path: &PathState) {
     let mut recv: Vec<(Arc<super::peer::Peer>, ReceiveKeys)> = Vec::new();
     let mut generation = None;
     let mut events = EpollEvents::with_capacity(64);
@@ -311,6 +338,7 @@ pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize) {
         .map(|_| Vec::with_capacity(VIRTIO_NET_HDR_LEN + 65_535))
         .collect();
     let mut gro = GROTable::default();
+    let mut log_budget = LogBudget::default();
 
     while !shared.shutdown.load(Ordering::Relaxed) {
         match epoll.wait(&mut events, Some(POLL)) {
@@ -324,6 +352,7 @@ pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize) {
             }
         }
         let table = shared.table.load();
+        let limits = tcp_limits(path);
         if generation != Some(table.generation) {
             recv = routing::carry_over(std::mem::take(&mut recv), &table, |p| p.receive_keys());
             generation = Some(table.generation);
@@ -431,10 +460,21 @@ pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize) {
                             }
                             // A keepalive confirms keys and carries nothing to deliver.
                             if opened.len > 0 {
-                                slot.truncate(VIRTIO_NET_HDR_LEN + opened.len);
+                                let len = match p.tcp.apply(
+                                    &mut slot[VIRTIO_NET_HDR_LEN..],
+                                    opened.len,
+                                    Direction::In,
+                                    limits,
+                                    &p.name,
+                                    &mut log_budget,
+                                ) {
+                                    Verdict::Forward(len) => len,
+                                    Verdict::Drop => continue,
+                                };
+                                slot.truncate(VIRTIO_NET_HDR_LEN + len);
                                 ready += 1;
                                 packets += 1;
-                                bytes += opened.len as u64;
+                                bytes += len as u64;
                             }
                         }
                         Err(e) => {

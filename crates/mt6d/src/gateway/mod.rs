@@ -41,6 +41,7 @@ mod shared;
 pub mod signals;
 pub mod state;
 mod system;
+mod tcp_policy;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -270,11 +271,11 @@ fn serve(
     let result = std::thread::scope(|s| {
         let tx = std::thread::Builder::new()
             .name("mt6d-tx".into())
-            .spawn_scoped(s, || dataplane::tx_loop(shared, &tun, tun_mtu))
+            .spawn_scoped(s, || dataplane::tx_loop(shared, &tun, tun_mtu, path))
             .map_err(|e| GatewayError::Setup(format!("start transmit thread: {e}")))?;
         let rx = std::thread::Builder::new()
             .name("mt6d-rx".into())
-            .spawn_scoped(s, || dataplane::rx_loop(shared, &tun, epoll, tun_mtu))
+            .spawn_scoped(s, || dataplane::rx_loop(shared, &tun, epoll, tun_mtu, path))
             .map_err(|e| GatewayError::Setup(format!("start receive thread: {e}")))?;
         let icmp = std::thread::Builder::new()
             .name("mt6d-icmp".into())
@@ -492,7 +493,9 @@ fn build_peer(
         }
         Keying::Handshake(hs) => PeerKeys::handshake(Handshake::new(hs.clone()).map_err(setup)?),
     };
-    let peer = Arc::new(Peer::new(p.name.clone(), stream, keys));
+    let mut peer = Peer::new(p.name.clone(), stream, keys);
+    peer.tcp = tcp_policy::PeerTcp::new(&cfg.gateway.tcp, &p.host_id);
+    let peer = Arc::new(peer);
     // The stream's derived subkeys and the peer's key state live inline in `Peer`.
     let _ = mt6d_os::secrets::dont_dump(&*peer);
     Ok((peer, overhead))
@@ -717,6 +720,7 @@ fn status(
                 handshake: handshake_status(p, now),
                 moves: move_status(p),
                 last_rx_ms_ago: None,
+                tcp: p.tcp.status(),
             }
         })
         .collect();

@@ -37,6 +37,8 @@ pub struct Peer {
     /// The tunnel payloads the tx thread sent lately: ICMPv6 errors from the path are believed
     /// only about these, once each (docs/PROTOCOL.md §5).
     pub sent: SentLog,
+    /// What the packet threads do to this peer's TCP segments (identity options, MSS).
+    pub tcp: super::tcp_policy::PeerTcp,
 }
 
 impl Peer {
@@ -52,6 +54,7 @@ impl Peer {
             notices_refused: AtomicU64::new(0),
             lladdr: AtomicU64::new(0),
             sent: SentLog::new(),
+            tcp: super::tcp_policy::PeerTcp::new(&Default::default(), &Default::default()),
         }
     }
 

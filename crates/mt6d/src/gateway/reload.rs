@@ -95,7 +95,7 @@ impl Plan {
         let fingerprint = |p: &PeerConfig| {
             use sha2::Digest as _;
             let digest = sha2::Sha256::digest(p.stream.key.as_bytes());
-            format!("{:?} {:?} {digest:x}", p.stream, p.keying)
+            format!("{:?} {:?} {:?} {digest:x}", p.stream, p.keying, p.host_id)
         };
         let old_by_name: HashMap<&str, &PeerConfig> =
             old.peers.iter().map(|p| (p.name.as_str(), p)).collect();
