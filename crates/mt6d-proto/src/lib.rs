@@ -38,6 +38,7 @@ pub mod handshake;
 pub mod icmp;
 mod key;
 pub mod moves;
+pub mod route_sets;
 pub mod router;
 mod schedule;
 pub mod scrub;

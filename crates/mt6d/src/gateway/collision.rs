@@ -29,9 +29,9 @@ use mt6d_proto::{Epoch, Route, UnixTime};
 
 use super::error::GatewayError;
 use super::peer::Peer;
-use super::route_set::RouteSet;
 use super::routing::RouteTable;
 use super::shared::Shared;
+use mt6d_proto::route_sets::RouteSet;
 
 /// Frames examined per tick at most: a flood of advertisements cannot hold the main thread.
 const MAX_FRAMES_PER_TICK: usize = 256;

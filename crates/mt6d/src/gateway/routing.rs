@@ -20,7 +20,7 @@ use mt6d_proto::tunnel::HeaderKey;
 use mt6d_proto::{Route, Schedule, UnixTime};
 
 use super::peer::Peer;
-use super::route_set::RouteSet;
+use mt6d_proto::route_sets::RouteSet;
 
 /// One bound route set of a peer at the time the table was built (docs/PROTOCOL.md §9.8).
 #[derive(Debug, Clone)]

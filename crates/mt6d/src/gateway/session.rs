@@ -21,9 +21,9 @@ use mt6d_proto::{KeyPhase, Route, Sealer, UnixTime};
 
 use super::counter_state::CounterState;
 use super::peer::Peer;
-use super::route_set::Change;
 use super::routing::RouteTable;
 use super::shared::Shared;
+use mt6d_proto::route_sets::Change;
 
 /// 32 bytes from the OS for one handshake message, asked for only once a message is due or has
 /// passed the MAC (a flood of bogus messages costs no syscall). If the OS has none to give, no
@@ -124,11 +124,20 @@ pub fn tick(peer: &Peer, index: usize, table: &RouteTable, now: UnixTime) {
     };
     // Initiations travel on the set data is sent on (a rekey chains on the session's routes);
     // after RECOVERY_AFTER unanswered ones, on the link set, which a peer that lost its
-    // session (a restart) still has bound (docs/PROTOCOL.md §9.8, "Recovery").
-    let set = if side.hs.attempts() >= RECOVERY_AFTER {
-        0
-    } else {
-        routes.send_set
+    // session (a restart) still has bound (docs/PROTOCOL.md §9.8, "Initiations").
+    let epoch = peer.stream.epoch_at(now);
+    let chosen = peer
+        .sets
+        .lock()
+        .initiation_set(epoch, side.hs.attempts())
+        .clone();
+    let Some(set) = routes
+        .sets
+        .iter()
+        .position(|s| Arc::ptr_eq(&s.set, &chosen))
+    else {
+        // Bound at the next tick (the table predates the change).
+        return;
     };
     let Some((route, socket)) = table.route_of(index, set) else {
         return;
@@ -168,9 +177,6 @@ pub fn take_set_changes(shared: &Shared, now: UnixTime) -> bool {
     }
     changed
 }
-
-/// Unanswered initiations on a session set after which the next ones travel on the link set.
-pub const RECOVERY_AFTER: u32 = 3;
 
 /// Keeps a pre-shared sealer's reserved counters ahead of its traffic (docs/PROTOCOL.md §4.3):
 /// the fsync happens here, on the timer, never on a packet thread.
