@@ -1,7 +1,8 @@
 //! `mt6d-bench` (run as `mt6d bench`): the thesis evaluation of 000 Ch. 4-5 in network
 //! namespaces. Builds the switched, routed and tunneled topologies (000 §4.1), runs each
 //! scenario (no tunnel, MT6D plain/auth/encrypt, wireguard-go, boringtun) with the traffic of
-//! 000 Table 4.1, measures the gateways as in 000 §4.3, and writes JSON, Markdown and the figures (SVG and PNG).
+//! 000 Table 4.1, measures the gateways as in 000 §4.3, and writes JSON, Markdown and the
+//! figures (SVG and PNG).
 //! docs/BENCH.md documents the profiles and how to read the results.
 
 mod json;
