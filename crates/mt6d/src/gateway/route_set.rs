@@ -430,15 +430,15 @@ mod tests {
 
     fn stream() -> Stream {
         Stream::new(StreamConfig::new(
-            Endpoint::new("2001:db8:a::1".parse().unwrap()),
-            Endpoint::new("2001:db8:b::2".parse().unwrap()),
-            SessionKey::from_bytes(&[0x5a; 32]).unwrap(),
+            Endpoint::new("2001:db8:a::1".parse().expect("an IPv6 literal")),
+            Endpoint::new("2001:db8:b::2".parse().expect("an IPv6 literal")),
+            SessionKey::from_bytes(&[0x5a; 32]).expect("a 32-byte key"),
         ))
-        .unwrap()
+        .expect("a stream between two addresses")
     }
 
     fn key(b: u8) -> SessionKey {
-        SessionKey::from_bytes(&[b; 32]).unwrap()
+        SessionKey::from_bytes(&[b; 32]).expect("a 32-byte key")
     }
 
     const T: UnixTime = UnixTime::from_nanos(1_800_000_000_000_000_000);
