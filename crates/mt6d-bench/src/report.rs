@@ -451,4 +451,33 @@ mod tests {
         assert_eq!(differing, 1, "only the rounded jitter cell may differ");
         assert_eq!(report.lines().count(), committed.lines().count());
     }
+
+    /// What a bench run writes after every pair, through the function it calls: the JSON, the
+    /// report and every figure in both formats.
+    #[test]
+    fn a_run_writes_json_report_and_every_figure() {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/results/2026-11-21-full"
+        );
+        let text = std::fs::read_to_string(format!("{dir}/results.json")).expect("results.json");
+        let doc = Value::parse(&text).expect("parses");
+        let out = std::env::temp_dir().join(format!("mt6d-bench-report-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        std::fs::create_dir_all(&out).expect("temp dir");
+        write_all(&doc, &out).expect("writes");
+        let written = std::fs::read_to_string(out.join("results.json")).expect("results.json");
+        assert_eq!(Value::parse(&written).expect("parses"), doc);
+        assert!(out.join("report.md").exists());
+        for topo in ["switched", "routed", "tunneled"] {
+            for kind in ["latency", "loss", "throughput"] {
+                for ext in ["svg", "png"] {
+                    let p = out.join(format!("{topo}-{kind}.{ext}"));
+                    let len = std::fs::metadata(&p).map_or(0, |m| m.len());
+                    assert!(len > 1_000, "{}: {len} bytes", p.display());
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&out);
+    }
 }
