@@ -1,12 +1,14 @@
 //! `mt6d-bench` (run as `mt6d bench`): the thesis evaluation of 000 Ch. 4-5 in network
 //! namespaces. Builds the switched, routed and tunneled topologies (000 §4.1), runs each
 //! scenario (no tunnel, MT6D plain/auth/encrypt, wireguard-go, boringtun) with the traffic of
-//! 000 Table 4.1, measures the gateways as in 000 §4.3, and writes JSON, Markdown and SVG plots.
+//! 000 Table 4.1, measures the gateways as in 000 §4.3, and writes JSON, Markdown and the
+//! figures (SVG and PNG).
 //! docs/BENCH.md documents the profiles and how to read the results.
 
 mod json;
 mod machine;
 mod peers;
+mod plot;
 mod procs;
 mod profile;
 mod report;
@@ -66,6 +68,11 @@ struct Cli {
     /// Soak: restart Gateway B this often (default never).
     #[arg(long, value_name = "MINUTES", requires = "soak", value_parser = positive)]
     restart_every: Option<f64>,
+    /// Measure nothing: redraw the figures (SVG and PNG) of a results.json that `mt6d bench`
+    /// wrote, next to it. Needs no root.
+    #[arg(long, value_name = "RESULTS_JSON", conflicts_with_all = ["quick", "full", "only",
+          "topology", "out", "ping_std", "soak"])]
+    plot: Option<PathBuf>,
 }
 
 /// The parsed command line.
@@ -137,7 +144,22 @@ fn main() -> ExitCode {
         let pid = argv.get(2).and_then(|p| p.parse().ok()).unwrap_or(0);
         procs::reaper(pid, argv.get(3).map_or("none", String::as_str));
     }
-    let args = Args::from(Cli::parse());
+    let cli = Cli::parse();
+    if let Some(results) = &cli.plot {
+        return match plot::redraw(results) {
+            Ok(written) => {
+                for p in written {
+                    println!("{}", p.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("mt6d bench: error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let args = Args::from(cli);
     if !mt6d::lab::is_root() {
         eprintln!("mt6d bench: needs root (network namespaces, raw sockets, TUN devices)");
         return ExitCode::from(2);
@@ -228,6 +250,18 @@ mod tests {
             &["--quick", "--full"],
         ] {
             assert!(parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn plot_redraws_alone() {
+        let c = Cli::try_parse_from(["mt6d-bench", "--plot", "r/results.json"]).expect("valid");
+        assert_eq!(c.plot, Some(PathBuf::from("r/results.json")));
+        for other in [&["--quick"][..], &["--soak", "1"], &["--out", "x"]] {
+            let argv = ["mt6d-bench", "--plot", "results.json"]
+                .into_iter()
+                .chain(other.iter().copied());
+            assert!(Cli::try_parse_from(argv).is_err(), "--plot with {other:?}");
         }
     }
 }

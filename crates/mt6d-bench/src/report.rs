@@ -1,6 +1,6 @@
 //! results.json, report.md with the tables of 000 Ch. 5 (one row per scenario, ratios to the
-//! baseline and to wireguard-go), and SVG plots in the style of 000 Fig. 5.22-5.24, all drawn
-//! from the same JSON document.
+//! baseline and to wireguard-go), and the figures in the style of 000 Fig. 5.22-5.24 (drawn by
+//! [`crate::plot`]), all from the same JSON document. The accessors here are what both read.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -15,6 +15,15 @@ const PING_TESTS: [&str; 5] = [
     "ping_flood_1s_rotation",
 ];
 
+/// The ping tests that any of `rows` ran, in the order of [`PING_TESTS`].
+pub fn ping_tests_of(rows: &[&Value]) -> Vec<&'static str> {
+    PING_TESTS
+        .iter()
+        .copied()
+        .filter(|t| rows.iter().any(|r| r.path(&["tests", t]).is_some()))
+        .collect()
+}
+
 pub fn write_all(doc: &Value, out: &Path) -> Result<(), String> {
     let w = |name: &str, text: String| {
         std::fs::write(out.join(name), text)
@@ -22,15 +31,7 @@ pub fn write_all(doc: &Value, out: &Path) -> Result<(), String> {
     };
     w("results.json", doc.pretty())?;
     w("report.md", markdown(doc))?;
-    for topo in topologies(doc) {
-        let rows = rows_of(doc, &topo);
-        w(&format!("{topo}-latency.svg"), latency_plot(&topo, &rows))?;
-        w(&format!("{topo}-loss.svg"), loss_plot(&topo, &rows))?;
-        w(
-            &format!("{topo}-throughput.svg"),
-            throughput_plot(&topo, &rows, doc),
-        )?;
-    }
+    crate::plot::write_figures(doc, out)?;
     Ok(())
 }
 
@@ -41,7 +42,7 @@ fn rows(doc: &Value) -> Vec<&Value> {
     }
 }
 
-fn topologies(doc: &Value) -> Vec<String> {
+pub fn topologies(doc: &Value) -> Vec<String> {
     let mut t: Vec<String> = Vec::new();
     for r in rows(doc) {
         if let Some(n) = r.get("topology").and_then(Value::as_str) {
@@ -53,14 +54,14 @@ fn topologies(doc: &Value) -> Vec<String> {
     t
 }
 
-fn rows_of<'a>(doc: &'a Value, topo: &str) -> Vec<&'a Value> {
+pub fn rows_of<'a>(doc: &'a Value, topo: &str) -> Vec<&'a Value> {
     rows(doc)
         .into_iter()
         .filter(|r| r.get("topology").and_then(Value::as_str) == Some(topo))
         .collect()
 }
 
-fn name(r: &Value) -> &str {
+pub fn name(r: &Value) -> &str {
     r.get("scenario").and_then(Value::as_str).unwrap_or("?")
 }
 
@@ -68,7 +69,7 @@ fn num(r: &Value, path: &[&str]) -> Option<f64> {
     r.path(path).and_then(Value::as_f64)
 }
 
-fn test(r: &Value, t: &str, k: &str) -> Option<f64> {
+pub fn test(r: &Value, t: &str, k: &str) -> Option<f64> {
     num(r, &["tests", t, k])
 }
 
@@ -92,7 +93,7 @@ fn http_avg(r: &Value, doc: &Value) -> Option<f64> {
     (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
 
-fn downloads(doc: &Value) -> Vec<String> {
+pub fn downloads(doc: &Value) -> Vec<String> {
     list(doc, "downloads")
 }
 
@@ -421,256 +422,6 @@ fn headlines(s: &mut String, doc: &Value) {
     let _ = writeln!(s);
 }
 
-// ---- SVG plots ----
-
-const COLORS: [&str; 8] = [
-    "#4d4d4d", "#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#ff7f0e", "#8c564b", "#17becf",
-];
-
-/// One bar: its value and an optional (min, max) whisker.
-type Bar = Option<(f64, Option<(f64, f64)>)>;
-
-/// A grouped bar chart: one group per category, one bar per series, optional min-max whiskers.
-struct Chart<'a> {
-    title: String,
-    y_label: &'a str,
-    categories: Vec<String>,
-    series: Vec<(String, Vec<Bar>)>,
-    log: bool,
-}
-
-fn esc(t: &str) -> String {
-    t.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
-impl Chart<'_> {
-    fn svg(&self) -> String {
-        let (w, h) = (960.0, 440.0);
-        let (l, r, t, b) = (70.0, 170.0, 40.0, 70.0);
-        let (pw, ph) = (w - l - r, h - t - b);
-        let vals: Vec<f64> = self
-            .series
-            .iter()
-            .flat_map(|(_, v)| {
-                v.iter()
-                    .flatten()
-                    .flat_map(|(x, wk)| [Some(*x), wk.map(|w| w.1)])
-                    .flatten()
-            })
-            .collect();
-        let max = vals.iter().copied().fold(0.0f64, f64::max);
-        let min_pos = vals
-            .iter()
-            .copied()
-            .filter(|x| *x > 0.0)
-            .fold(f64::INFINITY, f64::min);
-        let (lo, hi) = if self.log {
-            let lo = if min_pos.is_finite() {
-                10f64.powf(min_pos.log10().floor())
-            } else {
-                0.01
-            };
-            (lo, 10f64.powf(max.max(lo * 10.0).log10().ceil()))
-        } else {
-            (0.0, nice_max(max))
-        };
-        let y = |v: f64| -> f64 {
-            let frac = if self.log {
-                (v.max(lo).log10() - lo.log10()) / (hi.log10() - lo.log10())
-            } else {
-                v / hi
-            };
-            t + ph - frac.clamp(0.0, 1.0) * ph
-        };
-        let mut s = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n");
-        let _ = writeln!(
-            s,
-            "<text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">{}</text>",
-            l + pw / 2.0,
-            esc(&self.title)
-        );
-        // Grid and y ticks.
-        let ticks: Vec<f64> = if self.log {
-            let mut v = Vec::new();
-            let mut x = lo;
-            while x <= hi * 1.0001 {
-                v.push(x);
-                x *= 10.0;
-            }
-            v
-        } else {
-            (0..=5).map(|i| hi * f64::from(i) / 5.0).collect()
-        };
-        for tv in ticks {
-            let yy = y(tv);
-            let _ = writeln!(s, "<line x1=\"{l}\" x2=\"{}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\" stroke=\"#ddd\"/><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>", l + pw, l - 6.0, yy + 4.0, short(tv));
-        }
-        let _ = writeln!(
-            s,
-            "<text transform=\"translate(16 {}) rotate(-90)\" text-anchor=\"middle\">{}</text>",
-            t + ph / 2.0,
-            esc(self.y_label)
-        );
-        let n_cat = self.categories.len().max(1) as f64;
-        let n_ser = self.series.len().max(1) as f64;
-        let group = pw / n_cat;
-        let bar = group * 0.8 / n_ser;
-        for (ci, c) in self.categories.iter().enumerate() {
-            let gx = l + group * ci as f64;
-            let _ = writeln!(
-                s,
-                "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
-                gx + group / 2.0,
-                t + ph + 18.0,
-                esc(c)
-            );
-            for (si, (_, vals)) in self.series.iter().enumerate() {
-                let x = gx + group * 0.1 + bar * si as f64;
-                match vals.get(ci).copied().flatten() {
-                    Some((v, whisk)) => {
-                        let yy = y(v);
-                        let _ = writeln!(s, "<rect x=\"{x:.1}\" y=\"{yy:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{}\"><title>{}</title></rect>", bar * 0.92, (t + ph - yy).max(0.0), COLORS[si % COLORS.len()], short(v));
-                        if let Some((a, b)) = whisk {
-                            let cx = x + bar * 0.46;
-                            let _ = writeln!(s, "<line x1=\"{cx:.1}\" x2=\"{cx:.1}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"black\"/>", y(a), y(b));
-                        }
-                    }
-                    None => {
-                        let _ = writeln!(s, "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\" font-size=\"9\" fill=\"#999\">n/a</text>", x + bar / 2.0, t + ph - 4.0);
-                    }
-                }
-            }
-        }
-        let _ = writeln!(s, "<line x1=\"{l}\" x2=\"{l}\" y1=\"{t}\" y2=\"{}\" stroke=\"black\"/><line x1=\"{l}\" x2=\"{}\" y1=\"{}\" y2=\"{}\" stroke=\"black\"/>", t + ph, l + pw, t + ph, t + ph);
-        for (si, (n, _)) in self.series.iter().enumerate() {
-            let yy = t + 10.0 + 20.0 * si as f64;
-            let _ = writeln!(s, "<rect x=\"{}\" y=\"{yy}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{}\" y=\"{}\">{}</text>", l + pw + 14.0, COLORS[si % COLORS.len()], l + pw + 32.0, yy + 10.0, esc(n));
-        }
-        s.push_str("</svg>\n");
-        s
-    }
-}
-
-fn nice_max(x: f64) -> f64 {
-    if x <= 0.0 {
-        return 1.0;
-    }
-    let p = 10f64.powf(x.log10().floor());
-    [1.0, 2.0, 2.5, 5.0, 10.0]
-        .iter()
-        .map(|m| m * p)
-        .find(|v| *v >= x)
-        .unwrap_or(10.0 * p)
-}
-
-fn short(v: f64) -> String {
-    if v == 0.0 {
-        "0".into()
-    } else if v.abs() >= 100.0 {
-        format!("{v:.0}")
-    } else if v.abs() >= 1.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.3}")
-    }
-}
-
-fn latency_plot(topo: &str, rows: &[&Value]) -> String {
-    let tests: Vec<&str> = PING_TESTS
-        .iter()
-        .copied()
-        .filter(|t| rows.iter().any(|r| r.path(&["tests", t]).is_some()))
-        .collect();
-    Chart {
-        title: format!("{topo}: ICMP latency, avg with min-max (cf. 000 Fig. 5.22)"),
-        y_label: "RTT ms (log)",
-        categories: tests.iter().map(|t| t.to_string()).collect(),
-        series: rows
-            .iter()
-            .map(|r| {
-                let v = tests
-                    .iter()
-                    .map(|t| {
-                        Some((
-                            test(r, t, "rtt_avg_ms")?,
-                            Some((test(r, t, "rtt_min_ms")?, test(r, t, "rtt_max_ms")?)),
-                        ))
-                    })
-                    .collect();
-                (name(r).to_string(), v)
-            })
-            .collect(),
-        log: true,
-    }
-    .svg()
-}
-
-fn loss_plot(topo: &str, rows: &[&Value]) -> String {
-    let tests: Vec<&str> = PING_TESTS
-        .iter()
-        .copied()
-        .filter(|t| rows.iter().any(|r| r.path(&["tests", t]).is_some()))
-        .collect();
-    Chart {
-        title: format!("{topo}: ICMP packet loss (cf. 000 Fig. 5.23)"),
-        y_label: "loss %",
-        categories: tests.iter().map(|t| t.to_string()).collect(),
-        series: rows
-            .iter()
-            .map(|r| {
-                (
-                    name(r).to_string(),
-                    tests
-                        .iter()
-                        .map(|t| test(r, t, "loss_percent").map(|v| (v, None)))
-                        .collect(),
-                )
-            })
-            .collect(),
-        log: false,
-    }
-    .svg()
-}
-
-fn throughput_plot(topo: &str, rows: &[&Value], doc: &Value) -> String {
-    let mut cats: Vec<(String, String, &str, f64)> = downloads(doc)
-        .into_iter()
-        .map(|t| (t.clone(), t, "mbyte_per_s", 8.0))
-        .collect();
-    cats.push((
-        "TCP 1 stream".into(),
-        "iperf_tcp_1".into(),
-        "mbit_per_s",
-        1.0,
-    ));
-    cats.push((
-        "TCP 4 streams".into(),
-        "iperf_tcp_4".into(),
-        "mbit_per_s",
-        1.0,
-    ));
-    Chart {
-        title: format!("{topo}: TCP throughput, HTTP downloads and iperf3 (cf. 000 Fig. 5.24)"),
-        y_label: "Mbit/s",
-        categories: cats.iter().map(|c| c.0.clone()).collect(),
-        series: rows
-            .iter()
-            .map(|r| {
-                (
-                    name(r).to_string(),
-                    cats.iter()
-                        .map(|(_, t, k, m)| test(r, t, k).map(|v| (v * m, None)))
-                        .collect(),
-                )
-            })
-            .collect(),
-        log: false,
-    }
-    .svg()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -699,5 +450,34 @@ mod tests {
             .count();
         assert_eq!(differing, 1, "only the rounded jitter cell may differ");
         assert_eq!(report.lines().count(), committed.lines().count());
+    }
+
+    /// What a bench run writes after every pair, through the function it calls: the JSON, the
+    /// report and every figure in both formats.
+    #[test]
+    fn a_run_writes_json_report_and_every_figure() {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/results/2026-11-21-full"
+        );
+        let text = std::fs::read_to_string(format!("{dir}/results.json")).expect("results.json");
+        let doc = Value::parse(&text).expect("parses");
+        let out = std::env::temp_dir().join(format!("mt6d-bench-report-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        std::fs::create_dir_all(&out).expect("temp dir");
+        write_all(&doc, &out).expect("writes");
+        let written = std::fs::read_to_string(out.join("results.json")).expect("results.json");
+        assert_eq!(Value::parse(&written).expect("parses"), doc);
+        assert!(out.join("report.md").exists());
+        for topo in ["switched", "routed", "tunneled"] {
+            for kind in ["latency", "loss", "throughput"] {
+                for ext in ["svg", "png"] {
+                    let p = out.join(format!("{topo}-{kind}.{ext}"));
+                    let len = std::fs::metadata(&p).map_or(0, |m| m.len());
+                    assert!(len > 1_000, "{}: {len} bytes", p.display());
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&out);
     }
 }
