@@ -53,9 +53,7 @@ use mt6d_os::Epoll;
 
 use crate::config::{Config, Keying, Role};
 use crate::control::{Asked, ChangeAnswer, ControlServer, Request};
-use crate::status::{
-    HandshakeStatus, MoveStatus, PeerStatus, RouteSetStatus, RouteStatus, Status,
-};
+use crate::status::{HandshakeStatus, MoveStatus, PeerStatus, RouteSetStatus, RouteStatus, Status};
 use collision::CollisionWatch;
 use counters::{DirectionCounters, DropReason};
 pub use error::GatewayError;
