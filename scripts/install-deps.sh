@@ -4,6 +4,7 @@
 #   - a C compiler (ring builds its assembly with cc), pkg-config, iproute2 (the tests inspect
 #     kernel state with `ip`; the daemon itself never runs it), nftables (the daemon loads its
 #     own table with `nft`)
+#   - p0f (the SYN fingerprint normalisation test reads what arrives with it)
 #   - util-linux's setpriv and unshare (the least-privilege test runs the daemon as `nobody`
 #     with two capabilities; essential on Debian, checked anyway)
 #   - promtool, from Debian's prometheus package (the metrics tests check the endpoint with it)
@@ -18,6 +19,7 @@ command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 { command -v setpriv && command -v unshare; } >/dev/null 2>&1 || need+=(util-linux)
+command -v p0f >/dev/null 2>&1 || need+=(p0f)
 if ((${#need[@]})); then
     echo "install-deps: apt-get install ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive

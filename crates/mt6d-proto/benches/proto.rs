@@ -246,7 +246,8 @@ fn tcp_packet(flags: u8, opts: &[u8], payload: usize) -> Vec<u8> {
 /// What identity scrubbing costs per forwarded packet: a 1400-byte data segment without options
 /// and with Linux's timestamps (nothing to strip: the path nearly every packet takes), and a SYN
 /// with Linux's options plus a HOST_ID_WING to strip, each strip preceded by restoring the SYN
-/// (the copy alone is the baseline).
+/// (the copy alone is the baseline); and what `normalize` adds: the hop limit and flow label of
+/// every packet, and a SYN's normalisation (timestamps out, re-laid, window lowered).
 fn scrub(c: &mut Criterion) {
     use mt6d_proto::scrub::{clamp_mss, strip, ChecksumField, HostIdKinds, ScrubPolicy};
     use mt6d_proto::wire::tcp_flags;
@@ -273,6 +274,11 @@ fn scrub(c: &mut Criterion) {
     });
     g.bench_function("clamp-not-syn", |b| {
         b.iter(|| black_box(clamp_mss(black_box(&mut data), 1380, kinds, full).unwrap()))
+    });
+    // What `normalize` adds to every packet from the protected side.
+    let key = [0x0123_4567_89ab_cdef, 0xfedc_ba98_7654_3210];
+    g.bench_function("normalize-ip", |b| {
+        b.iter(|| mt6d_proto::scrub::normalize_ip(black_box(&mut data), 64, &key))
     });
     g.finish();
 
@@ -308,6 +314,12 @@ fn scrub(c: &mut Criterion) {
         b.iter(|| {
             buf.copy_from_slice(black_box(&syn));
             black_box(clamp_mss(&mut buf, 1380, kinds, full).unwrap())
+        })
+    });
+    g.bench_function("copy+normalize-syn", |b| {
+        b.iter(|| {
+            buf.copy_from_slice(black_box(&syn));
+            black_box(mt6d_proto::scrub::normalize_syn(&mut buf, &policy, 10, full).unwrap())
         })
     });
     g.finish();

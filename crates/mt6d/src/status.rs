@@ -169,7 +169,7 @@ pub struct PeerStatus {
 
 /// One direction of a peer's TCP policy: events by label (`inspected`, `stripped`,
 /// `options_removed`, `accepted`, `dropped`, `malformed`, `malformed_accepted`, `logged`,
-/// `log_suppressed`, `injected`, `inject_no_room`, `mss_clamped`) and matches per rule.
+/// `log_suppressed`, `injected`, `inject_no_room`, `mss_clamped`, `normalized`, `timestamps_removed`) and matches per rule.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct TcpPolicyStatus {
     pub direction: String,

@@ -1,6 +1,7 @@
 //! Tracker issue 14 end to end: TCP identity options (seed 004's HOST_ID forms, RFC 7974, TOA)
-//! sent by Host A through a gateway pair, what Host B's link sees of them, and MSS clamping over
-//! the reduced-MTU tunneled topology.
+//! sent by Host A through a gateway pair, what Host B's link sees of them, MSS clamping over
+//! the reduced-MTU tunneled topology, and SYN fingerprint normalisation read by p0f on both
+//! links.
 //!
 //! Host A's kernel cannot put these options in a SYN, so the tests speak TCP from Host A by
 //! hand: Ethernet frames through an AF_PACKET socket on Host A's link (its kernel's RSTs for the
@@ -472,4 +473,223 @@ fn mss_is_clamped_to_the_tunnel_over_the_reduced_mtu_topology() {
     assert!(event(&running, Side::A, "out", "mss_clamped") >= 1);
     // B's SYN-ACK was clamped by Gateway B on its way in.
     assert!(event(&running, Side::B, "out", "mss_clamped") >= 1);
+}
+
+/// Every SYN from Host A (Ethernet frames, whole) seen on `ns`'s host link, until `stop`.
+fn capture_syn_frames(
+    ns: &mt6d_os::Netns,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Vec<Vec<u8>>> {
+    let cap = ns
+        .run(|| PacketCapture::open(HOST_IF, 2048, Duration::from_millis(100)))
+        .expect("enter the namespace")
+        .expect("capture");
+    std::thread::spawn(move || {
+        let mut frames = Vec::new();
+        let mut buf = [0u8; 2048];
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let Ok(Some(f)) = cap.recv(&mut buf) else {
+                continue;
+            };
+            let Some((src, tcp)) = tcp_of(&buf[14..f.captured]) else {
+                continue;
+            };
+            if src == HOST_A && tcp[13] & 0x12 == 0x02 {
+                frames.push(buf[..f.captured].to_vec());
+            }
+        }
+        frames
+    })
+}
+
+/// p0f's raw signature of every client SYN in `frames`, read back from a pcap file p0f reads
+/// with `-r`: `6:64+1:0:1360:mss*10,7:mss,nop,nop,sok,nop,ws:flow:0` (ver, initial hop limit +
+/// distance, IPv4 options, MSS, window and scale, option layout, quirks, payload class).
+fn p0f_signatures(dir: &std::path::Path, name: &str, frames: &[Vec<u8>]) -> Vec<String> {
+    let pcap = dir.join(format!("{name}.pcap"));
+    let log = dir.join(format!("{name}.p0f"));
+    // The classic pcap format: magic, version 2.4, zone, accuracy, snap length, Ethernet.
+    let mut file = Vec::new();
+    for word in [0xa1b2_c3d4u32, 0x0004_0002, 0, 0, 65_535, 1] {
+        file.extend_from_slice(&word.to_le_bytes());
+    }
+    file[4..8].copy_from_slice(&[2, 0, 4, 0]);
+    for (i, f) in frames.iter().enumerate() {
+        for word in [1_000 + i as u32, 0, f.len() as u32, f.len() as u32] {
+            file.extend_from_slice(&word.to_le_bytes());
+        }
+        file.extend_from_slice(f);
+    }
+    std::fs::write(&pcap, &file).expect("write pcap");
+    let out = std::process::Command::new("p0f")
+        .arg("-r")
+        .arg(&pcap)
+        .arg("-o")
+        .arg(&log)
+        .output()
+        .expect("p0f runs (scripts/install-deps.sh installs it)");
+    assert!(out.status.success(), "p0f: {out:?}");
+    let text = std::fs::read_to_string(&log).expect("p0f log");
+    text.lines()
+        .filter(|l| l.contains("mod=syn|") && l.contains("subj=cli"))
+        .filter_map(|l| l.split("raw_sig=").nth(1))
+        .map(|s| s.split('|').next().unwrap_or(s).to_string())
+        .collect()
+}
+
+/// The window scale of the first SYN from Host A's kernel that Host A's link shows.
+fn linux_window_scale(c: &Client) -> u8 {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut buf = [0u8; 2048];
+    while Instant::now() < deadline {
+        let Ok(Some(f)) = c.cap.recv(&mut buf) else {
+            continue;
+        };
+        let Some((src, tcp)) = tcp_of(&buf[14..f.captured]) else {
+            continue;
+        };
+        if src != HOST_A || tcp[13] & 0x12 != 0x02 {
+            continue;
+        }
+        let scale =
+            TcpOptions::new(&tcp[20..usize::from(tcp[12] >> 4) * 4], KINDS).find_map(|o| match o {
+                Ok(l) => match l.option {
+                    TcpOption::WindowScale(s) => Some(s),
+                    _ => None,
+                },
+                Err(_) => None,
+            });
+        return scale.expect("Linux offers window scaling");
+    }
+    panic!("Host A's SYN not seen on its link");
+}
+
+fn sysctl(ns: &mt6d_os::Netns, settings: &[&str]) {
+    for s in settings {
+        let st = ns
+            .command("sysctl")
+            .expect("sysctl")
+            .args(["-qw", s])
+            .status()
+            .expect("sysctl runs");
+        assert!(st.success(), "sysctl -w {s}");
+    }
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn normalised_syns_of_three_host_stacks_show_p0f_one_signature() {
+    let a_extra: &'static str =
+        Box::leak(format!("{TCP_KINDS}normalize = true\n").into_boxed_str());
+    let running = start(Topology::Switched, a_extra, "");
+    let lab = &running.lab;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen_a = capture_syn_frames(&lab.host_a, stop.clone());
+    let seen_b = capture_syn_frames(&lab.host_b, stop.clone());
+    let app = server(lab, stop.clone());
+    let connect = |sport: u16| {
+        lab.host_a
+            .run(|| {
+                use std::io::Write;
+                let s = std::net::TcpStream::connect_timeout(
+                    &(HOST_B, PORT).into(),
+                    Duration::from_secs(3),
+                )?;
+                write!(&s, "hello from kernel {sport}")
+            })
+            .expect("enter A")
+            .expect("Host A's kernel connects through the gateways");
+    };
+    // Host A's hand-made TCP (stack 3) reads Host A's link from here on.
+    let c = client(lab);
+    // Stack 1: Linux as it comes (timestamps, SACK, window scaling, hop limit 64, automatic
+    // flow labels).
+    connect(1);
+    let linux_scale = linux_window_scale(&c);
+    // Stack 2: the same kernel configured otherwise: no timestamps, hop limit 255, no flow
+    // labels, a smaller receive buffer.
+    sysctl(
+        &lab.host_a,
+        &[
+            "net.ipv4.tcp_timestamps=0",
+            "net.ipv6.auto_flowlabels=0",
+            "net.ipv6.conf.all.hop_limit=255",
+            &format!("net.ipv6.conf.{HOST_IF}.hop_limit=255"),
+        ],
+    );
+    connect(2);
+    // Stack 3: another system's SYN by hand: Windows' layout (mss,nop,ws,nop,nop,sok), MSS
+    // 1440, window 64240, hop limit 128, no flow label, and a HOST_ID option the default policy
+    // strips. Its window scale is the one Host A's Linux sent: the gateway does not rewrite
+    // scale values (that needs per-flow state; docs/ARCHITECTURE.md), so a stack with another
+    // one keeps its own.
+    let mut syn = segment(
+        43_000,
+        0x2000_0000,
+        0,
+        0x02,
+        &[
+            2,
+            4,
+            0x05,
+            0xa0,
+            1,
+            3,
+            3,
+            linux_scale,
+            1,
+            1,
+            4,
+            2,
+            200,
+            4,
+            0x30,
+            0x39,
+        ],
+        &[],
+    );
+    syn[54..56].copy_from_slice(&64_240u16.to_be_bytes());
+    let c_sum = upper_layer_checksum(HOST_A, HOST_B, 6, &{
+        let mut t = syn[40..].to_vec();
+        t[16..18].fill(0);
+        t
+    });
+    syn[56..58].copy_from_slice(&c_sum.to_be_bytes());
+    syn[7] = 128;
+    c.send(&syn);
+    assert!(
+        c.syn_ack(43_000, Duration::from_secs(3)).is_some(),
+        "no SYN-ACK to the hand-built SYN"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (seen_a, seen_b) = (
+        seen_a.join().expect("capture A"),
+        seen_b.join().expect("capture B"),
+    );
+    let got = app.join().expect("server");
+    assert!(got.iter().any(|g| g == "hello from kernel 1"), "{got:?}");
+    assert!(got.iter().any(|g| g == "hello from kernel 2"), "{got:?}");
+
+    let before = p0f_signatures(&running.dir, "host-a", &seen_a);
+    let after = p0f_signatures(&running.dir, "host-b", &seen_b);
+    eprintln!("p0f on Host A's link: {before:#?}\np0f on Host B's link: {after:#?}");
+    // Three stacks, three signatures where they leave Host A...
+    let distinct = |v: &[String]| v.iter().collect::<std::collections::BTreeSet<_>>().len();
+    assert!(before.len() >= 3, "{before:?}");
+    assert_eq!(distinct(&before), 3, "{before:?}");
+    // ...and one where they arrive: Linux without timestamps, hop limit 64 one hop away.
+    assert!(after.len() >= 3, "{after:?}");
+    assert_eq!(distinct(&after), 1, "{after:?}");
+    let clamp = mt6d_proto::scrub::mss_for_mtu(status(&running, Side::A).path.tunnel_mtu as u16);
+    let mss = clamp.min(1440);
+    assert_eq!(
+        after[0],
+        format!("6:63+1:0:{mss}:mss*10,{linux_scale}:mss,nop,nop,sok,nop,ws:flow:0"),
+    );
+    let out = |e| event(&running, Side::A, "out", e);
+    assert!(out("normalized") >= 3);
+    // Stack 1's SYN (and a retransmit, if any).
+    assert!(out("timestamps_removed") >= 1);
+    assert_eq!(out("stripped"), 1);
 }

@@ -26,12 +26,14 @@
 //! left alone with an error.
 
 mod hostid;
+mod normalize;
 mod options;
 
 pub use hostid::{
     build_option, evaluate, identity_value, Evaluation, HostIdForm, HostIdRule, InjectData,
     InjectForm, RuleAction, MAX_RULES, REPORTED,
 };
+pub use normalize::{flow_label, normalize_ip, normalize_syn, NormalizeOutcome};
 pub use options::{
     kind, Boucadair, BoucadairData, HostIdKinds, Located, OptionError, TcpOption, TcpOptions,
     HOST_ID_EXID, TOA_LEN,
@@ -183,7 +185,7 @@ pub fn strip(
     if is_clean(block, policy) {
         return Ok(StripOutcome::Unchanged);
     }
-    let (kept, removed_opts) = collect(block, policy)?;
+    let (kept, removed_opts) = collect(block, policy, false)?;
     if removed_opts == 0 {
         return Ok(StripOutcome::Unchanged);
     }
@@ -255,7 +257,7 @@ pub fn inject(
     let tcp = TcpPacket::new_checked(ip.payload())?;
     let hl = tcp.header_len();
     let block = tcp.options();
-    let (kept, replaced) = collect(block, policy)?;
+    let (kept, replaced) = collect(block, policy, false)?;
     if room_for(&kept, option.len(), false) > MAX_OPTIONS {
         return Ok(InjectOutcome::NoRoom);
     }
@@ -274,21 +276,26 @@ pub fn inject(
 }
 
 /// The options of `block` that stay, and how many identity options (also malformed ones, and
-/// unknown ones if the policy says so) go. A framing error, or a malformed option that would
-/// stay, is an error.
-fn collect(block: &[u8], policy: &ScrubPolicy) -> Result<(Kept, u8), ScrubError> {
+/// unknown ones if the policy says so) go; with `keep_identity`, well-formed identity options
+/// stay too (after the standard ones, as unknown kept ones do). A framing error, or a malformed
+/// option that would stay, is an error.
+fn collect(
+    block: &[u8],
+    policy: &ScrubPolicy,
+    keep_identity: bool,
+) -> Result<(Kept, u8), ScrubError> {
     let mut kept = Kept::default();
     let mut removed_opts = 0u8;
     for item in TcpOptions::new(block, policy.host_id_kinds) {
         let o = match item {
             Ok(o) => o,
-            Err(e) if !e.is_framing() && removable_kind(e.kind(), policy) => {
+            Err(e) if !keep_identity && !e.is_framing() && removable_kind(e.kind(), policy) => {
                 removed_opts += 1;
                 continue;
             }
             Err(e) => return Err(e.into()),
         };
-        if o.option.is_identity() {
+        if o.option.is_identity() && !keep_identity {
             removed_opts += 1;
             continue;
         }
@@ -299,7 +306,7 @@ fn collect(block: &[u8], policy: &ScrubPolicy) -> Result<(Kept, u8), ScrubError>
             TcpOption::SackPermitted => kept.sack_permitted = true,
             TcpOption::Timestamps { .. } => kept.ts = o.raw.try_into().ok(),
             TcpOption::Sack(_) => kept.sack = Some((o.at, o.raw.len())),
-            _ if policy.strip_unknown => removed_opts += 1,
+            _ if policy.strip_unknown && !o.option.is_identity() => removed_opts += 1,
             _ => {
                 // At most 20 options of >= 2 bytes fit in 40 bytes: `others` stays in bounds.
                 if let Some(slot) = kept.other.get_mut(kept.others) {
@@ -409,8 +416,8 @@ fn removable_kind(k: u8, policy: &ScrubPolicy) -> bool {
 }
 
 /// Writes the kept options into `out` in Linux's `tcp_options_write` layout (MSS; SACK-permitted
-/// and timestamps as `sackOK,ts` or `nop,nop,ts`; `nop,ws`; `nop,nop,sackOK` without timestamps;
-/// `nop,nop,sack`), then other kept options, then `extra` (an injected option), then EOL and zeros to a multiple of 4. If that does
+/// and timestamps as `sackOK,ts` or `nop,nop,ts`, or `nop,nop,sackOK` without timestamps;
+/// `nop,ws`; `nop,nop,sack`), then other kept options, then `extra` (an injected option), then EOL and zeros to a multiple of 4. If that does
 /// not fit in `room` (the old block's length), packs them without NOPs in the same order: never
 /// longer than the kept options were. Returns the block length.
 fn lay_out(
@@ -432,7 +439,12 @@ fn lay_out(
             w.put(&[kind::NOP, kind::NOP]);
         }
         w.put(&ts);
-    } else if kept.sack_permitted && !aligned {
+    } else if kept.sack_permitted {
+        // Linux puts SACK-permitted without timestamps before the window scale
+        // (`mss,nop,nop,sok,nop,ws`, p0f's "Linux, timestamps off").
+        if aligned {
+            w.put(&[kind::NOP, kind::NOP]);
+        }
         w.put(&[kind::SACK_PERMITTED, 2]);
     }
     if let Some(ws) = kept.ws {
@@ -440,9 +452,6 @@ fn lay_out(
             w.put(&[kind::NOP]);
         }
         w.put(&ws);
-    }
-    if kept.sack_permitted && kept.ts.is_none() && aligned {
-        w.put(&[kind::NOP, kind::NOP, kind::SACK_PERMITTED, 2]);
     }
     if let Some((at, len)) = kept.sack {
         if aligned {

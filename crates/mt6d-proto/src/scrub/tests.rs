@@ -183,8 +183,8 @@ fn every_identity_form_is_removed() {
                 matches!(out, StripOutcome::Stripped { options: 1, .. }),
                 "{form}"
             );
-            // Linux layout: mss, nop, ws, nop, nop, sackOK.
-            assert_eq!(options_of(&p), hex("020405a0 01030307 01010402"), "{form}");
+            // Linux's layout without timestamps: mss, nop, nop, sackOK, nop, ws.
+            assert_eq!(options_of(&p), hex("020405a0 01010402 01030307"), "{form}");
         }
     }
 }
@@ -609,6 +609,235 @@ proptest! {
         let before = p.clone();
         if clamp_mss(&mut p, 1200, KINDS, ALL_CSUM[mode]).is_err() {
             prop_assert_eq!(&p, &before);
+        }
+    }
+}
+
+/// Normalises a SYN and checks what every normalised SYN must be: a valid checksum, a
+/// well-formed block without timestamps, the payload intact.
+fn normalize_ok(p: &mut Vec<u8>, segments: u16, csum: ChecksumField) -> NormalizeOutcome {
+    let before = window_of(p);
+    let out = normalize_syn(p, &POLICY, segments, csum).unwrap();
+    assert!(window_of(p) <= before);
+    if let NormalizeOutcome::Normalized { new_len, .. } = out {
+        p.truncate(new_len);
+    }
+    assert!(verify(p, csum), "{out:?}");
+    let ip = Ipv6Packet::new_checked(&p[..]).unwrap();
+    let tcp = TcpPacket::new_checked(ip.payload()).unwrap();
+    for o in TcpOptions::new(tcp.options(), KINDS) {
+        assert!(!matches!(o.unwrap().option, TcpOption::Timestamps { .. }));
+    }
+    out
+}
+
+fn window_of(p: &[u8]) -> u16 {
+    u16::from_be_bytes([p[54], p[55]])
+}
+
+#[test]
+fn two_stacks_syns_normalise_to_one_layout_and_window() {
+    for csum in ALL_CSUM {
+        // Linux (timestamps on, window 64800) and a Windows-like stack (no timestamps, its own
+        // layout, window 64240).
+        let mut linux = packet(tcp_flags::SYN, &hex(LINUX_SYN), &[], csum);
+        linux[54..56].copy_from_slice(&64800u16.to_be_bytes());
+        let linux = packet_with_csum(linux, csum);
+        let mut other = packet(
+            tcp_flags::SYN,
+            &hex("020405a0 01030307 01010402"),
+            &[],
+            csum,
+        );
+        other[54..56].copy_from_slice(&64240u16.to_be_bytes());
+        let other = packet_with_csum(other, csum);
+        let (mut a, mut b) = (linux.clone(), other.clone());
+        let out_a = normalize_ok(&mut a, 10, csum);
+        let out_b = normalize_ok(&mut b, 10, csum);
+        assert_eq!(
+            out_a,
+            NormalizeOutcome::Normalized {
+                timestamps: true,
+                relaid: true,
+                window_lowered: true,
+                new_len: linux.len() - 8,
+            }
+        );
+        assert_eq!(
+            out_b,
+            NormalizeOutcome::Normalized {
+                timestamps: false,
+                relaid: true,
+                window_lowered: true,
+                new_len: other.len(),
+            }
+        );
+        assert_eq!(options_of(&a), hex("020405a0 01010402 01030307"));
+        assert_eq!(options_of(&a), options_of(&b));
+        assert_eq!((window_of(&a), window_of(&b)), (14_400, 14_400));
+        // 10 segments of the SYN's MSS (1440): p0f's `mss*10`.
+        // Normalised again: nothing to do, nothing written.
+        let again = a.clone();
+        let out = normalize_ok(&mut a, 10, csum);
+        assert!(matches!(
+            out,
+            NormalizeOutcome::Normalized {
+                relaid: false,
+                window_lowered: false,
+                ..
+            }
+        ));
+        assert_eq!(a, again);
+    }
+}
+
+/// Recomputes the checksum field of a test packet after its header was edited.
+fn packet_with_csum(mut p: Vec<u8>, csum: ChecksumField) -> Vec<u8> {
+    if csum == ChecksumField::Complete {
+        let (s, d) = addrs();
+        p[56..58].fill(0);
+        let c = upper_layer_checksum(s, d, 6, &p[40..]);
+        p[56..58].copy_from_slice(&c.to_be_bytes());
+    }
+    p
+}
+
+#[test]
+fn normalise_keeps_accepted_identity_options_lower_windows_only_and_skips_non_syns() {
+    // A WING the policy accepted stays, after the standard options; a window below the
+    // normalised one stays.
+    let opts = hex("c8043039 020405a0 0402080a 00001000 00000000 01030307");
+    let mut p = packet(
+        tcp_flags::SYN | tcp_flags::ACK,
+        &opts,
+        PAYLOAD,
+        ChecksumField::Complete,
+    );
+    p[54..56].copy_from_slice(&1000u16.to_be_bytes());
+    let mut p = packet_with_csum(p, ChecksumField::Complete);
+    let out = normalize_ok(&mut p, 10, ChecksumField::Complete);
+    assert!(matches!(
+        out,
+        NormalizeOutcome::Normalized {
+            timestamps: true,
+            window_lowered: false,
+            ..
+        }
+    ));
+    assert_eq!(options_of(&p), hex("020405a0 01010402 01030307 c8043039"));
+    assert_eq!(window_of(&p), 1000);
+    let ip = Ipv6Packet::new_checked(&p[..]).unwrap();
+    assert_eq!(
+        TcpPacket::new_checked(ip.payload()).unwrap().payload(),
+        PAYLOAD
+    );
+    // Not a SYN, not TCP: untouched.
+    let mut ack = packet(
+        tcp_flags::ACK,
+        &hex("0101080a 00000002 00000001"),
+        PAYLOAD,
+        ChecksumField::Complete,
+    );
+    let before = ack.clone();
+    assert_eq!(
+        normalize_syn(&mut ack, &POLICY, 100, ChecksumField::Complete),
+        Ok(NormalizeOutcome::NotSyn)
+    );
+    assert_eq!(ack, before);
+    ack[6] = 17;
+    assert!(matches!(
+        normalize_syn(&mut ack, &POLICY, 100, ChecksumField::Complete),
+        Ok(NormalizeOutcome::NotTcp { next_header: 17 })
+    ));
+    // A malformed block: an error, untouched.
+    let mut bad = packet(
+        tcp_flags::SYN,
+        &hex("02040000 08000000"),
+        &[],
+        ChecksumField::Complete,
+    );
+    let before = bad.clone();
+    assert!(normalize_syn(&mut bad, &POLICY, 100, ChecksumField::Complete).is_err());
+    assert_eq!(bad, before);
+}
+
+#[test]
+fn normalised_hop_limit_and_flow_label_are_one_per_flow() {
+    const KEY: [u64; 2] = [0x0123_4567_89ab_cdef, 0xfedc_ba98_7654_3210];
+    let mut a = packet(
+        tcp_flags::SYN,
+        &hex(LINUX_SYN),
+        &[],
+        ChecksumField::Complete,
+    );
+    // Traffic class 0xb8 (EF), flow label 0x12345, hop limit 255: a stack's own values.
+    a[..4].copy_from_slice(&hex("6b812345"));
+    a[7] = 255;
+    let mut b = packet(tcp_flags::ACK, &[], PAYLOAD, ChecksumField::Complete);
+    b[7] = 128;
+    let (ca, cb) = (a.clone(), b.clone());
+    normalize_ip(&mut a, 64, &KEY);
+    normalize_ip(&mut b, 64, &KEY);
+    assert_eq!((a[7], b[7]), (64, 64));
+    // Traffic class kept; the label is the flow's, not the stack's; the segments unchanged.
+    assert_eq!(a[0..2][0], 0x6b);
+    assert_eq!(a[1] >> 4, 0x8);
+    let label = |p: &[u8]| u32::from_be_bytes([0, p[1] & 0x0f, p[2], p[3]]);
+    assert_eq!(label(&a), label(&b));
+    assert_ne!(label(&a), 0);
+    assert_eq!(Some(label(&a)), flow_label(&a, &KEY));
+    assert_eq!(a[8..], ca[8..]);
+    assert_eq!(b[8..], cb[8..]);
+    assert!(verify(&a, ChecksumField::Complete));
+    // Another port, another key: another label.
+    let mut c = cb.clone();
+    c[40] ^= 1;
+    assert_ne!(flow_label(&c, &KEY), Some(label(&b)));
+    assert_ne!(flow_label(&cb, &[1, 2]), Some(label(&b)));
+    // Too short, or not IPv6: untouched.
+    let mut short = a[..39].to_vec();
+    let s = short.clone();
+    normalize_ip(&mut short, 1, &KEY);
+    assert_eq!(short, s);
+    let mut v4 = cb.clone();
+    v4[0] = 0x45;
+    let v = v4.clone();
+    normalize_ip(&mut v4, 1, &KEY);
+    assert_eq!(v4, v);
+}
+
+proptest! {
+    #[test]
+    fn normalise_never_breaks_a_syn(
+        opts in proptest::collection::vec(any_option(), 0..8),
+        payload in proptest::collection::vec(any::<u8>(), 0..32),
+        ack in any::<bool>(),
+        mode in 0usize..3,
+        window in any::<u16>(),
+        segments in any::<u16>(),
+    ) {
+        let csum = ALL_CSUM[mode];
+        let mut block: Vec<u8> = opts.concat();
+        block.truncate(40);
+        block.resize(block.len().div_ceil(4) * 4, 0);
+        let flags = tcp_flags::SYN | if ack { tcp_flags::ACK } else { 0 };
+        let mut p = packet(flags, &block, &payload, csum);
+        p[54..56].copy_from_slice(&window.to_be_bytes());
+        let mut p = packet_with_csum(p, csum);
+        let before = p.clone();
+        match normalize_syn(&mut p, &POLICY, segments, csum) {
+            Err(_) => prop_assert_eq!(&p, &before),
+            Ok(_) => {
+                p = before.clone();
+                normalize_ok(&mut p, segments, csum);
+                if segments == u16::MAX {
+                    prop_assert_eq!(window_of(&p), window);
+                }
+                let ip = Ipv6Packet::new_checked(&p[..]).unwrap();
+                let tcp = TcpPacket::new_checked(ip.payload()).unwrap();
+                prop_assert_eq!(tcp.payload(), &payload[..]);
+                prop_assert!(tcp.options().len() <= block.len());
+            }
         }
     }
 }

@@ -16,7 +16,7 @@ mod peer;
 mod raw;
 mod tcp;
 
-pub use tcp::{HostIdPolicy, Inject, InjectMode, TcpConfig};
+pub use tcp::{HostIdPolicy, Inject, InjectMode, Normalize, TcpConfig, NORMAL_WINDOW_SEGMENTS};
 
 use gateway::GatewaySection;
 use peer::{parse_peer, PeersSeen};

@@ -21,6 +21,8 @@ pub(super) struct RawTcp {
     pub(super) boucadair_kind: Option<Spanned<i64>>,
     pub(super) enabled_kind: Option<Spanned<i64>>,
     pub(super) strip_unknown: Option<Spanned<bool>>,
+    pub(super) normalize: Option<Spanned<bool>>,
+    pub(super) hop_limit: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -60,13 +62,28 @@ pub struct TcpConfig {
     pub mss_clamp: bool,
     /// The HOST_ID kinds and whether unknown options go too.
     pub scrub: ScrubPolicy,
+    /// Normalise the protected hosts' stack fingerprint (off by default).
+    pub normalize: Option<Normalize>,
 }
+
+/// `normalize = true`: what every protected host's packets are made to say about its stack
+/// (docs/ARCHITECTURE.md, "SYN fingerprint normalisation").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Normalize {
+    /// The hop limit of every packet from the protected side (`hop_limit`, default 64).
+    pub hop_limit: u8,
+}
+
+/// The normalised SYN window, in segments of the SYN's MSS: RFC 6928's initial window, which a
+/// sender cannot exceed before the first window update anyway, and p0f's `mss*10` of Linux.
+pub const NORMAL_WINDOW_SEGMENTS: u16 = 10;
 
 impl Default for TcpConfig {
     fn default() -> Self {
         TcpConfig {
             mss_clamp: true,
             scrub: ScrubPolicy::default(),
+            normalize: None,
         }
     }
 }
@@ -148,7 +165,19 @@ pub(super) fn parse_tcp(
             format!("option kind {k} cannot be a HOST_ID kind: 0-8 have standard meanings, 253/254 are shared experiments told apart by ExID, and each form needs its own kind"),
         ));
     }
+    let hop_limit = match &t.hop_limit {
+        None => 64,
+        Some(h) => u8::try_from(*h.get_ref())
+            .ok()
+            .filter(|&h| h > 0)
+            .ok_or_else(|| src.err(h, "hop_limit is 1 to 255"))?,
+    };
+    let normalize = t.normalize.as_ref().is_some_and(|v| *v.get_ref());
+    if let (false, Some(h)) = (normalize, &t.hop_limit) {
+        return Err(src.err(h, "hop_limit applies only with normalize = true"));
+    }
     Ok(TcpConfig {
+        normalize: normalize.then_some(Normalize { hop_limit }),
         mss_clamp: t.mss_clamp.as_ref().is_none_or(|v| *v.get_ref()),
         scrub: ScrubPolicy {
             host_id_kinds: kinds,
@@ -419,6 +448,7 @@ key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
     fn defaults_clamp_and_strip() {
         let cfg = parse("", "").unwrap();
         assert!(cfg.gateway.tcp.mss_clamp);
+        assert_eq!(cfg.gateway.tcp.normalize, None);
         let [out, inn] = &cfg.peers[0].host_id;
         for p in [out, inn] {
             assert_eq!(p.default, RuleAction::Strip);
@@ -453,6 +483,16 @@ action = "drop"
         .unwrap();
         assert!(!cfg.gateway.tcp.mss_clamp);
         assert_eq!(cfg.gateway.tcp.scrub.host_id_kinds.wing, Some(200));
+        for (tcp, want) in [
+            ("normalize = true\n", 64),
+            ("normalize = true\nhop_limit = 128\n", 128),
+        ] {
+            let cfg = parse(&format!("[tcp]\n{tcp}"), "").unwrap();
+            assert_eq!(
+                cfg.gateway.tcp.normalize,
+                Some(crate::config::Normalize { hop_limit: want })
+            );
+        }
         let [out, inn] = &cfg.peers[0].host_id;
         assert_eq!(out.default, RuleAction::Accept);
         assert!(!out.drop_malformed && out.log);
@@ -488,6 +528,9 @@ action = "drop"
                 "option kind 200",
             ),
             ("[tcp]\nwing_kind = 300\n", "", "0 to 255"),
+            ("[tcp]\nhop_limit = 64\n", "", "only with normalize = true"),
+            ("[tcp]\nnormalize = true\nhop_limit = 0\n", "", "1 to 255"),
+            ("[tcp]\nnormalize = true\nhop_limit = 256\n", "", "1 to 255"),
             (
                 kinds,
                 "[peer.host_id_out]\naction = \"log\"\n",

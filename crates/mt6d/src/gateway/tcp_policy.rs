@@ -8,6 +8,11 @@
 //! coalescing. So a super-packet is scrubbed segment by segment, and every segment of one flow
 //! gets the same header, which GRO then coalesces as before.
 //!
+//! With `[tcp] normalize` (off by default), every packet from the protected side also gets the
+//! normalised hop limit and flow label (a few byte writes and a hash of its header), and SYNs
+//! lose their timestamps and get the canonical layout and window (docs/ARCHITECTURE.md, "SYN
+//! fingerprint normalisation").
+//!
 //! Cost: a segment that is not TCP behind the fixed IPv6 header, or carries no option and is
 //! not a SYN, is decided from three header bytes; one with options that are all kept standard
 //! ones (timestamps on every segment of a Linux flow) takes one byte walk of its option block.
@@ -17,15 +22,19 @@
 
 use std::net::Ipv6Addr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use mt6d_proto::scrub::{
-    build_option, clamp_mss, evaluate, inject, needs_policy, strip, ChecksumField, ClampOutcome,
-    HostIdForm, HostIdKinds, HostIdRule, InjectForm, InjectOutcome, RuleAction, StripOutcome,
+    build_option, clamp_mss, evaluate, inject, needs_policy, normalize_ip, normalize_syn, strip,
+    ChecksumField, ClampOutcome, HostIdForm, HostIdKinds, HostIdRule, InjectForm, InjectOutcome,
+    NormalizeOutcome, RuleAction, StripOutcome,
 };
 use mt6d_proto::wire::tcp_flags;
 
-use crate::config::{HostIdPolicies, HostIdPolicy, InjectMode, TcpConfig};
+use crate::config::{
+    HostIdPolicies, HostIdPolicy, InjectMode, Normalize, TcpConfig, NORMAL_WINDOW_SEGMENTS,
+};
 use crate::status::{RuleStatus, TcpPolicyStatus};
 
 /// Which way a segment goes.
@@ -74,9 +83,13 @@ enum Event {
     InjectNoRoom,
     /// SYNs whose MSS was lowered.
     MssClamped,
+    /// SYNs normalised (`normalize`): out, SYNs and SYN-ACKs; in, SYNs.
+    Normalized,
+    /// Of those, SYNs whose timestamps option was removed.
+    TimestampsRemoved,
 }
 
-const EVENTS: [(Event, &str); 12] = [
+const EVENTS: [(Event, &str); 14] = [
     (Event::Inspected, "inspected"),
     (Event::Stripped, "stripped"),
     (Event::OptionsRemoved, "options_removed"),
@@ -89,6 +102,8 @@ const EVENTS: [(Event, &str); 12] = [
     (Event::Injected, "injected"),
     (Event::InjectNoRoom, "inject_no_room"),
     (Event::MssClamped, "mss_clamped"),
+    (Event::Normalized, "normalized"),
+    (Event::TimestampsRemoved, "timestamps_removed"),
 ];
 
 /// One direction's policy with its counters.
@@ -174,8 +189,27 @@ pub struct PeerTcp {
     kinds: HostIdKinds,
     strip_unknown: bool,
     mss_clamp: bool,
+    normalize: Option<Normalize>,
+    /// The key of normalised flow labels (one per process, so a reload keeps every flow's).
+    label_key: [u64; 2],
     dirs: [DirectionPolicy; 2],
     ack_mode: AckModeFlows,
+}
+
+/// The flow label key of this process, drawn once.
+fn label_key() -> [u64; 2] {
+    static KEY: OnceLock<[u64; 2]> = OnceLock::new();
+    *KEY.get_or_init(|| {
+        let mut b = [0u8; 16];
+        // Without the system's randomness the labels are still one per flow and hide the
+        // host's own, only predictable from the addresses and ports.
+        if let Err(e) = getrandom::fill(&mut b) {
+            log::warn!("no randomness for the flow label key: {e}");
+        }
+        let (lo, hi) = b.split_at(8);
+        let w = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap_or_default());
+        [w(lo), w(hi)]
+    })
 }
 
 /// What to do with a segment.
@@ -244,6 +278,12 @@ impl PeerTcp {
             kinds: tcp.scrub.host_id_kinds,
             strip_unknown: tcp.scrub.strip_unknown,
             mss_clamp: tcp.mss_clamp,
+            normalize: tcp.normalize,
+            label_key: if tcp.normalize.is_some() {
+                label_key()
+            } else {
+                [0; 2]
+            },
             dirs: [
                 DirectionPolicy::new(policies[0].clone()),
                 DirectionPolicy::new(policies[1].clone()),
@@ -264,6 +304,11 @@ impl PeerTcp {
         peer: &str,
         log: &mut LogBudget,
     ) -> Verdict {
+        if dir == Direction::Out {
+            if let (Some(n), Some(packet)) = (self.normalize, buf.get_mut(..len)) {
+                normalize_ip(packet, n.hop_limit, &self.label_key);
+            }
+        }
         // The fast path: three header bytes. Not TCP behind the fixed header, or too short for
         // a TCP header (the checked views below refuse it; the peer's stack will too).
         if len < IP + 20 || buf.len() < len || buf[6] != mt6d_proto::wire::NEXT_HEADER_TCP {
@@ -315,7 +360,7 @@ impl PeerTcp {
                 }
                 Some(RuleAction::Accept) => {
                     d.count(Event::Accepted, 1);
-                    return self.clamp(buf, len, syn, limits, d);
+                    return self.finish(buf, len, dir, flags, limits, d, false);
                 }
                 _ => {}
             }
@@ -340,20 +385,83 @@ impl PeerTcp {
                 }
             }
         }
-        if dir == Direction::Out {
-            len = self.inject(buf, len, syn, flags, limits, d);
-        }
-        self.clamp(buf, len, syn, limits, d)
+        self.finish(buf, len, dir, flags, limits, d, true)
     }
 
-    fn clamp(
+    /// What every forwarded segment gets after the identity policy: MSS clamping, then (SYNs,
+    /// `normalize`) normalisation, which counts the window in segments of the final MSS, then
+    /// injection (out, unless an `accept` forwarded the segment's own options).
+    #[allow(clippy::too_many_arguments)] // one call site per verdict, all in this file
+    fn finish(
+        &self,
+        buf: &mut [u8],
+        mut len: usize,
+        dir: Direction,
+        flags: u8,
+        limits: Limits,
+        d: &DirectionPolicy,
+        may_inject: bool,
+    ) -> Verdict {
+        let syn = flags & tcp_flags::SYN != 0;
+        self.clamp(buf, len, syn, limits, d);
+        if syn && self.normalize.is_some() {
+            match self.normalize_syn(buf, len, dir, flags, d) {
+                Some(l) => len = l,
+                None => return Verdict::Drop,
+            }
+        }
+        if dir == Direction::Out && may_inject {
+            len = self.inject(buf, len, syn, flags, limits, d);
+        }
+        Verdict::Forward(len)
+    }
+
+    /// Out: SYNs and SYN-ACKs of the protected hosts lose their timestamps and get the
+    /// canonical layout and window. In: SYNs to them lose their timestamps, so that a protected
+    /// server never answers with its own (its SYN-ACK then has none to remove). `None`: a
+    /// block that cannot be re-laid, dropped as malformed unless `malformed = "accept"`.
+    fn normalize_syn(
         &self,
         buf: &mut [u8],
         len: usize,
-        syn: bool,
-        limits: Limits,
+        dir: Direction,
+        flags: u8,
         d: &DirectionPolicy,
-    ) -> Verdict {
+    ) -> Option<usize> {
+        let segments = match dir {
+            Direction::Out => NORMAL_WINDOW_SEGMENTS,
+            Direction::In if flags & tcp_flags::ACK == 0 => u16::MAX,
+            Direction::In => return Some(len),
+        };
+        let scrub = mt6d_proto::scrub::ScrubPolicy {
+            host_id_kinds: self.kinds,
+            strip_unknown: self.strip_unknown,
+        };
+        match normalize_syn(&mut buf[..len], &scrub, segments, ChecksumField::Complete) {
+            Ok(NormalizeOutcome::Normalized {
+                timestamps,
+                new_len,
+                ..
+            }) => {
+                d.count(Event::Normalized, 1);
+                if timestamps {
+                    d.count(Event::TimestampsRemoved, 1);
+                }
+                Some(new_len)
+            }
+            Ok(_) => Some(len),
+            Err(_) => {
+                d.count(Event::Malformed, 1);
+                if d.policy.drop_malformed {
+                    return None;
+                }
+                d.count(Event::MalformedAccepted, 1);
+                Some(len)
+            }
+        }
+    }
+
+    fn clamp(&self, buf: &mut [u8], len: usize, syn: bool, limits: Limits, d: &DirectionPolicy) {
         if syn && self.mss_clamp {
             if let Ok(ClampOutcome::Clamped { .. }) = clamp_mss(
                 &mut buf[..len],
@@ -364,7 +472,6 @@ impl PeerTcp {
                 d.count(Event::MssClamped, 1);
             }
         }
-        Verdict::Forward(len)
     }
 
     /// SYN mode: the configured option into a SYN (not a SYN-ACK: the gateway speaks for the
