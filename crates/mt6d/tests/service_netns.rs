@@ -114,4 +114,8 @@ fn metrics_are_scraped_and_pass_promtool() {
     );
     let body = after.split("\r\n\r\n").nth(1).expect("body");
     mt6d::lab::promtool_check(body).unwrap_or_else(|e| panic!("{e}\n{body}"));
+    eprintln!(
+        "scrape ({} bytes), promtool check metrics passed:\n{body}",
+        body.len()
+    );
 }
