@@ -6,9 +6,7 @@
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 mod common;
-use common::{handshake_config, ip, A, B};
-
-use std::net::Ipv6Addr;
+use common::{handshake_config, ip, udp_packet, A, B};
 
 use mt6d_proto::handshake::{
     is_handshake, Handshake, HandshakeConfig, Outcome, PrivateKey, Psk, ReceiveKeys,
@@ -23,19 +21,6 @@ const NOW_MS: u64 = 1_800_000_000_000;
 
 fn now() -> UnixTime {
     UnixTime::from_millis(NOW_MS)
-}
-
-fn udp_packet(src: Ipv6Addr, dst: Ipv6Addr, seq: u64) -> Vec<u8> {
-    let mut p = vec![0u8; 56];
-    p[0] = 0x60;
-    p[4..6].copy_from_slice(&16u16.to_be_bytes());
-    p[6] = 17;
-    p[7] = 64;
-    p[8..24].copy_from_slice(&src.octets());
-    p[24..40].copy_from_slice(&dst.octets());
-    p[44..46].copy_from_slice(&16u16.to_be_bytes());
-    p[48..].copy_from_slice(&seq.to_be_bytes());
-    p
 }
 
 /// One side of an identity-key stream, as the daemon holds it.

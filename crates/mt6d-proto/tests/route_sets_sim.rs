@@ -11,7 +11,7 @@
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 mod common;
-use common::{handshake_config, A, B, START_MS};
+use common::{handshake_config, udp_packet, A, B, START_MS};
 
 use std::collections::{BTreeSet, HashSet};
 use std::net::{Ipv6Addr, SocketAddrV6};
@@ -29,19 +29,6 @@ use rand_chacha::ChaCha8Rng;
 const ROTATION_MS: u64 = 1000;
 const TICK_MS: u64 = 10;
 const DATA_EVERY_MS: u64 = 20;
-
-fn inner(src: Ipv6Addr, dst: Ipv6Addr, seq: u64) -> Vec<u8> {
-    let mut p = vec![0u8; 56];
-    p[0] = 0x60;
-    p[4..6].copy_from_slice(&16u16.to_be_bytes());
-    p[6] = 17;
-    p[7] = 64;
-    p[8..24].copy_from_slice(&src.octets());
-    p[24..40].copy_from_slice(&dst.octets());
-    p[44..46].copy_from_slice(&16u16.to_be_bytes());
-    p[48..56].copy_from_slice(&seq.to_be_bytes());
-    p
-}
 
 struct Datagram {
     at: u64,
@@ -133,7 +120,7 @@ impl Gateway {
         let set = self.sets.select(epoch).send;
         let route = self.route_on(&set, epoch);
         let sealer = self.send.as_ref()?;
-        let packet = inner(self.local, self.remote, seq);
+        let packet = udp_packet(self.local, self.remote, seq);
         let mut out = vec![0u8; packet.len() + 64];
         let n = sealer.seal(&route, &packet, &mut out).unwrap();
         out.truncate(n);

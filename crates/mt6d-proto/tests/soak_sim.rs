@@ -9,10 +9,10 @@
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 mod common;
-use common::{handshake_config, ip, A, B, START_MS};
+use common::{handshake_config, ip, udp_packet, A, B, START_MS};
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::net::{Ipv6Addr, SocketAddrV6};
+use std::net::SocketAddrV6;
 use std::time::{Duration, Instant};
 
 use mt6d_proto::handshake::{
@@ -30,19 +30,6 @@ const MAX_DELAY_MS: u64 = 40;
 /// schedule allows (docs/PROTOCOL.md §3).
 const SKEW_A_MS: i64 = 150;
 const SKEW_B_MS: i64 = -150;
-
-fn udp_packet(src: Ipv6Addr, dst: Ipv6Addr, seq: u64) -> [u8; 56] {
-    let mut p = [0u8; 56];
-    p[0] = 0x60;
-    p[4..6].copy_from_slice(&16u16.to_be_bytes());
-    p[6] = 17;
-    p[7] = 64;
-    p[8..24].copy_from_slice(&src.octets());
-    p[24..40].copy_from_slice(&dst.octets());
-    p[44..46].copy_from_slice(&16u16.to_be_bytes());
-    p[48..].copy_from_slice(&seq.to_be_bytes());
-    p
-}
 
 struct Gateway {
     hs: Handshake,

@@ -41,3 +41,18 @@ pub fn handshake_config(
         rekey_after_packets: 1 << 40,
     }
 }
+
+/// A 56-byte IPv6/UDP packet from `src` to `dst` whose 8-byte payload is `seq` (big-endian): what
+/// the simulations send through the tunnel and count on the far side.
+pub fn udp_packet(src: Ipv6Addr, dst: Ipv6Addr, seq: u64) -> [u8; 56] {
+    let mut p = [0u8; 56];
+    p[0] = 0x60;
+    p[4..6].copy_from_slice(&16u16.to_be_bytes());
+    p[6] = 17;
+    p[7] = 64;
+    p[8..24].copy_from_slice(&src.octets());
+    p[24..40].copy_from_slice(&dst.octets());
+    p[44..46].copy_from_slice(&16u16.to_be_bytes());
+    p[48..].copy_from_slice(&seq.to_be_bytes());
+    p
+}
