@@ -1680,36 +1680,7 @@ fn forced_collision_on_the_link_is_survived() {
     let moved = stream.route_with_attempt(e, 1);
     assert_ne!(*moved.local.ip(), squatted);
 
-    let squatter = Netns::create(&mt6d_os::unique_name("m6sq")).expect("squatter namespace");
-    let router = &lab.routers[0];
-    ip_ok(
-        router,
-        &[
-            "link",
-            "add",
-            "sq0",
-            "link",
-            ROUTER_IF_A,
-            "type",
-            "macvlan",
-            "mode",
-            "bridge",
-        ],
-    );
-    ip_ok(router, &["link", "set", "sq0", "netns", squatter.name()]);
-    ip_ok(&squatter, &["link", "set", "lo", "up"]);
-    ip_ok(&squatter, &["link", "set", "sq0", "up"]);
-    ip_ok(
-        &squatter,
-        &[
-            "addr",
-            "add",
-            &format!("{squatted}/64"),
-            "dev",
-            "sq0",
-            "nodad",
-        ],
-    );
+    let _squatter = squat(lab, squatted);
     assert!(
         stream.epoch_at(now()).0 < e.0 - 1,
         "the squatter came after Gateway A bound the address"
@@ -1800,6 +1771,139 @@ fn forced_collision_on_the_link_is_survived() {
     );
     assert_eq!(train.lost(), 0, "ping train lost {:?}", train.lost_at);
     assert_eq!(received, sent, "flood lost {}", sent - received);
+}
+
+/// The same collision on a session route set (docs/PROTOCOL.md §9.8), where data travels with
+/// identity keys: nobody can compute those addresses from the config, so the squatter takes the
+/// address Gateway A's status names for the next epoch of the set it sends on, right after it is
+/// bound and before its duplicate-address probe (1 s before the epoch, §5.2).
+#[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
+fn forced_collision_on_a_session_route_is_survived() {
+    common::require_root();
+    const ROTATION_SECS: f64 = 2.0;
+    let running = start_on(Topology::Routed, "encrypt", ROTATION_SECS, |_| {});
+    let lab = &running.lab;
+    // The next epoch's local address on the session set A sends on, read early in an epoch.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut last_epoch = status(&running, Side::A).peers[0].epoch;
+    let (e, squatted, ends_in) = loop {
+        assert!(
+            Instant::now() < deadline,
+            "no session set in force to squat on"
+        );
+        let st = status(&running, Side::A);
+        let p = &st.peers[0];
+        let sending = p.route_sets.iter().position(|r| r.sending);
+        let fresh_epoch = p.epoch != last_epoch;
+        last_epoch = p.epoch;
+        if let Some(i) = sending.filter(|&i| p.route_sets[i].kind == "session") {
+            let next = p
+                .accept
+                .get(3 * i..3 * i + 3)
+                .and_then(|w| w.iter().find(|r| r.epoch == p.epoch + 1));
+            if let (true, Some(next)) = (fresh_epoch && p.next_change_ms > 1500, next) {
+                let addr: std::net::SocketAddrV6 = next.local.parse().expect("route");
+                break (p.epoch + 1, *addr.ip(), p.next_change_ms);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(30));
+    };
+    let _squatter = squat(lab, squatted);
+    let observer =
+        Observer::start(&lab.gw_a, EXTERNAL_IF, vec![HOST_A, HOST_B], None).expect("observer");
+    // Traffic until the end of epoch E + 1, while watching what A sends on during E.
+    let secs = ends_in as f64 / 1000.0 + 2.0 * ROTATION_SECS;
+    let (train, sent_in_e) = std::thread::scope(|s| {
+        let train = s.spawn(|| {
+            lab.host_a
+                .run(|| {
+                    ping(
+                        HOST_B,
+                        (secs / 0.02) as u64,
+                        Pace::Train {
+                            interval: Duration::from_millis(20),
+                        },
+                        Duration::from_secs(1),
+                    )
+                })
+                .expect("enter A")
+                .expect("ping")
+        });
+        let mut sent_in_e = Vec::new();
+        while !train.is_finished() {
+            let st = status(&running, Side::A);
+            if st.peers[0].epoch == e {
+                sent_in_e.push(st.peers[0].send.local.clone());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        (train.join().expect("train"), sent_in_e)
+    });
+    let report = observer.finish().expect("observer report");
+    let (st_a, st_b) = (status(&running, Side::A), status(&running, Side::B));
+    eprintln!(
+        "session-set collision at epoch {e}: {squatted}; train {}/{} (lost at {:?}); A sent in E from {:?}; A moves {:?}; B moves {:?}",
+        train.received,
+        train.sent,
+        train.lost_at,
+        sent_in_e.first(),
+        st_a.peers[0].moves,
+        st_b.peers[0].moves
+    );
+    assert!(
+        st_a.peers[0].moves.collisions_detected >= 1,
+        "Gateway A did not see the squatter: {:?}",
+        st_a.collision_watch
+    );
+    assert!(
+        st_b.peers[0].moves.moved_by_peer >= 1,
+        "Gateway B did not move: {:?}",
+        st_b.peers[0].moves
+    );
+    assert!(!sent_in_e.is_empty(), "no status read during epoch {e}");
+    assert!(
+        sent_in_e.iter().all(|l| !l.contains(&squatted.to_string())),
+        "A sent from the squatted address in epoch {e}: {sent_in_e:?}"
+    );
+    assert!(
+        !report
+            .outer_pairs
+            .iter()
+            .any(|(src, dst)| *src == squatted || *dst == squatted),
+        "a tunnel packet used the squatter's address"
+    );
+    assert_eq!(train.lost(), 0, "ping train lost {:?}", train.lost_at);
+}
+
+/// A node on the router's link to Gateway A holding `addr` (no duplicate address detection): it
+/// answers neighbour solicitations for it, as a host that took the address would. Dropped, the
+/// namespace goes with it.
+fn squat(lab: &Lab, addr: Ipv6Addr) -> Netns {
+    let squatter = Netns::create(&mt6d_os::unique_name("m6sq")).expect("squatter namespace");
+    let router = &lab.routers[0];
+    ip_ok(
+        router,
+        &[
+            "link",
+            "add",
+            "sq0",
+            "link",
+            ROUTER_IF_A,
+            "type",
+            "macvlan",
+            "mode",
+            "bridge",
+        ],
+    );
+    ip_ok(router, &["link", "set", "sq0", "netns", squatter.name()]);
+    ip_ok(&squatter, &["link", "set", "lo", "up"]);
+    ip_ok(&squatter, &["link", "set", "sq0", "up"]);
+    ip_ok(
+        &squatter,
+        &["addr", "add", &format!("{addr}/64"), "dev", "sq0", "nodad"],
+    );
+    squatter
 }
 
 fn ip_ok(ns: &Netns, args: &[&str]) {
