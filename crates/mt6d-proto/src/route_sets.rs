@@ -337,6 +337,10 @@ impl SetState {
     /// the peer was heard on it, and the epoch after that began (nothing the peer sent on the
     /// parent can still be in the accept window).
     pub fn expire(&mut self, epoch: Epoch, now: UnixTime) -> Option<Change> {
+        // Steady state (no answer pending, parent released): nothing to do, nothing allocated.
+        if self.unconfirmed.is_empty() && self.current.as_ref().is_none_or(|c| c.parent.is_none()) {
+            return None;
+        }
         let before = self.held();
         self.unconfirmed.retain(|u| {
             now.as_nanos().saturating_sub(u.answered_at.as_nanos())

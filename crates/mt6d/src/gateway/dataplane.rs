@@ -435,14 +435,6 @@ pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize, path: 
                         }
                         continue;
                     }
-                    // The link set after the session's switch: handshake-class messages only
-                    // (docs/PROTOCOL.md §9.8). The table may predate an answer just given on it
-                    // (a restarted peer's keepalive follows at once), so ask the live state; only
-                    // packets to a link set closed to data take the lock.
-                    if !bound.data && !p.sets.lock().takes_data(&bound.set) {
-                        counters.drop_n(DropReason::UnknownAddress, 1);
-                        continue;
-                    }
                     if ready == out.len() {
                         flush_to_tun(tun, &mut gro, &mut out[..ready]);
                         ready = 0;
@@ -453,6 +445,14 @@ pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize, path: 
                         .1
                         .open(now, &route, datagram, &mut slot[VIRTIO_NET_HDR_LEN..])
                     {
+                        // The link set after the session's switch takes handshake-class
+                        // messages only (docs/PROTOCOL.md §9.8). The table may predate an answer
+                        // just given on it (a restarted peer's keepalive follows at once), so the
+                        // live state decides; only authenticated packets to a link set closed to
+                        // data ask it, so forgeries never take the lock.
+                        Ok(_) if !bound.data && !p.sets.lock().takes_data(&bound.set) => {
+                            counters.drop_n(DropReason::UnknownAddress, 1);
+                        }
                         Ok(opened) => {
                             bound.set.opened_on(route.epoch);
                             if let Some(phase) = opened.confirmed {
