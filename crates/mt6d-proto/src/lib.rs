@@ -37,6 +37,7 @@ mod error;
 pub mod handshake;
 pub mod icmp;
 mod key;
+pub mod link;
 pub mod moves;
 pub mod route_sets;
 pub mod router;

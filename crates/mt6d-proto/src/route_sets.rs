@@ -194,6 +194,17 @@ impl SetState {
         all
     }
 
+    /// Every set held, the link set first; a set may come twice (a parent that is also
+    /// current). Allocates nothing.
+    pub fn bound_sets(&self) -> impl Iterator<Item = &Arc<RouteSet>> + '_ {
+        let current = self
+            .current
+            .iter()
+            .flat_map(|c| std::iter::once(&c.set).chain(c.parent.iter()));
+        let answered = self.unconfirmed.iter().flat_map(|u| [&u.set, &u.parent]);
+        std::iter::once(&self.link).chain(current).chain(answered)
+    }
+
     /// Adds the move counters of the sets of `before` no longer held to the retired totals.
     fn retire(&mut self, before: Vec<Arc<RouteSet>>) {
         let now = self.held();
@@ -332,13 +343,19 @@ impl SetState {
         self.current.as_ref().map(|c| (c.set.id, c.switch()))
     }
 
+    /// Whether [`SetState::expire`] has anything to do (an answer awaits confirmation or a
+    /// parent is still bound); false in the steady state.
+    pub fn housekeeping_pending(&self) -> bool {
+        !self.unconfirmed.is_empty() || self.current.as_ref().is_some_and(|c| c.parent.is_some())
+    }
+
     /// Housekeeping at `epoch`: forgets answers never confirmed within the initiation's
     /// lifetime, and releases the current set's parent once this side sends on the current set,
     /// the peer was heard on it, and the epoch after that began (nothing the peer sent on the
     /// parent can still be in the accept window).
     pub fn expire(&mut self, epoch: Epoch, now: UnixTime) -> Option<Change> {
         // Steady state (no answer pending, parent released): nothing to do, nothing allocated.
-        if self.unconfirmed.is_empty() && self.current.as_ref().is_none_or(|c| c.parent.is_none()) {
+        if !self.housekeeping_pending() {
             return None;
         }
         let before = self.held();

@@ -1,49 +1,29 @@
 //! Two gateways that share only public keys, in memory: a virtual clock, a network with loss,
-//! duplication and reordering, and per gateway what the daemon does with a [`Handshake`] (poll on a
-//! timer, answer messages, install keys, switch a responder's send key on confirmation, send a
-//! keepalive after completing). Proves: handshakes complete under loss/reordering/duplication and
-//! simultaneous initiation; replayed handshake messages are rejected; rekeying during a packet
-//! stream loses nothing; no (key, nonce) pair is ever used twice, across restarts too.
+//! duplication and reordering, and per gateway a driver of `mt6d_proto::link::Link`, the object
+//! the daemon drives (`common::gateway`): the link polls its timer, answers messages, hands out
+//! keys and switches a responder's send key on confirmation; the simulation only moves bytes.
+//! Proves: handshakes complete under loss/reordering/duplication and simultaneous initiation;
+//! replayed handshake messages are rejected; rekeying during a packet stream loses nothing; no
+//! (key, nonce) pair is ever used twice, across restarts too.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 mod common;
-use common::{handshake_config, ip, A, B, START_MS};
+use common::gateway::{Packet, SimGateway};
+use common::{handshake_config, A, B, START_MS};
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::net::{Ipv6Addr, SocketAddrV6};
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use mt6d_proto::handshake::{
-    is_handshake, Handshake, HandshakeConfig, HandshakeError, Outcome, PrivateKey, Psk, ReceiveKeys,
-};
-use mt6d_proto::{Endpoint, OpenError, Route, Sealer, Stream, StreamConfig, UnixTime};
+use mt6d_proto::handshake::{HandshakeError, HandshakeStats, PrivateKey, Psk, ReceiveKeys};
+use mt6d_proto::link::Link;
+use mt6d_proto::{Route, UnixTime};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-fn udp_packet(src: Ipv6Addr, dst: Ipv6Addr, seq: u64) -> Vec<u8> {
-    let payload = seq.to_be_bytes();
-    let mut p = vec![0u8; 48 + payload.len()];
-    p[0] = 0x60;
-    p[4..6].copy_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
-    p[6] = 17;
-    p[7] = 64;
-    p[8..24].copy_from_slice(&src.octets());
-    p[24..40].copy_from_slice(&dst.octets());
-    p[44..46].copy_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
-    p[48..].copy_from_slice(&payload);
-    p
-}
-
+/// One side: its identity (kept across restarts) and its driver.
 struct Gateway {
     private: PrivateKey,
-    hs: Handshake,
-    stream: Stream,
-    send: Option<Sealer>,
-    /// Responder: the send key of each answered initiation, by the key id of its receive key.
-    pending_send: Vec<(u64, Sealer)>,
-    recv: ReceiveKeys,
-    delivered: Vec<u64>,
-    drops: HashMap<&'static str, u64>,
+    g: SimGateway,
 }
 
 impl Gateway {
@@ -54,28 +34,14 @@ impl Gateway {
         remote: &str,
         rekey: Duration,
     ) -> Self {
-        let hs = Handshake::new(HandshakeConfig {
+        let cfg = mt6d_proto::handshake::HandshakeConfig {
             psk: Psk::from_bytes([0x44; 32]),
             rekey_after: rekey,
             ..handshake_config(&private, peer, local, remote)
-        })
-        .unwrap();
-        let mut cfg = StreamConfig::new(
-            Endpoint::new(ip(local)),
-            Endpoint::new(ip(remote)),
-            hs.link_key().clone(),
-        );
-        cfg.rotation = Duration::from_secs(2);
-        let stream = Stream::new(cfg).unwrap();
+        };
         Gateway {
             private,
-            hs,
-            stream,
-            send: None,
-            pending_send: Vec::new(),
-            recv: ReceiveKeys::new(),
-            delivered: Vec::new(),
-            drops: HashMap::new(),
+            g: SimGateway::new(cfg, Duration::from_secs(2)),
         }
     }
 
@@ -84,24 +50,18 @@ impl Gateway {
         Gateway::new(self.private.clone(), peer, local, remote, rekey)
     }
 
-    fn drop_reason(&mut self, r: &'static str) {
-        *self.drops.entry(r).or_default() += 1;
+    fn stats(&self) -> &HandshakeStats {
+        self.g.hs_stats()
     }
 
-    fn accept_route(&self, now: UnixTime, src: SocketAddrV6, dst: SocketAddrV6) -> Option<Route> {
-        self.stream
-            .schedule(now)
-            .accept
-            .into_iter()
-            .find(|r| r.remote == src && r.local == dst)
+    fn delivered(&self) -> &[u64] {
+        &self.g.delivered
     }
 }
 
 struct Datagram {
-    src: SocketAddrV6,
-    dst: SocketAddrV6,
     to_b: bool,
-    bytes: Vec<u8>,
+    p: Packet,
 }
 
 #[derive(Clone, Copy)]
@@ -167,26 +127,32 @@ impl Sim {
         }
     }
 
-    /// Puts a finished payload on the wire: its header is masked as the daemon does (§4.5), so
-    /// everything below (captures for replay, the replaying attacker, delivery) sees the wire
-    /// bytes.
-    fn transmit(&mut self, from_b: bool, route: Route, mut bytes: Vec<u8>) {
-        let handshake = is_handshake(&bytes);
-        self.gw(from_b)
-            .stream
-            .send_header_key()
-            .unwrap()
-            .protect(&mut bytes)
-            .unwrap();
-        if handshake && self.net.replay_attack {
-            self.replay_everything(&route, from_b, &bytes);
+    /// Moves what side `b` sealed since the last call into the global record, asserting that no
+    /// (key, nonce) pair ever repeats.
+    fn check_nonces(&mut self, b: bool) {
+        let sealed = std::mem::take(&mut self.gw(b).g.nonces);
+        for id in sealed {
+            assert!(self.nonces.insert(id), "nonce reused: {id:?}");
         }
-        if handshake {
+    }
+
+    /// Puts datagrams from side `from_b` on the wire (header protection is already applied, so
+    /// captures for replay, the replaying attacker and delivery all see the wire bytes).
+    fn transmit_all(&mut self, from_b: bool, ps: Vec<Packet>) {
+        self.check_nonces(from_b);
+        for p in ps {
+            self.transmit(from_b, p);
+        }
+    }
+
+    fn transmit(&mut self, from_b: bool, p: Packet) {
+        if p.handshake && self.net.replay_attack {
+            self.replay_everything(&p, from_b);
+        }
+        if p.handshake {
             self.handshakes_sent.push(Datagram {
-                src: route.local,
-                dst: route.remote,
                 to_b: !from_b,
-                bytes: bytes.clone(),
+                p: p.clone(),
             });
         }
         let copies = if self.rng.random_bool(self.net.dup) {
@@ -205,10 +171,8 @@ impl Sim {
             self.in_flight.insert(
                 (self.now_ms + delay, self.seq),
                 Datagram {
-                    src: route.local,
-                    dst: route.remote,
                     to_b: !from_b,
-                    bytes: bytes.clone(),
+                    p: p.clone(),
                 },
             );
         }
@@ -217,29 +181,31 @@ impl Sim {
     /// The attacker: this message (delivered at once, ahead of the genuine copy) and every
     /// earlier one, to its own destination on its own route, and to both gateways on the route
     /// of the current message in both directions.
-    fn replay_everything(&mut self, route: &Route, from_b: bool, bytes: &[u8]) {
-        let mut all: Vec<(SocketAddrV6, SocketAddrV6, bool, Vec<u8>)> = self
+    fn replay_everything(&mut self, current: &Packet, from_b: bool) {
+        let mut all: Vec<(bool, Packet)> = self
             .handshakes_sent
             .iter()
             .rev()
             .take(32)
-            .map(|d| (d.src, d.dst, d.to_b, d.bytes.clone()))
+            .map(|d| (d.to_b, d.p.clone()))
             .collect();
-        all.push((route.local, route.remote, !from_b, bytes.to_vec()));
-        for (src, dst, to_b, msg) in all {
-            for (s, d, b) in [
-                (src, dst, to_b),
-                (route.local, route.remote, !from_b),
-                (route.remote, route.local, from_b),
+        all.push((!from_b, current.clone()));
+        for (to_b, msg) in all {
+            for (src, dst, b) in [
+                (msg.src, msg.dst, to_b),
+                (current.src, current.dst, !from_b),
+                (current.dst, current.src, from_b),
             ] {
                 self.seq += 1;
                 self.in_flight.insert(
                     (self.now_ms + 1, self.seq),
                     Datagram {
-                        src: s,
-                        dst: d,
                         to_b: b,
-                        bytes: msg.clone(),
+                        p: Packet {
+                            src,
+                            dst,
+                            ..msg.clone()
+                        },
                     },
                 );
             }
@@ -250,116 +216,29 @@ impl Sim {
         self.rng.random()
     }
 
-    /// The daemon's timer: initiate when due, erase old keys, stop using expired keys.
+    /// The daemon's timer for side `b`.
     fn tick(&mut self, b: bool) {
         let now = self.now();
         let entropy = self.entropy();
-        let g = self.gw(b);
-        g.recv.expire(now);
-        if g.hs.keys_expired(now) {
-            g.send = None;
-            g.recv.clear();
-        }
-        let route = g.stream.schedule(now).send;
-        let sent = g.send.as_ref().map_or(0, Sealer::sealed);
-        if let Some(init) = g.hs.poll(now, &route, sent, || Some(entropy)) {
-            self.transmit(b, route, init.to_vec());
-        }
+        let out = self.gw(b).g.timeout(now, entropy);
+        self.transmit_all(b, out);
     }
 
     /// The protected host behind `b` sends packet number `seq`.
     fn send_data(&mut self, b: bool, seq: u64) -> bool {
         let now = self.now();
-        let g = self.gw(b);
-        let (src, dst) = (g.stream.local_true(), g.stream.remote_true());
-        let route = g.stream.schedule(now).send;
-        let Some(sealer) = &g.send else {
-            g.hs.want_handshake();
-            g.drop_reason("no_send_key");
+        let Some(p) = self.gw(b).g.send_data(now, seq) else {
             return false;
         };
-        let mut out = vec![0u8; 256];
-        let n = sealer
-            .seal(&route, &udp_packet(src, dst, seq), &mut out)
-            .unwrap();
-        let id = (
-            sealer.key_id().unwrap(),
-            u64::from_be_bytes(out[..8].try_into().unwrap()),
-        );
-        out.truncate(n);
-        assert!(self.nonces.insert(id), "nonce reused: {id:?}");
-        self.transmit(b, route, out);
+        self.transmit_all(b, vec![p]);
         true
     }
 
-    fn deliver(&mut self, mut d: Datagram) {
+    fn deliver(&mut self, d: Datagram) {
         let now = self.now();
         let entropy = self.entropy();
-        let to_b = d.to_b;
-        let g = self.gw(to_b);
-        let Some(route) = g.accept_route(now, d.src, d.dst) else {
-            g.drop_reason("unknown_route");
-            return;
-        };
-        // Unmask with the peer's header key before classifying (§4.5).
-        if let Err(e) = g.stream.recv_header_key().unwrap().unprotect(&mut d.bytes) {
-            g.drop_reason(e.reason());
-            return;
-        }
-        if is_handshake(&d.bytes) {
-            let reply_route = g.stream.schedule(now).send;
-            match g
-                .hs
-                .handle(now, &route, &reply_route, &d.bytes, || Some(entropy))
-            {
-                Ok(Outcome::Responded { reply, keys }) => {
-                    let id = keys.recv.key_id().unwrap();
-                    g.recv.install(keys.recv, false, now);
-                    g.pending_send.push((id, keys.send));
-                    self.transmit(to_b, reply_route, reply.to_vec());
-                }
-                Ok(Outcome::Completed { keys, .. }) => {
-                    g.recv.install(keys.recv, true, now);
-                    g.send = Some(keys.send);
-                    g.pending_send.clear();
-                    let mut ka = [0u8; 64];
-                    let sealer = g.send.as_ref().unwrap();
-                    let n = sealer.seal_keepalive(&reply_route, &mut ka).unwrap();
-                    let id = (
-                        sealer.key_id().unwrap(),
-                        u64::from_be_bytes(ka[..8].try_into().unwrap()),
-                    );
-                    assert!(self.nonces.insert(id), "nonce reused: {id:?}");
-                    self.transmit(to_b, reply_route, ka[..n].to_vec());
-                }
-                Err(e) => g.drop_reason(e.reason()),
-            }
-            return;
-        }
-        let mut out = [0u8; 256];
-        match g.recv.open(now, &route, &d.bytes, &mut out) {
-            Ok(opened) => {
-                if let Some(phase) = opened.confirmed {
-                    if g.hs.confirm(now, phase) {
-                        let id = opened.confirmed_key;
-                        if let Some(at) = g.pending_send.iter().position(|(k, _)| Some(*k) == id) {
-                            g.send = Some(g.pending_send.swap_remove(at).1);
-                        }
-                        g.pending_send.clear();
-                    }
-                }
-                if opened.len > 0 {
-                    g.delivered
-                        .push(u64::from_be_bytes(out[48..56].try_into().unwrap()));
-                }
-            }
-            Err(e) => {
-                if e == OpenError::NoKey {
-                    g.hs.packet_for_empty_slot(now);
-                }
-                g.drop_reason(e.reason());
-            }
-        }
+        let out = self.gw(d.to_b).g.receive(now, &d.p, entropy);
+        self.transmit_all(d.to_b, out);
     }
 
     /// Advances the clock by `ms`, delivering due datagrams and ticking both timers every 10 ms.
@@ -382,7 +261,7 @@ impl Sim {
     }
 
     fn established(&self) -> bool {
-        self.a.send.is_some() && self.b.send.is_some()
+        self.a.g.send.is_some() && self.b.g.send.is_some()
     }
 }
 
@@ -409,9 +288,9 @@ fn handshake_completes_under_loss_reordering_and_duplication() {
             sim.run_ms(5);
         }
         sim.run_ms(100);
-        assert!(sim.b.delivered.len() > 100, "seed {seed}");
-        assert!(sim.a.delivered.len() > 100, "seed {seed}");
-        assert!(sim.a.hs.stats().completed + sim.b.hs.stats().completed >= 2);
+        assert!(sim.b.delivered().len() > 100, "seed {seed}");
+        assert!(sim.a.delivered().len() > 100, "seed {seed}");
+        assert!(sim.a.stats().completed + sim.b.stats().completed >= 2);
     }
 }
 
@@ -425,16 +304,16 @@ fn simultaneous_initiation_resolves_to_one_handshake() {
     assert_eq!(sim.in_flight.len(), 2);
     sim.run_ms(50);
     assert!(sim.established());
-    let (sa, sb) = (sim.a.hs.stats().clone(), sim.b.hs.stats().clone());
+    let (sa, sb) = (sim.a.stats().clone(), sim.b.stats().clone());
     assert_eq!(sa.completed, 1, "{sa:?}");
     assert_eq!(sb.completed, 1, "{sb:?}");
     // The preferred initiator ignored the other's initiation, the other answered.
-    let preferred = if sim.a.hs.is_preferred_initiator() {
+    let preferred = if sim.a.g.link.handshake().unwrap().is_preferred_initiator() {
         &sa
     } else {
         &sb
     };
-    let other = if sim.a.hs.is_preferred_initiator() {
+    let other = if sim.a.g.link.handshake().unwrap().is_preferred_initiator() {
         &sb
     } else {
         &sa
@@ -450,8 +329,8 @@ fn simultaneous_initiation_resolves_to_one_handshake() {
         assert!(sim.send_data(true, 100 + i));
     }
     sim.run_ms(10);
-    assert_eq!(sim.a.delivered.len(), 10);
-    assert_eq!(sim.b.delivered.len(), 10);
+    assert_eq!(sim.a.delivered().len(), 10);
+    assert_eq!(sim.b.delivered().len(), 10);
 }
 
 #[test]
@@ -462,26 +341,27 @@ fn responder_sends_with_new_keys_only_after_confirmation() {
     // Deliver the initiation to B by hand, then the response to A, but lose A's keepalive.
     let init = sim.in_flight.pop_first().unwrap().1;
     sim.deliver(init);
-    assert!(
-        !sim.b.pending_send.is_empty(),
-        "responder keeps the new send key pending"
+    assert_eq!(
+        sim.b.g.link.select(sim.now()).bound.len(),
+        2,
+        "responder binds the answered session's route set at once"
     );
-    assert!(sim.b.send.is_none(), "no send key before confirmation");
+    assert!(sim.b.g.send.is_none(), "no send key before confirmation");
     let resp = sim.in_flight.pop_first().unwrap().1;
     sim.deliver(resp);
-    assert!(sim.a.send.is_some(), "initiator has keys at once");
+    assert!(sim.a.g.send.is_some(), "initiator has keys at once");
     let keepalive = sim.in_flight.pop_first().unwrap().1;
-    assert_eq!(keepalive.bytes.len(), 24);
+    assert_eq!(keepalive.p.bytes.len(), 24);
     drop(keepalive);
-    assert!(sim.b.send.is_none());
+    assert!(sim.b.g.send.is_none());
     // A's first data packet confirms instead.
     assert!(sim.send_data(false, 1));
     sim.run_ms(1);
-    assert_eq!(sim.b.delivered, vec![1]);
-    assert!(sim.b.send.is_some(), "confirmed by A's data");
+    assert_eq!(sim.b.delivered(), [1]);
+    assert!(sim.b.g.send.is_some(), "confirmed by A's data");
     assert!(sim.send_data(true, 2));
     sim.run_ms(1);
-    assert_eq!(sim.a.delivered, vec![2]);
+    assert_eq!(sim.a.delivered(), [2]);
 }
 
 #[test]
@@ -491,16 +371,14 @@ fn replayed_handshake_messages_are_rejected() {
     assert!(sim.established());
     // Let a rekey happen so there are old messages to replay.
     sim.run_ms(5_000);
-    let before_a = sim.a.hs.stats().clone();
-    let before_b = sim.b.hs.stats().clone();
+    let before_a = sim.a.stats().clone();
+    let before_b = sim.b.stats().clone();
     let old: Vec<Datagram> = sim
         .handshakes_sent
         .iter()
         .map(|d| Datagram {
-            src: d.src,
-            dst: d.dst,
             to_b: d.to_b,
-            bytes: d.bytes.clone(),
+            p: d.p.clone(),
         })
         .collect();
     assert!(old.len() >= 4);
@@ -510,7 +388,7 @@ fn replayed_handshake_messages_are_rejected() {
     for d in old {
         sim.deliver(d);
     }
-    let (a, b) = (sim.a.hs.stats(), sim.b.hs.stats());
+    let (a, b) = (sim.a.stats(), sim.b.stats());
     assert_eq!(
         a.completed, before_a.completed,
         "no handshake from a replay"
@@ -520,38 +398,62 @@ fn replayed_handshake_messages_are_rejected() {
     assert_eq!(b.responses_sent, before_b.responses_sent);
     // A fresh replay within the epoch: capture the next initiation and play it twice.
     let now = sim.now();
-    let route = sim.a.stream.schedule(now).send;
+    sim.a.g.link.handle_no_send_key();
     let init = sim
         .a
-        .hs
-        .poll(now, &route, u64::MAX, || Some([9; 32]))
-        .expect("budget reached");
-    let b_route = sim.b.accept_route(now, route.local, route.remote).unwrap();
-    let b_reply = sim.b.stream.schedule(now).send;
-    assert!(sim
-        .b
-        .hs
-        .handle(now, &b_route, &b_reply, &init, || Some([1; 32]))
-        .is_ok());
-    assert_eq!(
-        sim.b
-            .hs
-            .handle(now, &b_route, &b_reply, &init, || Some([2; 32]))
-            .unwrap_err(),
-        HandshakeError::Replayed
-    );
-    // Same initiation bytes on another epoch's route: the MAC binds the route.
-    let later = UnixTime::from_millis(sim.now_ms + 4_000);
-    let other = sim.b.stream.schedule(later).send;
-    let other_in = Route {
-        epoch: other.epoch,
-        local: other.local,
-        remote: sim.a.stream.schedule(later).send.local,
+        .g
+        .timeout(now, [9; 32])
+        .pop()
+        .expect("a wanted initiation");
+    assert!(init.handshake);
+    let replayed = |g: &Gateway| {
+        g.stats()
+            .failures_by_reason()
+            .find_map(|(r, n)| (r == "hs_replayed").then_some(n))
+            .unwrap_or(0)
     };
+    let (responses, replays) = (sim.b.stats().responses_sent, replayed(&sim.b));
+    assert_eq!(sim.b.g.receive(now, &init, [1; 32]).len(), 1);
+    assert!(sim.b.g.receive(now, &init, [2; 32]).is_empty());
+    assert_eq!(sim.b.stats().responses_sent, responses + 1);
+    assert_eq!(replayed(&sim.b), replays + 1);
+    // Same initiation bytes on another epoch's route of the same set: the MAC binds the route.
+    let selection = sim.b.g.link.select(now);
+    let (set, bytes) = selection
+        .bound
+        .iter()
+        .find_map(|b| {
+            Link::schedule_of(&b.set, now)
+                .accept
+                .iter()
+                .any(|r| r.local == init.dst && r.remote == init.src)
+                .then(|| {
+                    let mut bytes = init.bytes.clone();
+                    b.set
+                        .stream
+                        .recv_header_key()
+                        .unwrap()
+                        .unprotect(&mut bytes)
+                        .unwrap();
+                    (b.set.clone(), bytes)
+                })
+        })
+        .unwrap();
+    let later = UnixTime::from_millis(sim.now_ms + 4_000);
+    let other_in: Route = Link::schedule_of(&set, later).send;
+    assert_ne!(other_in.epoch, Link::schedule_of(&set, now).send.epoch);
     assert_eq!(
         sim.b
-            .hs
-            .handle(later, &other_in, &other, &init, || Some([3; 32]))
+            .g
+            .link
+            .handle_handshake(
+                later,
+                &set,
+                &other_in,
+                &bytes,
+                &mut ReceiveKeys::new(),
+                || { Some([3; 32]) }
+            )
             .unwrap_err(),
         HandshakeError::BadMac
     );
@@ -576,20 +478,21 @@ fn rekeying_during_a_packet_stream_loses_nothing() {
             sim.run_ms(10);
         }
         sim.run_ms(100);
-        let rekeys = sim.a.hs.stats().rekeys + sim.b.hs.stats().rekeys;
+        let rekeys = sim.a.stats().rekeys + sim.b.stats().rekeys;
         assert!(
             rekeys >= 20,
             "seed {seed}: {rekeys} rekeys (both sides counted)"
         );
         for (name, g) in [("A", &sim.a), ("B", &sim.b)] {
-            let got: HashSet<u64> = g.delivered.iter().copied().collect();
+            let got: HashSet<u64> = g.delivered().iter().copied().collect();
             assert_eq!(
                 got.len() as u64,
                 n,
                 "seed {seed}: {name} lost packets: drops {:?}",
-                g.drops
+                g.g.drops
             );
             let bad: u64 = g
+                .g
                 .drops
                 .iter()
                 // The network duplicates packets (replays of data and handshakes), and both sides
@@ -597,7 +500,7 @@ fn rekeying_during_a_packet_stream_loses_nothing() {
                 .filter(|(r, _)| !matches!(**r, "open_replay" | "hs_replayed" | "hs_simultaneous"))
                 .map(|(_, n)| n)
                 .sum();
-            assert_eq!(bad, 0, "seed {seed}: {name} drops {:?}", g.drops);
+            assert_eq!(bad, 0, "seed {seed}: {name} drops {:?}", g.g.drops);
         }
     }
 }
@@ -633,8 +536,8 @@ fn nonces_never_repeat_across_restarts_and_traffic_recovers() {
             sim.send_data(true, seq);
             seq += 1;
             sim.run_ms(5);
-            let a_ok = sim.a.delivered.last() == Some(&(seq - 1));
-            let b_ok = sim.b.delivered.last() == Some(&(seq - 1));
+            let a_ok = sim.a.delivered().last() == Some(&(seq - 1));
+            let b_ok = sim.b.delivered().last() == Some(&(seq - 1));
             if a_ok && b_ok {
                 recovered_after = Some(t * 5);
                 break;
@@ -653,12 +556,10 @@ fn bogus_initiations_are_rejected_by_the_mac_before_any_diffie_hellman() {
     sim.run_ms(50);
     assert!(sim.established());
     let now = sim.now();
-    let route = sim.b.stream.schedule(now).send;
-    let arrived = Route {
-        epoch: route.epoch,
-        local: route.local,
-        remote: route.remote,
-    };
+    // On B's link set, where a cold start's initiations arrive.
+    let set = sim.b.g.link.sets().link().clone();
+    let route = Link::schedule_of(&set, now).send;
+    let mut recv = ReceiveKeys::new();
     let mut rng = ChaCha8Rng::seed_from_u64(1);
     for _ in 0..1000 {
         let mut junk = [0u8; mt6d_proto::handshake::INITIATION_LEN];
@@ -667,20 +568,21 @@ fn bogus_initiations_are_rejected_by_the_mac_before_any_diffie_hellman() {
         junk[1..4].fill(0);
         assert_eq!(
             sim.b
-                .hs
-                .handle(now, &arrived, &route, &junk, || Some([0; 32]))
+                .g
+                .link
+                .handle_handshake(now, &set, &route, &junk, &mut recv, || Some([0; 32]))
                 .unwrap_err(),
             HandshakeError::BadMac
         );
     }
     assert_eq!(
-        sim.b.hs.stats().failures_by_reason().collect::<Vec<_>>(),
+        sim.b.stats().failures_by_reason().collect::<Vec<_>>(),
         vec![("hs_bad_mac", 1000)]
     );
     // Established traffic is untouched.
     assert!(sim.send_data(false, 1));
     sim.run_ms(1);
-    assert_eq!(sim.b.delivered, vec![1]);
+    assert_eq!(sim.b.delivered(), [1]);
 }
 
 /// Issue findings 3 and 4: at 1 s and 2 s round trips (each longer than the first retry interval)
@@ -719,18 +621,18 @@ fn handshakes_complete_at_long_round_trips_under_a_replaying_attacker() {
                 sim.run_ms(20);
             }
             sim.run_ms(rtt + 100);
-            let (a, b) = (sim.a.hs.stats().clone(), sim.b.hs.stats().clone());
+            let (a, b) = (sim.a.stats().clone(), sim.b.stats().clone());
             assert!(
                 a.rekeys + b.rekeys >= 3,
                 "rtt {rtt} seed {seed}: {a:?} {b:?}"
             );
             for (name, g) in [("A", &sim.a), ("B", &sim.b)] {
-                let got: HashSet<u64> = g.delivered.iter().copied().collect();
+                let got: HashSet<u64> = g.delivered().iter().copied().collect();
                 assert_eq!(
                     got.len() as u64,
                     n,
                     "rtt {rtt} seed {seed}: {name} lost packets: drops {:?}",
-                    g.drops
+                    g.g.drops
                 );
             }
             assert!(
@@ -753,11 +655,11 @@ fn forged_empty_slot_packets_cause_no_handshake_storm() {
     let mut sim = Sim::new(21, CLEAN, Duration::from_secs(120));
     sim.run_ms(100);
     assert!(sim.established());
-    let before = sim.a.hs.stats().initiations_sent + sim.b.hs.stats().initiations_sent;
+    let before = sim.a.stats().initiations_sent + sim.b.stats().initiations_sent;
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     let forge = |sim: &mut Sim, rng: &mut ChaCha8Rng| {
         let now = sim.now();
-        let route = sim.a.stream.schedule(now).send;
+        let route = sim.a.g.stream().schedule(now).send;
         let mut p = [0u8; 32];
         rng.fill(&mut p[..]);
         // The phase bit of the slot B has no key in (B's confirmed key is phase 0).
@@ -766,7 +668,8 @@ fn forged_empty_slot_packets_cause_no_handshake_storm() {
         // thief of one static key can derive it); without it only a quarter of random forgeries
         // would name that slot.
         sim.a
-            .stream
+            .g
+            .stream()
             .send_header_key()
             .unwrap()
             .protect(&mut p)
@@ -774,10 +677,13 @@ fn forged_empty_slot_packets_cause_no_handshake_storm() {
         sim.in_flight.insert(
             (sim.now_ms + 1, u64::MAX - sim.now_ms),
             Datagram {
-                src: route.local,
-                dst: route.remote,
                 to_b: true,
-                bytes: p.to_vec(),
+                p: Packet {
+                    src: route.local,
+                    dst: route.remote,
+                    bytes: p.to_vec(),
+                    handshake: false,
+                },
             },
         );
     };
@@ -785,19 +691,19 @@ fn forged_empty_slot_packets_cause_no_handshake_storm() {
         forge(&mut sim, &mut rng);
         sim.run_ms(10);
     }
-    let after = sim.a.hs.stats().initiations_sent + sim.b.hs.stats().initiations_sent;
-    assert!(sim.b.drops.get("open_no_key").copied().unwrap_or(0) >= 1_900);
+    let after = sim.a.stats().initiations_sent + sim.b.stats().initiations_sent;
+    assert!(sim.b.g.drops.get("open_no_key").copied().unwrap_or(0) >= 1_900);
     assert_eq!(after, before, "no handshake while the keys are fresh");
     // Keys older than the rekey interval: B may ask, but at most once per hold-off.
     let mut sim = Sim::new(22, CLEAN, Duration::from_secs(2));
     sim.run_ms(100);
     assert!(sim.established());
-    let start = sim.b.hs.stats().initiations_sent + sim.a.hs.stats().initiations_sent;
+    let start = sim.b.stats().initiations_sent + sim.a.stats().initiations_sent;
     for _ in 0..2_000 {
         forge(&mut sim, &mut rng);
         sim.run_ms(10);
     }
-    let made = sim.b.hs.stats().initiations_sent + sim.a.hs.stats().initiations_sent - start;
+    let made = sim.b.stats().initiations_sent + sim.a.stats().initiations_sent - start;
     // Regular rekeys every ~2 s (10 in 20 s, and retries) plus at most 4 asked for by forgeries.
     assert!(made <= 20, "{made} initiations in 20 s");
 }
@@ -817,8 +723,8 @@ fn a_rekey_race_loses_no_packet() {
         let mut seq = 0u64;
         for race in 0..20 {
             // Both timers decide to rekey in the same millisecond.
-            sim.a.hs.want_handshake();
-            sim.b.hs.want_handshake();
+            sim.a.g.link.handle_no_send_key();
+            sim.b.g.link.handle_no_send_key();
             sim.tick(false);
             sim.tick(true);
             for _ in 0..150 {
@@ -830,15 +736,15 @@ fn a_rekey_race_loses_no_packet() {
         }
         sim.run_ms(100);
         for (name, g) in [("A", &sim.a), ("B", &sim.b)] {
-            let got: HashSet<u64> = g.delivered.iter().copied().collect();
+            let got: HashSet<u64> = g.delivered().iter().copied().collect();
             assert_eq!(
                 got.len() as u64,
                 seq,
                 "seed {seed}: {name} lost {} packets: drops {:?}",
                 seq - got.len() as u64,
-                g.drops
+                g.g.drops
             );
         }
-        assert!(sim.a.hs.stats().rekeys + sim.b.hs.stats().rekeys >= 20);
+        assert!(sim.a.stats().rekeys + sim.b.stats().rekeys >= 20);
     }
 }

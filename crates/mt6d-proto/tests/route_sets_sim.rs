@@ -1,4 +1,5 @@
-//! Route sets (docs/PROTOCOL.md §9.8) driven in memory as the daemon drives them: two gateways
+//! Route sets (docs/PROTOCOL.md §9.8) driven in memory through `mt6d_proto::link::Link`, the
+//! object the daemon drives (`common::gateway` is the driver): two gateways
 //! with identity keys, a virtual clock, rotation every second and a rekey every 3 s, a network
 //! that delivers a datagram only to a (hashed address, port) its receiver has bound, with each
 //! set's header protection and handshake MAC. Data flows both ways every 20 ms.
@@ -11,18 +12,16 @@
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 mod common;
-use common::{handshake_config, udp_packet, A, B, START_MS};
+use common::{handshake_config, A, B, START_MS};
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::net::{Ipv6Addr, SocketAddrV6};
-use std::sync::Arc;
 use std::time::Duration;
 
-use mt6d_proto::handshake::{
-    is_handshake, Handshake, HandshakeConfig, Outcome, PrivateKey, ReceiveKeys,
-};
-use mt6d_proto::route_sets::{RouteSet, SetState};
-use mt6d_proto::{Endpoint, Epoch, Route, Sealer, Stream, StreamConfig, UnixTime};
+use common::gateway::{Packet, SimGateway};
+use mt6d_proto::handshake::{HandshakeConfig, PrivateKey};
+use mt6d_proto::route_sets::Selection;
+use mt6d_proto::{Epoch, UnixTime};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -30,194 +29,61 @@ const ROTATION_MS: u64 = 1000;
 const TICK_MS: u64 = 10;
 const DATA_EVERY_MS: u64 = 20;
 
-struct Datagram {
-    at: u64,
-    src: SocketAddrV6,
-    dst: SocketAddrV6,
-    bytes: Vec<u8>,
-    handshake: bool,
-}
-
+/// A gateway: the shared driver of `Link` and its own entropy.
 struct Gateway {
-    hs: Handshake,
-    stream: Stream,
-    sets: SetState,
-    recv: ReceiveKeys,
-    send: Option<Sealer>,
-    pending_send: Vec<(u64, Sealer)>,
-    local: Ipv6Addr,
-    remote: Ipv6Addr,
-    delivered: BTreeSet<u64>,
+    sim: SimGateway,
     entropy: ChaCha8Rng,
+    /// Call the link's timeout only once `poll_timeout` says so (else on every tick).
+    lazy: bool,
+    /// Timeouts handled.
+    timeouts: u64,
 }
 
 impl Gateway {
     fn new(cfg: HandshakeConfig, seed: u64) -> Gateway {
-        let hs = Handshake::new(cfg.clone()).unwrap();
-        let mut sc = StreamConfig::new(
-            Endpoint::new(cfg.local_true),
-            Endpoint::new(cfg.remote_true),
-            hs.link_key().clone(),
-        );
-        sc.rotation = Duration::from_millis(ROTATION_MS);
-        let stream = Stream::new(sc).unwrap();
-        let sets = SetState::new(Arc::new(RouteSet::link(&stream)));
         Gateway {
-            local: cfg.local_true,
-            remote: cfg.remote_true,
-            hs,
-            stream,
-            sets,
-            recv: ReceiveKeys::new(),
-            send: None,
-            pending_send: Vec::new(),
-            delivered: BTreeSet::new(),
+            sim: SimGateway::new(cfg, Duration::from_millis(ROTATION_MS)),
             entropy: ChaCha8Rng::seed_from_u64(seed),
+            lazy: false,
+            timeouts: 0,
         }
     }
 
-    fn route_on(&self, set: &RouteSet, epoch: Epoch) -> Route {
-        set.stream.route(epoch)
-    }
-
-    fn emit(&self, set: &RouteSet, route: &Route, mut bytes: Vec<u8>, at: u64) -> Datagram {
-        let handshake = is_handshake(&bytes);
-        set.stream
-            .send_header_key()
-            .unwrap()
-            .protect(&mut bytes)
-            .unwrap();
-        Datagram {
-            at,
-            src: route.local,
-            dst: route.remote,
-            bytes,
-            handshake,
-        }
-    }
-
-    /// The timer: set housekeeping, then an initiation if one is due.
     fn tick(&mut self, now_ms: u64) -> Vec<Datagram> {
         let now = UnixTime::from_millis(now_ms);
-        let epoch = self.stream.epoch_at(now);
-        self.recv.expire(now);
-        self.sets.expire(epoch, now);
-        let set = self.sets.initiation_set(epoch, self.hs.attempts()).clone();
-        let route = self.route_on(&set, epoch);
-        let sent = self.send.as_ref().map_or(0, Sealer::sealed);
-        let mut rng = self.entropy.clone();
-        let init = self
-            .hs
-            .poll_on(now, &route, set.mac.as_ref(), sent, || Some(rng.random()));
-        self.entropy = rng;
-        init.map(|m| vec![self.emit(&set, &route, m.to_vec(), now_ms)])
-            .unwrap_or_default()
+        if self.lazy && self.sim.link.poll_timeout().is_none_or(|t| t > now) {
+            return Vec::new();
+        }
+        self.timeouts += 1;
+        let e = self.entropy.random();
+        stamp(now_ms, self.sim.timeout(UnixTime::from_millis(now_ms), e))
     }
 
     fn send_data(&mut self, now_ms: u64, seq: u64) -> Option<Datagram> {
-        let now = UnixTime::from_millis(now_ms);
-        let epoch = self.stream.epoch_at(now);
-        let set = self.sets.select(epoch).send;
-        let route = self.route_on(&set, epoch);
-        let sealer = self.send.as_ref()?;
-        let packet = udp_packet(self.local, self.remote, seq);
-        let mut out = vec![0u8; packet.len() + 64];
-        let n = sealer.seal(&route, &packet, &mut out).unwrap();
-        out.truncate(n);
-        Some(self.emit(&set, &route, out, now_ms))
+        let p = self.sim.send_data(UnixTime::from_millis(now_ms), seq)?;
+        Some(Datagram { at: now_ms, p })
     }
 
-    /// A datagram arrives: the set is the one that binds its destination now, else it is lost.
     fn receive(&mut self, now_ms: u64, d: &Datagram) -> Vec<Datagram> {
-        let now = UnixTime::from_millis(now_ms);
-        let epoch = self.stream.epoch_at(now);
-        let selection = self.sets.select(epoch);
-        let found = selection.bound.iter().find_map(|b| {
-            [epoch.prev(), epoch, epoch.next()]
-                .into_iter()
-                .map(|e| b.set.stream.route(e))
-                .find(|r| r.local == d.dst && r.remote == d.src)
-                .map(|r| (b.set.clone(), r))
-        });
-        let Some((set, route)) = found else {
-            return Vec::new();
-        };
-        let mut bytes = d.bytes.clone();
-        set.stream
-            .recv_header_key()
-            .unwrap()
-            .unprotect(&mut bytes)
-            .unwrap();
-        if is_handshake(&bytes) {
-            let reply_route = self.route_on(&set, epoch);
-            let mut rng = self.entropy.clone();
-            let outcome =
-                self.hs
-                    .handle_on(now, &route, &reply_route, set.mac.as_ref(), &bytes, || {
-                        Some(rng.random())
-                    });
-            self.entropy = rng;
-            return match outcome {
-                Ok(Outcome::Responded { reply, keys }) => {
-                    let id = keys.recv.key_id().unwrap();
-                    self.sets.answered(
-                        &self.stream,
-                        id,
-                        &keys.route,
-                        keys.initiation_epoch,
-                        set.clone(),
-                        now,
-                    );
-                    self.recv.install(keys.recv, false, now);
-                    self.pending_send.push((id, keys.send));
-                    vec![self.emit(&set, &reply_route, reply.to_vec(), now_ms)]
-                }
-                Ok(Outcome::Completed { keys, .. }) => {
-                    self.sets.completed(
-                        &self.stream,
-                        &keys.route,
-                        keys.initiation_epoch,
-                        set.clone(),
-                        epoch,
-                    );
-                    self.recv.install(keys.recv, true, now);
-                    let mut ka = [0u8; 64];
-                    let n = keys.send.seal_keepalive(&reply_route, &mut ka).unwrap();
-                    self.send = Some(keys.send);
-                    self.pending_send.clear();
-                    vec![self.emit(&set, &reply_route, ka[..n].to_vec(), now_ms)]
-                }
-                Err(_) => Vec::new(),
-            };
-        }
-        if !self.sets.takes_data(&set) {
-            return Vec::new();
-        }
-        let mut out = vec![0u8; 256];
-        if let Ok(opened) = self.recv.open(now, &route, &bytes, &mut out) {
-            set.opened_on(route.epoch);
-            if let Some(phase) = opened.confirmed {
-                if self.hs.confirm(now, phase) {
-                    let key = opened.confirmed_key;
-                    if let Some(i) = self
-                        .pending_send
-                        .iter()
-                        .position(|(id, _)| Some(*id) == key)
-                    {
-                        self.send = Some(self.pending_send.swap_remove(i).1);
-                    }
-                    self.pending_send.clear();
-                    self.sets.confirmed(key, epoch);
-                }
-            }
-            if opened.len >= 56 {
-                let mut seq = [0u8; 8];
-                seq.copy_from_slice(&out[48..56]);
-                self.delivered.insert(u64::from_be_bytes(seq));
-            }
-        }
-        Vec::new()
+        let e = self.entropy.random();
+        stamp(
+            now_ms,
+            self.sim.receive(UnixTime::from_millis(now_ms), &d.p, e),
+        )
     }
+
+    fn sets_at(&self, now: UnixTime) -> Selection {
+        self.sim.link.select(now)
+    }
+}
+
+struct Datagram {
+    at: u64,
+    p: Packet,
+}
+
+fn stamp(at: u64, ps: Vec<Packet>) -> Vec<Datagram> {
+    ps.into_iter().map(|p| Datagram { at, p }).collect()
 }
 
 struct Net {
@@ -231,7 +97,7 @@ struct Net {
 
 impl Net {
     fn put(&mut self, to: usize, d: Datagram) {
-        self.wire.push((d.at, d.src, d.dst, d.handshake));
+        self.wire.push((d.at, d.p.src, d.p.dst, d.p.handshake));
         if self.rng.random::<f64>() < self.loss {
             return;
         }
@@ -325,18 +191,22 @@ impl Run {
 
     /// Data side `side` sent in [from, to) ms that the other side never delivered.
     fn lost(&self, side: usize, from: u64, to: u64) -> Vec<(u64, u64)> {
+        let delivered: HashSet<u64> = self.gateways[1 - side]
+            .sim
+            .delivered
+            .iter()
+            .copied()
+            .collect();
         self.sent[side]
             .iter()
-            .filter(|(t, s)| {
-                *t >= from && *t < to && !self.gateways[1 - side].delivered.contains(s)
-            })
+            .filter(|(t, s)| *t >= from && *t < to && !delivered.contains(s))
             .copied()
             .collect()
     }
 
     /// Every address of the link set at epochs around [from, to) ms.
     fn link_addresses(&self, from: u64, to: u64) -> HashSet<Ipv6Addr> {
-        let link = &self.gateways[0].stream;
+        let link = self.gateways[0].sim.stream();
         let first = link.epoch_at(UnixTime::from_millis(START_MS + from)).0 - 2;
         let last = link.epoch_at(UnixTime::from_millis(START_MS + to)).0 + 2;
         let mut all = HashSet::new();
@@ -368,7 +238,7 @@ impl Run {
 fn switches_rekeys_and_a_restart_lose_no_data_and_keep_data_off_the_link_set() {
     let mut run = Run::new(7, 0.0, 0);
     run.run(0, 20_000);
-    let handshakes = run.gateways[0].hs.stats().completed;
+    let handshakes = run.gateways[0].sim.hs_stats().completed;
     assert!(handshakes >= 5, "only {handshakes} handshakes in 20 s");
     // The first session's keys exist after one round trip; its set is in force two epochs after
     // the initiation's. Everything sent with a key is delivered, across every switch.
@@ -388,10 +258,7 @@ fn switches_rekeys_and_a_restart_lose_no_data_and_keep_data_off_the_link_set() {
         run.data_on_link(0, 3 * ROTATION_MS) > 0,
         "control: the cold start's data travels on the link set"
     );
-    let sets = |g: &Gateway| {
-        g.sets
-            .select(g.stream.epoch_at(UnixTime::from_millis(START_MS + 20_000)))
-    };
+    let sets = |g: &Gateway| g.sets_at(UnixTime::from_millis(START_MS + 20_000));
     assert!(
         sets(&run.gateways[0]).send.id >= 5,
         "{:?}",
@@ -431,13 +298,13 @@ fn under_loss_and_reordering_the_chain_goes_on_and_never_sticks_to_the_link_set(
             if second >= 10 {
                 let now = UnixTime::from_millis(START_MS + (second + 1) * 1000);
                 for g in &run.gateways {
-                    if g.sets.select(g.stream.epoch_at(now)).send.is_link() {
+                    if g.sets_at(now).send.is_link() {
                         on_link_epochs += 1;
                     }
                 }
             }
         }
-        let handshakes = run.gateways[0].hs.stats().completed;
+        let handshakes = run.gateways[0].sim.hs_stats().completed;
         assert!(
             handshakes >= 6,
             "seed {seed}: only {handshakes} handshakes in 40 s"
@@ -447,10 +314,47 @@ fn under_loss_and_reordering_the_chain_goes_on_and_never_sticks_to_the_link_set(
             "seed {seed}: a side sent on the link set"
         );
         let sent: usize = run.sent.iter().map(Vec::len).sum();
-        let delivered: usize = run.gateways.iter().map(|g| g.delivered.len()).sum();
+        let delivered: usize = run.gateways.iter().map(|g| g.sim.delivered.len()).sum();
         assert!(
             delivered * 100 >= sent * 85,
             "seed {seed}: {delivered} of {sent} delivered at 10 % loss"
         );
     }
+}
+
+/// The link's `poll_timeout` is enough to drive it: with the timer called only when it says so
+/// (as the daemon's driver does), the chain of sessions, its switches and a restart lose nothing,
+/// and the timer runs a small fraction of the 10 ms ticks.
+#[test]
+fn driven_by_its_own_timeout_alone_the_link_loses_nothing() {
+    let mut run = Run::new(11, 0.0, 0);
+    for g in &mut run.gateways {
+        g.lazy = true;
+    }
+    let lost = |run: &Run, from, to| {
+        for side in 0..2 {
+            let lost = run.lost(side, from, to);
+            assert!(
+                lost.is_empty(),
+                "side {side}: lost {} from {:?}: drops {:?}",
+                lost.len(),
+                lost.first(),
+                run.gateways[1 - side].sim.drops
+            );
+        }
+    };
+    run.run(0, 20_000);
+    lost(&run, 100, 19_900);
+    assert!(run.gateways[0].sim.hs_stats().completed >= 5);
+    run.restart(1, 98);
+    run.gateways[1].lazy = true;
+    run.run(20_000, 40_000);
+    lost(&run, 20_100, 39_900);
+    assert_eq!(run.data_on_link(24_000, 40_000), 0);
+    let ticks = 40_000 / TICK_MS;
+    let timeouts = run.gateways[0].timeouts;
+    assert!(
+        timeouts * 5 < ticks,
+        "{timeouts} timeouts handled in {ticks} ticks"
+    );
 }

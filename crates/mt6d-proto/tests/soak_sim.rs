@@ -9,16 +9,14 @@
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 mod common;
-use common::{handshake_config, ip, udp_packet, A, B, START_MS};
+use common::{handshake_config, A, B, START_MS};
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::net::SocketAddrV6;
 use std::time::{Duration, Instant};
 
-use mt6d_proto::handshake::{
-    is_handshake, Handshake, HandshakeConfig, Outcome, PrivateKey, ReceiveKeys,
-};
-use mt6d_proto::{Endpoint, OpenError, Sealer, Stream, StreamConfig, UnixTime};
+use common::gateway::{Packet, SimGateway};
+use mt6d_proto::handshake::{HandshakeConfig, PrivateKey};
+use mt6d_proto::UnixTime;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -32,39 +30,22 @@ const SKEW_A_MS: i64 = 150;
 const SKEW_B_MS: i64 = -150;
 
 struct Gateway {
-    hs: Handshake,
-    stream: Stream,
+    g: SimGateway,
     skew_ms: i64,
-    send: Option<Sealer>,
-    pending_send: Option<Sealer>,
-    recv: ReceiveKeys,
-    delivered: u64,
-    drops: HashMap<&'static str, u64>,
 }
 
 impl Gateway {
     fn new(private: &PrivateKey, peer: &PrivateKey, local: &str, remote: &str, skew: i64) -> Self {
-        let hs = Handshake::new(HandshakeConfig {
+        let cfg = HandshakeConfig {
             rekey_after: REKEY,
             ..handshake_config(private, peer, local, remote)
-        })
-        .unwrap();
-        let mut cfg = StreamConfig::new(
-            Endpoint::new(ip(local)),
-            Endpoint::new(ip(remote)),
-            hs.link_key().clone(),
-        );
-        cfg.rotation = Duration::from_millis(R_MS);
-        cfg.jitter = true;
+        };
         Gateway {
-            hs,
-            stream: Stream::new(cfg).unwrap(),
+            g: SimGateway::configured(cfg, |sc| {
+                sc.rotation = Duration::from_millis(R_MS);
+                sc.jitter = true;
+            }),
             skew_ms: skew,
-            send: None,
-            pending_send: None,
-            recv: ReceiveKeys::new(),
-            delivered: 0,
-            drops: HashMap::new(),
         }
     }
 
@@ -72,16 +53,17 @@ impl Gateway {
         UnixTime::from_millis(global_ms.saturating_add_signed(self.skew_ms))
     }
 
-    fn drop_reason(&mut self, r: &'static str) {
-        *self.drops.entry(r).or_default() += 1;
+    /// Drops by reason, sends without a key apart (counted on their own).
+    fn refused(&self) -> HashMap<&'static str, u64> {
+        let mut d = self.g.drops.clone();
+        d.remove("no_send_key");
+        d
     }
 }
 
 struct Datagram {
-    src: SocketAddrV6,
-    dst: SocketAddrV6,
     to_b: bool,
-    bytes: Vec<u8>,
+    p: Packet,
 }
 
 struct Sim {
@@ -93,7 +75,6 @@ struct Sim {
     data_sent: u64,
     lost_in_network: u64,
     data_lost_in_network: u64,
-    no_key: u64,
     nonces: HashSet<(u64, u64)>,
 }
 
@@ -113,151 +94,54 @@ impl Sim {
             data_sent: 0,
             lost_in_network: 0,
             data_lost_in_network: 0,
-            no_key: 0,
             nonces: HashSet::new(),
         }
     }
 
-    /// Puts a datagram on the network; `data` says whether it carries a protected host's packet
-    /// (not a handshake message or keepalive).
-    fn transmit(
-        &mut self,
-        from: usize,
-        (src, dst): (SocketAddrV6, SocketAddrV6),
-        bytes: Vec<u8>,
-        data: bool,
-    ) {
-        if self.rng.random_bool(LOSS) {
-            self.lost_in_network += 1;
-            if data {
-                self.data_lost_in_network += 1;
-            }
-            return;
+    /// Puts what gateway `from` sent on the network; `data` says whether it carries a protected
+    /// host's packet (not a handshake message or keepalive).
+    fn transmit(&mut self, from: usize, ps: Vec<Packet>, data: bool) {
+        for id in std::mem::take(&mut self.gw[from].g.nonces) {
+            assert!(self.nonces.insert(id), "nonce reused: {id:?}");
         }
-        let at = self.now_ms + self.rng.random_range(0..=MAX_DELAY_MS);
-        self.seq += 1;
-        self.in_flight.insert(
-            (at, self.seq),
-            Datagram {
-                src,
-                dst,
-                to_b: from == 0,
-                bytes,
-            },
-        );
+        for p in ps {
+            if self.rng.random_bool(LOSS) {
+                self.lost_in_network += 1;
+                if data {
+                    self.data_lost_in_network += 1;
+                }
+                continue;
+            }
+            let at = self.now_ms + self.rng.random_range(0..=MAX_DELAY_MS);
+            self.seq += 1;
+            self.in_flight
+                .insert((at, self.seq), Datagram { to_b: from == 0, p });
+        }
     }
 
     /// The daemon's timer for gateway `i`.
     fn tick(&mut self, i: usize) {
         let entropy: [u8; 32] = self.rng.random();
-        let g = &mut self.gw[i];
-        let now = g.clock(self.now_ms);
-        g.recv.expire(now);
-        if g.hs.keys_expired(now) {
-            g.send = None;
-            g.recv.clear();
-        }
-        let route = g.stream.schedule(now).send;
-        let sent = g.send.as_ref().map_or(0, Sealer::sealed);
-        if let Some(init) = g.hs.poll(now, &route, sent, || Some(entropy)) {
-            self.transmit(i, (route.local, route.remote), init.to_vec(), false);
-        }
+        let now = self.gw[i].clock(self.now_ms);
+        let out = self.gw[i].g.timeout(now, entropy);
+        self.transmit(i, out, false);
     }
 
     fn send_data(&mut self, i: usize) {
-        let g = &mut self.gw[i];
-        let now = g.clock(self.now_ms);
-        let route = g.stream.schedule(now).send;
-        let Some(sealer) = &g.send else {
-            g.hs.want_handshake();
-            self.no_key += 1;
+        let now = self.gw[i].clock(self.now_ms);
+        let Some(p) = self.gw[i].g.send_data(now, self.data_sent) else {
             return;
         };
-        let inner = udp_packet(
-            g.stream.local_true(),
-            g.stream.remote_true(),
-            self.data_sent,
-        );
-        let mut out = vec![0u8; 128];
-        let n = sealer.seal(&route, &inner, &mut out).unwrap();
-        let id = (
-            sealer.key_id().unwrap(),
-            u64::from_be_bytes(out[..8].try_into().unwrap()),
-        );
-        assert!(self.nonces.insert(id), "nonce reused: {id:?}");
-        out.truncate(n);
         self.data_sent += 1;
-        self.transmit(i, (route.local, route.remote), out, true);
+        self.transmit(i, vec![p], true);
     }
 
     fn deliver(&mut self, d: Datagram) {
         let entropy: [u8; 32] = self.rng.random();
         let i = usize::from(d.to_b);
-        let g = &mut self.gw[i];
-        let now = g.clock(self.now_ms);
-        let schedule = g.stream.schedule(now);
-        let Some(route) = schedule
-            .accept
-            .into_iter()
-            .find(|r| r.remote == d.src && r.local == d.dst)
-        else {
-            g.drop_reason("unknown_route");
-            return;
-        };
-        if is_handshake(&d.bytes) {
-            let reply_route = schedule.send;
-            match g
-                .hs
-                .handle(now, &route, &reply_route, &d.bytes, || Some(entropy))
-            {
-                Ok(Outcome::Responded { reply, keys }) => {
-                    g.recv.install(keys.recv, false, now);
-                    g.pending_send = Some(keys.send);
-                    self.transmit(
-                        i,
-                        (reply_route.local, reply_route.remote),
-                        reply.to_vec(),
-                        false,
-                    );
-                }
-                Ok(Outcome::Completed { keys, .. }) => {
-                    g.recv.install(keys.recv, true, now);
-                    let mut ka = [0u8; 64];
-                    let n = keys.send.seal_keepalive(&reply_route, &mut ka).unwrap();
-                    g.send = Some(keys.send);
-                    g.pending_send = None;
-                    self.transmit(
-                        i,
-                        (reply_route.local, reply_route.remote),
-                        ka[..n].to_vec(),
-                        false,
-                    );
-                }
-                Err(e) => g.drop_reason(e.reason()),
-            }
-            return;
-        }
-        let mut out = [0u8; 128];
-        match g.recv.open(now, &route, &d.bytes, &mut out) {
-            Ok(opened) => {
-                if let Some(phase) = opened.confirmed {
-                    if g.hs.confirm(now, phase) {
-                        if let Some(s) = g.pending_send.take() {
-                            g.send = Some(s);
-                        }
-                    }
-                }
-                if opened.len > 0 {
-                    g.delivered += 1;
-                }
-            }
-            Err(e) => {
-                if e == OpenError::NoKey {
-                    g.hs.want_handshake();
-                }
-                g.drop_reason(e.reason());
-            }
-        }
+        let now = self.gw[i].clock(self.now_ms);
+        let out = self.gw[i].g.receive(now, &d.p, entropy);
+        self.transmit(i, out, false);
     }
 
     /// Moves the clock to `to_ms`, delivering every datagram due on the way at its own time.
@@ -300,12 +184,21 @@ fn a_million_rotations_with_skew_loss_and_rekeys_refuse_no_delivered_packet() {
     let elapsed = started.elapsed();
 
     let [a, b] = &sim.gw;
-    let ran = a.stream.epoch_at(a.clock(sim.now_ms)).0 - a.stream.epoch_at(a.clock(START_MS)).0;
-    let rekeys = a.hs.stats().rekeys + b.hs.stats().rekeys;
+    let stream = a.g.stream();
+    let ran = stream.epoch_at(a.clock(sim.now_ms)).0 - stream.epoch_at(a.clock(START_MS)).0;
+    let rekeys = a.g.hs_stats().rekeys + b.g.hs_stats().rekeys;
+    let no_key: u64 = [a, b]
+        .iter()
+        .map(|g| g.g.drops.get("no_send_key").copied().unwrap_or(0))
+        .sum();
     println!(
         "soak sim: {ran} rotations, {} data packets, {} lost in the network, {rekeys} rekeys, \
          {} sends without a key, in {elapsed:?}; drops A {:?} B {:?}",
-        sim.data_sent, sim.data_lost_in_network, sim.no_key, a.drops, b.drops
+        sim.data_sent,
+        sim.data_lost_in_network,
+        no_key,
+        a.refused(),
+        b.refused()
     );
     assert!(ran >= rotations, "{ran} rotations");
     // One rekey per side every 120 s, give or take retries after lost messages.
@@ -316,15 +209,15 @@ fn a_million_rotations_with_skew_loss_and_rekeys_refuse_no_delivered_packet() {
     );
     // Every data packet the network delivered was opened.
     assert_eq!(
-        a.delivered + b.delivered + sim.data_lost_in_network,
+        (a.g.delivered.len() + b.g.delivered.len()) as u64 + sim.data_lost_in_network,
         sim.data_sent,
         "drops A {:?} B {:?}",
-        a.drops,
-        b.drops
+        a.refused(),
+        b.refused()
     );
     for (name, g) in [("A", a), ("B", b)] {
         let refused: u64 = g
-            .drops
+            .refused()
             .iter()
             // Both sides may initiate in the same tick (one initiation is ignored), and a
             // response to an initiation that lost that race, or that a retry superseded after
@@ -332,15 +225,15 @@ fn a_million_rotations_with_skew_loss_and_rekeys_refuse_no_delivered_packet() {
             .filter(|(r, _)| !matches!(**r, "hs_simultaneous" | "hs_unexpected_response"))
             .map(|(_, n)| n)
             .sum();
-        assert_eq!(refused, 0, "{name} refused {:?}", g.drops);
+        assert_eq!(refused, 0, "{name} refused {:?}", g.refused());
     }
-    let races: u64 = [a, b].iter().flat_map(|g| g.drops.values()).sum();
+    let races: u64 = [a, b].iter().flat_map(|g| g.refused().into_values()).sum();
     assert!(
         races <= rekeys / 100,
         "{races} handshake races in {rekeys} rekeys"
     );
     // Keys were missing only before the first handshake, never again.
-    assert!(sim.no_key <= 4, "{} sends found no key", sim.no_key);
+    assert!(no_key <= 4, "{no_key} sends found no key");
     if !cfg!(debug_assertions) {
         assert!(
             elapsed < Duration::from_secs(60),

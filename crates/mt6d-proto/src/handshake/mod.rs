@@ -146,11 +146,14 @@ pub enum HandshakeError {
     /// The caller had no randomness for the response's ephemeral key.
     #[error("no randomness for a response")]
     NoEntropy,
+    /// A handshake message for a peer keyed by a pre-shared key, which makes no handshakes.
+    #[error("handshake message for a peer with a pre-shared key")]
+    NotKeyed,
 }
 
 impl HandshakeError {
     /// Every variant, in counter order.
-    pub const ALL: [HandshakeError; 12] = [
+    pub const ALL: [HandshakeError; 13] = [
         Self::UnknownType,
         Self::BadLength,
         Self::BadMac,
@@ -163,6 +166,7 @@ impl HandshakeError {
         Self::Simultaneous,
         Self::UnexpectedResponse,
         Self::NoEntropy,
+        Self::NotKeyed,
     ];
     /// A stable label for counters.
     pub const fn reason(self) -> &'static str {
@@ -179,6 +183,7 @@ impl HandshakeError {
             Self::Simultaneous => "hs_simultaneous",
             Self::UnexpectedResponse => "hs_unexpected_response",
             Self::NoEntropy => "hs_no_entropy",
+            Self::NotKeyed => "hs_not_keyed",
         }
     }
     const fn index(self) -> usize {
@@ -195,6 +200,7 @@ impl HandshakeError {
             Self::Simultaneous => 9,
             Self::UnexpectedResponse => 10,
             Self::NoEntropy => 11,
+            Self::NotKeyed => 12,
         }
     }
 }
@@ -535,10 +541,23 @@ impl Handshake {
         sent: u64,
         entropy: impl FnOnce() -> Option<[u8; 32]>,
     ) -> Option<[u8; INITIATION_LEN]> {
+        if !self.initiation_due(now, sent) {
+            return None;
+        }
+        let initiation = self.initiate(now, send_route, mac, entropy()?).ok();
+        // The Noise message left the ephemeral key and chaining values in frames below this one.
+        crate::secrets::scrub_stack();
+        initiation
+    }
+
+    /// Whether [`Handshake::poll_on`] would make an initiation at `now` (`sent`: packets under
+    /// the current send key). Forgets initiations older than [`PENDING_LIFETIME`]. Lets a caller
+    /// build the route only when one is due.
+    pub fn initiation_due(&mut self, now: UnixTime, sent: u64) -> bool {
         self.pending
             .retain(|p| elapsed(p.sent_at, now) < PENDING_LIFETIME);
         if self.retry_at.is_some_and(|at| now < at) {
-            return None;
+            return false;
         }
         // We answered the peer's initiation and wait for its first packet: its handshake is the
         // one under way (a second one would race it). If our answer was lost, the peer retries.
@@ -547,21 +566,46 @@ impl Handshake {
                 .answered_at
                 .is_some_and(|at| elapsed(at, now) < PENDING_LIFETIME)
         {
-            return None;
+            return false;
         }
-        let due = self.retry_at.is_some()
+        self.retry_at.is_some()
             || self.want
             || sent >= self.cfg.rekey_after_packets
             || self
                 .established
-                .is_none_or(|at| elapsed(at, now) >= self.rekey_interval());
-        if !due {
-            return None;
+                .is_none_or(|at| elapsed(at, now) >= self.rekey_interval())
+    }
+
+    /// The earliest instant at which [`Handshake::initiation_due`] can turn true without a new
+    /// input (a message, [`Handshake::want_handshake`]), or at which keys expire
+    /// ([`Handshake::keys_expired`], counted only while `holds_keys`). `UnixTime` 0 means at
+    /// once. The packet budget (`rekey_after_packets`) is not a time: callers check it when
+    /// they poll.
+    pub fn poll_timeout(&self, holds_keys: bool) -> Option<UnixTime> {
+        let after = |at: UnixTime, d: Duration| {
+            UnixTime::from_nanos(at.as_nanos().saturating_add(d.as_nanos() as u64))
+        };
+        // Nothing can be due before these gates open.
+        let mut gate = self.retry_at.unwrap_or(UnixTime::from_nanos(0));
+        if self.awaiting.is_some() {
+            if let Some(at) = self.answered_at {
+                gate = gate.max(after(at, PENDING_LIFETIME));
+            }
         }
-        let initiation = self.initiate(now, send_route, mac, entropy()?).ok();
-        // The Noise message left the ephemeral key and chaining values in frames below this one.
-        crate::secrets::scrub_stack();
-        initiation
+        let due = match self.established {
+            _ if self.retry_at.is_some() || self.want => UnixTime::from_nanos(0),
+            None => UnixTime::from_nanos(0),
+            Some(at) => after(at, self.rekey_interval()),
+        };
+        let mut next = gate.max(due);
+        if holds_keys {
+            if let Some(at) = self.established {
+                // keys_expired is strict: the first instant past the limit.
+                let limit = self.cfg.rekey_after * REJECT_AFTER_REKEYS + Duration::from_nanos(1);
+                next = next.min(after(at, limit));
+            }
+        }
+        Some(next)
     }
 
     /// The preferred initiator rekeys first; the other side waits a little longer so the two do
@@ -931,7 +975,7 @@ fn elapsed(from: UnixTime, to: UnixTime) -> Duration {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::testutil::{addr, pair, A, B};
     use crate::Epoch;

@@ -4,6 +4,8 @@
 #![allow(dead_code)] // each test binary uses its own subset
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
+pub mod gateway;
+
 use std::net::Ipv6Addr;
 use std::time::Duration;
 

@@ -1,0 +1,649 @@
+//! One peer's protocol state in one object (tracker issue 11, item 1), sans-IO in the shape of
+//! quinn-proto's `Connection`: the handshake (§9), the data keys' life (answer, confirmation,
+//! switch, expiry), the route sets (§9.8) and the route moves' notices (§5.2).
+//!
+//! # What it owns and what it leaves to the packet path
+//! A [`Link`] decides everything about the peer's keys and routes. It does not seal or open data
+//! packets: a gateway's packet threads do that without taking a lock, so the link hands its
+//! sending key out ([`Event::SendKey`]; the daemon publishes it behind an atomic pointer) and
+//! fills the receiver's own [`ReceiveKeys`] when a handshake message arrives
+//! ([`Link::handle_handshake`] borrows it). The packet path reports back the few things the link
+//! must know: the first packet opened under a new key ([`Link::handle_confirmed`]), nothing to
+//! seal with ([`Link::handle_no_send_key`]), a packet naming a key phase with no key
+//! ([`Link::handle_empty_slot`]) and packets opened on a set ([`RouteSet::opened_on`], an atomic,
+//! callable without the link).
+//!
+//! # Contract
+//! Inputs, each with the time it happened:
+//! - [`Link::handle_timeout`] once `now` reaches [`Link::poll_timeout`] (calling it earlier or more
+//!   often is harmless);
+//! - [`Link::handle_handshake`] for a handshake-class message (header protection removed) that
+//!   arrived on an accept route of one of the link's sets, its source address checked;
+//! - [`Link::handle_notice`] likewise for a route-move notice or link-layer announcement;
+//! - [`Link::handle_collision`] when the external link shows one of the set's addresses taken;
+//! - [`Link::handle_confirmed`], [`Link::handle_no_send_key`], [`Link::handle_empty_slot`] from
+//!   the packet path, as above.
+//!
+//! Outputs:
+//! - [`Link::poll_transmit`]: datagrams to send, in order, header protection applied, each with
+//!   the (hashed address, port) pair it must leave from and go to;
+//! - [`Link::poll_event`]: what the driver must apply (a new sending key, receive keys to erase,
+//!   route sets bound or released) or may log;
+//! - [`Link::poll_timeout`]: when to call [`Link::handle_timeout`] next.
+//!
+//! Call order: after each input, drain [`Link::poll_transmit`] and [`Link::poll_event`] until
+//! both return `None`, then wait for the next input or [`Link::poll_timeout`]. The simulator
+//! (`tests/common/gateway.rs`) and the daemon (`gateway/session.rs`) are both such drivers.
+//!
+//! Randomness comes in as `entropy` closures (32 bytes, asked for only when a handshake message
+//! is made); time comes in as `now`.
+
+use std::collections::VecDeque;
+use std::net::SocketAddrV6;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::handshake::{Handshake, HandshakeError, Outcome, ReceiveKeys};
+use crate::moves::{CollisionOutcome, Evidence, NoticeError, NOTICE_LEN};
+use crate::route_sets::{Change, RouteSet, SetState};
+use crate::tunnel::KEEPALIVE_LEN;
+use crate::{Epoch, KeyPhase, Route, Schedule, Sealer, Stream, UnixTime};
+
+/// How often [`Link::poll_timeout`] asks for a check while a key is in use: the packet budget
+/// of a key (`rekey_after_packets`) is a count, not a time, and is checked then.
+pub const PACKET_BUDGET_CHECK: Duration = Duration::from_secs(1);
+
+/// What a datagram from [`Link::poll_transmit`] carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransmitKind {
+    Initiation,
+    Response,
+    /// Sent by an initiator on completion, so that the responder confirms without data.
+    Keepalive,
+    /// A route-move notice or its acknowledgement.
+    Notice,
+}
+
+/// One datagram to send: leave from `src` to `dst` with `bytes` as the UDP payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transmit {
+    pub src: SocketAddrV6,
+    pub dst: SocketAddrV6,
+    /// The [`RouteSet::id`] of the set whose route it travels on.
+    pub set: u64,
+    pub kind: TransmitKind,
+    /// Header protection applied (§4.5).
+    pub bytes: Vec<u8>,
+}
+
+/// What the driver must apply or may log.
+#[derive(Debug)]
+pub enum Event {
+    /// Seal with this key from now on; None: stop sealing (no key).
+    SendKey(Option<Arc<Sealer>>),
+    /// No rekey succeeded for `REJECT_AFTER_REKEYS` intervals: the keys are gone. Erase every
+    /// receive key too ([`ReceiveKeys::clear`]); [`Event::SendKey`]`(None)` comes with it.
+    KeysExpired,
+    /// A handshake completed and its keys are in use.
+    Established {
+        /// This side sent the answered initiation.
+        initiator: bool,
+        /// The keys replace earlier ones.
+        rekey: bool,
+        /// The key id of the new sending key.
+        key_id: u64,
+    },
+    /// A session's route set was made (bound at once, data on it from `activation`).
+    SessionSet { id: u64, activation: Epoch },
+    /// A parent set is no longer bound.
+    SetReleased { id: u64 },
+    /// The sets to bind or their routes changed: rebind ([`Link::select`]) and rebuild what maps
+    /// addresses to this link.
+    RoutesChanged,
+}
+
+/// What a notice was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notice {
+    /// A route-move notice or acknowledgement; `moved`: one of our routes moved with it.
+    Move { moved: bool },
+    /// The peer's authenticated external link-layer address (§5.2, "Pinned neighbours").
+    LinkAddress([u8; 6]),
+}
+
+/// One peer: see the module documentation.
+#[derive(Debug)]
+pub struct Link {
+    stream: Stream,
+    /// None with a pre-shared key (no handshake, the link set only).
+    hs: Option<Handshake>,
+    sets: SetState,
+    /// The sending key handed out last.
+    send: Option<Arc<Sealer>>,
+    /// Responder: the send key of each answered initiation, by the key id of its receive key
+    /// (the peer completes with whichever answer reaches it first, §9.5).
+    pending_send: Vec<(u64, Arc<Sealer>)>,
+    transmits: VecDeque<Transmit>,
+    events: VecDeque<Event>,
+    /// The `now` of the last [`Link::handle_timeout`].
+    last_timeout: Option<UnixTime>,
+}
+
+impl Link {
+    /// A peer keyed by handshakes: no keys until the first one completes.
+    pub fn with_handshake(stream: Stream, hs: Handshake) -> Link {
+        Link::new(stream, Some(hs))
+    }
+
+    /// A peer with a pre-shared key: the driver seals and opens with the stream's own keys; the
+    /// link keeps the link set and its moves.
+    pub fn pre_shared(stream: Stream) -> Link {
+        Link::new(stream, None)
+    }
+
+    fn new(stream: Stream, hs: Option<Handshake>) -> Link {
+        let sets = SetState::new(Arc::new(RouteSet::link(&stream)));
+        Link {
+            stream,
+            hs,
+            sets,
+            send: None,
+            pending_send: Vec::new(),
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+            last_timeout: None,
+        }
+    }
+
+    /// The link stream (the link key's addresses, ports and epoch clock).
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// The handshake, if the peer uses one (statistics, tests).
+    pub fn handshake(&self) -> Option<&Handshake> {
+        self.hs.as_ref()
+    }
+
+    /// The route sets.
+    pub fn sets(&self) -> &SetState {
+        &self.sets
+    }
+
+    /// The sending key handed out last (None before the first handshake, after expiry, and with
+    /// a pre-shared key).
+    pub fn send_key(&self) -> Option<&Arc<Sealer>> {
+        self.send.as_ref()
+    }
+
+    /// What to bind at `now` and which set data goes on ([`SetState::select`]).
+    pub fn select(&self, now: UnixTime) -> crate::route_sets::Selection {
+        self.sets.select(self.stream.epoch_at(now))
+    }
+
+    /// The routes of `set` at `now`, moved epochs at their agreed offsets: `send` is where a
+    /// handshake-class message on the set goes.
+    pub fn schedule_of(set: &RouteSet, now: UnixTime) -> Schedule {
+        set.stream.schedule_moved(now, &set.lock_moves())
+    }
+
+    /// The next datagram to send.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    /// The next event to apply.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`Link::handle_timeout`] must run next (None: only an input can give it work).
+    /// `UnixTime` 0 means at once.
+    pub fn poll_timeout(&self) -> Option<UnixTime> {
+        let mut next: Option<UnixTime> = None;
+        let mut take = |t: Option<UnixTime>| {
+            if let Some(t) = t {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        };
+        if let Some(hs) = &self.hs {
+            take(hs.poll_timeout(self.send.is_some()));
+        }
+        let last = self.last_timeout.unwrap_or(UnixTime::from_nanos(0));
+        let after =
+            |d: Duration| UnixTime::from_nanos(last.as_nanos().saturating_add(d.as_nanos() as u64));
+        if self.send.is_some() {
+            take(Some(after(PACKET_BUDGET_CHECK)));
+        }
+        // Set housekeeping and the moves' windows go by epoch; an answer awaiting confirmation
+        // is forgotten after the initiation's lifetime, checked at least once a second.
+        let epoch_end = self.stream.epoch_start(self.stream.epoch_at(last).next());
+        if self.sets.housekeeping_pending() {
+            take(Some(epoch_end.min(after(Duration::from_secs(1)))));
+        }
+        for set in self.sets.bound_sets() {
+            let moves = set.lock_moves();
+            take(moves.poll_timeout());
+            if moves.moved().next().is_some() {
+                take(Some(epoch_end));
+            }
+        }
+        next
+    }
+
+    /// Time passed: expire keys that outlived their rekeys, release sets the peer left, resend
+    /// notices, and start an initiation when one is due (first contact, a wanted handshake, a
+    /// rekey, a retry). `entropy` is asked only if an initiation is made.
+    pub fn handle_timeout(&mut self, now: UnixTime, entropy: impl FnOnce() -> Option<[u8; 32]>) {
+        self.last_timeout = Some(now);
+        let epoch = self.stream.epoch_at(now);
+        if self.send.is_some() && self.hs.as_ref().is_some_and(|hs| hs.keys_expired(now)) {
+            self.send = None;
+            self.pending_send.clear();
+            // The session sets go with their keys: back to the link set (§9.8).
+            self.sets.reset();
+            self.events.push_back(Event::SendKey(None));
+            self.events.push_back(Event::KeysExpired);
+            self.events.push_back(Event::RoutesChanged);
+        }
+        if let Some(Change::Released { id }) = self.sets.expire(epoch, now) {
+            self.events.push_back(Event::SetReleased { id });
+            self.events.push_back(Event::RoutesChanged);
+        }
+        let sets: Vec<Arc<RouteSet>> = self.sets.bound_sets().cloned().collect();
+        for set in &sets {
+            let due = {
+                let mut moves = set.lock_moves();
+                let before = moves.moved().count();
+                moves.expire(epoch);
+                if moves.moved().count() != before {
+                    self.events.push_back(Event::RoutesChanged);
+                }
+                moves.poll_timeout().is_some_and(|t| t <= now)
+            };
+            if due {
+                self.queue_notices(set, now);
+            }
+        }
+        let Some(hs) = &mut self.hs else {
+            return;
+        };
+        let sent = self.send.as_ref().map_or(0, |s| s.sealed());
+        if !hs.initiation_due(now, sent) {
+            return;
+        }
+        // Initiations travel on the set data is sent on (a rekey chains on the session's
+        // routes); after RECOVERY_AFTER unanswered ones, on the link set, which a peer that lost
+        // its session (a restart) still binds (§9.8, "Initiations").
+        let set = self.sets.initiation_set(epoch, hs.attempts()).clone();
+        let route = Link::schedule_of(&set, now).send;
+        if let Some(init) = hs.poll_on(now, &route, set.mac.as_ref(), sent, entropy) {
+            self.queue(&set, &route, TransmitKind::Initiation, &init);
+        }
+    }
+
+    /// A handshake message arrived on `arrived_on`, an accept route of `set`. The message's MAC
+    /// and header protection are the set's, and so are the reply's, which goes out on the same
+    /// set's current route (§9.8). New receive keys go into `recv`. A rejection is counted in the
+    /// handshake's statistics and returned.
+    #[allow(clippy::too_many_arguments)]
+    pub fn handle_handshake(
+        &mut self,
+        now: UnixTime,
+        set: &Arc<RouteSet>,
+        arrived_on: &Route,
+        bytes: &[u8],
+        recv: &mut ReceiveKeys,
+        entropy: impl FnOnce() -> Option<[u8; 32]>,
+    ) -> Result<(), HandshakeError> {
+        let Some(hs) = &mut self.hs else {
+            return Err(HandshakeError::NotKeyed);
+        };
+        let reply_route = Link::schedule_of(set, now).send;
+        let epoch = self.stream.epoch_at(now);
+        match hs.handle_on(
+            now,
+            arrived_on,
+            &reply_route,
+            set.mac.as_ref(),
+            bytes,
+            entropy,
+        )? {
+            Outcome::Responded { reply, keys } => {
+                let id = keys.recv.key_id().unwrap_or(0);
+                self.sets.answered(
+                    &self.stream,
+                    id,
+                    &keys.route,
+                    keys.initiation_epoch,
+                    set.clone(),
+                    now,
+                );
+                recv.install(keys.recv, false, now);
+                self.pending_send.push((id, Arc::new(keys.send)));
+                // Bounded like the receive side's spare keys.
+                if self.pending_send.len() > crate::handshake::MAX_PENDING {
+                    self.pending_send.remove(0);
+                }
+                self.events.push_back(Event::RoutesChanged);
+                self.queue(set, &reply_route, TransmitKind::Response, &reply);
+            }
+            Outcome::Completed { keys, rekey } => {
+                // The response came back on the set the initiation went out on: the new
+                // session's parent, which carries its data until the activation epoch.
+                let new = self.sets.completed(
+                    &self.stream,
+                    &keys.route,
+                    keys.initiation_epoch,
+                    set.clone(),
+                    epoch,
+                );
+                self.events.push_back(Event::SessionSet {
+                    id: new.id,
+                    activation: new.activation,
+                });
+                self.events.push_back(Event::RoutesChanged);
+                recv.install(keys.recv, true, now);
+                let sealer = Arc::new(keys.send);
+                // The keepalive makes the responder confirm the keys even if no data waits.
+                let mut ka = [0u8; KEEPALIVE_LEN];
+                if let Ok(n) = sealer.seal_keepalive(&reply_route, &mut ka) {
+                    self.queue(set, &reply_route, TransmitKind::Keepalive, &ka[..n]);
+                }
+                self.established(sealer, true, rekey);
+                self.pending_send.clear();
+            }
+        }
+        Ok(())
+    }
+
+    /// The packet path opened the first packet under the receive key of `phase` (`key`: its key
+    /// id): a responder now sends with the matching new key and the answered set is current.
+    pub fn handle_confirmed(&mut self, now: UnixTime, phase: KeyPhase, key: Option<u64>) {
+        let Some(hs) = &mut self.hs else {
+            return;
+        };
+        let rekey = hs.stats().completed > 0;
+        if !hs.confirm(now, phase) {
+            return;
+        }
+        let at = self
+            .pending_send
+            .iter()
+            .position(|(id, _)| Some(*id) == key);
+        let chosen = at.map(|i| self.pending_send.swap_remove(i).1);
+        self.pending_send.clear();
+        if self
+            .sets
+            .confirmed(key, self.stream.epoch_at(now))
+            .is_some()
+        {
+            self.events.push_back(Event::RoutesChanged);
+        }
+        if let Some(sealer) = chosen {
+            self.established(sealer, false, rekey);
+        }
+    }
+
+    /// The packet path had a packet to send and no key: ask for a handshake at the next
+    /// [`Link::handle_timeout`] (a handshake under way keeps its backoff).
+    pub fn handle_no_send_key(&mut self) {
+        if let Some(hs) = &mut self.hs {
+            hs.want_handshake();
+        }
+    }
+
+    /// A packet named a key phase with no key. It may be forged: a handshake is asked for at
+    /// most once per holdoff and never while a fresh key exists. Returns whether it asked.
+    pub fn handle_empty_slot(&mut self, now: UnixTime) -> bool {
+        self.hs
+            .as_mut()
+            .is_some_and(|hs| hs.packet_for_empty_slot(now))
+    }
+
+    /// A route-move notice or link-layer announcement arrived on `arrived_on`, an accept route of
+    /// `set` (source checked, header protection removed). An acknowledgement, if one is owed,
+    /// is queued at once.
+    pub fn handle_notice(
+        &mut self,
+        now: UnixTime,
+        set: &Arc<RouteSet>,
+        arrived_on: &Route,
+        bytes: &[u8],
+    ) -> Result<Notice, NoticeError> {
+        if crate::moves::is_link_announcement(bytes) {
+            return set
+                .lock_moves()
+                .handle_link(arrived_on, bytes)
+                .map(Notice::LinkAddress);
+        }
+        let current = self.stream.epoch_at(now);
+        let outcome = set
+            .lock_moves()
+            .handle_notice(now, current, arrived_on, bytes)?;
+        if outcome.moved {
+            self.events.push_back(Event::RoutesChanged);
+        }
+        self.queue_notices(set, now);
+        Ok(Notice::Move {
+            moved: outcome.moved,
+        })
+    }
+
+    /// The external link showed our address of `epoch` on `set`, derived at attempt `offset`,
+    /// taken by another node (§5.2): move the epoch if the rules allow, and queue the notices
+    /// that tell the peer.
+    pub fn handle_collision(
+        &mut self,
+        now: UnixTime,
+        set: &Arc<RouteSet>,
+        epoch: Epoch,
+        offset: u8,
+        evidence: Evidence,
+    ) -> CollisionOutcome {
+        let current = self.stream.epoch_at(now);
+        let outcome = set
+            .lock_moves()
+            .on_collision(now, current, epoch, offset, evidence);
+        if matches!(outcome, CollisionOutcome::Moved(_)) {
+            self.events.push_back(Event::RoutesChanged);
+            self.queue_notices(set, now);
+        }
+        outcome
+    }
+
+    /// Queues the notices and acknowledgements `set`'s moves have due.
+    fn queue_notices(&mut self, set: &Arc<RouteSet>, now: UnixTime) {
+        let schedule = Link::schedule_of(set, now);
+        let mut out = [0u8; NOTICE_LEN];
+        loop {
+            let route = set.lock_moves().poll_transmit(now, &schedule, &mut out);
+            let Some(route) = route else {
+                break;
+            };
+            self.queue(set, &route, TransmitKind::Notice, &out);
+        }
+    }
+
+    fn established(&mut self, sealer: Arc<Sealer>, initiator: bool, rekey: bool) {
+        let key_id = sealer.key_id().unwrap_or(0);
+        self.send = Some(sealer.clone());
+        self.events.push_back(Event::SendKey(Some(sealer)));
+        self.events.push_back(Event::Established {
+            initiator,
+            rekey,
+            key_id,
+        });
+    }
+
+    fn queue(&mut self, set: &RouteSet, route: &Route, kind: TransmitKind, payload: &[u8]) {
+        let mut bytes = payload.to_vec();
+        if let Some(hk) = set.stream.send_header_key() {
+            // Every payload queued here is longer than the protected header.
+            if hk.protect(&mut bytes).is_err() {
+                return;
+            }
+        }
+        self.transmits.push_back(Transmit {
+            src: route.local,
+            dst: route.remote,
+            set: set.id,
+            kind,
+            bytes,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handshake::tests::configs;
+    use crate::handshake::Psk;
+    use crate::{Endpoint, StreamConfig};
+
+    fn link(cfg: crate::handshake::HandshakeConfig) -> Link {
+        let hs = Handshake::new(cfg.clone()).unwrap();
+        let mut sc = StreamConfig::new(
+            Endpoint::new(cfg.local_true),
+            Endpoint::new(cfg.remote_true),
+            hs.link_key().clone(),
+        );
+        sc.rotation = Duration::from_secs(2);
+        Link::with_handshake(Stream::new(sc).unwrap(), hs)
+    }
+
+    fn at(ms: u64) -> UnixTime {
+        UnixTime::from_millis(1_800_000_000_000 + ms)
+    }
+
+    /// The accept route of any bound set of `l` that `t` arrives on, with its set.
+    fn arrival(l: &Link, now: UnixTime, t: &Transmit) -> (Arc<RouteSet>, Route) {
+        l.select(now)
+            .bound
+            .iter()
+            .find_map(|b| {
+                Link::schedule_of(&b.set, now)
+                    .accept
+                    .into_iter()
+                    .find(|r| r.local == t.dst && r.remote == t.src)
+                    .map(|r| (b.set.clone(), r))
+            })
+            .unwrap()
+    }
+
+    fn deliver(to: &mut Link, recv: &mut ReceiveKeys, now: UnixTime, t: &Transmit) {
+        let (set, route) = arrival(to, now, t);
+        let mut bytes = t.bytes.clone();
+        set.stream
+            .recv_header_key()
+            .unwrap()
+            .unprotect(&mut bytes)
+            .unwrap();
+        to.handle_handshake(now, &set, &route, &bytes, recv, || Some([7; 32]))
+            .unwrap();
+    }
+
+    #[test]
+    fn a_fresh_link_asks_for_its_first_handshake_at_once_and_then_waits_for_the_retry() {
+        let (ca, _) = configs(Psk::from_bytes([1; 32]));
+        let mut a = link(ca);
+        assert_eq!(a.poll_timeout(), Some(UnixTime::from_nanos(0)));
+        a.handle_timeout(at(0), || Some([1; 32]));
+        let t = a.poll_transmit().unwrap();
+        assert_eq!(t.kind, TransmitKind::Initiation);
+        assert!(a.poll_transmit().is_none());
+        // The retry is between 1 s and 1.25 s later, and nothing goes out before it.
+        let next = a.poll_timeout().unwrap();
+        assert!(next >= at(1000) && next <= at(1250), "{next:?}");
+        a.handle_timeout(at(999), || Some([2; 32]));
+        assert!(a.poll_transmit().is_none());
+        a.handle_timeout(next, || Some([2; 32]));
+        assert_eq!(a.poll_transmit().unwrap().kind, TransmitKind::Initiation);
+    }
+
+    #[test]
+    fn a_round_trip_hands_out_keys_and_binds_a_session_set_on_both_sides() {
+        let (ca, cb) = configs(Psk::from_bytes([1; 32]));
+        let (mut a, mut b) = (link(ca), link(cb));
+        let (mut ra, mut rb) = (ReceiveKeys::new(), ReceiveKeys::new());
+        a.handle_timeout(at(0), || Some([1; 32]));
+        let init = a.poll_transmit().unwrap();
+        deliver(&mut b, &mut rb, at(5), &init);
+        let resp = b.poll_transmit().unwrap();
+        assert_eq!(resp.kind, TransmitKind::Response);
+        // B holds no sending key until A confirms; its answered set is bound already.
+        assert!(b.send_key().is_none());
+        assert_eq!(b.select(at(5)).bound.len(), 2);
+        deliver(&mut a, &mut ra, at(10), &resp);
+        let ka = a.poll_transmit().unwrap();
+        assert_eq!(ka.kind, TransmitKind::Keepalive);
+        let mut got_key = false;
+        while let Some(e) = a.poll_event() {
+            got_key |= matches!(e, Event::SendKey(Some(_)));
+        }
+        assert!(got_key);
+        // B opens the keepalive and confirms.
+        let (set, route) = arrival(&b, at(15), &ka);
+        let mut bytes = ka.bytes.clone();
+        set.stream
+            .recv_header_key()
+            .unwrap()
+            .unprotect(&mut bytes)
+            .unwrap();
+        let mut out = [0u8; 64];
+        let opened = rb.open(at(15), &route, &bytes, &mut out).unwrap();
+        b.handle_confirmed(at(15), opened.confirmed.unwrap(), opened.confirmed_key);
+        assert!(b.send_key().is_some());
+        let events: Vec<Event> = std::iter::from_fn(|| b.poll_event()).collect();
+        assert!(events.iter().any(|e| matches!(
+            e,
+            Event::Established {
+                initiator: false,
+                rekey: false,
+                ..
+            }
+        )));
+        // Both send on the same session set from its activation.
+        let (sa, sb) = (
+            a.sets().switch_epoch().unwrap(),
+            b.sets().switch_epoch().unwrap(),
+        );
+        assert_eq!(sa.1, sb.1);
+    }
+
+    #[test]
+    fn keys_that_outlive_their_rekeys_are_taken_back_and_the_link_set_is_alone_again() {
+        let (ca, cb) = configs(Psk::from_bytes([1; 32]));
+        let (mut a, mut b) = (link(ca), link(cb));
+        let (mut ra, mut rb) = (ReceiveKeys::new(), ReceiveKeys::new());
+        a.handle_timeout(at(0), || Some([1; 32]));
+        let init = a.poll_transmit().unwrap();
+        deliver(&mut b, &mut rb, at(5), &init);
+        let resp = b.poll_transmit().unwrap();
+        deliver(&mut a, &mut ra, at(10), &resp);
+        while a.poll_event().is_some() {}
+        while a.poll_transmit().is_some() {}
+        // Rekey every 120 s, keys rejected after 3: the timeout names the expiry instant at the
+        // latest, and the expiry hands the key back.
+        let expiry = at(10 + 360_000 + 1);
+        assert!(a.poll_timeout().unwrap() <= expiry);
+        a.handle_timeout(expiry, || None);
+        let events: Vec<Event> = std::iter::from_fn(|| a.poll_event()).collect();
+        assert!(matches!(events[0], Event::SendKey(None)), "{events:?}");
+        assert!(events.iter().any(|e| matches!(e, Event::KeysExpired)));
+        assert!(a.send_key().is_none());
+        assert_eq!(a.select(expiry).bound.len(), 1);
+    }
+
+    #[test]
+    fn a_pre_shared_link_has_no_handshake_and_no_timeout_of_its_own() {
+        let (ca, _) = configs(Psk::from_bytes([1; 32]));
+        let mut a = link(ca);
+        a.hs = None;
+        assert_eq!(a.poll_timeout(), None);
+        a.handle_timeout(at(0), || Some([1; 32]));
+        assert!(a.poll_transmit().is_none());
+        a.handle_no_send_key();
+        assert!(!a.handle_empty_slot(at(0)));
+    }
+}
