@@ -11,10 +11,10 @@
 //!   of our hashed addresses is only a *claim*: anyone on the link can forge one. The watch asks
 //!   the claimant with a unicast confirmation probe; a **collision** is its solicited answer.
 //!   A probe from another node for our address is defended by our kernel and only counted.
-//! * **Agreement** (`mt6d_proto::moves::RouteMoves`, one per peer behind a mutex taken only for
-//!   collisions, notices and the housekeeping tick). The main thread moves the epoch, rebinds
-//!   and republishes the table, and sends the notices the state machine asks for; the rx thread
-//!   hands it the notices that arrive ([`on_notice`]).
+//! * **Agreement** (`mt6d_proto::moves::RouteMoves`, one per route set, driven through the
+//!   peer's `mt6d_proto::link::Link`). The main thread hands the link each confirmed collision
+//!   ([`apply_collisions`]) and the rx thread each notice that arrives ([`on_notice`]); the link
+//!   moves the epoch, queues the notices and acknowledgements, and asks for a new table.
 //!
 //! Nothing here runs per data packet: the packet socket's in-kernel filter drops everything but
 //! solicitations and advertisements, and notices are handshake-class messages.
@@ -23,15 +23,18 @@ use std::net::Ipv6Addr;
 use std::sync::atomic::Ordering;
 
 use mt6d_os::capture::PacketCapture;
-use mt6d_proto::moves::{is_link_announcement, CollisionOutcome, Evidence, MAX_OFFSET, NOTICE_LEN};
+use mt6d_proto::link::Notice;
+use mt6d_proto::moves::{CollisionOutcome, Evidence, MAX_OFFSET};
 use mt6d_proto::wire::{confirmation_probe_frame, dad_probe_frame, NeighborClaim, NeighborFrame};
 use mt6d_proto::{Epoch, Route, UnixTime};
 
 use super::error::GatewayError;
 use super::peer::Peer;
 use super::routing::RouteTable;
+use super::session;
 use super::shared::Shared;
 use mt6d_proto::route_sets::RouteSet;
+use std::sync::Arc;
 
 /// Frames examined per tick at most: a flood of advertisements cannot hold the main thread.
 const MAX_FRAMES_PER_TICK: usize = 256;
@@ -323,43 +326,39 @@ fn mac_text(m: [u8; 6]) -> String {
 /// The peer, route set, epoch and attempt offset whose local address is `addr`, among the
 /// accept routes of `table` (the offset is recomputed: the table may predate a move the rx
 /// thread just applied).
-fn owner(table: &RouteTable, addr: Ipv6Addr) -> Option<(usize, &RouteSet, Epoch, u8)> {
+fn owner(table: &RouteTable, addr: Ipv6Addr) -> Option<(usize, &Arc<RouteSet>, Epoch, u8)> {
     table.peers.iter().enumerate().find_map(|(i, routes)| {
         routes.sets.iter().find_map(|set| {
             let route = set.schedule.accept.iter().find(|r| *r.local.ip() == addr)?;
             let stream = &set.set.stream;
             let offset = (0..=MAX_OFFSET)
                 .find(|&k| *stream.route_with_attempt(route.epoch, k).local.ip() == addr)?;
-            Some((i, &*set.set, route.epoch, offset))
+            Some((i, &set.set, route.epoch, offset))
         })
     })
 }
 
-/// Applies the collisions the watch saw; true if a route moved (the table must be rebuilt).
-pub fn apply_collisions(shared: &Shared, found: &[Collision], now: UnixTime) -> bool {
+/// Hands the collisions the watch saw to their peers' links, which move the epochs, send the
+/// notices and ask for a new table.
+pub fn apply_collisions(shared: &Shared, found: &[Collision], now: UnixTime) {
     let table = shared.table.load();
-    let mut moved = false;
     for c in found {
         let Some((i, set, epoch, offset)) = owner(&table, c.addr) else {
             continue;
         };
         let p = table.peer(i);
-        let current = p.stream.epoch_at(now);
+        let mut link = p.link.lock();
         // Only confirmed claims reach here: the holder answered our unicast probe.
-        let outcome =
-            set.lock_moves()
-                .on_collision(now, current, epoch, offset, Evidence::Confirmed);
+        let outcome = link.handle_collision(now, set, epoch, offset, Evidence::Confirmed);
+        session::drain(p, &mut link, &table);
         match outcome {
-            CollisionOutcome::Moved(k) => {
-                moved = true;
-                log::warn!(
-                    "peer {}: hashed address {} of epoch {} is in use on the link by {}; both gateways move that epoch to attempt offset {k}",
-                    p.name,
-                    c.addr,
-                    epoch.0,
-                    mac_text(c.by)
-                );
-            }
+            CollisionOutcome::Moved(k) => log::warn!(
+                "peer {}: hashed address {} of epoch {} is in use on the link by {}; both gateways move that epoch to attempt offset {k}",
+                p.name,
+                c.addr,
+                epoch.0,
+                mac_text(c.by)
+            ),
             CollisionOutcome::Exhausted => log::warn!(
                 "peer {}: hashed address {} of epoch {} is in use on the link by {}, and the epoch already moved {MAX_OFFSET} times; keeping it",
                 p.name,
@@ -375,40 +374,6 @@ pub fn apply_collisions(shared: &Shared, found: &[Collision], now: UnixTime) -> 
             | CollisionOutcome::NeedsConfirmation => {}
         }
     }
-    moved
-}
-
-/// Housekeeping for every peer: forget epochs that left the window, and whether the rx thread
-/// applied a peer's move since the last tick (then the table must be rebuilt).
-pub fn take_peer_moves(shared: &Shared, now: UnixTime) -> bool {
-    let mut changed = false;
-    for routes in &shared.table.load().peers {
-        let p = &routes.peer;
-        for set in &routes.sets {
-            set.set.lock_moves().expire(p.stream.epoch_at(now));
-        }
-        changed |= p.moves_changed.swap(false, Ordering::Relaxed);
-    }
-    changed
-}
-
-/// Sends the notices and acks every peer's state machine has due, on the published table.
-pub fn send_notices(table: &RouteTable, now: UnixTime) {
-    for set in table.peers.iter().flat_map(|r| &r.sets) {
-        let mut moves = set.set.lock_moves();
-        let mut out = [0u8; NOTICE_LEN];
-        while let Some(route) = moves.poll_transmit(now, &set.schedule, &mut out) {
-            if let Some(socket) = table.sockets.get(&route.local.port()) {
-                super::session::send_one(
-                    socket,
-                    &route.local,
-                    route.remote,
-                    &out,
-                    set.set.stream.send_header_key(),
-                );
-            }
-        }
-    }
 }
 
 /// Tells every peer our external MAC on its send route (once per rotation: a lost copy is
@@ -419,7 +384,7 @@ pub fn announce_link(table: &RouteTable, mac: [u8; 6]) {
         let route = set.schedule.send;
         let msg = set.set.lock_moves().frame_link(&route, mac);
         if let Some(socket) = table.sockets.get(&route.local.port()) {
-            super::session::send_one(
+            session::send_one(
                 socket,
                 &route.local,
                 route.remote,
@@ -434,39 +399,31 @@ pub fn announce_link(table: &RouteTable, mac: [u8; 6]) {
 /// source already checked). Returns false if it was refused (counted).
 pub fn on_notice(
     peer: &Peer,
-    set: &RouteSet,
+    table: &RouteTable,
+    set: &Arc<RouteSet>,
     arrived_on: &Route,
     bytes: &[u8],
     now: UnixTime,
 ) -> bool {
-    if is_link_announcement(bytes) {
-        return match set.lock_moves().handle_link(arrived_on, bytes) {
-            Ok(mac) => {
-                if peer.set_lladdr(mac) {
-                    // The pins follow at the next tick (the table is rebuilt).
-                    peer.moves_changed.store(true, Ordering::Relaxed);
-                    log::info!(
-                        "peer {}: external link-layer address {} (authenticated); its hashed addresses are pinned to it",
-                        peer.name,
-                        mac_text(mac)
-                    );
-                }
-                true
-            }
-            Err(_) => {
-                peer.notices_refused.fetch_add(1, Ordering::Relaxed);
-                false
-            }
-        };
-    }
-    let current = peer.stream.epoch_at(now);
-    let result = set
-        .lock_moves()
-        .handle_notice(now, current, arrived_on, bytes);
+    let mut link = peer.link.lock();
+    let result = link.handle_notice(now, set, arrived_on, bytes);
+    session::drain(peer, &mut link, table);
+    drop(link);
     match result {
-        Ok(outcome) => {
-            if outcome.moved {
-                peer.moves_changed.store(true, Ordering::Relaxed);
+        Ok(Notice::LinkAddress(mac)) => {
+            if peer.set_lladdr(mac) {
+                // The pins follow with the next table.
+                peer.link.mark_changed();
+                log::info!(
+                    "peer {}: external link-layer address {} (authenticated); its hashed addresses are pinned to it",
+                    peer.name,
+                    mac_text(mac)
+                );
+            }
+            true
+        }
+        Ok(Notice::Move { moved }) => {
+            if moved {
                 // At most MAX_OFFSET times per epoch: authenticated, so not attacker-driven.
                 log::info!(
                     "peer {}: the peer moved a route away from an address collision",

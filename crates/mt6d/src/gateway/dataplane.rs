@@ -415,7 +415,7 @@ pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize, path: 
                     }
                     let datagram = &*datagram;
                     if is_notice(datagram) {
-                        if !collision::on_notice(p, &bound.set, &route, datagram, now) {
+                        if !collision::on_notice(p, &table, &bound.set, &route, datagram, now) {
                             counters.drop_n(DropReason::Handshake, 1);
                         }
                         continue;
@@ -423,9 +423,8 @@ pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize, path: 
                     if is_handshake(datagram) {
                         if !session::on_message(
                             p,
-                            peer,
                             &table,
-                            set_index,
+                            &bound.set,
                             &route,
                             datagram,
                             &mut recv[peer].1,
@@ -450,13 +449,13 @@ pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize, path: 
                         // just given on it (a restarted peer's keepalive follows at once), so the
                         // live state decides; only authenticated packets to a link set closed to
                         // data ask it, so forgeries never take the lock.
-                        Ok(_) if !bound.data && !p.sets.lock().takes_data(&bound.set) => {
+                        Ok(_) if !bound.data && !p.link.lock().sets().takes_data(&bound.set) => {
                             counters.drop_n(DropReason::UnknownAddress, 1);
                         }
                         Ok(opened) => {
                             bound.set.opened_on(route.epoch);
                             if let Some(phase) = opened.confirmed {
-                                session::on_confirmed(p, phase, opened.confirmed_key, now);
+                                session::on_confirmed(p, &table, phase, opened.confirmed_key, now);
                             }
                             // A keepalive confirms keys and carries nothing to deliver.
                             if opened.len > 0 {

@@ -66,8 +66,8 @@ fn received(p: &Peer) -> u64 {
         .iter()
         .map(|r| p.counters.rx.drops(*r))
         .sum();
-    let handshake = p.keys.lock().map_or(0, |side| {
-        let st = side.hs.stats();
+    let handshake = p.link.lock().handshake().map_or(0, |hs| {
+        let st = hs.stats();
         st.completed + st.responses_sent
     });
     p.counters.rx.packets.load(Ordering::Relaxed) + drops + handshake
@@ -122,7 +122,8 @@ impl Liveness {
                     s.silent_logged = true;
                 }
             }
-            let Some(side) = p.keys.lock() else {
+            let link = p.link.lock();
+            let Some(hs) = link.handshake() else {
                 continue;
             };
             let has_keys = p.keys.send.load().is_some();
@@ -136,7 +137,7 @@ impl Liveness {
             let Some(since) = s.waiting_since else {
                 continue;
             };
-            let st = side.hs.stats();
+            let st = hs.stats();
             if !s.no_response_logged
                 && st.initiations_sent > 0
                 && secs_between(since, now) >= NO_RESPONSE_SECS

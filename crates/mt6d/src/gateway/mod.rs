@@ -29,11 +29,11 @@ mod liveness;
 mod neighbor;
 mod path;
 mod peer;
+mod peer_link;
 mod prefix;
 mod quiet;
 mod reload;
 mod rotation;
-mod route_set;
 mod router;
 pub mod routing;
 pub mod session;
@@ -410,26 +410,22 @@ fn serve(
             // Address collisions (docs/PROTOCOL.md §5.2): ours seen on the link, and moves the
             // peer announced; either rebuilds the table at once, well within the interval.
             let found = rotator.poll_collisions(now);
-            let mut moved = collision::apply_collisions(shared, &found, now);
-            moved |= collision::take_peer_moves(shared, now);
-            if moved {
-                if let Err(e) = rotator.step(&mut sys.netlink, epoll, shared, now) {
-                    log::error!("moving a route away from an address collision: {e}");
-                }
-            }
-            // A handshake bound a new session route set, or a parent set was released
-            // (docs/PROTOCOL.md §9.8): bind and publish now, well before its activation epoch.
-            if session::take_set_changes(shared, now) {
-                if let Err(e) = rotator.step(&mut sys.netlink, epoll, shared, now) {
-                    log::error!("binding a session's route set: {e}");
-                }
-            }
+            collision::apply_collisions(shared, &found, now);
+            // Each peer's link whose timeout is due: handshakes, key expiry, route-set
+            // housekeeping, notices (docs/ARCHITECTURE.md, "The endpoint contract").
             let table = shared.table.load();
-            collision::send_notices(&table, now);
-            for (i, r) in table.peers.iter().enumerate() {
-                session::tick(&r.peer, i, &table, now);
+            for r in &table.peers {
+                session::tick(&r.peer, &table, now);
             }
             drop(table);
+            // A route moved (a collision here or the peer's notice), a handshake bound a new
+            // session route set, a parent set was released (docs/PROTOCOL.md §5.2, §9.8): bind
+            // and publish now, well within the interval and before any activation epoch.
+            if session::take_changes(shared) {
+                if let Err(e) = rotator.step(&mut sys.netlink, epoll, shared, now) {
+                    log::error!("rebinding after a route change: {e}");
+                }
+            }
             liveness.tick(shared, own_key.as_deref(), now);
             // The metrics thread serves the newest snapshot; once a second is fresh enough for
             // any scrape interval and costs the housekeeping loop nothing measurable.
@@ -489,9 +485,14 @@ fn build_peer(
             let sealer = stream.sealer(first, state.reserved());
             PeerKeys::pre_shared(sealer, Some(state))
         }
-        Keying::Handshake(hs) => PeerKeys::handshake(Handshake::new(hs.clone()).map_err(setup)?),
+        Keying::Handshake(_) => PeerKeys::handshake(),
     };
-    let mut peer = Peer::new(p.name.clone(), stream, keys);
+    let hs = match &p.keying {
+        Keying::Handshake(hs) => Some(Handshake::new(hs.clone()).map_err(setup)?),
+        Keying::PreShared => None,
+    };
+    let link_stream = p.build_stream().map_err(setup)?;
+    let mut peer = Peer::new(p.name.clone(), stream, link_stream, keys, hs);
     peer.tcp = tcp_policy::PeerTcp::new(&cfg.gateway.tcp, &p.host_id);
     let peer = Arc::new(peer);
     // The stream's derived subkeys and the peer's key state live inline in `Peer`.
@@ -609,15 +610,16 @@ impl DropReport {
 }
 
 fn handshake_status(p: &Peer, now: mt6d_proto::UnixTime) -> Option<HandshakeStatus> {
-    let side = p.keys.lock()?;
-    let st = side.hs.stats();
+    let link = p.link.lock();
+    let hs = link.handshake()?;
+    let st = hs.stats();
     let send = p.keys.send.load();
     let ago =
         |t: Option<mt6d_proto::UnixTime>| t.map(|t| now.as_millis().saturating_sub(t.as_millis()));
     Some(HandshakeStatus {
         has_keys: send.is_some(),
         last_handshake_ms_ago: ago(st.last_completed),
-        key_age_ms: send.as_ref().and(ago(side.hs.established_at())),
+        key_age_ms: send.as_ref().and(ago(hs.established_at())),
         send_key_id: send
             .as_ref()
             .and_then(|s| s.key_id())
@@ -634,7 +636,7 @@ fn handshake_status(p: &Peer, now: mt6d_proto::UnixTime) -> Option<HandshakeStat
 }
 
 fn move_status(p: &Peer) -> MoveStatus {
-    let (st, moved) = p.sets.lock().move_stats();
+    let (st, moved) = p.link.lock().sets().move_stats();
     MoveStatus {
         collisions_detected: st.collisions,
         collisions_unresolved: st.exhausted,
@@ -709,7 +711,7 @@ fn status(
                     })
                     .collect(),
                 counters: p.counters.snapshot(),
-                keying: if p.keys.handshake.is_some() {
+                keying: if p.keys.handshake {
                     "handshake"
                 } else {
                     "pre-shared"

@@ -1,10 +1,10 @@
-//! One configured peer as every thread of the daemon shares it: its stream, its keys (sealed
-//! with by the tx thread, replaced by the handshake), its counters and its route moves. Its own
-//! file because the route table (`routing`) and the handshake (`session`) both name it, and
-//! neither should import the other for it.
+//! One configured peer as every thread of the daemon shares it: its stream, its protocol state
+//! (`mt6d_proto::link::Link`, behind a lock), the sending key the tx thread seals with (handed
+//! out by the link), and its counters. Its own file because the route table (`routing`) and the
+//! link's driver (`session`) both name it, and neither should import the other for it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Mutex;
 
 use arc_swap::ArcSwapOption;
 use mt6d_proto::handshake::{Handshake, ReceiveKeys};
@@ -13,7 +13,7 @@ use mt6d_proto::{Sealer, Stream};
 
 use super::counter_state::CounterState;
 use super::counters::PeerCounters;
-use super::route_set::PeerSets;
+use super::peer_link::PeerLink;
 
 /// One configured peer: its protocol state and counters. Shared by all threads; immutable apart
 /// from the atomics inside.
@@ -23,12 +23,10 @@ pub struct Peer {
     pub stream: Stream,
     pub keys: PeerKeys,
     pub counters: PeerCounters,
-    /// The route sets (docs/PROTOCOL.md §9.8): the link set, and the sessions' sets with the
-    /// route moves of each. Locked by the main thread and by the rx thread for a handshake
-    /// message or a notice, never per data packet.
-    pub sets: PeerSets,
-    /// Set by the rx thread when a peer's notice moved a route: the table must be rebuilt.
-    pub moves_changed: AtomicBool,
+    /// The protocol state: handshake, key life, route sets (docs/PROTOCOL.md §9.8) and route
+    /// moves. Locked by the main thread when its timeout is due and by the rx thread for a
+    /// handshake message, a notice or a new key's first packet, never per data packet.
+    pub link: PeerLink,
     /// Notices refused (malformed, bad MAC, outside the window).
     pub notices_refused: AtomicU64,
     /// The peer's external MAC from its authenticated announcement (docs/PROTOCOL.md §5.2,
@@ -42,15 +40,21 @@ pub struct Peer {
 }
 
 impl Peer {
-    pub fn new(name: String, stream: Stream, keys: PeerKeys) -> Peer {
-        let sets = PeerSets::new(&stream);
+    /// `link_stream`: a second copy of `stream` for the link (streams are not cloned: each copy
+    /// derives its own subkeys). `hs`: the handshake, None with a pre-shared key.
+    pub fn new(
+        name: String,
+        stream: Stream,
+        link_stream: Stream,
+        keys: PeerKeys,
+        hs: Option<Handshake>,
+    ) -> Peer {
         Peer {
             name,
             stream,
             keys,
             counters: PeerCounters::default(),
-            sets,
-            moves_changed: AtomicBool::new(false),
+            link: PeerLink::new(link_stream, hs),
             notices_refused: AtomicU64::new(0),
             lladdr: AtomicU64::new(0),
             sent: SentLog::new(),
@@ -61,7 +65,7 @@ impl Peer {
     /// The receive keys the rx thread starts this peer with: the pre-shared key's opener, or
     /// none until a handshake completes.
     pub fn receive_keys(&self) -> ReceiveKeys {
-        if self.keys.handshake.is_some() {
+        if self.keys.handshake {
             ReceiveKeys::new()
         } else {
             ReceiveKeys::single(self.stream.opener())
@@ -99,20 +103,11 @@ pub struct PeerKeys {
     pub empty_slot: AtomicBool,
     /// Set by the timer when keys expired with no rekey; the rx thread then erases its keys.
     pub erase_recv: AtomicBool,
-    /// Handshake state; None with a pre-shared key.
-    pub handshake: Option<Mutex<HandshakeSide>>,
+    /// Keys come from handshakes (else from a pre-shared key).
+    pub handshake: bool,
     /// A pre-shared auth/encrypt key's persisted counter reservation (docs/PROTOCOL.md §4.3);
     /// touched only by the main thread's timer.
     pub counter: Option<Mutex<CounterState>>,
-}
-
-/// The handshake state machine and a responder's send keys waiting for confirmation: one per
-/// answered initiation of the handshake under way, by the key id of its receive key (the peer
-/// completes with whichever answer reaches it first, docs/PROTOCOL.md §9.5).
-#[derive(Debug)]
-pub struct HandshakeSide {
-    pub hs: Handshake,
-    pub pending_send: Vec<(u64, Arc<Sealer>)>,
 }
 
 impl PeerKeys {
@@ -124,31 +119,20 @@ impl PeerKeys {
             want: AtomicBool::new(false),
             empty_slot: AtomicBool::new(false),
             erase_recv: AtomicBool::new(false),
-            handshake: None,
+            handshake: false,
             counter: counter.map(Mutex::new),
         }
     }
 
-    /// Keys from handshakes: none until the first one completes.
-    pub fn handshake(hs: Handshake) -> PeerKeys {
+    /// Keys from handshakes: none until the first one completes (the link hands them out).
+    pub fn handshake() -> PeerKeys {
         PeerKeys {
             send: ArcSwapOption::empty(),
             want: AtomicBool::new(true),
             empty_slot: AtomicBool::new(false),
             erase_recv: AtomicBool::new(false),
-            handshake: Some(Mutex::new(HandshakeSide {
-                hs,
-                pending_send: Vec::new(),
-            })),
+            handshake: true,
             counter: None,
         }
-    }
-
-    /// The handshake state, if this peer uses handshakes. A poisoned lock (a panic while it was
-    /// held) still holds consistent state: every update is a plain field assignment.
-    pub fn lock(&self) -> Option<MutexGuard<'_, HandshakeSide>> {
-        self.handshake
-            .as_ref()
-            .map(|m| m.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 }

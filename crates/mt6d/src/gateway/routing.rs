@@ -98,7 +98,7 @@ impl RouteTable {
         };
         for (index, peer) in peers.iter().enumerate() {
             let epoch = peer.stream.epoch_at(now);
-            let selection = peer.sets.lock().select(epoch);
+            let selection = peer.link.lock().sets().select(epoch);
             let mut sets = Vec::with_capacity(selection.bound.len());
             let mut send_set = 0;
             for (s, bound) in selection.bound.into_iter().enumerate() {
