@@ -27,6 +27,12 @@
 //! With identity keys instead of a pre-shared session key, [`handshake::Handshake`] derives the
 //! stream's key (the link key) and replaces steps 3-4's static keys with session keys from a
 //! Noise IK handshake, kept per peer in a [`handshake::ReceiveKeys`] and a current [`Sealer`].
+//!
+//! [`link::Link`] puts one peer's rules together (handshake, key life, route sets, route moves)
+//! behind one input/output contract (`handle_*`, `poll_transmit`, `poll_event`,
+//! `poll_timeout`): a driver feeds it what arrives and does what it says, and seals and opens
+//! data packets itself with the keys it hands out. The daemon and the simulators are such
+//! drivers.
 #![forbid(unsafe_code)]
 #![cfg_attr(test, allow(clippy::unwrap_used))] // unit tests: a failed unwrap is a failed test
 
