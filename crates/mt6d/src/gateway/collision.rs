@@ -351,6 +351,8 @@ pub fn apply_collisions(shared: &Shared, found: &[Collision], now: UnixTime) {
         // Only confirmed claims reach here: the holder answered our unicast probe.
         let outcome = link.handle_collision(now, set, epoch, offset, Evidence::Confirmed);
         session::drain(p, &mut link, &table);
+        // Visited in this tick: the move rebinds, and the link's deadline changed.
+        shared.attention.push(table.generation, i);
         match outcome {
             CollisionOutcome::Moved(k) => log::warn!(
                 "peer {}: hashed address {} of epoch {} is in use on the link by {}; both gateways move that epoch to attempt offset {k}",

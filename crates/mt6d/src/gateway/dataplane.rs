@@ -147,7 +147,10 @@ pub fn tx_loop(shared: &Shared, tun: &Tun, tun_mtu: usize, path: &PathState) {
             let keys = &p.keys;
             let sealer = keys.send.load();
             let Some(sealer) = sealer.as_deref() else {
-                keys.want.store(true, Ordering::Relaxed);
+                // The main thread hears of it once per visit, not once per packet.
+                if !keys.want.swap(true, Ordering::Relaxed) {
+                    shared.attention.push(table.generation, peer);
+                }
                 p.counters.tx.drop_n(DropReason::NoKey, 1);
                 continue;
             };
@@ -417,6 +420,8 @@ pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize, path: 
                     if is_notice(datagram) {
                         if !collision::on_notice(p, &table, &bound.set, &route, datagram, now) {
                             counters.drop_n(DropReason::Handshake, 1);
+                        } else {
+                            shared.attention.push(table.generation, peer);
                         }
                         continue;
                     }
@@ -431,6 +436,8 @@ pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize, path: 
                             now,
                         ) {
                             counters.drop_n(DropReason::Handshake, 1);
+                        } else {
+                            shared.attention.push(table.generation, peer);
                         }
                         continue;
                     }
@@ -456,6 +463,7 @@ pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize, path: 
                             bound.set.opened_on(route.epoch);
                             if let Some(phase) = opened.confirmed {
                                 session::on_confirmed(p, &table, phase, opened.confirmed_key, now);
+                                shared.attention.push(table.generation, peer);
                             }
                             // A keepalive confirms keys and carries nothing to deliver.
                             if opened.len > 0 {
@@ -477,8 +485,10 @@ pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize, path: 
                             }
                         }
                         Err(e) => {
-                            if e == OpenError::NoKey {
-                                p.keys.empty_slot.store(true, Ordering::Relaxed);
+                            if e == OpenError::NoKey
+                                && !p.keys.empty_slot.swap(true, Ordering::Relaxed)
+                            {
+                                shared.attention.push(table.generation, peer);
                             }
                             counters.drop_n(open_drop_reason(&e), 1);
                         }

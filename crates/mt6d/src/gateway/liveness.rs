@@ -39,7 +39,13 @@ struct PeerLive {
 pub struct Liveness {
     peers: Vec<(Arc<Peer>, PeerLive)>,
     generation: Option<u64>,
+    /// When [`Liveness::tick`] last looked at the peers.
+    last_look: Option<UnixTime>,
 }
+
+/// How often the peers are looked at: what a status's `last_rx_ms_ago` may lag by, and far
+/// finer than the seconds its log lines are about.
+const LOOK_EVERY_MS: u64 = 250;
 
 impl PeerLive {
     fn new(now: UnixTime) -> PeerLive {
@@ -87,6 +93,14 @@ impl Liveness {
     /// Notes what changed since the last tick and logs each change of state once.
     pub fn tick(&mut self, shared: &Shared, own_public_key: Option<&str>, now: UnixTime) {
         let table = shared.table.load();
+        if self.generation == Some(table.generation)
+            && self
+                .last_look
+                .is_some_and(|t| now.as_millis().saturating_sub(t.as_millis()) < LOOK_EVERY_MS)
+        {
+            return;
+        }
+        self.last_look = Some(now);
         if self.generation != Some(table.generation) {
             self.generation = Some(table.generation);
             self.peers = carry_over(std::mem::take(&mut self.peers), &table, |_| {

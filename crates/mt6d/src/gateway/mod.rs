@@ -24,6 +24,7 @@ pub mod counters;
 mod dataplane;
 mod error;
 pub mod icmp;
+mod link_timers;
 mod links;
 mod liveness;
 mod neighbor;
@@ -166,6 +167,7 @@ fn run_gateway(
         table: ArcSwap::from_pointee(RouteTable::default()),
         shutdown: AtomicBool::new(false),
         unmatched: DirectionCounters::default(),
+        attention: Default::default(),
     };
     let path = Arc::new(PathState::new(sys.tun_mtu));
     let mut rotator = Rotator::new(sys.external_index, peers);
@@ -296,6 +298,8 @@ fn serve(
             log::info!("metrics on http://{}/metrics", m.local_addr());
         }
         let mut published_at: Option<Instant> = None;
+        let mut link_timers = link_timers::LinkTimers::default();
+        let mut due: Vec<usize> = Vec::new();
         let mut result = Ok(());
         let mut next_rotation = rotator.next_change();
         let mut drops = DropReport::default();
@@ -411,17 +415,22 @@ fn serve(
             // peer announced; either rebuilds the table at once, well within the interval.
             let found = rotator.poll_collisions(now);
             collision::apply_collisions(shared, &found, now);
-            // Each peer's link whose timeout is due: handshakes, key expiry, route-set
-            // housekeeping, notices (docs/ARCHITECTURE.md, "The endpoint contract").
+            // The peers whose link is due or was flagged, and only those: handshakes, key
+            // expiry, route-set housekeeping, notices (docs/ARCHITECTURE.md, "The endpoint
+            // contract").
             let table = shared.table.load();
-            for r in &table.peers {
-                session::tick(&r.peer, &table, now);
+            link_timers.due(&table, &shared.attention, now, &mut due);
+            let mut routes_changed = false;
+            for &i in &due {
+                let (next, changed) = session::tick(&table.peers[i].peer, &table, now);
+                link_timers.schedule(i, next);
+                routes_changed |= changed;
             }
             drop(table);
             // A route moved (a collision here or the peer's notice), a handshake bound a new
             // session route set, a parent set was released (docs/PROTOCOL.md §5.2, §9.8): bind
             // and publish now, well within the interval and before any activation epoch.
-            if session::take_changes(shared) {
+            if routes_changed {
                 if let Err(e) = rotator.step(&mut sys.netlink, epoll, shared, now) {
                     log::error!("rebinding after a route change: {e}");
                 }

@@ -8,8 +8,8 @@
 //!   and notices that arrive (it is the thread they arrive on, [`on_message`], `collision::on_notice`)
 //!   and the first packet opened under a new key ([`on_confirmed`]); it raises `empty_slot` for a
 //!   packet naming a key phase it has no key for.
-//! * The **main** thread's timer ([`tick`]) passes those flags on and runs the link's timeout
-//!   when it is due.
+//! * The **main** thread visits a peer ([`tick`]) when its link's deadline passed or a packet
+//!   thread flagged it (`link_timers.rs`): it passes the flags on and runs the link's timeout.
 //!
 //! After every input the caller drains the link ([`drain`]): it sends what the link queued and
 //! applies its events (publishes a new sending key, erases receive keys, asks for a new route
@@ -19,6 +19,7 @@
 use std::net::SocketAddrV6;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use mt6d_os::{SendMsg, SendScratch, UdpSocket6};
 use mt6d_proto::handshake::ReceiveKeys;
@@ -30,7 +31,6 @@ use mt6d_proto::{KeyPhase, Route, UnixTime};
 use super::counter_state::CounterState;
 use super::peer::Peer;
 use super::routing::RouteTable;
-use super::shared::Shared;
 
 /// 32 bytes from the OS for one handshake message, asked for only once a message is due or has
 /// passed the MAC (a flood of bogus messages costs no syscall). If the OS has none to give, no
@@ -175,11 +175,19 @@ fn apply(peer: &Peer, e: Event) {
     }
 }
 
-/// The timer's work for one peer: reserve a pre-shared sealer's next counter block, pass the
-/// packet threads' requests to the link, and run its timeout when due.
-pub fn tick(peer: &Peer, table: &RouteTable, now: UnixTime) {
+/// How often a pre-shared key's counter reservation is looked at: it is renewed once half a
+/// block (2^25 packets) remains, seconds ahead at any packet rate a gateway reaches.
+const COUNTER_CHECK: Duration = Duration::from_millis(100);
+
+/// The main thread's visit of one peer (due by its link's deadline, or flagged by a packet
+/// thread): reserve a pre-shared sealer's next counter block, pass the packet threads' requests
+/// to the link, run its timeout when due, and drain it. Returns when to visit next (None: only
+/// a flag brings it back) and whether its routes changed (then the table must be rebuilt).
+pub fn tick(peer: &Peer, table: &RouteTable, now: UnixTime) -> (Option<UnixTime>, bool) {
+    let mut next = None;
     if let Some(counter) = &peer.keys.counter {
         reserve_counters(peer, counter);
+        next = Some(after(now, COUNTER_CHECK));
     }
     let mut link = peer.link.lock();
     if peer.keys.want.swap(false, Ordering::Relaxed) {
@@ -195,16 +203,17 @@ pub fn tick(peer: &Peer, table: &RouteTable, now: UnixTime) {
         link.handle_timeout(now, entropy);
     }
     drain(peer, &mut link, table);
+    let timeout = link.poll_timeout();
+    drop(link);
+    let next = match (next, timeout) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    (next, peer.link.changed.swap(false, Ordering::Relaxed))
 }
 
-/// Whether a peer's routes changed since the last call (a set bound or released, a route moved,
-/// a link-layer address learned): then the table must be rebuilt.
-pub fn take_changes(shared: &Shared) -> bool {
-    let mut changed = false;
-    for routes in &shared.table.load().peers {
-        changed |= routes.peer.link.changed.swap(false, Ordering::Relaxed);
-    }
-    changed
+fn after(t: UnixTime, d: Duration) -> UnixTime {
+    UnixTime::from_nanos(t.as_nanos().saturating_add(d.as_nanos() as u64))
 }
 
 /// Keeps a pre-shared sealer's reserved counters ahead of its traffic (docs/PROTOCOL.md §4.3):

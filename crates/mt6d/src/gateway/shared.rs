@@ -9,6 +9,7 @@ use std::sync::atomic::AtomicBool;
 use arc_swap::ArcSwap;
 
 use super::counters::DirectionCounters;
+use super::link_timers::Attention;
 use super::routing::RouteTable;
 
 /// What both packet threads share.
@@ -20,4 +21,6 @@ pub struct Shared {
     pub shutdown: AtomicBool,
     /// Packets that match no peer (unknown inner destination, unknown outer route).
     pub unmatched: DirectionCounters,
+    /// Peers whose links the packet threads want the main thread to visit now.
+    pub attention: Attention,
 }
