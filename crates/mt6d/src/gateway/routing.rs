@@ -86,7 +86,13 @@ pub struct RouteTable {
     /// The open tunnel sockets by local port: one per port in use (with port hopping, one per
     /// peer, set and epoch in the accept window; with a fixed port, one).
     pub sockets: BTreeMap<u16, Arc<UdpSocket6>>,
+    /// (local true, remote true) -> peer, filled only above [`SCAN_PEERS`] peers.
+    inner: HashMap<(Ipv6Addr, Ipv6Addr), usize>,
 }
+
+/// Up to this many peers an inner packet's peer is found by comparing addresses in order (a
+/// few 32-byte compares beat hashing them); above, by one hash lookup.
+pub const SCAN_PEERS: usize = 8;
 
 impl RouteTable {
     /// Computes every peer's bound route sets and their schedules at `now`, moved epochs at their
@@ -131,6 +137,14 @@ impl RouteTable {
                 send_set,
             });
         }
+        if table.peers.len() > SCAN_PEERS {
+            table.inner = table
+                .peers
+                .iter()
+                .enumerate()
+                .map(|(i, r)| ((r.peer.stream.local_true(), r.peer.stream.remote_true()), i))
+                .collect();
+        }
         table
     }
 
@@ -140,9 +154,17 @@ impl RouteTable {
     }
 
     /// The peer (stream) of an inner packet: its local host is the source, its remote host the
-    /// destination. A linear scan: gateways have a handful of peers, and comparing 32 bytes a
-    /// few times beats hashing them.
+    /// destination. Up to [`SCAN_PEERS`] peers a linear scan (comparing 32 bytes a few times
+    /// beats hashing them), above one hash lookup.
     pub fn peer_for_inner(&self, src: &[u8], dst: &[u8]) -> Option<usize> {
+        if self.peers.len() > SCAN_PEERS {
+            let src = <[u8; 16]>::try_from(src).ok()?;
+            let dst = <[u8; 16]>::try_from(dst).ok()?;
+            return self
+                .inner
+                .get(&(Ipv6Addr::from(src), Ipv6Addr::from(dst)))
+                .copied();
+        }
         self.peers.iter().position(|r| {
             r.peer.stream.remote_true().octets() == dst
                 && r.peer.stream.local_true().octets() == src
@@ -201,4 +223,54 @@ pub fn carry_over<T>(
                 .unwrap_or_else(|| (r.peer.clone(), fresh(&r.peer)))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gateway::peer::PeerKeys;
+    use mt6d_proto::{Endpoint, SessionKey, Stream, StreamConfig};
+
+    fn peer(i: u16) -> Arc<Peer> {
+        let local: Ipv6Addr = "2001:db8:a::1".parse().unwrap();
+        let remote = Ipv6Addr::new(0x2001, 0xdb8, 0xb, 0, 0, 0, 0, i + 1);
+        let key = SessionKey::from_bytes(&[i as u8 + 1; 32]).unwrap();
+        let stream = || {
+            Stream::new(StreamConfig::new(
+                Endpoint::new(local),
+                Endpoint::new(remote),
+                key.clone(),
+            ))
+            .unwrap()
+        };
+        let s = stream();
+        let keys = PeerKeys::pre_shared(s.sealer(0, 0), None);
+        Arc::new(Peer::new(format!("p{i}"), s, stream(), keys, None))
+    }
+
+    #[test]
+    fn an_inner_pair_finds_its_peer_by_scan_and_by_hash_alike() {
+        for n in [3u16, SCAN_PEERS as u16, SCAN_PEERS as u16 + 5] {
+            let peers: Vec<Arc<Peer>> = (0..n).map(peer).collect();
+            let table = RouteTable::compute(&peers, 1, UnixTime::from_millis(1_800_000_000_000));
+            assert_eq!(table.inner.is_empty(), usize::from(n) <= SCAN_PEERS);
+            for (i, p) in peers.iter().enumerate() {
+                let (src, dst) = (p.stream.local_true(), p.stream.remote_true());
+                assert_eq!(
+                    table.peer_for_inner(&src.octets(), &dst.octets()),
+                    Some(i),
+                    "{n} peers"
+                );
+                // Reversed (a packet towards our own host) and unknown pairs match nothing.
+                assert_eq!(table.peer_for_inner(&dst.octets(), &src.octets()), None);
+            }
+            let stranger = Ipv6Addr::new(0x2001, 0xdb8, 0xc, 0, 0, 0, 0, 1);
+            let local = peers[0].stream.local_true();
+            assert_eq!(
+                table.peer_for_inner(&local.octets(), &stranger.octets()),
+                None
+            );
+            assert_eq!(table.peer_for_inner(&[0; 4], &[0; 16]), None, "short slice");
+        }
+    }
 }
