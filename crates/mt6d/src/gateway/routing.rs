@@ -226,6 +226,7 @@ pub fn carry_over<T>(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 mod tests {
     use super::*;
     use crate::gateway::peer::PeerKeys;
