@@ -130,6 +130,10 @@ impl SimGateway {
     pub fn timeout(&mut self, now: UnixTime, entropy: [u8; 32]) -> Vec<Packet> {
         self.recv.expire(now);
         self.link.handle_timeout(now, || Some(entropy));
+        // With randomness at hand, a timeout leaves nothing due at the same instant: a driver
+        // that sleeps until `poll_timeout` never spins.
+        let next = self.link.poll_timeout();
+        assert!(next.is_none_or(|t| t > now), "due again at once: {next:?} at {now:?}");
         self.drain()
     }
 
