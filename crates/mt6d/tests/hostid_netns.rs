@@ -598,7 +598,8 @@ fn ack_mode_sends_enabled_in_the_syn_and_the_identity_in_the_first_ack_only() {
     assert_eq!(event(&running, Side::A, "out", "injected"), syns + 1);
     // The SYN-ACK's HOST_ID_ENABLED did not reach Host A (Gateway A's default strip).
     assert!(event(&running, Side::A, "in", "stripped") >= 1);
-    assert!(event(&running, Side::B, "in", "accepted") >= syns + 1);
+    // Every SYN and the ACK with HOST_ID_BOUCADAIR, passed by Gateway B's `accept`.
+    assert!(event(&running, Side::B, "in", "accepted") > syns);
 }
 
 #[test]
