@@ -323,9 +323,11 @@ fn scrub_cost(net: &Net, p: &Profile, mt6d: &Path, dir: &Path, progress: &Progre
             }
         }
     }
-    let [off, on] = runs.map(|mut r| {
-        r.sort_by(f64::total_cmp);
-        let m = r[r.len() / 2];
+    // Each state's runs in the order they were measured (round 1 first); the median of each.
+    let [off, on] = runs.map(|r| {
+        let mut sorted = r.clone();
+        sorted.sort_by(f64::total_cmp);
+        let m = sorted[sorted.len() / 2];
         (r, m)
     });
     v.set(
