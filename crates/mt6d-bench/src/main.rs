@@ -267,6 +267,21 @@ mod tests {
     }
 
     #[test]
+    fn hostid_takes_only_an_output_directory() {
+        let a = parse(&["--hostid", "--out", "r"]).expect("valid");
+        assert!(a.hostid && a.soak.is_none());
+        assert_eq!(a.out, Some(PathBuf::from("r")));
+        assert!(!parse(&["--quick"]).expect("valid").hostid);
+        for other in [&["--quick"][..], &["--soak", "1"], &["--only", "none"]] {
+            let argv: Vec<&str> = ["--hostid"]
+                .into_iter()
+                .chain(other.iter().copied())
+                .collect();
+            assert!(parse(&argv).is_err(), "--hostid with {other:?}");
+        }
+    }
+
+    #[test]
     fn plot_redraws_alone() {
         let c = Cli::try_parse_from(["mt6d-bench", "--plot", "r/results.json"]).expect("valid");
         assert_eq!(c.plot, Some(PathBuf::from("r/results.json")));
