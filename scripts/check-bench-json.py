@@ -2,8 +2,8 @@
 """Checks that a `mt6d bench` results.json has a row for every scenario on every topology
 (tracker issue 4: CI runs `mt6d bench --quick` and checks the JSON is complete).
 
-A row is complete when it was measured (available, no error, a tests object), or when it says why
-its peer is not available. Exits non-zero, naming what is missing, otherwise."""
+A row is complete when it was measured (available, no error, a tests object; mt6d-encrypt also the
+TCP policy's cost off and on, `scrub_cost`), or when it says why its peer is not available. Exits non-zero, naming what is missing, otherwise."""
 import json
 import sys
 
@@ -26,6 +26,16 @@ for t in TOPOLOGIES:
                 problems.append(f"{t}/{s}: error {r['error']}")
             elif not isinstance(r.get("tests"), dict) or not r["tests"]:
                 problems.append(f"{t}/{s}: no tests measured")
+            elif s == "mt6d-encrypt":
+                # Tracker issue 14 item 4: the TCP policy's cost, off and on, in the same run.
+                c = r.get("scrub_cost")
+                if not isinstance(c, dict):
+                    problems.append(f"{t}/{s}: no scrub_cost")
+                elif c.get("error"):
+                    problems.append(f"{t}/{s}: scrub_cost error {c['error']}")
+                elif not all(isinstance(c.get(k), (int, float)) and c[k] > 0
+                             for k in ("off_median", "on_median")):
+                    problems.append(f"{t}/{s}: scrub_cost without off and on throughput")
         elif not r.get("reason") and not r.get("error"):
             problems.append(f"{t}/{s}: not available and no reason given")
         else:

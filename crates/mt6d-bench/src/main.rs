@@ -5,6 +5,8 @@
 //! figures (SVG and PNG).
 //! docs/BENCH.md documents the profiles and how to read the results.
 
+mod hostid;
+mod hostid_report;
 mod json;
 mod machine;
 mod peers;
@@ -68,6 +70,11 @@ struct Cli {
     /// Soak: restart Gateway B this often (default never).
     #[arg(long, value_name = "MINUTES", requires = "soak", value_parser = positive)]
     restart_every: Option<f64>,
+    /// Seed 004's HOST_ID experiment instead (tracker issue 14 item 5): every HOST_ID option in
+    /// a SYN to 1,000 local servers through mt6d, policy pass and strip, open and strict path;
+    /// success ratio and connection delay in 004's layout.
+    #[arg(long, conflicts_with_all = ["quick", "full", "only", "topology", "ping_std", "soak"])]
+    hostid: bool,
     /// Measure nothing: redraw the figures (SVG and PNG) of a results.json that `mt6d bench`
     /// wrote, next to it. Needs no root.
     #[arg(long, value_name = "RESULTS_JSON", conflicts_with_all = ["quick", "full", "only",
@@ -84,6 +91,8 @@ pub struct Args {
     pub out: Option<PathBuf>,
     /// `--soak HOURS`: the long run of [`soak`] instead of the evaluation.
     pub soak: Option<soak::SoakArgs>,
+    /// `--hostid`: the experiment of [`hostid`] instead.
+    pub hostid: bool,
 }
 
 impl From<Cli> for Args {
@@ -107,6 +116,7 @@ impl From<Cli> for Args {
                 out: c.out.clone(),
             }),
             out: c.out,
+            hostid: c.hostid,
         }
     }
 }
@@ -169,6 +179,9 @@ fn main() -> ExitCode {
     let mut reaper = procs::start_reaper(&tag);
     let result = match &args.soak {
         Some(soak) => soak::run(soak),
+        None if args.hostid => std::env::current_exe()
+            .map_err(|e| format!("own executable: {e}"))
+            .and_then(|exe| hostid::run(args.out.clone(), &exe.with_file_name("mt6d"))),
         None => run::run(&args),
     };
     procs::reap(&tag);
@@ -250,6 +263,21 @@ mod tests {
             &["--quick", "--full"],
         ] {
             assert!(parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn hostid_takes_only_an_output_directory() {
+        let a = parse(&["--hostid", "--out", "r"]).expect("valid");
+        assert!(a.hostid && a.soak.is_none());
+        assert_eq!(a.out, Some(PathBuf::from("r")));
+        assert!(!parse(&["--quick"]).expect("valid").hostid);
+        for other in [&["--quick"][..], &["--soak", "1"], &["--only", "none"]] {
+            let argv: Vec<&str> = ["--hostid"]
+                .into_iter()
+                .chain(other.iter().copied())
+                .collect();
+            assert!(parse(&argv).is_err(), "--hostid with {other:?}");
         }
     }
 

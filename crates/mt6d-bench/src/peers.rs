@@ -73,13 +73,15 @@ pub fn unavailable(s: Scenario, mt6d: &Path) -> Option<String> {
     }
 }
 
-/// Starts `scenario` on `net`. `dir` holds configs, keys and logs.
+/// Starts `scenario` on `net`. `dir` holds configs, keys and logs. `mt6d_extra` is appended
+/// to both mt6d gateways' configuration (after the peer: `[tcp]`, `[peer.host_id_out]`).
 pub fn start(
     net: &Net,
     scenario: Scenario,
     rotation_secs: f64,
     mt6d: &Path,
     dir: &Path,
+    mt6d_extra: &str,
 ) -> Result<Running, String> {
     let mut run = Running {
         gw_a: None,
@@ -130,6 +132,7 @@ pub fn start(
                     far: &far,
                     host_mode: false,
                 });
+                let text = format!("{text}{mt6d_extra}");
                 std::fs::write(&cfg, text).map_err(|e| format!("{}: {e}", cfg.display()))?;
                 let mut cmd = gw.command(mt6d).map_err(|e| e.to_string())?;
                 cmd.arg("run").arg("-c").arg(&cfg).env("RUST_LOG", "warn");

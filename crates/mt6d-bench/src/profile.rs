@@ -87,6 +87,10 @@ pub struct Profile {
     /// The extra MT6D pass at a fast rotation (1 s): which floods it repeats.
     pub fast_rotation_secs: f64,
     pub fast_flood: (&'static str, u64),
+    /// The TCP policy's cost (issue 14): rounds of iperf3 TCP through mt6d encrypt with the
+    /// policy off and on, and the seconds of each.
+    pub scrub_rounds: u32,
+    pub scrub_secs: u64,
 }
 
 const KB: u64 = 1000;
@@ -111,6 +115,8 @@ impl Profile {
             rotation_secs: 10.0,
             fast_rotation_secs: 1.0,
             fast_flood: ("ping_flood_1s_rotation", 10_000),
+            scrub_rounds: 1,
+            scrub_secs: 2,
         }
     }
 
@@ -139,6 +145,8 @@ impl Profile {
             rotation_secs: 10.0,
             fast_rotation_secs: 1.0,
             fast_flood: ("ping_flood_1s_rotation", 50_000),
+            scrub_rounds: 5,
+            scrub_secs: 5,
         }
     }
 }

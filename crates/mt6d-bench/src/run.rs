@@ -9,7 +9,7 @@ use mt6d::lab::topology::HOST_B;
 use crate::json::{Value, ValueExt};
 use crate::peers::{self, Running};
 use crate::procs::{self, ProcSample};
-use crate::profile::{Profile, Scenario, Topology};
+use crate::profile::{Mode, Profile, Scenario, Topology};
 use crate::topo::Net;
 use crate::traffic::{self, Pace};
 use crate::Args;
@@ -142,7 +142,7 @@ fn run_pair(
     }
     row.set("path_mtu", u64::from(net.ext_mtu));
     progress.say("start gateways");
-    let mut gw = peers::start(&net, scenario, p.rotation_secs, mt6d, dir)?;
+    let mut gw = peers::start(&net, scenario, p.rotation_secs, mt6d, dir, "")?;
     warm_up(&net)?;
     let mut tests = Value::obj();
     let sched = rotation.and_then(|r| schedule(&gw, r));
@@ -230,7 +230,7 @@ fn run_pair(
     // MT6D again at the fast rotation, for loss at rotations (001 §4; issue 4's 1 s target).
     if matches!(scenario, Scenario::Mt6d(_)) {
         progress.say("restart at fast rotation");
-        let mut gw = peers::start(&net, scenario, p.fast_rotation_secs, mt6d, dir)?;
+        let mut gw = peers::start(&net, scenario, p.fast_rotation_secs, mt6d, dir, "")?;
         warm_up(&net)?;
         let sched = schedule(&gw, p.fast_rotation_secs);
         measure("ping_std_1s_rotation", &mut tests, &mut gw, &mut || {
@@ -254,6 +254,11 @@ fn run_pair(
         });
         row.set("fast_rotation_secs", p.fast_rotation_secs);
     }
+    // Tracker issue 14 item 4: what the TCP policy costs the daemon's throughput, off and on
+    // in turn on the same namespaces (encrypt only: the mode deployments run).
+    if scenario == Scenario::Mt6d(Mode::Encrypt) {
+        row.set("scrub_cost", scrub_cost(&net, p, mt6d, dir, progress));
+    }
     row.set("tests", tests);
     if !net.routers.is_empty() {
         let discards = net.router_unresolved_discards();
@@ -264,9 +269,84 @@ fn run_pair(
     Ok(())
 }
 
+/// `[tcp]` for the off state: no identity policy and no MSS clamping, so the packet threads
+/// skip TCP entirely (docs/CONFIG.md, `host_id`).
+const SCRUB_OFF: &str = "\n[tcp]\nhost_id = false\nmss_clamp = false\n";
+/// The on state: the default policy written out (strip both ways, MSS clamping on). iperf3's
+/// segments carry timestamps, so each one takes the option walk, not only the header check.
+const SCRUB_ON: &str =
+    "\n[peer.host_id_out]\naction = \"strip\"\n[peer.host_id_in]\naction = \"strip\"\n";
+
+/// iperf3 TCP, 1 stream, through mt6d encrypt with the TCP policy off and on, alternating
+/// (off first in even rounds, on first in odd ones, so a drift of the shared machine weighs on
+/// both), each state on freshly started gateways. The medians and their difference in %.
+fn scrub_cost(net: &Net, p: &Profile, mt6d: &Path, dir: &Path, progress: &Progress) -> Value {
+    let mut runs: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut v = Value::obj();
+    v.set("streams", 1u64)
+        .set("secs", p.scrub_secs)
+        .set("rounds", u64::from(p.scrub_rounds))
+        .set("off_config", SCRUB_OFF.trim())
+        .set("on_config", SCRUB_ON.trim())
+        .set("goal_pct", 2.0);
+    for round in 0..p.scrub_rounds {
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for state in order {
+            let (name, extra) = [("off", SCRUB_OFF), ("on", SCRUB_ON)][state];
+            progress.say(&format!("scrub {name}, round {}", round + 1));
+            let scratch = traffic::scratch(dir, &format!("scrub_{name}_{round}"));
+            let r = peers::start(
+                net,
+                Scenario::Mt6d(Mode::Encrypt),
+                p.rotation_secs,
+                mt6d,
+                dir,
+                extra,
+            )
+            .and_then(|gw| {
+                warm_up(net)?;
+                let t = traffic::tcp(&net.host_a, 1, p.scrub_secs, &scratch);
+                drop(gw);
+                t
+            })
+            .and_then(|t| {
+                t.get("mbit_per_s")
+                    .and_then(Value::as_f64)
+                    .ok_or_else(|| "iperf3 gave no throughput".to_string())
+            });
+            match r {
+                Ok(mbit) => runs[state].push(mbit),
+                Err(e) => {
+                    v.set("error", format!("scrub {name}, round {}: {e}", round + 1));
+                    return v;
+                }
+            }
+        }
+    }
+    // Each state's runs in the order they were measured (round 1 first); the median of each.
+    let [off, on] = runs.map(|r| {
+        let mut sorted = r.clone();
+        sorted.sort_by(f64::total_cmp);
+        let m = sorted[sorted.len() / 2];
+        (r, m)
+    });
+    v.set(
+        "off_mbit_per_s",
+        Value::Array(off.0.iter().map(|&x| Value::from(x)).collect()),
+    )
+    .set(
+        "on_mbit_per_s",
+        Value::Array(on.0.iter().map(|&x| Value::from(x)).collect()),
+    )
+    .set("off_median", off.1)
+    .set("on_median", on.1)
+    .set("on_vs_off_pct", (on.1 / off.1 - 1.0) * 100.0);
+    v
+}
+
 /// A few echoes before measuring: neighbour discovery and the WireGuard handshake happen here,
 /// for every scenario alike, and a path that carries nothing fails the pair early.
-fn warm_up(net: &Net) -> Result<(), String> {
+pub fn warm_up(net: &Net) -> Result<(), String> {
     for _ in 0..20 {
         let r = net
             .host_a
@@ -325,12 +405,14 @@ fn profile_json(p: &Profile) -> Value {
         .set("tcp_secs", p.tcp_secs)
         .set("rotation_secs", p.rotation_secs)
         .set("fast_rotation_secs", p.fast_rotation_secs)
-        .set("fast_flood", pairs(&[p.fast_flood]));
+        .set("fast_flood", pairs(&[p.fast_flood]))
+        .set("scrub_rounds", u64::from(p.scrub_rounds))
+        .set("scrub_secs", p.scrub_secs);
     v
 }
 
 /// Removes the work directory (test files, keys, configs) on every exit path.
-struct RemoveDir(PathBuf);
+pub struct RemoveDir(pub PathBuf);
 
 impl Drop for RemoveDir {
     fn drop(&mut self) {

@@ -1,7 +1,8 @@
 //! Tracker issue 14 end to end: TCP identity options (seed 004's HOST_ID forms, RFC 7974, TOA)
-//! sent by Host A through a gateway pair, what Host B's link sees of them, MSS clamping over
-//! the reduced-MTU tunneled topology, and SYN fingerprint normalisation read by p0f on both
-//! links.
+//! sent by Host A through a gateway pair, what Host B's link sees of them, injection in 004's
+//! SYN mode and ACK mode (§3.2.2, with Host B a hand-made server that returns HOST_ID_ENABLED),
+//! MSS clamping over the reduced-MTU tunneled topology, and SYN fingerprint normalisation read
+//! by p0f on both links.
 //!
 //! Host A's kernel cannot put these options in a SYN, so the tests speak TCP from Host A by
 //! hand: Ethernet frames through an AF_PACKET socket on Host A's link (its kernel's RSTs for the
@@ -67,11 +68,17 @@ struct Client {
 }
 
 fn client(lab: &Lab) -> Client {
-    // The path is up (start pinged B), so Host A has the proxy neighbour entry for B.
-    let dst = mac_of(&lab.host_a, &["-6", "neigh", "show", &HOST_B.to_string()]);
-    let src = mac_of(&lab.host_a, &["link", "show", HOST_IF]);
+    hand_tcp(&lab.host_a, HOST_B)
+}
+
+/// Hand-made TCP in `ns` towards `peer`: its kernel's RSTs dropped (it knows none of these
+/// connections), a capture on its link that sends frames to `peer`'s neighbour entry.
+fn hand_tcp(ns: &mt6d_os::Netns, peer: Ipv6Addr) -> Client {
+    // The path is up (start pinged B), so both hosts have the proxy neighbour entry.
+    let dst = mac_of(ns, &["-6", "neigh", "show", &peer.to_string()]);
+    let src = mac_of(ns, &["link", "show", HOST_IF]);
     let nft = "table ip6 mt6d_test_norst {\n chain o {\n  type filter hook output priority 0;\n  tcp flags & rst == rst drop\n }\n}\n";
-    let mut cmd = lab.host_a.command("nft").expect("nft");
+    let mut cmd = ns.command("nft").expect("nft");
     let ok = cmd
         .args(["-f", "-"])
         .stdin(std::process::Stdio::piped())
@@ -81,12 +88,11 @@ fn client(lab: &Lab) -> Client {
             c.stdin.take().expect("stdin").write_all(nft.as_bytes())?;
             c.wait()
         });
-    assert!(ok.expect("nft runs").success(), "nft rule in Host A");
-    let cap = lab
-        .host_a
+    assert!(ok.expect("nft runs").success(), "nft rule");
+    let cap = ns
         .run(|| PacketCapture::open(HOST_IF, 2048, Duration::from_millis(100)))
-        .expect("enter A")
-        .expect("capture on A");
+        .expect("enter the namespace")
+        .expect("capture");
     let mut head = [0u8; 14];
     head[..6].copy_from_slice(&dst);
     head[6..12].copy_from_slice(&src);
@@ -96,16 +102,35 @@ fn client(lab: &Lab) -> Client {
 
 /// An IPv6+TCP packet from Host A to Host B with a valid checksum.
 fn segment(sport: u16, seq: u32, ack: u32, flags: u8, opts: &[u8], payload: &[u8]) -> Vec<u8> {
+    tcp_packet(
+        (HOST_A, sport),
+        (HOST_B, PORT),
+        (seq, ack),
+        flags,
+        opts,
+        payload,
+    )
+}
+
+/// An IPv6+TCP packet with a valid checksum: `opts` padded with zeros to a multiple of 4.
+fn tcp_packet(
+    (src, sport): (Ipv6Addr, u16),
+    (dst, dport): (Ipv6Addr, u16),
+    (seq, ack): (u32, u32),
+    flags: u8,
+    opts: &[u8],
+    payload: &[u8],
+) -> Vec<u8> {
     let mut o = opts.to_vec();
     o.resize(opts.len().div_ceil(4) * 4, 0);
     let seg_len = 20 + o.len() + payload.len();
     let mut p = vec![0x60, 0, 0, 0];
     p.extend_from_slice(&(seg_len as u16).to_be_bytes());
     p.extend_from_slice(&[6, 64]);
-    p.extend_from_slice(&HOST_A.octets());
-    p.extend_from_slice(&HOST_B.octets());
+    p.extend_from_slice(&src.octets());
+    p.extend_from_slice(&dst.octets());
     p.extend_from_slice(&sport.to_be_bytes());
-    p.extend_from_slice(&PORT.to_be_bytes());
+    p.extend_from_slice(&dport.to_be_bytes());
     p.extend_from_slice(&seq.to_be_bytes());
     p.extend_from_slice(&ack.to_be_bytes());
     p.push((((20 + o.len()) / 4) as u8) << 4);
@@ -113,7 +138,7 @@ fn segment(sport: u16, seq: u32, ack: u32, flags: u8, opts: &[u8], payload: &[u8
     p.extend_from_slice(&[0xfa, 0xf0, 0, 0, 0, 0]);
     p.extend_from_slice(&o);
     p.extend_from_slice(payload);
-    let c = upper_layer_checksum(HOST_A, HOST_B, 6, &p[40..]);
+    let c = upper_layer_checksum(src, dst, 6, &p[40..]);
     p[56..58].copy_from_slice(&c.to_be_bytes());
     p
 }
@@ -432,6 +457,149 @@ fn injected_options_are_well_formed_and_read_back_on_the_far_side() {
         syns.len() as u64
     );
     assert!(event(&running, Side::B, "in", "accepted") >= 1);
+}
+
+/// A segment from Host A as Host B's link showed it.
+#[derive(Debug, Clone)]
+struct SeenSegment {
+    sport: u16,
+    dport: u16,
+    flags: u8,
+    options: Vec<u8>,
+    checksum_ok: bool,
+}
+
+/// Host B as a server that speaks 004's ACK mode (§3.2.2), by hand: every SYN from Host A gets
+/// a SYN-ACK, which returns HOST_ID_ENABLED when the SYN carried it and went to `echo_port`
+/// (a server supporting the option; any other port is a legacy server). Every segment from
+/// Host A is kept in arrival order, until `stop`.
+fn ack_mode_server(
+    lab: &Lab,
+    echo_port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Vec<SeenSegment>> {
+    let b = hand_tcp(&lab.host_b, HOST_A);
+    std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 2048];
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let Ok(Some(f)) = b.cap.recv(&mut buf) else {
+                continue;
+            };
+            let Some((src, tcp)) = tcp_of(&buf[14..f.captured]) else {
+                continue;
+            };
+            if src != HOST_A {
+                continue;
+            }
+            let s = SeenSegment {
+                sport: port(tcp, 0),
+                dport: port(tcp, 2),
+                flags: tcp[13],
+                options: tcp[20..usize::from(tcp[12] >> 4) * 4].to_vec(),
+                checksum_ok: upper_layer_checksum(HOST_A, HOST_B, 6, tcp) == 0,
+            };
+            if s.flags & 0x12 == 0x02 {
+                let enabled = TcpOptions::new(&s.options, KINDS)
+                    .any(|o| matches!(o, Ok(o) if o.option == TcpOption::HostIdEnabled));
+                // MSS 1360, and HOST_ID_ENABLED back if this server supports it.
+                let mut opts = vec![2, 4, 0x05, 0x50];
+                if enabled && s.dport == echo_port {
+                    opts.extend_from_slice(&[1, 1, 202, 2]);
+                }
+                let their = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]);
+                b.send(&tcp_packet(
+                    (HOST_B, s.dport),
+                    (HOST_A, s.sport),
+                    (0x5000_0000, their.wrapping_add(1)),
+                    0x12,
+                    &opts,
+                    &[],
+                ));
+            }
+            seen.push(s);
+        }
+        seen
+    })
+}
+
+fn identities(options: &[u8]) -> Vec<(HostIdForm, u64)> {
+    TcpOptions::new(options, KINDS)
+        .map(|o| o.expect("a well-formed option block"))
+        .filter_map(|o| identity_value(&o.option))
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn ack_mode_sends_enabled_in_the_syn_and_the_identity_in_the_first_ack_only() {
+    let a_extra: &'static str = Box::leak(
+        format!(
+            "{TCP_KINDS}[peer.host_id_out.inject]\noption = \"boucadair\"\ndata = \"prefix\"\nmode = \"ack\"\n"
+        )
+        .into_boxed_str(),
+    );
+    // Gateway B forwards the options both ways, so the exchange is the server's own.
+    let b_extra: &'static str = Box::leak(
+        format!(
+            "{TCP_KINDS}[peer.host_id_in]\naction = \"accept\"\n[peer.host_id_out]\naction = \"accept\"\n"
+        )
+        .into_boxed_str(),
+    );
+    let running = start(Topology::Switched, a_extra, b_extra);
+    let lab = &running.lab;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (echo, legacy) = (PORT, PORT + 1);
+    let srv = ack_mode_server(lab, echo, stop.clone());
+    // Host A's own kernel connects, to a server that returns HOST_ID_ENABLED and to one that
+    // does not, and sends data on each (segments after the first ACK).
+    for dport in [echo, legacy] {
+        lab.host_a
+            .run(|| {
+                use std::io::Write;
+                let s = std::net::TcpStream::connect_timeout(
+                    &(HOST_B, dport).into(),
+                    Duration::from_secs(3),
+                )?;
+                write!(&s, "data to {dport}")?;
+                std::thread::sleep(Duration::from_millis(300));
+                Ok::<_, std::io::Error>(())
+            })
+            .expect("enter A")
+            .expect("Host A's kernel connects through the gateways");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let seen = srv.join().expect("server thread");
+    for s in &seen {
+        assert!(s.checksum_ok, "{s:?}");
+    }
+    let enabled = vec![(HostIdForm::Enabled, 0)];
+    // The first 56 bits of 2001:db8:1::a.
+    let host_id = vec![(HostIdForm::Boucadair, 0x0020_010d_b800_0100)];
+    for dport in [echo, legacy] {
+        let flow: Vec<&SeenSegment> = seen.iter().filter(|s| s.dport == dport).collect();
+        let syns: Vec<_> = flow.iter().filter(|s| s.flags & 0x12 == 0x02).collect();
+        assert!(!syns.is_empty(), "no SYN to {dport} reached B: {seen:?}");
+        for s in &syns {
+            assert_eq!(identities(&s.options), enabled, "SYN to {dport}: {s:?}");
+        }
+        let after: Vec<_> = flow.iter().filter(|s| s.flags & 0x02 == 0).collect();
+        assert!(after.len() >= 2, "ACK and data to {dport}: {flow:?}");
+        assert!(after.iter().all(|s| s.flags & 0x10 != 0), "{after:?}");
+        let want = if dport == echo { &host_id } else { &vec![] };
+        assert_eq!(&identities(&after[0].options), want, "first ACK: {after:?}");
+        for s in &after[1..] {
+            assert!(identities(&s.options).is_empty(), "later segment: {s:?}");
+        }
+    }
+    let syns = seen.iter().filter(|s| s.flags & 0x12 == 0x02).count() as u64;
+    // HOST_ID_ENABLED in every SYN, HOST_ID_BOUCADAIR in one ACK.
+    assert_eq!(event(&running, Side::A, "out", "injected"), syns + 1);
+    // The SYN-ACK's HOST_ID_ENABLED did not reach Host A (Gateway A's default strip).
+    assert!(event(&running, Side::A, "in", "stripped") >= 1);
+    // Every SYN and the ACK with HOST_ID_BOUCADAIR, passed by Gateway B's `accept`.
+    assert!(event(&running, Side::B, "in", "accepted") > syns);
 }
 
 #[test]

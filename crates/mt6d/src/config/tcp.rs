@@ -17,6 +17,7 @@ use super::ConfigError;
 #[serde(deny_unknown_fields)]
 pub(super) struct RawTcp {
     pub(super) mss_clamp: Option<Spanned<bool>>,
+    pub(super) host_id: Option<Spanned<bool>>,
     pub(super) wing_kind: Option<Spanned<i64>>,
     pub(super) boucadair_kind: Option<Spanned<i64>>,
     pub(super) enabled_kind: Option<Spanned<i64>>,
@@ -60,6 +61,10 @@ struct RawInject {
 pub struct TcpConfig {
     /// Lower the MSS of SYNs (both directions) to what the tunnel carries (default on).
     pub mss_clamp: bool,
+    /// Apply the peers' identity policies (default on). Off, options pass untouched and no
+    /// peer may have a `host_id_out` / `host_id_in` table; with `mss_clamp` off too, the
+    /// packet threads do not look at TCP at all.
+    pub host_id: bool,
     /// The HOST_ID kinds and whether unknown options go too.
     pub scrub: ScrubPolicy,
     /// Normalise the protected hosts' stack fingerprint (off by default).
@@ -82,6 +87,7 @@ impl Default for TcpConfig {
     fn default() -> Self {
         TcpConfig {
             mss_clamp: true,
+            host_id: true,
             scrub: ScrubPolicy::default(),
             normalize: None,
         }
@@ -179,6 +185,7 @@ pub(super) fn parse_tcp(
     Ok(TcpConfig {
         normalize: normalize.then_some(Normalize { hop_limit }),
         mss_clamp: t.mss_clamp.as_ref().is_none_or(|v| *v.get_ref()),
+        host_id: t.host_id.as_ref().is_none_or(|v| *v.get_ref()),
         scrub: ScrubPolicy {
             host_id_kinds: kinds,
             strip_unknown: t.strip_unknown.as_ref().is_some_and(|v| *v.get_ref()),
@@ -196,6 +203,12 @@ pub(super) fn parse_policy(
     let Some(raw) = raw else {
         return Ok(HostIdPolicy::default());
     };
+    if !tcp.host_id {
+        return Err(src.err(
+            raw,
+            "a host_id_out / host_id_in table needs [tcp] host_id = true (it is false)",
+        ));
+    }
     let h = raw.get_ref();
     let mut policy = HostIdPolicy::default();
     if let Some(a) = &h.action {
@@ -511,6 +524,20 @@ action = "drop"
             (InjectForm::Boucadair, InjectData::Prefix, InjectMode::Ack)
         );
         assert_eq!(inn.default, RuleAction::Drop);
+    }
+
+    #[test]
+    fn host_id_off_parses_and_refuses_a_policy_table() {
+        let cfg = parse("[tcp]\nhost_id = false\nmss_clamp = false\n", "").unwrap();
+        assert!(!cfg.gateway.tcp.host_id && !cfg.gateway.tcp.mss_clamp);
+        assert!(parse("", "").unwrap().gateway.tcp.host_id);
+        let err = parse(
+            "[tcp]\nhost_id = false\n",
+            "[peer.host_id_out]\naction = \"accept\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("needs [tcp] host_id = true"), "{err}");
     }
 
     #[test]

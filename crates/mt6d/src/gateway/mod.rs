@@ -42,7 +42,7 @@ mod shared;
 pub mod signals;
 pub mod state;
 mod system;
-mod tcp_policy;
+pub mod tcp_policy;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};

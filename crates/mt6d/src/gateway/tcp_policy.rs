@@ -186,6 +186,10 @@ impl AckModeFlows {
 /// A peer's TCP policy: the gateway-wide `[tcp]` settings and the peer's two directions.
 #[derive(Debug)]
 pub struct PeerTcp {
+    /// `[tcp] host_id`: apply the identity policies.
+    host_id: bool,
+    /// Nothing to do to any segment (`host_id`, `mss_clamp` and `normalize` all off).
+    bypass: bool,
     kinds: HostIdKinds,
     strip_unknown: bool,
     mss_clamp: bool,
@@ -275,6 +279,8 @@ const IP: usize = 40;
 impl PeerTcp {
     pub fn new(tcp: &TcpConfig, policies: &HostIdPolicies) -> PeerTcp {
         PeerTcp {
+            host_id: tcp.host_id,
+            bypass: !tcp.host_id && !tcp.mss_clamp && tcp.normalize.is_none(),
             kinds: tcp.scrub.host_id_kinds,
             strip_unknown: tcp.scrub.strip_unknown,
             mss_clamp: tcp.mss_clamp,
@@ -304,6 +310,9 @@ impl PeerTcp {
         peer: &str,
         log: &mut LogBudget,
     ) -> Verdict {
+        if self.bypass {
+            return Verdict::Forward(len);
+        }
         if dir == Direction::Out {
             if let (Some(n), Some(packet)) = (self.normalize, buf.get_mut(..len)) {
                 normalize_ip(packet, n.hop_limit, &self.label_key);
@@ -329,7 +338,7 @@ impl PeerTcp {
         let mut len = len;
         let block_end = (IP + doff).min(len);
         let block = buf.get(IP + 20..block_end).unwrap_or_default();
-        if doff > 20 && needs_policy(block, &scrub) {
+        if self.host_id && doff > 20 && needs_policy(block, &scrub) {
             // A SYN-ACK returning HOST_ID_ENABLED to our ACK mode injector: note the flow
             // before the option is removed.
             if dir == Direction::In && syn && flags & tcp_flags::ACK != 0 {
@@ -663,4 +672,86 @@ fn addresses(buf: &[u8]) -> (Ipv6Addr, Ipv6Addr, u16, u16) {
         u16::from_be_bytes([buf[IP], buf[IP + 1]]),
         u16::from_be_bytes([buf[IP + 2], buf[IP + 3]]),
     )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+mod tests {
+    use super::*;
+    use mt6d_proto::scrub::ScrubPolicy;
+    use mt6d_proto::wire::upper_layer_checksum;
+
+    const A: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 0xa);
+    const B: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 0xb);
+
+    /// A SYN A -> B: MSS 1440, NOP, NOP, HOST_ID_WING (kind 200) 0x3039, with its checksum.
+    fn syn_with_wing() -> Vec<u8> {
+        let mut p = vec![0u8; 40 + 32];
+        p[0] = 0x60;
+        p[4..6].copy_from_slice(&32u16.to_be_bytes());
+        p[6] = 6;
+        p[7] = 64;
+        p[8..24].copy_from_slice(&A.octets());
+        p[24..40].copy_from_slice(&B.octets());
+        p[40..52].copy_from_slice(&[0x9c, 0x40, 0x01, 0xbb, 0, 0, 0, 1, 0, 0, 0, 0]);
+        p[52] = 8 << 4;
+        p[53] = tcp_flags::SYN;
+        p[54..56].copy_from_slice(&[0xfa, 0xf0]);
+        p[60..72].copy_from_slice(&[2, 4, 0x05, 0xa0, 1, 1, 200, 4, 0x30, 0x39, 0, 0]);
+        let c = upper_layer_checksum(A, B, 6, &p[40..]);
+        p[56..58].copy_from_slice(&c.to_be_bytes());
+        p
+    }
+
+    fn run(host_id: bool, mss_clamp: bool) -> Vec<u8> {
+        let tcp = TcpConfig {
+            mss_clamp,
+            host_id,
+            scrub: ScrubPolicy {
+                host_id_kinds: HostIdKinds {
+                    wing: Some(200),
+                    boucadair: None,
+                    enabled: None,
+                },
+                strip_unknown: false,
+            },
+            normalize: None,
+        };
+        let t = PeerTcp::new(&tcp, &Default::default());
+        let mut buf = syn_with_wing();
+        buf.resize(buf.len() + 40, 0);
+        let limits = Limits {
+            mss: 1380,
+            mtu: 1440,
+        };
+        let Verdict::Forward(n) = t.apply(
+            &mut buf,
+            72,
+            Direction::Out,
+            limits,
+            "b",
+            &mut LogBudget::default(),
+        ) else {
+            panic!("dropped");
+        };
+        buf.truncate(n);
+        buf
+    }
+
+    #[test]
+    fn host_id_off_forwards_identity_options_and_still_clamps_if_asked() {
+        let syn = syn_with_wing();
+        // Everything off: the segment is not looked at.
+        assert_eq!(run(false, false), syn);
+        // Identity policy off, clamping on: the WING stays, the MSS is lowered.
+        let clamped = run(false, true);
+        assert_eq!(clamped.len(), syn.len());
+        assert_eq!(clamped[62..64], 1380u16.to_be_bytes());
+        assert_eq!(clamped[64..72], syn[64..72]);
+        assert_eq!(upper_layer_checksum(A, B, 6, &clamped[40..]), 0);
+        // The default: the WING is stripped.
+        let stripped = run(true, false);
+        assert!(stripped.len() < syn.len());
+        assert!(!stripped[60..].contains(&200));
+    }
 }
