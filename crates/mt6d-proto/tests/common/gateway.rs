@@ -133,7 +133,10 @@ impl SimGateway {
         // With randomness at hand, a timeout leaves nothing due at the same instant: a driver
         // that sleeps until `poll_timeout` never spins.
         let next = self.link.poll_timeout();
-        assert!(next.is_none_or(|t| t > now), "due again at once: {next:?} at {now:?}");
+        assert!(
+            next.is_none_or(|t| t > now),
+            "due again at once: {next:?} at {now:?}"
+        );
         self.drain()
     }
 
