@@ -561,8 +561,9 @@ mod tests {
         assert_eq!(a.poll_transmit().unwrap().kind, TransmitKind::Initiation);
     }
 
-    #[test]
-    fn a_round_trip_hands_out_keys_and_binds_a_session_set_on_both_sides() {
+    /// A initiates at 0, B answers at 5 ms, A completes at 10 ms; returns the pair, B's receive
+    /// keys and B's answer.
+    fn one_round_trip() -> (Link, Link, ReceiveKeys, Transmit) {
         let (ca, cb) = configs(Psk::from_bytes([1; 32]));
         let (mut a, mut b) = (link(ca), link(cb));
         let (mut ra, mut rb) = (ReceiveKeys::new(), ReceiveKeys::new());
@@ -570,11 +571,17 @@ mod tests {
         let init = a.poll_transmit().unwrap();
         deliver(&mut b, &mut rb, at(5), &init);
         let resp = b.poll_transmit().unwrap();
+        deliver(&mut a, &mut ra, at(10), &resp);
+        (a, b, rb, resp)
+    }
+
+    #[test]
+    fn a_round_trip_hands_out_keys_and_binds_a_session_set_on_both_sides() {
+        let (mut a, mut b, mut rb, resp) = one_round_trip();
         assert_eq!(resp.kind, TransmitKind::Response);
         // B holds no sending key until A confirms; its answered set is bound already.
         assert!(b.send_key().is_none());
         assert_eq!(b.select(at(5)).bound.len(), 2);
-        deliver(&mut a, &mut ra, at(10), &resp);
         let ka = a.poll_transmit().unwrap();
         assert_eq!(ka.kind, TransmitKind::Keepalive);
         let mut got_key = false;
@@ -613,14 +620,7 @@ mod tests {
 
     #[test]
     fn keys_that_outlive_their_rekeys_are_taken_back_and_the_link_set_is_alone_again() {
-        let (ca, cb) = configs(Psk::from_bytes([1; 32]));
-        let (mut a, mut b) = (link(ca), link(cb));
-        let (mut ra, mut rb) = (ReceiveKeys::new(), ReceiveKeys::new());
-        a.handle_timeout(at(0), || Some([1; 32]));
-        let init = a.poll_transmit().unwrap();
-        deliver(&mut b, &mut rb, at(5), &init);
-        let resp = b.poll_transmit().unwrap();
-        deliver(&mut a, &mut ra, at(10), &resp);
+        let (mut a, ..) = one_round_trip();
         while a.poll_event().is_some() {}
         while a.poll_transmit().is_some() {}
         // Rekey every 120 s, keys rejected after 3: the timeout names the expiry instant at the
