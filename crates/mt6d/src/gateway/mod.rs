@@ -24,6 +24,7 @@ pub mod counters;
 mod dataplane;
 mod error;
 pub mod icmp;
+mod kernel_drops;
 mod links;
 mod liveness;
 mod neighbor;
@@ -44,7 +45,7 @@ mod system;
 mod tcp_policy;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -53,7 +54,9 @@ use mt6d_os::Epoll;
 
 use crate::config::{Config, Keying, Role};
 use crate::control::{Asked, ChangeAnswer, ControlServer, Request};
-use crate::status::{HandshakeStatus, MoveStatus, PeerStatus, RouteSetStatus, RouteStatus, Status};
+use crate::status::{
+    HandshakeStatus, KernelDrops, MoveStatus, PeerStatus, RouteSetStatus, RouteStatus, Status,
+};
 use collision::CollisionWatch;
 use counters::{DirectionCounters, DropReason};
 pub use error::GatewayError;
@@ -166,6 +169,8 @@ fn run_gateway(
         table: ArcSwap::from_pointee(RouteTable::default()),
         shutdown: AtomicBool::new(false),
         unmatched: DirectionCounters::default(),
+        socket_queue_drops: AtomicU64::new(0),
+        tun_write_failures: AtomicU64::new(0),
     };
     let path = Arc::new(PathState::new(sys.tun_mtu));
     let mut rotator = Rotator::new(sys.external_index, peers);
@@ -299,6 +304,7 @@ fn serve(
         let mut result = Ok(());
         let mut next_rotation = rotator.next_change();
         let mut drops = DropReport::default();
+        let mut kernel_report = kernel_drops::KernelDropReport::default();
         let mut liveness = Liveness::default();
         let mut watched = vec![(
             "external",
@@ -335,8 +341,10 @@ fn serve(
                 };
                 let outcome = match &pending.request {
                     Asked::Status => {
+                        let kernel =
+                            kernel_drops::read(shared, &mut running.sys.netlink, tun.index());
                         let st = full_status(
-                            &live.cfg, shared, path, started, rotator, &links, &liveness,
+                            &live.cfg, shared, path, started, rotator, &links, &liveness, kernel,
                         );
                         pending.reply(&st);
                         continue;
@@ -399,6 +407,7 @@ fn serve(
                 } else {
                     next_rotation = rotator.next_change();
                     drops.report(shared);
+                    kernel_report.report(kernel_drops::read(shared, &mut sys.netlink, tun.index()));
                     rotator.report_watch();
                     if let Some(mac) = rotator.announced_mac() {
                         collision::announce_link(&shared.table.load(), mac);
@@ -436,8 +445,9 @@ fn serve(
             if metrics.is_some()
                 && published_at.is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
             {
+                let kernel = kernel_drops::read(shared, &mut sys.netlink, tun.index());
                 published.store(Some(std::sync::Arc::new(full_status(
-                    &live.cfg, shared, path, started, rotator, &links, &liveness,
+                    &live.cfg, shared, path, started, rotator, &links, &liveness, kernel,
                 ))));
                 published_at = Some(Instant::now());
             }
@@ -648,8 +658,9 @@ fn move_status(p: &Peer) -> MoveStatus {
     }
 }
 
-/// The status `mt6d status` and the metrics show: [`status`] with the interfaces' state and the
-/// time since each peer was last heard.
+/// The status `mt6d status` and the metrics show: [`status`] with the interfaces' state, the
+/// time since each peer was last heard and the kernel's queue drops.
+#[allow(clippy::too_many_arguments)]
 fn full_status(
     cfg: &Config,
     shared: &Shared,
@@ -658,9 +669,11 @@ fn full_status(
     rotator: &Rotator,
     links: &links::InterfaceWatch,
     liveness: &Liveness,
+    kernel: KernelDrops,
 ) -> Status {
     let mut st = status(cfg, shared, path, started, rotator);
     st.interfaces = links.status();
+    st.kernel_drops = kernel;
     let now = clock::now();
     for p in &mut st.peers {
         p.last_rx_ms_ago = liveness.last_rx_ms_ago(&p.name, now);
@@ -743,5 +756,6 @@ fn status(
         path: path.status(cfg.gateway.router_advertisements),
         collision_watch: rotator.watch_status(),
         interfaces: Vec::new(),
+        kernel_drops: KernelDrops::default(),
     }
 }
