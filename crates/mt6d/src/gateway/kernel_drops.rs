@@ -1,8 +1,8 @@
 //! The kernel's drops in the queues in front of the packet threads: a tunnel socket's receive
 //! queue and the TUN device's transmit queue fill when a thread waits too long for a core, and
 //! the kernel then drops without the daemon seeing the packet. This module gathers them for
-//! `mt6d status` and the metrics ([`KernelDrops`]) and warns, at most once per rotation, when
-//! they rose. It reads counters only: the packet threads add theirs with one atomic operation
+//! `mt6d status` and the metrics ([`KernelDrops`]) and for the drop summary logged at most once
+//! per rotation. It reads counters only: the packet threads add theirs with one atomic operation
 //! per batch, and the TUN device's come over rtnetlink on the housekeeping thread.
 
 use std::sync::atomic::Ordering::Relaxed;
@@ -27,27 +27,32 @@ pub fn read(shared: &Shared, netlink: &mut Netlink, tun_index: u32) -> KernelDro
     }
 }
 
-/// Logs a rise of the kernel's drops since the last report (../shared/STYLE.md §8:
-/// rate-limited, here to once per rotation).
+/// The rise of the kernel's drops since the last call, for the drop summary logged at most
+/// once per rotation (../shared/STYLE.md §8: rate-limited; one line for every kind of drop).
 #[derive(Debug, Default)]
 pub struct KernelDropReport {
     last: KernelDrops,
 }
 
 impl KernelDropReport {
-    pub fn report(&mut self, now: KernelDrops) {
-        let rose = |n: u64, l: u64| n.saturating_sub(l);
-        let (s, q, w) = (
-            rose(now.socket_queue, self.last.socket_queue),
-            rose(now.tun_queue, self.last.tun_queue),
-            rose(now.tun_write, self.last.tun_write),
-        );
-        if s + q + w > 0 {
-            log::warn!(
-                "the kernel dropped since last rotation: {s} from full tunnel socket queues, {q} from the full TUN queue, {w} refused TUN writes (packet threads short of CPU?)"
-            );
-        }
-        self.last = now;
+    /// One entry per queue whose drops rose since the last call.
+    pub fn rose(&mut self, now: KernelDrops) -> Vec<String> {
+        let last = std::mem::replace(&mut self.last, now);
+        [
+            (
+                now.socket_queue,
+                last.socket_queue,
+                "full tunnel socket queue",
+            ),
+            (now.tun_queue, last.tun_queue, "full TUN queue"),
+            (now.tun_write, last.tun_write, "refused TUN write"),
+        ]
+        .into_iter()
+        .filter_map(|(n, l, what)| {
+            let d = n.saturating_sub(l);
+            (d > 0).then(|| format!("kernel: {d} {what} (packet threads short of CPU?)"))
+        })
+        .collect()
     }
 }
 
@@ -64,9 +69,12 @@ mod tests {
             tun_write: 4,
         };
         assert_eq!(d.total(), 9);
-        r.report(d);
-        assert_eq!(r.last, d);
-        r.report(d);
-        assert_eq!(r.last, d);
+        assert_eq!(r.rose(d).len(), 3);
+        assert!(r.rose(d).is_empty(), "nothing new");
+        let more = KernelDrops { tun_queue: 10, ..d };
+        assert_eq!(
+            r.rose(more),
+            vec!["kernel: 7 full TUN queue (packet threads short of CPU?)".to_string()]
+        );
     }
 }

@@ -407,8 +407,8 @@ fn serve(
                         mt6d_proto::UnixTime::from_nanos(now.as_nanos() + 1_000_000_000);
                 } else {
                     next_rotation = rotator.next_change();
-                    drops.report(shared);
-                    kernel_report.report(kernel_drops::read(shared, &mut sys.netlink, tun.index()));
+                    let kernel = kernel_drops::read(shared, &mut sys.netlink, tun.index());
+                    drops.report(shared, kernel_report.rose(kernel));
                     rotator.report_watch();
                     if let Some(mac) = rotator.announced_mac() {
                         collision::announce_link(&shared.table.load(), mac);
@@ -597,7 +597,8 @@ struct DropReport {
 }
 
 impl DropReport {
-    fn report(&mut self, shared: &Shared) {
+    /// `kernel`: the kernel's queue drops that rose since the last report, in the same line.
+    fn report(&mut self, shared: &Shared, kernel: Vec<String>) {
         let table = shared.table.load();
         let mut now: Vec<(String, Vec<u64>)> = table
             .peers
@@ -636,6 +637,7 @@ impl DropReport {
                 }
             }
         }
+        parts.extend(kernel);
         if !parts.is_empty() {
             log::warn!("dropped since last rotation: {}", parts.join(", "));
         }
