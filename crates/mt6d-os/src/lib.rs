@@ -39,9 +39,11 @@ pub mod udp;
 
 pub use error::{OsError, Result};
 pub use icmp::{Icmp6Socket, IcmpRecvInfo};
-pub use netlink::{AddrFlags, AddrInfo, NeighInfo, Netlink};
+pub use netlink::{AddrFlags, AddrInfo, LinkDrops, NeighInfo, Netlink};
 pub use netns::{current_cookie, unique_name, Netns};
-pub use sys::{effective_uid, peer_credentials, wait_readable, PeerCredentials};
+pub use sys::{
+    effective_uid, peer_credentials, set_thread_nice, thread_nice, wait_readable, PeerCredentials,
+};
 pub use tun::{ExpandBuffer, GROTable, Tun, TunRecvScratch, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN};
 pub use udp::{
     Epoll, EpollEvents, RecvBuf, RecvScratch, SendMsg, SendScratch, UdpSocket6, Waker, RECV_BUF_LEN,

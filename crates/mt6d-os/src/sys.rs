@@ -279,6 +279,34 @@ pub fn effective_uid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
+/// Sets the calling thread's nice value (Linux keeps it per thread; threads it starts later
+/// inherit it). A value below the current one needs CAP_SYS_NICE (or RLIMIT_NICE): EACCES or
+/// EPERM without.
+pub fn set_thread_nice(nice: i32) -> io::Result<()> {
+    // SAFETY: gettid takes no arguments and always succeeds.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    let tid = libc::id_t::try_from(tid).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+    // SAFETY: setpriority takes plain integers; PRIO_PROCESS with a thread id names that thread.
+    cvt(unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) }).map(drop)
+}
+
+/// The calling thread's nice value.
+pub fn thread_nice() -> io::Result<i32> {
+    // SAFETY: gettid takes no arguments and always succeeds.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    let tid = libc::id_t::try_from(tid).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+    // getpriority may return -1 as a value: errno tells an error apart (getpriority(2)).
+    // SAFETY: errno is thread-local; writing it before the call is the documented protocol.
+    unsafe { *libc::__errno_location() = 0 };
+    // SAFETY: getpriority takes plain integers.
+    let v = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
+    let err = io::Error::last_os_error();
+    if v == -1 && err.raw_os_error() != Some(0) {
+        return Err(err);
+    }
+    Ok(v)
+}
+
 /// Waits until `fd` is readable or `timeout` passes; returns whether it is readable.
 /// EINTR counts as "not readable yet".
 pub fn wait_readable(fd: RawFd, timeout: Option<Duration>) -> io::Result<bool> {
@@ -479,5 +507,25 @@ mod tests {
         let e = recv(s.as_fd(), &mut b, 0).expect_err("nothing was sent");
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
         assert!(!wait_readable(s.as_raw_fd(), Some(Duration::from_millis(1))).expect("poll"));
+    }
+
+    #[test]
+    fn nice_is_per_thread_and_inherited_by_threads_started_later() {
+        let main = thread_nice().expect("nice");
+        std::thread::spawn(move || {
+            // A higher nice value (lower priority) needs no privilege.
+            let lower = (main + 1).min(19);
+            set_thread_nice(lower).expect("lower the priority");
+            assert_eq!(thread_nice().expect("nice"), lower);
+            let child = std::thread::spawn(|| thread_nice().expect("nice"));
+            assert_eq!(child.join().expect("child"), lower);
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(
+            thread_nice().expect("nice"),
+            main,
+            "the caller's thread kept its own"
+        );
     }
 }

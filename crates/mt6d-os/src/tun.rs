@@ -31,6 +31,14 @@ pub use tun_rs::{ExpandBuffer, GROTable, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN};
 /// Largest packet one read from the device can return (a GSO super-packet).
 const MAX_READ: usize = VIRTIO_NET_HDR_LEN + 65535;
 
+/// The device's transmit queue (`txqueuelen`, packets): where packets from the protected side
+/// wait for the transmit thread to read them. The kernel's default for TUN, 500, is 20 ms at
+/// 25,000 packets/s; a transmit thread that waited longer for a core (other work on a 2-core
+/// machine) lost the excess, counted only as the device's `tx_dropped`. 10,000 is about half a
+/// second at that rate; a queue that full also means half a second of added delay, so the
+/// bound stays.
+pub const TX_QUEUE_LEN: u32 = 10_000;
+
 /// An offload-enabled TUN device.
 pub struct Tun {
     dev: tun_rs::SyncDevice,
@@ -76,7 +84,8 @@ impl TunRecvScratch {
 }
 
 impl Tun {
-    /// Creates TUN device `name` with offload on, sets its MTU and brings it up.
+    /// Creates TUN device `name` with offload on and a transmit queue of [`TX_QUEUE_LEN`], sets
+    /// its MTU and brings it up.
     pub fn create(name: &str, mtu: u16) -> Result<Tun> {
         let ctx = |op| {
             move |source| OsError::Tun {
@@ -89,6 +98,7 @@ impl Tun {
             .name(name)
             .mtu(mtu)
             .offload(true)
+            .tx_queue_len(TX_QUEUE_LEN)
             .enable(true)
             .build_sync()
             .map_err(ctx("create with offload"))?;
@@ -105,6 +115,15 @@ impl Tun {
     /// The device's interface index (in its namespace).
     pub fn index(&self) -> u32 {
         self.index
+    }
+
+    /// The device's transmit queue length as the kernel has it (packets).
+    pub fn tx_queue_len(&self) -> Result<u32> {
+        self.dev.tx_queue_len().map_err(|source| OsError::Tun {
+            name: self.name.clone(),
+            op: "read txqueuelen",
+            source,
+        })
     }
 
     /// Whether the kernel accepted UDP segmentation offload (USO, Linux >= 6.2). Without it
@@ -229,6 +248,47 @@ mod tests {
         p
     }
 
+    /// A full transmit queue drops what the kernel routes into the device, and the drops are
+    /// readable as the device's `tx_dropped` (what the daemon reports as TUN queue drops).
+    #[test]
+    #[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
+    fn a_full_transmit_queue_is_counted_as_tx_dropped() {
+        let ns = Netns::create(&unique_name("tuq")).expect("netns");
+        ns.run(|| {
+            let tun = Tun::create(&unique_name("mt6dq"), 1400).expect("create tun");
+            tun.dev.set_tx_queue_len(8).expect("shrink the queue");
+            let mut nl = Netlink::open().expect("netlink");
+            let local: Ipv6Addr = "fd00:6e::1".parse().expect("literal");
+            let flags = AddrFlags {
+                nodad: true,
+                noprefixroute: true,
+            };
+            nl.add_address(tun.index(), local, 64, flags)
+                .expect("address");
+            nl.add_route("fd00:6e::".parse().expect("literal"), 64, tun.index())
+                .expect("route");
+            crate::netlink::tests::wait_local(&mut nl, local, true);
+            assert_eq!(nl.link_drops(tun.index()).expect("stats").tx_dropped, 0);
+            let sock = UdpSocket6::bind(0).expect("bind");
+            let mut ss = SendScratch::new(1);
+            let msg = SendMsg {
+                src: local,
+                dst: SocketAddrV6::new("fd00:6e::2".parse().expect("literal"), 9, 0, 0),
+                payload: &[0; 100],
+                segment_size: None,
+            };
+            // Nobody reads the device: up to 8 packets wait in its queue (the kernel's own, e.g.
+            // a multicast listener report, may take a place), the rest are dropped.
+            for _ in 0..40 {
+                assert_eq!(sock.send_batch(&mut ss, &[msg]).expect("send"), 1);
+            }
+            let drops = nl.link_drops(tun.index()).expect("stats");
+            assert!((32..=40).contains(&drops.tx_dropped), "{drops:?}");
+            assert_eq!(drops.rx_dropped, 0);
+        })
+        .expect("run");
+    }
+
     #[test]
     #[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
     fn packets_cross_between_tun_and_udp_socket_with_offload() {
@@ -236,6 +296,7 @@ mod tests {
         ns.run(|| {
             let tun = Tun::create(&unique_name("mt6dt"), 1400).expect("create tun");
             assert!(tun.udp_gso(), "kernel 6.18 supports USO");
+            assert_eq!(tun.tx_queue_len().expect("txqueuelen"), TX_QUEUE_LEN);
             let mut nl = Netlink::open().expect("netlink");
             assert_eq!(nl.link_index(tun.name()).expect("index"), tun.index());
             let local: Ipv6Addr = "fd00:6d::1".parse().expect("literal");

@@ -11,7 +11,14 @@
 //!   wireguard-go do the same); [`RecvBuf::datagrams`] splits a coalesced buffer.
 //! - `IPV6_MTU_DISCOVER = IPV6_PMTUDISC_DO`: never fragment; too-large sends fail with
 //!   EMSGSIZE so the daemon learns the path MTU instead of silently fragmenting.
-//! - large `SO_RCVBUF`/`SO_SNDBUF` (the `FORCE` variants as root): bursts of a full TUN batch.
+//! - `SO_RCVBUF`/`SO_SNDBUF` of 7 MiB, what wireguard-go asks for (`conn/controlfns_linux.go`),
+//!   with the `FORCE` variants (CAP_NET_ADMIN) so `net.core.rmem_max` does not cap them: the
+//!   receive queue must hold what arrives while the receive thread waits for a core.
+//!   [`UdpSocket6::recv_buffer_size`] tells the size granted when the fallback was capped.
+//! - `SO_RXQ_OVFL`: every datagram carries the socket's count of datagrams the kernel dropped
+//!   because the receive queue was full; [`UdpSocket6::take_queue_drops`] reports them, so an
+//!   overflow is a counted drop, not a silent loss (the only other trace is the namespace-wide
+//!   `Udp6RcvbufErrors`).
 //!
 //! The hot path allocates nothing: [`SendScratch`] and [`RecvScratch`] hold the `mmsghdr`,
 //! `iovec`, address and control arrays and are reused; the caller owns the payload buffers.
@@ -23,7 +30,7 @@ use std::io;
 use std::mem;
 use std::net::{Ipv6Addr, SocketAddrV6};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::error::{OsError, Result};
@@ -36,8 +43,10 @@ const IPV6_FREEBIND: libc::c_int = 78;
 
 /// Size of one receive buffer: the largest GRO-coalesced datagram train.
 pub const RECV_BUF_LEN: usize = 65536;
-/// Socket buffer size asked for (bytes).
-const SOCKET_BUFFER: libc::c_int = 4 << 20;
+/// Socket buffer size asked for (bytes): wireguard-go's `socketBufferSize` (7 MiB). The kernel
+/// doubles it for its own bookkeeping (each queued datagram is charged its whole buffer, a few
+/// KiB for a full-size one).
+pub const SOCKET_BUFFER: usize = 7 << 20;
 
 const SEND_CTRL_LEN: usize = sys::cmsg_space(20) + sys::cmsg_space(2);
 const RECV_CTRL_LEN: usize = 128;
@@ -237,6 +246,10 @@ pub struct UdpSocket6 {
     fd: OwnedFd,
     port: u16,
     gso_supported: AtomicBool,
+    /// The kernel's count of receive-queue drops, as last reported by SO_RXQ_OVFL (it only
+    /// rises), and how much of it [`UdpSocket6::take_queue_drops`] has handed out.
+    queue_drops_seen: AtomicU32,
+    queue_drops_taken: AtomicU32,
 }
 
 impl UdpSocket6 {
@@ -261,13 +274,16 @@ impl UdpSocket6 {
         )
         .map_err(ctx("set IPV6_MTU_DISCOVER"))?;
         sys::setsockopt(f, libc::SOL_UDP, UDP_GRO, &on).map_err(ctx("set UDP_GRO"))?;
+        sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, &on)
+            .map_err(ctx("set SO_RXQ_OVFL"))?;
         // FORCE needs CAP_NET_ADMIN and ignores rmem_max; fall back to the capped variant.
-        if sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &SOCKET_BUFFER).is_err() {
-            sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_RCVBUF, &SOCKET_BUFFER)
+        let size = SOCKET_BUFFER as libc::c_int;
+        if sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &size).is_err() {
+            sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_RCVBUF, &size)
                 .map_err(ctx("set SO_RCVBUF"))?;
         }
-        if sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &SOCKET_BUFFER).is_err() {
-            sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_SNDBUF, &SOCKET_BUFFER)
+        if sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &size).is_err() {
+            sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_SNDBUF, &size)
                 .map_err(ctx("set SO_SNDBUF"))?;
         }
         sys::bind6(f, &SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0))
@@ -277,6 +293,8 @@ impl UdpSocket6 {
             fd,
             port,
             gso_supported: AtomicBool::new(true),
+            queue_drops_seen: AtomicU32::new(0),
+            queue_drops_taken: AtomicU32::new(0),
         })
     }
 
@@ -285,7 +303,8 @@ impl UdpSocket6 {
         self.port
     }
 
-    /// The receive buffer size the kernel granted (bytes, as reported by SO_RCVBUF).
+    /// The receive buffer size the kernel granted (bytes, as reported by SO_RCVBUF: twice
+    /// what was asked for, [`SOCKET_BUFFER`], unless `net.core.rmem_max` capped it).
     pub fn recv_buffer_size(&self) -> Result<usize> {
         sys::getsockopt_int(self.fd.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF)
             .map(|v| v.max(0) as usize)
@@ -294,6 +313,27 @@ impl UdpSocket6 {
                 op: "get SO_RCVBUF",
                 source,
             })
+    }
+
+    /// The send buffer size the kernel granted (bytes, as reported by SO_SNDBUF).
+    pub fn send_buffer_size(&self) -> Result<usize> {
+        sys::getsockopt_int(self.fd.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF)
+            .map(|v| v.max(0) as usize)
+            .map_err(|source| OsError::Udp {
+                port: self.port,
+                op: "get SO_SNDBUF",
+                source,
+            })
+    }
+
+    /// Datagrams the kernel dropped because this socket's receive queue was full, reported
+    /// (SO_RXQ_OVFL) since the last call. The kernel reports the count with the next datagram
+    /// it queues, so a drop shows once the socket receives again. Two atomic operations: cheap
+    /// enough to call after every [`UdpSocket6::recv_batch`].
+    pub fn take_queue_drops(&self) -> u64 {
+        let seen = self.queue_drops_seen.load(Ordering::Relaxed);
+        let taken = self.queue_drops_taken.swap(seen, Ordering::Relaxed);
+        u64::from(seen.wrapping_sub(taken))
     }
 
     /// Read timeout for [`UdpSocket6::recv_batch`]; on expiry it returns an error whose
@@ -446,6 +486,7 @@ impl UdpSocket6 {
                 }
             }
         };
+        let mut queue_drops = None;
         for (i, b) in bufs[..got].iter_mut().enumerate() {
             let h = &scratch.hdrs[i];
             b.len = (h.msg_len as usize).min(b.data.len());
@@ -471,9 +512,20 @@ impl UdpSocket6 {
                                 u16::try_from(i32::from_ne_bytes(v)).ok().filter(|&s| s > 0);
                         }
                     }
+                    // Only present once the socket has dropped something: the kernel's running
+                    // count (sk_drops) when this datagram was queued.
+                    (libc::SOL_SOCKET, libc::SO_RXQ_OVFL) => {
+                        if let Some(v) = data.get(..4).and_then(|d| <[u8; 4]>::try_from(d).ok()) {
+                            queue_drops = Some(u32::from_ne_bytes(v));
+                        }
+                    }
                     _ => {}
                 }
             }
+        }
+        if let Some(n) = queue_drops {
+            // The last datagram carries the newest count; a wrapped u32 is still newer.
+            self.queue_drops_seen.store(n, Ordering::Relaxed);
         }
         Ok(got)
     }
@@ -684,7 +736,9 @@ mod tests {
             nl.link_set_up(lo).expect("lo up");
             let a = UdpSocket6::bind(0).expect("bind a");
             let b = UdpSocket6::bind(0).expect("bind b");
-            assert!(b.recv_buffer_size().expect("rcvbuf") >= SOCKET_BUFFER as usize);
+            // As root the FORCE variants pass rmem_max/wmem_max; the kernel doubles the request.
+            assert_eq!(b.recv_buffer_size().expect("rcvbuf"), 2 * SOCKET_BUFFER);
+            assert_eq!(b.send_buffer_size().expect("sndbuf"), 2 * SOCKET_BUFFER);
             b.set_read_timeout(Some(Duration::from_millis(50)))
                 .expect("timeout");
             let mut rs = RecvScratch::new(4);
@@ -719,6 +773,36 @@ mod tests {
                 }
             }
             assert_eq!(seen, vec![b"x".to_vec(), b"yy".to_vec()]);
+            assert_eq!(b.take_queue_drops(), 0);
+
+            // Overflow a tiny receive queue: what the kernel drops is counted, and reported
+            // with the first datagram queued after the drops.
+            let tiny: libc::c_int = 4096;
+            sys::setsockopt(b.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &tiny)
+                .expect("shrink rcvbuf");
+            let big = [7u8; 1200];
+            let burst = SendMsg {
+                src: Ipv6Addr::UNSPECIFIED,
+                dst,
+                payload: &big,
+                segment_size: None,
+            };
+            for _ in 0..64 {
+                assert_eq!(a.send_batch(&mut ss, &[burst]).expect("send"), 1);
+            }
+            let mut queued = 0;
+            loop {
+                match b.recv_batch(&mut rs, &mut bufs) {
+                    Ok(n) => queued += n,
+                    Err(e) if e.is_would_block() => break,
+                    Err(e) => panic!("recv: {e}"),
+                }
+            }
+            assert!(queued < 64, "a 4 KiB queue held {queued} datagrams");
+            assert_eq!(a.send_batch(&mut ss, &msgs[..1]).expect("send"), 1);
+            assert_eq!(b.recv_batch(&mut rs, &mut bufs).expect("recv"), 1);
+            assert_eq!(b.take_queue_drops(), 64 - queued as u64);
+            assert_eq!(b.take_queue_drops(), 0, "taken once");
         })
         .expect("run");
     }

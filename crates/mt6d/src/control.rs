@@ -422,6 +422,12 @@ pub fn render(status: &Status) -> String {
             .collect();
         let _ = writeln!(s, "interfaces: {}", list.join(", "));
     }
+    let k = &status.kernel_drops;
+    let _ = writeln!(
+        s,
+        "kernel queue drops: socket receive queues {}, TUN transmit queue {}, refused TUN writes {}",
+        k.socket_queue, k.tun_queue, k.tun_write
+    );
     let path = &status.path;
     let listed = |m: &std::collections::BTreeMap<String, u64>| {
         m.iter()
@@ -634,6 +640,11 @@ mod tests {
             path: PathStatus::default(),
             collision_watch: CollisionWatchStatus::default(),
             interfaces: Vec::new(),
+            kernel_drops: crate::status::KernelDrops {
+                socket_queue: 4,
+                tun_queue: 5,
+                tun_write: 0,
+            },
         }
     }
 
@@ -847,6 +858,12 @@ mod tests {
         assert!(text.contains("handshake up  last 2.5s ago"), "{text}");
         assert!(text.contains("handshake failures hs_bad_mac 7"), "{text}");
         assert!(text.contains("drops bad_tag 3"), "{text}");
+        assert!(
+            text.contains(
+                "kernel queue drops: socket receive queues 4, TUN transmit queue 5, refused TUN writes 0"
+            ),
+            "{text}"
+        );
         assert!(text.contains("last packet received 1.2s ago"), "{text}");
         assert!(!text.contains("replay 0"), "{text}");
     }

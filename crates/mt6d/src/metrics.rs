@@ -67,6 +67,21 @@ pub fn render(st: &Status) -> String {
     )
     .get_or_create(&vec![])
     .set(i64::from(st.path.tunnel_mtu));
+    let kernel = counter(
+        &mut registry,
+        "mt6d_kernel_drops",
+        "Packets the kernel dropped in the queues in front of the packet threads, by queue (socket_queue: a tunnel socket's receive queue, tun_queue: the TUN transmit queue, tun_write: refused TUN writes)",
+    );
+    let k = &st.kernel_drops;
+    for (queue, n) in [
+        ("socket_queue", k.socket_queue),
+        ("tun_queue", k.tun_queue),
+        ("tun_write", k.tun_write),
+    ] {
+        kernel
+            .get_or_create(&vec![("queue", queue.to_string())])
+            .inc_by(n);
+    }
 
     let packets = counter(
         &mut registry,
@@ -375,6 +390,11 @@ mod tests {
             tun: "mt6d0".into(),
             uptime_secs: 90,
             peers: vec![peer],
+            kernel_drops: crate::status::KernelDrops {
+                socket_queue: 6,
+                tun_queue: 0,
+                tun_write: 1,
+            },
             ..Default::default()
         }
     }
@@ -387,6 +407,9 @@ mod tests {
             "mt6d_peer_bytes_total{peer=\"site-b\",direction=\"tx\"} 14000",
             "mt6d_peer_drops_total{peer=\"site-b\",reason=\"open_replay\"} 5",
             "mt6d_peer_rotations_total{peer=\"site-b\"} 42",
+            "mt6d_kernel_drops_total{queue=\"socket_queue\"} 6",
+            "mt6d_kernel_drops_total{queue=\"tun_queue\"} 0",
+            "mt6d_kernel_drops_total{queue=\"tun_write\"} 1",
             "mt6d_peer_handshakes_total{peer=\"site-b\"} 3",
             "mt6d_peer_key_age_seconds{peer=\"site-b\"} 61",
             "mt6d_peer_last_receive_age_seconds{peer=\"site-b\"} 2",

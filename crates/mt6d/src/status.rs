@@ -30,6 +30,32 @@ pub struct Status {
     /// The interfaces the daemon uses and their state (absent from older daemons).
     #[serde(default)]
     pub interfaces: Vec<InterfaceStatus>,
+    /// Packets the kernel dropped in the queues between it and the daemon's packet threads
+    /// (absent from older daemons).
+    #[serde(default)]
+    pub kernel_drops: KernelDrops,
+}
+
+/// Drops in the kernel's queues in front of the daemon's packet threads, since start. They
+/// rise when a packet thread waits too long for a core; the daemon's own per-peer drop
+/// counters never see these packets.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct KernelDrops {
+    /// Tunnel datagrams dropped because a tunnel socket's receive queue was full (SO_RXQ_OVFL;
+    /// the namespace's `Udp6RcvbufErrors` counts the same drops for every socket).
+    pub socket_queue: u64,
+    /// Packets from the protected side dropped because the TUN device's transmit queue was
+    /// full (the device's `tx_dropped`).
+    pub tun_queue: u64,
+    /// Inner packets written to the TUN device that the kernel refused: the device's
+    /// `rx_dropped` plus failed writes (each failed write counted once).
+    pub tun_write: u64,
+}
+
+impl KernelDrops {
+    pub fn total(&self) -> u64 {
+        self.socket_queue + self.tun_queue + self.tun_write
+    }
 }
 
 /// One interface the daemon uses, followed by name through link events.

@@ -15,10 +15,20 @@ const IFLA_ADDRESS: u16 = 1;
 pub(super) const IFLA_IFNAME: u16 = 3;
 const IFLA_MTU: u16 = 4;
 const IFLA_LINKINFO: u16 = 18;
+const IFLA_STATS64: u16 = 23;
 const IFLA_NET_NS_FD: u16 = 28;
 const IFLA_INFO_KIND: u16 = 1;
 const IFLA_INFO_DATA: u16 = 2;
 const VETH_INFO_PEER: u16 = 1;
+
+/// An interface's drop counters. For a TUN device, `tx_dropped` counts packets the kernel had
+/// for the reading process that found the device's queue full, `rx_dropped` packets written to
+/// it that the kernel refused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkDrops {
+    pub rx_dropped: u64,
+    pub tx_dropped: u64,
+}
 
 impl Netlink {
     /// The index of interface `name`.
@@ -64,6 +74,28 @@ impl Netlink {
             .iter()
             .find(|(t, _)| *t == IFLA_ADDRESS)
             .and_then(|(_, v)| <[u8; 6]>::try_from(v.as_slice()).ok()))
+    }
+
+    /// The kernel's drop counters of interface `index` (`struct rtnl_link_stats64`).
+    pub fn link_drops(&mut self, index: u32) -> Result<LinkDrops> {
+        let attrs = self.get_link(index, "read statistics")?;
+        let stats = attrs
+            .iter()
+            .find(|(t, _)| *t == IFLA_STATS64)
+            .map(|(_, v)| v.as_slice())
+            .unwrap_or_default();
+        // rx_packets, tx_packets, rx_bytes, tx_bytes, rx_errors, tx_errors, rx_dropped,
+        // tx_dropped, ...: eight-byte fields in that order (linux/if_link.h).
+        let field = |i: usize| {
+            stats
+                .get(i * 8..i * 8 + 8)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map_or(0, u64::from_ne_bytes)
+        };
+        Ok(LinkDrops {
+            rx_dropped: field(6),
+            tx_dropped: field(7),
+        })
     }
 
     /// Brings interface `index` up.

@@ -30,6 +30,7 @@ mod neighbor;
 mod route;
 
 pub use address::{AddrFlags, AddrInfo};
+pub use link::LinkDrops;
 pub use neighbor::NeighInfo;
 pub use route::{GUARD_METRIC, MAIN_TABLE};
 

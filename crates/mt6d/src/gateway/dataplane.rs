@@ -12,7 +12,10 @@
 //!
 //! Each thread loads the current [`RouteTable`] once per batch (an atomic pointer load) and owns
 //! all of its buffers; nothing on these paths allocates, locks or logs per packet. Drops are
-//! counted per reason and reported by the housekeeping loop.
+//! counted per reason and reported by the housekeeping loop, and so are the kernel's drops in
+//! the queues in front of these threads (a socket's receive queue, the TUN transmit queue: see
+//! [`crate::status::KernelDrops`]), which a thread kept waiting for a core would otherwise lose
+//! silently.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -380,6 +383,12 @@ pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize, path: 
                     continue;
                 }
             };
+            let overflowed = socket.take_queue_drops();
+            if overflowed > 0 {
+                shared
+                    .socket_queue_drops
+                    .fetch_add(overflowed, Ordering::Relaxed);
+            }
             let mut ready = 0;
             for buf in &mut bufs[..got] {
                 if buf.truncated() {
@@ -442,7 +451,7 @@ pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize, path: 
                         continue;
                     }
                     if ready == out.len() {
-                        flush_to_tun(tun, &mut gro, &mut out[..ready]);
+                        flush_to_tun(shared, tun, &mut gro, &mut out[..ready]);
                         ready = 0;
                     }
                     let slot = &mut out[ready];
@@ -496,18 +505,20 @@ pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize, path: 
                 }
                 counters.add(packets, bytes);
             }
-            flush_to_tun(tun, &mut gro, &mut out[..ready]);
+            flush_to_tun(shared, tun, &mut gro, &mut out[..ready]);
         }
     }
 }
 
-fn flush_to_tun(tun: &Tun, gro: &mut GROTable, packets: &mut [Vec<u8>]) {
+fn flush_to_tun(shared: &Shared, tun: &Tun, gro: &mut GROTable, packets: &mut [Vec<u8>]) {
     if packets.is_empty() {
         return;
     }
     if let Err(e) = tun.send_batch(gro, packets, VIRTIO_NET_HDR_LEN) {
         // The kernel refusing one inner packet (e.g. no route on the protected side) is not a
-        // reason to stop; it is visible as an rx/tx counter mismatch and in debug logs.
+        // reason to stop. The batch writes the others and reports one error, so this counts
+        // at least one refused packet; the device's rx_dropped counts the rest it refused.
+        shared.tun_write_failures.fetch_add(1, Ordering::Relaxed);
         log::debug!("{e}");
     }
 }

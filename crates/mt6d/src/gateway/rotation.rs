@@ -493,6 +493,7 @@ impl Rotator {
                         source,
                     })
                 })?;
+            report_small_buffers(&socket);
             self.sockets.insert(port, Arc::new(socket));
             self.unbindable.remove(&format!("UDP port {port}"));
         }
@@ -620,6 +621,26 @@ impl Rotator {
         for (_, s) in std::mem::take(&mut self.sockets) {
             let _ = epoll.delete(s.as_raw_fd());
         }
+    }
+}
+
+/// Says once per run when a tunnel socket got smaller buffers than asked for: without
+/// CAP_NET_ADMIN the FORCE options fail and `net.core.rmem_max`/`wmem_max` cap the size, and a
+/// receive queue that small overflows sooner while the receive thread waits for a core.
+fn report_small_buffers(socket: &UdpSocket6) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    // The kernel reports twice the size asked for (its bookkeeping share).
+    let wanted = 2 * mt6d_os::udp::SOCKET_BUFFER;
+    let (Ok(rcv), Ok(snd)) = (socket.recv_buffer_size(), socket.send_buffer_size()) else {
+        return;
+    };
+    if (rcv < wanted || snd < wanted) && !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        log::warn!(
+            "tunnel sockets got {} KiB receive and {} KiB send buffers of the {} KiB asked for (capped by net.core.rmem_max / wmem_max); raise those sysctls to 7340032 or more",
+            rcv / 1024,
+            snd / 1024,
+            wanted / 1024
+        );
     }
 }
 

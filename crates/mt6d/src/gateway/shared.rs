@@ -4,7 +4,7 @@
 //! watch, the ICMPv6 and router threads, the rotation), and none of them should have to import
 //! another thread's module for it.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 
 use arc_swap::ArcSwap;
 
@@ -23,4 +23,9 @@ pub struct Shared {
     pub unmatched: DirectionCounters,
     /// Peers whose links the packet threads want the main thread to visit now.
     pub attention: Attention,
+    /// Datagrams the kernel dropped from full tunnel socket receive queues (SO_RXQ_OVFL),
+    /// added by the receive thread once per batch.
+    pub socket_queue_drops: AtomicU64,
+    /// TUN writes that failed (the receive thread counts each failed batch write once).
+    pub tun_write_failures: AtomicU64,
 }
