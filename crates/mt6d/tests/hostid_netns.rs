@@ -763,7 +763,9 @@ fn normalised_syns_of_three_host_stacks_show_p0f_one_signature() {
                     &(HOST_B, PORT).into(),
                     Duration::from_secs(3),
                 )?;
-                write!(&s, "hello from kernel {sport}")
+                // One write, so one segment: the server reads each connection once, and
+                // `write!` would send "hello from kernel " and the number apart.
+                (&s).write_all(format!("hello from kernel {sport}").as_bytes())
             })
             .expect("enter A")
             .expect("Host A's kernel connects through the gateways");
