@@ -689,55 +689,22 @@ fn ping_train(m: &Meters, stop: &AtomicBool, lost: &Mutex<Vec<f64>>) {
 /// UDP discards and errors (`/proc/thread-self/net/snmp6`, read from a thread inside the
 /// namespace) and each interface's receive/transmit drops and errors (`net/dev`).
 fn kernel_drops(net: &crate::topo::Net) -> BTreeMap<String, u64> {
+    const DROPS: [&str; 7] = [
+        "Discards",
+        "Errors",
+        "NoRoutes",
+        "NoPorts",
+        "Truncated",
+        "Fails",
+        "DestUnreachs",
+    ];
     let mut all = BTreeMap::new();
     for ns in net.all() {
-        let Ok((snmp6, dev)) = ns.run(|| {
-            (
-                std::fs::read_to_string("/proc/thread-self/net/snmp6").unwrap_or_default(),
-                std::fs::read_to_string("/proc/thread-self/net/dev").unwrap_or_default(),
-            )
-        }) else {
+        let Ok(counters) = mt6d::lab::kernel_counters::kernel_drops(ns, &DROPS) else {
             continue;
         };
-        for line in snmp6.lines() {
-            let mut it = line.split_whitespace();
-            let (Some(k), Some(v)) = (it.next(), it.next().and_then(|v| v.parse::<u64>().ok()))
-            else {
-                continue;
-            };
-            const DROPS: [&str; 7] = [
-                "Discards",
-                "Errors",
-                "NoRoutes",
-                "NoPorts",
-                "Truncated",
-                "Fails",
-                "DestUnreachs",
-            ];
-            if DROPS.iter().any(|d| k.contains(d)) {
-                all.insert(format!("{} {k}", ns.name()), v);
-            }
-        }
-        // "  name: rx_bytes rx_packets rx_errs rx_drop ... tx_bytes tx_packets tx_errs tx_drop ..."
-        for line in dev.lines().skip(2) {
-            let Some((name, rest)) = line.split_once(':') else {
-                continue;
-            };
-            let v: Vec<u64> = rest
-                .split_whitespace()
-                .filter_map(|x| x.parse().ok())
-                .collect();
-            if v.len() < 12 {
-                continue;
-            }
-            for (i, what) in [
-                (2, "rx_errs"),
-                (3, "rx_drop"),
-                (10, "tx_errs"),
-                (11, "tx_drop"),
-            ] {
-                all.insert(format!("{} {} {what}", ns.name(), name.trim()), v[i]);
-            }
+        for (k, v) in counters {
+            all.insert(format!("{} {k}", ns.name()), v);
         }
     }
     all

@@ -161,55 +161,18 @@ fn force_rcvbuf(sock: &UdpSocket, bytes: libc::c_int) {
 /// Every kernel drop counter of one namespace: snmp6 discards and errors, and each
 /// interface's receive and transmit drops and errors.
 fn kernel_drops(ns: &Netns) -> BTreeMap<String, u64> {
-    let (snmp6, dev) = ns
-        .run(|| {
-            (
-                std::fs::read_to_string("/proc/thread-self/net/snmp6").unwrap_or_default(),
-                std::fs::read_to_string("/proc/thread-self/net/dev").unwrap_or_default(),
-            )
-        })
-        .expect("enter namespace");
-    let mut all = BTreeMap::new();
-    for line in snmp6.lines() {
-        let mut it = line.split_whitespace();
-        let (Some(k), Some(v)) = (it.next(), it.next().and_then(|v| v.parse::<u64>().ok())) else {
-            continue;
-        };
-        if [
+    mt6d::lab::kernel_counters::kernel_drops(
+        ns,
+        &[
             "Discards",
             "Errors",
             "NoRoutes",
             "NoPorts",
             "Truncated",
             "Fails",
-        ]
-        .iter()
-        .any(|d| k.contains(d))
-        {
-            all.insert(k.to_owned(), v);
-        }
-    }
-    for line in dev.lines().skip(2) {
-        let Some((name, rest)) = line.split_once(':') else {
-            continue;
-        };
-        let v: Vec<u64> = rest
-            .split_whitespace()
-            .filter_map(|x| x.parse().ok())
-            .collect();
-        if v.len() < 12 {
-            continue;
-        }
-        for (i, what) in [
-            (2, "rx_errs"),
-            (3, "rx_drop"),
-            (10, "tx_errs"),
-            (11, "tx_drop"),
-        ] {
-            all.insert(format!("{} {what}", name.trim()), v[i]);
-        }
-    }
-    all
+        ],
+    )
+    .expect("enter namespace")
 }
 
 /// What moved between two readings.

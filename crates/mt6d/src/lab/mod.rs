@@ -4,6 +4,7 @@
 pub mod config_file;
 pub mod daemon;
 pub mod demo;
+pub mod kernel_counters;
 pub mod linker;
 pub mod observer;
 pub mod ping;
