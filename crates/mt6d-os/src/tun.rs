@@ -153,13 +153,20 @@ impl Tun {
         sizes: &mut [usize],
         offset: usize,
     ) -> Result<usize> {
-        self.dev
+        let n = self
+            .dev
             .recv_multiple(&mut scratch.raw, out, sizes, offset)
             .map_err(|source| OsError::Tun {
                 name: self.name.clone(),
                 op: "read batch",
                 source,
-            })
+            })?;
+        for (buf, &size) in out.iter_mut().zip(sizes.iter()).take(n) {
+            if let Some(packet) = buf.as_mut().get_mut(offset..offset + size) {
+                fix_zero_udp_checksum(packet);
+            }
+        }
+        Ok(n)
     }
 
     /// Writes a batch of IPv6 packets, each at `bufs[i][offset..]` with `offset >=
@@ -190,6 +197,22 @@ impl Tun {
 impl AsRawFd for Tun {
     fn as_raw_fd(&self) -> RawFd {
         self.dev.as_raw_fd()
+    }
+}
+
+/// A UDP-over-IPv6 checksum computed as 0 must be sent as 0xFFFF (RFC 8200 section 8.1): 0
+/// means "no checksum", which IPv6 receivers drop (`Udp6InCsumErrors`). The offload path that
+/// completes a checksum-offloaded packet read from the TUN device (tun-rs 2.8's
+/// `gso_none_checksum`) writes the one's complement as it is, so about 1 UDP datagram in 65,536
+/// left with 0 and was dropped by the far host. Only a UDP header directly after the IPv6
+/// header is looked at (the position the kernel's offload puts the checksum for these
+/// packets); a 0 there is never valid, so turning it into 0xFFFF cannot make a bad datagram
+/// pass, and fixes the offload's.
+fn fix_zero_udp_checksum(packet: &mut [u8]) {
+    const UDP: u8 = 17;
+    if packet.len() >= 48 && packet[0] >> 4 == 6 && packet[6] == UDP && packet[46..48] == [0, 0] {
+        packet[46] = 0xff;
+        packet[47] = 0xff;
     }
 }
 
@@ -393,5 +416,37 @@ mod tests {
             );
         })
         .expect("run in netns");
+    }
+
+    #[test]
+    fn a_udp_checksum_of_zero_leaves_as_all_ones_and_nothing_else_changes() {
+        let src: SocketAddrV6 = "[2001:db8:a::1]:5000".parse().unwrap();
+        let dst: SocketAddrV6 = "[2001:db8:b::2]:6000".parse().unwrap();
+        // Find a payload whose correct checksum is 0xFFFF (sum 0): sent as 0xFFFF, and a
+        // completion that wrote 0 instead must become 0xFFFF.
+        let payload = (0u32..200_000)
+            .map(|i| i.to_be_bytes())
+            .find(|p| udp6_packet(src, dst, p)[46..48] == [0xff, 0xff])
+            .expect("a payload with checksum 0xffff");
+        let good = udp6_packet(src, dst, &payload);
+        assert_eq!(good[46..48], [0xff, 0xff]);
+        let mut zeroed = good.clone();
+        zeroed[46..48].fill(0);
+        fix_zero_udp_checksum(&mut zeroed);
+        assert_eq!(zeroed, good);
+        // Any other checksum, and non-UDP or short packets, are left alone.
+        let other = udp6_packet(src, dst, b"x");
+        let mut same = other.clone();
+        fix_zero_udp_checksum(&mut same);
+        assert_eq!(same, other);
+        let mut tcp = good.clone();
+        tcp[6] = 6;
+        tcp[46..48].fill(0);
+        let before = tcp.clone();
+        fix_zero_udp_checksum(&mut tcp);
+        assert_eq!(tcp, before);
+        let mut short = [0u8; 47];
+        fix_zero_udp_checksum(&mut short);
+        assert_eq!(short, [0u8; 47]);
     }
 }
