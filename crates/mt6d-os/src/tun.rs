@@ -420,8 +420,8 @@ mod tests {
 
     #[test]
     fn a_udp_checksum_of_zero_leaves_as_all_ones_and_nothing_else_changes() {
-        let src: SocketAddrV6 = "[2001:db8:a::1]:5000".parse().unwrap();
-        let dst: SocketAddrV6 = "[2001:db8:b::2]:6000".parse().unwrap();
+        let src: SocketAddrV6 = "[2001:db8:a::1]:5000".parse().expect("literal");
+        let dst: SocketAddrV6 = "[2001:db8:b::2]:6000".parse().expect("literal");
         // Find a payload whose correct checksum is 0xFFFF (sum 0): sent as 0xFFFF, and a
         // completion that wrote 0 instead must become 0xFFFF.
         let payload = (0u32..200_000)
