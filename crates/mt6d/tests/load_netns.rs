@@ -161,18 +161,8 @@ fn force_rcvbuf(sock: &UdpSocket, bytes: libc::c_int) {
 /// Every kernel drop counter of one namespace: snmp6 discards and errors, and each
 /// interface's receive and transmit drops and errors.
 fn kernel_drops(ns: &Netns) -> BTreeMap<String, u64> {
-    mt6d::lab::kernel_counters::kernel_drops(
-        ns,
-        &[
-            "Discards",
-            "Errors",
-            "NoRoutes",
-            "NoPorts",
-            "Truncated",
-            "Fails",
-        ],
-    )
-    .expect("enter namespace")
+    use mt6d::lab::kernel_counters::{kernel_drops, DROP_NAMES};
+    kernel_drops(ns, &DROP_NAMES).expect("enter namespace")
 }
 
 /// What moved between two readings.

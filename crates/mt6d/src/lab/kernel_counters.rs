@@ -6,6 +6,16 @@ use std::collections::BTreeMap;
 
 use mt6d_os::Netns;
 
+/// The `net/snmp6` counter names that count a drop or error (matched as substrings).
+pub const DROP_NAMES: [&str; 6] = [
+    "Discards",
+    "Errors",
+    "NoRoutes",
+    "NoPorts",
+    "Truncated",
+    "Fails",
+];
+
 /// The `net/snmp6` counters whose name contains one of `snmp6_names` (e.g. "Discards",
 /// "Errors"), keyed by that name, and each interface's `rx_errs`, `rx_drop`, `tx_errs` and
 /// `tx_drop`, keyed `"<interface> <counter>"`. Unreadable files give no entries.
