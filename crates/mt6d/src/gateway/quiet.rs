@@ -26,16 +26,19 @@ use crate::config::{Config, PeerConfig};
 /// The table of one daemon instance: `inet mt6d_<TUN name>` (the TUN name is unique per
 /// instance on a host, so two daemons never share a table).
 pub fn table(cfg: &Config) -> Result<NftTable, GatewayError> {
-    let tun: String = cfg
-        .gateway
-        .tun_name
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
-    NftTable::new(&format!("mt6d_{tun}")).map_err(|source| GatewayError::Os {
+    NftTable::new(&table_name(&cfg.gateway.tun_name)).map_err(|source| GatewayError::Os {
         what: "nftables table name".into(),
         source,
     })
+}
+
+/// The name of the nftables table of the instance with TUN device `tun`.
+pub fn table_name(tun: &str) -> String {
+    let tun: String = tun
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    format!("mt6d_{tun}")
 }
 
 /// The hashed /64s of every peer: (local prefixes, remote prefixes), each listed once.
