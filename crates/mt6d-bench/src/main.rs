@@ -54,8 +54,8 @@ struct Cli {
     /// soak-results/DATE).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
-    /// Echoes in ping_std (full profile: 1,000 at 1/s as in 000, about 5 hours in all;
-    /// --ping-std 30 makes a full run last about 25 minutes).
+    /// Echoes in ping_std (full profile: 1,000 at 10/s, 100 s per train, about 45 minutes of
+    /// trains in a full run).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     ping_std: Option<u64>,
     /// The long run instead (switched lab, rotation 1 s, rekey 120 s): a long-lived TCP

@@ -3,41 +3,13 @@
 //! with `mt6d demo` and the end-to-end tests; the bench adds what only it needs: the switched
 //! gateways' public addresses (the WireGuard endpoints) and GRO on every veth.
 
-use std::process::Stdio;
-
 pub use mt6d::lab::topology::{Lab as Net, Topology, EXTERNAL_IF as EXT_IF, INTERNAL_IF as INT_IF};
 
 /// Builds `topology` with the bench's namespace names (`mb..`, which its reaper looks for).
 pub fn build(topology: Topology) -> Result<Net, String> {
     let net = Net::build_topology(topology, "mb").map_err(|e| e.to_string())?;
     net.add_public_addresses().map_err(|e| e.to_string())?;
-    enable_gro(&net);
+    // GRO on every veth, alike for every scenario (issue 4).
+    net.enable_gro();
     Ok(net)
-}
-
-/// GRO on every veth, alike for every scenario (issue 4). Best effort: a veth without ethtool
-/// support keeps its default and the run records nothing worse.
-fn enable_gro(net: &Net) {
-    for n in net.all() {
-        let names: Vec<String> = n
-            .run(|| {
-                std::fs::read_dir("/sys/class/net")
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .map(|e| e.file_name().to_string_lossy().to_string())
-                    .filter(|i| i != "lo" && !i.starts_with("vx"))
-                    .collect()
-            })
-            .unwrap_or_default();
-        for i in names {
-            if let Ok(mut c) = n.command("ethtool") {
-                let _ = c
-                    .args(["-K", &i, "gro", "on"])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status();
-            }
-        }
-    }
 }

@@ -35,9 +35,15 @@ pub fn ping(dst: Ipv6Addr, count: u64, pace: Pace, linger: Duration) -> Result<P
     mt6d::lab::ping::ping(dst, count, pace, linger).map_err(|e| e.to_string())
 }
 
-/// JSON with min/avg/max/p99 latency, loss and, given MT6D's rotation schedule (a boundary
+/// An echo slower than this is a stall (issue 19: mt6d's worst echo at most 10 ms).
+pub const SLOW_MS: f64 = 10.0;
+/// Slow echoes listed one by one in results.json; the count covers them all.
+const SLOW_LISTED: usize = 20;
+
+/// JSON with min/avg/max/p50/p99 latency, loss and, given MT6D's rotation schedule (a boundary
 /// at unix time `b0`, period `p`), how many of the lost echoes were sent within 50 ms before
-/// to 250 ms after a rotation (001 §4: loss at rotations).
+/// to 250 ms after a rotation (001 §4: loss at rotations), and every echo slower than
+/// [`SLOW_MS`] with where in its epoch it was sent.
 pub fn ping_json(r: &PingReport, schedule: Option<(f64, f64)>) -> Value {
     let mut v = Value::obj();
     let mut s = r.rtts_ms.clone();
@@ -62,8 +68,30 @@ pub fn ping_json(r: &PingReport, schedule: Option<(f64, f64)>) -> Value {
         .set("rtt_min_ms", s.first().copied())
         .set("rtt_avg_ms", avg)
         .set("rtt_max_ms", s.last().copied())
+        .set("rtt_p50_ms", pick(0.5))
         .set("rtt_p99_ms", pick(0.99))
         .set("secs", r.secs);
+    let slow: Vec<_> = r.echoes.iter().filter(|e| e.rtt_ms > SLOW_MS).collect();
+    v.set("slow_echoes", slow.len());
+    if !slow.is_empty() {
+        // Each stall's sequence number, RTT and send time (and epoch phase): enough to find it
+        // in a capture, and to tell a rotation stall (phase near 0) from one anywhere else.
+        let listed: Vec<Value> = slow
+            .iter()
+            .take(SLOW_LISTED)
+            .map(|e| {
+                let mut o = Value::obj();
+                o.set("seq", e.seq)
+                    .set("rtt_ms", e.rtt_ms)
+                    .set("sent_unix", e.sent_unix);
+                if let Some((b0, p)) = schedule {
+                    o.set("epoch_phase_s", (e.sent_unix - b0).rem_euclid(p));
+                }
+                o
+            })
+            .collect();
+        v.set("slow_echo_list", Value::Array(listed));
+    }
     if let Some(slow) = r.slowest {
         v.set("rtt_max_seq", slow.seq)
             .set("rtt_max_sent_unix", slow.sent_unix);

@@ -442,6 +442,24 @@ impl UdpSocket6 {
     /// Receives into `bufs` with one `recvmmsg` (returns once at least one datagram is there,
     /// MSG_WAITFORONE); returns how many buffers were filled. Blocks up to the read timeout.
     pub fn recv_batch(&self, scratch: &mut RecvScratch, bufs: &mut [RecvBuf]) -> Result<usize> {
+        self.recv_mmsg(scratch, bufs, libc::MSG_WAITFORONE)
+    }
+
+    /// [`UdpSocket6::recv_batch`] that never blocks: what is queued now, or an error whose
+    /// [`OsError::is_would_block`] is true. For a thread that waits on readiness (epoll) and
+    /// serves many sockets: a readiness that finds nothing to read (any datagram the kernel
+    /// discards at read time) must not park it in one socket while datagrams queue on others;
+    /// in an old epoch's socket nothing would ever come to wake it.
+    pub fn recv_ready(&self, scratch: &mut RecvScratch, bufs: &mut [RecvBuf]) -> Result<usize> {
+        self.recv_mmsg(scratch, bufs, libc::MSG_DONTWAIT)
+    }
+
+    fn recv_mmsg(
+        &self,
+        scratch: &mut RecvScratch,
+        bufs: &mut [RecvBuf],
+        flags: libc::c_int,
+    ) -> Result<usize> {
         let n = bufs.len().min(scratch.hdrs.len());
         if n == 0 {
             return Ok(0);
@@ -470,7 +488,7 @@ impl UdpSocket6 {
                     self.fd.as_raw_fd(),
                     scratch.hdrs.as_mut_ptr(),
                     n as libc::c_uint,
-                    libc::MSG_WAITFORONE,
+                    flags,
                     std::ptr::null_mut(),
                 )
             };
@@ -745,6 +763,14 @@ mod tests {
             let mut bufs: Vec<RecvBuf> = (0..4).map(|_| RecvBuf::new()).collect();
             let e = b.recv_batch(&mut rs, &mut bufs).expect_err("empty socket");
             assert!(e.is_would_block(), "{e}");
+            // Without waiting for the read timeout: the receive thread's read after epoll.
+            let started = std::time::Instant::now();
+            let e = b.recv_ready(&mut rs, &mut bufs).expect_err("empty socket");
+            assert!(e.is_would_block(), "{e}");
+            assert!(
+                started.elapsed() < Duration::from_millis(40),
+                "recv_ready waited"
+            );
 
             let dst = SocketAddrV6::new(Ipv6Addr::LOCALHOST, b.local_port(), 0, 0);
             let mut ss = SendScratch::new(4);

@@ -8,6 +8,11 @@
 //! then pings Host B every 20 ms across 12 rotations of 1 s: nothing may be lost, and no echo may
 //! wait anywhere near the 1 s retransmit.
 //!
+//!
+//! The second test runs the bench's conditions (issue 19 item 1, second lead): GRO on every
+//! veth, as `mt6d bench` has it, ping trains at 10/s across 60 rotations of 1 s on the switched
+//! and the routed topology.
+//!
 //! Run: `cargo test --release -p mt6d --test stall_netns -- --include-ignored --nocapture`.
 
 mod common;
@@ -19,6 +24,14 @@ use std::time::Duration;
 use common::status;
 use mt6d::lab::ping::{ping, Pace};
 use mt6d::lab::topology::{Side, Topology, HOST_B};
+
+/// Bench conditions: echoes over this count as slow. A stall of the kind issue 19 reported
+/// (0.08-0.76 s, one per train) is far above it; what a loaded shared 2-core machine adds to an
+/// echo now and then is mostly below it.
+const SLOW_MS: f64 = 50.0;
+/// ...and a few may be slow (scheduling on a busy machine), none held anywhere near a second.
+const SLOW_ALLOWED: usize = 3;
+const NEVER_MS: f64 = 300.0;
 
 /// Far below the 1 s hold of the lead, far above what a loaded 2-core machine adds (the worst
 /// echo seen in 3 runs with the other cores busy compiling was 91 ms).
@@ -114,4 +127,58 @@ fn a_peer_that_primes_nothing_costs_no_stall_at_rotation() {
         "an echo waited {max:.0} ms ({:?})",
         r.slowest
     );
+}
+
+#[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
+fn bench_conditions_gro_on_no_echo_waits_at_rotation() {
+    common::require_root();
+    for (topology, mode) in [(Topology::Switched, "auth"), (Topology::Routed, "encrypt")] {
+        let running = common::start_on(topology, mode, 1.0, |lab| lab.enable_gro());
+        let r = running
+            .lab
+            .host_a
+            .run(|| {
+                ping(
+                    HOST_B,
+                    600,
+                    Pace::Train {
+                        interval: Duration::from_millis(100),
+                    },
+                    Duration::from_secs(2),
+                )
+            })
+            .expect("enter A")
+            .expect("ping");
+        let a = status(&running, Side::A);
+        let mut rtts = r.rtts_ms.clone();
+        rtts.sort_by(f64::total_cmp);
+        let p99 = rtts.get(rtts.len() * 99 / 100).copied().unwrap_or(0.0);
+        let slow: Vec<_> = r.echoes.iter().filter(|e| e.rtt_ms > SLOW_MS).collect();
+        eprintln!(
+            "{} {mode}, GRO on: {}/{} echoes, p99 {p99:.2} ms, max {:.1} ms, {} over {SLOW_MS} ms {slow:?}, {} rotations of A",
+            topology.name(),
+            r.received,
+            r.sent,
+            r.rtt_summary().2,
+            slow.len(),
+            a.peers[0].counters.rotations
+        );
+        assert_eq!(
+            r.lost(),
+            0,
+            "{}: echoes lost at {:?}",
+            topology.name(),
+            r.lost_at
+        );
+        assert!(
+            slow.len() <= SLOW_ALLOWED && slow.iter().all(|e| e.rtt_ms < NEVER_MS),
+            "{} {mode}: echoes waited: {slow:?}",
+            topology.name()
+        );
+        assert!(
+            a.peers[0].counters.rotations >= 50,
+            "the train spanned too few rotations"
+        );
+    }
 }

@@ -375,7 +375,9 @@ pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize, path: 
             let Some(socket) = u16::try_from(port).ok().and_then(|p| table.sockets.get(&p)) else {
                 continue;
             };
-            let got = match socket.recv_batch(&mut scratch, &mut bufs) {
+            // Never blocks: epoll said readable, and a readiness with nothing to read must not
+            // park this thread in one socket while the others fill.
+            let got = match socket.recv_ready(&mut scratch, &mut bufs) {
                 Ok(n) => n,
                 Err(e) if e.is_would_block() => continue,
                 Err(e) => {

@@ -30,6 +30,10 @@ pub struct PingReport {
     /// happened (e.g. where in the rotation epoch), not only that one did.
     #[serde(skip)]
     pub slowest: Option<Slowest>,
+    /// Every answered request in the order the replies came back: where in the rotation epoch
+    /// each slow one was sent, and a percentile over the run.
+    #[serde(skip)]
+    pub echoes: Vec<Slowest>,
 }
 
 /// One answered echo request: its sequence number, the Unix time (s) it was sent and its RTT.
@@ -163,6 +167,11 @@ fn receive_until(
             let rtt_ms = sent_at.elapsed().as_secs_f64() * 1000.0;
             report.received += 1;
             report.rtts_ms.push(rtt_ms);
+            report.echoes.push(Slowest {
+                seq: seq as u64,
+                sent_unix,
+                rtt_ms,
+            });
             if report.slowest.is_none_or(|s| rtt_ms > s.rtt_ms) {
                 report.slowest = Some(Slowest {
                     seq: seq as u64,
