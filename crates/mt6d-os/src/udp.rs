@@ -763,14 +763,19 @@ mod tests {
             let mut bufs: Vec<RecvBuf> = (0..4).map(|_| RecvBuf::new()).collect();
             let e = b.recv_batch(&mut rs, &mut bufs).expect_err("empty socket");
             assert!(e.is_would_block(), "{e}");
-            // Without waiting for the read timeout: the receive thread's read after epoll.
+            // Without waiting for the read timeout: the receive thread's read after epoll. A
+            // long timeout, so that a loaded machine's scheduling delay cannot pass for a wait.
+            b.set_read_timeout(Some(Duration::from_secs(3)))
+                .expect("timeout");
             let started = std::time::Instant::now();
             let e = b.recv_ready(&mut rs, &mut bufs).expect_err("empty socket");
             assert!(e.is_would_block(), "{e}");
             assert!(
-                started.elapsed() < Duration::from_millis(40),
-                "recv_ready waited"
+                started.elapsed() < Duration::from_millis(1500),
+                "recv_ready waited for the read timeout"
             );
+            b.set_read_timeout(Some(Duration::from_millis(50)))
+                .expect("timeout");
 
             let dst = SocketAddrV6::new(Ipv6Addr::LOCALHOST, b.local_port(), 0, 0);
             let mut ss = SendScratch::new(4);
