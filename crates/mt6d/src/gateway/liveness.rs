@@ -3,8 +3,10 @@
 //! packets arrive again, and that a handshake got no answer for [`NO_RESPONSE_SECS`], with the
 //! likely cause. The handshake coming up is logged where it completes ([`super::session`]).
 //!
-//! Main thread only: it reads the per-peer counters the packet threads already keep once per
-//! housekeeping tick, so nothing is added per packet.
+//! Main thread only: it reads the per-peer counters the packet threads already keep, 4 times a
+//! second, so nothing is added per packet. A peer with a sending key is looked at through
+//! atomics alone; only a peer that has waited [`NO_RESPONSE_SECS`] for keys has its link
+//! locked, for the handshake's statistics.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -66,17 +68,16 @@ fn secs_between(from: UnixTime, to: UnixTime) -> u64 {
 }
 
 /// Everything received from `p` so far: delivered packets and drops attributed to it (a packet
-/// that arrived and was refused still shows the peer is reachable), plus handshake messages.
+/// that arrived and was refused still shows the peer is reachable), plus accepted handshake
+/// messages. Atomics only.
 fn received(p: &Peer) -> u64 {
     let drops: u64 = super::counters::DropReason::ALL
         .iter()
         .map(|r| p.counters.rx.drops(*r))
         .sum();
-    let handshake = p.link.lock().handshake().map_or(0, |hs| {
-        let st = hs.stats();
-        st.completed + st.responses_sent
-    });
-    p.counters.rx.packets.load(Ordering::Relaxed) + drops + handshake
+    p.counters.rx.packets.load(Ordering::Relaxed)
+        + drops
+        + p.counters.handshakes_rx.load(Ordering::Relaxed)
 }
 
 impl Liveness {
@@ -136,26 +137,27 @@ impl Liveness {
                     s.silent_logged = true;
                 }
             }
-            let link = p.link.lock();
-            let Some(hs) = link.handshake() else {
-                continue;
-            };
-            let has_keys = p.keys.send.load().is_some();
-            if has_keys {
+            if p.keys.send.load().is_some() {
                 s.waiting_since = None;
                 s.no_response_logged = false;
-            } else if s.had_keys || s.waiting_since.is_none() {
+                s.had_keys = true;
+                continue;
+            }
+            if s.had_keys || s.waiting_since.is_none() {
                 s.waiting_since = Some(now);
             }
-            s.had_keys = has_keys;
-            let Some(since) = s.waiting_since else {
+            s.had_keys = false;
+            let since = s.waiting_since.unwrap_or(now);
+            if s.no_response_logged || secs_between(since, now) < NO_RESPONSE_SECS {
                 continue;
+            }
+            // Waited long enough to be reported: only now is the link locked.
+            let link = p.link.lock();
+            let Some(hs) = link.handshake() else {
+                continue; // pre-shared: no handshake to report on
             };
             let st = hs.stats();
-            if !s.no_response_logged
-                && st.initiations_sent > 0
-                && secs_between(since, now) >= NO_RESPONSE_SECS
-            {
+            if st.initiations_sent > 0 {
                 let rejected: Vec<String> = st
                     .failures_by_reason()
                     .map(|(r, n)| format!("{n} {r}"))

@@ -264,7 +264,12 @@ pub fn on_message(
     let result = link.handle_handshake(now, set, arrived_on, bytes, recv, entropy);
     drain(peer, &mut link, table);
     match result {
-        Ok(()) => true,
+        Ok(()) => {
+            peer.counters
+                .handshakes_rx
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            true
+        }
         Err(err) => {
             log::debug!("peer {}: handshake message rejected: {err}", peer.name);
             false
