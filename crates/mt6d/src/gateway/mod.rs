@@ -30,7 +30,7 @@ mod links;
 mod liveness;
 mod neighbor;
 mod path;
-pub mod peer;
+mod peer;
 mod peer_link;
 mod prefix;
 mod quiet;
@@ -434,10 +434,7 @@ fn serve(
             for &i in &due {
                 let (next, changed) = session::tick(&table.peers[i].peer, &table, now);
                 link_timers.schedule(i, next);
-                if changed {
-                    rotator.routes_changed(i);
-                    routes_changed = true;
-                }
+                routes_changed |= changed;
             }
             drop(table);
             // A route moved (a collision here or the peer's notice), a handshake bound a new
