@@ -22,8 +22,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::status;
-use mt6d::lab::ping::{ping, Pace};
-use mt6d::lab::topology::{Side, Topology, HOST_B};
+use mt6d::lab::topology::{Side, Topology};
 
 /// Bench conditions: echoes over this count as slow. A stall of the kind issue 19 reported
 /// (0.08-0.76 s, one per train) is far above it; what a loaded shared 2-core machine adds to an
@@ -76,21 +75,7 @@ fn a_peer_that_primes_nothing_costs_no_stall_at_rotation() {
     let running = common::start_on(Topology::Switched, "encrypt", 1.0, |lab| {
         load(&lab.gw_b, QUIET_PEER);
     });
-    let r = running
-        .lab
-        .host_a
-        .run(|| {
-            ping(
-                HOST_B,
-                600,
-                Pace::Train {
-                    interval: Duration::from_millis(20),
-                },
-                Duration::from_secs(2),
-            )
-        })
-        .expect("enter A")
-        .expect("ping");
+    let r = common::ping_train(&running.lab, 600, Duration::from_millis(20));
     let a = status(&running, Side::A);
     let rules = running
         .lab
@@ -135,21 +120,7 @@ fn bench_conditions_gro_on_no_echo_waits_at_rotation() {
     common::require_root();
     for (topology, mode) in [(Topology::Switched, "auth"), (Topology::Routed, "encrypt")] {
         let running = common::start_on(topology, mode, 1.0, |lab| lab.enable_gro());
-        let r = running
-            .lab
-            .host_a
-            .run(|| {
-                ping(
-                    HOST_B,
-                    600,
-                    Pace::Train {
-                        interval: Duration::from_millis(100),
-                    },
-                    Duration::from_secs(2),
-                )
-            })
-            .expect("enter A")
-            .expect("ping");
+        let r = common::ping_train(&running.lab, 600, Duration::from_millis(100));
         let a = status(&running, Side::A);
         let mut rtts = r.rtts_ms.clone();
         rtts.sort_by(f64::total_cmp);

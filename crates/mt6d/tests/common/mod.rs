@@ -44,6 +44,22 @@ impl Drop for Running {
     }
 }
 
+/// A train of `count` echoes from Host A to Host B, one every `interval`, each waited for up to
+/// 2 s.
+pub fn ping_train(lab: &Lab, count: u64, interval: Duration) -> mt6d::lab::ping::PingReport {
+    lab.host_a
+        .run(|| {
+            ping(
+                HOST_B,
+                count,
+                Pace::Train { interval },
+                Duration::from_secs(2),
+            )
+        })
+        .expect("enter A")
+        .expect("ping")
+}
+
 /// The namespace tests need root. They are `#[ignore]`d, so a plain `cargo test` lists them as
 /// ignored instead of passing them untested; `scripts/test.sh` (as root) runs them with
 /// `--include-ignored`. Run without root, they fail here and say why.
