@@ -30,7 +30,7 @@ mod links;
 mod liveness;
 mod neighbor;
 mod path;
-mod peer;
+pub mod peer;
 mod peer_link;
 mod prefix;
 mod quiet;
@@ -434,7 +434,10 @@ fn serve(
             for &i in &due {
                 let (next, changed) = session::tick(&table.peers[i].peer, &table, now);
                 link_timers.schedule(i, next);
-                routes_changed |= changed;
+                if changed {
+                    rotator.routes_changed(i);
+                    routes_changed = true;
+                }
             }
             drop(table);
             // A route moved (a collision here or the peer's notice), a handshake bound a new

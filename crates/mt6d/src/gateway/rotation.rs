@@ -61,6 +61,8 @@ pub struct Rotator {
     unbindable: HashSet<String>,
     /// Within one step: what could not be bound and has no move left.
     skip: HashSet<Local>,
+    /// Peers (indexes of the published table) whose routes changed since it was published.
+    changed: Vec<usize>,
 }
 
 /// A local port or hashed address the accept window needs.
@@ -176,6 +178,7 @@ impl Rotator {
             pinned: BTreeMap::new(),
             unbindable: HashSet::new(),
             skip: HashSet::new(),
+            changed: Vec::new(),
         }
     }
 
@@ -241,6 +244,14 @@ impl Rotator {
     pub fn set_peers(&mut self, peers: Vec<Arc<Peer>>) {
         self.peers = peers;
         self.generation += 1;
+    }
+
+    /// Makes the next [`Rotator::step`] derive peer `index`'s routes again (of the published
+    /// table's generation): its route sets or moves changed outside an epoch boundary.
+    pub fn routes_changed(&mut self, index: usize) {
+        if !self.changed.contains(&index) {
+            self.changed.push(index);
+        }
     }
 
     /// When the next step is due.
@@ -312,7 +323,13 @@ impl Rotator {
         shared: &Shared,
         now: UnixTime,
     ) -> Result<(), GatewayError> {
-        let mut table = RouteTable::compute(&self.peers, self.generation, now);
+        let mut table = RouteTable::advance(
+            &shared.table.load(),
+            &self.peers,
+            self.generation,
+            now,
+            &self.changed,
+        );
         let mut fresh = Vec::new();
         // Each round either binds everything, moves one epoch of a route set's window (at most
         // MAX_OFFSET times for each of its 4 epochs) or gives up on one of its 6 local ports and
@@ -427,6 +444,7 @@ impl Rotator {
             }
         }
         shared.table.store(Arc::new(table));
+        self.changed.clear();
         let unpinned: Vec<Ipv6Addr> = self
             .pinned
             .keys()
