@@ -1,14 +1,13 @@
-//! Many peers on one endpoint (tracker issue 11, item 2; groundwork: the daemon does not use it
-//! yet): compact peer ids ([`PeerSlab`]), the two indexes that route packets to peers
-//! ([`RouteIndex`]: local (hashed address, port) -> (peer, epoch), inner (source, destination)
-//! -> peer), and one rotation deadline per peer ([`Timers`]). [`PeerTable`] joins them to
-//! [`Stream`]s.
+//! Many peers on one endpoint (tracker issue 11, item 2): compact peer ids ([`PeerSlab`]), the
+//! two indexes that route packets to peers ([`RouteIndex`]: local (hashed address, port) ->
+//! (peer, epoch), inner (source, destination) -> peer), and one rotation deadline per peer
+//! ([`Timers`]). [`PeerTable`] joins them to [`Stream`]s.
 //!
-//! What it replaces, per packet and per rotation: a linear scan of the peers for the inner
-//! pair, a `RouteTable` rebuilt for every peer at each rotation, and a 20 ms tick that visits
-//! every peer. Here a lookup is one keyed hash and one probe, a rotation touches one peer and
-//! changes its window by a delta (one route derived, one key inserted, one removed), and a tick
-//! pops only the peers whose epoch boundary has passed.
+//! A lookup is one keyed hash and one probe, a rotation touches one peer and changes its window
+//! by a delta (one route derived, one key inserted, one removed), and a tick pops only the peers
+//! whose epoch boundary has passed; measured to 1,000,000 peers (docs/ARCHITECTURE.md,
+//! "Endpoint indexes"). This is the server role's index (tracker issue 12); the gateway role's
+//! daemon keeps an immutable, lock-free snapshot per rotation that it also changes by a delta.
 //!
 //! Sans-IO like the rest of the crate: `now` comes in, the hash key comes in as an
 //! [`IndexSeed`], and what the kernel must change (addresses to bind or release, sockets to
