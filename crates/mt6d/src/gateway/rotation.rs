@@ -44,8 +44,9 @@ pub struct Rotator {
     epochs: Vec<(Arc<Peer>, Option<Epoch>)>,
     next_change: UnixTime,
     primer: Option<(NeighborPrimer, Arc<PathState>)>,
-    /// Local addresses whose announcement is sent or scheduled.
-    primed: HashSet<Ipv6Addr>,
+    /// (our address, next hop) pairs whose announcement is sent or scheduled, of the published
+    /// table's accept windows only.
+    primed: HashSet<(Ipv6Addr, Ipv6Addr)>,
     /// Announcements not yet due: (when, from our address, to the next hop).
     pending: Vec<(UnixTime, Ipv6Addr, Ipv6Addr)>,
     /// The peers' hashed addresses of the accept window (one segment: our kernel's neighbour
@@ -156,6 +157,28 @@ fn announcements(
         .iter()
         .filter(move |r| r.epoch >= current)
         .map(move |r| (if r.epoch > current { next_due } else { now }, r))
+}
+
+/// Brings the announcements to what the published table wants (`wanted`: when, from our
+/// address, to the next hop): a pair not announced yet is scheduled; a pending one the table no
+/// longer wants is dropped, and a pair it no longer wants is forgotten. Keyed by the pair, not
+/// by our address alone: when the peer's address of an epoch moves (a collision on its side,
+/// docs/PROTOCOL.md §5.2) and ours does not, the peer's new address is primed, and no
+/// solicitation (nor, on one segment, neighbour entry) is made for the address it left.
+fn plan_priming(
+    primed: &mut HashSet<(Ipv6Addr, Ipv6Addr)>,
+    pending: &mut Vec<(UnixTime, Ipv6Addr, Ipv6Addr)>,
+    wanted: impl Iterator<Item = (UnixTime, Ipv6Addr, Ipv6Addr)>,
+) {
+    let mut keep = HashSet::new();
+    for (due, from, target) in wanted {
+        keep.insert((from, target));
+        if primed.insert((from, target)) {
+            pending.push((due, from, target));
+        }
+    }
+    primed.retain(|pair| keep.contains(pair));
+    pending.retain(|(_, from, target)| keep.contains(&(*from, *target)));
 }
 
 impl Rotator {
@@ -467,7 +490,7 @@ impl Rotator {
                 log::warn!("remove hashed address {addr}: {e}");
             }
             self.bound.remove(&addr);
-            self.primed.remove(&addr);
+            self.primed.retain(|(from, _)| *from != addr);
             self.pending.retain(|(_, from, _)| *from != addr);
         }
         self.forget_peer_addresses(nl, &shared.table.load());
@@ -557,15 +580,14 @@ impl Rotator {
         };
         // Only sets that carry data: the link set's idle routes, bound for handshakes alone, are
         // left to ordinary neighbour discovery (one message, one epoch).
-        for set in table.peers.iter().flat_map(|r| &r.sets).filter(|s| s.data) {
-            for (due, route) in announcements(&set.schedule, now) {
-                let from = *route.local.ip();
-                if self.primed.insert(from) {
-                    self.pending
-                        .push((due, from, primer.target(*route.remote.ip())));
-                }
-            }
-        }
+        let wanted = table
+            .peers
+            .iter()
+            .flat_map(|r| &r.sets)
+            .filter(|s| s.data)
+            .flat_map(|set| announcements(&set.schedule, now))
+            .map(|(due, route)| (due, *route.local.ip(), primer.target(*route.remote.ip())));
+        plan_priming(&mut self.primed, &mut self.pending, wanted);
     }
 
     /// Forgets which hashed addresses are bound, so that the next step binds them all again
@@ -682,6 +704,32 @@ mod tests {
             local: a(1),
             remote: a(2),
         }
+    }
+
+    #[test]
+    fn a_peer_address_that_moves_is_primed_again_and_the_one_it_left_is_not() {
+        let t = |ms: u64| UnixTime::from_nanos(ms * 1_000_000);
+        let a = |x: u16| Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, x);
+        let (mut primed, mut pending) = (HashSet::new(), Vec::new());
+        // Epoch 7 in use (sent at once), epoch 8 due before its boundary.
+        let first = [(t(0), a(7), a(17)), (t(750), a(8), a(18))];
+        plan_priming(&mut primed, &mut pending, first.into_iter());
+        assert_eq!(pending, first.to_vec());
+        // The same table again (a step for another peer): nothing scheduled twice.
+        pending.remove(0); // epoch 7's was sent
+        plan_priming(&mut primed, &mut pending, first.into_iter());
+        assert_eq!(pending, vec![first[1]]);
+        // The peer moved its address of epoch 8 (ours stays): the new one is primed, the
+        // pending solicitation to the one it left is dropped, epoch 7's is not sent again.
+        let moved = [(t(0), a(7), a(17)), (t(750), a(8), a(28))];
+        plan_priming(&mut primed, &mut pending, moved.into_iter());
+        assert_eq!(pending, vec![moved[1]]);
+        assert_eq!(primed, HashSet::from([(a(7), a(17)), (a(8), a(28))]));
+        // Routed: every target is the router; a pair that left the window is forgotten.
+        let routed = [(t(1_000), a(8), a(1)), (t(1_750), a(9), a(1))];
+        plan_priming(&mut primed, &mut pending, routed.into_iter());
+        assert_eq!(primed, HashSet::from([(a(8), a(1)), (a(9), a(1))]));
+        assert_eq!(pending, routed.to_vec());
     }
 
     #[test]
