@@ -915,9 +915,7 @@ mod tests {
     #[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
     fn shared_sysctls_crash_records_and_conflicts_in_a_namespace() {
         let ns = mt6d_os::Netns::create(&mt6d_os::unique_name("st")).expect("netns");
-        let dir = std::env::temp_dir().join(format!("mt6d-state-ns-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("dir");
+        let dir = fresh_dir("mt6d-state-ns");
         ns.run(|| {
             let fwd = Sysctl::ipv6_conf("all", "forwarding").expect("name");
             fwd.set("0").expect("start from 0");
@@ -979,9 +977,7 @@ mod tests {
     #[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
     fn a_restart_after_a_crash_takes_the_firewall_table_over() {
         let ns = mt6d_os::Netns::create(&mt6d_os::unique_name("st")).expect("netns");
-        let dir = std::env::temp_dir().join(format!("mt6d-state-fw-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("dir");
+        let dir = fresh_dir("mt6d-state-fw");
         ns.run(|| {
             let mut nl = Netlink::open().expect("netlink");
             let cfg = config("tf", "ef", "if", "2001:db8:4::b", &dir);
@@ -1013,6 +1009,14 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// An empty scratch directory of this test process under the system's temporary one.
+    fn fresh_dir(tag: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        dir
+    }
+
     fn b_key(dir: &Path) -> String {
         std::fs::read_dir(dir)
             .expect("dir")
@@ -1026,9 +1030,7 @@ mod tests {
     /// of a namespace that exists, or whose namespace is unknown, stay.
     #[test]
     fn records_of_vanished_namespaces_are_collected() {
-        let dir = std::env::temp_dir().join(format!("mt6d-state-gc-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("dir");
+        let dir = fresh_dir("mt6d-state-gc");
         let mut gone = record(1, "a", "e", "/nonexistent/a.sock", "2001:db8::b");
         gone.netns_inode = u64::MAX;
         let mut here = record(1, "b", "e", "/nonexistent/b.sock", "2001:db8::b");
@@ -1058,8 +1060,7 @@ mod tests {
     /// does when a process dies), the same file is "stale", whatever pid it names.
     #[test]
     fn a_released_lock_is_stale_whatever_pid_it_names() {
-        let dir = std::env::temp_dir().join(format!("mt6d-state-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
+        let dir = fresh_dir("mt6d-state");
         let r = record(9, "mt6d0", "eth0", "/s", "2001:db8::b");
         std::fs::write(dir.join("x.json"), serde_json::to_vec(&r).expect("encode")).expect("w");
         std::fs::write(dir.join("x.lock"), "4242\n").expect("write");
