@@ -489,9 +489,8 @@ impl Rotator {
             if let Err(e) = nl.del_address(self.external_index, addr, 128) {
                 log::warn!("remove hashed address {addr}: {e}");
             }
+            // Its announcements went with the table that stopped naming it (`plan_priming`).
             self.bound.remove(&addr);
-            self.primed.retain(|(from, _)| *from != addr);
-            self.pending.retain(|(_, from, _)| *from != addr);
         }
         self.forget_peer_addresses(nl, &shared.table.load());
         let old_ports: Vec<u16> = self
