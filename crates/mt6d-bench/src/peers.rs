@@ -124,6 +124,7 @@ pub fn start(
                         rotation_secs,
                         mode: mode.config_name(),
                         keys: &keys,
+                        workers: None,
                     },
                     side: if side == "a" { Side::A } else { Side::B },
                     local,

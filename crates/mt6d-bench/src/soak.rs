@@ -230,6 +230,7 @@ fn soak(args: &SoakArgs, mt6d: &Path, out: &Path, work: &Path) -> Result<(), Str
                 rotation_secs: ROTATION_SECS,
                 mode: "encrypt",
                 keys: &keys,
+                workers: None,
             },
             side,
             local,

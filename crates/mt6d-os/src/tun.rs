@@ -85,8 +85,12 @@ impl TunRecvScratch {
 
 impl Tun {
     /// Creates TUN device `name` with offload on and a transmit queue of [`TX_QUEUE_LEN`], sets
-    /// its MTU and brings it up.
-    pub fn create(name: &str, mtu: u16) -> Result<Tun> {
+    /// its MTU and brings it up. With `queues > 1` the device is multi-queue (IFF_MULTI_QUEUE)
+    /// and the returned vector holds one `Tun` per queue, the first the one created: the kernel
+    /// spreads the packets it sends into the device over the queues by flow hash (one flow, one
+    /// queue), and a queue that writes a flow's packets is where that flow's packets in the other
+    /// direction are read (the device's flow table follows the writer).
+    pub fn create(name: &str, mtu: u16, queues: usize) -> Result<Vec<Tun>> {
         let ctx = |op| {
             move |source| OsError::Tun {
                 name: name.to_owned(),
@@ -98,13 +102,24 @@ impl Tun {
             .name(name)
             .mtu(mtu)
             .offload(true)
+            .multi_queue(queues > 1)
             .tx_queue_len(TX_QUEUE_LEN)
             .enable(true)
             .build_sync()
             .map_err(ctx("create with offload"))?;
         let name = dev.name().map_err(ctx("read name"))?;
         let index = dev.if_index().map_err(ctx("read index"))?;
-        Ok(Tun { dev, name, index })
+        let mut all = Vec::with_capacity(queues.max(1));
+        for _ in 1..queues {
+            let queue = dev.try_clone().map_err(ctx("attach a queue"))?;
+            all.push(Tun {
+                dev: queue,
+                name: name.clone(),
+                index,
+            });
+        }
+        all.insert(0, Tun { dev, name, index });
+        Ok(all)
     }
 
     /// The device's name.
@@ -278,7 +293,9 @@ mod tests {
     fn a_full_transmit_queue_is_counted_as_tx_dropped() {
         let ns = Netns::create(&unique_name("tuq")).expect("netns");
         ns.run(|| {
-            let tun = Tun::create(&unique_name("mt6dq"), 1400).expect("create tun");
+            let tun = Tun::create(&unique_name("mt6dq"), 1400, 1)
+                .expect("create tun")
+                .remove(0);
             tun.dev.set_tx_queue_len(8).expect("shrink the queue");
             let mut nl = Netlink::open().expect("netlink");
             let local: Ipv6Addr = "fd00:6e::1".parse().expect("literal");
@@ -312,12 +329,94 @@ mod tests {
         .expect("run");
     }
 
+    /// A multi-queue device spreads flows over its queues and never splits one flow: the
+    /// property the daemon's workers rely on to keep a flow's packets in order.
+    #[test]
+    #[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
+    fn a_multi_queue_device_keeps_each_flow_on_one_queue_and_uses_several() {
+        let ns = Netns::create(&unique_name("tum")).expect("netns");
+        ns.run(|| {
+            let queues = Tun::create(&unique_name("mt6dm"), 1400, 4).expect("create tun");
+            assert_eq!(queues.len(), 4);
+            assert!(queues.iter().all(|q| q.index() == queues[0].index()));
+            for q in &queues {
+                q.set_nonblocking(true).expect("non-blocking");
+            }
+            let mut nl = Netlink::open().expect("netlink");
+            let local: Ipv6Addr = "fd00:6f::1".parse().expect("literal");
+            let flags = AddrFlags {
+                nodad: true,
+                noprefixroute: true,
+            };
+            nl.add_address(queues[0].index(), local, 64, flags)
+                .expect("address");
+            nl.add_route("fd00:6f::".parse().expect("literal"), 64, queues[0].index())
+                .expect("route");
+            crate::netlink::tests::wait_local(&mut nl, local, true);
+            // 16 flows (source ports), 4 packets each, interleaved.
+            let socks: Vec<UdpSocket6> = (0..16)
+                .map(|_| UdpSocket6::bind(0).expect("bind"))
+                .collect();
+            let mut ss = SendScratch::new(1);
+            for _ in 0..4 {
+                for s in &socks {
+                    let msg = SendMsg {
+                        src: local,
+                        dst: SocketAddrV6::new("fd00:6f::2".parse().expect("literal"), 9, 0, 0),
+                        payload: &[7; 64],
+                        segment_size: None,
+                    };
+                    assert_eq!(s.send_batch(&mut ss, &[msg]).expect("send"), 1);
+                }
+            }
+            let mut scratch = TunRecvScratch::new();
+            let mut out = vec![vec![0u8; 1400]; IDEAL_BATCH_SIZE];
+            let mut sizes = vec![0usize; IDEAL_BATCH_SIZE];
+            // source port -> the queues it was read from
+            let mut seen: std::collections::BTreeMap<u16, std::collections::BTreeSet<usize>> =
+                Default::default();
+            let mut per_queue = [0usize; 4];
+            for (i, q) in queues.iter().enumerate() {
+                loop {
+                    match q.recv_batch(&mut scratch, &mut out, &mut sizes, 0) {
+                        Ok(n) => {
+                            for (b, &len) in out.iter().zip(&sizes).take(n) {
+                                let p = &b[..len];
+                                // UDP only (the kernel's own MLD reports may be queued too).
+                                if p[6] == 17 {
+                                    let sport = u16::from_be_bytes([p[40], p[41]]);
+                                    seen.entry(sport).or_default().insert(i);
+                                    per_queue[i] += 1;
+                                }
+                            }
+                        }
+                        Err(e) if e.is_would_block() => break,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            }
+            assert_eq!(seen.len(), 16, "{seen:?}");
+            assert!(
+                seen.values().all(|q| q.len() == 1),
+                "a flow split: {seen:?}"
+            );
+            assert_eq!(per_queue.iter().sum::<usize>(), 64, "{per_queue:?}");
+            assert!(
+                per_queue.iter().filter(|&&n| n > 0).count() >= 2,
+                "16 flows all on one queue: {per_queue:?}"
+            );
+        })
+        .expect("run");
+    }
+
     #[test]
     #[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
     fn packets_cross_between_tun_and_udp_socket_with_offload() {
         let ns = Netns::create(&unique_name("tun")).expect("netns");
         ns.run(|| {
-            let tun = Tun::create(&unique_name("mt6dt"), 1400).expect("create tun");
+            let tun = Tun::create(&unique_name("mt6dt"), 1400, 1)
+                .expect("create tun")
+                .remove(0);
             assert!(tun.udp_gso(), "kernel 6.18 supports USO");
             assert_eq!(tun.tx_queue_len().expect("txqueuelen"), TX_QUEUE_LEN);
             let mut nl = Netlink::open().expect("netlink");

@@ -428,6 +428,20 @@ pub fn render(status: &Status) -> String {
         "kernel queue drops: socket receive queues {}, TUN transmit queue {}, refused TUN writes {}",
         k.socket_queue, k.tun_queue, k.tun_write
     );
+    if !status.workers.is_empty() {
+        let list: Vec<String> = status
+            .workers
+            .iter()
+            .enumerate()
+            .map(|(i, w)| format!("#{i} sealed {} opened {}", w.sealed, w.opened))
+            .collect();
+        let _ = writeln!(
+            s,
+            "data-plane workers {}: {}",
+            status.workers.len(),
+            list.join(", ")
+        );
+    }
     let path = &status.path;
     let listed = |m: &std::collections::BTreeMap<String, u64>| {
         m.iter()
@@ -645,6 +659,14 @@ mod tests {
                 tun_queue: 5,
                 tun_write: 0,
             },
+            workers: vec![
+                crate::status::WorkerStatus {
+                    sealed: 10,
+                    opened: 20,
+                    wakeups: 5,
+                },
+                crate::status::WorkerStatus::default(),
+            ],
         }
     }
 
@@ -865,6 +887,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("last packet received 1.2s ago"), "{text}");
+        assert!(
+            text.contains("data-plane workers 2: #0 sealed 10 opened 20, #1 sealed 0 opened 0"),
+            "{text}"
+        );
         assert!(!text.contains("replay 0"), "{text}");
     }
 }

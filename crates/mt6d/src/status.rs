@@ -34,6 +34,21 @@ pub struct Status {
     /// (absent from older daemons).
     #[serde(default)]
     pub kernel_drops: KernelDrops,
+    /// What each data-plane worker moved since start, by worker index (absent from older
+    /// daemons).
+    #[serde(default)]
+    pub workers: Vec<WorkerStatus>,
+}
+
+/// One data-plane worker's totals: its TUN queue and the sockets of the peers it receives for.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WorkerStatus {
+    /// Packets it read from its TUN queue and sealed into the tunnel.
+    pub sealed: u64,
+    /// Packets it opened from the tunnel and wrote to its TUN queue.
+    pub opened: u64,
+    /// Times it woke with something ready.
+    pub wakeups: u64,
 }
 
 /// Drops in the kernel's queues in front of the daemon's packet threads, since start. They

@@ -57,6 +57,7 @@ fn configured(rotation_secs: f64) -> Running {
         rotation_secs,
         mode: "encrypt",
         keys: &keys,
+        workers: None,
     };
     let running = Running {
         daemons: Vec::new(),

@@ -102,6 +102,7 @@ fn an_unprivileged_user_with_net_admin_and_net_raw_runs_a_gateway() {
         rotation_secs: 1.0,
         mode: "encrypt",
         keys: &keys,
+        workers: None,
     };
     let mut running = Running {
         daemons: Vec::new(),

@@ -10,7 +10,7 @@ use toml::Spanned;
 use super::raw::{interface_name, relative_to, seconds, RawGateway, Source};
 use super::{
     default_control_socket, parse_log_level, ConfigError, GatewayConfig, Role,
-    CHACHA_REKEY_PACKETS, DEFAULT_REKEY_SECS, DEFAULT_STATE_DIR,
+    CHACHA_REKEY_PACKETS, DEFAULT_REKEY_SECS, DEFAULT_STATE_DIR, MAX_WORKERS,
 };
 use crate::keys;
 
@@ -32,6 +32,7 @@ pub(super) struct GatewaySection {
     pub(super) rekey_packets: Option<u64>,
     pub(super) state_dir: PathBuf,
     pub(super) metrics_listen: Option<std::net::SocketAddr>,
+    pub(super) workers: Option<usize>,
 }
 
 impl GatewaySection {
@@ -93,6 +94,7 @@ impl GatewaySection {
                 )
             })?),
         };
+        let workers = workers(src, gw)?;
         Ok(GatewaySection {
             host_role,
             internal_interface,
@@ -108,6 +110,7 @@ impl GatewaySection {
             rekey_packets,
             state_dir,
             metrics_listen,
+            workers,
         })
     }
 
@@ -140,6 +143,7 @@ impl GatewaySection {
             randomize_link: gw.randomize_link.as_ref().is_some_and(|v| *v.get_ref()),
             state_dir: self.state_dir,
             metrics_listen: self.metrics_listen,
+            workers: self.workers,
             tcp: super::TcpConfig::default(),
         })
     }
@@ -251,6 +255,23 @@ fn interface_down_exit(src: &Source, gw: &RawGateway) -> Result<Duration, Config
             Ok(Duration::from_secs_f64(secs))
         }
         None => Ok(Duration::from_secs(30)),
+    }
+}
+
+/// `workers`: data-plane workers, 1 to [`MAX_WORKERS`]; unset, one per online CPU.
+fn workers(src: &Source, gw: &RawGateway) -> Result<Option<usize>, ConfigError> {
+    match &gw.workers {
+        None => Ok(None),
+        Some(v) => usize::try_from(*v.get_ref())
+            .ok()
+            .filter(|n| (1..=MAX_WORKERS).contains(n))
+            .map(Some)
+            .ok_or_else(|| {
+                src.err(
+                    v,
+                    format!("workers: the number of data-plane threads, 1 to {MAX_WORKERS} (unset: one per online CPU)"),
+                )
+            }),
     }
 }
 

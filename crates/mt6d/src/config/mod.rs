@@ -86,8 +86,25 @@ pub struct GatewayConfig {
     /// `metrics_listen`: address and port of the Prometheus endpoint (`GET /metrics`), e.g.
     /// `[::1]:9586`. Unset (the default): no endpoint.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// `workers`: how many data-plane threads (each with its own TUN queue and epoll, serving
+    /// both directions). None: one per online CPU, at most [`MAX_WORKERS`].
+    pub workers: Option<usize>,
     /// `[tcp]`: MSS clamping and the HOST_ID kinds (a change needs a restart, as `[gateway]`).
     pub tcp: TcpConfig,
+}
+
+/// The most data-plane workers (the kernel's limit on TUN queues is 256).
+pub const MAX_WORKERS: usize = 64;
+
+impl GatewayConfig {
+    /// The number of data-plane workers to start: `workers`, or one per online CPU.
+    pub fn worker_count(&self) -> usize {
+        self.workers.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map_or(1, std::num::NonZeroUsize::get)
+                .min(MAX_WORKERS)
+        })
+    }
 }
 
 /// Default `state_dir`.

@@ -49,6 +49,7 @@ pub(super) struct RawGateway {
     pub(super) randomize_link: Option<Spanned<bool>>,
     pub(super) state_dir: Option<Spanned<String>>,
     pub(super) metrics_listen: Option<Spanned<String>>,
+    pub(super) workers: Option<Spanned<i64>>,
 }
 
 /// Settings that `[gateway]` gives for every peer and a `[[peer]]` may override. (Listed in

@@ -1,4 +1,13 @@
-//! The packet threads: protected side -> tunnel (`tx`), tunnel -> protected side (`rx`).
+//! The data-plane workers. Each worker is one thread with one epoll over its own TUN queue
+//! and the tunnel sockets it owns, and serves both directions: protected side -> tunnel (`tx`,
+//! when its TUN queue is readable) and tunnel -> protected side (`rx`, when one of its sockets
+//! is). A request and its answer through an idle gateway wake one thread each way, not two.
+//!
+//! Steering (docs/ARCHITECTURE.md, "Workers"): the kernel spreads the protected side's flows
+//! over the TUN queues by flow hash (one flow, one queue); a peer's sockets, every epoch's, are
+//! all watched by one worker (`Peer::worker`), so a tunnel flow is never split across workers
+//! and an epoch switch cannot reorder it. A worker that writes a flow's packets to its TUN
+//! queue is also where the kernel sends that flow's answers (the device's flow table).
 //!
 //! ```text
 //! tx: TUN read (GSO super-packet split) -> peer by inner destination -> Sealer::seal into one
@@ -10,34 +19,37 @@
 //!     Opener::open -> TUN write with GRO coalescing
 //! ```
 //!
-//! Each thread loads the current [`RouteTable`] once per batch (an atomic pointer load) and owns
-//! all of its buffers; nothing on these paths allocates, locks or logs per packet. Drops are
+//! Each worker loads the current [`RouteTable`] once per wake-up (an atomic pointer load) and
+//! owns all of its buffers; nothing on these paths allocates or logs per packet. The one lock
+//! is a peer's receive keys (`Peer::recv`), taken once per received train of that peer: only
+//! the peer's own worker receives for it, so it is uncontended. Drops are
 //! counted per reason and reported by the housekeeping loop, and so are the kernel's drops in
 //! the queues in front of these threads (a socket's receive queue, the TUN transmit queue: see
 //! [`crate::status::KernelDrops`]), which a thread kept waiting for a core would otherwise lose
 //! silently.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use mt6d_os::udp::RecvBuf;
 use mt6d_os::{
-    wait_readable, Epoll, EpollEvents, GROTable, RecvScratch, SendMsg, SendScratch, Tun,
-    TunRecvScratch, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN,
+    Epoll, EpollEvents, GROTable, RecvScratch, SendMsg, SendScratch, Tun, TunRecvScratch,
+    UdpSocket6, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN,
 };
-use mt6d_proto::handshake::{is_handshake, ReceiveKeys};
+use mt6d_proto::handshake::is_handshake;
 use mt6d_proto::moves::is_notice;
-use mt6d_proto::{OpenError, SealError};
+use mt6d_proto::{OpenError, SealError, UnixTime};
 
 use super::counters::DropReason;
 use super::path::PathState;
-use super::routing::{self, RouteTable, RxRoute};
+use super::polls::TUN_TOKEN;
+use super::routing::{RouteTable, RxRoute};
 use super::shared::Shared;
 use super::tcp_policy::{Direction, Limits, LogBudget, Verdict};
 use super::{collision, session};
 
-/// How often blocked threads look at the shutdown flag.
+/// How often an idle worker looks at the shutdown flag (and erases expired keys).
 const POLL: Duration = Duration::from_millis(100);
 /// Most datagrams in one UDP GSO send (the kernel's UDP_MAX_SEGMENTS is 64 on older kernels).
 const MAX_GSO_SEGMENTS: usize = 64;
@@ -79,47 +91,133 @@ struct Run {
     closed: bool,
 }
 
-/// The protected side -> tunnel thread.
-pub fn tx_loop(shared: &Shared, tun: &Tun, tun_mtu: usize, path: &PathState) {
-    let max_wire = tun_mtu + 64;
-    let mut scratch = TunRecvScratch::new();
-    let mut packets: Vec<Vec<u8>> = vec![vec![0u8; max_wire]; IDEAL_BATCH_SIZE];
-    let mut sizes = vec![0usize; IDEAL_BATCH_SIZE];
-    let mut sealed = vec![0u8; IDEAL_BATCH_SIZE * max_wire];
-    let mut runs: Vec<Run> = Vec::with_capacity(IDEAL_BATCH_SIZE);
-    let mut send_scratch = SendScratch::new(IDEAL_BATCH_SIZE);
-    let mut msgs_store: Vec<SendMsg<'static>> = Vec::with_capacity(IDEAL_BATCH_SIZE);
-    let mut log_budget = LogBudget::default();
-
+/// One data-plane worker: waits in `epoll` (its TUN queue and its sockets) and serves whatever
+/// is ready, both directions, until shutdown. `index` names its [`WorkerLoad`].
+pub fn worker_loop(
+    shared: &Shared,
+    index: usize,
+    tun: &Tun,
+    epoll: &Epoll,
+    tun_mtu: usize,
+    path: &PathState,
+) {
+    let mut events = EpollEvents::with_capacity(64);
+    let mut tx = Transmit::new(tun_mtu);
+    let mut rx = Receive::new(tun_mtu);
+    let load = &shared.load[index % shared.load.len()];
     while !shared.shutdown.load(Ordering::Relaxed) {
-        match wait_readable(tun_fd(tun), Some(POLL)) {
-            Ok(true) => {}
-            Ok(false) => continue,
+        match epoll.wait(&mut events, Some(POLL)) {
+            Ok(0) => {
+                // Idle: erase the keys the timer took back from this worker's peers now rather
+                // than at their next packet.
+                erase_expired_keys(shared, index);
+                continue;
+            }
+            Ok(_) => {}
+            Err(e) if e.is_would_block() => continue,
             Err(e) => {
-                log::error!(
-                    "TUN {}: wait failed: {e}; stopping the transmit thread",
-                    tun.name()
-                );
+                log::error!("data-plane worker {index}: epoll wait failed: {e}; stopping");
                 shared.shutdown.store(true, Ordering::Relaxed);
                 return;
             }
         }
-        let n = match tun.recv_batch(&mut scratch, &mut packets, &mut sizes, 0) {
+        load.wakeups.fetch_add(1, Ordering::Relaxed);
+        let table = shared.table.load();
+        let limits = tcp_limits(path);
+        // One clock read per wake-up: key confirmation and expiry need only coarse time.
+        let mut now = None;
+        for token in events.tokens() {
+            if token == TUN_TOKEN {
+                let n = tx.on_readable(shared, &table, tun, limits);
+                if n > 0 {
+                    load.sealed.fetch_add(n, Ordering::Relaxed);
+                }
+                continue;
+            }
+            let Some(socket) = u16::try_from(token)
+                .ok()
+                .and_then(|p| table.sockets.get(&p))
+            else {
+                continue;
+            };
+            let now = *now.get_or_insert_with(super::clock::now);
+            let n = rx.on_readable(shared, &table, socket, tun, limits, now);
+            if n > 0 {
+                load.opened.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Erases the receive keys of the peers this worker receives for whose keys expired with no
+/// rekey (the timer raised `erase_recv`).
+fn erase_expired_keys(shared: &Shared, index: usize) {
+    let table = shared.table.load();
+    for routes in &table.peers {
+        let p = &routes.peer;
+        if p.worker.get() == Some(&index) && p.keys.erase_recv.load(Ordering::Relaxed) {
+            let mut keys = p.recv.lock().unwrap_or_else(PoisonError::into_inner);
+            if p.keys.erase_recv.swap(false, Ordering::Relaxed) {
+                keys.clear();
+            }
+        }
+    }
+}
+
+/// The protected side -> tunnel half of a worker: its buffers.
+struct Transmit {
+    max_wire: usize,
+    scratch: TunRecvScratch,
+    packets: Vec<Vec<u8>>,
+    sizes: Vec<usize>,
+    sealed: Vec<u8>,
+    runs: Vec<Run>,
+    send_scratch: SendScratch,
+    msgs_store: Vec<SendMsg<'static>>,
+    log_budget: LogBudget,
+}
+
+impl Transmit {
+    fn new(tun_mtu: usize) -> Transmit {
+        let max_wire = tun_mtu + 64;
+        Transmit {
+            max_wire,
+            scratch: TunRecvScratch::new(),
+            packets: vec![vec![0u8; max_wire]; IDEAL_BATCH_SIZE],
+            sizes: vec![0usize; IDEAL_BATCH_SIZE],
+            sealed: vec![0u8; IDEAL_BATCH_SIZE * max_wire],
+            runs: Vec::with_capacity(IDEAL_BATCH_SIZE),
+            send_scratch: SendScratch::new(IDEAL_BATCH_SIZE),
+            msgs_store: Vec::with_capacity(IDEAL_BATCH_SIZE),
+            log_budget: LogBudget::default(),
+        }
+    }
+
+    /// Reads one batch from the TUN queue, seals it and sends it. Returns the packets sealed.
+    fn on_readable(
+        &mut self,
+        shared: &Shared,
+        table: &RouteTable,
+        tun: &Tun,
+        limits: Limits,
+    ) -> u64 {
+        let max_wire = self.max_wire;
+        let n = match tun.recv_batch(&mut self.scratch, &mut self.packets, &mut self.sizes, 0) {
             Ok(n) => n,
-            Err(e) if e.is_would_block() => continue,
+            Err(e) if e.is_would_block() => return 0,
             Err(e) => {
                 // A malformed GSO packet from the kernel is reported as an error for that read
                 // only; the device itself stays usable.
                 log::warn!("{e}");
-                continue;
+                return 0;
             }
         };
-        let table = shared.table.load();
-        let limits = tcp_limits(path);
+        let runs = &mut self.runs;
+        let sealed = &mut self.sealed;
         runs.clear();
         let mut cursor = 0;
         let mut unmatched = 0u64;
-        for (packet, &size) in packets.iter_mut().zip(&sizes).take(n) {
+        for (packet, &size) in self.packets.iter_mut().zip(&self.sizes).take(n) {
             let Some(peer) = packet[..size]
                 .get(8..24)
                 .zip(packet[..size].get(24..40))
@@ -136,7 +234,7 @@ pub fn tx_loop(shared: &Shared, tun: &Tun, tun_mtu: usize, path: &PathState) {
                 Direction::Out,
                 limits,
                 &p.name,
-                &mut log_budget,
+                &mut self.log_budget,
             ) {
                 Verdict::Forward(len) => len,
                 Verdict::Drop => continue,
@@ -202,8 +300,9 @@ pub fn tx_loop(shared: &Shared, tun: &Tun, tun_mtu: usize, path: &PathState) {
         if unmatched > 0 {
             shared.unmatched.drop_n(DropReason::NoPeer, unmatched);
         }
-        let msgs = recycle(std::mem::take(&mut msgs_store));
-        msgs_store = send_runs(&table, &runs, &sealed, &mut send_scratch, msgs);
+        let msgs = recycle(std::mem::take(&mut self.msgs_store));
+        self.msgs_store = send_runs(table, runs, sealed, &mut self.send_scratch, msgs);
+        runs.iter().map(|r| r.count as u64).sum()
     }
 }
 
@@ -323,192 +422,180 @@ fn tcp_limits(path: &PathState) -> Limits {
     }
 }
 
-fn tun_fd(tun: &Tun) -> std::os::fd::RawFd {
-    use std::os::fd::AsRawFd;
-    tun.as_raw_fd()
+/// The tunnel -> protected side half of a worker: its buffers.
+struct Receive {
+    scratch: RecvScratch,
+    bufs: Vec<RecvBuf>,
+    inner_cap: usize,
+    out: Vec<Vec<u8>>,
+    gro: GROTable,
+    log_budget: LogBudget,
 }
 
-/// The tunnel -> protected side thread. Owns every peer's [`ReceiveKeys`] (and so their replay
-/// windows), and handles handshake messages, which arrive here. When a reload changed the peer
-/// set, the keys are carried over by peer identity before the new table is used: an unchanged
-/// peer keeps its keys and replay window, a new peer starts with its configured ones.
-pub fn rx_loop(shared: &Shared, tun: &Tun, epoll: &Epoll, tun_mtu: usize, path: &PathState) {
-    let mut recv: Vec<(Arc<super::peer::Peer>, ReceiveKeys)> = Vec::new();
-    let mut generation = None;
-    let mut events = EpollEvents::with_capacity(64);
-    let mut scratch = RecvScratch::new(RX_BATCH);
-    let mut bufs: Vec<RecvBuf> = (0..RX_BATCH).map(|_| RecvBuf::new()).collect();
-    let inner_cap = tun_mtu + 64;
-    // GRO coalescing appends to the first packet of a flow: give every buffer room for 64 KiB.
-    let mut out: Vec<Vec<u8>> = (0..IDEAL_BATCH_SIZE)
-        .map(|_| Vec::with_capacity(VIRTIO_NET_HDR_LEN + 65_535))
-        .collect();
-    let mut gro = GROTable::default();
-    let mut log_budget = LogBudget::default();
+impl Receive {
+    fn new(tun_mtu: usize) -> Receive {
+        Receive {
+            scratch: RecvScratch::new(RX_BATCH),
+            bufs: (0..RX_BATCH).map(|_| RecvBuf::new()).collect(),
+            inner_cap: tun_mtu + 64,
+            // GRO coalescing appends to the first packet of a flow: give every buffer room for
+            // 64 KiB.
+            out: (0..IDEAL_BATCH_SIZE)
+                .map(|_| Vec::with_capacity(VIRTIO_NET_HDR_LEN + 65_535))
+                .collect(),
+            gro: GROTable::default(),
+            log_budget: LogBudget::default(),
+        }
+    }
 
-    while !shared.shutdown.load(Ordering::Relaxed) {
-        match epoll.wait(&mut events, Some(POLL)) {
-            Ok(0) => continue,
-            Ok(_) => {}
-            Err(e) if e.is_would_block() => continue,
+    /// Reads what `socket` holds (one recvmmsg), opens it and writes it to the TUN queue.
+    /// Handshake messages and notices go to the peer's link. Returns the packets delivered.
+    fn on_readable(
+        &mut self,
+        shared: &Shared,
+        table: &RouteTable,
+        socket: &UdpSocket6,
+        tun: &Tun,
+        limits: Limits,
+        now: UnixTime,
+    ) -> u64 {
+        // Never blocks: epoll said readable, and a readiness with nothing to read must not
+        // park this worker in one socket while the others fill.
+        let got = match socket.recv_ready(&mut self.scratch, &mut self.bufs) {
+            Ok(n) => n,
+            Err(e) if e.is_would_block() => return 0,
             Err(e) => {
-                log::error!("epoll wait failed: {e}; stopping the receive thread");
-                shared.shutdown.store(true, Ordering::Relaxed);
-                return;
+                log::debug!("{e}");
+                return 0;
             }
+        };
+        let overflowed = socket.take_queue_drops();
+        if overflowed > 0 {
+            shared
+                .socket_queue_drops
+                .fetch_add(overflowed, Ordering::Relaxed);
         }
-        let table = shared.table.load();
-        let limits = tcp_limits(path);
-        if generation != Some(table.generation) {
-            recv = routing::carry_over(std::mem::take(&mut recv), &table, |p| p.receive_keys());
-            generation = Some(table.generation);
-        }
-        // One clock read per wake-up: key confirmation and expiry need only coarse time.
-        let now = super::clock::now();
-        for (p, keys) in &mut recv {
-            if p.keys.erase_recv.swap(false, Ordering::Relaxed) {
+        let inner_cap = self.inner_cap;
+        let out = &mut self.out;
+        let mut ready = 0;
+        let mut delivered = 0u64;
+        for buf in &mut self.bufs[..got] {
+            if buf.truncated() {
+                shared.unmatched.drop_n(DropReason::BadLength, 1);
+                continue;
+            }
+            let Some(&RxRoute {
+                peer,
+                set: set_index,
+                route,
+            }) = table.rx.get(&(buf.dst(), socket.local_port()))
+            else {
+                shared
+                    .unmatched
+                    .drop_n(DropReason::UnknownAddress, buf.datagrams().count() as u64);
+                continue;
+            };
+            let p = table.peer(peer);
+            let bound = &table.peers[peer].sets[set_index];
+            let counters = &p.counters.rx;
+            if buf.src() != route.remote {
+                counters.drop_n(DropReason::UnknownAddress, buf.datagrams().count() as u64);
+                continue;
+            }
+            // Once per train; only this peer's worker takes it (and the link, for a handshake
+            // message, inside it: always in this order).
+            let mut keys = p.recv.lock().unwrap_or_else(PoisonError::into_inner);
+            if p.keys.erase_recv.load(Ordering::Relaxed)
+                && p.keys.erase_recv.swap(false, Ordering::Relaxed)
+            {
                 keys.clear();
             }
             keys.expire(now);
-        }
-        for port in events.tokens() {
-            let Some(socket) = u16::try_from(port).ok().and_then(|p| table.sockets.get(&p)) else {
-                continue;
-            };
-            // Never blocks: epoll said readable, and a readiness with nothing to read must not
-            // park this thread in one socket while the others fill.
-            let got = match socket.recv_ready(&mut scratch, &mut bufs) {
-                Ok(n) => n,
-                Err(e) if e.is_would_block() => continue,
-                Err(e) => {
-                    log::debug!("{e}");
-                    continue;
-                }
-            };
-            let overflowed = socket.take_queue_drops();
-            if overflowed > 0 {
-                shared
-                    .socket_queue_drops
-                    .fetch_add(overflowed, Ordering::Relaxed);
-            }
-            let mut ready = 0;
-            for buf in &mut bufs[..got] {
-                if buf.truncated() {
-                    shared.unmatched.drop_n(DropReason::BadLength, 1);
-                    continue;
-                }
-                let Some(&RxRoute {
-                    peer,
-                    set: set_index,
-                    route,
-                }) = table.rx.get(&(buf.dst(), socket.local_port()))
-                else {
-                    shared
-                        .unmatched
-                        .drop_n(DropReason::UnknownAddress, buf.datagrams().count() as u64);
-                    continue;
-                };
-                let p = table.peer(peer);
-                let bound = &table.peers[peer].sets[set_index];
-                let counters = &p.counters.rx;
-                if buf.src() != route.remote {
-                    counters.drop_n(DropReason::UnknownAddress, buf.datagrams().count() as u64);
-                    continue;
-                }
-                let (mut packets, mut bytes) = (0u64, 0u64);
-                let header_key = bound.set.stream.recv_header_key();
-                for datagram in buf.datagrams_mut() {
-                    // Unmask before classifying (docs/PROTOCOL.md §4.5): the class, the counter
-                    // and the key phase are all in the masked bytes. Garbage unmasks to garbage
-                    // and is refused below by the class's own check.
-                    if let Some(hk) = header_key {
-                        if hk.unprotect(datagram).is_err() {
-                            counters.drop_n(DropReason::BadLength, 1);
-                            continue;
-                        }
-                    }
-                    let datagram = &*datagram;
-                    if is_notice(datagram) {
-                        if !collision::on_notice(p, &table, &bound.set, &route, datagram, now) {
-                            counters.drop_n(DropReason::Handshake, 1);
-                        } else {
-                            shared.attention.push(table.generation, peer);
-                        }
+            let (mut packets, mut bytes) = (0u64, 0u64);
+            let header_key = bound.set.stream.recv_header_key();
+            for datagram in buf.datagrams_mut() {
+                // Unmask before classifying (docs/PROTOCOL.md §4.5): the class, the counter
+                // and the key phase are all in the masked bytes. Garbage unmasks to garbage
+                // and is refused below by the class's own check.
+                if let Some(hk) = header_key {
+                    if hk.unprotect(datagram).is_err() {
+                        counters.drop_n(DropReason::BadLength, 1);
                         continue;
                     }
-                    if is_handshake(datagram) {
-                        if !session::on_message(
-                            p,
-                            &table,
-                            &bound.set,
-                            &route,
-                            datagram,
-                            &mut recv[peer].1,
-                            now,
-                        ) {
-                            counters.drop_n(DropReason::Handshake, 1);
-                        } else {
-                            shared.attention.push(table.generation, peer);
-                        }
-                        continue;
+                }
+                let datagram = &*datagram;
+                if is_notice(datagram) {
+                    if !collision::on_notice(p, table, &bound.set, &route, datagram, now) {
+                        counters.drop_n(DropReason::Handshake, 1);
+                    } else {
+                        shared.attention.push(table.generation, peer);
                     }
-                    if ready == out.len() {
-                        flush_to_tun(shared, tun, &mut gro, &mut out[..ready]);
-                        ready = 0;
-                    }
-                    let slot = &mut out[ready];
-                    slot.resize(VIRTIO_NET_HDR_LEN + inner_cap, 0);
-                    match recv[peer]
-                        .1
-                        .open(now, &route, datagram, &mut slot[VIRTIO_NET_HDR_LEN..])
+                    continue;
+                }
+                if is_handshake(datagram) {
+                    if !session::on_message(p, table, &bound.set, &route, datagram, &mut keys, now)
                     {
-                        // The link set after the session's switch takes handshake-class
-                        // messages only (docs/PROTOCOL.md §9.8). The table may predate an answer
-                        // just given on it (a restarted peer's keepalive follows at once), so the
-                        // live state decides; only authenticated packets to a link set closed to
-                        // data ask it, so forgeries never take the lock.
-                        Ok(_) if !bound.data && !p.link.lock().sets().takes_data(&bound.set) => {
-                            counters.drop_n(DropReason::UnknownAddress, 1);
+                        counters.drop_n(DropReason::Handshake, 1);
+                    } else {
+                        shared.attention.push(table.generation, peer);
+                    }
+                    continue;
+                }
+                if ready == out.len() {
+                    flush_to_tun(shared, tun, &mut self.gro, &mut out[..ready]);
+                    ready = 0;
+                }
+                let slot = &mut out[ready];
+                slot.resize(VIRTIO_NET_HDR_LEN + inner_cap, 0);
+                match keys.open(now, &route, datagram, &mut slot[VIRTIO_NET_HDR_LEN..]) {
+                    // The link set after the session's switch takes handshake-class
+                    // messages only (docs/PROTOCOL.md §9.8). The table may predate an answer
+                    // just given on it (a restarted peer's keepalive follows at once), so the
+                    // live state decides; only authenticated packets to a link set closed to
+                    // data ask it, so forgeries never take the lock.
+                    Ok(_) if !bound.data && !p.link.lock().sets().takes_data(&bound.set) => {
+                        counters.drop_n(DropReason::UnknownAddress, 1);
+                    }
+                    Ok(opened) => {
+                        bound.set.opened_on(route.epoch);
+                        if let Some(phase) = opened.confirmed {
+                            session::on_confirmed(p, table, phase, opened.confirmed_key, now);
+                            shared.attention.push(table.generation, peer);
                         }
-                        Ok(opened) => {
-                            bound.set.opened_on(route.epoch);
-                            if let Some(phase) = opened.confirmed {
-                                session::on_confirmed(p, &table, phase, opened.confirmed_key, now);
-                                shared.attention.push(table.generation, peer);
-                            }
-                            // A keepalive confirms keys and carries nothing to deliver.
-                            if opened.len > 0 {
-                                let len = match p.tcp.apply(
-                                    &mut slot[VIRTIO_NET_HDR_LEN..],
-                                    opened.len,
-                                    Direction::In,
-                                    limits,
-                                    &p.name,
-                                    &mut log_budget,
-                                ) {
-                                    Verdict::Forward(len) => len,
-                                    Verdict::Drop => continue,
-                                };
-                                slot.truncate(VIRTIO_NET_HDR_LEN + len);
-                                ready += 1;
-                                packets += 1;
-                                bytes += len as u64;
-                            }
-                        }
-                        Err(e) => {
-                            if e == OpenError::NoKey
-                                && !p.keys.empty_slot.swap(true, Ordering::Relaxed)
-                            {
-                                shared.attention.push(table.generation, peer);
-                            }
-                            counters.drop_n(open_drop_reason(&e), 1);
+                        // A keepalive confirms keys and carries nothing to deliver.
+                        if opened.len > 0 {
+                            let len = match p.tcp.apply(
+                                &mut slot[VIRTIO_NET_HDR_LEN..],
+                                opened.len,
+                                Direction::In,
+                                limits,
+                                &p.name,
+                                &mut self.log_budget,
+                            ) {
+                                Verdict::Forward(len) => len,
+                                Verdict::Drop => continue,
+                            };
+                            slot.truncate(VIRTIO_NET_HDR_LEN + len);
+                            ready += 1;
+                            packets += 1;
+                            bytes += len as u64;
                         }
                     }
+                    Err(e) => {
+                        if e == OpenError::NoKey && !p.keys.empty_slot.swap(true, Ordering::Relaxed)
+                        {
+                            shared.attention.push(table.generation, peer);
+                        }
+                        counters.drop_n(open_drop_reason(&e), 1);
+                    }
                 }
-                counters.add(packets, bytes);
             }
-            flush_to_tun(shared, tun, &mut gro, &mut out[..ready]);
+            drop(keys);
+            counters.add(packets, bytes);
+            delivered += packets;
         }
+        flush_to_tun(shared, tun, &mut self.gro, &mut out[..ready]);
+        delivered
     }
 }
 

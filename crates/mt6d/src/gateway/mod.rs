@@ -32,6 +32,7 @@ mod neighbor;
 mod path;
 pub mod peer;
 mod peer_link;
+mod polls;
 mod prefix;
 mod quiet;
 mod reload;
@@ -51,12 +52,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use mt6d_os::Epoll;
 
 use crate::config::{Config, Keying, Role};
 use crate::control::{Asked, ChangeAnswer, ControlServer, Request};
 use crate::status::{
     HandshakeStatus, KernelDrops, MoveStatus, PeerStatus, RouteSetStatus, RouteStatus, Status,
+    WorkerStatus,
 };
 use collision::CollisionWatch;
 use counters::{DirectionCounters, DropReason};
@@ -66,6 +67,7 @@ use liveness::Liveness;
 use neighbor::NeighborPrimer;
 use path::PathState;
 use peer::{Peer, PeerKeys};
+use polls::{Polls, WorkerLoad};
 use rotation::Rotator;
 use router::RouterDiscovery;
 use routing::RouteTable;
@@ -162,10 +164,7 @@ fn run_gateway(
         .transpose()
         .map_err(|e| GatewayError::Setup(e.to_string()))?;
     let mut sys = System::apply(cfg, max_overhead, netlink, instance)?;
-    let epoll = Epoll::new().map_err(|source| GatewayError::Os {
-        what: "create epoll".into(),
-        source,
-    })?;
+    let polls = Polls::new(sys.tun.len())?;
     let shared = Shared {
         table: ArcSwap::from_pointee(RouteTable::default()),
         shutdown: AtomicBool::new(false),
@@ -173,6 +172,7 @@ fn run_gateway(
         attention: Default::default(),
         socket_queue_drops: AtomicU64::new(0),
         tun_write_failures: AtomicU64::new(0),
+        load: (0..polls.len()).map(|_| WorkerLoad::default()).collect(),
     };
     let path = Arc::new(PathState::new(sys.tun_mtu));
     let mut rotator = Rotator::new(sys.external_index, peers);
@@ -206,7 +206,7 @@ fn run_gateway(
         Err(e) => log::warn!("external interface MAC: {e}; new addresses are not announced"),
     }
     let icmp = IcmpTranslator::open(
-        sys.tun.as_ref().map_or(0, |t| t.index()),
+        sys.tun.first().map_or(0, mt6d_os::Tun::index),
         sys.internal_index,
         &cfg.gateway.external_interface,
         max_overhead,
@@ -220,7 +220,7 @@ fn run_gateway(
         None
     };
     rotator.purge_stale(&mut sys.netlink, now);
-    let first = rotator.step(&mut sys.netlink, &epoll, &shared, now);
+    let first = rotator.step(&mut sys.netlink, &polls, &shared, now);
     let result = first.and_then(|()| {
         log::info!("{}", start_line(cfg, &sys, &shared));
         // The current epoch's addresses are bound: units ordered after this one may start.
@@ -236,7 +236,7 @@ fn run_gateway(
             control,
             signals,
             &mut sys,
-            &epoll,
+            &polls,
             &shared,
             &mut rotator,
             (icmp, router, &path),
@@ -248,7 +248,7 @@ fn run_gateway(
     if let Err(e) = mt6d_os::service::stopping() {
         log::warn!("{e}");
     }
-    rotator.remove_all(&mut sys.netlink, &epoll);
+    rotator.remove_all(&mut sys.netlink, &polls);
     sys.teardown();
     log::info!("mt6d stopped; addresses, routes, neighbour entries and the TUN device removed");
     result
@@ -260,7 +260,7 @@ fn serve(
     control: &ControlServer,
     signals: &signals::Signals,
     sys: &mut System,
-    epoll: &Epoll,
+    polls: &Polls,
     shared: &Shared,
     rotator: &mut Rotator,
     (icmp, router, path): (IcmpTranslator, Option<RouterDiscovery>, &PathState),
@@ -268,21 +268,40 @@ fn serve(
     metrics: Option<&crate::metrics::MetricsServer>,
 ) -> Result<(), GatewayError> {
     let published = crate::metrics::Published::empty();
-    let tun = sys
-        .tun
-        .take()
-        .ok_or_else(|| GatewayError::Setup("TUN device missing after set-up".into()))?;
+    let queues = std::mem::take(&mut sys.tun);
+    let Some(tun_index) = queues.first().map(mt6d_os::Tun::index) else {
+        return Err(GatewayError::Setup(
+            "TUN device missing after set-up".into(),
+        ));
+    };
     let tun_mtu = sys.tun_mtu as usize;
+    for (i, queue) in queues.iter().enumerate() {
+        let watch = queue.set_nonblocking(true).and_then(|()| {
+            polls
+                .get(i)
+                .add(std::os::fd::AsRawFd::as_raw_fd(queue), polls::TUN_TOKEN)
+        });
+        if let Err(source) = watch {
+            sys.tun = queues;
+            return Err(GatewayError::Os {
+                what: format!("watch queue {i} of the TUN device"),
+                source,
+            });
+        }
+    }
     raise_priority();
     let result = std::thread::scope(|s| {
-        let tx = std::thread::Builder::new()
-            .name("mt6d-tx".into())
-            .spawn_scoped(s, || dataplane::tx_loop(shared, &tun, tun_mtu, path))
-            .map_err(|e| GatewayError::Setup(format!("start transmit thread: {e}")))?;
-        let rx = std::thread::Builder::new()
-            .name("mt6d-rx".into())
-            .spawn_scoped(s, || dataplane::rx_loop(shared, &tun, epoll, tun_mtu, path))
-            .map_err(|e| GatewayError::Setup(format!("start receive thread: {e}")))?;
+        let mut workers = Vec::with_capacity(queues.len());
+        for (i, queue) in queues.iter().enumerate() {
+            let epoll = polls.get(i);
+            let worker = std::thread::Builder::new()
+                .name(format!("mt6d-w{i}"))
+                .spawn_scoped(s, move || {
+                    dataplane::worker_loop(shared, i, queue, epoll, tun_mtu, path);
+                })
+                .map_err(|e| GatewayError::Setup(format!("start data-plane worker {i}: {e}")))?;
+            workers.push(worker);
+        }
         let icmp = std::thread::Builder::new()
             .name("mt6d-icmp".into())
             .spawn_scoped(s, || icmp.run(shared, path))
@@ -330,7 +349,7 @@ fn serve(
                     live: &mut live,
                     sys: &mut *sys,
                     rotator: &mut *rotator,
-                    epoll,
+                    polls,
                     shared,
                 };
                 changed |= reload::reload_file(running, "SIGHUP").is_ok_and(|p| !p.is_empty());
@@ -341,13 +360,13 @@ fn serve(
                     live: &mut live,
                     sys: &mut *sys,
                     rotator: &mut *rotator,
-                    epoll,
+                    polls,
                     shared,
                 };
                 let outcome = match &pending.request {
                     Asked::Status => {
                         let kernel =
-                            kernel_drops::read(shared, &mut running.sys.netlink, tun.index());
+                            kernel_drops::read(shared, &mut running.sys.netlink, tun_index);
                         let st = full_status(
                             &live.cfg, shared, path, started, rotator, &links, &liveness, kernel,
                         );
@@ -403,7 +422,7 @@ fn serve(
                 }
             }
             if now >= next_rotation {
-                if let Err(e) = rotator.step(&mut sys.netlink, epoll, shared, now) {
+                if let Err(e) = rotator.step(&mut sys.netlink, polls, shared, now) {
                     // A failed rotation (e.g. the external interface vanished) leaves the old
                     // routes in place; retry shortly rather than stop carrying traffic.
                     log::error!("rotation: {e}; retrying in 1 s");
@@ -411,7 +430,7 @@ fn serve(
                         mt6d_proto::UnixTime::from_nanos(now.as_nanos() + 1_000_000_000);
                 } else {
                     next_rotation = rotator.next_change();
-                    let kernel = kernel_drops::read(shared, &mut sys.netlink, tun.index());
+                    let kernel = kernel_drops::read(shared, &mut sys.netlink, tun_index);
                     drops.report(shared, kernel_report.rose(kernel));
                     rotator.report_watch();
                     if let Some(mac) = rotator.announced_mac() {
@@ -444,7 +463,7 @@ fn serve(
             // session route set, a parent set was released (docs/PROTOCOL.md §5.2, §9.8): bind
             // and publish now, well within the interval and before any activation epoch.
             if routes_changed {
-                if let Err(e) = rotator.step(&mut sys.netlink, epoll, shared, now) {
+                if let Err(e) = rotator.step(&mut sys.netlink, polls, shared, now) {
                     log::error!("rebinding after a route change: {e}");
                 }
             }
@@ -454,17 +473,22 @@ fn serve(
             if metrics.is_some()
                 && published_at.is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
             {
-                let kernel = kernel_drops::read(shared, &mut sys.netlink, tun.index());
+                let kernel = kernel_drops::read(shared, &mut sys.netlink, tun_index);
                 published.store(Some(std::sync::Arc::new(full_status(
                     &live.cfg, shared, path, started, rotator, &links, &liveness, kernel,
                 ))));
                 published_at = Some(Instant::now());
             }
-            if tx.is_finished()
-                || rx.is_finished()
-                || icmp.is_finished()
-                || router.as_ref().is_some_and(|r| r.is_finished())
+            if let Some(i) = workers
+                .iter()
+                .position(std::thread::ScopedJoinHandle::is_finished)
             {
+                result = Err(GatewayError::Setup(format!(
+                    "data-plane worker {i} stopped; see the error above"
+                )));
+                break;
+            }
+            if icmp.is_finished() || router.as_ref().is_some_and(|r| r.is_finished()) {
                 result = Err(GatewayError::Setup(
                     "a packet thread stopped; see the error above".into(),
                 ));
@@ -475,7 +499,7 @@ fn serve(
         shared.shutdown.store(true, Ordering::Relaxed);
         result
     });
-    sys.tun = Some(tun);
+    sys.tun = queues;
     result
 }
 
@@ -798,5 +822,14 @@ fn status(
         collision_watch: rotator.watch_status(),
         interfaces: Vec::new(),
         kernel_drops: KernelDrops::default(),
+        workers: shared
+            .load
+            .iter()
+            .map(|w| WorkerStatus {
+                sealed: w.sealed.load(Ordering::Relaxed),
+                opened: w.opened.load(Ordering::Relaxed),
+                wakeups: w.wakeups.load(Ordering::Relaxed),
+            })
+            .collect(),
     }
 }

@@ -4,7 +4,7 @@
 //! link's driver (`session`) both name it, and neither should import the other for it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use arc_swap::ArcSwapOption;
 use mt6d_proto::handshake::{Handshake, ReceiveKeys};
@@ -37,6 +37,15 @@ pub struct Peer {
     pub sent: SentLog,
     /// What the packet threads do to this peer's TCP segments (identity options, MSS).
     pub tcp: super::tcp_policy::PeerTcp,
+    /// The receive keys (two slots by phase, their replay windows). Locked by the worker that
+    /// receives the peer's datagrams, once per received train, never by the main thread: the
+    /// peer's sockets all belong to one worker (`worker`), so the lock is uncontended but for
+    /// a handshake message's brief visit.
+    pub recv: Mutex<ReceiveKeys>,
+    /// The data-plane worker whose epoll watches this peer's sockets; chosen by the rotation
+    /// when it first binds a port for the peer, then fixed for the peer's life, so that all of
+    /// its epochs arrive at one worker (no reordering across an epoch switch).
+    pub worker: OnceLock<usize>,
 }
 
 impl Peer {
@@ -49,6 +58,11 @@ impl Peer {
         keys: PeerKeys,
         hs: Option<Handshake>,
     ) -> Peer {
+        let recv = Mutex::new(if keys.handshake {
+            ReceiveKeys::new()
+        } else {
+            ReceiveKeys::single(stream.opener())
+        });
         Peer {
             name,
             stream,
@@ -59,16 +73,8 @@ impl Peer {
             lladdr: AtomicU64::new(0),
             sent: SentLog::new(),
             tcp: super::tcp_policy::PeerTcp::new(&Default::default(), &Default::default()),
-        }
-    }
-
-    /// The receive keys the rx thread starts this peer with: the pre-shared key's opener, or
-    /// none until a handshake completes.
-    pub fn receive_keys(&self) -> ReceiveKeys {
-        if self.keys.handshake {
-            ReceiveKeys::new()
-        } else {
-            ReceiveKeys::single(self.stream.opener())
+            recv,
+            worker: OnceLock::new(),
         }
     }
 

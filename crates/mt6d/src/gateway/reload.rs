@@ -36,7 +36,6 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use mt6d_os::Epoll;
 use serde::Serialize;
 
 use crate::config::{Config, ConfigError, PeerConfig};
@@ -44,6 +43,7 @@ use crate::control::Edit;
 
 use super::error::GatewayError;
 use super::peer::Peer;
+use super::polls::Polls;
 use super::rotation::Rotator;
 use super::shared::Shared;
 use super::state::error_chain;
@@ -147,7 +147,7 @@ pub struct Running<'a> {
     pub live: &'a mut Live,
     pub sys: &'a mut System,
     pub rotator: &'a mut Rotator,
-    pub epoll: &'a Epoll,
+    pub polls: &'a Polls,
     pub shared: &'a Shared,
 }
 
@@ -320,7 +320,7 @@ fn commit(run: Running<'_>, new: Config, doc: toml::Table, by: &str) -> Result<P
             cfg: &mut live.cfg,
             sys: run.sys,
             rotator: run.rotator,
-            epoll: run.epoll,
+            polls: run.polls,
             shared: run.shared,
         },
         new,
@@ -347,7 +347,7 @@ struct Applying<'a> {
     cfg: &'a mut Config,
     sys: &'a mut System,
     rotator: &'a mut Rotator,
-    epoll: &'a Epoll,
+    polls: &'a Polls,
     shared: &'a Shared,
 }
 
@@ -356,7 +356,7 @@ fn apply(run: Applying<'_>, new: Config, plan: &Plan, by: &str) -> Result<(), Ga
         cfg,
         sys,
         rotator,
-        epoll,
+        polls,
         shared,
     } = run;
     let brings = plan.brings();
@@ -407,10 +407,10 @@ fn apply(run: Applying<'_>, new: Config, plan: &Plan, by: &str) -> Result<(), Ga
         })?);
     }
     rotator.set_peers(set);
-    if let Err(e) = rotator.step(&mut sys.netlink, epoll, shared, clock::now()) {
+    if let Err(e) = rotator.step(&mut sys.netlink, polls, shared, clock::now()) {
         // Nothing was published: back to the running set, and its kernel state only.
         rotator.set_peers(old_set);
-        if let Err(again) = rotator.step(&mut sys.netlink, epoll, shared, clock::now()) {
+        if let Err(again) = rotator.step(&mut sys.netlink, polls, shared, clock::now()) {
             log::error!("{by} roll-back: {again}");
         }
         sys.remove_peers(cfg, &added);

@@ -17,7 +17,7 @@ use std::net::Ipv6Addr;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-use mt6d_os::{AddrFlags, Epoll, Netlink, UdpSocket6};
+use mt6d_os::{AddrFlags, Netlink, UdpSocket6};
 use mt6d_proto::moves::CollisionOutcome;
 use mt6d_proto::{Epoch, UnixTime};
 
@@ -26,6 +26,7 @@ use super::error::GatewayError;
 use super::neighbor::{NeighborPrimer, PRIME_LEAD};
 use super::path::PathState;
 use super::peer::Peer;
+use super::polls::Polls;
 use super::routing::{carry_over, RouteTable};
 use super::shared::Shared;
 
@@ -40,6 +41,8 @@ pub struct Rotator {
     generation: u64,
     bound: HashSet<Ipv6Addr>,
     sockets: BTreeMap<u16, Arc<UdpSocket6>>,
+    /// The worker whose epoll watches each socket (`Polls`).
+    owners: BTreeMap<u16, usize>,
     /// The send epoch each peer was last seen in, in the order of `peers`.
     epochs: Vec<(Arc<Peer>, Option<Epoch>)>,
     next_change: UnixTime,
@@ -190,6 +193,7 @@ impl Rotator {
             generation: 1,
             bound: HashSet::new(),
             sockets: BTreeMap::new(),
+            owners: BTreeMap::new(),
             epochs: Vec::new(),
             next_change: UnixTime::from_nanos(0),
             primer: None,
@@ -342,7 +346,7 @@ impl Rotator {
     pub fn step(
         &mut self,
         nl: &mut Netlink,
-        epoll: &Epoll,
+        polls: &Polls,
         shared: &Shared,
         now: UnixTime,
     ) -> Result<(), GatewayError> {
@@ -361,7 +365,7 @@ impl Rotator {
         let sets: usize = table.peers.iter().map(|p| p.sets.len()).sum();
         let rounds = per_set * sets + 1;
         for _ in 0..rounds {
-            match self.bind(nl, epoll, &table, &mut fresh) {
+            match self.bind(nl, polls, &table, &mut fresh) {
                 Ok(()) => break,
                 Err(Unbindable::Fatal(e)) => return Err(e),
                 Err(Unbindable::Taken { what, local, error }) => {
@@ -501,7 +505,8 @@ impl Rotator {
             .collect();
         for port in old_ports {
             if let Some(s) = self.sockets.remove(&port) {
-                let _ = epoll.delete(s.as_raw_fd());
+                let owner = self.owners.remove(&port).unwrap_or(0);
+                let _ = polls.get(owner).delete(s.as_raw_fd());
             }
         }
         Ok(())
@@ -512,20 +517,22 @@ impl Rotator {
     fn bind(
         &mut self,
         nl: &mut Netlink,
-        epoll: &Epoll,
+        polls: &Polls,
         table: &RouteTable,
         fresh: &mut Vec<Ipv6Addr>,
     ) -> Result<(), Unbindable> {
-        for port in table.local_ports().collect::<Vec<_>>() {
+        for (port, peer) in port_users(table) {
             if self.sockets.contains_key(&port) || self.skip.contains(&Local::Port(port)) {
                 continue;
             }
+            let owner = worker_of(table, peer, polls.len());
             let socket = UdpSocket6::bind(port).map_err(|e| Unbindable::Taken {
                 what: format!("UDP port {port}"),
                 local: Local::Port(port),
                 error: e.to_string(),
             })?;
-            epoll
+            polls
+                .get(owner)
                 .add(socket.as_raw_fd(), u64::from(port))
                 .map_err(|source| {
                     Unbindable::Fatal(GatewayError::Os {
@@ -535,6 +542,7 @@ impl Rotator {
                 })?;
             report_small_buffers(&socket);
             self.sockets.insert(port, Arc::new(socket));
+            self.owners.insert(port, owner);
             self.unbindable.remove(&format!("UDP port {port}"));
         }
         for addr in table.local_addresses().collect::<Vec<_>>() {
@@ -642,7 +650,7 @@ impl Rotator {
     }
 
     /// Removes every hashed address and closes every socket (shutdown).
-    pub fn remove_all(&mut self, nl: &mut Netlink, epoll: &Epoll) {
+    pub fn remove_all(&mut self, nl: &mut Netlink, polls: &Polls) {
         for (addr, _) in std::mem::take(&mut self.pinned) {
             if let Err(e) = nl.del_neighbor(self.external_index, addr) {
                 log::warn!("unpin neighbour {addr}: {e}");
@@ -657,10 +665,53 @@ impl Rotator {
                 log::warn!("remove hashed address {addr}: {e}");
             }
         }
-        for (_, s) in std::mem::take(&mut self.sockets) {
-            let _ = epoll.delete(s.as_raw_fd());
+        for (port, s) in std::mem::take(&mut self.sockets) {
+            let owner = self.owners.remove(&port).unwrap_or(0);
+            let _ = polls.get(owner).delete(s.as_raw_fd());
         }
     }
+}
+
+/// Every local port `table` needs, each with the index of the first peer that uses it (with
+/// port hopping a port has one user but by coincidence; a fixed port is shared by all).
+fn port_users(table: &RouteTable) -> Vec<(u16, usize)> {
+    let mut users: BTreeMap<u16, usize> = BTreeMap::new();
+    for (i, routes) in table.peers.iter().enumerate() {
+        for r in routes.accept() {
+            users.entry(r.local.port()).or_insert(i);
+        }
+    }
+    users.into_iter().collect()
+}
+
+/// The worker that receives for peer `index` of `table`: fixed the first time the peer needs
+/// a socket, on the worker that serves the fewest peers then, so that every epoch of a peer
+/// arrives at one worker (its packets are never reordered by an epoch switch) and peers spread
+/// over the workers.
+fn worker_of(table: &RouteTable, index: usize, workers: usize) -> usize {
+    let workers = workers.max(1);
+    let peer = &table.peers[index].peer;
+    *peer.worker.get_or_init(|| {
+        least_served(
+            table.peers.iter().map(|r| r.peer.worker.get().copied()),
+            workers,
+        )
+    }) % workers
+}
+
+/// The worker (of `workers`) that the fewest of `assigned` name, the lowest index on a tie.
+fn least_served(assigned: impl Iterator<Item = Option<usize>>, workers: usize) -> usize {
+    let mut served = vec![0usize; workers.max(1)];
+    for w in assigned.flatten() {
+        if let Some(n) = served.get_mut(w) {
+            *n += 1;
+        }
+    }
+    served
+        .iter()
+        .enumerate()
+        .min_by_key(|&(w, &n)| (n, w))
+        .map_or(0, |(w, _)| w)
 }
 
 /// Says once per run when a tunnel socket got smaller buffers than asked for: without
@@ -703,6 +754,26 @@ mod tests {
             local: a(1),
             remote: a(2),
         }
+    }
+
+    #[test]
+    fn peers_go_to_the_least_served_worker_and_spread_evenly() {
+        assert_eq!(least_served(std::iter::empty(), 2), 0);
+        assert_eq!(least_served([Some(0)].into_iter(), 2), 1);
+        assert_eq!(least_served([Some(0), Some(1)].into_iter(), 2), 0);
+        // Peers not yet placed do not count; a stale index past the end is ignored.
+        assert_eq!(least_served([None, Some(1), Some(7)].into_iter(), 2), 0);
+        let mut placed: Vec<Option<usize>> = Vec::new();
+        for _ in 0..10 {
+            let w = least_served(placed.iter().copied(), 4);
+            placed.push(Some(w));
+        }
+        let mut per = [0; 4];
+        for w in placed.iter().flatten() {
+            per[*w] += 1;
+        }
+        assert_eq!(per, [3, 3, 2, 2]);
+        assert_eq!(least_served([Some(0)].into_iter(), 0), 0);
     }
 
     #[test]

@@ -10,6 +10,7 @@ use arc_swap::ArcSwap;
 
 use super::counters::DirectionCounters;
 use super::link_timers::Attention;
+use super::polls::WorkerLoad;
 use super::routing::RouteTable;
 
 /// What both packet threads share.
@@ -28,4 +29,6 @@ pub struct Shared {
     pub socket_queue_drops: AtomicU64,
     /// TUN writes that failed (the receive thread counts each failed batch write once).
     pub tun_write_failures: AtomicU64,
+    /// What each data-plane worker moved, indexed by worker.
+    pub load: Box<[WorkerLoad]>,
 }

@@ -51,7 +51,9 @@ const NO_DAD: AddrFlags = AddrFlags {
 #[derive(Debug)]
 pub struct System {
     pub netlink: Netlink,
-    pub tun: Option<Tun>,
+    /// The TUN device's queues, one per data-plane worker (empty before set-up and after
+    /// tear-down).
+    pub tun: Vec<Tun>,
     /// Where the protected host's stack is reached: the internal interface, or in host mode the
     /// TUN device itself (translated ICMPv6 errors are sent there, from the true address).
     pub internal_index: u32,
@@ -115,7 +117,7 @@ impl System {
         }
         let mut sys = System {
             netlink,
-            tun: None,
+            tun: Vec::new(),
             internal_index,
             external_index,
             max_overhead,
@@ -156,11 +158,19 @@ impl System {
         // addresses never leave (quiet.rs).
         self.quiet(cfg, &all)?;
 
-        let tun = Tun::create(&g.tun_name, u16::try_from(self.tun_mtu).unwrap_or(u16::MAX))
-            .map_err(os(format!("create TUN device {:?}", g.tun_name)))?;
-        let tun_index = tun.index();
+        let workers = g.worker_count();
+        let tun = Tun::create(
+            &g.tun_name,
+            u16::try_from(self.tun_mtu).unwrap_or(u16::MAX),
+            workers,
+        )
+        .map_err(os(format!(
+            "create TUN device {:?} with {workers} queue(s)",
+            g.tun_name
+        )))?;
+        let tun_index = tun.first().map_or(0, Tun::index);
         self.tun_index = tun_index;
-        self.tun = Some(tun);
+        self.tun = tun;
 
         // Hashed addresses are added with nodad; the TUN device needs no link-local DAD either.
         self.set_sysctl(&ipv6_conf(&g.tun_name, "accept_dad")?, "0")?;
@@ -561,7 +571,7 @@ impl System {
         if let Some(mut instance) = self.instance.take() {
             instance.clean_up(&mut self.netlink);
         }
-        self.tun = None;
+        self.tun.clear();
     }
 }
 

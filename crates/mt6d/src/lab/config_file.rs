@@ -37,6 +37,8 @@ pub struct GatewaySection {
     pub private_key_file: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rekey_secs: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workers: Option<usize>,
 }
 
 /// One `[[peer]]`: a pre-shared `key_file` or the other gateway's `public_key`.
@@ -128,6 +130,7 @@ mod tests {
                     rotation_secs: 1.5,
                     mode: "encrypt",
                     keys: &keys,
+                    workers: None,
                 };
                 let text = gateway_config_text(&ConfigText {
                     comment: "test",

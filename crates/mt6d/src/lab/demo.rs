@@ -148,6 +148,7 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
             rotation_secs: args.rotation,
             mode: &args.mode,
             keys: &keys,
+            workers: None,
         },
     };
     announce_gateways(&args, &say, mode, handshake);

@@ -498,6 +498,8 @@ pub struct GatewaySettings<'a> {
     pub rotation_secs: f64,
     pub mode: &'a str,
     pub keys: &'a LabKeys,
+    /// `workers`: the data-plane threads (None: the daemon's default, one per online CPU).
+    pub workers: Option<usize>,
 }
 
 /// The lab gateways' keys, written into a private directory with mode 0600.
@@ -610,6 +612,7 @@ pub fn gateway_config_text(c: &ConfigText<'_>) -> String {
         state_dir: None,
         private_key_file: None,
         rekey_secs: None,
+        workers: s.workers,
     };
     let mut peer = PeerSection {
         name: "far".to_string(),

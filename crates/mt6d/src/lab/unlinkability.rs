@@ -173,6 +173,7 @@ fn config_text(lab: &Lab, side: Side, args: &LinkRunArgs, dir: &Path) -> String 
         state_dir: None,
         private_key_file: None,
         rekey_secs: None,
+        workers: None,
     };
     let peers = [HOST_B, HOST_C]
         .into_iter()

@@ -146,6 +146,7 @@ pub fn start_gateways_with(
         rotation_secs,
         mode,
         keys: &keys,
+        workers: None,
     };
     let mut running = Running {
         daemons: Vec::new(),
