@@ -468,7 +468,7 @@ pub fn run(out: Option<PathBuf>, mt6d: &Path) -> Result<PathBuf, String> {
             10.0,
             mt6d,
             &work,
-            &extra,
+            (&extra, None),
         )?;
         crate::run::warm_up(&net)?;
         let cap = net
@@ -530,7 +530,7 @@ pub fn run(out: Option<PathBuf>, mt6d: &Path) -> Result<PathBuf, String> {
             10.0,
             mt6d,
             &work,
-            &format!("\n{text}"),
+            (&format!("\n{text}"), None),
         )?;
         crate::run::warm_up(&net)?;
         for users in USERS {

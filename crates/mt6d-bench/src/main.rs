@@ -58,6 +58,10 @@ struct Cli {
     /// trains in a full run).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     ping_std: Option<u64>,
+    /// Data-plane workers of the mt6d gateways (`workers` in their configuration; default:
+    /// the daemon's own, one per online CPU). Recorded in results.json as mt6d_workers.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=64))]
+    workers: Option<u64>,
     /// The long run instead (switched lab, rotation 1 s, rekey 120 s): a long-lived TCP
     /// transfer, a 50 packets/s RTP-like UDP stream, a ping train; reports session breaks,
     /// loss, jitter, daemon memory and descriptors over time.
@@ -105,6 +109,7 @@ impl From<Cli> for Args {
         if let Some(n) = c.ping_std {
             profile.ping_std_count = n;
         }
+        profile.workers = c.workers.and_then(|n| usize::try_from(n).ok());
         Args {
             profile,
             scenarios: chosen(c.only, &Scenario::ALL),

@@ -75,13 +75,14 @@ pub fn unavailable(s: Scenario, mt6d: &Path) -> Option<String> {
 
 /// Starts `scenario` on `net`. `dir` holds configs, keys and logs. `mt6d_extra` is appended
 /// to both mt6d gateways' configuration (after the peer: `[tcp]`, `[peer.host_id_out]`).
+/// `workers`: the mt6d gateways' data-plane workers (None: the daemon's default).
 pub fn start(
     net: &Net,
     scenario: Scenario,
     rotation_secs: f64,
     mt6d: &Path,
     dir: &Path,
-    mt6d_extra: &str,
+    (mt6d_extra, workers): (&str, Option<usize>),
 ) -> Result<Running, String> {
     let mut run = Running {
         gw_a: None,
@@ -124,7 +125,7 @@ pub fn start(
                         rotation_secs,
                         mode: mode.config_name(),
                         keys: &keys,
-                        workers: None,
+                        workers,
                     },
                     side: if side == "a" { Side::A } else { Side::B },
                     local,

@@ -91,6 +91,9 @@ pub struct Profile {
     /// policy off and on, and the seconds of each.
     pub scrub_rounds: u32,
     pub scrub_secs: u64,
+    /// `--workers`: the mt6d gateways' data-plane workers (None: the daemon's default, one per
+    /// online CPU).
+    pub workers: Option<usize>,
 }
 
 const KB: u64 = 1000;
@@ -117,6 +120,7 @@ impl Profile {
             fast_flood: ("ping_flood_1s_rotation", 10_000),
             scrub_rounds: 1,
             scrub_secs: 2,
+            workers: None,
         }
     }
 
@@ -148,6 +152,7 @@ impl Profile {
             fast_flood: ("ping_flood_1s_rotation", 50_000),
             scrub_rounds: 5,
             scrub_secs: 5,
+            workers: None,
         }
     }
 }

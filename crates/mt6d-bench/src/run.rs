@@ -142,7 +142,7 @@ fn run_pair(
     }
     row.set("path_mtu", u64::from(net.ext_mtu));
     progress.say("start gateways");
-    let mut gw = peers::start(&net, scenario, p.rotation_secs, mt6d, dir, "")?;
+    let mut gw = peers::start(&net, scenario, p.rotation_secs, mt6d, dir, ("", p.workers))?;
     warm_up(&net)?;
     let mut tests = Value::obj();
     let sched = rotation.and_then(|r| schedule(&gw, r));
@@ -230,7 +230,14 @@ fn run_pair(
     // MT6D again at the fast rotation, for loss at rotations (001 §4; issue 4's 1 s target).
     if matches!(scenario, Scenario::Mt6d(_)) {
         progress.say("restart at fast rotation");
-        let mut gw = peers::start(&net, scenario, p.fast_rotation_secs, mt6d, dir, "")?;
+        let mut gw = peers::start(
+            &net,
+            scenario,
+            p.fast_rotation_secs,
+            mt6d,
+            dir,
+            ("", p.workers),
+        )?;
         warm_up(&net)?;
         let sched = schedule(&gw, p.fast_rotation_secs);
         measure("ping_std_1s_rotation", &mut tests, &mut gw, &mut || {
@@ -301,7 +308,7 @@ fn scrub_cost(net: &Net, p: &Profile, mt6d: &Path, dir: &Path, progress: &Progre
                 p.rotation_secs,
                 mt6d,
                 dir,
-                extra,
+                (extra, p.workers),
             )
             .and_then(|gw| {
                 warm_up(net)?;
@@ -407,7 +414,14 @@ fn profile_json(p: &Profile) -> Value {
         .set("fast_rotation_secs", p.fast_rotation_secs)
         .set("fast_flood", pairs(&[p.fast_flood]))
         .set("scrub_rounds", u64::from(p.scrub_rounds))
-        .set("scrub_secs", p.scrub_secs);
+        .set("scrub_secs", p.scrub_secs)
+        .set(
+            "mt6d_workers",
+            p.workers.unwrap_or_else(|| {
+                std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+            }) as u64,
+        )
+        .set("mt6d_workers_default", p.workers.is_none());
     v
 }
 

@@ -395,6 +395,30 @@ key = "{KEY}"
     }
 
     #[test]
+    fn workers_default_to_the_cpus_and_a_bad_count_names_its_place() {
+        let cfg = parse(&example()).expect("parses");
+        assert_eq!(cfg.gateway.workers, None);
+        assert!((1..=MAX_WORKERS).contains(&cfg.gateway.worker_count()));
+        let with = |n: &str| {
+            example().replace(
+                "rotation_secs = 1",
+                &format!("rotation_secs = 1\nworkers = {n}"),
+            )
+        };
+        let cfg = parse(&with("3")).expect("parses");
+        assert_eq!(cfg.gateway.workers, Some(3));
+        assert_eq!(cfg.gateway.worker_count(), 3);
+        for bad in ["0", "65", "-1"] {
+            let err = parse(&with(bad)).expect_err("fails").to_string();
+            assert!(err.starts_with("/etc/mt6d/gw.toml:"), "{err}");
+            assert!(
+                err.contains("workers: the number of data-plane threads, 1 to 64"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
     fn log_level_is_read_and_a_bad_one_names_its_place() {
         assert_eq!(parse(&example()).expect("parses").gateway.log_level, None);
         let text = example().replace(

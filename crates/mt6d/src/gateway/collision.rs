@@ -13,7 +13,7 @@
 //!   A probe from another node for our address is defended by our kernel and only counted.
 //! * **Agreement** (`mt6d_proto::moves::RouteMoves`, one per route set, driven through the
 //!   peer's `mt6d_proto::link::Link`). The main thread hands the link each confirmed collision
-//!   ([`apply_collisions`]) and the rx thread each notice that arrives ([`on_notice`]); the link
+//!   ([`apply_collisions`]) and the receiving worker each notice that arrives ([`on_notice`]); the link
 //!   moves the epoch, queues the notices and acknowledgements, and asks for a new table.
 //!
 //! Nothing here runs per data packet: the packet socket's in-kernel filter drops everything but
@@ -397,7 +397,7 @@ pub fn announce_link(table: &RouteTable, mac: [u8; 6]) {
     }
 }
 
-/// The rx thread's handling of a notice from `peer` on `arrived_on`, a route of `set` (its
+/// The receiving worker's handling of a notice from `peer` on `arrived_on`, a route of `set` (its
 /// source already checked). Returns false if it was refused (counted).
 pub fn on_notice(
     peer: &Peer,

@@ -95,7 +95,7 @@ pub struct PeerCounters {
     /// Tunnel packets from the public side, delivered to the protected side.
     pub rx: DirectionCounters,
     pub rotations: AtomicU64,
-    /// Handshake messages from the peer that were accepted (the rx thread adds one per control
+    /// Handshake messages from the peer that were accepted (the receiving worker adds one per control
     /// datagram, never per data packet): with `rx` they tell the liveness log the peer is there
     /// without taking its link's lock.
     pub handshakes_rx: AtomicU64,

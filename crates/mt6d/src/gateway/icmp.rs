@@ -21,7 +21,7 @@
 //!    device keeps the link MTU and other peers' paths are not affected. The external
 //!    interface's own MTU is re-read every second, so a link MTU change is followed too.
 //!
-//! Before any of that, the error must quote a packet the tx thread recorded in the peer's
+//! Before any of that, the error must quote a packet a sealing worker recorded in the peer's
 //! [`SentLog`](mt6d_proto::icmp::SentLog) and no error has been accepted for (docs/PROTOCOL.md
 //! §5, "Which errors are believed"), and a Packet Too Big must report an MTU of at least 1280
 //! and below the quoted packet's length.

@@ -1,5 +1,5 @@
 //! One configured peer as every thread of the daemon shares it: its stream, its protocol state
-//! (`mt6d_proto::link::Link`, behind a lock), the sending key the tx thread seals with (handed
+//! (`mt6d_proto::link::Link`, behind a lock), the sending key a sealing worker seals with (handed
 //! out by the link), and its counters. Its own file because the route table (`routing`) and the
 //! link's driver (`session`) both name it, and neither should import the other for it.
 
@@ -24,7 +24,7 @@ pub struct Peer {
     pub keys: PeerKeys,
     pub counters: PeerCounters,
     /// The protocol state: handshake, key life, route sets (docs/PROTOCOL.md §9.8) and route
-    /// moves. Locked by the main thread when its timeout is due and by the rx thread for a
+    /// moves. Locked by the main thread when its timeout is due and by the receiving worker for a
     /// handshake message, a notice or a new key's first packet, never per data packet.
     pub link: PeerLink,
     /// Notices refused (malformed, bad MAC, outside the window).
@@ -32,7 +32,7 @@ pub struct Peer {
     /// The peer's external MAC from its authenticated announcement (docs/PROTOCOL.md §5.2,
     /// "Pinned neighbours"), as `1 << 48 | mac`; 0 until one arrived.
     pub lladdr: AtomicU64,
-    /// The tunnel payloads the tx thread sent lately: ICMPv6 errors from the path are believed
+    /// The tunnel payloads a sealing worker sent lately: ICMPv6 errors from the path are believed
     /// only about these, once each (docs/PROTOCOL.md §5).
     pub sent: SentLog,
     /// What the packet threads do to this peer's TCP segments (identity options, MSS).
@@ -100,14 +100,14 @@ impl Peer {
 /// One peer's keys, shared by all threads.
 #[derive(Debug)]
 pub struct PeerKeys {
-    /// What the tx thread seals with. None before the first handshake and after keys expired.
+    /// What a sealing worker seals with. None before the first handshake and after keys expired.
     pub send: ArcSwapOption<Sealer>,
-    /// Set by the tx thread when it has nothing to seal with; taken by the timer.
+    /// Set by a sealing worker when it has nothing to seal with; taken by the timer.
     pub want: AtomicBool,
-    /// Set by the rx thread when a packet named a key phase it holds no key for (may be forged:
+    /// Set by the receiving worker when a packet named a key phase it holds no key for (may be forged:
     /// the handshake rate-limits what it does about it); taken by the timer.
     pub empty_slot: AtomicBool,
-    /// Set by the timer when keys expired with no rekey; the rx thread then erases its keys.
+    /// Set by the timer when keys expired with no rekey; the receiving worker then erases its keys.
     pub erase_recv: AtomicBool,
     /// Keys come from handshakes (else from a pre-shared key).
     pub handshake: bool,

@@ -1,6 +1,6 @@
 //! A peer's protocol state (`mt6d_proto::link::Link`: handshake, key life, route sets, route
 //! moves) as the daemon's threads share it: behind a mutex taken by the main thread when the
-//! link's timeout is due or a route table is built, and by the rx thread for handshake messages,
+//! link's timeout is due or a route table is built, and by the receiving worker for handshake messages,
 //! notices and a new key's first packet (never per data packet), with a flag that asks the main
 //! thread for a new route table. The packet threads see the routes only through the published
 //! table and the sending key only through `PeerKeys::send`.

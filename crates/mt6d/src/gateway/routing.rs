@@ -11,7 +11,7 @@
 //! The table also carries the peers themselves: a peer index is only ever read against the
 //! table it came from, so a reload that adds or removes peers (`reload.rs`) can never make an
 //! index of one peer list name a peer of another. `generation` changes exactly when the peer
-//! set does; per-peer state a thread owns (the rx thread's receive keys, path MTUs, liveness) is
+//! set does; per-peer state a thread owns (path MTUs, liveness) is
 //! carried over by peer identity ([`carry_over`]) when it sees a new one.
 
 use std::collections::{BTreeMap, HashMap};

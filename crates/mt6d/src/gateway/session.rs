@@ -2,12 +2,13 @@
 //! endpoint contract"), and how the threads use the keys it hands out (`PeerKeys`, in
 //! `peer.rs`; docs/PROTOCOL.md §9).
 //!
-//! * The **tx** thread seals with `PeerKeys::send`, one atomic pointer load per packet, no lock;
-//!   it raises `want` when it has no key.
-//! * The **rx** thread owns each peer's [`ReceiveKeys`]. It hands the link the handshake messages
-//!   and notices that arrive (it is the thread they arrive on, [`on_message`], `collision::on_notice`)
-//!   and the first packet opened under a new key ([`on_confirmed`]); it raises `empty_slot` for a
-//!   packet naming a key phase it has no key for.
+//! * A **worker** sealing for the peer uses `PeerKeys::send`, one atomic pointer load per
+//!   packet, no lock; it raises `want` when it has no key.
+//! * The **peer's worker** (the one that receives for it) holds the peer's [`ReceiveKeys`]
+//!   (`Peer::recv`) while it opens a train. It hands the link the handshake messages and
+//!   notices that arrive (it is the thread they arrive on, [`on_message`],
+//!   `collision::on_notice`) and the first packet opened under a new key ([`on_confirmed`]); it
+//!   raises `empty_slot` for a packet naming a key phase it has no key for.
 //! * The **main** thread visits a peer ([`tick`]) when its link's deadline passed or a packet
 //!   thread flagged it (`link_timers.rs`): it passes the flags on and runs the link's timeout.
 //!
@@ -247,7 +248,7 @@ fn reserve_counters(peer: &Peer, counter: &Mutex<CounterState>) {
     }
 }
 
-/// The rx thread's handling of a handshake message from `peer` on `arrived_on`, a route of its
+/// The receiving worker's handling of a handshake message from `peer` on `arrived_on`, a route of its
 /// set `set`. The message's MAC and header protection are the set's, and so are the reply's,
 /// which travels on the same set's current route (docs/PROTOCOL.md §9.8). Returns false if it
 /// was rejected (counted in the handshake failures).
@@ -277,7 +278,7 @@ pub fn on_message(
     }
 }
 
-/// The rx thread opened the first packet under the receive key of `phase` (`key`: its key id): a
+/// The receiving worker opened the first packet under the receive key of `phase` (`key`: its key id): a
 /// responder may now send with the matching new key.
 pub fn on_confirmed(
     peer: &Peer,

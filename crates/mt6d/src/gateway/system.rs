@@ -20,7 +20,7 @@
 //! protected host itself) needs less: the local true address goes on the TUN device as a /128
 //! (nodad), and per peer the /128 route for the remote true address into the TUN device and the
 //! hashed /64 route as above. Applications then send to the peer's true address from their own,
-//! and packets opened by the rx thread are written into the TUN device and delivered locally.
+//! and packets opened by the receiving worker are written into the TUN device and delivered locally.
 //! Nothing is forwarded, so forwarding and proxy NDP are not touched; the true address is never
 //! on the external interface (the kernel answers neighbour solicitations only for addresses of
 //! the receiving interface), so the public link never learns it.

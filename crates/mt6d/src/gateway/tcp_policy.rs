@@ -1,10 +1,10 @@
 //! What the packet threads do to the TCP segments they forward (tracker issue 14): each peer's
-//! identity option policy per direction (`host_id_out` on the tx thread before sealing,
-//! `host_id_in` on the rx thread after opening), injection (004 §3.2.1 SYN mode, §3.2.2 ACK
+//! identity option policy per direction (`host_id_out` on a sealing worker before sealing,
+//! `host_id_in` on the receiving worker after opening), injection (004 §3.2.1 SYN mode, §3.2.2 ACK
 //! mode) and MSS clamping to the tunnel MTU, with counters per event and per rule.
 //!
-//! Both threads see single segments with complete checksums: the tx thread after the TUN read
-//! split a GSO super-packet (and completed a `NEEDS_CSUM` one), the rx thread before GRO
+//! Both threads see single segments with complete checksums: a sealing worker after the TUN read
+//! split a GSO super-packet (and completed a `NEEDS_CSUM` one), the receiving worker before GRO
 //! coalescing. So a super-packet is scrubbed segment by segment, and every segment of one flow
 //! gets the same header, which GRO then coalesces as before.
 //!
@@ -40,9 +40,9 @@ use crate::status::{RuleStatus, TcpPolicyStatus};
 /// Which way a segment goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
-    /// Protected side -> tunnel (tx thread, `host_id_out`).
+    /// Protected side -> tunnel (sealing worker, `host_id_out`).
     Out = 0,
-    /// Tunnel -> protected side (rx thread, `host_id_in`).
+    /// Tunnel -> protected side (receiving worker, `host_id_in`).
     In = 1,
 }
 
@@ -131,13 +131,13 @@ impl DirectionPolicy {
 }
 
 /// ACK mode flows (004 §3.2.2): a SYN-ACK that returned HOST_ID_ENABLED marks its flow here (rx
-/// thread); the tx thread injects HOST_ID_BOUCADAIR into that flow's next ACK and clears the
+/// thread); a sealing worker injects HOST_ID_BOUCADAIR into that flow's next ACK and clears the
 /// mark. A small direct-mapped table of flow hashes: a collision loses one injection, never
 /// puts an option in another flow's segment (the whole hash must match).
 #[derive(Debug)]
 struct AckModeFlows {
     slots: [AtomicU64; ACK_SLOTS],
-    /// Marks set and not yet used: while 0 the tx thread looks nothing up.
+    /// Marks set and not yet used: while 0 a sealing worker looks nothing up.
     pending: AtomicU64,
 }
 
