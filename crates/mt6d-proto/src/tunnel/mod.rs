@@ -20,8 +20,6 @@ mod seal;
 
 use std::net::SocketAddrV6;
 
-use ring::aead::{self, Nonce};
-
 pub use header::{HeaderError, HeaderKey};
 pub use open::Opener;
 pub use replay::ReplayWindow;
@@ -265,18 +263,22 @@ impl OpenError {
     }
 }
 
-pub(crate) fn aead_key(alg: AeadAlg, key: &Subkey) -> AeadKey {
-    aead_key_bytes(alg, key.as_bytes())
+pub(crate) fn aead_key(mode: Mode, alg: AeadAlg, key: &Subkey) -> AeadKey {
+    aead_key_bytes(mode, alg, key.as_bytes())
 }
 
-pub(crate) fn aead_key_bytes(alg: AeadAlg, key: &[u8; 32]) -> AeadKey {
-    AeadKey::new(alg, key)
+pub(crate) fn aead_key_bytes(mode: Mode, alg: AeadAlg, key: &[u8; 32]) -> AeadKey {
+    AeadKey::new(mode, alg, key)
 }
 
-pub(crate) fn nonce(counter: u64) -> Nonce {
-    let mut n = [0u8; aead::NONCE_LEN];
+/// Bytes of the AEAD nonce.
+pub(crate) const NONCE_LEN: usize = 12;
+
+/// The nonce of a counter field: `00 00 00 00 || counter (u64 BE)` (§4.1).
+pub(crate) fn nonce_bytes(counter: u64) -> [u8; NONCE_LEN] {
+    let mut n = [0u8; NONCE_LEN];
     n[4..].copy_from_slice(&counter.to_be_bytes());
-    Nonce::assume_unique_for_key(n)
+    n
 }
 
 /// Length of the fixed AAD prefix.

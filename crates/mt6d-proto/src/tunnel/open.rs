@@ -3,12 +3,9 @@
 
 use std::net::{Ipv6Addr, SocketAddrV6};
 
-use ring::aead::{Aad, LessSafeKey, Tag};
-
 use super::{
-    aead_key_bytes, fixed_len, nonce, outer_aad, AeadKey, CounterSpace, KeyPhase, OpenError,
-    ReplayWindow, TunnelPayload, COUNTER_LEN, INNER_HEADER_CARRIED, KEEPALIVE_LEN, OUTER_AAD_LEN,
-    TAG_LEN,
+    aead_key_bytes, fixed_len, outer_aad, AeadKey, CounterSpace, KeyPhase, OpenError, ReplayWindow,
+    TunnelPayload, COUNTER_LEN, INNER_HEADER_CARRIED, KEEPALIVE_LEN, OUTER_AAD_LEN, TAG_LEN,
 };
 use crate::wire::IPV6_HEADER_LEN;
 use crate::{AeadAlg, Mode, Route};
@@ -57,7 +54,7 @@ impl Opener {
     ) -> Self {
         Self {
             mode,
-            key: Some(aead_key_bytes(alg, key)),
+            key: Some(aead_key_bytes(mode, alg, key)),
             space: CounterSpace::Session(phase),
             replay: ReplayWindow::new(),
             key_id: Some(super::seal::key_id(key)),
@@ -92,7 +89,7 @@ impl Opener {
     ) -> Result<usize, OpenError> {
         let d = Decap {
             mode: self.mode,
-            key: self.key.as_deref(),
+            key: self.key.as_ref(),
             space: self.space,
             outer_src: route.remote,
             outer_dst: route.local,
@@ -112,7 +109,7 @@ impl Opener {
 /// One decapsulation's parameters (shared with ICMPv6 quote restoration, which opens our own packets).
 pub(crate) struct Decap<'a> {
     pub mode: Mode,
-    pub key: Option<&'a LessSafeKey>,
+    pub key: Option<&'a AeadKey>,
     pub space: CounterSpace,
     pub outer_src: SocketAddrV6,
     pub outer_dst: SocketAddrV6,
@@ -157,12 +154,11 @@ pub(crate) fn decapsulate(
             // then move the 8 header bytes to the front.
             let ct = &mut out[IPV6_HEADER_LEN - INNER_HEADER_CARRIED..];
             ct.copy_from_slice(view.body());
-            key.open_in_place_separate_tag(
-                nonce(c),
-                Aad::from(outer_aad(&d.outer_src, &d.outer_dst, c)),
-                tag(&view),
+            key.open(
+                c,
+                &outer_aad(&d.outer_src, &d.outer_dst, c),
+                &tag(&view),
                 ct,
-                0..,
             )
             .map_err(|_| OpenError::BadTag)?;
             out.copy_within(IPV6_HEADER_LEN - INNER_HEADER_CARRIED..IPV6_HEADER_LEN, 0);
@@ -174,14 +170,8 @@ pub(crate) fn decapsulate(
                 &outer_aad(&d.outer_src, &d.outer_dst, c)[..OUTER_AAD_LEN - COUNTER_LEN],
             );
             scratch.extend_from_slice(view.authenticated());
-            key.open_in_place_separate_tag(
-                nonce(c),
-                Aad::from(&scratch[..]),
-                tag(&view),
-                &mut [],
-                0..,
-            )
-            .map_err(|_| OpenError::BadTag)?;
+            key.open(c, scratch, &tag(&view), &mut [])
+                .map_err(|_| OpenError::BadTag)?;
             copy_clear(view.body(), out);
         }
         (Mode::Plain, _, _) => copy_clear(view.body(), out),
@@ -223,24 +213,18 @@ fn open_keepalive(
     };
     let mut t = [0u8; TAG_LEN];
     t.copy_from_slice(tag_bytes);
-    key.open_in_place_separate_tag(
-        nonce(c),
-        Aad::from(outer_aad(&d.outer_src, &d.outer_dst, c)),
-        Tag::from(t),
-        &mut [],
-        0..,
-    )
-    .map_err(|_| OpenError::BadTag)?;
+    key.open(c, &outer_aad(&d.outer_src, &d.outer_dst, c), &t, &mut [])
+        .map_err(|_| OpenError::BadTag)?;
     if let Some(w) = replay {
         w.update(c);
     }
     Ok(0)
 }
 
-fn tag<T: AsRef<[u8]>>(view: &TunnelPayload<T>) -> Tag {
+fn tag<T: AsRef<[u8]>>(view: &TunnelPayload<T>) -> [u8; TAG_LEN] {
     let mut t = [0u8; TAG_LEN];
     t.copy_from_slice(view.tag());
-    Tag::from(t)
+    t
 }
 
 /// body = inner header bytes 0..8 || inner payload; out is 40 + payload bytes long.

@@ -4,17 +4,15 @@ use std::cell::RefCell;
 use std::net::Ipv6Addr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ring::aead::{Aad, LessSafeKey};
-
 use super::{
-    aead_key_bytes, nonce, outer_aad, payload_len, AeadKey, CounterSpace, KeyPhase, SealError,
+    aead_key_bytes, outer_aad, payload_len, AeadKey, CounterSpace, KeyPhase, SealError,
     COUNTER_LEN, COUNTER_LIMIT, INNER_HEADER_CARRIED, KEEPALIVE_LEN, OUTER_AAD_LEN, TAG_LEN,
 };
 use crate::wire::{Ipv6Packet, IPV6_HEADER_LEN};
 use crate::{AeadAlg, Mode, Route};
 
 thread_local! {
-    /// Auth-mode AAD is outer fields || counter || clear bytes, which ring needs contiguous. One
+    /// Auth-mode AAD is outer fields || counter || clear bytes, which the AEAD needs contiguous. One
     /// buffer per thread: it grows to the largest packet once, then nothing is allocated per packet.
     static AAD_SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
@@ -76,7 +74,7 @@ impl Sealer {
     ) -> Self {
         Self {
             mode,
-            key: Some(aead_key_bytes(alg, key)),
+            key: Some(aead_key_bytes(mode, alg, key)),
             space: CounterSpace::Session(phase),
             counter: AtomicU64::new(0),
             // A fresh key: every packet number is free (the phase space ends at 2^62).
@@ -117,8 +115,8 @@ impl Sealer {
         self.key_id
     }
 
-    pub(crate) fn key(&self) -> Option<&LessSafeKey> {
-        self.key.as_deref()
+    pub(crate) fn key(&self) -> Option<&AeadKey> {
+        self.key.as_ref()
     }
 
     pub(crate) fn space(&self) -> CounterSpace {
@@ -148,12 +146,8 @@ impl Sealer {
         let counter = self.next()?;
         out[..COUNTER_LEN].copy_from_slice(&counter.to_be_bytes());
         let outer = outer_aad(&route.local, &route.remote, counter);
-        // Empty input: within every AEAD limit.
-        #[allow(clippy::expect_used)]
-        let tag = key
-            .seal_in_place_separate_tag(nonce(counter), Aad::from(outer), &mut [])
-            .expect("empty AEAD input");
-        out[COUNTER_LEN..].copy_from_slice(tag.as_ref());
+        let tag = key.seal(counter, &outer, &mut []);
+        out[COUNTER_LEN..].copy_from_slice(&tag);
         Ok(KEEPALIVE_LEN)
     }
 
@@ -189,11 +183,7 @@ impl Sealer {
         out[COUNTER_LEN + INNER_HEADER_CARRIED..clear_end].copy_from_slice(body);
         let outer = outer_aad(&route.local, &route.remote, counter);
         let tag = if self.mode == Mode::Encrypt {
-            key.seal_in_place_separate_tag(
-                nonce(counter),
-                Aad::from(outer),
-                &mut out[COUNTER_LEN..clear_end],
-            )
+            key.seal(counter, &outer, &mut out[COUNTER_LEN..clear_end])
         } else {
             AAD_SCRATCH.with(|s| {
                 let mut s = s.borrow_mut();
@@ -201,14 +191,10 @@ impl Sealer {
                 s.reserve(OUTER_AAD_LEN + clear_end);
                 s.extend_from_slice(&outer[..OUTER_AAD_LEN - COUNTER_LEN]);
                 s.extend_from_slice(&out[..clear_end]);
-                key.seal_in_place_separate_tag(nonce(counter), Aad::from(&s[..]), &mut [])
+                key.seal(counter, &s, &mut [])
             })
         };
-        // ring fails only if the input exceeds the AEAD's per-nonce limit (2^36 bytes for GCM); IPv6
-        // packets are below 2^16 bytes.
-        #[allow(clippy::expect_used)]
-        let tag = tag.expect("IPv6 packet within AEAD length limit");
-        out[clear_end..].copy_from_slice(tag.as_ref());
+        out[clear_end..].copy_from_slice(&tag);
         Ok(need)
     }
 
