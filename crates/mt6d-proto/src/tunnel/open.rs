@@ -2,6 +2,7 @@
 //! the true addresses are put back, so the inner TCP/UDP/ICMPv6 checksums stay valid).
 
 use std::net::{Ipv6Addr, SocketAddrV6};
+use std::ops::Range;
 
 use super::{
     aead_key_bytes, fixed_len, outer_aad, AeadKey, CounterSpace, KeyPhase, OpenError, ReplayWindow,
@@ -119,6 +120,18 @@ impl Opener {
         buf: &'b mut [u8],
         payload_len: usize,
     ) -> Result<&'b mut [u8], OpenError> {
+        let r = self.open_in_place_at(route, buf, payload_len)?;
+        Ok(&mut buf[r])
+    }
+
+    /// [`Opener::open_in_place`], returning where the inner packet is (a range, so that a caller
+    /// can try another key on the same buffer after an error).
+    pub(crate) fn open_in_place_at(
+        &mut self,
+        route: &Route,
+        buf: &mut [u8],
+        payload_len: usize,
+    ) -> Result<Range<usize>, OpenError> {
         let d = Decap {
             mode: self.mode,
             key: self.key.as_ref(),
@@ -138,7 +151,7 @@ impl Opener {
         }
         if d.mode != Mode::Plain && payload_len == KEEPALIVE_LEN {
             open_keepalive(&d, &buf[h..end], Some(&mut self.replay))?;
-            return Ok(&mut buf[..0]);
+            return Ok(0..0);
         }
         let view = TunnelPayload::new_checked(&buf[h..end], d.mode)?;
         let m = view.inner_payload_len();
@@ -176,9 +189,8 @@ impl Opener {
         }
         let start = payload_at - IPV6_HEADER_LEN;
         buf.copy_within(body..payload_at, start);
-        let inner = &mut buf[start..payload_at + m];
-        restore(&d, inner, m)?;
-        Ok(inner)
+        restore(&d, &mut buf[start..payload_at + m], m)?;
+        Ok(start..payload_at + m)
     }
 }
 
