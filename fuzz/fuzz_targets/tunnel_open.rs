@@ -1,10 +1,11 @@
 //! Opens arbitrary UDP payloads in every mode and AEAD: must never panic, and anything accepted
 //! must be a well-formed inner IPv6 packet. The payload goes through header-protection removal
-//! first, as in the gateway.
+//! first, as in the gateway. `Opener::open_in_place` must decide and restore exactly as `open`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use mt6d_proto::tunnel::header::MIN_PROTECTED_LEN;
+use mt6d_proto::tunnel::OPEN_HEADROOM;
 use mt6d_proto::wire::Ipv6Packet;
 use mt6d_proto::{AeadAlg, Endpoint, Epoch, Mode, SessionKey, Stream, StreamConfig};
 
@@ -40,9 +41,22 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let mut out = vec![0u8; payload.len() + 64];
-    if let Ok(n) = opener.open(&route, &unmasked, &mut out) {
+    let opened = opener.open(&route, &unmasked, &mut out);
+    if let Ok(n) = opened {
         Ipv6Packet::new_checked(&out[..n]).expect("accepted packet is valid IPv6");
     }
+    // The in-place form (a fresh opener, as the first open had) decides and restores the same.
+    let mut in_place = s.opener();
+    let mut buf = vec![0xeeu8; OPEN_HEADROOM + unmasked.len()];
+    buf[OPEN_HEADROOM..].copy_from_slice(&unmasked);
+    let got = in_place
+        .open_in_place(&route, &mut buf, unmasked.len())
+        .map(|inner| inner.to_vec());
+    assert_eq!(
+        got,
+        opened.map(|n| out[..n].to_vec()),
+        "open_in_place = open"
+    );
     let cut = usize::from(sel).min(out.len());
     let _ = opener.open(&route, &unmasked, &mut out[..cut]);
 });

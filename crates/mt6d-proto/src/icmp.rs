@@ -452,7 +452,7 @@ pub fn translate_path_error_sealed(
                 Some(s) => (s.key(), s.space()),
                 None => {
                     static_key = stream.data_key(stream.role());
-                    (static_key.as_deref(), CounterSpace::Static)
+                    (static_key.as_ref(), CounterSpace::Static)
                 }
             };
             let d = Decap {

@@ -251,9 +251,11 @@ impl Stream {
     pub(crate) fn data_key(&self, sender: Role) -> Option<AeadKey> {
         match self.cfg.mode {
             Mode::Plain => None,
-            Mode::Auth | Mode::Encrypt => {
-                Some(aead_key(self.cfg.aead, &self.data[sender.byte() as usize]))
-            }
+            Mode::Auth | Mode::Encrypt => Some(aead_key(
+                self.cfg.mode,
+                self.cfg.aead,
+                &self.data[sender.byte() as usize],
+            )),
         }
     }
 

@@ -3,7 +3,7 @@
 //! (docs/PROTOCOL.md §9.5).
 
 use super::OLD_KEY_GRACE;
-use crate::tunnel::KeyPhase;
+use crate::tunnel::{KeyPhase, OPEN_HEADROOM};
 use crate::{OpenError, Opener, Route, UnixTime};
 
 #[derive(Debug)]
@@ -160,21 +160,101 @@ impl ReceiveKeys {
                 len
             }
         };
+        Ok(self.confirm(i, now, len))
+    }
+
+    /// A packet of `len` bytes opened under slot `i`'s current key: the first one confirms it.
+    fn confirm(&mut self, i: usize, now: UnixTime, len: usize) -> Opened {
         let mut confirmed = None;
         let mut confirmed_key = None;
-        if !slot.confirmed {
-            slot.confirmed = true;
-            slot.spares.clear();
-            slot.retiring = None;
-            confirmed = slot.opener.phase();
-            confirmed_key = slot.opener.key_id();
-            self.retire_other(i, now);
+        if let Some(slot) = &mut self.slots[i] {
+            if !slot.confirmed {
+                slot.confirmed = true;
+                slot.spares.clear();
+                slot.retiring = None;
+                confirmed = slot.opener.phase();
+                confirmed_key = slot.opener.key_id();
+                self.retire_other(i, now);
+            }
         }
-        Ok(Opened {
+        Opened {
             len,
             confirmed,
             confirmed_key,
-        })
+        }
+    }
+
+    /// [`ReceiveKeys::open`] without the copies ([`Opener::open_in_place`]): the payload is at
+    /// [`OPEN_HEADROOM`] of `buf`, `payload_len` bytes; returns what `open` returns and the
+    /// restored inner packet, a slice of `buf` (empty for a keepalive). The same keys are tried
+    /// in the same order. A failed try may leave the payload overwritten (encrypt mode decrypts
+    /// in place), so while a slot has other keys to try (a rekey race, §9.5: rare and brief)
+    /// the payload is copied first and put back before each further try.
+    pub fn open_in_place<'b>(
+        &mut self,
+        now: UnixTime,
+        route: &Route,
+        buf: &'b mut [u8],
+        payload_len: usize,
+    ) -> Result<(Opened, &'b mut [u8]), OpenError> {
+        let payload = OPEN_HEADROOM..OPEN_HEADROOM.saturating_add(payload_len);
+        let i = if self.single {
+            0
+        } else {
+            let head = buf.get(payload.clone()).unwrap_or_default();
+            KeyPhase::of_payload(head).map_or(0, KeyPhase::index)
+        };
+        let Some(slot) = &mut self.slots[i] else {
+            return Err(OpenError::NoKey);
+        };
+        let others = !slot.spares.is_empty()
+            || slot
+                .retiring
+                .as_ref()
+                .is_some_and(|(_, until)| now < *until);
+        let saved = if others {
+            buf.get(payload.clone()).map(<[u8]>::to_vec)
+        } else {
+            None
+        };
+        let inner = match slot.opener.open_in_place_at(route, buf, payload_len) {
+            Ok(r) => r,
+            Err(e) => {
+                let Some(saved) = saved else {
+                    return Err(e);
+                };
+                let retry = |o: &mut Opener, buf: &mut [u8]| {
+                    buf[payload.clone()].copy_from_slice(&saved);
+                    o.open_in_place_at(route, buf, payload_len)
+                };
+                if let Some((old, until)) = &mut slot.retiring {
+                    if now < *until {
+                        if let Ok(r) = retry(old, buf) {
+                            let opened = Opened {
+                                len: r.len(),
+                                confirmed: None,
+                                confirmed_key: None,
+                            };
+                            return Ok((opened, &mut buf[r]));
+                        }
+                    }
+                }
+                let Some((k, r)) = slot
+                    .spares
+                    .iter_mut()
+                    .enumerate()
+                    .rev()
+                    .find_map(|(k, o)| retry(o, buf).ok().map(|r| (k, r)))
+                else {
+                    return Err(e);
+                };
+                let won = slot.spares.swap_remove(k);
+                slot.opener = won;
+                r
+            }
+        };
+        let opened = self.confirm(i, now, inner.len());
+        Ok((opened, &mut buf[inner]))
     }
 
     /// Erases keys whose grace period is over. Cheap; call it once per receive batch or tick.
@@ -197,5 +277,63 @@ impl ReceiveKeys {
     /// Erases every key (keys expired without a rekey).
     pub fn clear(&mut self) {
         self.slots = [None, None];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{addr, pair, udp, A, B};
+    use crate::{AeadAlg, Epoch, Mode, Sealer};
+
+    /// In a rekey race (the newest key unconfirmed, the previous one retiring, an earlier answer
+    /// kept as a spare), `open_in_place` tries the keys `open` tries, in the same order, with
+    /// the same results and confirmations, although a failed try may have overwritten the
+    /// payload it is given.
+    #[test]
+    fn open_in_place_tries_the_keys_open_tries() {
+        for (mode, alg) in [
+            (Mode::Encrypt, AeadAlg::Aes256Gcm),
+            (Mode::Encrypt, AeadAlg::ChaCha20Poly1305),
+            (Mode::Auth, AeadAlg::Aes256Gcm),
+            (Mode::Auth, AeadAlg::ChaCha20Poly1305),
+        ] {
+            let (a, b) = pair(mode, alg);
+            let (ra, rb) = (a.route(Epoch(3)), b.route(Epoch(3)));
+            let now = UnixTime::from_secs(1_000);
+            let phase = KeyPhase::Zero;
+            let sealer = |k: u8| Sealer::for_session(mode, alg, &[k; 32], phase, addr(A), addr(B));
+            let racing = || {
+                let opener =
+                    |k: u8| Opener::for_session(mode, alg, &[k; 32], phase, addr(B), addr(A));
+                let mut r = ReceiveKeys::new();
+                r.install(opener(1), true, now);
+                r.install(opener(2), false, now);
+                r.install(opener(3), false, now);
+                r
+            };
+            let (mut copying, mut in_place) = (racing(), racing());
+            let sealers = [sealer(1), sealer(2), sealer(3)];
+            let pkt = udp(addr(A), addr(B), &[0x42; 300]);
+            // Old key (retiring), a spare (wins, confirms), then the newest and the old key
+            // again, which the confirmation erased.
+            for k in [1usize, 2, 3, 1] {
+                let mut wire = [0u8; 512];
+                let n = sealers[k - 1].seal(&ra, &pkt, &mut wire).unwrap();
+                let mut out = [0u8; 512];
+                let want = copying
+                    .open(now, &rb, &wire[..n], &mut out)
+                    .map(|o| (o, out[..o.len].to_vec()));
+                let mut buf = vec![0u8; OPEN_HEADROOM + n];
+                buf[OPEN_HEADROOM..].copy_from_slice(&wire[..n]);
+                let got = in_place
+                    .open_in_place(now, &rb, &mut buf, n)
+                    .map(|(o, inner)| (o, inner.to_vec()));
+                assert_eq!(got, want, "{mode} {alg} key {k}");
+                if k == 2 {
+                    assert!(got.unwrap().0.confirmed.is_some(), "the spare confirms");
+                }
+            }
+        }
     }
 }

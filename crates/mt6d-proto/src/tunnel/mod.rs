@@ -20,8 +20,6 @@ mod seal;
 
 use std::net::SocketAddrV6;
 
-use ring::aead::{self, Nonce};
-
 pub use header::{HeaderError, HeaderKey};
 pub use open::Opener;
 pub use replay::ReplayWindow;
@@ -31,6 +29,7 @@ pub(crate) use key_schedule::AeadKey;
 pub(crate) use open::{decapsulate, Decap};
 
 use crate::key::Subkey;
+use crate::wire::IPV6_HEADER_LEN;
 use crate::{AeadAlg, Mode};
 
 /// Bytes of the counter field.
@@ -133,6 +132,18 @@ impl CounterSpace {
         }
     }
 }
+/// Bytes [`Sealer::seal_in_place`] needs free in front of the inner packet. The tunnel payload
+/// starts 24 bytes into the inner packet (its counter and carried header bytes take the place of
+/// the 32 address bytes, so the inner payload never moves), and auth mode's AAD puts the 36 bytes
+/// of outer fields in front of the counter (§4.1): 36 - 24 = 12.
+pub const SEAL_HEADROOM: usize =
+    OUTER_AAD_LEN - COUNTER_LEN - (IPV6_HEADER_LEN - INNER_HEADER_CARRIED - COUNTER_LEN);
+
+/// Bytes [`Opener::open_in_place`] needs free in front of the tunnel payload: the outer fields of
+/// auth mode's AAD (§4.1), which go right before the counter. The restored inner packet then
+/// starts 24 bytes in front of the payload (`OPEN_HEADROOM - 24`), its payload where it was.
+pub const OPEN_HEADROOM: usize = OUTER_AAD_LEN - COUNTER_LEN;
+
 /// Bytes of outer IPv6 (40) and UDP (8) headers.
 pub const OUTER_HEADERS: usize = 48;
 
@@ -265,18 +276,22 @@ impl OpenError {
     }
 }
 
-pub(crate) fn aead_key(alg: AeadAlg, key: &Subkey) -> AeadKey {
-    aead_key_bytes(alg, key.as_bytes())
+pub(crate) fn aead_key(mode: Mode, alg: AeadAlg, key: &Subkey) -> AeadKey {
+    aead_key_bytes(mode, alg, key.as_bytes())
 }
 
-pub(crate) fn aead_key_bytes(alg: AeadAlg, key: &[u8; 32]) -> AeadKey {
-    AeadKey::new(alg, key)
+pub(crate) fn aead_key_bytes(mode: Mode, alg: AeadAlg, key: &[u8; 32]) -> AeadKey {
+    AeadKey::new(mode, alg, key)
 }
 
-pub(crate) fn nonce(counter: u64) -> Nonce {
-    let mut n = [0u8; aead::NONCE_LEN];
+/// Bytes of the AEAD nonce.
+pub(crate) const NONCE_LEN: usize = 12;
+
+/// The nonce of a counter field: `00 00 00 00 || counter (u64 BE)` (§4.1).
+pub(crate) fn nonce_bytes(counter: u64) -> [u8; NONCE_LEN] {
+    let mut n = [0u8; NONCE_LEN];
     n[4..].copy_from_slice(&counter.to_be_bytes());
-    Nonce::assume_unique_for_key(n)
+    n
 }
 
 /// Length of the fixed AAD prefix.

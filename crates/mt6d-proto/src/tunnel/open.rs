@@ -2,12 +2,11 @@
 //! the true addresses are put back, so the inner TCP/UDP/ICMPv6 checksums stay valid).
 
 use std::net::{Ipv6Addr, SocketAddrV6};
-
-use ring::aead::{Aad, LessSafeKey, Tag};
+use std::ops::Range;
 
 use super::{
-    aead_key_bytes, fixed_len, nonce, outer_aad, AeadKey, CounterSpace, KeyPhase, OpenError,
-    ReplayWindow, TunnelPayload, COUNTER_LEN, INNER_HEADER_CARRIED, KEEPALIVE_LEN, OUTER_AAD_LEN,
+    aead_key_bytes, fixed_len, outer_aad, AeadKey, CounterSpace, KeyPhase, OpenError, ReplayWindow,
+    TunnelPayload, COUNTER_LEN, INNER_HEADER_CARRIED, KEEPALIVE_LEN, OPEN_HEADROOM, OUTER_AAD_LEN,
     TAG_LEN,
 };
 use crate::wire::IPV6_HEADER_LEN;
@@ -57,7 +56,7 @@ impl Opener {
     ) -> Self {
         Self {
             mode,
-            key: Some(aead_key_bytes(alg, key)),
+            key: Some(aead_key_bytes(mode, alg, key)),
             space: CounterSpace::Session(phase),
             replay: ReplayWindow::new(),
             key_id: Some(super::seal::key_id(key)),
@@ -92,7 +91,7 @@ impl Opener {
     ) -> Result<usize, OpenError> {
         let d = Decap {
             mode: self.mode,
-            key: self.key.as_deref(),
+            key: self.key.as_ref(),
             space: self.space,
             outer_src: route.remote,
             outer_dst: route.local,
@@ -107,12 +106,98 @@ impl Opener {
             Some(&mut self.replay),
         )
     }
+
+    /// [`Opener::open`] without copying the packet: `buf` holds [`OPEN_HEADROOM`] free bytes,
+    /// then the tunnel payload (`payload_len` bytes, header protection already removed). Returns
+    /// the restored inner packet, a slice of `buf` that starts 24 bytes in front of the payload
+    /// (32 in plain mode), byte for byte what [`Opener::open`] writes; empty for a valid
+    /// keepalive. The inner payload stays where it is, and in auth mode the AAD is verified
+    /// where it lies (the outer fields are written into the headroom), so nothing is copied.
+    /// The same checks, in the same order, as [`Opener::open`]; on error `buf` is scratch.
+    pub fn open_in_place<'b>(
+        &mut self,
+        route: &Route,
+        buf: &'b mut [u8],
+        payload_len: usize,
+    ) -> Result<&'b mut [u8], OpenError> {
+        let r = self.open_in_place_at(route, buf, payload_len)?;
+        Ok(&mut buf[r])
+    }
+
+    /// [`Opener::open_in_place`], returning where the inner packet is (a range, so that a caller
+    /// can try another key on the same buffer after an error).
+    pub(crate) fn open_in_place_at(
+        &mut self,
+        route: &Route,
+        buf: &mut [u8],
+        payload_len: usize,
+    ) -> Result<Range<usize>, OpenError> {
+        let d = Decap {
+            mode: self.mode,
+            key: self.key.as_ref(),
+            space: self.space,
+            outer_src: route.remote,
+            outer_dst: route.local,
+            inner_src: self.remote_true,
+            inner_dst: self.local_true,
+        };
+        let h = OPEN_HEADROOM;
+        let end = h.saturating_add(payload_len);
+        if buf.len() < end {
+            return Err(OpenError::BufferTooSmall {
+                have: buf.len(),
+                need: end,
+            });
+        }
+        if d.mode != Mode::Plain && payload_len == KEEPALIVE_LEN {
+            open_keepalive(&d, &buf[h..end], Some(&mut self.replay))?;
+            return Ok(0..0);
+        }
+        let view = TunnelPayload::new_checked(&buf[h..end], d.mode)?;
+        let m = view.inner_payload_len();
+        let counter = view.counter();
+        check_counter(&d, counter, Some(&self.replay))?;
+        // Inner payload position: right after the carried header bytes.
+        let body = h + view.counter().map_or(0, |_| COUNTER_LEN);
+        let payload_at = body + INNER_HEADER_CARRIED;
+        match (d.mode, counter, d.key) {
+            (Mode::Encrypt, Some(c), Some(key)) => {
+                let t = tag(&view);
+                key.open(
+                    c,
+                    &outer_aad(&d.outer_src, &d.outer_dst, c),
+                    &t,
+                    &mut buf[body..end - TAG_LEN],
+                )
+                .map_err(|_| OpenError::BadTag)?;
+            }
+            (Mode::Auth, Some(c), Some(key)) => {
+                let t = tag(&view);
+                let aad_start = h - (OUTER_AAD_LEN - COUNTER_LEN);
+                buf[aad_start..h].copy_from_slice(
+                    &outer_aad(&d.outer_src, &d.outer_dst, c)[..OUTER_AAD_LEN - COUNTER_LEN],
+                );
+                key.open(c, &buf[aad_start..end - TAG_LEN], &t, &mut [])
+                    .map_err(|_| OpenError::BadTag)?;
+            }
+            (Mode::Plain, _, _) => {}
+            // As in `decapsulate`: cannot happen, never panics.
+            _ => return Err(OpenError::BadTag),
+        }
+        if let Some(c) = counter {
+            self.replay.update(c);
+        }
+        let start = payload_at - IPV6_HEADER_LEN;
+        buf.copy_within(body..payload_at, start);
+        restore(&d, &mut buf[start..payload_at + m], m)?;
+        Ok(start..payload_at + m)
+    }
 }
 
 /// One decapsulation's parameters (shared with ICMPv6 quote restoration, which opens our own packets).
 pub(crate) struct Decap<'a> {
     pub mode: Mode,
-    pub key: Option<&'a LessSafeKey>,
+    pub key: Option<&'a AeadKey>,
     pub space: CounterSpace,
     pub outer_src: SocketAddrV6,
     pub outer_dst: SocketAddrV6,
@@ -134,16 +219,7 @@ pub(crate) fn decapsulate(
     let m = view.inner_payload_len();
     let inner_len = IPV6_HEADER_LEN + m;
     let counter = view.counter();
-    if let Some(c) = counter {
-        if !d.space.accepts(c) {
-            return Err(OpenError::BadCounter(c));
-        }
-        if let Some(w) = &replay {
-            if !w.check(c) {
-                return Err(OpenError::Replay(c));
-            }
-        }
-    }
+    check_counter(d, counter, replay.as_deref())?;
     if out.len() < inner_len {
         return Err(OpenError::BufferTooSmall {
             have: out.len(),
@@ -157,12 +233,11 @@ pub(crate) fn decapsulate(
             // then move the 8 header bytes to the front.
             let ct = &mut out[IPV6_HEADER_LEN - INNER_HEADER_CARRIED..];
             ct.copy_from_slice(view.body());
-            key.open_in_place_separate_tag(
-                nonce(c),
-                Aad::from(outer_aad(&d.outer_src, &d.outer_dst, c)),
-                tag(&view),
+            key.open(
+                c,
+                &outer_aad(&d.outer_src, &d.outer_dst, c),
+                &tag(&view),
                 ct,
-                0..,
             )
             .map_err(|_| OpenError::BadTag)?;
             out.copy_within(IPV6_HEADER_LEN - INNER_HEADER_CARRIED..IPV6_HEADER_LEN, 0);
@@ -174,14 +249,8 @@ pub(crate) fn decapsulate(
                 &outer_aad(&d.outer_src, &d.outer_dst, c)[..OUTER_AAD_LEN - COUNTER_LEN],
             );
             scratch.extend_from_slice(view.authenticated());
-            key.open_in_place_separate_tag(
-                nonce(c),
-                Aad::from(&scratch[..]),
-                tag(&view),
-                &mut [],
-                0..,
-            )
-            .map_err(|_| OpenError::BadTag)?;
+            key.open(c, scratch, &tag(&view), &mut [])
+                .map_err(|_| OpenError::BadTag)?;
             copy_clear(view.body(), out);
         }
         (Mode::Plain, _, _) => copy_clear(view.body(), out),
@@ -192,12 +261,39 @@ pub(crate) fn decapsulate(
     if let (Some(w), Some(c)) = (replay, counter) {
         w.update(c);
     }
+    restore(d, out, m)?;
+    Ok(inner_len)
+}
+
+/// Steps 5 and 6 of §4.2: the counter belongs to the key's space and is not a replay (the window
+/// is not changed).
+fn check_counter(
+    d: &Decap<'_>,
+    counter: Option<u64>,
+    replay: Option<&ReplayWindow>,
+) -> Result<(), OpenError> {
+    if let Some(c) = counter {
+        if !d.space.accepts(c) {
+            return Err(OpenError::BadCounter(c));
+        }
+        if let Some(w) = replay {
+            if !w.check(c) {
+                return Err(OpenError::Replay(c));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Step 9 of §4.2: puts the true addresses back into `out` (the inner packet, header bytes 0..8
+/// and payload of `m` bytes already in place) and validates the restored header.
+fn restore(d: &Decap<'_>, out: &mut [u8], m: usize) -> Result<(), OpenError> {
     out[8..24].copy_from_slice(&d.inner_src.octets());
     out[24..40].copy_from_slice(&d.inner_dst.octets());
     if out[0] >> 4 != 6 || usize::from(u16::from_be_bytes([out[4], out[5]])) != m {
         return Err(OpenError::BadInner);
     }
-    Ok(inner_len)
+    Ok(())
 }
 
 /// counter(8) || tag(16): the tag covers the outer fields and the counter, nothing else.
@@ -223,24 +319,18 @@ fn open_keepalive(
     };
     let mut t = [0u8; TAG_LEN];
     t.copy_from_slice(tag_bytes);
-    key.open_in_place_separate_tag(
-        nonce(c),
-        Aad::from(outer_aad(&d.outer_src, &d.outer_dst, c)),
-        Tag::from(t),
-        &mut [],
-        0..,
-    )
-    .map_err(|_| OpenError::BadTag)?;
+    key.open(c, &outer_aad(&d.outer_src, &d.outer_dst, c), &t, &mut [])
+        .map_err(|_| OpenError::BadTag)?;
     if let Some(w) = replay {
         w.update(c);
     }
     Ok(0)
 }
 
-fn tag<T: AsRef<[u8]>>(view: &TunnelPayload<T>) -> Tag {
+fn tag<T: AsRef<[u8]>>(view: &TunnelPayload<T>) -> [u8; TAG_LEN] {
     let mut t = [0u8; TAG_LEN];
     t.copy_from_slice(view.tag());
-    Tag::from(t)
+    t
 }
 
 /// body = inner header bytes 0..8 || inner payload; out is 40 + payload bytes long.
@@ -393,6 +483,91 @@ mod tests {
                 self_opener.open(&ra, &wire[..n2], &mut out),
                 Err(OpenError::BadTag)
             );
+        }
+    }
+
+    /// The payload at [`OPEN_HEADROOM`] of a buffer, as a receiver lays it out.
+    fn received(payload: &[u8]) -> Vec<u8> {
+        let mut b = vec![0xeeu8; OPEN_HEADROOM + payload.len()];
+        b[OPEN_HEADROOM..].copy_from_slice(payload);
+        b
+    }
+
+    /// `open_in_place` is `open` without the copy: the same inner packet for every mode and
+    /// AEAD, the same keepalive, and the same refusals (tampered bytes, tampered outer fields of
+    /// the AAD through the wrong route, replays, truncation).
+    #[test]
+    fn open_in_place_restores_what_open_restores() {
+        for (mode, alg) in MODES {
+            let (a, b) = pair(mode, alg);
+            let sealer = a.sealer(1 << 26, u64::MAX);
+            let (mut copying, mut in_place) = (b.opener(), b.opener());
+            let (ra, rb) = (a.route(Epoch(5)), b.route(Epoch(5)));
+            for len in [0, 1, 7, 8, 15, 16, 17, 1360, 8960] {
+                let body: Vec<u8> = (0..len).map(|i| (i * 5 + len) as u8).collect();
+                let pkt = udp(addr(A), addr(B), &body);
+                let mut wire = vec![0u8; pkt.len() + 64];
+                let n = sealer.seal(&ra, &pkt, &mut wire).unwrap();
+                let mut out = vec![0u8; pkt.len()];
+                let m = copying.open(&rb, &wire[..n], &mut out).unwrap();
+                let mut buf = received(&wire[..n]);
+                let inner = in_place.open_in_place(&rb, &mut buf, n).unwrap();
+                assert_eq!(inner, &out[..m], "{mode} {alg} {len}");
+                assert_eq!(inner, &pkt[..]);
+                if mode != Mode::Plain {
+                    let c = u64::from_be_bytes(wire[..8].try_into().unwrap());
+                    assert_eq!(
+                        in_place.open_in_place(&rb, &mut received(&wire[..n]), n),
+                        Err(OpenError::Replay(c))
+                    );
+                }
+            }
+            if mode == Mode::Plain {
+                continue;
+            }
+            let pkt = udp(addr(A), addr(B), b"sensitive");
+            let mut wire = [0u8; 256];
+            let n = sealer.seal(&ra, &pkt, &mut wire).unwrap();
+            for i in 0..n {
+                let mut t = received(&wire[..n]);
+                t[OPEN_HEADROOM + i] ^= 0x01;
+                let e = in_place.open_in_place(&rb, &mut t, n).unwrap_err();
+                assert!(
+                    matches!(e, OpenError::BadTag | OpenError::Replay(_)),
+                    "{mode} byte {i}: {e:?}"
+                );
+            }
+            assert_eq!(
+                in_place.open_in_place(&b.route(Epoch(6)), &mut received(&wire[..n]), n),
+                Err(OpenError::BadTag)
+            );
+            // What the headroom held before is overwritten, never authenticated.
+            let mut buf = received(&wire[..n]);
+            buf[..OPEN_HEADROOM].fill(0x11);
+            assert_eq!(
+                in_place.open_in_place(&rb, &mut buf, n).map(|p| p.to_vec()),
+                Ok(pkt.clone())
+            );
+            for k in (0..32).filter(|&k| k != KEEPALIVE_LEN) {
+                assert!(matches!(
+                    in_place.open_in_place(&rb, &mut received(&wire[..k]), k),
+                    Err(OpenError::Truncated { .. })
+                ));
+            }
+            assert!(matches!(
+                in_place.open_in_place(&rb, &mut received(&wire[..n]), n + 1),
+                Err(OpenError::BufferTooSmall { .. })
+            ));
+            let mut ka = [0u8; KEEPALIVE_LEN];
+            sealer.seal_keepalive(&ra, &mut ka).unwrap();
+            assert_eq!(
+                in_place.open_in_place(&rb, &mut received(&ka), KEEPALIVE_LEN),
+                Ok(&mut [][..])
+            );
+            assert!(matches!(
+                in_place.open_in_place(&rb, &mut received(&ka), KEEPALIVE_LEN),
+                Err(OpenError::Replay(_))
+            ));
         }
     }
 

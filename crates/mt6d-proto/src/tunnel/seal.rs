@@ -4,17 +4,16 @@ use std::cell::RefCell;
 use std::net::Ipv6Addr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ring::aead::{Aad, LessSafeKey};
-
 use super::{
-    aead_key_bytes, nonce, outer_aad, payload_len, AeadKey, CounterSpace, KeyPhase, SealError,
-    COUNTER_LEN, COUNTER_LIMIT, INNER_HEADER_CARRIED, KEEPALIVE_LEN, OUTER_AAD_LEN, TAG_LEN,
+    aead_key_bytes, outer_aad, payload_len, AeadKey, CounterSpace, KeyPhase, SealError,
+    COUNTER_LEN, COUNTER_LIMIT, INNER_HEADER_CARRIED, KEEPALIVE_LEN, OUTER_AAD_LEN, SEAL_HEADROOM,
+    TAG_LEN,
 };
 use crate::wire::{Ipv6Packet, IPV6_HEADER_LEN};
 use crate::{AeadAlg, Mode, Route};
 
 thread_local! {
-    /// Auth-mode AAD is outer fields || counter || clear bytes, which ring needs contiguous. One
+    /// Auth-mode AAD is outer fields || counter || clear bytes, which the AEAD needs contiguous. One
     /// buffer per thread: it grows to the largest packet once, then nothing is allocated per packet.
     static AAD_SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
@@ -76,7 +75,7 @@ impl Sealer {
     ) -> Self {
         Self {
             mode,
-            key: Some(aead_key_bytes(alg, key)),
+            key: Some(aead_key_bytes(mode, alg, key)),
             space: CounterSpace::Session(phase),
             counter: AtomicU64::new(0),
             // A fresh key: every packet number is free (the phase space ends at 2^62).
@@ -117,8 +116,8 @@ impl Sealer {
         self.key_id
     }
 
-    pub(crate) fn key(&self) -> Option<&LessSafeKey> {
-        self.key.as_deref()
+    pub(crate) fn key(&self) -> Option<&AeadKey> {
+        self.key.as_ref()
     }
 
     pub(crate) fn space(&self) -> CounterSpace {
@@ -148,12 +147,8 @@ impl Sealer {
         let counter = self.next()?;
         out[..COUNTER_LEN].copy_from_slice(&counter.to_be_bytes());
         let outer = outer_aad(&route.local, &route.remote, counter);
-        // Empty input: within every AEAD limit.
-        #[allow(clippy::expect_used)]
-        let tag = key
-            .seal_in_place_separate_tag(nonce(counter), Aad::from(outer), &mut [])
-            .expect("empty AEAD input");
-        out[COUNTER_LEN..].copy_from_slice(tag.as_ref());
+        let tag = key.seal(counter, &outer, &mut []);
+        out[COUNTER_LEN..].copy_from_slice(&tag);
         Ok(KEEPALIVE_LEN)
     }
 
@@ -189,11 +184,7 @@ impl Sealer {
         out[COUNTER_LEN + INNER_HEADER_CARRIED..clear_end].copy_from_slice(body);
         let outer = outer_aad(&route.local, &route.remote, counter);
         let tag = if self.mode == Mode::Encrypt {
-            key.seal_in_place_separate_tag(
-                nonce(counter),
-                Aad::from(outer),
-                &mut out[COUNTER_LEN..clear_end],
-            )
+            key.seal(counter, &outer, &mut out[COUNTER_LEN..clear_end])
         } else {
             AAD_SCRATCH.with(|s| {
                 let mut s = s.borrow_mut();
@@ -201,15 +192,69 @@ impl Sealer {
                 s.reserve(OUTER_AAD_LEN + clear_end);
                 s.extend_from_slice(&outer[..OUTER_AAD_LEN - COUNTER_LEN]);
                 s.extend_from_slice(&out[..clear_end]);
-                key.seal_in_place_separate_tag(nonce(counter), Aad::from(&s[..]), &mut [])
+                key.seal(counter, &s, &mut [])
             })
         };
-        // ring fails only if the input exceeds the AEAD's per-nonce limit (2^36 bytes for GCM); IPv6
-        // packets are below 2^16 bytes.
-        #[allow(clippy::expect_used)]
-        let tag = tag.expect("IPv6 packet within AEAD length limit");
-        out[clear_end..].copy_from_slice(tag.as_ref());
+        out[clear_end..].copy_from_slice(&tag);
         Ok(need)
+    }
+
+    /// [`Sealer::seal`] without copying the packet: `buf` holds [`SEAL_HEADROOM`] free bytes, then
+    /// the inner packet (`inner_len` bytes), then room for the tag ([`TAG_LEN`] bytes; plain mode
+    /// needs none). Returns the tunnel payload, a slice of `buf` that starts 24 bytes into the
+    /// inner packet (32 in plain mode), byte for byte what [`Sealer::seal`] writes. The inner
+    /// payload stays where it is, and in auth mode the AAD is sealed where it lies, so nothing is
+    /// copied (auth mode writes the outer fields into the headroom). The bytes of `buf` in front
+    /// of the returned payload are scratch afterwards; on error `buf` is unchanged.
+    pub fn seal_in_place<'b>(
+        &self,
+        route: &Route,
+        buf: &'b mut [u8],
+        inner_len: usize,
+    ) -> Result<&'b mut [u8], SealError> {
+        let h = SEAL_HEADROOM;
+        let inner = buf.get(h..h.saturating_add(inner_len)).unwrap_or_default();
+        let pkt = Ipv6Packet::new_checked(inner).map_err(SealError::Malformed)?;
+        if pkt.src_addr() != self.local_true {
+            return Err(SealError::WrongSource);
+        }
+        if pkt.dst_addr() != self.remote_true {
+            return Err(SealError::WrongDestination);
+        }
+        let keyed = match (&self.key, self.mode) {
+            (Some(key), Mode::Auth | Mode::Encrypt) => Some(key),
+            _ => None,
+        };
+        let end = h + inner_len + keyed.map_or(0, |_| TAG_LEN);
+        if buf.len() < end {
+            return Err(SealError::BufferTooSmall {
+                have: buf.len(),
+                need: end,
+            });
+        }
+        // The carried header bytes go right in front of the inner payload (over the destination
+        // address's last 8 bytes).
+        let body = h + IPV6_HEADER_LEN - INNER_HEADER_CARRIED;
+        let Some(key) = keyed else {
+            buf.copy_within(h..h + INNER_HEADER_CARRIED, body);
+            return Ok(&mut buf[body..end]);
+        };
+        let counter = self.next()?;
+        buf.copy_within(h..h + INNER_HEADER_CARRIED, body);
+        let start = body - COUNTER_LEN;
+        let clear_end = end - TAG_LEN;
+        buf[start..body].copy_from_slice(&counter.to_be_bytes());
+        let outer = outer_aad(&route.local, &route.remote, counter);
+        let tag = if self.mode == Mode::Encrypt {
+            key.seal(counter, &outer, &mut buf[body..clear_end])
+        } else {
+            // AAD = outer fields || counter || clear bytes, contiguous from the buffer's start.
+            let aad_start = start - (OUTER_AAD_LEN - COUNTER_LEN);
+            buf[aad_start..start].copy_from_slice(&outer[..OUTER_AAD_LEN - COUNTER_LEN]);
+            key.seal(counter, &buf[aad_start..clear_end], &mut [])
+        };
+        buf[clear_end..end].copy_from_slice(&tag);
+        Ok(&mut buf[start..end])
     }
 
     fn next(&self) -> Result<u64, SealError> {
@@ -347,6 +392,71 @@ mod tests {
             assert!(s.seal(&r, &pkt, &mut out).is_ok());
             assert_eq!(s.seal(&r, &pkt, &mut out), Err(SealError::CounterExhausted));
             assert_eq!(s.seal(&r, &pkt, &mut out), Err(SealError::CounterExhausted));
+        }
+    }
+
+    /// `seal_in_place` is `seal` without the copy: the same bytes, for every mode and AEAD, from
+    /// an empty inner payload to a jumbo one, and the same refusals, leaving `buf` untouched.
+    #[test]
+    fn seal_in_place_writes_what_seal_writes() {
+        for (mode, alg) in [
+            (Mode::Plain, AeadAlg::Aes256Gcm),
+            (Mode::Auth, AeadAlg::Aes256Gcm),
+            (Mode::Auth, AeadAlg::ChaCha20Poly1305),
+            (Mode::Encrypt, AeadAlg::Aes256Gcm),
+            (Mode::Encrypt, AeadAlg::ChaCha20Poly1305),
+        ] {
+            let (a, _) = pair(mode, alg);
+            let (copying, in_place) = (a.sealer(1 << 26, u64::MAX), a.sealer(1 << 26, u64::MAX));
+            let r = a.route(Epoch(9));
+            for len in [0, 1, 7, 8, 15, 16, 17, 1360, 8960] {
+                let body: Vec<u8> = (0..len).map(|i| (i * 7 + len) as u8).collect();
+                let pkt = udp(addr(A), addr(B), &body);
+                let mut out = vec![0u8; pkt.len() + 64];
+                let n = copying.seal(&r, &pkt, &mut out).unwrap();
+                let mut buf = vec![0xeeu8; SEAL_HEADROOM + pkt.len() + TAG_LEN];
+                buf[SEAL_HEADROOM..SEAL_HEADROOM + pkt.len()].copy_from_slice(&pkt);
+                let sealed = in_place.seal_in_place(&r, &mut buf, pkt.len()).unwrap();
+                assert_eq!(sealed, &out[..n], "{mode} {alg} {len}");
+            }
+            let pkt = udp(addr(A), addr(B), b"hi");
+            let fill = |extra: usize| {
+                let mut b = vec![0u8; SEAL_HEADROOM + pkt.len() + extra];
+                b[SEAL_HEADROOM..SEAL_HEADROOM + pkt.len()].copy_from_slice(&pkt);
+                b
+            };
+            let tail = if mode == Mode::Plain { 0 } else { TAG_LEN };
+            if tail > 0 {
+                let mut short = fill(tail - 1);
+                let before = short.clone();
+                assert_eq!(
+                    in_place.seal_in_place(&r, &mut short, pkt.len()),
+                    Err(SealError::BufferTooSmall {
+                        have: before.len(),
+                        need: before.len() + 1
+                    })
+                );
+                assert_eq!(
+                    short, before,
+                    "a refused packet leaves the buffer as it was"
+                );
+            }
+            let mut b = fill(tail);
+            assert!(matches!(
+                in_place.seal_in_place(&r, &mut b, pkt.len() - 1),
+                Err(SealError::Malformed(_))
+            ));
+            assert!(matches!(
+                in_place.seal_in_place(&r, &mut b, usize::MAX),
+                Err(SealError::Malformed(_))
+            ));
+            let mut foreign = fill(tail);
+            foreign[SEAL_HEADROOM + 8..SEAL_HEADROOM + 24].copy_from_slice(&addr(B).octets());
+            assert_eq!(
+                in_place.seal_in_place(&r, &mut foreign, pkt.len()),
+                Err(SealError::WrongSource)
+            );
+            assert!(in_place.seal_in_place(&r, &mut b, pkt.len()).is_ok());
         }
     }
 
