@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing mt6d needs on a fresh Debian 12 machine (root). Idempotent:
 # a step whose result is already there is skipped.
-#   - a C compiler (ring builds its assembly with cc), pkg-config, iproute2 (the tests inspect
+#   - a C compiler (ring builds its assembly, aws-lc-rs its C library, with cc), pkg-config, iproute2 (the tests inspect
 #     kernel state with `ip`; the daemon itself never runs it), nftables (the daemon loads its
 #     own table with `nft`)
 #   - p0f (the SYN fingerprint normalisation test reads what arrives with it)
