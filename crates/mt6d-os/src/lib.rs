@@ -10,6 +10,8 @@
 //! - [`tun`]: the TUN device with virtio-net offload (GSO split on read, GRO on write);
 //! - [`udp`]: the tunnel's UDP sockets with per-packet source address (IPV6_PKTINFO),
 //!   UDP GSO/GRO and `sendmmsg`/`recvmmsg` batches, plus [`Epoll`] and the ICMPv6 raw socket;
+//! - [`raw_udp`]: UDP datagrams from any address and port of a local prefix through one raw
+//!   socket (the server role's send path; groundwork, not used by the daemon yet);
 //! - [`capture`]: an AF_PACKET observer of one interface, for the lab's leak checks, and the
 //!   daemon's filtered watch of neighbour discovery frames (duplicate address detection);
 //! - [`error`]: [`OsError`], one variant per failing operation with its context;
@@ -19,7 +21,7 @@
 //! what they contain is decided by mt6d-proto and passed in by the daemon; this crate only
 //! carries those decisions out and reports what the kernel said. It is synchronous (no async
 //! runtime), Linux only, and the only crate of the workspace with `unsafe`, which is confined to
-//! `sys`, `netns`, `udp` (mmsg, epoll, eventfd), `capture` and `secrets`, each block with a `SAFETY` note.
+//! `sys`, `netns`, `udp` (mmsg, epoll, eventfd), `raw_udp`, `capture` and `secrets`, each block with a `SAFETY` note.
 
 #![cfg(target_os = "linux")]
 
@@ -30,6 +32,7 @@ pub mod linkwatch;
 pub mod netlink;
 pub mod netns;
 pub mod nftables;
+pub mod raw_udp;
 pub mod secrets;
 pub mod service;
 mod sys;
@@ -41,6 +44,7 @@ pub use error::{OsError, Result};
 pub use icmp::{Icmp6Socket, IcmpRecvInfo};
 pub use netlink::{AddrFlags, AddrInfo, LinkDrops, NeighInfo, Netlink};
 pub use netns::{current_cookie, unique_name, Netns};
+pub use raw_udp::{RawSendMsg, RawSendScratch, RawUdp6};
 pub use sys::{
     effective_uid, peer_credentials, set_thread_nice, thread_nice, wait_readable, PeerCredentials,
 };

@@ -15,6 +15,11 @@
 //!   with the `FORCE` variants (CAP_NET_ADMIN) so `net.core.rmem_max` does not cap them: the
 //!   receive queue must hold what arrives while the receive thread waits for a core.
 //!   [`UdpSocket6::recv_buffer_size`] tells the size granted when the fallback was capped.
+//! - With [`UdpSocket6::bind_transparent`] (the server role's receive path, docs/ARCHITECTURE.md
+//!   "The server role"): `IPV6_TRANSPARENT`, so an nftables `tproxy` rule can hand the socket
+//!   datagrams for any address and port of a prefix; `SO_REUSEPORT`, so that one socket per
+//!   worker shares the port; and `IPV6_RECVORIGDSTADDR`, so each datagram reports the address
+//!   *and port* it was sent to ([`RecvBuf::dst_port`]).
 //! - `SO_RXQ_OVFL`: every datagram carries the socket's count of datagrams the kernel dropped
 //!   because the receive queue was full; [`UdpSocket6::take_queue_drops`] reports them, so an
 //!   overflow is a counted drop, not a silent loss (the only other trace is the namespace-wide
@@ -49,7 +54,8 @@ pub const RECV_BUF_LEN: usize = 65536;
 pub const SOCKET_BUFFER: usize = 7 << 20;
 
 const SEND_CTRL_LEN: usize = sys::cmsg_space(20) + sys::cmsg_space(2);
-const RECV_CTRL_LEN: usize = 128;
+// PKTINFO (40) + UDP_GRO (24) + SO_RXQ_OVFL (24) + ORIGDSTADDR (48), with room to spare.
+const RECV_CTRL_LEN: usize = 192;
 
 /// One datagram (or, with `segment_size`, a train of equal-size datagrams) to send.
 #[derive(Debug, Clone, Copy)]
@@ -114,6 +120,7 @@ pub struct RecvBuf {
     len: usize,
     src: SocketAddrV6,
     dst: Ipv6Addr,
+    dst_port: u16,
     ifindex: u32,
     segment_size: Option<u16>,
     truncated: bool,
@@ -144,6 +151,7 @@ impl RecvBuf {
             len: 0,
             src: SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, 0, 0, 0),
             dst: Ipv6Addr::UNSPECIFIED,
+            dst_port: 0,
             ifindex: 0,
             segment_size: None,
             truncated: false,
@@ -178,6 +186,13 @@ impl RecvBuf {
     /// The local address the datagram was sent to (IPV6_PKTINFO): the hashed address.
     pub fn dst(&self) -> Ipv6Addr {
         self.dst
+    }
+
+    /// The local port the datagram was sent to, on a socket of
+    /// [`UdpSocket6::bind_transparent`] (IPV6_ORIGDSTADDR: what a `tproxy` rule redirected);
+    /// 0 on an ordinary socket, whose own port it is.
+    pub fn dst_port(&self) -> u16 {
+        self.dst_port
     }
 
     /// The interface it arrived on (IPV6_PKTINFO).
@@ -255,11 +270,31 @@ pub struct UdpSocket6 {
 impl UdpSocket6 {
     /// Binds `[::]:port` (0: any free port) with the options listed in the module docs.
     pub fn bind(port: u16) -> Result<UdpSocket6> {
+        Self::bind_with(port, false)
+    }
+
+    /// [`UdpSocket6::bind`] for a `tproxy` rule's target: `IPV6_TRANSPARENT` (needs
+    /// CAP_NET_ADMIN), `SO_REUSEPORT` (several sockets, one per worker, share `port`; the
+    /// kernel spreads datagrams over them by a hash of their addresses and ports) and
+    /// `IPV6_RECVORIGDSTADDR` ([`RecvBuf::dst_port`]).
+    pub fn bind_transparent(port: u16) -> Result<UdpSocket6> {
+        Self::bind_with(port, true)
+    }
+
+    fn bind_with(port: u16, transparent: bool) -> Result<UdpSocket6> {
         let ctx = |op| move |source| OsError::Udp { port, op, source };
         let fd = sys::socket(libc::AF_INET6, libc::SOCK_DGRAM, libc::IPPROTO_UDP)
             .map_err(ctx("socket"))?;
         let on: libc::c_int = 1;
         let f = fd.as_fd();
+        if transparent {
+            sys::setsockopt(f, libc::IPPROTO_IPV6, libc::IPV6_TRANSPARENT, &on)
+                .map_err(ctx("set IPV6_TRANSPARENT"))?;
+            sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_REUSEPORT, &on)
+                .map_err(ctx("set SO_REUSEPORT"))?;
+            sys::setsockopt(f, libc::IPPROTO_IPV6, libc::IPV6_RECVORIGDSTADDR, &on)
+                .map_err(ctx("set IPV6_RECVORIGDSTADDR"))?;
+        }
         sys::setsockopt(f, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, &on)
             .map_err(ctx("set IPV6_V6ONLY"))?;
         sys::setsockopt(f, libc::IPPROTO_IPV6, IPV6_FREEBIND, &on)
@@ -511,6 +546,7 @@ impl UdpSocket6 {
             b.src = sys::socket_addr_v6(&scratch.names[i]);
             b.truncated = h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
             b.dst = Ipv6Addr::UNSPECIFIED;
+            b.dst_port = 0;
             b.ifindex = 0;
             b.segment_size = None;
             // msg_controllen is size_t on glibc but socklen_t on musl.
@@ -522,6 +558,18 @@ impl UdpSocket6 {
                         if let Some((dst, ifindex)) = sys::parse_in6_pktinfo(data) {
                             b.dst = dst;
                             b.ifindex = ifindex;
+                        }
+                    }
+                    // A sockaddr_in6: the port (network order) at 2..4, the address at 8..24.
+                    (libc::IPPROTO_IPV6, libc::IPV6_ORIGDSTADDR) => {
+                        if let (Some(port), Some(addr)) = (
+                            data.get(2..4).and_then(|d| <[u8; 2]>::try_from(d).ok()),
+                            data.get(8..24).and_then(|d| <[u8; 16]>::try_from(d).ok()),
+                        ) {
+                            b.dst_port = u16::from_be_bytes(port);
+                            if b.dst.is_unspecified() {
+                                b.dst = Ipv6Addr::from(addr);
+                            }
                         }
                     }
                     (libc::SOL_UDP, UDP_GRO) => {

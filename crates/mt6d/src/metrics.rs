@@ -70,7 +70,7 @@ pub fn render(st: &Status) -> String {
     let kernel = counter(
         &mut registry,
         "mt6d_kernel_drops",
-        "Packets the kernel dropped in the queues in front of the packet threads, by queue (socket_queue: a tunnel socket's receive queue, tun_queue: the TUN transmit queue, tun_write: refused TUN writes)",
+        "Packets the kernel dropped in the queues in front of the data-plane workers, by queue (socket_queue: a tunnel socket's receive queue, tun_queue: the TUN transmit queue, tun_write: refused TUN writes)",
     );
     let k = &st.kernel_drops;
     for (queue, n) in [
@@ -81,6 +81,21 @@ pub fn render(st: &Status) -> String {
         kernel
             .get_or_create(&vec![("queue", queue.to_string())])
             .inc_by(n);
+    }
+    let worker = counter(
+        &mut registry,
+        "mt6d_worker_packets",
+        "Inner packets each data-plane worker carried, by worker and direction (tx: read from its TUN queue and sealed, rx: opened and written to it)",
+    );
+    for (i, w) in st.workers.iter().enumerate() {
+        for (direction, n) in [("tx", w.sealed), ("rx", w.opened)] {
+            worker
+                .get_or_create(&vec![
+                    ("worker", i.to_string()),
+                    ("direction", direction.to_string()),
+                ])
+                .inc_by(n);
+        }
     }
 
     let packets = counter(
@@ -395,6 +410,11 @@ mod tests {
                 tun_queue: 0,
                 tun_write: 1,
             },
+            workers: vec![crate::status::WorkerStatus {
+                sealed: 7,
+                opened: 9,
+                wakeups: 3,
+            }],
             ..Default::default()
         }
     }
@@ -410,6 +430,8 @@ mod tests {
             "mt6d_kernel_drops_total{queue=\"socket_queue\"} 6",
             "mt6d_kernel_drops_total{queue=\"tun_queue\"} 0",
             "mt6d_kernel_drops_total{queue=\"tun_write\"} 1",
+            "mt6d_worker_packets_total{worker=\"0\",direction=\"tx\"} 7",
+            "mt6d_worker_packets_total{worker=\"0\",direction=\"rx\"} 9",
             "mt6d_peer_handshakes_total{peer=\"site-b\"} 3",
             "mt6d_peer_key_age_seconds{peer=\"site-b\"} 61",
             "mt6d_peer_last_receive_age_seconds{peer=\"site-b\"} 2",

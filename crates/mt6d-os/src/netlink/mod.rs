@@ -32,7 +32,7 @@ mod route;
 pub use address::{AddrFlags, AddrInfo};
 pub use link::LinkDrops;
 pub use neighbor::NeighInfo;
-pub use route::{GUARD_METRIC, MAIN_TABLE};
+pub use route::{GUARD_METRIC, LOCAL_TABLE, MAIN_TABLE};
 
 // uapi constants of the netlink header itself (linux/netlink.h) and shared by every kind of
 // message; each kind's own are in its file.

@@ -26,6 +26,10 @@ const RTN_PROHIBIT: u8 = 8;
 
 /// The main routing table (`RT_TABLE_MAIN`).
 pub const MAIN_TABLE: u32 = 254;
+/// The local routing table (`RT_TABLE_LOCAL`), which the kernel consults first.
+pub const LOCAL_TABLE: u32 = 255;
+/// `RT_SCOPE_HOST`: a route to this host itself.
+const RT_SCOPE_HOST: u8 = 254;
 
 /// The metric of a guard route ([`Netlink::add_guard_route`]): the worst there is, so any route
 /// to the same prefix with a real next hop wins while it exists.
@@ -175,6 +179,58 @@ impl Netlink {
             })
     }
 
+    /// Makes every address of `dst/prefix_len` local (AnyIP: `ip -6 route replace local
+    /// dst/prefix_len dev oif table local`): the kernel accepts datagrams to any of them and
+    /// lets a socket send from any of them, with no address per host added (the server role,
+    /// docs/ARCHITECTURE.md "The server role"). Idempotent; marked like every route of this
+    /// socket.
+    pub fn add_local_prefix(&mut self, dst: Ipv6Addr, prefix_len: u8, oif: u32) -> Result<()> {
+        let msg = local_msg(
+            RTM_NEWROUTE,
+            NLM_F_CREATE | NLM_F_REPLACE,
+            RouteKey {
+                dst,
+                prefix_len,
+                oif,
+                table: LOCAL_TABLE,
+                marker: self.marker,
+            },
+        );
+        self.apply(msg, &[libc::EEXIST])
+            .map_err(|source| OsError::Route {
+                op: "add local (AnyIP)",
+                dst,
+                prefix_len,
+                oif,
+                table: LOCAL_TABLE,
+                source,
+            })
+    }
+
+    /// Deletes the route of [`Netlink::add_local_prefix`]; a missing one is success.
+    pub fn del_local_prefix(&mut self, dst: Ipv6Addr, prefix_len: u8, oif: u32) -> Result<()> {
+        let msg = local_msg(
+            RTM_DELROUTE,
+            0,
+            RouteKey {
+                dst,
+                prefix_len,
+                oif,
+                table: LOCAL_TABLE,
+                marker: self.marker,
+            },
+        );
+        self.apply(msg, &[libc::ESRCH, libc::ENOENT, libc::ENODEV])
+            .map_err(|source| OsError::Route {
+                op: "delete local (AnyIP)",
+                dst,
+                prefix_len,
+                oif,
+                table: LOCAL_TABLE,
+                source,
+            })
+    }
+
     /// Adds a guard route `prohibit dst/prefix_len metric GUARD_METRIC` to the main table,
     /// marked like every route of this socket. It outlives the process that added it and
     /// loses to any other route for the same prefix (every metric is better), so it decides
@@ -287,6 +343,30 @@ fn route_msg_via(ty: u16, flags: u16, key: RouteKey, via: Option<Ipv6Addr>) -> M
     if let Some(gw) = via {
         msg.attr(RTA_GATEWAY, &gw.octets());
     }
+    msg.attr(RTA_TABLE, &table.to_ne_bytes());
+    msg
+}
+
+/// A `local` route (type RTN_LOCAL, scope host) in `key.table`.
+fn local_msg(ty: u16, flags: u16, key: RouteKey) -> Message {
+    let RouteKey {
+        dst,
+        prefix_len,
+        oif,
+        table,
+        marker,
+    } = key;
+    let mut msg = Message::new(ty, flags);
+    let mut h = [0u8; 12];
+    h[0] = AF_INET6;
+    h[1] = prefix_len;
+    h[4] = if table < 256 { table as u8 } else { 0 };
+    h[5] = marker;
+    h[6] = RT_SCOPE_HOST;
+    h[7] = RTN_LOCAL;
+    msg.push(&h);
+    msg.attr(RTA_DST, &dst.octets());
+    msg.attr(RTA_OIF, &oif.to_ne_bytes());
     msg.attr(RTA_TABLE, &table.to_ne_bytes());
     msg
 }

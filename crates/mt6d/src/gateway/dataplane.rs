@@ -28,7 +28,7 @@
 //! [`crate::status::KernelDrops`]), which a thread kept waiting for a core would otherwise lose
 //! silently.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
@@ -91,12 +91,15 @@ struct Run {
     closed: bool,
 }
 
-/// One data-plane worker: waits in `epoll` (its TUN queue and its sockets) and serves whatever
-/// is ready, both directions, until shutdown. `index` names its [`WorkerLoad`].
+/// One data-plane worker: waits in `epoll` (its TUN queue `tun` and its sockets) and serves
+/// whatever is ready, both directions, until shutdown. What it opens it writes into `deliver`,
+/// the next worker's queue (docs/ARCHITECTURE.md "Workers": the device then sends that flow's
+/// answers to the next worker, so the two directions of a flow run on two threads). `index`
+/// names its [`WorkerLoad`].
 pub fn worker_loop(
     shared: &Shared,
     index: usize,
-    tun: &Tun,
+    (tun, deliver): (&Tun, &Tun),
     epoll: &Epoll,
     tun_mtu: usize,
     path: &PathState,
@@ -141,7 +144,7 @@ pub fn worker_loop(
                 continue;
             };
             let now = *now.get_or_insert_with(super::clock::now);
-            let n = rx.on_readable(shared, &table, socket, tun, limits, now);
+            let n = rx.on_readable(shared, &table, socket, deliver, limits, now);
             if n > 0 {
                 load.opened.fetch_add(n, Ordering::Relaxed);
             }
@@ -609,5 +612,41 @@ fn flush_to_tun(shared: &Shared, tun: &Tun, gro: &mut GROTable, packets: &mut [V
         // at least one refused packet; the device's rx_dropped counts the rest it refused.
         shared.tun_write_failures.fetch_add(1, Ordering::Relaxed);
         log::debug!("{e}");
+    }
+}
+
+/// Runs `work` (worker `index`'s loop). A panic in it is caught and logged, and the daemon is
+/// told to stop (it then cleans up and exits non-zero for its supervisor): a worker never dies
+/// alone and silently, leaving its TUN queue and its peers unserved.
+pub fn stop_all_if_it_panics(shutdown: &AtomicBool, index: usize, work: impl FnOnce()) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).is_err() {
+        log::error!(
+            "data-plane worker {index} panicked (the message is above); stopping the daemon"
+        );
+        shutdown.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panicking_worker_stops_the_daemon_and_a_returning_one_does_not() {
+        let shutdown = AtomicBool::new(false);
+        stop_all_if_it_panics(&shutdown, 0, || {});
+        assert!(!shutdown.load(Ordering::Relaxed));
+        stop_all_if_it_panics(&shutdown, 1, || panic!("injected"));
+        assert!(shutdown.load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn drop_reasons_name_what_happened() {
+        assert_eq!(open_drop_reason(&OpenError::BadTag), DropReason::BadTag);
+        assert_eq!(open_drop_reason(&OpenError::NoKey), DropReason::NoKey);
+        assert_eq!(
+            seal_drop_reason(&SealError::WrongDestination),
+            DropReason::NoPeer
+        );
     }
 }

@@ -294,18 +294,28 @@ fn serve(
         let mut workers = Vec::with_capacity(queues.len());
         for (i, queue) in queues.iter().enumerate() {
             let epoll = polls.get(i);
+            let deliver = &queues[(i + 1) % queues.len()];
             let worker = std::thread::Builder::new()
                 .name(format!("mt6d-w{i}"))
                 .spawn_scoped(s, move || {
-                    dataplane::worker_loop(shared, i, queue, epoll, tun_mtu, path);
+                    dataplane::stop_all_if_it_panics(&shared.shutdown, i, || {
+                        dataplane::worker_loop(shared, i, (queue, deliver), epoll, tun_mtu, path);
+                    });
                 })
-                .map_err(|e| GatewayError::Setup(format!("start data-plane worker {i}: {e}")))?;
+                .map_err(|e| {
+                    // The scope waits for the workers already started: they must stop too.
+                    shared.shutdown.store(true, Ordering::Relaxed);
+                    GatewayError::Setup(format!("start data-plane worker {i}: {e}"))
+                })?;
             workers.push(worker);
         }
         let icmp = std::thread::Builder::new()
             .name("mt6d-icmp".into())
             .spawn_scoped(s, || icmp.run(shared, path))
-            .map_err(|e| GatewayError::Setup(format!("start ICMPv6 thread: {e}")))?;
+            .map_err(|e| {
+                shared.shutdown.store(true, Ordering::Relaxed);
+                GatewayError::Setup(format!("start ICMPv6 thread: {e}"))
+            })?;
         let router = router
             .map(|r| {
                 std::thread::Builder::new()
@@ -313,13 +323,19 @@ fn serve(
                     .spawn_scoped(s, || r.run(shared, path, &path.router))
             })
             .transpose()
-            .map_err(|e| GatewayError::Setup(format!("start router discovery thread: {e}")))?;
+            .map_err(|e| {
+                shared.shutdown.store(true, Ordering::Relaxed);
+                GatewayError::Setup(format!("start router discovery thread: {e}"))
+            })?;
         if let Some(m) = metrics {
             let published = &published;
             std::thread::Builder::new()
                 .name("mt6d-metrics".into())
                 .spawn_scoped(s, move || m.run(published, &shared.shutdown))
-                .map_err(|e| GatewayError::Setup(format!("start metrics thread: {e}")))?;
+                .map_err(|e| {
+                    shared.shutdown.store(true, Ordering::Relaxed);
+                    GatewayError::Setup(format!("start metrics thread: {e}"))
+                })?;
             log::info!("metrics on http://{}/metrics", m.local_addr());
         }
         let mut published_at: Option<Instant> = None;
