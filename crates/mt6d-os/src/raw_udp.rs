@@ -20,6 +20,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 
 use crate::error::{OsError, Result};
 use crate::sys::{self, cvt, put_cmsg, CmsgBuf};
+use crate::udp::zeroed_vec;
 
 const IPV6_FREEBIND: libc::c_int = 78;
 const CTRL_LEN: usize = sys::cmsg_space(20);
@@ -59,18 +60,7 @@ impl RawSendScratch {
     /// Scratch for batches of up to `batch` datagrams.
     pub fn new(batch: usize) -> RawSendScratch {
         let batch = batch.max(1);
-        let zeroed = || {
-            // SAFETY: all-zero bytes are valid values of these C structs (null pointers, zero
-            // lengths).
-            unsafe { mem::zeroed::<(libc::mmsghdr, [libc::iovec; 2], libc::sockaddr_in6)>() }
-        };
-        let (mut hdrs, mut iovs, mut names) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..batch {
-            let (h, i, n) = zeroed();
-            hdrs.push(h);
-            iovs.push(i);
-            names.push(n);
-        }
+        let (hdrs, iovs, names) = (zeroed_vec(batch), zeroed_vec(batch), zeroed_vec(batch));
         RawSendScratch {
             hdrs,
             iovs,

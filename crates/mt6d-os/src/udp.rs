@@ -91,11 +91,12 @@ impl std::fmt::Debug for SendScratch {
     }
 }
 
-fn zeroed_vec<T>(n: usize) -> Vec<T> {
+pub(crate) fn zeroed_vec<T>(n: usize) -> Vec<T> {
     (0..n)
         .map(|_| {
-            // SAFETY: only instantiated with libc C structs (mmsghdr, iovec, sockaddr_in6) for
-            // which all-zero bytes (null pointers, zero lengths) are valid values.
+            // SAFETY: only instantiated with libc C structs (mmsghdr, iovec and arrays of them,
+            // sockaddr_in6), for all of which all-zero bytes (null pointers, zero lengths) are
+            // valid values.
             unsafe { mem::zeroed() }
         })
         .collect()

@@ -321,6 +321,18 @@ fn route_msg(ty: u16, flags: u16, key: RouteKey) -> Message {
 }
 
 fn route_msg_via(ty: u16, flags: u16, key: RouteKey, via: Option<Ipv6Addr>) -> Message {
+    typed_route_msg(ty, flags, key, via, (RT_SCOPE_UNIVERSE, RTN_UNICAST))
+}
+
+/// A route message of the given (scope, type): `struct rtmsg` and RTA_DST, RTA_OIF, the
+/// optional RTA_GATEWAY and RTA_TABLE.
+fn typed_route_msg(
+    ty: u16,
+    flags: u16,
+    key: RouteKey,
+    via: Option<Ipv6Addr>,
+    (scope, rtype): (u8, u8),
+) -> Message {
     let RouteKey {
         dst,
         prefix_len,
@@ -335,8 +347,8 @@ fn route_msg_via(ty: u16, flags: u16, key: RouteKey, via: Option<Ipv6Addr>) -> M
     // rtm_table is 8 bits; RTA_TABLE carries the full 32-bit id.
     h[4] = if table < 256 { table as u8 } else { 0 };
     h[5] = marker;
-    h[6] = RT_SCOPE_UNIVERSE;
-    h[7] = RTN_UNICAST;
+    h[6] = scope;
+    h[7] = rtype;
     msg.push(&h);
     msg.attr(RTA_DST, &dst.octets());
     msg.attr(RTA_OIF, &oif.to_ne_bytes());
@@ -349,26 +361,7 @@ fn route_msg_via(ty: u16, flags: u16, key: RouteKey, via: Option<Ipv6Addr>) -> M
 
 /// A `local` route (type RTN_LOCAL, scope host) in `key.table`.
 fn local_msg(ty: u16, flags: u16, key: RouteKey) -> Message {
-    let RouteKey {
-        dst,
-        prefix_len,
-        oif,
-        table,
-        marker,
-    } = key;
-    let mut msg = Message::new(ty, flags);
-    let mut h = [0u8; 12];
-    h[0] = AF_INET6;
-    h[1] = prefix_len;
-    h[4] = if table < 256 { table as u8 } else { 0 };
-    h[5] = marker;
-    h[6] = RT_SCOPE_HOST;
-    h[7] = RTN_LOCAL;
-    msg.push(&h);
-    msg.attr(RTA_DST, &dst.octets());
-    msg.attr(RTA_OIF, &oif.to_ne_bytes());
-    msg.attr(RTA_TABLE, &table.to_ne_bytes());
-    msg
+    typed_route_msg(ty, flags, key, None, (RT_SCOPE_HOST, RTN_LOCAL))
 }
 
 /// A `prohibit` route in the main table with the guard metric: no output interface (the kernel
