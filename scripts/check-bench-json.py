@@ -3,7 +3,8 @@
 (tracker issue 4: CI runs `mt6d bench --quick` and checks the JSON is complete).
 
 A row is complete when it was measured (available, no error, a tests object; mt6d-encrypt also the
-TCP policy's cost off and on, `scrub_cost`), or when it says why its peer is not available. Exits non-zero, naming what is missing, otherwise."""
+TCP policy's cost off and on, `scrub_cost`, and one data-plane worker against the default,
+`workers_scaling`; every measured row also the many small flows, `http_small_flows`), or when it says why its peer is not available. Exits non-zero, naming what is missing, otherwise."""
 import json
 import sys
 
@@ -36,6 +37,20 @@ for t in TOPOLOGIES:
                 elif not all(isinstance(c.get(k), (int, float)) and c[k] > 0
                              for k in ("off_median", "on_median")):
                     problems.append(f"{t}/{s}: scrub_cost without off and on throughput")
+                # Tracker issue 19: one worker against the default, in the same run.
+                w = r.get("workers_scaling")
+                if not isinstance(w, dict):
+                    problems.append(f"{t}/{s}: no workers_scaling")
+                elif w.get("error"):
+                    problems.append(f"{t}/{s}: workers_scaling error {w['error']}")
+                elif not all(isinstance((w.get(k) or {}).get(m), (int, float)) and w[k][m] > 0
+                             for k in ("one", "default")
+                             for m in ("tcp_1_mbit_per_s", "tcp_4_mbit_per_s", "flows_per_s")):
+                    problems.append(f"{t}/{s}: workers_scaling without TCP and flow figures")
+            if isinstance(r.get("tests"), dict) and r["tests"]:
+                f = r["tests"].get("http_small_flows")
+                if not isinstance(f, dict) or f.get("error") or not f.get("flows_per_s"):
+                    problems.append(f"{t}/{s}: http_small_flows not measured: {f}")
         elif not r.get("reason") and not r.get("error"):
             problems.append(f"{t}/{s}: not available and no reason given")
         else:

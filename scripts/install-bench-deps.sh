@@ -2,7 +2,7 @@
 # Installs what `mt6d bench` drives besides mt6d itself (docs/BENCH.md). Idempotent: every step
 # is skipped when its result is already there, so running it again is cheap.
 #
-#   Debian packages: iperf3 nginx-light (or nginx) curl wireguard-tools ethtool
+#   Debian packages: iperf3 nginx-light (or nginx) curl wireguard-tools ethtool apache2-utils (ab)
 #   wireguard-go:    `go install golang.zx2c4.com/wireguard@latest` into $BENCH_BIN (never the
 #                    Debian wireguard-go package: it lags upstream by years)
 #   boringtun-cli:   `cargo install boringtun-cli --locked --root $BENCH_PREFIX`
@@ -20,7 +20,7 @@ failed=""
 have() { command -v "$1" >/dev/null 2>&1; }
 
 missing=""
-for pair in iperf3:iperf3 curl:curl wg:wireguard-tools ethtool:ethtool; do
+for pair in iperf3:iperf3 curl:curl wg:wireguard-tools ethtool:ethtool ab:apache2-utils; do
     cmd=${pair%%:*}; pkg=${pair#*:}
     have "$cmd" || missing="$missing $pkg"
 done

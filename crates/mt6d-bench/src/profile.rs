@@ -91,6 +91,12 @@ pub struct Profile {
     /// policy off and on, and the seconds of each.
     pub scrub_rounds: u32,
     pub scrub_secs: u64,
+    /// Many small flows (issue 19): HTTP requests of 1 kB, each on a connection of its own,
+    /// and how many run at once.
+    pub small_flows: (u64, u64),
+    /// `--workers 1` against the default (issue 19): rounds of TCP 1 and 4 streams and the
+    /// small flows through mt6d encrypt, each state on freshly started gateways.
+    pub workers_rounds: u32,
     /// `--workers`: the mt6d gateways' data-plane workers (None: the daemon's default, one per
     /// online CPU).
     pub workers: Option<usize>,
@@ -120,6 +126,8 @@ impl Profile {
             fast_flood: ("ping_flood_1s_rotation", 10_000),
             scrub_rounds: 1,
             scrub_secs: 2,
+            small_flows: (500, 16),
+            workers_rounds: 1,
             workers: None,
         }
     }
@@ -152,6 +160,8 @@ impl Profile {
             fast_flood: ("ping_flood_1s_rotation", 50_000),
             scrub_rounds: 5,
             scrub_secs: 5,
+            small_flows: (20_000, 32),
+            workers_rounds: 3,
             workers: None,
         }
     }

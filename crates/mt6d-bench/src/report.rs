@@ -134,7 +134,63 @@ pub fn markdown(doc: &Value) -> String {
         let _ = writeln!(s);
     }
     scrub_table(&mut s, doc);
+    workers_table(&mut s, doc);
     s
+}
+
+/// Tracker issue 19: one data-plane worker against the default, mt6d encrypt, same run
+/// (`workers_scaling` of the mt6d-encrypt rows); nothing when no row measured it.
+fn workers_table(s: &mut String, doc: &Value) {
+    let measured: Vec<&Value> = rows(doc)
+        .into_iter()
+        .filter(|r| r.get("workers_scaling").is_some())
+        .collect();
+    if measured.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "## Data-plane workers: one against the default (issue 19)\n"
+    );
+    let _ = writeln!(
+        s,
+        "mt6d-encrypt with `workers = 1` and with the default, alternating per round on freshly started gateways: iperf3 TCP 1 and 4 streams, and the small flows (1 kB HTTP requests, each on its own connection). Medians of the rounds; CPU is Gateway A's (% of one core), per Gbit of TCP. The hosts, iperf3 and nginx share this machine's cores with both gateways, so the default cannot scale past what the others leave free.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| Topology | Workers | Rounds | TCP 1 Mbit/s (CPU/Gbit) | TCP 4 Mbit/s (CPU/Gbit) | Small flows/s (p99 ms, Gateway A CPU %) |"
+    );
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
+    for r in measured {
+        let topo = r.get("topology").and_then(Value::as_str).unwrap_or("?");
+        let Some(v) = r.get("workers_scaling") else {
+            continue;
+        };
+        if let Some(e) = v.get("error").and_then(Value::as_str) {
+            let _ = writeln!(s, "| {topo} | failed: {e} | | | | |");
+            continue;
+        }
+        for (i, key) in ["one", "default"].into_iter().enumerate() {
+            let workers = match v.get("workers") {
+                Some(Value::Array(a)) => a.get(i).and_then(Value::as_f64),
+                _ => None,
+            };
+            let _ = writeln!(
+                s,
+                "| {topo} | {} | {} | {} ({}) | {} ({}) | {} ({}, {}) |",
+                f(workers, 0),
+                f(num(v, &["rounds"]), 0),
+                f(num(v, &[key, "tcp_1_mbit_per_s"]), 0),
+                f(num(v, &[key, "tcp_1_cpu_percent_per_gbit"]), 1),
+                f(num(v, &[key, "tcp_4_mbit_per_s"]), 0),
+                f(num(v, &[key, "tcp_4_cpu_percent_per_gbit"]), 1),
+                f(num(v, &[key, "flows_per_s"]), 0),
+                f(num(v, &[key, "flow_ms_p99"]), 0),
+                f(num(v, &[key, "flows_cpu_percent"]), 0),
+            );
+        }
+    }
+    let _ = writeln!(s);
 }
 
 /// Tracker issue 14 item 4: iperf3 TCP through mt6d encrypt with the TCP policy off and on, in
@@ -344,8 +400,21 @@ fn tcp_table(s: &mut String, doc: &Value, rows: &[&Value]) {
         s,
         "\n### TCP: HTTP downloads, MB/s (000 Fig. 5.2, 5.6, 5.12), and iperf3\n"
     );
-    let _ = writeln!(s, "| Scenario | {} | TCP 1 stream Mbit/s (retr.) | TCP 4 streams Mbit/s (retr.) | TCP 1 stream at 1 s rotation |", dl.join(" | "));
-    let _ = writeln!(s, "|---|{}---:|---:|---:|", "---:|".repeat(dl.len()));
+    // Runs from before the small flows existed (issue 19) render as they were committed.
+    let flows = rows
+        .iter()
+        .any(|r| r.path(&["tests", "http_small_flows"]).is_some());
+    let (flows_head, flows_rule) = if flows {
+        (" Small flows/s (p99 ms, failed) |", "---:|")
+    } else {
+        ("", "")
+    };
+    let _ = writeln!(s, "| Scenario | {} | TCP 1 stream Mbit/s (retr.) | TCP 4 streams Mbit/s (retr.) | TCP 1 stream at 1 s rotation |{flows_head}", dl.join(" | "));
+    let _ = writeln!(
+        s,
+        "|---|{}---:|---:|---:|{flows_rule}",
+        "---:|".repeat(dl.len())
+    );
     for r in rows {
         if r.get("tests").is_none() {
             continue;
@@ -358,14 +427,24 @@ fn tcp_table(s: &mut String, doc: &Value, rows: &[&Value]) {
                 f(test(r, t, "retransmits"), 0)
             )
         };
+        let flows_cell = if flows {
+            format!(
+                " {} ({}, {}) |",
+                f(test(r, "http_small_flows", "flows_per_s"), 0),
+                f(test(r, "http_small_flows", "flow_ms_p99"), 0),
+                f(test(r, "http_small_flows", "failed"), 0),
+            )
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} |{flows_cell}",
             name(r),
             cells.join(" | "),
             tcp("iperf_tcp_1"),
             tcp("iperf_tcp_4"),
-            f(test(r, "iperf_tcp_1_1s_rotation", "mbit_per_s"), 0)
+            f(test(r, "iperf_tcp_1_1s_rotation", "mbit_per_s"), 0),
         );
     }
 }

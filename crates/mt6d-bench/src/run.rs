@@ -62,7 +62,9 @@ pub fn run(args: &Args) -> Result<PathBuf, String> {
 
     let p = &args.profile;
     let www = work.join("www");
-    traffic::make_files(&www, &p.downloads).map_err(|e| format!("test files: {e}"))?;
+    let mut files = p.downloads.clone();
+    files.push(traffic::SMALL_FLOW_FILE);
+    traffic::make_files(&www, &files).map_err(|e| format!("test files: {e}"))?;
 
     let mut doc = Value::obj();
     doc.set("tool", "mt6d bench")
@@ -208,6 +210,10 @@ fn run_pair(
             traffic::tcp(&net.host_a, streams, p.tcp_secs, &scratch)
         });
     }
+    let scratch = traffic::scratch(dir, "small_flows");
+    measure("http_small_flows", &mut tests, &mut gw, &mut || {
+        traffic::small_flows(&net.host_a, p.small_flows.0, p.small_flows.1, &scratch)
+    });
     // 000 §4.3: the gateway processes' own figures at the end of their run.
     for (key, g) in [("gateway_a", &gw.gw_a), ("gateway_b", &gw.gw_b)] {
         if let Some(s) = g.as_ref().and_then(|g| g.pid()).and_then(ProcSample::read) {
@@ -265,6 +271,10 @@ fn run_pair(
     // in turn on the same namespaces (encrypt only: the mode deployments run).
     if scenario == Scenario::Mt6d(Mode::Encrypt) {
         row.set("scrub_cost", scrub_cost(&net, p, mt6d, dir, progress));
+        row.set(
+            "workers_scaling",
+            workers_scaling(&net, p, mt6d, dir, progress),
+        );
     }
     row.set("tests", tests);
     if !net.routers.is_empty() {
@@ -351,6 +361,123 @@ fn scrub_cost(net: &Net, p: &Profile, mt6d: &Path, dir: &Path, progress: &Progre
     v
 }
 
+/// Tracker issue 19: mt6d encrypt with one data-plane worker against the default (one per
+/// online CPU, or `--workers`), alternating the order per round on freshly started gateways:
+/// iperf3 TCP with 1 and 4 streams and the many small flows, each with Gateway A's CPU, so CPU
+/// per gigabit comes out of the same run. On this machine the hosts, iperf3 and nginx share
+/// the cores with both gateways; a larger machine is what shows scaling (docs/BENCH.md).
+fn workers_scaling(net: &Net, p: &Profile, mt6d: &Path, dir: &Path, progress: &Progress) -> Value {
+    let default = p.workers.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let states = [1usize, default];
+    let mut v = Value::obj();
+    v.set(
+        "workers",
+        Value::Array(states.iter().map(|&n| Value::from(n as u64)).collect()),
+    )
+    .set("rounds", u64::from(p.workers_rounds))
+    .set("tcp_secs", p.tcp_secs)
+    .set("small_flows", p.small_flows.0)
+    .set("small_flows_concurrency", p.small_flows.1);
+    let mut runs: [Vec<Value>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..p.workers_rounds {
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for state in order {
+            let n = states[state];
+            progress.say(&format!("workers {n}, round {}", round + 1));
+            let r = peers::start(
+                net,
+                Scenario::Mt6d(Mode::Encrypt),
+                p.rotation_secs,
+                mt6d,
+                dir,
+                ("", Some(n)),
+            )
+            .and_then(|gw| {
+                warm_up(net)?;
+                let mut one = Value::obj();
+                one.set("round", u64::from(round) + 1);
+                for streams in [1u32, 4] {
+                    let name = format!("iperf_tcp_{streams}");
+                    let scratch = traffic::scratch(dir, &format!("workers_{n}_{name}_{round}"));
+                    let t = with_cpu(&gw, || {
+                        traffic::tcp(&net.host_a, streams, p.tcp_secs, &scratch)
+                    })?;
+                    one.set(&name, t);
+                }
+                let scratch = traffic::scratch(dir, &format!("workers_{n}_flows_{round}"));
+                let t = with_cpu(&gw, || {
+                    traffic::small_flows(&net.host_a, p.small_flows.0, p.small_flows.1, &scratch)
+                })?;
+                one.set("http_small_flows", t);
+                drop(gw);
+                Ok(one)
+            });
+            match r {
+                Ok(one) => runs[state].push(one),
+                Err(e) => {
+                    v.set("error", format!("workers {n}, round {}: {e}", round + 1));
+                    return v;
+                }
+            }
+        }
+    }
+    for (state, key) in [(0, "one"), (1, "default")] {
+        v.set(key, summarize_workers(&runs[state]));
+    }
+    v
+}
+
+/// `f`'s result with Gateway A's CPU over it, and CPU per gigabit where it moved bits.
+fn with_cpu(gw: &Running, f: impl FnOnce() -> Result<Value, String>) -> Result<Value, String> {
+    let pid = gw.gw_a.as_ref().and_then(|g| g.pid());
+    let before = pid.and_then(ProcSample::read);
+    let mut v = f()?;
+    if let (Some(a), Some(b)) = (before, pid.and_then(ProcSample::read)) {
+        let cpu = procs::window(&a, &b);
+        let pct = cpu.get("cpu_percent").and_then(Value::as_f64);
+        let mbit = v.get("mbit_per_s").and_then(Value::as_f64);
+        if let (Some(pct), Some(mbit)) = (pct, mbit.filter(|m| *m > 0.0)) {
+            v.set("cpu_percent_per_gbit", pct / (mbit / 1000.0));
+        }
+        v.set("gateway_a_cpu", cpu);
+    }
+    Ok(v)
+}
+
+/// The medians over the rounds of one worker count: Mbit/s and CPU per Gbit of both TCP
+/// tests, flows/s and p99 of the small flows, and every round's figures as measured.
+fn summarize_workers(runs: &[Value]) -> Value {
+    let median = |path: &[&str]| -> Option<f64> {
+        let mut xs: Vec<f64> = runs
+            .iter()
+            .filter_map(|r| r.path(path).and_then(Value::as_f64))
+            .collect();
+        xs.sort_by(f64::total_cmp);
+        (!xs.is_empty()).then(|| xs[xs.len() / 2])
+    };
+    let mut v = Value::obj();
+    v.set("tcp_1_mbit_per_s", median(&["iperf_tcp_1", "mbit_per_s"]))
+        .set(
+            "tcp_1_cpu_percent_per_gbit",
+            median(&["iperf_tcp_1", "cpu_percent_per_gbit"]),
+        )
+        .set("tcp_4_mbit_per_s", median(&["iperf_tcp_4", "mbit_per_s"]))
+        .set(
+            "tcp_4_cpu_percent_per_gbit",
+            median(&["iperf_tcp_4", "cpu_percent_per_gbit"]),
+        )
+        .set("flows_per_s", median(&["http_small_flows", "flows_per_s"]))
+        .set("flow_ms_p99", median(&["http_small_flows", "flow_ms_p99"]))
+        .set(
+            "flows_cpu_percent",
+            median(&["http_small_flows", "gateway_a_cpu", "cpu_percent"]),
+        )
+        .set("runs", Value::Array(runs.to_vec()));
+    v
+}
+
 /// A few echoes before measuring: neighbour discovery and the WireGuard handshake happen here,
 /// for every scenario alike, and a path that carries nothing fails the pair early.
 pub fn warm_up(net: &Net) -> Result<(), String> {
@@ -415,6 +542,9 @@ fn profile_json(p: &Profile) -> Value {
         .set("fast_flood", pairs(&[p.fast_flood]))
         .set("scrub_rounds", u64::from(p.scrub_rounds))
         .set("scrub_secs", p.scrub_secs)
+        .set("small_flows", p.small_flows.0)
+        .set("small_flows_concurrency", p.small_flows.1)
+        .set("workers_rounds", u64::from(p.workers_rounds))
         .set(
             "mt6d_workers",
             p.workers.unwrap_or_else(|| {

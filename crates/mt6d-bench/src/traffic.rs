@@ -354,7 +354,109 @@ pub fn tcp(host_a: &Netns, streams: u32, secs: u64, scratch: &Path) -> Result<Va
     Ok(v)
 }
 
+/// The file that every small flow fetches (made with the downloads).
+pub const SMALL_FLOW_FILE: (&str, u64) = ("flow_1k", 1000);
+
+/// Many small flows (tracker issue 19): ApacheBench from Host A fetches [`SMALL_FLOW_FILE`]
+/// from Host B's nginx `requests` times, `concurrency` at once, each request on a TCP
+/// connection of its own (no keep-alive), so every request is a new flow with its own source
+/// port: the kernel spreads them over the TUN queues, hence over the workers. Flows per second,
+/// failures, and the time to complete one (connect, request, 1 kB answer, close; ms, p50 and
+/// p99 as ab reports them).
+pub fn small_flows(
+    host_a: &Netns,
+    requests: u64,
+    concurrency: u64,
+    scratch: &Path,
+) -> Result<Value, String> {
+    let mut cmd = host_a.command("ab").map_err(|e| e.to_string())?;
+    // -r: a reset connection is counted as failed instead of ending the run; -s: per-request
+    // timeout (s). ab speaks HTTP/1.0 without -k: one connection per request.
+    cmd.args(["-r", "-s", "10", "-q"])
+        .args(["-n", &requests.to_string(), "-c", &concurrency.to_string()])
+        .arg(format!("http://[{HOST_B}]/{}", SMALL_FLOW_FILE.0));
+    // At least 100 flows/s, or fail: a stalled run must not stall the whole bench.
+    let out = run_limited(cmd, Duration::from_secs(20 + requests / 100), scratch)?;
+    parse_ab(&out, requests)
+}
+
+/// The figures of one ab run: flows/s, failed and non-2xx answers, and the time per flow.
+fn parse_ab(out: &str, requests: u64) -> Result<Value, String> {
+    let field = |key: &str| {
+        out.lines()
+            .find_map(|l| l.trim_start().strip_prefix(key))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|x| x.parse::<f64>().ok())
+    };
+    let percentile = |pct: &str| {
+        out.lines().find_map(|l| {
+            let mut f = l.split_whitespace();
+            (f.next() == Some(pct))
+                .then(|| f.next().and_then(|x| x.parse::<f64>().ok()))
+                .flatten()
+        })
+    };
+    let complete = field("Complete requests:").ok_or_else(|| {
+        format!(
+            "ab gave no result: {}",
+            out.lines().rev().take(3).collect::<Vec<_>>().join(" | ")
+        )
+    })?;
+    let per_sec = field("Requests per second:").ok_or("ab gave no requests per second")?;
+    let failed = field("Failed requests:").unwrap_or(0.0);
+    let non_2xx = field("Non-2xx responses:").unwrap_or(0.0);
+    let mut v = Value::obj();
+    v.set("requests", requests)
+        .set("complete", complete)
+        .set("failed", failed + non_2xx)
+        .set("flows_per_s", per_sec)
+        .set("flow_ms_p50", percentile("50%"))
+        .set("flow_ms_p99", percentile("99%"))
+        .set("flow_ms_max", percentile("100%"));
+    Ok(v)
+}
+
 /// A scratch file for one tool run.
 pub fn scratch(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{name}.out"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The lines of ApacheBench 2.3's report that the bench reads (a real run's, shortened).
+    const AB: &str = "Concurrency Level:      32
+Time taken for tests:   2.105 seconds
+Complete requests:      2000
+Failed requests:        3
+   (Connect: 0, Receive: 0, Length: 3, Exceptions: 0)
+Non-2xx responses:      1
+Requests per second:    950.12 [#/sec] (mean)
+Time per request:       33.680 [ms] (mean)
+
+Percentage of the requests served within a certain time (ms)
+  50%     31
+  66%     33
+  99%     58
+ 100%     75 (longest request)
+";
+
+    #[test]
+    fn an_ab_report_gives_flows_per_second_failures_and_percentiles() {
+        let v = parse_ab(AB, 2000).expect("a complete report");
+        assert_eq!(v.get("complete").and_then(Value::as_f64), Some(2000.0));
+        assert_eq!(v.get("failed").and_then(Value::as_f64), Some(4.0));
+        assert_eq!(v.get("flows_per_s").and_then(Value::as_f64), Some(950.12));
+        assert_eq!(v.get("flow_ms_p50").and_then(Value::as_f64), Some(31.0));
+        assert_eq!(v.get("flow_ms_p99").and_then(Value::as_f64), Some(58.0));
+        assert_eq!(v.get("flow_ms_max").and_then(Value::as_f64), Some(75.0));
+    }
+
+    #[test]
+    fn an_ab_run_that_printed_no_report_is_an_error() {
+        let e = parse_ab("apr_socket_connect(): Connection refused (111)\n", 10)
+            .expect_err("no report");
+        assert!(e.contains("Connection refused"), "{e}");
+    }
 }
