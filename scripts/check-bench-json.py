@@ -9,7 +9,7 @@ import json
 import sys
 
 TOPOLOGIES = ["switched", "routed", "tunneled"]
-SCENARIOS = ["none", "mt6d-plain", "mt6d-auth", "mt6d-encrypt", "wireguard-go", "boringtun"]
+SCENARIOS = ["none", "kernel-vxlan", "mt6d-plain", "mt6d-auth", "mt6d-encrypt", "wireguard-go", "boringtun"]
 
 path = sys.argv[1]
 with open(path) as f:

@@ -44,7 +44,7 @@ struct Cli {
     /// The full profile (the default).
     #[arg(long)]
     full: bool,
-    /// Scenarios: none, mt6d-plain, mt6d-auth, mt6d-encrypt, wireguard-go, boringtun.
+    /// Scenarios: none, kernel-vxlan, mt6d-plain, mt6d-auth, mt6d-encrypt, wireguard-go, boringtun.
     #[arg(long, value_name = "SCENARIO[,..]", value_delimiter = ',', value_parser = scenario)]
     only: Vec<Scenario>,
     /// Topologies: switched, routed, tunneled.

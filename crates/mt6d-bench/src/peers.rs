@@ -20,6 +20,11 @@ use crate::topo::{Net, EXT_IF, INT_IF};
 /// WireGuard's overhead over IPv6 (40 IPv6 + 8 UDP + 32 WireGuard): wg-quick's MTU rule.
 const WG_OVERHEAD: u32 = 80;
 const WG_PORT: u16 = 51820;
+/// VXLAN's overhead over IPv6 (40 IPv6 + 8 UDP + 8 VXLAN + 14 inner Ethernet).
+const VXLAN_OVERHEAD: u32 = 70;
+const VXLAN_IF: &str = "mt6dvx0";
+/// The VXLAN devices' own addresses (the far host is routed via the other side's).
+const VXLAN_ADDR: [&str; 2] = ["fd00:76::a", "fd00:76::b"];
 
 /// The running gateways of one scenario; dropping it stops them.
 #[derive(Debug)]
@@ -61,7 +66,7 @@ pub fn unavailable(s: Scenario, mt6d: &Path) -> Option<String> {
             .then(|| format!("{t} not found (run scripts/install-bench-deps.sh)"))
     };
     match s {
-        Scenario::None => None,
+        Scenario::None | Scenario::KernelVxlan => None,
         Scenario::Mt6d(_) => (!mt6d.is_file()).then(|| {
             format!(
                 "{} not found (cargo build --release -p mt6d)",
@@ -103,6 +108,36 @@ pub fn start(
                     nl.add_route_via(remote, 128, ext, own.next_hop)
                 })
                 .map_err(|e| e.to_string())?;
+            }
+        }
+        Scenario::KernelVxlan => {
+            let mtu = (net.ext_mtu - VXLAN_OVERHEAD).to_string();
+            for (i, (gw, local, remote, own, far, _)) in sides.into_iter().enumerate() {
+                forwarding(gw, local, remote)?;
+                let (own_addr, far_addr) = (own.addr.to_string(), far.addr.to_string());
+                let me = format!("{}/64", VXLAN_ADDR[i]);
+                let far_host = format!("{remote}/128");
+                // iproute2, as the lab's own VXLAN hop: the netlink crate here has no VXLAN.
+                for args in [
+                    &[
+                        "link", "add", VXLAN_IF, "type", "vxlan", "id", "76", "local", &own_addr,
+                        "remote", &far_addr, "dstport", "4789", "dev", EXT_IF,
+                    ][..],
+                    &["link", "set", VXLAN_IF, "mtu", &mtu, "up"],
+                    &["-6", "addr", "add", &me, "dev", VXLAN_IF, "nodad"],
+                    &[
+                        "-6",
+                        "route",
+                        "add",
+                        &far_host,
+                        "via",
+                        VXLAN_ADDR[1 - i],
+                        "dev",
+                        VXLAN_IF,
+                    ],
+                ] {
+                    mt6d::lab::topology::ip(gw, args).map_err(|e| e.to_string())?;
+                }
             }
         }
         Scenario::Mt6d(mode) => {

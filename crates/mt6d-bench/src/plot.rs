@@ -30,8 +30,9 @@ static FONT: &[u8] = include_bytes!("../fonts/Roboto-Regular-subset.ttf");
 
 /// Each scenario's colour, the same in every figure (cf. the thesis: baseline grey, MT6D modes in
 /// blues and greens, the WireGuard implementations apart).
-const SCENARIO_COLORS: [(&str, RGBColor); 6] = [
+const SCENARIO_COLORS: [(&str, RGBColor); 7] = [
     ("none", RGBColor(0x4d, 0x4d, 0x4d)),
+    ("kernel-vxlan", RGBColor(0xa6, 0xa6, 0xa6)),
     ("mt6d-plain", RGBColor(0x1f, 0x77, 0xb4)),
     ("mt6d-auth", RGBColor(0x2c, 0xa0, 0x2c)),
     ("mt6d-encrypt", RGBColor(0xd6, 0x27, 0x28)),

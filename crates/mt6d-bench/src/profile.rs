@@ -10,6 +10,11 @@ pub use mt6d::lab::topology::Topology;
 pub enum Scenario {
     /// Plain kernel IPv6 forwarding through both gateways: the baseline.
     None,
+    /// Kernel UDP encapsulation between the gateways (a VXLAN device over their public
+    /// addresses, routed like the WireGuard peers): what a tunnel that never leaves the kernel
+    /// moves through the same namespaces, the measured estimate for an in-kernel (tc/XDP eBPF)
+    /// plain mode (tracker issue 19 item 4).
+    KernelVxlan,
     /// MT6D in one of its three modes.
     Mt6d(Mode),
     WireguardGo,
@@ -35,8 +40,9 @@ impl Mode {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 7] = [
         Scenario::None,
+        Scenario::KernelVxlan,
         Scenario::Mt6d(Mode::Plain),
         Scenario::Mt6d(Mode::Auth),
         Scenario::Mt6d(Mode::Encrypt),
@@ -47,6 +53,7 @@ impl Scenario {
     pub fn name(self) -> &'static str {
         match self {
             Scenario::None => "none",
+            Scenario::KernelVxlan => "kernel-vxlan",
             Scenario::Mt6d(Mode::Plain) => "mt6d-plain",
             Scenario::Mt6d(Mode::Auth) => "mt6d-auth",
             Scenario::Mt6d(Mode::Encrypt) => "mt6d-encrypt",

@@ -527,8 +527,13 @@ fn headlines(s: &mut String, doc: &Value) {
         let mut parts = Vec::new();
         for (label, t) in [("1 stream", "iperf_tcp_1"), ("4 streams", "iperf_tcp_4")] {
             parts.push(format!(
-                "TCP {label}: plain/baseline {}, encrypt/wireguard-go {}, encrypt/boringtun {}",
+                "TCP {label}: plain/baseline {}{}, encrypt/wireguard-go {}, encrypt/boringtun {}",
                 f(ratio(tcp("mt6d-plain", t), tcp("none", t)), 2),
+                // Runs from before the kernel tunnel existed render as they were committed.
+                by("kernel-vxlan").map_or(String::new(), |_| format!(
+                    " (kernel-vxlan/baseline {})",
+                    f(ratio(tcp("kernel-vxlan", t), tcp("none", t)), 2)
+                )),
                 f(ratio(tcp("mt6d-encrypt", t), tcp("wireguard-go", t)), 2),
                 f(ratio(tcp("mt6d-encrypt", t), tcp("boringtun", t)), 2)
             ));
