@@ -217,6 +217,14 @@ impl PacketCapture {
     }
 }
 
+/// For an epoll: the daemon waits for the socket to be readable, then drains it with
+/// [`PacketCapture::recv_nowait`].
+impl std::os::fd::AsFd for PacketCapture {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 impl PacketCapture {
     /// Transmits one whole Ethernet frame out of the interface (the lab's attacker on the public
     /// link uses this to replay and forge tunnel packets).

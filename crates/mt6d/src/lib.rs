@@ -9,4 +9,5 @@ pub mod keys;
 pub mod lab;
 pub mod metrics;
 pub mod privilege;
+pub mod server;
 pub mod status;

@@ -17,9 +17,10 @@ pub use ipv6::{
     NEXT_HEADER_UDP,
 };
 pub use ndisc::{
-    confirmation_probe_frame, dad_probe_frame, neighbor_solicitation, solicited_node,
-    NeighborClaim, NeighborFrame, CONFIRMATION_PROBE_FRAME_LEN, DAD_PROBE_FRAME_LEN,
-    ETHERNET_HEADER_LEN, NEIGHBOR_ADVERTISEMENT, NEIGHBOR_SOLICITATION, NEIGHBOR_SOLICITATION_LEN,
+    advertisement_frame, confirmation_probe_frame, dad_probe_frame, neighbor_solicitation,
+    solicited_node, NeighborClaim, NeighborFrame, ADVERTISEMENT_FRAME_LEN,
+    CONFIRMATION_PROBE_FRAME_LEN, DAD_PROBE_FRAME_LEN, ETHERNET_HEADER_LEN, NEIGHBOR_ADVERTISEMENT,
+    NEIGHBOR_SOLICITATION, NEIGHBOR_SOLICITATION_LEN,
 };
 pub use router::{
     router_advertisement, router_solicitation, RouterMessage, ROUTER_ADVERTISEMENT,

@@ -174,6 +174,72 @@ pub fn confirmation_probe_frame(
     f
 }
 
+/// Bytes of an advertisement frame: Ethernet, IPv6, an advertisement with a target link-layer
+/// address option.
+pub const ADVERTISEMENT_FRAME_LEN: usize = ETHERNET_HEADER_LEN + IPV6_HEADER_LEN + ND_FIXED_LEN + 8;
+/// Override flag of an advertisement (RFC 4861 §4.4), in its first flags byte.
+const NA_FLAG_OVERRIDE: u8 = 0x20;
+
+/// The **answer to a solicitation** for an address this node serves (RFC 4861 §7.2.4), as a
+/// whole Ethernet frame from `own_mac`: the server role answers for its currently valid hashed
+/// addresses itself, because a prefix made local as a whole (an AnyIP route) is not resolved
+/// by the kernel on the link (docs/ARCHITECTURE.md, "The server role").
+///
+/// * An address resolution or unreachability check (a solicitation from a unicast address) is
+///   answered to its sender, Solicited and Override set, at the link-layer address the
+///   solicitation carried (its option, else its Ethernet source).
+/// * A duplicate address probe (from `::`) is answered to all nodes (`ff02::1`), Override set,
+///   Solicited clear (RFC 4862 §5.4.3: the address is in use, defend it).
+///
+/// The IPv6 source is the target itself, hop limit 255, with a target link-layer address
+/// option. `None` for an advertisement: only solicitations are answered. Whether `ns.target` is
+/// ours is the caller's question; this only builds the bytes.
+pub fn advertisement_frame(
+    ns: &NeighborFrame,
+    own_mac: [u8; 6],
+) -> Option<[u8; ADVERTISEMENT_FRAME_LEN]> {
+    let (dst, to_mac, flags) = match ns.claim {
+        NeighborClaim::Advertisement => return None,
+        NeighborClaim::Probe => (
+            Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1),
+            [0x33, 0x33, 0, 0, 0, 1],
+            NA_FLAG_OVERRIDE,
+        ),
+        NeighborClaim::Resolution => (
+            ns.src,
+            ns.lladdr.unwrap_or(ns.eth_src),
+            NA_FLAG_SOLICITED | NA_FLAG_OVERRIDE,
+        ),
+    };
+    let mut f = [0u8; ADVERTISEMENT_FRAME_LEN];
+    f[..6].copy_from_slice(&to_mac);
+    f[6..12].copy_from_slice(&own_mac);
+    f[12..14].copy_from_slice(&ETHERTYPE_IPV6.to_be_bytes());
+    let icmp_len = ND_FIXED_LEN + 8;
+    let repr = Ipv6Repr {
+        traffic_class: 0,
+        flow_label: 0,
+        payload_len: icmp_len as u16,
+        next_header: NEXT_HEADER_ICMPV6,
+        hop_limit: 255,
+        src_addr: ns.target,
+        dst_addr: dst,
+    };
+    let ip = &mut f[ETHERNET_HEADER_LEN..];
+    // The slice is exactly header + 32 bytes long, so emit cannot run out of room.
+    repr.emit(ip).ok()?;
+    let icmp = &mut ip[IPV6_HEADER_LEN..];
+    icmp[field::TYPE] = NEIGHBOR_ADVERTISEMENT;
+    icmp[4] = flags;
+    icmp[field::TARGET].copy_from_slice(&ns.target.octets());
+    icmp[field::OPT_TYPE] = OPT_TARGET_LLADDR;
+    icmp[field::OPT_LEN] = 1;
+    icmp[field::OPT_LLADDR].copy_from_slice(&own_mac);
+    let sum = upper_layer_checksum(ns.target, dst, NEXT_HEADER_ICMPV6, icmp);
+    icmp[field::CHECKSUM].copy_from_slice(&sum.to_be_bytes());
+    Some(f)
+}
+
 /// What a received solicitation or advertisement says about its target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NeighborClaim {
@@ -447,5 +513,68 @@ mod tests {
         // A flood's advertisement (override only, to all nodes) is not solicited.
         let flood = NeighborFrame::parse(&advert(OTHER, OTHER)).unwrap();
         assert!(!flood.solicited);
+    }
+
+    #[test]
+    fn a_resolution_is_answered_to_its_sender_solicited_with_our_link_layer_address() {
+        let ll: Ipv6Addr = "fe80::b".parse().unwrap();
+        // Another node (OTHER, fe80::b) resolves the target: the confirmation probe's shape.
+        let ns = NeighborFrame::parse(&confirmation_probe_frame(target(), ll, OTHER, MAC))
+            .expect("a solicitation");
+        let na = advertisement_frame(&ns, MAC).expect("answered");
+        // Ethernet to the solicitation's SLLA; IPv6 target -> fe80::b, hop limit 255; NA with
+        // Solicited and Override, the target, our TLLA. The checksum was computed apart (RFC 1071
+        // over the pseudo-header and message, in Python).
+        assert_eq!(
+            na.to_vec(),
+            hex("02000000000b 02000000000a 86dd \
+                 60000000 0020 3a ff 20010db8000a00000000000012345678 fe80000000000000000000000000000b \
+                 88 00 e82e 60000000 20010db8000a00000000000012345678 0201 02000000000a")
+        );
+        // Our own parser reads it back as what a resolver expects: solicited, from us, for it.
+        let back = NeighborFrame::parse(&na).expect("a valid advertisement");
+        assert_eq!(back.claim, NeighborClaim::Advertisement);
+        assert!(back.solicited);
+        assert_eq!((back.src, back.dst, back.target), (target(), ll, target()));
+        assert_eq!((back.eth_src, back.lladdr), (MAC, Some(MAC)));
+    }
+
+    #[test]
+    fn a_duplicate_address_probe_is_answered_to_all_nodes_unsolicited() {
+        let ns = NeighborFrame::parse(&dad_probe_frame(target(), OTHER)).expect("a probe");
+        let na = advertisement_frame(&ns, MAC).expect("defended");
+        let back = NeighborFrame::parse(&na).expect("a valid advertisement");
+        assert_eq!(&na[..6], &[0x33, 0x33, 0, 0, 0, 1]);
+        assert_eq!(back.dst, "ff02::1".parse::<Ipv6Addr>().unwrap());
+        assert!(!back.solicited, "RFC 4862 §5.4.3: not solicited");
+        assert_eq!(back.lladdr, Some(MAC));
+        // Override is set: the defence replaces a cached entry.
+        assert_eq!(
+            na[ETHERNET_HEADER_LEN + IPV6_HEADER_LEN + 4],
+            NA_FLAG_OVERRIDE
+        );
+    }
+
+    #[test]
+    fn a_solicitation_without_its_option_is_answered_to_its_ethernet_source() {
+        let ll: Ipv6Addr = "fe80::b".parse().unwrap();
+        let mut f = confirmation_probe_frame(target(), ll, OTHER, MAC).to_vec();
+        // Drop the option: payload 24 bytes, checksum over the shorter message.
+        f.truncate(ETHERNET_HEADER_LEN + IPV6_HEADER_LEN + ND_FIXED_LEN);
+        f[ETHERNET_HEADER_LEN + 4..ETHERNET_HEADER_LEN + 6].copy_from_slice(&24u16.to_be_bytes());
+        let icmp = ETHERNET_HEADER_LEN + IPV6_HEADER_LEN;
+        f[icmp + 2..icmp + 4].copy_from_slice(&[0, 0]);
+        let sum = upper_layer_checksum(ll, target(), NEXT_HEADER_ICMPV6, &f[icmp..]);
+        f[icmp + 2..icmp + 4].copy_from_slice(&sum.to_be_bytes());
+        let ns = NeighborFrame::parse(&f).expect("a solicitation without options");
+        assert_eq!(ns.lladdr, None);
+        let na = advertisement_frame(&ns, MAC).expect("answered");
+        assert_eq!(&na[..6], &OTHER, "the Ethernet source it came from");
+    }
+
+    #[test]
+    fn an_advertisement_is_never_answered() {
+        let na = NeighborFrame::parse(&advert(OTHER, OTHER)).expect("an advertisement");
+        assert_eq!(advertisement_frame(&na, MAC), None);
     }
 }
