@@ -215,9 +215,11 @@ fn key32(
             field,
             format!("longer than {KEY_LEN} bytes; a key is {KEY_LEN}"),
         )),
-        Err(base64::DecodeSliceError::DecodeError(_)) => {
-            Err(bad(line, field, "not valid base64 (standard alphabet, padded)"))
-        }
+        Err(base64::DecodeSliceError::DecodeError(_)) => Err(bad(
+            line,
+            field,
+            "not valid base64 (standard alphabet, padded)",
+        )),
     }
 }
 
@@ -241,7 +243,9 @@ fn true_address(text: &str, line: usize) -> Result<Ipv6Addr, PeersFileError> {
         return Err(bad(
             line,
             PeerField::TrueAddress,
-            format!("{addr} is link-local: a protected host needs a global or unique-local address"),
+            format!(
+                "{addr} is link-local: a protected host needs a global or unique-local address"
+            ),
         ));
     }
     Ok(addr)
@@ -367,7 +371,14 @@ mod tests {
         let long = "A".repeat(48);
         let (_, _, fault) = field(&format!("bob {long} 2001:db8::2"));
         assert!(fault.starts_with("longer than 32"), "{fault}");
-        for bad_addr in ["10.0.0.1", "::", "::1", "ff02::1", "fe80::1", "2001:db8::/64"] {
+        for bad_addr in [
+            "10.0.0.1",
+            "::",
+            "::1",
+            "ff02::1",
+            "fe80::1",
+            "2001:db8::/64",
+        ] {
             let (line, f, _) = field(&format!("{ok}\nbob {K2} {bad_addr}"));
             assert_eq!((line, f), (3, PeerField::TrueAddress), "{bad_addr}");
         }

@@ -121,6 +121,17 @@ impl Stream {
         }
     }
 
+    /// Reads a byte of each part of the stream a route derivation reads (endpoints, address
+    /// and port keys, clock) and returns them mixed, for a caller that reads a batch of
+    /// streams back to back so that their cache misses overlap (`PeerTable::handle_timeout`).
+    /// Only for `black_box`: the value means nothing.
+    pub(crate) fn touch(&self) -> u8 {
+        self.cfg.local.true_addr.octets()[0]
+            ^ self.cfg.remote.true_addr.octets()[15]
+            ^ self.keys.touch()
+            ^ self.clock.rotation_ms() as u8
+    }
+
     /// The route of epoch `e`.
     pub fn route(&self, e: Epoch) -> Route {
         self.route_with_attempt(e, 0)
@@ -227,7 +238,14 @@ impl Stream {
             Role::Low => (low.true_addr, high.true_addr),
             Role::High => (high.true_addr, low.true_addr),
         };
-        data_key(&self.cfg.key, self.cfg.aead, self.cfg.mode, sender.byte(), from, to)
+        data_key(
+            &self.cfg.key,
+            self.cfg.aead,
+            self.cfg.mode,
+            sender.byte(),
+            from,
+            to,
+        )
     }
 
     /// The opener for the peer's direction, with an empty replay window.
@@ -437,7 +455,11 @@ mod tests {
     fn an_idle_stream_is_small() {
         // What a server keeps per idle client (docs/ARCHITECTURE.md, "Endpoint indexes"): no
         // expanded AES key schedule until the first packet.
-        assert!(std::mem::size_of::<Stream>() <= 320, "{}", std::mem::size_of::<Stream>());
+        assert!(
+            std::mem::size_of::<Stream>() <= 320,
+            "{}",
+            std::mem::size_of::<Stream>()
+        );
     }
 
     #[test]

@@ -348,6 +348,12 @@ impl RouteIndex {
         out
     }
 
+    /// Reads `peer`'s window entry (its current epoch, 0 for an unknown peer), for a caller that
+    /// reads a batch of peers' state back to back (see [`RouteIndex::warm`]).
+    pub(crate) fn touch(&self, peer: PeerId) -> u64 {
+        self.peer(peer).map_or(0, |p| p.current.0)
+    }
+
     /// Reads, without changing anything, the table slots that a following
     /// [`RouteIndex::set_window`]`(peer, current, ..)` adding `entering` will touch: the keys of
     /// the routes that leave the window and of those that enter it. With a million peers each is
