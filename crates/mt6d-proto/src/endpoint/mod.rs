@@ -136,10 +136,10 @@ impl PeerTable {
             }
             // The deadlines of a batch, then one read of each peer's stream and window, back
             // to back, before any derivation waits on them.
-            let mut popped: [Option<PeerId>; ROTATION_BATCH] = [None; ROTATION_BATCH];
+            let mut popped: [Option<(PeerId, UnixTime)>; ROTATION_BATCH] = [None; ROTATION_BATCH];
             for slot in &mut popped {
                 match self.timers.pop_due(now) {
-                    Some((id, _)) => *slot = Some(id),
+                    Some(due) => *slot = Some(due),
                     None => break,
                 }
             }
@@ -147,18 +147,18 @@ impl PeerTable {
                 return n;
             }
             let mut touched = 0u64;
-            for id in popped.iter().flatten() {
+            for (id, _) in popped.iter().flatten() {
                 touched ^= self.streams.get(*id).map_or(0, |s| u64::from(s.touch()));
                 touched ^= self.index.touch(*id);
             }
             std::hint::black_box(touched);
             let mut batch: [Option<Due>; ROTATION_BATCH] = [None; ROTATION_BATCH];
             let mut len = 0;
-            for id in popped.into_iter().flatten() {
+            for (id, at) in popped.into_iter().flatten() {
                 let Some(stream) = self.streams.get(id) else {
                     continue; // a deadline a removed peer left: nothing to do
                 };
-                let e = stream.epoch_at(now);
+                let e = epoch_after(stream, at, now);
                 let mut routes = [None; WINDOW];
                 let entering = self.index.entering(id, e, |e| offset(id, e));
                 for (slot, (e, k)) in routes.iter_mut().zip(entering.into_iter().flatten()) {
@@ -269,6 +269,20 @@ impl PeerTable {
     /// No peer.
     pub fn is_empty(&self) -> bool {
         self.streams.is_empty()
+    }
+}
+
+/// The epoch of `stream` at `now`, given that `at <= now` is the start of one of its epochs
+/// (every deadline [`PeerTable`] schedules is one). With jitter, [`Stream::epoch_at`] hashes to
+/// find the boundary in `now`'s interval of R; when `at` lies in that interval it is that
+/// boundary, and the hash is saved (one BLAKE3 of the two a jittered rotation computes).
+fn epoch_after(stream: &Stream, at: UnixTime, now: UnixTime) -> Epoch {
+    let r = stream.clock().rotation_ms();
+    // A boundary that saturated the clock is not a boundary of its interval any more.
+    if at <= now && at.as_nanos() < u64::MAX && at.as_millis() / r == now.as_millis() / r {
+        Epoch(at.as_millis() / r)
+    } else {
+        stream.epoch_at(now)
     }
 }
 
@@ -401,6 +415,24 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_popped_boundary_gives_the_epoch_of_now() {
+        let s = stream(7, true);
+        let t0 = UnixTime::from_millis(1_700_000_000_000);
+        for step in 0..400u64 {
+            let now = t0.saturating_add(Duration::from_millis(step * 97));
+            let e = s.epoch_at(now);
+            // On time, late within the interval, late by whole epochs, and the boundary itself.
+            for back in [0, 1, 2, 5] {
+                let at = s.epoch_start(Epoch(e.0 - back));
+                assert_eq!(epoch_after(&s, at, now), e, "step {step} back {back}");
+            }
+            assert_eq!(epoch_after(&s, s.epoch_start(e), s.epoch_start(e)), e);
+        }
+        let end = UnixTime::from_nanos(u64::MAX);
+        assert_eq!(epoch_after(&s, end, end), s.epoch_at(end));
     }
 
     #[test]
