@@ -251,6 +251,16 @@ impl PeerTable {
         self.streams.get(id)
     }
 
+    /// Frees the header-protection key schedules of `id`'s stream, about 2 KB, for a peer that
+    /// has gone idle ([`Stream::release_key_schedules`]; its next packet expands them again).
+    /// False for a stale id.
+    pub fn release_key_schedules(&mut self, id: PeerId) -> bool {
+        self.streams
+            .get_mut(id)
+            .map(Stream::release_key_schedules)
+            .is_some()
+    }
+
     /// The route indexes.
     pub fn index(&self) -> &RouteIndex {
         &self.index
@@ -454,6 +464,8 @@ mod tests {
             t.refresh(a, t0, |_| 0),
             Err(IndexError::UnknownPeer { .. })
         ));
+        assert!(!t.release_key_schedules(a));
+        assert!(t.release_key_schedules(b));
         // The same stream again is a new peer in the old slot; the old id stays dead.
         let (c, _) = t.add(stream(1, false), t0, |_| 0).unwrap();
         assert_eq!(c.index(), a.index());
