@@ -12,7 +12,10 @@ fuzz_target!(|data: &[u8]| {
             for e in &entries {
                 assert!(e.line >= 1 && e.line <= lines);
             }
-            assert_eq!(parse_bytes(data).map(|again| again.len()), Ok(entries.len()));
+            assert_eq!(
+                parse_bytes(data).map(|again| again.len()),
+                Ok(entries.len())
+            );
         }
         Err(
             PeersFileError::NotUtf8 { line }
