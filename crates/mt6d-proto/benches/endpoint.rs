@@ -9,6 +9,14 @@
 //!   `rotate/set_window`: one peer advanced by one epoch (remove e-1's key, derive and insert
 //!   e+2's), round robin over all peers, so the figure is the cost per peer of a rotation of
 //!   every peer;
+//! * `rotate/index-only`: the same advance with a synthetic route (a mix of peer and epoch, no
+//!   BLAKE3, the `Stream` not read): what the index itself costs, cache misses included;
+//! * `rotate/set_window-shuffled`: as `rotate/set_window` but the peers in a shuffled order, as
+//!   jittered deadlines would pop them (the streams are then read cold too);
+//! * `table/rotate-per-due-peer`: a [`PeerTable`] of jittered streams (boundaries spread over
+//!   half an interval, as the daemon would configure them), `handle_timeout` every 100 ms; the
+//!   figure is the time of a tick divided by the peers it advanced: the whole cost of rotating
+//!   one peer (timers, stream, derivation, index) in the order the deadlines pop them;
 //! * `tick`: one timer tick with 1% of the peers due (deadlines spread evenly over a 10 s
 //!   interval, `now` advanced by 100 ms per tick; each due peer is popped and rescheduled one
 //!   interval later). The rotation of the due peers is `rotate/set_window` times their number.
@@ -22,13 +30,13 @@
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
-use std::net::Ipv6Addr;
+use std::net::{Ipv6Addr, SocketAddrV6};
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use mt6d_proto::endpoint::{IndexSeed, PeerId, PeerSlab, RouteIndex, Timers};
-use mt6d_proto::{Endpoint, Epoch, SessionKey, Stream, StreamConfig, UnixTime};
+use mt6d_proto::endpoint::{IndexSeed, PeerId, PeerSlab, PeerTable, RouteIndex, Timers};
+use mt6d_proto::{Endpoint, Epoch, Route, SessionKey, Stream, StreamConfig, UnixTime};
 
 /// Live heap bytes of the whole process.
 static LIVE: AtomicIsize = AtomicIsize::new(0);
@@ -90,6 +98,10 @@ const E0: u64 = T0_MS / 10_000;
 
 /// Peer `i`: its own session key and remote true address (2001:db8:b::/48 + i + 1).
 fn stream(i: u32) -> Stream {
+    stream_with(i, false)
+}
+
+fn stream_with(i: u32, jitter: bool) -> Stream {
     let mut key = [0x5au8; 32];
     key[..4].copy_from_slice(&i.to_be_bytes());
     let remote = Ipv6Addr::from(0x2001_0db8_000b_u128 << 80 | (u128::from(i) + 1));
@@ -99,7 +111,24 @@ fn stream(i: u32) -> Stream {
         SessionKey::from_bytes(&key).unwrap(),
     );
     c.rotation = ROTATION;
+    c.jitter = jitter;
     Stream::new(c).unwrap()
+}
+
+/// A route of `epoch` for peer `k` without any BLAKE3 (splitmix64 of the two), in the same
+/// /64 as the real ones: for timing the index alone.
+fn synthetic(k: usize, epoch: Epoch) -> Route {
+    let mut x = (k as u64) ^ epoch.0.rotate_left(32);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    let addr = Ipv6Addr::from((u128::from(LOCAL_TRUE) >> 64 << 64) | u128::from(x));
+    let port = 1024 + (x >> 48) as u16 % 64_000;
+    Route {
+        epoch,
+        local: SocketAddrV6::new(addr, port, 0, 0),
+        remote: SocketAddrV6::new(Ipv6Addr::from(!u128::from(x)), port, 0, 0),
+    }
 }
 
 /// A deterministic shuffle source (xorshift64*).
@@ -247,6 +276,39 @@ fn endpoint(c: &mut Criterion) {
             })
         });
 
+        g.bench_function("rotate/index-only", |b| {
+            b.iter(|| {
+                let k = next;
+                next = (next + 1) % ids.len();
+                epochs[k] += 1;
+                let d = index
+                    .set_window(ids[k], Epoch(epochs[k]), |_| 0, |e, _| synthetic(k, e))
+                    .unwrap();
+                black_box(d);
+            })
+        });
+        let mut order: Vec<usize> = (0..ids.len()).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.below(i + 1));
+        }
+        g.bench_function("rotate/set_window-shuffled", |b| {
+            b.iter(|| {
+                let k = order[next];
+                next = (next + 1) % ids.len();
+                let st = streams.get(ids[k]).unwrap();
+                epochs[k] += 1;
+                let d = index
+                    .set_window(
+                        ids[k],
+                        Epoch(epochs[k]),
+                        |_| 0,
+                        |e, o| st.route_with_attempt(e, o),
+                    )
+                    .unwrap();
+                black_box(d);
+            })
+        });
+
         // Timers alone (the setup's were dropped to keep its memory figure honest).
         let mut timers = Timers::with_capacity(n as usize);
         for (k, id) in ids.iter().enumerate() {
@@ -263,6 +325,44 @@ fn endpoint(c: &mut Criterion) {
                     due += 1;
                 }
                 black_box(due)
+            })
+        });
+        drop(timers);
+        drop(s);
+
+        // The whole table, jittered: what a server's rotation costs per client.
+        let base = live();
+        let t = std::time::Instant::now();
+        let mut table = PeerTable::with_capacity(IndexSeed::from_bytes([0x42; 16]), n as usize);
+        let t0 = UnixTime::from_millis(T0_MS);
+        for i in 0..n {
+            table.add(stream_with(i, true), t0, |_| 0).unwrap();
+        }
+        println!(
+            "memory/{n}: {:.0} bytes per peer in a PeerTable (streams, index, timers), built in {:.1} s",
+            (live() - base) as f64 / f64::from(n),
+            t.elapsed().as_secs_f64()
+        );
+        let mut now = t0;
+        g.bench_function("table/rotate-per-due-peer", |b| {
+            b.iter_custom(|iters| {
+                // Whole ticks until `iters` peers were advanced; the time per peer is scaled to
+                // `iters`.
+                let mut done = 0u64;
+                let mut spent = Duration::ZERO;
+                while done < iters {
+                    now = now.saturating_add(ROTATION / 100);
+                    let t = std::time::Instant::now();
+                    done += table.handle_timeout(
+                        now,
+                        |_, _| 0,
+                        |_, d| {
+                            black_box(d);
+                        },
+                    ) as u64;
+                    spent += t.elapsed();
+                }
+                spent.mul_f64(iters as f64 / done as f64)
             })
         });
         g.finish();

@@ -46,6 +46,7 @@ pub mod icmp;
 mod key;
 pub mod link;
 pub mod moves;
+pub mod peers_file;
 pub mod route_sets;
 pub mod router;
 mod schedule;

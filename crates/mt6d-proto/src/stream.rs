@@ -3,6 +3,7 @@
 //! [`Sealer`] and [`Opener`]. It never reads a clock: every time-dependent answer takes `now`.
 
 use std::net::{Ipv6Addr, SocketAddrV6};
+use std::sync::OnceLock;
 
 use crate::addressing::{self, AddressKeys, Role};
 use crate::key::{context, data_key, Subkey};
@@ -13,16 +14,20 @@ use crate::{
 };
 
 /// One MT6D stream as seen from this gateway. `Send + Sync`; cheap to query.
+///
+/// Small while idle (a server keeps one per client, docs/ARCHITECTURE.md "Endpoint indexes"):
+/// it keeps the session key, the address and port subkeys and the clock; the pre-shared data
+/// keys are derived when a sealer or opener is made, and the two header-protection AES-256 key
+/// schedules (about 2 KB) are expanded on the first packet and can be released again with
+/// [`Stream::release_key_schedules`].
 #[derive(Debug)]
 pub struct Stream {
     cfg: StreamConfig,
     role: Role,
     keys: AddressKeys,
     clock: EpochClock,
-    /// Data keys indexed by sender role.
-    data: [Subkey; 2],
-    /// Header-protection keys indexed by sender role (§4.5).
-    header: [HeaderKey; 2],
+    /// Header-protection keys indexed by sender role (§4.5), expanded on first use.
+    header: OnceLock<Box<[HeaderKey; 2]>>,
 }
 
 const MAX_ROTATION_MS: u128 = 365 * 24 * 3600 * 1000;
@@ -63,25 +68,12 @@ impl Stream {
         // ms <= MAX_ROTATION_MS, which fits u64.
         let clock = EpochClock::new(u64::try_from(ms).unwrap_or(u64::MAX), jitter);
         let keys = AddressKeys::derive(&cfg.key);
-        let (low, high) = match role {
-            Role::Low => (cfg.local.true_addr, cfg.remote.true_addr),
-            Role::High => (cfg.remote.true_addr, cfg.local.true_addr),
-        };
-        let data = [
-            data_key(&cfg.key, cfg.aead, cfg.mode, 0, low, high),
-            data_key(&cfg.key, cfg.aead, cfg.mode, 1, high, low),
-        ];
-        let header = [
-            HeaderKey::derive(&cfg.key, Role::Low),
-            HeaderKey::derive(&cfg.key, Role::High),
-        ];
         Ok(Stream {
             cfg,
             role,
             keys,
             clock,
-            data,
-            header,
+            header: OnceLock::new(),
         })
     }
 
@@ -92,23 +84,11 @@ impl Stream {
     pub fn with_route_key(&self, key: &crate::SessionKey) -> Stream {
         let mut cfg = self.cfg.clone();
         cfg.key = key.clone();
-        let (low, high) = match self.role {
-            Role::Low => (cfg.local.true_addr, cfg.remote.true_addr),
-            Role::High => (cfg.remote.true_addr, cfg.local.true_addr),
-        };
-        let data = [
-            data_key(&cfg.key, cfg.aead, cfg.mode, 0, low, high),
-            data_key(&cfg.key, cfg.aead, cfg.mode, 1, high, low),
-        ];
         Stream {
             role: self.role,
             keys: AddressKeys::derive(&cfg.key),
             clock: self.clock.clone(),
-            data,
-            header: [
-                HeaderKey::derive(&cfg.key, Role::Low),
-                HeaderKey::derive(&cfg.key, Role::High),
-            ],
+            header: OnceLock::new(),
             cfg,
         }
     }
@@ -139,6 +119,17 @@ impl Stream {
             Role::Low => (&self.cfg.local, &self.cfg.remote),
             Role::High => (&self.cfg.remote, &self.cfg.local),
         }
+    }
+
+    /// Reads a byte of each part of the stream a route derivation reads (endpoints, address
+    /// and port keys, clock) and returns them mixed, for a caller that reads a batch of
+    /// streams back to back so that their cache misses overlap (`PeerTable::handle_timeout`).
+    /// Only for `black_box`: the value means nothing.
+    pub(crate) fn touch(&self) -> u8 {
+        self.cfg.local.true_addr.octets()[0]
+            ^ self.cfg.remote.true_addr.octets()[15]
+            ^ self.keys.touch()
+            ^ self.clock.rotation_ms() as u8
     }
 
     /// The route of epoch `e`.
@@ -233,7 +224,28 @@ impl Stream {
     /// function of the send data key (distinct per stream direction, mode and AEAD; reveals
     /// nothing about the key). docs/PROTOCOL.md §4.3.
     pub fn counter_state_id(&self) -> String {
-        crate::key::counter_state_id(&self.data[self.role.byte() as usize])
+        let id = crate::key::counter_state_id(&self.data_subkey(self.role));
+        crate::secrets::scrub_stack();
+        id
+    }
+
+    /// The pre-shared data key of `sender`'s direction (docs/PROTOCOL.md §2.3). Derived per
+    /// call (one BLAKE3 of about 70 bytes) rather than kept: it is needed only when a sealer or
+    /// opener is made, and a server keeps a stream per idle client.
+    fn data_subkey(&self, sender: Role) -> Subkey {
+        let (low, high) = self.endpoints();
+        let (from, to) = match sender {
+            Role::Low => (low.true_addr, high.true_addr),
+            Role::High => (high.true_addr, low.true_addr),
+        };
+        data_key(
+            &self.cfg.key,
+            self.cfg.aead,
+            self.cfg.mode,
+            sender.byte(),
+            from,
+            to,
+        )
     }
 
     /// The opener for the peer's direction, with an empty replay window.
@@ -254,7 +266,7 @@ impl Stream {
             Mode::Auth | Mode::Encrypt => Some(aead_key(
                 self.cfg.mode,
                 self.cfg.aead,
-                &self.data[sender.byte() as usize],
+                &self.data_subkey(sender),
             )),
         }
     }
@@ -275,8 +287,29 @@ impl Stream {
     fn header_key(&self, sender: Role) -> Option<&HeaderKey> {
         match self.cfg.mode {
             Mode::Plain => None,
-            Mode::Auth | Mode::Encrypt => Some(&self.header[sender.byte() as usize]),
+            Mode::Auth | Mode::Encrypt => Some(&self.key_schedules()[sender.byte() as usize]),
         }
+    }
+
+    /// Both header-protection keys, expanded into AES-256 key schedules by the first call after
+    /// [`Stream::new`] or [`Stream::release_key_schedules`].
+    fn key_schedules(&self) -> &[HeaderKey; 2] {
+        self.header.get_or_init(|| {
+            let keys = Box::new([
+                HeaderKey::derive(&self.cfg.key, Role::Low),
+                HeaderKey::derive(&self.cfg.key, Role::High),
+            ]);
+            // Expanding the schedules left copies of the keys in the frames below this one.
+            crate::secrets::scrub_stack();
+            keys
+        })
+    }
+
+    /// Frees the two header-protection key schedules (zeroized on drop, about 2 KB) of a stream
+    /// that has gone idle; its next packet expands them again (a few hundred nanoseconds). The
+    /// keys and every value on the wire are unchanged.
+    pub fn release_key_schedules(&mut self) {
+        self.header = OnceLock::new();
     }
 
     /// Tunnel mode.
@@ -398,6 +431,35 @@ mod tests {
         direct.key = k;
         let direct = Stream::new(direct).unwrap();
         assert_eq!(direct.route(Epoch(7)), set.route(Epoch(7)));
+    }
+
+    #[test]
+    fn released_key_schedules_come_back_the_same() {
+        let mut s = Stream::new(cfg()).unwrap();
+        let sample = [0x3c; 16];
+        let before = s.send_header_key().unwrap().mask(&sample);
+        let recv = s.recv_header_key().unwrap().mask(&sample);
+        assert_ne!(before, recv);
+        s.release_key_schedules();
+        assert_eq!(s.send_header_key().unwrap().mask(&sample), before);
+        assert_eq!(s.recv_header_key().unwrap().mask(&sample), recv);
+        // The same keys as built directly from the session key (§4.5).
+        let direct = HeaderKey::derive(&s.config().key, s.role());
+        assert_eq!(direct.mask(&sample), before);
+        let mut plain = cfg();
+        plain.mode = Mode::Plain;
+        assert!(Stream::new(plain).unwrap().send_header_key().is_none());
+    }
+
+    #[test]
+    fn an_idle_stream_is_small() {
+        // What a server keeps per idle client (docs/ARCHITECTURE.md, "Endpoint indexes"): no
+        // expanded AES key schedule until the first packet.
+        assert!(
+            std::mem::size_of::<Stream>() <= 320,
+            "{}",
+            std::mem::size_of::<Stream>()
+        );
     }
 
     #[test]

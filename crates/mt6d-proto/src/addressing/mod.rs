@@ -60,6 +60,11 @@ pub struct AddressKeys {
 }
 
 impl AddressKeys {
+    /// One byte of each subkey mixed (see `Stream::touch`): brings both into the cache.
+    pub(crate) fn touch(&self) -> u8 {
+        self.address.as_bytes()[31] ^ self.port.as_bytes()[0]
+    }
+
     /// Derives the address and port subkeys from the session key.
     pub fn derive(key: &SessionKey) -> Self {
         Self {

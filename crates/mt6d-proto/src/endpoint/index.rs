@@ -320,6 +320,69 @@ impl RouteIndex {
         Ok(delta)
     }
 
+    /// The epochs (with their offsets) that [`RouteIndex::set_window`] with the same arguments
+    /// would derive: those of the window of `current` not installed at `offset(epoch)`. Lets a
+    /// caller derive a batch of peers' routes before it changes the index (see
+    /// [`RouteIndex::warm`]). Empty for an unknown peer.
+    pub(crate) fn entering(
+        &self,
+        peer: PeerId,
+        current: Epoch,
+        offset: impl Fn(Epoch) -> u8,
+    ) -> [Option<(Epoch, u8)>; WINDOW] {
+        let mut out = [None; WINDOW];
+        let Some(p) = self.peer(peer) else {
+            return out;
+        };
+        for (e, slot) in window_of(current).into_iter().flatten().zip(&mut out) {
+            let k = offset(e);
+            let installed = p
+                .window
+                .iter()
+                .flatten()
+                .any(|i| i.route.epoch == e && i.offset == k);
+            if !installed {
+                *slot = Some((e, k));
+            }
+        }
+        out
+    }
+
+    /// Reads `peer`'s window entry (its current epoch, 0 for an unknown peer), for a caller that
+    /// reads a batch of peers' state back to back (see [`RouteIndex::warm`]).
+    pub(crate) fn touch(&self, peer: PeerId) -> u64 {
+        self.peer(peer).map_or(0, |p| p.current.0)
+    }
+
+    /// Reads, without changing anything, the table slots that a following
+    /// [`RouteIndex::set_window`]`(peer, current, ..)` adding `entering` will touch: the keys of
+    /// the routes that leave the window and of those that enter it. With a million peers each is
+    /// a cache miss; reading a batch of peers' slots back to back lets the processor overlap
+    /// those misses (they do not depend on each other), where `set_window` one peer after
+    /// another waits for each in turn. Returns how many keys were present, for the caller to
+    /// pass to `black_box` so the reads are kept.
+    pub(crate) fn warm<'a>(
+        &self,
+        peer: PeerId,
+        current: Epoch,
+        entering: impl Iterator<Item = &'a Route>,
+    ) -> usize {
+        let mut present = 0;
+        if let Some(p) = self.peer(peer) {
+            let want = window_of(current);
+            for inst in p.window.iter().flatten() {
+                if !want.contains(&Some(inst.route.epoch)) {
+                    present +=
+                        usize::from(self.local.contains_key(&LocalKey::of(&inst.route.local)));
+                }
+            }
+        }
+        for r in entering {
+            present += usize::from(self.local.contains_key(&LocalKey::of(&r.local)));
+        }
+        present
+    }
+
     /// The peer and epoch a datagram to local `(addr, port)` belongs to. `None` for a key no
     /// route has, and for a **contested** key: two routes (of two peers, or two epochs of one)
     /// whose local address and port are equal. Picking either could hand one peer's packet to
