@@ -4,8 +4,8 @@
 use libfuzzer_sys::fuzz_target;
 use mt6d_proto::tunnel::TunnelPayload;
 use mt6d_proto::wire::{
-    Icmpv6Packet, Icmpv6Repr, Ipv6Packet, Ipv6Repr, NeighborFrame, RouterMessage, UdpPacket,
-    UdpRepr,
+    advertisement_frame, Icmpv6Packet, Icmpv6Repr, Ipv6Packet, Ipv6Repr, NeighborClaim,
+    NeighborFrame, RouterMessage, UdpPacket, UdpRepr,
 };
 use mt6d_proto::Mode;
 
@@ -68,6 +68,14 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(f) = NeighborFrame::parse(data) {
         let _ = f.claimed_by_other([2, 0, 0, 0, 0, 1]);
+        // The server role's answer to any solicitation that parses is itself a valid
+        // advertisement for the same target, from us.
+        if let Some(na) = advertisement_frame(&f, [2, 0, 0, 0, 0, 1]) {
+            let back = NeighborFrame::parse(&na).unwrap();
+            assert_eq!(back.claim, NeighborClaim::Advertisement);
+            assert_eq!(back.target, f.target);
+            assert_eq!(back.lladdr, Some([2, 0, 0, 0, 0, 1]));
+        }
     }
     for mode in [Mode::Plain, Mode::Auth, Mode::Encrypt] {
         if let Ok(t) = TunnelPayload::new_checked(data, mode) {

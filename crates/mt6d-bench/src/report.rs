@@ -138,34 +138,48 @@ pub fn markdown(doc: &Value) -> String {
     s
 }
 
+/// The rows that measured `key`, each as (topology, its `key` object), after writing the
+/// section's title, text, table head and rule; nothing written and none returned when no row
+/// measured it.
+fn comparison_section<'a>(
+    s: &mut String,
+    doc: &'a Value,
+    key: &str,
+    [title, text, head, rule]: [&str; 4],
+) -> Vec<(&'a str, &'a Value)> {
+    let measured: Vec<(&str, &Value)> = rows(doc)
+        .into_iter()
+        .filter_map(|r| {
+            let topo = r.get("topology").and_then(Value::as_str).unwrap_or("?");
+            Some((topo, r.get(key)?))
+        })
+        .collect();
+    if !measured.is_empty() {
+        for line in [title, text, head, rule] {
+            let _ = writeln!(s, "{line}");
+        }
+    }
+    measured
+}
+
 /// Tracker issue 19: one data-plane worker against the default, mt6d encrypt, same run
 /// (`workers_scaling` of the mt6d-encrypt rows); nothing when no row measured it.
 fn workers_table(s: &mut String, doc: &Value) {
-    let measured: Vec<&Value> = rows(doc)
-        .into_iter()
-        .filter(|r| r.get("workers_scaling").is_some())
-        .collect();
+    let measured = comparison_section(
+        s,
+        doc,
+        "workers_scaling",
+        [
+            "## Data-plane workers: one against the default (issue 19)\n",
+            "mt6d-encrypt with `workers = 1` and with the default, alternating per round on freshly started gateways: iperf3 TCP 1 and 4 streams, and the small flows (1 kB HTTP requests, each on its own connection). Medians of the rounds; CPU is Gateway A's (% of one core), per Gbit of TCP. The hosts, iperf3 and nginx share this machine's cores with both gateways, so the default cannot scale past what the others leave free.\n",
+            "| Topology | Workers | Rounds | TCP 1 Mbit/s (CPU/Gbit) | TCP 4 Mbit/s (CPU/Gbit) | Small flows/s (p99 ms, Gateway A CPU %) |",
+            "|---|---:|---:|---:|---:|---:|",
+        ],
+    );
     if measured.is_empty() {
         return;
     }
-    let _ = writeln!(
-        s,
-        "## Data-plane workers: one against the default (issue 19)\n"
-    );
-    let _ = writeln!(
-        s,
-        "mt6d-encrypt with `workers = 1` and with the default, alternating per round on freshly started gateways: iperf3 TCP 1 and 4 streams, and the small flows (1 kB HTTP requests, each on its own connection). Medians of the rounds; CPU is Gateway A's (% of one core), per Gbit of TCP. The hosts, iperf3 and nginx share this machine's cores with both gateways, so the default cannot scale past what the others leave free.\n"
-    );
-    let _ = writeln!(
-        s,
-        "| Topology | Workers | Rounds | TCP 1 Mbit/s (CPU/Gbit) | TCP 4 Mbit/s (CPU/Gbit) | Small flows/s (p99 ms, Gateway A CPU %) |"
-    );
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
-    for r in measured {
-        let topo = r.get("topology").and_then(Value::as_str).unwrap_or("?");
-        let Some(v) = r.get("workers_scaling") else {
-            continue;
-        };
+    for (topo, v) in measured {
         if let Some(e) = v.get("error").and_then(Value::as_str) {
             let _ = writeln!(s, "| {topo} | failed: {e} | | | | |");
             continue;
@@ -196,26 +210,20 @@ fn workers_table(s: &mut String, doc: &Value) {
 /// Tracker issue 14 item 4: iperf3 TCP through mt6d encrypt with the TCP policy off and on, in
 /// the same run (`scrub_cost` of the mt6d-encrypt rows); nothing when no row measured it.
 fn scrub_table(s: &mut String, doc: &Value) {
-    let measured: Vec<&Value> = rows(doc)
-        .into_iter()
-        .filter(|r| r.get("scrub_cost").is_some())
-        .collect();
+    let measured = comparison_section(
+        s,
+        doc,
+        "scrub_cost",
+        [
+            "## TCP identity scrubbing: its cost on throughput (issue 14)\n",
+            "iperf3 TCP, 1 stream, through mt6d-encrypt with the TCP policy off (`[tcp] host_id = false`, `mss_clamp = false`: the packet threads do not look at TCP) and on (the default policy: strip both ways, MSS clamping; iperf3's segments carry timestamps, so each takes the option walk), alternating on freshly started gateways. Medians of the rounds; the issue's goal is at most 2 % lower with it on. One round is one sample each: on a shared 2-core machine a single pair differs by more than 2 % by chance.\n",
+            "| Topology | Rounds x s | Off Mbit/s (each run) | On Mbit/s (each run) | On vs off |",
+            "|---|---:|---:|---:|---:|",
+        ],
+    );
     if measured.is_empty() {
         return;
     }
-    let _ = writeln!(
-        s,
-        "## TCP identity scrubbing: its cost on throughput (issue 14)\n"
-    );
-    let _ = writeln!(
-        s,
-        "iperf3 TCP, 1 stream, through mt6d-encrypt with the TCP policy off (`[tcp] host_id = false`, `mss_clamp = false`: the packet threads do not look at TCP) and on (the default policy: strip both ways, MSS clamping; iperf3's segments carry timestamps, so each takes the option walk), alternating on freshly started gateways. Medians of the rounds; the issue's goal is at most 2 % lower with it on. One round is one sample each: on a shared 2-core machine a single pair differs by more than 2 % by chance.\n"
-    );
-    let _ = writeln!(
-        s,
-        "| Topology | Rounds x s | Off Mbit/s (each run) | On Mbit/s (each run) | On vs off |"
-    );
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|");
     let runs = |v: &Value, k: &str| -> String {
         match v.get(k) {
             Some(Value::Array(a)) => a
@@ -227,11 +235,7 @@ fn scrub_table(s: &mut String, doc: &Value) {
             _ => String::new(),
         }
     };
-    for r in measured {
-        let topo = r.get("topology").and_then(Value::as_str).unwrap_or("?");
-        let Some(v) = r.get("scrub_cost") else {
-            continue;
-        };
+    for (topo, v) in measured {
         if let Some(e) = v.get("error").and_then(Value::as_str) {
             let _ = writeln!(s, "| {topo} | failed: {e} | | | |");
             continue;

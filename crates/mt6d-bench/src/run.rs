@@ -312,19 +312,8 @@ fn scrub_cost(net: &Net, p: &Profile, mt6d: &Path, dir: &Path, progress: &Progre
             let (name, extra) = [("off", SCRUB_OFF), ("on", SCRUB_ON)][state];
             progress.say(&format!("scrub {name}, round {}", round + 1));
             let scratch = traffic::scratch(dir, &format!("scrub_{name}_{round}"));
-            let r = peers::start(
-                net,
-                Scenario::Mt6d(Mode::Encrypt),
-                p.rotation_secs,
-                mt6d,
-                dir,
-                (extra, p.workers),
-            )
-            .and_then(|gw| {
-                warm_up(net)?;
-                let t = traffic::tcp(&net.host_a, 1, p.scrub_secs, &scratch);
-                drop(gw);
-                t
+            let r = fresh_encrypt(net, p, (mt6d, dir), (extra, p.workers), |_| {
+                traffic::tcp(&net.host_a, 1, p.scrub_secs, &scratch)
             })
             .and_then(|t| {
                 t.get("mbit_per_s")
@@ -386,32 +375,22 @@ fn workers_scaling(net: &Net, p: &Profile, mt6d: &Path, dir: &Path, progress: &P
         for state in order {
             let n = states[state];
             progress.say(&format!("workers {n}, round {}", round + 1));
-            let r = peers::start(
-                net,
-                Scenario::Mt6d(Mode::Encrypt),
-                p.rotation_secs,
-                mt6d,
-                dir,
-                ("", Some(n)),
-            )
-            .and_then(|gw| {
-                warm_up(net)?;
+            let r = fresh_encrypt(net, p, (mt6d, dir), ("", Some(n)), |gw| {
                 let mut one = Value::obj();
                 one.set("round", u64::from(round) + 1);
                 for streams in [1u32, 4] {
                     let name = format!("iperf_tcp_{streams}");
                     let scratch = traffic::scratch(dir, &format!("workers_{n}_{name}_{round}"));
-                    let t = with_cpu(&gw, || {
+                    let t = with_cpu(gw, || {
                         traffic::tcp(&net.host_a, streams, p.tcp_secs, &scratch)
                     })?;
                     one.set(&name, t);
                 }
                 let scratch = traffic::scratch(dir, &format!("workers_{n}_flows_{round}"));
-                let t = with_cpu(&gw, || {
+                let t = with_cpu(gw, || {
                     traffic::small_flows(&net.host_a, p.small_flows.0, p.small_flows.1, &scratch)
                 })?;
                 one.set("http_small_flows", t);
-                drop(gw);
                 Ok(one)
             });
             match r {
@@ -427,6 +406,27 @@ fn workers_scaling(net: &Net, p: &Profile, mt6d: &Path, dir: &Path, progress: &P
         v.set(key, summarize_workers(&runs[state]));
     }
     v
+}
+
+/// `f` on mt6d encrypt gateways started afresh on `net` with `extra` configuration and
+/// `workers`, after the warm-up; the gateways stop when `f` returns.
+fn fresh_encrypt<T>(
+    net: &Net,
+    p: &Profile,
+    (mt6d, dir): (&Path, &Path),
+    (extra, workers): (&str, Option<usize>),
+    f: impl FnOnce(&Running) -> Result<T, String>,
+) -> Result<T, String> {
+    let gw = peers::start(
+        net,
+        Scenario::Mt6d(Mode::Encrypt),
+        p.rotation_secs,
+        mt6d,
+        dir,
+        (extra, workers),
+    )?;
+    warm_up(net)?;
+    f(&gw)
 }
 
 /// `f`'s result with Gateway A's CPU over it, and CPU per gigabit where it moved bits.

@@ -42,6 +42,7 @@ use mt6d_proto::moves::is_notice;
 use mt6d_proto::{OpenError, SealError, UnixTime};
 
 use super::counters::DropReason;
+use super::delivery::Delivery;
 use super::path::PathState;
 use super::polls::TUN_TOKEN;
 use super::routing::{RouteTable, RxRoute};
@@ -92,10 +93,10 @@ struct Run {
 }
 
 /// One data-plane worker: waits in `epoll` (its TUN queue `tun` and its sockets) and serves
-/// whatever is ready, both directions, until shutdown. What it opens it writes into `deliver`,
-/// the next worker's queue (docs/ARCHITECTURE.md "Workers": the device then sends that flow's
-/// answers to the next worker, so the two directions of a flow run on two threads). `index`
-/// names its [`WorkerLoad`].
+/// whatever is ready, both directions, until shutdown. What it opens it writes into its own
+/// queue while that is light, and into `deliver`, the next worker's queue, while it carries
+/// bulk ([`Delivery`]; docs/ARCHITECTURE.md "Workers": the device sends a flow's answers to
+/// the queue its packets were written into). `index` names its [`WorkerLoad`].
 pub fn worker_loop(
     shared: &Shared,
     index: usize,
@@ -108,6 +109,7 @@ pub fn worker_loop(
     let mut tx = Transmit::new(tun_mtu);
     let mut rx = Receive::new(tun_mtu);
     let load = &shared.load[index % shared.load.len()];
+    let mut delivery = Delivery::new();
     while !shared.shutdown.load(Ordering::Relaxed) {
         match epoll.wait(&mut events, Some(POLL)) {
             Ok(0) => {
@@ -144,9 +146,11 @@ pub fn worker_loop(
                 continue;
             };
             let now = *now.get_or_insert_with(super::clock::now);
-            let n = rx.on_readable(shared, &table, socket, deliver, limits, now);
+            let queue = if delivery.next_queue() { deliver } else { tun };
+            let (n, bytes) = rx.on_readable(shared, &table, socket, queue, limits, now);
             if n > 0 {
                 load.opened.fetch_add(n, Ordering::Relaxed);
+                delivery.delivered(now, bytes);
             }
         }
     }
@@ -452,7 +456,8 @@ impl Receive {
     }
 
     /// Reads what `socket` holds (one recvmmsg), opens it and writes it to the TUN queue.
-    /// Handshake messages and notices go to the peer's link. Returns the packets delivered.
+    /// Handshake messages and notices go to the peer's link. Returns the packets and bytes
+    /// delivered.
     fn on_readable(
         &mut self,
         shared: &Shared,
@@ -461,15 +466,15 @@ impl Receive {
         tun: &Tun,
         limits: Limits,
         now: UnixTime,
-    ) -> u64 {
+    ) -> (u64, u64) {
         // Never blocks: epoll said readable, and a readiness with nothing to read must not
         // park this worker in one socket while the others fill.
         let got = match socket.recv_ready(&mut self.scratch, &mut self.bufs) {
             Ok(n) => n,
-            Err(e) if e.is_would_block() => return 0,
+            Err(e) if e.is_would_block() => return (0, 0),
             Err(e) => {
                 log::debug!("{e}");
-                return 0;
+                return (0, 0);
             }
         };
         let overflowed = socket.take_queue_drops();
@@ -481,7 +486,7 @@ impl Receive {
         let inner_cap = self.inner_cap;
         let out = &mut self.out;
         let mut ready = 0;
-        let mut delivered = 0u64;
+        let (mut delivered, mut delivered_bytes) = (0u64, 0u64);
         for buf in &mut self.bufs[..got] {
             if buf.truncated() {
                 shared.unmatched.drop_n(DropReason::BadLength, 1);
@@ -596,9 +601,10 @@ impl Receive {
             drop(keys);
             counters.add(packets, bytes);
             delivered += packets;
+            delivered_bytes += bytes;
         }
         flush_to_tun(shared, tun, &mut self.gro, &mut out[..ready]);
-        delivered
+        (delivered, delivered_bytes)
     }
 }
 

@@ -22,6 +22,7 @@ mod collision;
 pub mod counter_state;
 pub mod counters;
 mod dataplane;
+mod delivery;
 mod error;
 pub mod icmp;
 mod kernel_drops;
