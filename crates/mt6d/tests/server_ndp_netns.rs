@@ -16,6 +16,7 @@ use std::net::{Ipv6Addr, SocketAddrV6, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use mt6d::lab::topology;
 use mt6d::server::ndp::{NdpCounters, NdpResponder};
 use mt6d_os::capture::PacketCapture;
 use mt6d_os::{unique_name, AddrFlags, Netlink, Netns};
@@ -28,28 +29,16 @@ const INVALID: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 5, 0, 0x1c2d, 0x3e4f, 0x5
 const ROUTER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x05, 0x01];
 const SERVER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x05, 0x02];
 
-/// Makes `a_name` in `a` and `b_name` in `b`, one veth pair, both up with the MACs given.
+/// One veth pair (the lab's own), `a_name` in `a` and `b_name` in `b`, with the MACs given.
 fn veth(a: &Netns, a_name: &str, a_mac: [u8; 6], b: &Netns, b_name: &str, b_mac: [u8; 6]) {
-    let tmp = unique_name("m6n");
-    let b_fd = b.fd();
-    a.run(|| {
-        let mut nl = Netlink::open().expect("netlink");
-        nl.create_veth(a_name, &tmp).expect("veth");
-        let peer = nl.link_index(&tmp).expect("peer");
-        nl.move_link_to_netns(peer, b_fd).expect("move peer");
-        let own = nl.link_index(a_name).expect("own end");
-        nl.link_set_mac(own, a_mac).expect("mac");
-        nl.link_set_up(own).expect("up");
-    })
-    .expect("enter a");
-    b.run(|| {
-        let mut nl = Netlink::open().expect("netlink");
-        let peer = nl.link_index(&tmp).expect("peer");
-        nl.link_rename(peer, b_name).expect("rename");
-        nl.link_set_mac(peer, b_mac).expect("mac");
-        nl.link_set_up(peer).expect("up");
-    })
-    .expect("enter b");
+    topology::veth(a, a_name, b, b_name).expect("veth pair");
+    for (ns, name, mac) in [(a, a_name, a_mac), (b, b_name, b_mac)] {
+        topology::in_ns(ns, |nl| {
+            let i = nl.link_index(name)?;
+            nl.link_set_mac(i, mac)
+        })
+        .expect("mac");
+    }
 }
 
 /// The router's neighbour entry for `addr` on r0 once it has a link-layer address, waiting up

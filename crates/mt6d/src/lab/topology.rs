@@ -721,7 +721,7 @@ fn route_via(
 }
 
 /// A veth pair between two namespaces, both ends up.
-fn veth(a: &Netns, a_name: &str, b: &Netns, b_name: &str) -> Result<(), LabError> {
+pub fn veth(a: &Netns, a_name: &str, b: &Netns, b_name: &str) -> Result<(), LabError> {
     // Created in `a` under a temporary peer name, moved to `b`, renamed there.
     let tmp = unique_name("m6v");
     let b_fd = b.fd();
