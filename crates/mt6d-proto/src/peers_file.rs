@@ -8,6 +8,12 @@
 //! bob           mU6VAR4mmhdjuZ3iQUEgSNXBwmsyjalqBFMKCsEYzHM=  2001:db8:b::2      3q2+7w...=
 //! ```
 //!
+//! After the positional fields, two optional named ones (in any order): `prefix=ADDR/64`, the
+//! /64 the client's hashed addresses live in when it is not the /64 of its true address (a
+//! client gateway's external prefix), and `key=BASE64`, a pre-shared session key (what the
+//! client's `[[peer]] key` holds): the server then uses that key for the client's routes and data
+//! directly, as a gateway does with `key`, and runs no handshake with it. `key=` excludes a psk.
+//!
 //! Fields are separated by spaces or tabs; `#` starts a comment that runs to the end of the line;
 //! blank lines are skipped. The fields follow the daemon's `[[peer]]` rules (crates/mt6d
 //! `config/peer.rs`, `keys.rs`), which this crate cannot call: a name of letters, digits, `-`, `_`
@@ -24,6 +30,7 @@ use std::net::Ipv6Addr;
 use base64::Engine as _;
 
 use crate::handshake::{Psk, PublicKey, KEY_LEN};
+use crate::SessionKey;
 
 /// One client of the server: a line of the peers file.
 #[derive(Clone)]
@@ -37,6 +44,10 @@ pub struct PeerEntry {
     /// The optional pre-shared key mixed into the link key and the handshake (docs/PROTOCOL.md
     /// §9.1).
     pub psk: Option<Psk>,
+    /// The /64 of the client's hashed addresses (`prefix=`); `None`: the /64 of `true_addr`.
+    pub prefix: Option<Ipv6Addr>,
+    /// A pre-shared session key (`key=`): no handshake for this client.
+    pub session_key: Option<SessionKey>,
     /// The line it came from, counted from 1.
     pub line: usize,
 }
@@ -48,6 +59,11 @@ impl fmt::Debug for PeerEntry {
             .field("public_key", &self.public_key)
             .field("true_addr", &self.true_addr)
             .field("psk", &self.psk.as_ref().map(|_| "[redacted]"))
+            .field("prefix", &self.prefix)
+            .field(
+                "session_key",
+                &self.session_key.as_ref().map(|_| "[redacted]"),
+            )
             .field("line", &self.line)
             .finish()
     }
@@ -65,6 +81,10 @@ pub enum PeerField {
     TrueAddress,
     /// The optional fourth field.
     Psk,
+    /// `prefix=`.
+    Prefix,
+    /// `key=`.
+    SessionKey,
 }
 
 impl fmt::Display for PeerField {
@@ -74,6 +94,8 @@ impl fmt::Display for PeerField {
             PeerField::PublicKey => "public key",
             PeerField::TrueAddress => "true address",
             PeerField::Psk => "pre-shared key",
+            PeerField::Prefix => "prefix=",
+            PeerField::SessionKey => "key=",
         })
     }
 }
@@ -89,7 +111,7 @@ pub enum PeersFileError {
         line: usize,
     },
     /// Fewer than three or more than four fields.
-    #[error("line {line}: {found} fields; a peer line is `name public-key true-address [psk]`")]
+    #[error("line {line}: {found} fields; a peer line is `name public-key true-address [psk] [prefix=ADDR/64] [key=BASE64]`")]
     FieldCount {
         /// The line.
         line: usize,
@@ -142,32 +164,90 @@ pub fn parse(text: &str) -> Result<Vec<PeerEntry>, PeersFileError> {
     for (i, raw) in text.lines().enumerate() {
         let line = i + 1;
         let content = raw.split_once('#').map_or(raw, |(before, _)| before);
+        let found = content.split_ascii_whitespace().count();
         let mut fields = content.split_ascii_whitespace();
-        let (Some(name), Some(public), Some(addr), psk, None) = (
-            fields.next(),
-            fields.next(),
-            fields.next(),
-            fields.next(),
-            fields.next(),
-        ) else {
-            let found = content.split_ascii_whitespace().count();
+        let (Some(name), Some(public), Some(addr)) = (fields.next(), fields.next(), fields.next())
+        else {
             if found == 0 {
                 continue;
             }
             return Err(PeersFileError::FieldCount { line, found });
         };
-        entries.push(PeerEntry {
+        let mut entry = PeerEntry {
             name: peer_name(name, line)?.to_owned(),
             public_key: PublicKey::from_bytes(*key32(public, line, PeerField::PublicKey)?),
             true_addr: true_address(addr, line)?,
-            psk: psk
-                .map(|p| key32(p, line, PeerField::Psk).map(|k| Psk::from_bytes(*k)))
-                .transpose()?,
+            psk: None,
+            prefix: None,
+            session_key: None,
             line,
-        });
+        };
+        for (n, field) in fields.enumerate() {
+            if let Some(p) = field.strip_prefix("prefix=") {
+                if entry.prefix.is_some() {
+                    return Err(bad(line, PeerField::Prefix, "given twice"));
+                }
+                entry.prefix = Some(prefix64(p, line)?);
+            } else if let Some(k) = field.strip_prefix("key=") {
+                if entry.session_key.is_some() {
+                    return Err(bad(line, PeerField::SessionKey, "given twice"));
+                }
+                let k = key32(k, line, PeerField::SessionKey)?;
+                let key = SessionKey::from_bytes(&k[..])
+                    .map_err(|e| bad(line, PeerField::SessionKey, e.to_string()))?;
+                entry.session_key = Some(key);
+            } else if n == 0 {
+                entry.psk = Some(Psk::from_bytes(*key32(field, line, PeerField::Psk)?));
+            } else {
+                return Err(PeersFileError::FieldCount { line, found });
+            }
+        }
+        if entry.psk.is_some() && entry.session_key.is_some() {
+            return Err(bad(
+                line,
+                PeerField::SessionKey,
+                "a pre-shared session key replaces the handshake, so a psk (which adds to the handshake) cannot go with it",
+            ));
+        }
+        entries.push(entry);
     }
     check_unique(&entries)?;
     Ok(entries)
+}
+
+/// `ADDR/64`: the /64 a client's hashed addresses are placed in.
+fn prefix64(text: &str, line: usize) -> Result<Ipv6Addr, PeersFileError> {
+    let fault = || {
+        bad(
+            line,
+            PeerField::Prefix,
+            format!("{text:?} is not an IPv6 /64 (ADDR/64)"),
+        )
+    };
+    let (addr, len) = text.split_once('/').ok_or_else(fault)?;
+    let addr: Ipv6Addr = addr.parse().map_err(|_| fault())?;
+    if len != "64" {
+        return Err(fault());
+    }
+    if u128::from(addr) & u128::from(u64::MAX) != 0 {
+        return Err(bad(
+            line,
+            PeerField::Prefix,
+            format!("{text}: host bits set; a /64 ends in ::"),
+        ));
+    }
+    if addr.is_unspecified()
+        || addr.is_loopback()
+        || addr.is_multicast()
+        || addr.segments()[0] & 0xffc0 == 0xfe80
+    {
+        return Err(bad(
+            line,
+            PeerField::Prefix,
+            format!("{text} cannot hold a client's hashed addresses"),
+        ));
+    }
+    Ok(addr)
 }
 
 fn bad(line: usize, field: PeerField, fault: impl Into<String>) -> PeersFileError {
@@ -334,6 +414,40 @@ mod tests {
         assert_eq!(e[1].psk.as_ref().map(|p| p.as_bytes()[0]), Some(0));
         assert!(parse("").unwrap().is_empty());
         assert!(parse("# only a comment").unwrap().is_empty());
+    }
+
+    #[test]
+    fn named_fields_give_the_prefix_and_a_session_key() {
+        let e = parse(&format!(
+            "a {K1} 2001:db8:b:1::1 prefix=2001:db8:b::/64 key={K2}\nb {K3} 2001:db8::2 {K2} prefix=2001:db8:c::/64"
+        ))
+        .unwrap();
+        assert_eq!(e[0].prefix, Some("2001:db8:b::".parse().unwrap()));
+        assert_eq!(
+            e[0].session_key.as_ref().map(|k| k.as_bytes()[0]),
+            Some(0x99)
+        );
+        assert!(e[0].psk.is_none());
+        assert!(e[1].psk.is_some() && e[1].session_key.is_none());
+        assert!(!format!("{e:?}").contains(K2));
+        let field = |text: String| match err(&text) {
+            PeersFileError::BadField { line, field, fault } => (line, field, fault),
+            e => panic!("{e:?}"),
+        };
+        for bad_prefix in ["2001:db8::/48", "2001:db8::1/64", "ff02::/64", "nonsense"] {
+            let (_, f, _) = field(format!("a {K1} 2001:db8::1 prefix={bad_prefix}"));
+            assert_eq!(f, PeerField::Prefix, "{bad_prefix}");
+        }
+        let (_, f, fault) = field(format!("a {K1} 2001:db8::1 {K2} key={K3}"));
+        assert_eq!(f, PeerField::SessionKey);
+        assert!(fault.contains("psk"), "{fault}");
+        let (_, f, _) = field(format!("a {K1} 2001:db8::1 key={K3} key={K3}"));
+        assert_eq!(f, PeerField::SessionKey);
+        // A psk after a named field is a misplaced field.
+        assert_eq!(
+            err(&format!("a {K1} 2001:db8::1 prefix=2001:db8::/64 {K2}")),
+            PeersFileError::FieldCount { line: 1, found: 5 }
+        );
     }
 
     #[test]
