@@ -314,6 +314,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.command);
     let result = match cli.command {
+        Command::Run { config, .. } if is_server_file(&config) => mt6d::server::run(&config),
         Command::Run { config, .. } => gateway::run(&config),
         Command::Down { config } => gateway::down(&config),
         Command::Check { config } => check(&config),
@@ -364,6 +365,9 @@ fn init_logging(command: &Command) {
     };
     let from_config = || match command {
         // Loaded again by `run`, which reports its errors; here only the level matters.
+        Command::Run { config, .. } if is_server_file(config) => config::ServerConfig::load(config)
+            .ok()
+            .and_then(|c| c.log_level),
         Command::Run { config, .. } => config::Config::load(config)
             .ok()
             .and_then(|c| c.gateway.log_level),
@@ -384,7 +388,39 @@ fn init_logging(command: &Command) {
 /// Errors of the command-line layer: each wraps the layer below with what was being done.
 type CliResult = Result<(), Box<dyn std::error::Error>>;
 
+/// Whether `path` holds a server role configuration (a `[server]` table). An unreadable file
+/// is not: the gateway's loader then reports why it cannot be read.
+fn is_server_file(path: &std::path::Path) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|t| config::ServerConfig::is_server_file(&t))
+}
+
+/// `mt6d check` of a server role file: the file and its peers file, as `run` validates them.
+fn check_server(path: &std::path::Path) -> CliResult {
+    let cfg = config::ServerConfig::load(path)?;
+    let clients = cfg.clients()?;
+    println!("{}: OK", path.display());
+    println!(
+        "  server: prefix {}/64  true address {} on {}  external {}  {} workers",
+        cfg.prefix,
+        cfg.true_address,
+        cfg.tun_name,
+        cfg.external_interface,
+        cfg.worker_count()
+    );
+    println!(
+        "  {} clients from {} (pre-shared session keys), rotation {:?}, mode {:?}",
+        clients.len(),
+        cfg.peers_file.display(),
+        cfg.rotation,
+        cfg.mode
+    );
+    Ok(())
+}
+
 fn check(path: &std::path::Path) -> CliResult {
+    if is_server_file(path) {
+        return check_server(path);
+    }
     let cfg = config::Config::load(path)?;
     let g = &cfg.gateway;
     println!("{}: OK", path.display());

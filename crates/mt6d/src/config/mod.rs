@@ -14,8 +14,10 @@ use mt6d_proto::{AeadAlg, Stream, StreamConfig};
 mod gateway;
 mod peer;
 mod raw;
+mod server;
 mod tcp;
 
+pub use server::{ClientConfig, ServerConfig, DEFAULT_LISTEN_PORT, DEFAULT_SERVER_TUN};
 pub use tcp::{HostIdPolicy, Inject, InjectMode, Normalize, TcpConfig, NORMAL_WINDOW_SEGMENTS};
 
 use gateway::GatewaySection;

@@ -62,6 +62,7 @@ use crate::status::{
 };
 use collision::CollisionWatch;
 use counters::{DirectionCounters, DropReason};
+pub use dataplane::stop_all_if_it_panics;
 pub use error::GatewayError;
 use icmp::IcmpTranslator;
 use liveness::Liveness;

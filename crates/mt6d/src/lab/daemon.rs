@@ -129,6 +129,11 @@ impl DaemonProcess {
         }
     }
 
+    /// The process id while it runs (for signals such as SIGHUP).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// SIGKILL, as a crash or power cut would end it: nothing gets cleaned up.
     pub fn kill_hard(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -1,6 +1,7 @@
 //! The lab: network namespaces, real traffic and an observer on the public link, built by the
 //! program itself. `mt6d demo` and the end-to-end tests use it; it is never part of a gateway.
 
+pub mod clients;
 pub mod config_file;
 pub mod daemon;
 pub mod demo;
@@ -8,6 +9,7 @@ pub mod kernel_counters;
 pub mod linker;
 pub mod observer;
 pub mod ping;
+pub mod server_lab;
 pub mod topology;
 pub mod transfer;
 pub mod unlinkability;

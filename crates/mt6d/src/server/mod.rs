@@ -1,8 +1,511 @@
-//! The server role's pieces (tracker issue 12; docs/ARCHITECTURE.md, "The server role"). The
-//! role itself (`role = "server"`) is not built yet; what is here is complete and tested on
-//! its own, and is what the role will run.
+//! The server role (tracker issue 12; docs/ARCHITECTURE.md, "The server role"): one daemon for
+//! many clients, each on hashed addresses of its own, with no per-client state in the kernel.
 //!
-//! * [`ndp`]: answers Neighbour Solicitations for the currently valid hashed addresses only,
-//!   where the server shares a segment with its router.
+//! * one AnyIP route makes the server's hashed /64 local as a whole;
+//! * one nftables table (the daemon's own, replaced atomically) hands every UDP datagram to the
+//!   /64 to the workers' transparent sockets on one port, and drops everything else sent to the
+//!   /64, so no address of it answers a ping, a TCP probe or a datagram to a wrong port;
+//! * the workers ([`dataplane`]) find each datagram's client by the (address, port) it was sent
+//!   to, in the million-peer index ([`registry`]), and answer through raw sockets from exactly
+//!   that address and port;
+//! * the main thread advances each client's window at its own boundary (one deadline per client,
+//!   spread by the clients' jitter), answers Neighbour Solicitations for current addresses only
+//!   ([`ndp`]), and applies the peers file again on SIGHUP.
+//!
+//! This version serves clients with pre-shared session keys (`key=` in the peers file); it runs
+//! no handshake yet.
 
+pub mod dataplane;
+pub mod generation;
 pub mod ndp;
+pub mod registry;
+
+use std::collections::HashMap;
+use std::net::Ipv6Addr;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use mt6d_os::nftables::NftTable;
+use mt6d_os::{AddrFlags, Epoll, EpollEvents, Netlink, RawUdp6, Tun, UdpSocket6};
+use mt6d_proto::endpoint::IndexSeed;
+use mt6d_proto::Stream;
+
+use crate::config::{ClientConfig, ServerConfig};
+use crate::gateway::clock;
+use crate::gateway::signals::Signals;
+use dataplane::{ServerCounters, Shared, WorkerIo};
+use ndp::NdpResponder;
+use registry::Registry;
+
+/// Longest the main thread sleeps: it also watches the stop and reload flags.
+const TICK: Duration = Duration::from_millis(50);
+/// Solicitations handled per wake-up before the main thread looks at its deadlines again.
+const NDP_BUDGET: usize = 256;
+/// How often the counters are logged (at info) while anything moves.
+const REPORT_EVERY: Duration = Duration::from_secs(60);
+
+/// A server start-up or run failure, with what was being done.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("{what}: {source}")]
+    Os {
+        what: String,
+        source: mt6d_os::OsError,
+    },
+    #[error(transparent)]
+    Generation(#[from] generation::GenerationError),
+    #[error(transparent)]
+    Registry(#[from] registry::RegistryError),
+    #[error(transparent)]
+    Privilege(#[from] crate::privilege::PrivilegeError),
+    #[error("{0}")]
+    Setup(String),
+}
+
+fn os(what: impl Into<String>) -> impl FnOnce(mt6d_os::OsError) -> ServerError {
+    let what = what.into();
+    move |source| ServerError::Os { what, source }
+}
+
+/// Runs the server until SIGTERM or SIGINT, then removes everything it added.
+pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let cfg = ServerConfig::load(config_path)?;
+    crate::privilege::check_all()?;
+    let signals = Signals::install()?;
+    // Everything is validated before the system is touched.
+    let clients = cfg.clients()?;
+    mt6d_os::secrets::set_non_dumpable()
+        .map_err(|e| ServerError::Setup(format!("mark the process non-dumpable: {e}")))?;
+    let counters = generation::reserve(&cfg.state_dir, &cfg.tun_name)?;
+    let mut seed = [0u8; 16];
+    getrandom::fill(&mut seed)
+        .map_err(|e| ServerError::Setup(format!("draw the index seed from the OS: {e}")))?;
+    let started = Instant::now();
+    let mut registry = Registry::new(IndexSeed::from_bytes(seed), clients.len(), counters);
+    let now = clock::now();
+    for c in &clients {
+        registry.add(c, now)?;
+    }
+    log::info!(
+        "{} clients indexed in {:.2} s ({} hashed addresses valid)",
+        registry.len(),
+        started.elapsed().as_secs_f64(),
+        registry.address_count()
+    );
+    let shared = Arc::new(Shared {
+        registry: RwLock::new(registry),
+        counters: ServerCounters::default(),
+        shutdown: std::sync::atomic::AtomicBool::new(false),
+    });
+    let mut system = System::new(&cfg)?;
+    let result = system
+        .set_up(&cfg, &clients)
+        .and_then(|ios| serve(&cfg, &shared, ios, &signals, &clients, started));
+    shared.shutdown.store(true, Ordering::Relaxed);
+    let leftovers = system.tear_down();
+    for l in &leftovers {
+        log::error!("clean-up: {l}");
+    }
+    result?;
+    if let Some(sig) = signals.stopped_by() {
+        log::info!("stopped by {sig}");
+    }
+    if leftovers.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("clean-up left: {}", leftovers.join("; ")).into())
+    }
+}
+
+/// The TUN MTU: the external MTU minus what the tunnel adds.
+fn tun_mtu(cfg: &ServerConfig, clients: &[ClientConfig]) -> Result<u16, ServerError> {
+    let overhead = match clients.first() {
+        Some(c) => Stream::new(c.stream.clone())
+            .map_err(|e| ServerError::Setup(format!("client {:?}: {e}", c.name)))?
+            .overhead(),
+        // No client yet: the overhead of the mode (every client has the same).
+        None => 80,
+    };
+    u16::try_from(usize::from(cfg.mtu).saturating_sub(overhead).max(1280))
+        .map_err(|_| ServerError::Setup("MTU out of range".into()))
+}
+
+/// What the server added to the system, undone in reverse order by [`System::tear_down`] (also
+/// after a failed set-up: nothing is left half-applied).
+struct System {
+    nl: Netlink,
+    table: NftTable,
+    lo: u32,
+    prefix: Ipv6Addr,
+    prefix_added: bool,
+    table_loaded: bool,
+}
+
+impl System {
+    fn new(cfg: &ServerConfig) -> Result<System, ServerError> {
+        let mut nl = Netlink::open().map_err(os("open rtnetlink"))?;
+        let lo = nl.link_index("lo").map_err(os("find lo"))?;
+        let table = NftTable::new(&format!(
+            "mt6d_server_{}",
+            cfg.tun_name.replace(['-', '.'], "_")
+        ))
+        .map_err(os("name the nftables table"))?;
+        Ok(System {
+            nl,
+            table,
+            lo,
+            prefix: cfg.prefix,
+            prefix_added: false,
+            table_loaded: false,
+        })
+    }
+
+    /// TUN device with the true address and the client routes, the AnyIP route, the nftables
+    /// table, one transparent and one raw socket per worker.
+    fn set_up(
+        &mut self,
+        cfg: &ServerConfig,
+        clients: &[ClientConfig],
+    ) -> Result<Vec<WorkerIo>, ServerError> {
+        let ext = self
+            .nl
+            .link_index(&cfg.external_interface)
+            .map_err(os(format!(
+                "find external interface {}",
+                cfg.external_interface
+            )))?;
+        let _ = ext; // checked to exist before anything is added
+        let mtu = tun_mtu(cfg, clients)?;
+        let workers = cfg.worker_count();
+        let tuns = Tun::create(&cfg.tun_name, mtu, workers)
+            .map_err(os(format!("create TUN device {}", cfg.tun_name)))?;
+        let tun_index = tuns[0].index();
+        self.nl
+            .add_address(
+                tun_index,
+                cfg.true_address,
+                128,
+                AddrFlags {
+                    nodad: true,
+                    noprefixroute: true,
+                },
+            )
+            .map_err(os(format!(
+                "add the true address {} to {}",
+                cfg.true_address, cfg.tun_name
+            )))?;
+        for &(p, len) in &cfg.client_routes {
+            self.nl
+                .add_route(p, len, tun_index)
+                .map_err(os(format!("route {p}/{len} into {}", cfg.tun_name)))?;
+        }
+        self.nl.link_set_up(self.lo).map_err(os("bring lo up"))?;
+        // A route left by a crashed run is replaced, not an error.
+        let _ = self.nl.del_local_prefix(cfg.prefix, 64, self.lo);
+        self.nl
+            .add_local_prefix(cfg.prefix, 64, self.lo)
+            .map_err(os(format!(
+                "make {}/64 local (AnyIP route on lo)",
+                cfg.prefix
+            )))?;
+        self.prefix_added = true;
+        self.table
+            .load(&ruleset(cfg))
+            .map_err(os(format!("load nftables table {}", self.table.spec())))?;
+        self.table_loaded = true;
+        let mut ios = Vec::with_capacity(workers);
+        for tun in tuns {
+            let socket = UdpSocket6::bind_transparent(cfg.listen_port).map_err(os(format!(
+                "open a transparent socket on port {}",
+                cfg.listen_port
+            )))?;
+            let raw = RawUdp6::open().map_err(os("open a raw UDP socket"))?;
+            ios.push(WorkerIo { socket, raw, tun });
+        }
+        Ok(ios)
+    }
+
+    /// Removes what [`System::set_up`] added (the workers have stopped); returns what could not
+    /// be removed. The TUN device, its address and its routes go with the workers' queues.
+    fn tear_down(&mut self) -> Vec<String> {
+        let mut left = Vec::new();
+        if self.table_loaded {
+            if let Err(e) = self.table.delete() {
+                left.push(format!("nftables table {}: {e}", self.table.spec()));
+            }
+            self.table_loaded = false;
+        }
+        if self.prefix_added {
+            if let Err(e) = self.nl.del_local_prefix(self.prefix, 64, self.lo) {
+                left.push(format!("AnyIP route {}/64: {e}", self.prefix));
+            }
+            self.prefix_added = false;
+        }
+        left
+    }
+}
+
+/// The server's nftables table: UDP to the prefix goes to the workers' port (the datagram keeps
+/// its destination, which the sockets read); anything else to the prefix is dropped before the
+/// kernel could answer it (echo replies, TCP resets, unreachables).
+pub fn ruleset(cfg: &ServerConfig) -> String {
+    format!(
+        "chain prerouting {{\n\
+         \ttype filter hook prerouting priority mangle; policy accept;\n\
+         \tip6 daddr {p}/64 meta l4proto != udp counter drop\n\
+         \tip6 daddr {p}/64 meta l4proto udp tproxy ip6 to :{port}\n\
+         }}",
+        p = cfg.prefix,
+        port = cfg.listen_port
+    )
+}
+
+/// A client's fingerprint for reloads: a line whose values changed is removed and added again.
+fn fingerprint(c: &ClientConfig) -> (Ipv6Addr, Option<Ipv6Addr>, blake3::Hash) {
+    (
+        c.stream.remote.true_addr,
+        c.stream.remote.external_prefix,
+        blake3::hash(c.stream.key.as_bytes()),
+    )
+}
+
+fn serve(
+    cfg: &ServerConfig,
+    shared: &Arc<Shared>,
+    ios: Vec<WorkerIo>,
+    signals: &Signals,
+    clients: &[ClientConfig],
+    started: Instant,
+) -> Result<(), ServerError> {
+    let mtu = tun_mtu(cfg, clients)?;
+    let mut handles = Vec::with_capacity(ios.len());
+    for (i, io) in ios.into_iter().enumerate() {
+        let s = Arc::clone(shared);
+        let h = std::thread::Builder::new()
+            .name(format!("mt6d-s{i}"))
+            .spawn(move || {
+                crate::gateway::stop_all_if_it_panics(&s.shutdown, i, || {
+                    if let Err(e) = dataplane::worker_loop(&s, &io, usize::from(mtu)) {
+                        log::error!("server worker {i}: {e}; stopping");
+                        s.shutdown.store(true, Ordering::Relaxed);
+                    }
+                });
+            })
+            .map_err(|e| ServerError::Setup(format!("start worker {i}: {e}")))?;
+        handles.push(h);
+    }
+    let mut ndp = if cfg.neighbor_discovery {
+        let mut nl = Netlink::open().map_err(os("open rtnetlink"))?;
+        let ext = nl
+            .link_index(&cfg.external_interface)
+            .map_err(os(format!("find {}", cfg.external_interface)))?;
+        let mac = nl
+            .link_mac(ext)
+            .map_err(os(format!("read the MAC of {}", cfg.external_interface)))?
+            .ok_or_else(|| {
+                ServerError::Setup(format!(
+                    "{} has no link-layer address: set neighbor_discovery = false",
+                    cfg.external_interface
+                ))
+            })?;
+        Some(
+            NdpResponder::open(&cfg.external_interface, mac).map_err(os(format!(
+                "open the neighbour responder on {}",
+                cfg.external_interface
+            )))?,
+        )
+    } else {
+        None
+    };
+    let epoll = Epoll::new().map_err(os("epoll"))?;
+    if let Some(r) = &ndp {
+        use std::os::fd::{AsFd, AsRawFd};
+        epoll
+            .add(r.capture().as_fd().as_raw_fd(), 0)
+            .map_err(os("watch the neighbour responder"))?;
+    }
+    let mut events = EpollEvents::with_capacity(4);
+    let mut known: HashMap<String, _> = clients
+        .iter()
+        .map(|c| (c.name.clone(), fingerprint(c)))
+        .collect();
+    log::info!(
+        "serving {} clients on {}/64 ({} workers, TUN {} MTU {}, ready {:.2} s after start)",
+        known.len(),
+        cfg.prefix,
+        handles.len(),
+        cfg.tun_name,
+        mtu,
+        started.elapsed().as_secs_f64()
+    );
+    let status = format!("serving {} clients", known.len());
+    if let Err(e) = mt6d_os::service::ready(&status) {
+        log::warn!("tell the service manager we are ready: {e}");
+    }
+    let mut last_report = Instant::now();
+    let mut last_rx = 0;
+    let result = loop {
+        if signals.stop_requested() || shared.shutdown.load(Ordering::Relaxed) {
+            break Ok(());
+        }
+        if signals.take_reload() {
+            reload(cfg, shared, &mut known);
+        }
+        let now = clock::now();
+        let due = {
+            let reg = shared
+                .registry
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
+            reg.poll_timeout()
+        };
+        if due.is_some_and(|d| d <= now) {
+            let step = {
+                let mut reg = shared
+                    .registry
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner);
+                reg.step(now)
+            };
+            if step.contested > 0 {
+                log::warn!(
+                    "{} routes of {} clients contested at this step (two claims on one hashed address and port); they are served again at their next epoch",
+                    step.contested,
+                    step.advanced
+                );
+            }
+        }
+        if let Some(r) = &mut ndp {
+            let reg = shared
+                .registry
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Err(e) = r.serve_ready(|a| reg.is_current_address(a), NDP_BUDGET) {
+                log::warn!("neighbour responder on {}: {e}", cfg.external_interface);
+            }
+        }
+        if last_report.elapsed() >= REPORT_EVERY {
+            let rx = shared.counters.rx_packets.load(Ordering::Relaxed);
+            if rx != last_rx {
+                log_counters(&shared.counters, ndp.as_ref());
+                last_rx = rx;
+            }
+            last_report = Instant::now();
+        }
+        let wait = due.map_or(TICK, |d| {
+            d.saturating_duration_since(clock::now()).min(TICK)
+        });
+        if let Err(e) = epoll.wait(&mut events, Some(wait.max(Duration::from_millis(1)))) {
+            break Err(os("wait")(e));
+        }
+    };
+    shared.shutdown.store(true, Ordering::Relaxed);
+    for h in handles {
+        let _ = h.join();
+    }
+    log_counters(&shared.counters, ndp.as_ref());
+    result
+}
+
+fn log_counters(c: &ServerCounters, ndp: Option<&NdpResponder>) {
+    let mut line: Vec<String> = c
+        .snapshot()
+        .into_iter()
+        .filter(|(_, v)| *v > 0)
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    if let Some(r) = ndp {
+        let n = r.counters();
+        line.push(format!(
+            "ns_answered={} ns_defended={} ns_not_current={}",
+            n.answered, n.defended, n.not_current
+        ));
+    }
+    log::info!("counters: {}", line.join(" "));
+}
+
+/// SIGHUP: the peers file read and validated again as a whole; if it is valid, clients no
+/// longer listed are removed (their addresses stop answering at once), new ones added, changed
+/// ones replaced. An invalid file changes nothing.
+fn reload(
+    cfg: &ServerConfig,
+    shared: &Shared,
+    known: &mut HashMap<String, (Ipv6Addr, Option<Ipv6Addr>, blake3::Hash)>,
+) {
+    let clients = match cfg.clients() {
+        Ok(c) => c,
+        Err(e) => {
+            log::error!("reload refused, nothing changed: {e}");
+            return;
+        }
+    };
+    let wanted: HashMap<&str, &ClientConfig> =
+        clients.iter().map(|c| (c.name.as_str(), c)).collect();
+    let mut reg = shared
+        .registry
+        .write()
+        .unwrap_or_else(PoisonError::into_inner);
+    let (mut removed, mut added, mut failed) = (0, 0, 0);
+    let gone: Vec<String> = known
+        .iter()
+        .filter(|(name, fp)| {
+            wanted
+                .get(name.as_str())
+                .is_none_or(|c| fingerprint(c) != **fp)
+        })
+        .map(|(name, _)| name.clone())
+        .collect();
+    for name in gone {
+        reg.remove(&name);
+        known.remove(&name);
+        removed += 1;
+    }
+    let now = clock::now();
+    for c in &clients {
+        if known.contains_key(&c.name) {
+            continue;
+        }
+        match reg.add(c, now) {
+            Ok(_) => {
+                known.insert(c.name.clone(), fingerprint(c));
+                added += 1;
+            }
+            Err(e) => {
+                log::error!("reload: {e}");
+                failed += 1;
+            }
+        }
+    }
+    log::info!(
+        "reloaded {}: {added} clients added, {removed} removed, {failed} refused; {} served",
+        cfg.peers_file.display(),
+        reg.len()
+    );
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ruleset_drops_all_but_udp_to_the_prefix_and_hands_udp_to_the_port() {
+        let cfg = ServerConfig::parse(
+            Path::new("s.toml"),
+            "[server]\nexternal_interface = \"eth0\"\nprefix = \"2001:db8:5::/64\"\n\
+             true_address = \"2001:db8:5:1::1\"\npeers_file = \"c\"\n\
+             client_routes = [\"2001:db8:c0::/44\"]\nlisten_port = 9000\n",
+        )
+        .unwrap();
+        let r = ruleset(&cfg);
+        assert!(
+            r.contains("ip6 daddr 2001:db8:5::/64 meta l4proto != udp counter drop"),
+            "{r}"
+        );
+        assert!(r.contains("tproxy ip6 to :9000"), "{r}");
+    }
+}

@@ -1,0 +1,481 @@
+//! `[server]`: the server role (tracker issue 12; docs/CONFIG.md "The server role"). One daemon
+//! serves every client listed in a peers file, each on hashed addresses of its own, from one
+//! AnyIP /64: nothing per client in the kernel.
+//!
+//! Validated here, before the daemon touches the OS, as the gateway's file is: every error names
+//! the file, line and column (or the peers file's line and field).
+
+use std::collections::HashSet;
+use std::net::Ipv6Addr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use mt6d_proto::peers_file::{self, PeerEntry};
+use mt6d_proto::{AeadAlg, Derivation, Endpoint, Mode, PortPolicy, StreamConfig};
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::raw::{
+    address, interface_name, parse_opt, ports, prefix64, relative_to, rotation, Source,
+};
+use super::{parse_log_level, ConfigError, DEFAULT_STATE_DIR, MAX_WORKERS};
+
+/// Default TUN device of the server role.
+pub const DEFAULT_SERVER_TUN: &str = "mt6ds0";
+/// Default port the tproxy rule hands the prefix's datagrams to (never seen on the wire: the
+/// datagrams keep their own destination; it is the transparent sockets' local port).
+pub const DEFAULT_LISTEN_PORT: u16 = 7410;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServerFile {
+    server: Spanned<RawServer>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    external_interface: Spanned<String>,
+    prefix: Spanned<String>,
+    true_address: Spanned<String>,
+    peers_file: Spanned<String>,
+    client_routes: Spanned<Vec<Spanned<String>>>,
+    tun_name: Option<Spanned<String>>,
+    listen_port: Option<Spanned<i64>>,
+    neighbor_discovery: Option<Spanned<bool>>,
+    rotation_secs: Option<Spanned<f64>>,
+    jitter: Option<Spanned<bool>>,
+    mode: Option<Spanned<String>>,
+    aead: Option<Spanned<String>>,
+    derivation: Option<Spanned<String>>,
+    port: Option<Spanned<toml::Value>>,
+    state_dir: Option<Spanned<String>>,
+    workers: Option<Spanned<i64>>,
+    log_level: Option<Spanned<String>>,
+    mtu: Option<Spanned<i64>>,
+}
+
+/// The validated server configuration.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub path: PathBuf,
+    pub external_interface: String,
+    /// The server's hashed /64 (high 64 bits), local as a whole through one AnyIP route.
+    pub prefix: Ipv6Addr,
+    /// The server's protected address: on the TUN device; the services clients reach listen on it.
+    pub true_address: Ipv6Addr,
+    pub peers_file: PathBuf,
+    /// Prefixes holding the clients' true addresses, routed into the TUN device.
+    pub client_routes: Vec<(Ipv6Addr, u8)>,
+    pub tun_name: String,
+    /// The transparent sockets' port (tproxy target).
+    pub listen_port: u16,
+    /// Answer Neighbour Solicitations on the external link for current hashed addresses (a
+    /// server sharing a segment with its router). Off where the router routes the prefix to it.
+    pub neighbor_discovery: bool,
+    pub rotation: Duration,
+    pub jitter: bool,
+    pub mode: Mode,
+    pub aead: AeadAlg,
+    pub derivation: Derivation,
+    pub ports: PortPolicy,
+    pub state_dir: PathBuf,
+    pub workers: Option<usize>,
+    pub log_level: Option<log::LevelFilter>,
+    /// MTU of the external path; the TUN device gets it minus the tunnel overhead.
+    pub mtu: u16,
+}
+
+/// One client, validated: its stream settings built from the server's and its peers-file line.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    pub name: String,
+    pub stream: StreamConfig,
+    pub line: usize,
+}
+
+impl ServerConfig {
+    /// Whether `text` is a server role file (a `[server]` table) rather than a gateway's.
+    pub fn is_server_file(text: &str) -> bool {
+        text.parse::<toml::Table>()
+            .is_ok_and(|t| t.contains_key("server"))
+    }
+
+    /// Reads and validates a server configuration (not its peers file: [`ServerConfig::clients`]).
+    pub fn load(path: &Path) -> Result<ServerConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        ServerConfig::parse(path, &text)
+    }
+
+    /// Validates configuration text (`path` names the file and anchors relative paths).
+    pub fn parse(path: &Path, text: &str) -> Result<ServerConfig, ConfigError> {
+        let src = Source { path, text };
+        let raw: RawServerFile = toml::from_str(text).map_err(|e| match e.span() {
+            Some(span) => src.err_at(span, e.message()),
+            None => ConfigError::File {
+                path: path.to_path_buf(),
+                message: e.message().to_string(),
+            },
+        })?;
+        let s = raw.server.get_ref();
+        let external_interface = interface_name(&src, &s.external_interface)?;
+        let prefix = prefix64(&src, &s.prefix)?;
+        let true_address = address(&src, &s.true_address)?;
+        if same64(true_address, prefix) {
+            return Err(src.err(
+                &s.true_address,
+                format!("the true address {true_address} is inside the hashed prefix {}/64: the whole /64 is answered as hashed addresses, so the protected address needs another one", prefix),
+            ));
+        }
+        let mut client_routes = Vec::new();
+        for r in s.client_routes.get_ref() {
+            client_routes.push(route(&src, r)?);
+        }
+        if client_routes.is_empty() {
+            return Err(src.err(
+                &s.client_routes,
+                "client_routes is empty: give the prefixes holding the clients' true addresses (routed into the TUN device)",
+            ));
+        }
+        for &(p, len) in &client_routes {
+            if covers(p, len, prefix) || covers(p, len, true_address) {
+                return Err(src.err(
+                    &s.client_routes,
+                    format!(
+                        "client route {p}/{len} covers the server's own prefix or true address"
+                    ),
+                ));
+            }
+        }
+        let tun_name = match &s.tun_name {
+            Some(t) => interface_name(&src, t)?,
+            None => DEFAULT_SERVER_TUN.to_string(),
+        };
+        let listen_port = match &s.listen_port {
+            None => DEFAULT_LISTEN_PORT,
+            Some(p) => u16::try_from(*p.get_ref())
+                .ok()
+                .filter(|p| *p >= 1)
+                .ok_or_else(|| src.err(p, "listen_port must be 1-65535"))?,
+        };
+        let mode: Mode = parse_opt(&src, &s.mode, Mode::default())?;
+        if mode == Mode::Plain {
+            if let Some(m) = &s.mode {
+                return Err(src.err(
+                    m,
+                    "the server role carries auth or encrypt streams only: plain mode has no tag, and a server cannot tell a forged datagram from a client's",
+                ));
+            }
+        }
+        let workers = match &s.workers {
+            None => None,
+            Some(w) => Some(
+                usize::try_from(*w.get_ref())
+                    .ok()
+                    .filter(|n| (1..=MAX_WORKERS).contains(n))
+                    .ok_or_else(|| src.err(w, format!("workers must be 1-{MAX_WORKERS}")))?,
+            ),
+        };
+        let log_level = match &s.log_level {
+            None => None,
+            Some(l) => Some(parse_log_level(l.get_ref()).ok_or_else(|| {
+                src.err(
+                    l,
+                    "log_level must be error, warn, info, debug, trace or off",
+                )
+            })?),
+        };
+        let mtu = match &s.mtu {
+            None => 1500,
+            Some(m) => u16::try_from(*m.get_ref())
+                .ok()
+                .filter(|m| (1280..=9000).contains(m))
+                .ok_or_else(|| src.err(m, "mtu must be 1280-9000 (the external path's MTU)"))?,
+        };
+        Ok(ServerConfig {
+            path: path.to_path_buf(),
+            external_interface,
+            prefix,
+            true_address,
+            peers_file: relative_to(path, s.peers_file.get_ref()),
+            client_routes,
+            tun_name,
+            listen_port,
+            neighbor_discovery: s.neighbor_discovery.as_ref().is_none_or(|n| *n.get_ref()),
+            rotation: rotation(&src, &s.rotation_secs)?,
+            jitter: s.jitter.as_ref().is_some_and(|j| *j.get_ref()),
+            mode,
+            aead: parse_opt(&src, &s.aead, AeadAlg::default())?,
+            derivation: parse_opt(&src, &s.derivation, Derivation::default())?,
+            ports: ports(&src, &s.port)?,
+            state_dir: s.state_dir.as_ref().map_or_else(
+                || PathBuf::from(DEFAULT_STATE_DIR),
+                |d| PathBuf::from(d.get_ref()),
+            ),
+            workers,
+            log_level,
+            mtu,
+        })
+    }
+
+    /// The number of data-plane workers: `workers`, or one per online CPU.
+    pub fn worker_count(&self) -> usize {
+        self.workers.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map_or(1, std::num::NonZeroUsize::get)
+                .min(MAX_WORKERS)
+        })
+    }
+
+    /// Reads and validates the peers file: mode 0600 (it holds keys), every line parsed, every
+    /// client's stream valid. Errors name the file and line.
+    pub fn clients(&self) -> Result<Vec<ClientConfig>, ConfigError> {
+        let path = &self.peers_file;
+        let read_err = |source| ConfigError::Read {
+            path: path.clone(),
+            source,
+        };
+        let meta = std::fs::metadata(path).map_err(read_err)?;
+        use std::os::unix::fs::PermissionsExt;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(ConfigError::File {
+                path: path.clone(),
+                message: format!(
+                    "holds keys but group or others can read it (mode {mode:03o}); run: chmod 600 {}",
+                    path.display()
+                ),
+            });
+        }
+        let bytes = std::fs::read(path).map_err(read_err)?;
+        let entries = peers_file::parse_bytes(&bytes).map_err(|e| ConfigError::File {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        self.clients_from(&entries)
+    }
+
+    /// [`ServerConfig::clients`] for entries already parsed.
+    pub fn clients_from(&self, entries: &[PeerEntry]) -> Result<Vec<ClientConfig>, ConfigError> {
+        let at = |line: usize, message: String| ConfigError::File {
+            path: self.peers_file.clone(),
+            message: format!("line {line}: {message}"),
+        };
+        let mut keys_seen: HashSet<&[u8]> = HashSet::with_capacity(entries.len());
+        let mut out = Vec::with_capacity(entries.len());
+        for e in entries {
+            let Some(key) = &e.session_key else {
+                return Err(at(
+                    e.line,
+                    format!("client {:?} has no key=: the server role does not run handshakes yet, so every client needs a pre-shared session key (key=BASE64, the client's [[peer]] key)", e.name),
+                ));
+            };
+            // A session key serves one client: the server's true address is in every stream.
+            if !keys_seen.insert(key.as_bytes()) {
+                return Err(at(
+                    e.line,
+                    format!("client {:?} uses a session key another client already uses; every client needs its own", e.name),
+                ));
+            }
+            if e.true_addr == self.true_address
+                || same64(e.true_addr, self.prefix)
+                || e.prefix.is_some_and(|p| same64(p, self.prefix))
+            {
+                return Err(at(
+                    e.line,
+                    format!(
+                        "client {:?}: its true address or prefix is the server's own",
+                        e.name
+                    ),
+                ));
+            }
+            if !self
+                .client_routes
+                .iter()
+                .any(|&(p, len)| covers(p, len, e.true_addr))
+            {
+                return Err(at(
+                    e.line,
+                    format!("client {:?}: {} is in none of client_routes, so its answers would not reach the tunnel", e.name, e.true_addr),
+                ));
+            }
+            let stream = StreamConfig {
+                local: Endpoint {
+                    true_addr: self.true_address,
+                    external_prefix: Some(self.prefix),
+                    mac: None,
+                },
+                remote: Endpoint {
+                    true_addr: e.true_addr,
+                    external_prefix: e.prefix,
+                    mac: None,
+                },
+                key: key.clone(),
+                derivation: self.derivation,
+                ports: self.ports,
+                mode: self.mode,
+                aead: self.aead,
+                rotation: self.rotation,
+                jitter: self.jitter,
+            };
+            out.push(ClientConfig {
+                name: e.name.clone(),
+                stream,
+                line: e.line,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Whether `a` and `b` share their /64.
+pub fn same64(a: Ipv6Addr, b: Ipv6Addr) -> bool {
+    u128::from(a) >> 64 == u128::from(b) >> 64
+}
+
+/// Whether `addr` is inside `prefix/len`.
+pub fn covers(prefix: Ipv6Addr, len: u8, addr: Ipv6Addr) -> bool {
+    let mask = if len == 0 {
+        0
+    } else {
+        u128::MAX << (128 - u32::from(len))
+    };
+    u128::from(prefix) & mask == u128::from(addr) & mask
+}
+
+fn route(src: &Source, v: &Spanned<String>) -> Result<(Ipv6Addr, u8), ConfigError> {
+    let text = v.get_ref();
+    let bad = || {
+        src.err(
+            v,
+            format!("{text:?} is not a prefix (ADDRESS/LEN, LEN 16-128)"),
+        )
+    };
+    let (addr, len) = text.split_once('/').ok_or_else(bad)?;
+    let addr: Ipv6Addr = addr.parse().map_err(|_| bad())?;
+    let len: u8 = len.parse().map_err(|_| bad())?;
+    if !(16..=128).contains(&len) {
+        return Err(bad());
+    }
+    let masked = Ipv6Addr::from(u128::from(addr) & (u128::MAX << (128 - u32::from(len))));
+    if masked != addr {
+        return Err(src.err(
+            v,
+            format!("{text}: host bits set (the prefix is {masked}/{len})"),
+        ));
+    }
+    Ok((addr, len))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+mod tests {
+    use super::*;
+
+    const K1: &str = "Sr+Xbsk1zWOyZ4MmCjIK6v2PeqfaZrnpZNYN76oF8VM=";
+    const K2: &str = "mU6VAR4mmhdjuZ3iQUEgSNXBwmsyjalqBFMKCsEYzHM=";
+
+    fn example() -> String {
+        r#"
+[server]
+external_interface = "eth0"
+prefix = "2001:db8:5::/64"
+true_address = "2001:db8:5:1::1"
+peers_file = "clients"
+client_routes = ["2001:db8:c0::/44"]
+rotation_secs = 2
+"#
+        .to_string()
+    }
+
+    fn parse(text: &str) -> Result<ServerConfig, ConfigError> {
+        ServerConfig::parse(Path::new("/etc/mt6d/server.toml"), text)
+    }
+
+    #[test]
+    fn a_server_file_is_recognised_and_parsed() {
+        assert!(ServerConfig::is_server_file(&example()));
+        assert!(!ServerConfig::is_server_file(
+            "[gateway]\nexternal_interface = \"x\"\n"
+        ));
+        let c = parse(&example()).unwrap();
+        assert_eq!(c.peers_file, PathBuf::from("/etc/mt6d/clients"));
+        assert_eq!(c.tun_name, DEFAULT_SERVER_TUN);
+        assert_eq!(c.rotation, Duration::from_secs(2));
+        assert!(c.neighbor_discovery);
+        assert_eq!(
+            c.client_routes,
+            vec![("2001:db8:c0::".parse().unwrap(), 44)]
+        );
+    }
+
+    #[test]
+    fn mistakes_name_the_line() {
+        let e = parse(&example().replace("2001:db8:5:1::1", "2001:db8:5::1"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("/etc/mt6d/server.toml:5:") && e.contains("inside the hashed prefix"),
+            "{e}"
+        );
+        let e = parse(&format!("{}mode = \"plain\"\n", example()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(":9:") && e.contains("auth or encrypt"), "{e}");
+        let e = parse(&example().replace("2001:db8:c0::/44", "2001:db8:c0::1/40"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("host bits"), "{e}");
+        let e = parse(&example().replace("2001:db8:c0::/44", "2001:db8::/32"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("covers the server"), "{e}");
+        let e = parse(&format!("{}surprise = 1\n", example()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(":9:"), "{e}");
+    }
+
+    #[test]
+    fn clients_need_their_own_session_key_and_a_routed_address() {
+        let c = parse(&example()).unwrap();
+        let entries = |text: &str| peers_file::parse(text).unwrap();
+        let ok = c
+            .clients_from(&entries(&format!(
+                "a {K1} 2001:db8:c1:1::1 key={K1} prefix=2001:db8:c1::/64\nb {K2} 2001:db8:c2::7 key={K2}"
+            )))
+            .unwrap();
+        assert_eq!(ok.len(), 2);
+        assert_eq!(ok[0].stream.local.external_prefix, Some(c.prefix));
+        assert_eq!(ok[1].stream.remote.external_prefix, None);
+        let e = c
+            .clients_from(&entries(&format!("a {K1} 2001:db8:c1::1")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 1") && e.contains("handshakes"), "{e}");
+        let e = c
+            .clients_from(&entries(&format!(
+                "a {K1} 2001:db8:c1::1 key={K1}\nb {K2} 2001:db8:c1::2 key={K1}"
+            )))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 2") && e.contains("its own"), "{e}");
+        let e = c
+            .clients_from(&entries(&format!("a {K1} 2001:db8:99::1 key={K1}")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("client_routes"), "{e}");
+    }
+
+    #[test]
+    fn prefix_arithmetic() {
+        let a: Ipv6Addr = "2001:db8:c0:ff::1".parse().unwrap();
+        assert!(covers("2001:db8:c0::".parse().unwrap(), 40, a));
+        assert!(!covers("2001:db8:c1::".parse().unwrap(), 48, a));
+        assert!(covers(a, 128, a));
+        assert!(same64(a, "2001:db8:c0:ff::".parse().unwrap()));
+    }
+}

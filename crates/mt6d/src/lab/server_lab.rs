@@ -1,0 +1,163 @@
+//! The lab of the server role (tracker issue 12): a router that routes the server's hashed /64
+//! to the server and each client namespace's hashed /64 to that namespace.
+//!
+//! ```text
+//!  c1 (2001:db8:c1::/64 hashed, 2001:db8:c1:1::/64 true) --r1-\
+//!                                                             router --rs-- server
+//!  c2 (2001:db8:c2::/64 hashed, 2001:db8:c2:1::/64 true) --r2-/     (2001:db8:5::/64 hashed,
+//!                                                                    2001:db8:5:1::1 true)
+//! ```
+//!
+//! The namespaces are deleted when the lab is dropped. Used by the server's netns test and by
+//! `mt6d bench --server`.
+
+use std::net::Ipv6Addr;
+use std::time::Duration;
+
+use mt6d_os::{unique_name, Netns};
+use mt6d_proto::Mode;
+
+use super::clients::ClientSpec;
+use super::topology::{ip, veth, LabError};
+
+/// The server's protected address (on its TUN device).
+pub const SERVER_TRUE: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 5, 1, 0, 0, 0, 1);
+/// The server's hashed /64.
+pub const SERVER_PREFIX: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 5, 0, 0, 0, 0, 0);
+/// The server's external interface.
+pub const SERVER_IF: &str = "s0";
+/// The echo service's port (002's).
+pub const ECHO_PORT: u16 = 3540;
+
+/// The namespaces.
+/// Waits until `n` has a link-layer address for `peer` on `dev` (asking with a datagram every
+/// 100 ms, up to 5 s).
+fn resolve(n: &Netns, dev: &str, peer: Ipv6Addr) -> Result<(), LabError> {
+    n.run(|| -> Result<(), String> {
+        let mut nl = mt6d_os::Netlink::open().map_err(|e| e.to_string())?;
+        let index = nl.link_index(dev).map_err(|e| e.to_string())?;
+        let sock = std::net::UdpSocket::bind("[::]:0").map_err(|e| e.to_string())?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let _ = sock.send_to(b"", std::net::SocketAddrV6::new(peer, 9, 0, 0));
+            if nl
+                .neighbor_lladdr(index, peer)
+                .map_err(|e| e.to_string())?
+                .is_some()
+            {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(format!("{peer} on {dev} not resolved within 5 s"));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+    .map_err(|e| LabError::Command(e.to_string()))?
+    .map_err(LabError::Command)
+}
+
+#[derive(Debug)]
+pub struct ServerLab {
+    pub router: Netns,
+    pub server: Netns,
+    pub clients: [Netns; 2],
+}
+
+impl ServerLab {
+    /// Builds the lab with namespace names starting with `prefix`.
+    pub fn build(prefix: &str) -> Result<ServerLab, LabError> {
+        let ns = |tag: &str| {
+            Netns::create(&unique_name(&format!("{prefix}{tag}")))
+                .map_err(|e| LabError::Command(format!("create a namespace: {e}")))
+        };
+        let lab = ServerLab {
+            router: ns("r")?,
+            server: ns("s")?,
+            clients: [ns("a")?, ns("b")?],
+        };
+        veth(&lab.router, "rs", &lab.server, SERVER_IF)?;
+        veth(&lab.router, "r1", &lab.clients[0], "c0")?;
+        veth(&lab.router, "r2", &lab.clients[1], "c0")?;
+        for (n, dev, addr) in [
+            (&lab.router, "rs", "2001:db8:f5::1/64"),
+            (&lab.router, "r1", "2001:db8:f1::1/64"),
+            (&lab.router, "r2", "2001:db8:f2::1/64"),
+            (&lab.server, SERVER_IF, "2001:db8:f5::2/64"),
+            (&lab.clients[0], "c0", "2001:db8:f1::2/64"),
+            (&lab.clients[1], "c0", "2001:db8:f2::2/64"),
+        ] {
+            ip(n, &["-6", "addr", "add", addr, "dev", dev, "nodad"])?;
+        }
+        lab.router
+            .run(|| {
+                mt6d_os::sysctl::set_ipv6_conf("all", "forwarding", "1")
+                    .map_err(|e| LabError::Command(format!("forwarding on the router: {e}")))
+            })
+            .map_err(|e| LabError::Command(e.to_string()))??;
+        for (dst, via) in [
+            ("2001:db8:5::/64", "2001:db8:f5::2"),
+            ("2001:db8:c1::/64", "2001:db8:f1::2"),
+            ("2001:db8:c2::/64", "2001:db8:f2::2"),
+        ] {
+            ip(&lab.router, &["-6", "route", "add", dst, "via", via])?;
+        }
+        for (n, via) in [
+            (&lab.server, "2001:db8:f5::1"),
+            (&lab.clients[0], "2001:db8:f1::1"),
+            (&lab.clients[1], "2001:db8:f2::1"),
+        ] {
+            ip(n, &["-6", "route", "add", "default", "via", via])?;
+        }
+        // Neighbours resolved before traffic, as on a network that has been up a while: the
+        // first datagrams would otherwise wait in (and overflow) the neighbour queue while the
+        // first solicitation of a link that just came up goes unanswered.
+        for (n, dev, peer) in [
+            (&lab.server, SERVER_IF, "2001:db8:f5::1"),
+            (&lab.clients[0], "c0", "2001:db8:f1::1"),
+            (&lab.clients[1], "c0", "2001:db8:f2::1"),
+            (&lab.router, "rs", "2001:db8:f5::2"),
+            (&lab.router, "r1", "2001:db8:f1::2"),
+            (&lab.router, "r2", "2001:db8:f2::2"),
+        ] {
+            resolve(
+                n,
+                dev,
+                peer.parse().map_err(|_| LabError::Command(peer.into()))?,
+            )?;
+        }
+        Ok(lab)
+    }
+
+    /// The clients of namespace `n` (1 or 2): hashed in 2001:db8:cN::/64, true addresses in
+    /// 2001:db8:cN:1::/64.
+    pub fn spec(n: u16, rotation: Duration, jitter: bool) -> ClientSpec {
+        ClientSpec {
+            server_true: SERVER_TRUE,
+            server_prefix: SERVER_PREFIX,
+            client_prefix: Ipv6Addr::new(0x2001, 0xdb8, 0xc0 + n, 0, 0, 0, 0, 0),
+            true_base: Ipv6Addr::new(0x2001, 0xdb8, 0xc0 + n, 1, 0, 0, 0, 0),
+            rotation,
+            jitter,
+            mode: Mode::Encrypt,
+            key_salt: n as u8,
+        }
+    }
+
+    /// The server's configuration (routed: the router routes the prefix to it, so no
+    /// neighbour responder), its peers file `clients` beside it.
+    pub fn server_config(
+        rotation_secs: f64,
+        workers: usize,
+        state_dir: &std::path::Path,
+    ) -> String {
+        format!(
+            "[server]\nexternal_interface = \"{SERVER_IF}\"\nprefix = \"{SERVER_PREFIX}/64\"\n\
+             true_address = \"{SERVER_TRUE}\"\npeers_file = \"clients\"\n\
+             client_routes = [\"2001:db8:c1:1::/64\", \"2001:db8:c2:1::/64\"]\n\
+             neighbor_discovery = false\nrotation_secs = {rotation_secs}\njitter = true\n\
+             workers = {workers}\nstate_dir = \"{}\"\n",
+            state_dir.display()
+        )
+    }
+}

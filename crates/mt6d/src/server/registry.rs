@@ -1,0 +1,360 @@
+//! The server's clients: the million-peer index (`mt6d_proto::endpoint::PeerTable`) with, beside
+//! it, what the packet path needs per client (its sealer, its opener and replay window, its
+//! counters) and the set of hashed addresses currently valid (what the neighbour responder
+//! answers for).
+//!
+//! One `RwLock` guards it: the workers take the read side once per batch of datagrams (never per
+//! packet), the main thread the write side for a rotation step, an added or a removed client.
+//! A client's opener sits behind its own mutex, taken once per batch by the worker that received
+//! it: the reuseport hash is over the outer addresses, which change every epoch, so two workers
+//! can hold datagrams of one client at an epoch switch (docs/ARCHITECTURE.md, "The server role").
+
+use std::collections::HashMap;
+use std::net::Ipv6Addr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use mt6d_proto::endpoint::{IndexError, IndexSeed, PeerId, PeerTable, WindowDelta};
+use mt6d_proto::{Opener, Sealer, Stream, UnixTime};
+
+use crate::config::ClientConfig;
+
+/// Send counters every client's sealer may use in this run: `[first, end)`, from the persisted
+/// generation (`generation.rs`), so that no restart repeats a nonce under a pre-shared key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CounterRange {
+    pub first: u64,
+    pub end: u64,
+}
+
+/// One client's packet-path state: about 100 bytes while idle; its keys are made (and boxed)
+/// by its first packet in each direction.
+#[derive(Debug)]
+pub struct Client {
+    pub name: String,
+    /// Made on the first packet to the client (derives its data key once).
+    sealer: OnceLock<Box<Sealer>>,
+    /// Made on the first packet from the client; its replay window lives in it.
+    opener: Mutex<Option<Box<Opener>>>,
+    pub rx_packets: AtomicU64,
+    pub tx_packets: AtomicU64,
+    /// Datagrams on its current addresses that did not open (forged, replayed, damaged).
+    pub rx_rejected: AtomicU64,
+}
+
+impl Client {
+    fn new(name: String) -> Client {
+        Client {
+            name,
+            sealer: OnceLock::new(),
+            opener: Mutex::new(None),
+            rx_packets: AtomicU64::new(0),
+            tx_packets: AtomicU64::new(0),
+            rx_rejected: AtomicU64::new(0),
+        }
+    }
+
+    /// The client's sealer, made from `stream` on first use.
+    pub fn sealer(&self, stream: &Stream, counters: CounterRange) -> &Sealer {
+        self.sealer
+            .get_or_init(|| Box::new(stream.sealer(counters.first, counters.end)))
+    }
+
+    /// Runs `f` with the client's opener, made from `stream` on first use.
+    pub fn with_opener<R>(&self, stream: &Stream, f: impl FnOnce(&mut Opener) -> R) -> R {
+        let mut guard = self
+            .opener
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(guard.get_or_insert_with(|| Box::new(stream.opener())))
+    }
+}
+
+/// Why a client could not be added.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("client {name:?} (peers file line {line}): {source}")]
+    Stream {
+        name: String,
+        line: usize,
+        source: mt6d_proto::ProtoError,
+    },
+    #[error("client {name:?} (peers file line {line}): {source}")]
+    Index {
+        name: String,
+        line: usize,
+        source: IndexError,
+    },
+    #[error("client {name:?} (peers file line {line}) is already served")]
+    Duplicate { name: String, line: usize },
+}
+
+/// What a rotation step or a change did, for the logs and counters.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StepReport {
+    pub advanced: usize,
+    /// Routes whose local (address, port) another route also claims: neither is served until
+    /// one is left (the index's rule). Logged; the clients' next epoch resolves it.
+    pub contested: usize,
+}
+
+/// The clients and their indexes.
+#[derive(Debug)]
+pub struct Registry {
+    table: PeerTable,
+    clients: Vec<Option<(PeerId, Client)>>,
+    by_name: HashMap<String, PeerId>,
+    /// Local hashed addresses of every route in every window, with how many routes use each.
+    addresses: HashMap<Ipv6Addr, u32>,
+    counters: CounterRange,
+}
+
+impl Registry {
+    pub fn new(seed: IndexSeed, capacity: usize, counters: CounterRange) -> Registry {
+        Registry {
+            table: PeerTable::with_capacity(seed, capacity),
+            clients: Vec::with_capacity(capacity),
+            by_name: HashMap::with_capacity(capacity),
+            addresses: HashMap::with_capacity(capacity * 3),
+            counters,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+
+    pub fn table(&self) -> &PeerTable {
+        &self.table
+    }
+
+    pub fn counters(&self) -> CounterRange {
+        self.counters
+    }
+
+    /// The client in slot `id`, if `id` is still its.
+    pub fn client(&self, id: PeerId) -> Option<&Client> {
+        match self.clients.get(id.index() as usize) {
+            Some(Some((held, c))) if *held == id => Some(c),
+            _ => None,
+        }
+    }
+
+    pub fn id_of(&self, name: &str) -> Option<PeerId> {
+        self.by_name.get(name).copied()
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> + '_ {
+        self.by_name.keys().map(String::as_str)
+    }
+
+    /// Every client with its id, in slot order.
+    pub fn clients(&self) -> impl Iterator<Item = (PeerId, &Client)> + '_ {
+        self.clients
+            .iter()
+            .filter_map(|c| c.as_ref().map(|(id, c)| (*id, c)))
+    }
+
+    /// Whether `addr` is one of the hashed addresses currently valid (any client, any epoch of
+    /// its accept window): what the neighbour responder answers for.
+    pub fn is_current_address(&self, addr: Ipv6Addr) -> bool {
+        self.addresses.contains_key(&addr)
+    }
+
+    /// How many distinct hashed addresses are valid now.
+    pub fn address_count(&self) -> usize {
+        self.addresses.len()
+    }
+
+    /// Adds a client at `now`; its routes answer at once.
+    pub fn add(&mut self, cfg: &ClientConfig, now: UnixTime) -> Result<PeerId, RegistryError> {
+        if self.by_name.contains_key(&cfg.name) {
+            return Err(RegistryError::Duplicate {
+                name: cfg.name.clone(),
+                line: cfg.line,
+            });
+        }
+        let stream = Stream::new(cfg.stream.clone()).map_err(|source| RegistryError::Stream {
+            name: cfg.name.clone(),
+            line: cfg.line,
+            source,
+        })?;
+        let (id, delta) =
+            self.table
+                .add(stream, now, |_| 0)
+                .map_err(|source| RegistryError::Index {
+                    name: cfg.name.clone(),
+                    line: cfg.line,
+                    source,
+                })?;
+        let slot = id.index() as usize;
+        if self.clients.len() <= slot {
+            self.clients.resize_with(slot + 1, || None);
+        }
+        self.clients[slot] = Some((id, Client::new(cfg.name.clone())));
+        self.by_name.insert(cfg.name.clone(), id);
+        apply(&mut self.addresses, &delta);
+        Ok(id)
+    }
+
+    /// Removes a client: from this call on, none of its addresses answers.
+    pub fn remove(&mut self, name: &str) -> bool {
+        let Some(id) = self.by_name.remove(name) else {
+            return false;
+        };
+        if let Some((_, delta)) = self.table.remove(id) {
+            apply(&mut self.addresses, &delta);
+        }
+        if let Some(slot) = self.clients.get_mut(id.index() as usize) {
+            *slot = None;
+        }
+        true
+    }
+
+    /// When [`Registry::step`] must run next.
+    pub fn poll_timeout(&self) -> Option<UnixTime> {
+        self.table.poll_timeout()
+    }
+
+    /// Advances the clients whose epoch boundary has passed.
+    pub fn step(&mut self, now: UnixTime) -> StepReport {
+        let mut report = StepReport::default();
+        let addresses = &mut self.addresses;
+        self.table.handle_timeout(
+            now,
+            |_, _| 0,
+            |_, delta| {
+                report.advanced += 1;
+                report.contested += delta.contested().count();
+                apply(addresses, delta);
+            },
+        );
+        report
+    }
+}
+
+/// Keeps the address counts in step with a window change.
+fn apply(addresses: &mut HashMap<Ipv6Addr, u32>, delta: &WindowDelta) {
+    for r in delta.added() {
+        *addresses.entry(*r.local.ip()).or_insert(0) += 1;
+    }
+    for r in delta.removed() {
+        let a = *r.local.ip();
+        if let Some(n) = addresses.get_mut(&a) {
+            *n -= 1;
+            if *n == 0 {
+                addresses.remove(&a);
+            }
+        }
+    }
+}
+
+/// Adds to a counter (relaxed: statistics).
+pub fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+mod tests {
+    use super::*;
+    use crate::config::ServerConfig;
+    use std::path::Path;
+    use std::time::Duration;
+
+    fn config() -> ServerConfig {
+        ServerConfig::parse(
+            Path::new("s.toml"),
+            "[server]\nexternal_interface = \"eth0\"\nprefix = \"2001:db8:5::/64\"\n\
+             true_address = \"2001:db8:5:1::1\"\npeers_file = \"c\"\n\
+             client_routes = [\"2001:db8:c0::/44\"]\nrotation_secs = 1\n",
+        )
+        .unwrap()
+    }
+
+    fn clients(n: u8) -> Vec<ClientConfig> {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let text: String = (1..=n)
+            .map(|i| {
+                format!(
+                    "c{i} {} 2001:db8:c1:1::{i} key={} prefix=2001:db8:c1::/64\n",
+                    b64.encode([i; 32]),
+                    b64.encode([i ^ 0x80; 32])
+                )
+            })
+            .collect();
+        config()
+            .clients_from(&mt6d_proto::peers_file::parse(&text).unwrap())
+            .unwrap()
+    }
+
+    fn registry() -> Registry {
+        Registry::new(
+            IndexSeed::from_bytes([7; 16]),
+            8,
+            CounterRange {
+                first: 1 << 40,
+                end: 2 << 40,
+            },
+        )
+    }
+
+    #[test]
+    fn clients_answer_on_their_window_and_stop_at_removal() {
+        let mut r = registry();
+        let now = UnixTime::from_nanos(1_700_000_000_000_000_000);
+        let cs = clients(3);
+        for c in &cs {
+            r.add(c, now).unwrap();
+        }
+        assert!(matches!(
+            r.add(&cs[0], now),
+            Err(RegistryError::Duplicate { .. })
+        ));
+        assert_eq!(r.len(), 3);
+        let id = r.id_of("c2").unwrap();
+        let route = *r.table().send_route(id).unwrap();
+        assert!(r.is_current_address(*route.local.ip()));
+        assert_eq!(
+            r.table()
+                .lookup_local(*route.local.ip(), route.local.port())
+                .map(|(p, _)| p),
+            Some(id)
+        );
+        assert_eq!(r.address_count(), 9);
+        assert!(r.remove("c2"));
+        assert!(!r.remove("c2"));
+        assert!(r
+            .table()
+            .lookup_local(*route.local.ip(), route.local.port())
+            .is_none());
+        assert!(!r.is_current_address(*route.local.ip()));
+        assert!(r.client(id).is_none());
+        assert_eq!(r.address_count(), 6);
+    }
+
+    #[test]
+    fn a_step_moves_every_window_by_one_epoch() {
+        let mut r = registry();
+        let now = UnixTime::from_nanos(1_700_000_000_000_000_000);
+        for c in &clients(4) {
+            r.add(c, now).unwrap();
+        }
+        let due = r.poll_timeout().unwrap();
+        assert!(due > now && due <= now.saturating_add(Duration::from_secs(1)));
+        let report = r.step(due);
+        assert_eq!(report.advanced, 4);
+        assert_eq!(r.address_count(), 12);
+        let id = r.id_of("c1").unwrap();
+        let stream = r.table().stream(id).unwrap();
+        assert_eq!(
+            r.table().send_route(id).unwrap().epoch,
+            stream.epoch_at(due)
+        );
+    }
+}

@@ -1,0 +1,362 @@
+//! The server role end to end (tracker issue 12, tests): one `mt6d run` with a `[server]` file
+//! serving 10,000 clients from two client namespaces, each client on hashed addresses and ports
+//! of its own, through a router that routes the server's hashed /64 to it.
+//!
+//! ```text
+//!  c1 (5,000 clients, 2001:db8:c1::/64 local) --\
+//!                                               router -- server (2001:db8:5::/64 local, echo on
+//!  c2 (5,000 clients, 2001:db8:c2::/64 local) --/          2001:db8:5:1::1 port 3540 via TUN)
+//! ```
+//!
+//! Checked: every request of both namespaces answered (ten times its size, 002's echo) across
+//! one-second rotations with jitter, 0 lost; requests from many clients leave from that many
+//! hashed addresses; datagrams to random addresses of the server's /64, to a current address on
+//! a wrong port, pings and TCP connections get no answer of any kind; a client added to the
+//! peers file works after SIGHUP and a removed one gets no answer at once; the kernel's address
+//! and UDP socket counts stay the same when clients are added; the daemon's table and route are
+//! gone after SIGTERM.
+//!
+//! Run: `cargo test --release -p mt6d --test server_netns -- --include-ignored --nocapture`.
+
+mod common;
+
+use std::collections::HashSet;
+use std::net::{Ipv6Addr, SocketAddrV6, TcpStream, UdpSocket};
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mt6d::gateway::clock;
+use mt6d::lab::clients::{echo_service, ClientSet, ClientSpec, Reply};
+use mt6d::lab::daemon::DaemonProcess;
+use mt6d::lab::server_lab::{ServerLab, ECHO_PORT, SERVER_TRUE};
+use mt6d_os::{unique_name, Netns};
+
+const CLIENT_RX_PORT: u16 = 7420;
+const PER_NAMESPACE: usize = 5_000;
+
+fn spec(n: u16) -> ClientSpec {
+    ServerLab::spec(n, Duration::from_secs(1), true)
+}
+
+/// The peers file: `count` clients of each namespace, minus the names in `skip`, plus `extra`.
+fn peers_file(path: &Path, count: usize, skip: &[&str], extra: &[(u16, usize)]) {
+    use std::os::unix::fs::PermissionsExt;
+    let mut text = String::from("# name public-key true-address [prefix=] [key=]\n");
+    for n in [1u16, 2] {
+        let s = spec(n);
+        for i in 0..count {
+            let name = format!("c{n}-{i}");
+            if !skip.contains(&name.as_str()) {
+                text.push_str(&s.peers_line(&name, i));
+            }
+        }
+    }
+    for &(n, i) in extra {
+        text.push_str(&spec(n).peers_line(&format!("c{n}-{i}"), i));
+    }
+    std::fs::write(path, text).expect("peers file");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+}
+
+fn sh(ns: &Netns, cmd: &str) -> String {
+    let out = ns
+        .command("sh")
+        .expect("sh")
+        .args(["-c", cmd])
+        .output()
+        .expect("run");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Kernel state that must not grow with the clients: addresses and UDP sockets.
+fn kernel_counts(ns: &Netns) -> (usize, usize) {
+    (
+        sh(ns, "ip -6 addr show | grep -c inet6")
+            .trim()
+            .parse()
+            .unwrap_or(0),
+        sh(ns, "ss -u -a -n | tail -n +2 | wc -l")
+            .trim()
+            .parse()
+            .unwrap_or(0),
+    )
+}
+
+fn wait_log(d: &DaemonProcess, needle: &str, count: usize, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let log = std::fs::read_to_string(&d.log).unwrap_or_default();
+        if log.matches(needle).count() >= count {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {needle:?} in the log:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Sends one request from each client in `who` (in turn, `per_client` times, paced) and waits
+/// for every answer; returns (sent, answers, distinct hashed source addresses used).
+fn exchange(
+    ns: &Netns,
+    spec: &ClientSpec,
+    who: Vec<usize>,
+    per_client: usize,
+    pace: Duration,
+    table: &str,
+) -> (u64, Vec<Reply>, usize, mt6d::lab::clients::ClientCounters) {
+    ns.run(|| {
+        let _t = ClientSet::install(spec, table, CLIENT_RX_PORT).expect("client namespace");
+        let mut set = ClientSet::new(spec, PER_NAMESPACE + 10, CLIENT_RX_PORT, clock::now())
+            .expect("clients");
+        let mut replies = Vec::new();
+        let mut sources = HashSet::new();
+        let mut sent = 0u64;
+        for round in 0..per_client {
+            for &i in &who {
+                set.step(clock::now());
+                if let Some(r) = set.route(i) {
+                    sources.insert(*r.local.ip());
+                }
+                let payload = format!("req {i} {round} ................................");
+                set.send(spec, i, ECHO_PORT, payload.as_bytes())
+                    .expect("send");
+                sent += 1;
+                set.recv(&mut replies).expect("recv");
+                std::thread::sleep(pace);
+            }
+        }
+        // Late answers.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while (replies.len() as u64) < sent && Instant::now() < deadline {
+            set.step(clock::now());
+            set.recv(&mut replies).expect("recv");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        (sent, replies, sources.len(), set.counters)
+    })
+    .expect("enter client namespace")
+}
+
+#[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
+fn ten_thousand_clients_on_their_own_addresses_and_nothing_else_answers() {
+    common::require_root();
+    let _turn = common::one_at_a_time();
+    let lab = ServerLab::build("m6s").expect("lab");
+    let (server, c1, c2) = (&lab.server, &lab.clients[0], &lab.clients[1]);
+    let dir = std::env::temp_dir().join(unique_name("m6srv"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let peers = dir.join("clients");
+    peers_file(&peers, PER_NAMESPACE, &[], &[]);
+    let config = dir.join("server.toml");
+    std::fs::write(
+        &config,
+        ServerLab::server_config(1.0, 2, &dir.join("state")),
+    )
+    .expect("config");
+    let mut cmd = server.command(common::MT6D).expect("command");
+    cmd.arg("run").arg("-c").arg(&config);
+    let mut daemon = DaemonProcess::spawn(
+        "server",
+        cmd,
+        &dir.join("none.sock"),
+        &dir.join("server.log"),
+    )
+    .expect("start server");
+    wait_log(&daemon, "serving 10000 clients", 1, Duration::from_secs(30));
+    let stop = Arc::new(AtomicBool::new(false));
+    let echo = echo_service(server, SERVER_TRUE, ECHO_PORT, 10, stop.clone()).expect("echo");
+
+    // 1. Both namespaces at once, 400 clients each, 3 requests each over about 4 rotations.
+    let (s1, s2) = (spec(1), spec(2));
+    let who: Vec<usize> = (0..400).map(|k| k * (PER_NAMESPACE / 400)).collect();
+    let (a, b) = std::thread::scope(|t| {
+        let h1 = t.spawn(|| {
+            exchange(
+                c1,
+                &s1,
+                who.clone(),
+                3,
+                Duration::from_micros(1500),
+                "m6s_c1",
+            )
+        });
+        let h2 = t.spawn(|| {
+            exchange(
+                c2,
+                &s2,
+                who.clone(),
+                3,
+                Duration::from_micros(1500),
+                "m6s_c2",
+            )
+        });
+        (h1.join().expect("c1"), h2.join().expect("c2"))
+    });
+    if a.1.len() as u64 != a.0 || b.1.len() as u64 != b.0 {
+        for (label, ns) in [("router", &lab.router), ("server", server), ("c1", c1)] {
+            println!("--- {label}\n{}", sh(ns, "nstat -az | grep -v ' 0 ' | grep -iE 'ip6|udp6|Udp' ; ip -s -s link | sed 's/^/|/'; nstat -az | grep -iE 'drop|discard|err' | grep -v ' 0 '"));
+        }
+        println!(
+            "{}",
+            std::fs::read_to_string(&daemon.log).unwrap_or_default()
+        );
+    }
+    for (label, (sent, replies, sources, counters)) in [("c1", &a), ("c2", &b)] {
+        println!(
+            "{label}: {sent} requests, {} answers, {sources} source addresses, {counters:?}",
+            replies.len()
+        );
+        assert_eq!(
+            replies.len() as u64,
+            *sent,
+            "{label}: every request answered"
+        );
+        assert_eq!(
+            counters.wrong_route, 0,
+            "{label}: no answer from a wrong source"
+        );
+        assert!(
+            *sources >= 400,
+            "{label}: each client on its own addresses ({sources})"
+        );
+        for r in replies {
+            assert_eq!(r.payload.len() % 10, 0);
+            let one = &r.payload[..r.payload.len() / 10];
+            assert!(
+                one.starts_with(format!("req {} ", r.client).as_bytes()),
+                "{label}: answer to its own client"
+            );
+            assert_eq!(r.payload, one.repeat(10));
+        }
+    }
+
+    // 2. Nothing else of the prefix answers: random addresses, a current address on a wrong
+    // port, pings, TCP.
+    let current = c1
+        .run(|| {
+            let set = ClientSet::new(&s1, 1, 0, clock::now()).expect("one client");
+            set.route(0).expect("route").remote
+        })
+        .expect("enter");
+    let silent = c1
+        .run(|| {
+            let mut answered = Vec::new();
+            let mut targets: Vec<SocketAddrV6> = (1..=50u16)
+                .map(|k| {
+                    SocketAddrV6::new(
+                        Ipv6Addr::new(0x2001, 0xdb8, 5, 0, k, 0xbeef, k, 0x1234),
+                        1024 + k * 97,
+                        0,
+                        0,
+                    )
+                })
+                .collect();
+            targets.push(SocketAddrV6::new(
+                *current.ip(),
+                current.port() ^ 0x5a5a,
+                0,
+                0,
+            ));
+            targets.push(SocketAddrV6::new(*current.ip(), ECHO_PORT, 0, 0));
+            for t in &targets {
+                let s = UdpSocket::bind("[::]:0").expect("udp");
+                s.connect(t).expect("connect");
+                s.set_read_timeout(Some(Duration::from_millis(30)))
+                    .expect("timeout");
+                let _ = s.send(b"is anyone there?");
+                let mut buf = [0u8; 64];
+                // An ICMP error would show as ECONNREFUSED or EHOSTUNREACH here.
+                std::thread::sleep(Duration::from_millis(20));
+                match s.recv(&mut buf) {
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) => {}
+                    other => answered.push(format!("udp {t}: {other:?}")),
+                }
+            }
+            for addr in [
+                *current.ip(),
+                Ipv6Addr::new(0x2001, 0xdb8, 5, 0, 1, 2, 3, 4),
+            ] {
+                let ping = mt6d::lab::ping::ping(
+                    addr,
+                    3,
+                    mt6d::lab::ping::Pace::Train {
+                        interval: Duration::from_millis(100),
+                    },
+                    Duration::from_millis(500),
+                )
+                .expect("ping");
+                if ping.received > 0 {
+                    answered.push(format!("ping {addr}: {} answers", ping.received));
+                }
+                match TcpStream::connect_timeout(
+                    &std::net::SocketAddr::V6(SocketAddrV6::new(addr, 80, 0, 0)),
+                    Duration::from_millis(500),
+                ) {
+                    Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                    other => answered.push(format!("tcp {addr}: {other:?}")),
+                }
+            }
+            answered
+        })
+        .expect("enter");
+    assert!(silent.is_empty(), "the prefix answered: {silent:?}");
+
+    // 3. Live changes: add c1-5005, remove c1-0, SIGHUP; kernel counts unchanged.
+    let before = kernel_counts(server);
+    peers_file(&peers, PER_NAMESPACE, &["c1-0"], &[(1, PER_NAMESPACE + 5)]);
+    let pid = daemon.pid().expect("running");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .expect("SIGHUP");
+    wait_log(&daemon, "reloaded", 1, Duration::from_secs(10));
+    let after = kernel_counts(server);
+    assert_eq!(
+        before, after,
+        "addresses and UDP sockets in the server's kernel (ip -6 addr, ss -u)"
+    );
+    let (sent, replies, _, _) = exchange(
+        c1,
+        &s1,
+        vec![PER_NAMESPACE + 5],
+        3,
+        Duration::from_millis(10),
+        "m6s_c1",
+    );
+    assert_eq!(replies.len() as u64, sent, "the added client is served");
+    let (sent, replies, _, _) = exchange(c1, &s1, vec![0], 3, Duration::from_millis(10), "m6s_c1");
+    assert_eq!(sent, 3);
+    assert!(
+        replies.is_empty(),
+        "the removed client got answers: {replies:?}"
+    );
+
+    // 4. Stop: the table and the route are gone.
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let answered = echo.join().expect("echo");
+    assert!(answered >= 2 * 1200);
+    daemon.stop(Duration::from_secs(10)).expect("clean stop");
+    let log = std::fs::read_to_string(&daemon.log).unwrap_or_default();
+    println!("{log}");
+    assert!(
+        sh(server, "nft list tables").trim().is_empty(),
+        "nftables table left"
+    );
+    assert!(
+        !sh(server, "ip -6 route show table local").contains("2001:db8:5::/64"),
+        "AnyIP route left"
+    );
+    assert!(!sh(server, "ip link").contains("mt6ds0"), "TUN device left");
+    let _ = std::fs::remove_dir_all(&dir);
+}
