@@ -15,6 +15,7 @@ mod procs;
 mod profile;
 mod report;
 mod run;
+mod server;
 mod soak;
 mod topo;
 mod traffic;
@@ -79,6 +80,34 @@ struct Cli {
     /// success ratio and connection delay in 004's layout.
     #[arg(long, conflicts_with_all = ["quick", "full", "only", "topology", "ping_std", "soak"])]
     hostid: bool,
+    /// The server role's experiment instead (tracker issue 12): 002's Fig. 1 (time to make n
+    /// addresses answerable, netlink per address against the server role) and Fig. 2
+    /// (response time over requests/s and clients, from a many-client generator), memory per
+    /// client and rotation CPU. With --quick: up to 10,000 clients and 30,000 requests/s.
+    #[arg(long, conflicts_with_all = ["full", "only", "topology", "ping_std", "soak", "hostid"])]
+    server: bool,
+    /// --server: client counts (default 1,1000,10000,100000,1000000).
+    #[arg(
+        long,
+        value_name = "N[,..]",
+        value_delimiter = ',',
+        requires = "server"
+    )]
+    clients: Vec<usize>,
+    /// --server: request rates per second (default 2000,10000,30000,60000,100000,150000).
+    #[arg(
+        long,
+        value_name = "R[,..]",
+        value_delimiter = ',',
+        requires = "server"
+    )]
+    rates: Vec<u64>,
+    /// --server: requests per cell (default 20,000; 002 used 250,000).
+    #[arg(long, value_name = "N", requires = "server")]
+    cell: Option<usize>,
+    /// --server: longest the netlink method may take for one n, in seconds (default 600).
+    #[arg(long, value_name = "S", requires = "server")]
+    netlink_limit: Option<u64>,
     /// Measure nothing: redraw the figures (SVG and PNG) of a results.json that `mt6d bench`
     /// wrote, next to it. Needs no root.
     #[arg(long, value_name = "RESULTS_JSON", conflicts_with_all = ["quick", "full", "only",
@@ -97,6 +126,8 @@ pub struct Args {
     pub soak: Option<soak::SoakArgs>,
     /// `--hostid`: the experiment of [`hostid`] instead.
     pub hostid: bool,
+    /// `--server`: the experiment of [`server`] instead.
+    pub server: Option<server::ServerArgs>,
 }
 
 impl From<Cli> for Args {
@@ -122,6 +153,26 @@ impl From<Cli> for Args {
             }),
             out: c.out,
             hostid: c.hostid,
+            server: c.server.then(|| {
+                let mut a = if c.quick {
+                    server::ServerArgs::quick()
+                } else {
+                    server::ServerArgs::full()
+                };
+                if !c.clients.is_empty() {
+                    a.clients = c.clients;
+                }
+                if !c.rates.is_empty() {
+                    a.rates = c.rates;
+                }
+                if let Some(n) = c.cell {
+                    a.cell = n;
+                }
+                if let Some(s) = c.netlink_limit {
+                    a.netlink_limit = std::time::Duration::from_secs(s);
+                }
+                a
+            }),
         }
     }
 }
@@ -184,6 +235,15 @@ fn main() -> ExitCode {
     let mut reaper = procs::start_reaper(&tag);
     let result = match &args.soak {
         Some(soak) => soak::run(soak),
+        None if args.server.is_some() => std::env::current_exe()
+            .map_err(|e| format!("own executable: {e}"))
+            .and_then(|exe| {
+                let a = args
+                    .server
+                    .clone()
+                    .unwrap_or_else(server::ServerArgs::quick);
+                server::run(args.out.clone(), &exe.with_file_name("mt6d"), &a)
+            }),
         None if args.hostid => std::env::current_exe()
             .map_err(|e| format!("own executable: {e}"))
             .and_then(|exe| hostid::run(args.out.clone(), &exe.with_file_name("mt6d"))),
