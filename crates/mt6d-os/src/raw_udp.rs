@@ -1,6 +1,5 @@
 //! `RawUdp6`: sends UDP datagrams from any address *and port* of a local prefix through one
-//! socket: the server role's send path (docs/ARCHITECTURE.md "The server role"; groundwork,
-//! not used by the daemon yet).
+//! socket: the server role's send path (docs/ARCHITECTURE.md "The server role").
 //!
 //! A UDP socket sends only from the port it is bound to, so a server that must answer from
 //! every client's own hashed port would need a socket per port in use. This is one
@@ -8,8 +7,9 @@
 //! builds the IPv6 header and fills in the UDP checksum (`IPV6_CHECKSUM` at offset 6, RFC 3542
 //! §3.1), the source address comes per message with `IPV6_PKTINFO` (`IPV6_FREEBIND`: it need
 //! not be a configured address, e.g. one of an AnyIP prefix, [`crate::Netlink::add_local_prefix`]),
-//! and a socket filter that accepts nothing keeps it from receiving a copy of every UDP
-//! datagram of the namespace, which a raw socket otherwise does. Needs CAP_NET_RAW.
+//! and it receives nothing: connected to `::1` it is skipped, before any copy, for every UDP
+//! datagram of the namespace (a raw socket otherwise gets a copy of each), and a socket filter
+//! that accepts nothing drops what comes from `::1` itself. Needs CAP_NET_RAW and `lo` up.
 //!
 //! No UDP GSO on a raw socket: one datagram per message, batched with `sendmmsg`.
 
@@ -105,6 +105,13 @@ impl RawUdp6 {
         // The kernel copies the program during the call.
         sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &prog)
             .map_err(ctx("attach the accept-nothing filter"))?;
+        // Connected to the loopback address, which never sends to it: the kernel then skips this
+        // socket when it delivers a UDP datagram from anywhere else, before it copies the packet
+        // (a raw socket's remote-address match), instead of copying every UDP datagram of the
+        // namespace to it for the filter to drop. Every send names its destination, which
+        // overrides the connected one. Needs the loopback interface up.
+        sys::connect6(f, &SocketAddrV6::new(std::net::Ipv6Addr::LOCALHOST, 0, 0, 0))
+            .map_err(ctx("connect to ::1 (is lo up?)"))?;
         sys::setsockopt(f, libc::IPPROTO_IPV6, libc::IPV6_CHECKSUM, &UDP_CHECKSUM_AT)
             .map_err(ctx("set IPV6_CHECKSUM"))?;
         let on: libc::c_int = 1;

@@ -177,6 +177,20 @@ pub(crate) fn bind6(fd: BorrowedFd<'_>, addr: &SocketAddrV6) -> io::Result<()> {
     .map(drop)
 }
 
+/// `connect(2)` of an IPv6 socket.
+pub(crate) fn connect6(fd: BorrowedFd<'_>, addr: &SocketAddrV6) -> io::Result<()> {
+    let sa = sockaddr_in6(addr);
+    // SAFETY: the pointer and length describe the live local `sa`.
+    cvt(unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            (&sa as *const libc::sockaddr_in6).cast(),
+            mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+        )
+    })
+    .map(drop)
+}
+
 /// `getsockname(2)` of an IPv6 socket.
 pub(crate) fn local_addr6(fd: BorrowedFd<'_>) -> io::Result<SocketAddrV6> {
     // SAFETY: all-zero is a valid sockaddr_in6.
