@@ -110,8 +110,11 @@ impl RawUdp6 {
         // (a raw socket's remote-address match), instead of copying every UDP datagram of the
         // namespace to it for the filter to drop. Every send names its destination, which
         // overrides the connected one. Needs the loopback interface up.
-        sys::connect6(f, &SocketAddrV6::new(std::net::Ipv6Addr::LOCALHOST, 0, 0, 0))
-            .map_err(ctx("connect to ::1 (is lo up?)"))?;
+        sys::connect6(
+            f,
+            &SocketAddrV6::new(std::net::Ipv6Addr::LOCALHOST, 0, 0, 0),
+        )
+        .map_err(ctx("connect to ::1 (is lo up?)"))?;
         sys::setsockopt(f, libc::IPPROTO_IPV6, libc::IPV6_CHECKSUM, &UDP_CHECKSUM_AT)
             .map_err(ctx("set IPV6_CHECKSUM"))?;
         let on: libc::c_int = 1;

@@ -181,6 +181,10 @@ enum Command {
     /// Run the gateway daemon with a configuration file (root, or a user with CAP_NET_ADMIN and
     /// CAP_NET_RAW).
     ///
+    /// A file with a [server] table instead of [gateway] runs the server role: one daemon for
+    /// the many clients of its peers file, each on hashed addresses of its own from one AnyIP
+    /// /64 (docs/CONFIG.md "The server role"); SIGHUP re-reads its peers file.
+    ///
     /// Stops cleanly on SIGTERM, SIGINT, SIGQUIT, SIGXCPU or SIGPWR, removing every address,
     /// route, neighbour entry and device it created and restoring the sysctls it changed.
     /// SIGHUP re-reads the file (as `mt6d reload` does): an invalid one is logged
@@ -316,6 +320,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run { config, .. } if is_server_file(&config) => mt6d::server::run(&config),
         Command::Run { config, .. } => gateway::run(&config),
+        Command::Down { config } if is_server_file(&config) => mt6d::server::down(&config),
         Command::Down { config } => gateway::down(&config),
         Command::Check { config } => check(&config),
         Command::Reload { target } => reload(&target),

@@ -90,9 +90,20 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     getrandom::fill(&mut seed)
         .map_err(|e| ServerError::Setup(format!("draw the index seed from the OS: {e}")))?;
     let started = Instant::now();
-    let mut registry = Registry::new(IndexSeed::from_bytes(seed), clients.len(), counters);
-    let now = clock::now();
-    for c in &clients {
+    let mut registry = Registry::new(
+        IndexSeed::from_bytes(seed),
+        clients.len(),
+        counters,
+        cfg.neighbor_discovery,
+    );
+    for (i, c) in clients.iter().enumerate() {
+        // Each client joins at the time it is added, and the ones added earlier are advanced
+        // as their boundaries pass: a million clients take seconds to add, and no backlog of
+        // overdue windows may wait for the first step.
+        let now = clock::now();
+        if i % 65_536 == 0 {
+            registry.step(now);
+        }
         registry.add(c, now)?;
     }
     log::info!(
@@ -106,10 +117,14 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
         counters: ServerCounters::default(),
         shutdown: std::sync::atomic::AtomicBool::new(false),
     });
+    let mtu = tun_mtu(&cfg, &clients)?;
+    let served = clients.len();
+    // The registry holds what it needs of each client; the parsed file is not kept.
+    drop(clients);
     let mut system = System::new(&cfg)?;
     let result = system
-        .set_up(&cfg, &clients)
-        .and_then(|ios| serve(&cfg, &shared, ios, &signals, &clients, started));
+        .set_up(&cfg, mtu)
+        .and_then(|ios| serve(&cfg, &shared, ios, &signals, mtu, served, started));
     shared.shutdown.store(true, Ordering::Relaxed);
     let leftovers = system.tear_down();
     for l in &leftovers {
@@ -123,6 +138,39 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
         Ok(())
     } else {
         Err(format!("clean-up left: {}", leftovers.join("; ")).into())
+    }
+}
+
+/// `mt6d down -c FILE` for a server: removes the nftables table and the AnyIP route a server
+/// that died without cleaning up left (they keep its prefix closed until then). Refuses while the
+/// server runs (its TUN device exists in this namespace): removing them under a live server would
+/// open the prefix.
+pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let cfg = ServerConfig::load(config_path)?;
+    crate::privilege::check_run()?;
+    let mut nl = Netlink::open().map_err(os("open rtnetlink"))?;
+    if nl.link_index(&cfg.tun_name).is_ok() {
+        return Err(format!(
+            "{} exists: the server for {} is running; stop it with SIGTERM, which cleans up itself",
+            cfg.tun_name,
+            config_path.display()
+        )
+        .into());
+    }
+    let mut system = System::new(&cfg)?;
+    system.prefix_added = true;
+    system.table_loaded = true;
+    let left = system.tear_down();
+    if left.is_empty() {
+        println!(
+            "removed what a server for {} could have left: nftables table {}, AnyIP route {}/64",
+            config_path.display(),
+            system.table.spec(),
+            cfg.prefix
+        );
+        Ok(())
+    } else {
+        Err(left.join("; ").into())
     }
 }
 
@@ -171,11 +219,7 @@ impl System {
 
     /// TUN device with the true address and the client routes, the AnyIP route, the nftables
     /// table, one transparent and one raw socket per worker.
-    fn set_up(
-        &mut self,
-        cfg: &ServerConfig,
-        clients: &[ClientConfig],
-    ) -> Result<Vec<WorkerIo>, ServerError> {
+    fn set_up(&mut self, cfg: &ServerConfig, mtu: u16) -> Result<Vec<WorkerIo>, ServerError> {
         let ext = self
             .nl
             .link_index(&cfg.external_interface)
@@ -184,7 +228,6 @@ impl System {
                 cfg.external_interface
             )))?;
         let _ = ext; // checked to exist before anything is added
-        let mtu = tun_mtu(cfg, clients)?;
         let workers = cfg.worker_count();
         let tuns = Tun::create(&cfg.tun_name, mtu, workers)
             .map_err(os(format!("create TUN device {}", cfg.tun_name)))?;
@@ -245,8 +288,11 @@ impl System {
             self.table_loaded = false;
         }
         if self.prefix_added {
-            if let Err(e) = self.nl.del_local_prefix(self.prefix, 64, self.lo) {
-                left.push(format!("AnyIP route {}/64: {e}", self.prefix));
+            match self.nl.del_local_prefix(self.prefix, 64, self.lo) {
+                Ok(()) => {}
+                // Already gone (mt6d down after a clean stop): nothing left.
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) => left.push(format!("AnyIP route {}/64: {e}", self.prefix)),
             }
             self.prefix_added = false;
         }
@@ -269,24 +315,15 @@ pub fn ruleset(cfg: &ServerConfig) -> String {
     )
 }
 
-/// A client's fingerprint for reloads: a line whose values changed is removed and added again.
-fn fingerprint(c: &ClientConfig) -> (Ipv6Addr, Option<Ipv6Addr>, blake3::Hash) {
-    (
-        c.stream.remote.true_addr,
-        c.stream.remote.external_prefix,
-        blake3::hash(c.stream.key.as_bytes()),
-    )
-}
-
 fn serve(
     cfg: &ServerConfig,
     shared: &Arc<Shared>,
     ios: Vec<WorkerIo>,
     signals: &Signals,
-    clients: &[ClientConfig],
+    mtu: u16,
+    served: usize,
     started: Instant,
 ) -> Result<(), ServerError> {
-    let mtu = tun_mtu(cfg, clients)?;
     let mut handles = Vec::with_capacity(ios.len());
     for (i, io) in ios.into_iter().enumerate() {
         let s = Arc::clone(shared);
@@ -334,20 +371,16 @@ fn serve(
             .map_err(os("watch the neighbour responder"))?;
     }
     let mut events = EpollEvents::with_capacity(4);
-    let mut known: HashMap<String, _> = clients
-        .iter()
-        .map(|c| (c.name.clone(), fingerprint(c)))
-        .collect();
     log::info!(
         "serving {} clients on {}/64 ({} workers, TUN {} MTU {}, ready {:.2} s after start)",
-        known.len(),
+        served,
         cfg.prefix,
         handles.len(),
         cfg.tun_name,
         mtu,
         started.elapsed().as_secs_f64()
     );
-    let status = format!("serving {} clients", known.len());
+    let status = format!("serving {served} clients");
     if let Err(e) = mt6d_os::service::ready(&status) {
         log::warn!("tell the service manager we are ready: {e}");
     }
@@ -358,7 +391,7 @@ fn serve(
             break Ok(());
         }
         if signals.take_reload() {
-            reload(cfg, shared, &mut known);
+            reload(cfg, shared);
         }
         let now = clock::now();
         let due = {
@@ -436,11 +469,7 @@ fn log_counters(c: &ServerCounters, ndp: Option<&NdpResponder>) {
 /// SIGHUP: the peers file read and validated again as a whole; if it is valid, clients no
 /// longer listed are removed (their addresses stop answering at once), new ones added, changed
 /// ones replaced. An invalid file changes nothing.
-fn reload(
-    cfg: &ServerConfig,
-    shared: &Shared,
-    known: &mut HashMap<String, (Ipv6Addr, Option<Ipv6Addr>, blake3::Hash)>,
-) {
+fn reload(cfg: &ServerConfig, shared: &Shared) {
     let clients = match cfg.clients() {
         Ok(c) => c,
         Err(e) => {
@@ -455,30 +484,22 @@ fn reload(
         .write()
         .unwrap_or_else(PoisonError::into_inner);
     let (mut removed, mut added, mut failed) = (0, 0, 0);
-    let gone: Vec<String> = known
-        .iter()
-        .filter(|(name, fp)| {
-            wanted
-                .get(name.as_str())
-                .is_none_or(|c| fingerprint(c) != **fp)
-        })
-        .map(|(name, _)| name.clone())
+    let gone: Vec<String> = reg
+        .names()
+        .filter(|name| wanted.get(name).is_none_or(|c| !reg.unchanged(c)))
+        .map(str::to_owned)
         .collect();
     for name in gone {
         reg.remove(&name);
-        known.remove(&name);
         removed += 1;
     }
     let now = clock::now();
     for c in &clients {
-        if known.contains_key(&c.name) {
+        if reg.id_of(&c.name).is_some() {
             continue;
         }
         match reg.add(c, now) {
-            Ok(_) => {
-                known.insert(c.name.clone(), fingerprint(c));
-                added += 1;
-            }
+            Ok(_) => added += 1,
             Err(e) => {
                 log::error!("reload: {e}");
                 failed += 1;

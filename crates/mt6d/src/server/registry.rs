@@ -32,6 +32,8 @@ pub struct CounterRange {
 #[derive(Debug)]
 pub struct Client {
     pub name: String,
+    /// What a reload compares: a hash of the client's true address, prefix and key.
+    pub fingerprint: [u8; 32],
     /// Made on the first packet to the client (derives its data key once).
     sealer: OnceLock<Box<Sealer>>,
     /// Made on the first packet from the client; its replay window lives in it.
@@ -43,9 +45,10 @@ pub struct Client {
 }
 
 impl Client {
-    fn new(name: String) -> Client {
+    fn new(name: String, fingerprint: [u8; 32]) -> Client {
         Client {
             name,
+            fingerprint,
             sealer: OnceLock::new(),
             opener: Mutex::new(None),
             rx_packets: AtomicU64::new(0),
@@ -104,18 +107,27 @@ pub struct Registry {
     table: PeerTable,
     clients: Vec<Option<(PeerId, Client)>>,
     by_name: HashMap<String, PeerId>,
-    /// Local hashed addresses of every route in every window, with how many routes use each.
-    addresses: HashMap<Ipv6Addr, u32>,
+    /// Local hashed addresses of every route in every window, with how many routes use each;
+    /// kept only for the neighbour responder (`None` where the router routes the prefix).
+    addresses: Option<HashMap<Ipv6Addr, u32>>,
     counters: CounterRange,
 }
 
 impl Registry {
-    pub fn new(seed: IndexSeed, capacity: usize, counters: CounterRange) -> Registry {
+    /// An empty registry for about `capacity` clients; `track_addresses` keeps the set of
+    /// current addresses the neighbour responder asks (a hash-table change per route at every
+    /// rotation, so only where it is needed).
+    pub fn new(
+        seed: IndexSeed,
+        capacity: usize,
+        counters: CounterRange,
+        track_addresses: bool,
+    ) -> Registry {
         Registry {
             table: PeerTable::with_capacity(seed, capacity),
             clients: Vec::with_capacity(capacity),
             by_name: HashMap::with_capacity(capacity),
-            addresses: HashMap::with_capacity(capacity * 3),
+            addresses: track_addresses.then(|| HashMap::with_capacity(capacity * 3)),
             counters,
         }
     }
@@ -161,13 +173,16 @@ impl Registry {
 
     /// Whether `addr` is one of the hashed addresses currently valid (any client, any epoch of
     /// its accept window): what the neighbour responder answers for.
+    /// (False for every address when the registry does not track them.)
     pub fn is_current_address(&self, addr: Ipv6Addr) -> bool {
-        self.addresses.contains_key(&addr)
+        self.addresses
+            .as_ref()
+            .is_some_and(|a| a.contains_key(&addr))
     }
 
-    /// How many distinct hashed addresses are valid now.
+    /// How many distinct hashed addresses are valid now (0 when not tracked).
     pub fn address_count(&self) -> usize {
-        self.addresses.len()
+        self.addresses.as_ref().map_or(0, HashMap::len)
     }
 
     /// Adds a client at `now`; its routes answer at once.
@@ -195,9 +210,9 @@ impl Registry {
         if self.clients.len() <= slot {
             self.clients.resize_with(slot + 1, || None);
         }
-        self.clients[slot] = Some((id, Client::new(cfg.name.clone())));
+        self.clients[slot] = Some((id, Client::new(cfg.name.clone(), fingerprint(cfg))));
         self.by_name.insert(cfg.name.clone(), id);
-        apply(&mut self.addresses, &delta);
+        apply(self.addresses.as_mut(), &delta);
         Ok(id)
     }
 
@@ -207,7 +222,7 @@ impl Registry {
             return false;
         };
         if let Some((_, delta)) = self.table.remove(id) {
-            apply(&mut self.addresses, &delta);
+            apply(self.addresses.as_mut(), &delta);
         }
         if let Some(slot) = self.clients.get_mut(id.index() as usize) {
             *slot = None;
@@ -223,22 +238,46 @@ impl Registry {
     /// Advances the clients whose epoch boundary has passed.
     pub fn step(&mut self, now: UnixTime) -> StepReport {
         let mut report = StepReport::default();
-        let addresses = &mut self.addresses;
+        let mut addresses = self.addresses.as_mut();
         self.table.handle_timeout(
             now,
             |_, _| 0,
             |_, delta| {
                 report.advanced += 1;
                 report.contested += delta.contested().count();
-                apply(addresses, delta);
+                apply(addresses.as_deref_mut(), delta);
             },
         );
         report
     }
+
+    /// Whether `name` is served with exactly this configuration (reloads replace changed clients).
+    pub fn unchanged(&self, cfg: &ClientConfig) -> bool {
+        self.id_of(&cfg.name)
+            .and_then(|id| self.client(id))
+            .is_some_and(|c| c.fingerprint == fingerprint(cfg))
+    }
+}
+
+/// A hash of what identifies a client's stream: its true address, prefix and key.
+pub fn fingerprint(cfg: &ClientConfig) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(&cfg.stream.remote.true_addr.octets());
+    h.update(
+        &cfg.stream
+            .remote
+            .external_prefix
+            .map_or([0; 16], |p| p.octets()),
+    );
+    h.update(cfg.stream.key.as_bytes());
+    *h.finalize().as_bytes()
 }
 
 /// Keeps the address counts in step with a window change.
-fn apply(addresses: &mut HashMap<Ipv6Addr, u32>, delta: &WindowDelta) {
+fn apply(addresses: Option<&mut HashMap<Ipv6Addr, u32>>, delta: &WindowDelta) {
+    let Some(addresses) = addresses else {
+        return;
+    };
     for r in delta.added() {
         *addresses.entry(*r.local.ip()).or_insert(0) += 1;
     }
@@ -301,6 +340,7 @@ mod tests {
                 first: 1 << 40,
                 end: 2 << 40,
             },
+            true,
         )
     }
 
@@ -336,6 +376,35 @@ mod tests {
         assert!(!r.is_current_address(*route.local.ip()));
         assert!(r.client(id).is_none());
         assert_eq!(r.address_count(), 6);
+        // A reload keeps a line that did not change and replaces one that did.
+        assert!(r.unchanged(&cs[0]));
+        let mut moved = cs[0].clone();
+        moved.stream.remote.true_addr = "2001:db8:c1:1::99".parse().unwrap();
+        assert!(!r.unchanged(&moved));
+        assert!(!r.unchanged(&cs[1]), "removed");
+    }
+
+    #[test]
+    fn without_the_responder_no_address_set_is_kept() {
+        let mut r = Registry::new(
+            IndexSeed::from_bytes([7; 16]),
+            8,
+            CounterRange {
+                first: 1 << 40,
+                end: 2 << 40,
+            },
+            false,
+        );
+        let now = UnixTime::from_nanos(1_700_000_000_000_000_000);
+        let c = &clients(1)[0];
+        let id = r.add(c, now).unwrap();
+        let route = *r.table().send_route(id).unwrap();
+        assert_eq!(r.address_count(), 0);
+        assert!(!r.is_current_address(*route.local.ip()));
+        assert!(r
+            .table()
+            .lookup_local(*route.local.ip(), route.local.port())
+            .is_some());
     }
 
     #[test]
