@@ -212,7 +212,16 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     if let Some(results) = &cli.plot {
-        return match plot::redraw(results) {
+        // A server run's results.json has its own figures.
+        let redraw = std::fs::read_to_string(results)
+            .ok()
+            .and_then(|t| <json::Value as json::ValueExt>::parse(&t).ok())
+            .filter(|d| d.get("server_role").is_some())
+            .map_or_else(
+                || plot::redraw(results),
+                |d| server::figures(&d, results.parent().unwrap_or(std::path::Path::new("."))),
+            );
+        return match redraw {
             Ok(written) => {
                 for p in written {
                     println!("{}", p.display());

@@ -39,7 +39,14 @@ const SCENARIO_COLORS: [(&str, RGBColor); 7] = [
     ("wireguard-go", RGBColor(0x94, 0x67, 0xbd)),
     ("boringtun", RGBColor(0xff, 0x7f, 0x0e)),
 ];
-const OTHER_COLORS: [RGBColor; 2] = [RGBColor(0x8c, 0x56, 0x4b), RGBColor(0x17, 0xbe, 0xcf)];
+const OTHER_COLORS: [RGBColor; 6] = [
+    RGBColor(0x8c, 0x56, 0x4b),
+    RGBColor(0x17, 0xbe, 0xcf),
+    RGBColor(0x1f, 0x77, 0xb4),
+    RGBColor(0x2c, 0xa0, 0x2c),
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x94, 0x67, 0xbd),
+];
 
 fn color(scenario: &str, index: usize) -> RGBColor {
     SCENARIO_COLORS
@@ -82,6 +89,40 @@ pub fn write_figures(doc: &Value, out: &Path) -> Result<Vec<PathBuf>, String> {
                 written.push(path);
             }
         }
+    }
+    Ok(written)
+}
+
+/// A grouped bar chart of any figures (the server bench's), written as `NAME.svg` and
+/// `NAME.png` into `out`: one group per category, one bar per series (`None`: no bar).
+#[allow(clippy::too_many_arguments)] // one figure's whole description, named at the call
+pub fn write_bars(
+    out: &Path,
+    name: &str,
+    title: String,
+    x_label: &'static str,
+    y_label: &'static str,
+    categories: Vec<String>,
+    series: Vec<(String, Vec<Option<f64>>)>,
+    log: bool,
+) -> Result<Vec<PathBuf>, String> {
+    let chart = Chart {
+        title,
+        x_label,
+        y_label,
+        categories,
+        series: series
+            .into_iter()
+            .map(|(n, v)| (n, v.into_iter().map(|x| x.map(|x| (x, None))).collect()))
+            .collect(),
+        log,
+        value_labels: false,
+    };
+    let mut written = Vec::new();
+    for (ext, bytes) in [("svg", chart.svg()?.into_bytes()), ("png", chart.png()?)] {
+        let path = out.join(format!("{name}.{ext}"));
+        std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        written.push(path);
     }
     Ok(written)
 }

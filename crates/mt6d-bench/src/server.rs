@@ -116,8 +116,111 @@ pub fn run(out: Option<PathBuf>, mt6d: &Path, args: &ServerArgs) -> Result<PathB
     doc.set("fig1_netlink", fig1_netlink(args)?);
     std::fs::write(out.join("results.json"), doc.pretty()).map_err(|e| e.to_string())?;
     std::fs::write(out.join("report.md"), markdown(&doc)).map_err(|e| e.to_string())?;
+    figures(&doc, &out)?;
     eprintln!("mt6d bench --server: {}", out.join("report.md").display());
     Ok(out)
+}
+
+/// `fig1.{svg,png}` (seconds to make n addresses answerable, both methods, log scale) and
+/// `fig2.{svg,png}` (mean response per rate, one bar per client count; failed cells omitted).
+pub fn figures(doc: &Value, out: &Path) -> Result<Vec<PathBuf>, String> {
+    let runs: Vec<&Value> = doc
+        .get("server_role")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .collect();
+    let netlink: Vec<&Value> = doc
+        .get("fig1_netlink")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .collect();
+    let u = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let f = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64);
+    let mut ns: Vec<u64> = runs.iter().map(|r| u(r, "clients")).collect();
+    ns.extend(netlink.iter().map(|p| u(p, "addresses")));
+    ns.sort_unstable();
+    ns.dedup();
+    let mut written = crate::plot::write_bars(
+        out,
+        "fig1",
+        "Time to make n addresses answerable (002 Fig. 1)".into(),
+        "addresses (clients)",
+        "seconds (log)",
+        ns.iter().map(u64::to_string).collect(),
+        vec![
+            (
+                "netlink, one /128 each".into(),
+                ns.iter()
+                    .map(|n| {
+                        netlink
+                            .iter()
+                            .find(|p| u(p, "addresses") == *n)
+                            .and_then(|p| f(p, "secs"))
+                    })
+                    .collect(),
+            ),
+            (
+                "server role, to first answer".into(),
+                ns.iter()
+                    .map(|n| {
+                        runs.iter()
+                            .find(|r| u(r, "clients") == *n)
+                            .and_then(|r| f(r, "first_answer_secs"))
+                    })
+                    .collect(),
+            ),
+        ],
+        true,
+    )?;
+    let mut rates: Vec<u64> = runs
+        .iter()
+        .flat_map(|r| {
+            r.get("cells")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+        })
+        .map(|c| u(c, "rate"))
+        .collect();
+    rates.sort_unstable();
+    rates.dedup();
+    written.extend(crate::plot::write_bars(
+        out,
+        "fig2",
+        "Mean response time, server role (002 Fig. 2; failed cells left out)".into(),
+        "requests per second asked",
+        "mean ms (log)",
+        rates.iter().map(u64::to_string).collect(),
+        runs.iter()
+            .map(|r| {
+                let cells: Vec<&Value> = r
+                    .get("cells")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                (
+                    format!("{} clients", u(r, "clients")),
+                    rates
+                        .iter()
+                        .map(|rate| {
+                            cells
+                                .iter()
+                                .find(|c| {
+                                    u(c, "rate") == *rate
+                                        && c.get("class").and_then(Value::as_str) != Some("fail")
+                                })
+                                .and_then(|c| f(c, "mean_ms"))
+                        })
+                        .collect(),
+                )
+            })
+            .collect(),
+        true,
+    )?);
+    Ok(written)
 }
 
 /// n /128s on a veth interface of a fresh namespace (no dummy module on this kernel) with one `ip -batch`, per n.

@@ -11,7 +11,7 @@
 //! - [`udp`]: the tunnel's UDP sockets with per-packet source address (IPV6_PKTINFO),
 //!   UDP GSO/GRO and `sendmmsg`/`recvmmsg` batches, plus [`Epoll`] and the ICMPv6 raw socket;
 //! - [`raw_udp`]: UDP datagrams from any address and port of a local prefix through one raw
-//!   socket (the server role's send path; groundwork, not used by the daemon yet);
+//!   socket (the server role's send path);
 //! - [`capture`]: an AF_PACKET observer of one interface, for the lab's leak checks, and the
 //!   daemon's filtered watch of neighbour discovery frames (duplicate address detection);
 //! - [`error`]: [`OsError`], one variant per failing operation with its context;

@@ -1,5 +1,5 @@
 //! Which server of a cluster owns a client (docs/ARCHITECTURE.md "Beyond one server"; design
-//! groundwork for the client-server role, not used by the daemon yet).
+//! groundwork for several servers sharing clients; the server role runs one server).
 //!
 //! Several servers that share one client population each hold every client's public key, so
 //! each could derive every client's hashed addresses; session state (handshake keys, replay

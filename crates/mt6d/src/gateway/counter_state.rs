@@ -122,40 +122,47 @@ impl CounterState {
             .ok_or_else(|| CounterStateError::Exhausted {
                 path: self.path.clone(),
             })?;
-        let tmp = self.path.with_extension("counter.tmp");
-        let io = |what, source| CounterStateError::Io {
-            path: tmp.clone(),
-            what,
-            source,
-        };
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(|e| io("create", e))?;
-        f.write_all(format!("{end}\n").as_bytes())
-            .map_err(|e| io("write", e))?;
-        f.sync_all().map_err(|e| io("fsync", e))?;
-        drop(f);
-        fs::rename(&tmp, &self.path).map_err(|source| CounterStateError::Io {
-            path: self.path.clone(),
-            what: "rename into place",
-            source,
-        })?;
-        if let Some(dir) = self.path.parent() {
-            File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(|source| CounterStateError::Io {
-                    path: dir.to_path_buf(),
-                    what: "fsync directory",
-                    source,
-                })?;
-        }
+        write_durably(&self.path, &format!("{end}\n"))
+            .map_err(|(path, what, source)| CounterStateError::Io { path, what, source })?;
         self.reserved = end;
         Ok(())
     }
+}
+
+/// Replaces `path` with `text` durably: a temporary file beside it (mode 0600), fsync, rename
+/// into place, fsync of the directory. A crash leaves the old or the new contents, never a
+/// mix. Errors name the file and the step.
+pub(crate) fn write_durably(
+    path: &Path,
+    text: &str,
+) -> Result<(), (PathBuf, &'static str, io::Error)> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    fn at(
+        p: &Path,
+        what: &'static str,
+    ) -> impl FnOnce(io::Error) -> (PathBuf, &'static str, io::Error) {
+        let p = p.to_path_buf();
+        move |e| (p, what, e)
+    }
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(at(&tmp, "create"))?;
+    f.write_all(text.as_bytes()).map_err(at(&tmp, "write"))?;
+    f.sync_all().map_err(at(&tmp, "fsync"))?;
+    drop(f);
+    fs::rename(&tmp, path).map_err(at(path, "rename into place"))?;
+    if let Some(dir) = path.parent() {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(at(dir, "fsync directory"))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -609,14 +609,24 @@ impl Receive {
 }
 
 fn flush_to_tun(shared: &Shared, tun: &Tun, gro: &mut GROTable, packets: &mut [Vec<u8>]) {
+    write_to_tun(tun, gro, packets, &shared.tun_write_failures);
+}
+
+/// Writes opened packets (each after a virtio header's room) to a TUN queue. The kernel
+/// refusing one inner packet (e.g. no route on the protected side) is not a reason to stop: the
+/// batch writes the others and reports one error, so `failures` counts at least one refused
+/// packet; the device's rx_dropped counts the rest it refused. Shared with the server role.
+pub(crate) fn write_to_tun(
+    tun: &Tun,
+    gro: &mut GROTable,
+    packets: &mut [Vec<u8>],
+    failures: &std::sync::atomic::AtomicU64,
+) {
     if packets.is_empty() {
         return;
     }
     if let Err(e) = tun.send_batch(gro, packets, VIRTIO_NET_HDR_LEN) {
-        // The kernel refusing one inner packet (e.g. no route on the protected side) is not a
-        // reason to stop. The batch writes the others and reports one error, so this counts
-        // at least one refused packet; the device's rx_dropped counts the rest it refused.
-        shared.tun_write_failures.fetch_add(1, Ordering::Relaxed);
+        failures.fetch_add(1, Ordering::Relaxed);
         log::debug!("{e}");
     }
 }

@@ -258,13 +258,7 @@ impl Receive {
 }
 
 fn flush_to_tun(shared: &Shared, tun: &Tun, gro: &mut GROTable, packets: &mut [Vec<u8>]) {
-    if packets.is_empty() {
-        return;
-    }
-    if let Err(e) = tun.send_batch(gro, packets, VIRTIO_NET_HDR_LEN) {
-        bump(&shared.counters.tun_write_failures, 1);
-        log::debug!("{e}");
-    }
+    crate::gateway::write_to_tun(tun, gro, packets, &shared.counters.tun_write_failures);
 }
 
 struct Transmit {

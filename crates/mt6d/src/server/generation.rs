@@ -10,9 +10,8 @@
 //! days at a million packets per second) stops being sent to (counted as
 //! `seal_counter_not_reserved`) until the next start. 2^22 starts fit in the 2^62 counters.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::fs;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use super::registry::CounterRange;
@@ -61,20 +60,8 @@ pub fn reserve(dir: &Path, tun: &str) -> Result<CounterRange, GenerationError> {
     if g > MAX_GENERATION {
         return Err(GenerationError::Exhausted { path });
     }
-    let tmp = path.with_extension("generation.tmp");
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(io("create"))?;
-    writeln!(f, "{g}").map_err(io("write"))?;
-    f.sync_all().map_err(io("fsync"))?;
-    fs::rename(&tmp, &path).map_err(io("rename into place"))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io("fsync the state directory"))?;
+    crate::gateway::counter_state::write_durably(&path, &format!("{g}\n"))
+        .map_err(|(path, what, source)| GenerationError::Io { path, what, source })?;
     Ok(CounterRange {
         first: g << RUN_BITS,
         end: (g + 1) << RUN_BITS,
