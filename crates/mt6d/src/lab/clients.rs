@@ -71,6 +71,12 @@ impl ClientSpec {
         )
     }
 
+    /// Client `i`'s stream (tests of the server's side).
+    #[doc(hidden)]
+    pub fn stream_for_test(&self, i: usize) -> Stream {
+        self.stream(i).unwrap_or_else(|e| panic!("client {i}: {e}"))
+    }
+
     fn stream(&self, i: usize) -> Result<Stream, String> {
         let key = SessionKey::from_bytes(&self.key(i)).map_err(|e| e.to_string())?;
         Stream::new(StreamConfig {

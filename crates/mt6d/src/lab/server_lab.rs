@@ -65,8 +65,17 @@ pub struct ServerLab {
 }
 
 impl ServerLab {
-    /// Builds the lab with namespace names starting with `prefix`.
+    /// Builds the lab with namespace names starting with `prefix`; the router routes the
+    /// server's prefix to the server's link address.
     pub fn build(prefix: &str) -> Result<ServerLab, LabError> {
+        ServerLab::build_with(prefix, false)
+    }
+
+    /// [`ServerLab::build`], or with `on_link` the server's prefix on-link on the router's
+    /// segment with the server: the router resolves every hashed address with a Neighbour
+    /// Solicitation, which only the server's responder can answer (issue 12 item 3's shared
+    /// segment).
+    pub fn build_with(prefix: &str, on_link: bool) -> Result<ServerLab, LabError> {
         let ns = |tag: &str| {
             Netns::create(&unique_name(&format!("{prefix}{tag}")))
                 .map_err(|e| LabError::Command(format!("create a namespace: {e}")))
@@ -95,8 +104,25 @@ impl ServerLab {
                     .map_err(|e| LabError::Command(format!("forwarding on the router: {e}")))
             })
             .map_err(|e| LabError::Command(e.to_string()))??;
+        if on_link {
+            ip(
+                &lab.router,
+                &["-6", "route", "add", "2001:db8:5::/64", "dev", "rs"],
+            )?;
+        } else {
+            ip(
+                &lab.router,
+                &[
+                    "-6",
+                    "route",
+                    "add",
+                    "2001:db8:5::/64",
+                    "via",
+                    "2001:db8:f5::2",
+                ],
+            )?;
+        }
         for (dst, via) in [
-            ("2001:db8:5::/64", "2001:db8:f5::2"),
             ("2001:db8:c1::/64", "2001:db8:f1::2"),
             ("2001:db8:c2::/64", "2001:db8:f2::2"),
         ] {
@@ -151,12 +177,22 @@ impl ServerLab {
         workers: usize,
         state_dir: &std::path::Path,
     ) -> String {
+        Self::server_config_with(rotation_secs, workers, state_dir, false)
+    }
+
+    /// [`ServerLab::server_config`], with the neighbour responder on or off.
+    pub fn server_config_with(
+        rotation_secs: f64,
+        workers: usize,
+        state_dir: &std::path::Path,
+        neighbor_discovery: bool,
+    ) -> String {
         format!(
             "[server]\nexternal_interface = \"{SERVER_IF}\"\nprefix = \"{SERVER_PREFIX}/64\"\n\
              true_address = \"{SERVER_TRUE}\"\npeers_file = \"clients\"\n\
              client_routes = [\"2001:db8:c1:1::/64\", \"2001:db8:c2:1::/64\"]\n\
-             neighbor_discovery = false\nrotation_secs = {rotation_secs}\njitter = true\n\
-             workers = {workers}\nstate_dir = \"{}\"\n",
+             neighbor_discovery = {neighbor_discovery}\nrotation_secs = {rotation_secs}\n\
+             jitter = true\nworkers = {workers}\nstate_dir = \"{}\"\n",
             state_dir.display()
         )
     }

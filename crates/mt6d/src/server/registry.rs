@@ -385,6 +385,82 @@ mod tests {
     }
 
     #[test]
+    fn the_address_set_follows_every_window_through_jittered_rotations() {
+        let mut r = registry();
+        let mut now = UnixTime::from_nanos(1_700_000_000_000_000_000);
+        let mut cs = clients(20);
+        for c in &mut cs {
+            c.stream.jitter = true;
+        }
+        for c in &cs {
+            r.add(c, now).unwrap();
+        }
+        for _ in 0..2_000 {
+            now = now.saturating_add(Duration::from_millis(10));
+            if r.poll_timeout().is_some_and(|d| d <= now) {
+                r.step(now);
+            }
+            for c in &cs {
+                let id = r.id_of(&c.name).unwrap();
+                let stream = r.table().stream(id).unwrap();
+                let e = stream.epoch_at(now);
+                for route in r.table().index().window(id) {
+                    assert!(r.is_current_address(*route.local.ip()), "{route:?}");
+                }
+                // The epochs around now are in the window (what the clients send on).
+                for epoch in [e, e.next()] {
+                    let want = stream.route(epoch);
+                    assert!(
+                        r.is_current_address(*want.local.ip()),
+                        "epoch {epoch:?} of {} missing at {now:?}",
+                        c.name
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn what_a_client_sends_to_is_in_the_address_set() {
+        use crate::lab::server_lab::ServerLab;
+        let spec = ServerLab::spec(1, Duration::from_secs(1), true);
+        let cfg = ServerConfig::parse(
+            Path::new("s.toml"),
+            &ServerLab::server_config_with(1.0, 2, Path::new("/tmp"), true),
+        )
+        .unwrap();
+        let text: String = (0..400)
+            .map(|i| spec.peers_line(&format!("c{i}"), i))
+            .collect();
+        let cs = cfg
+            .clients_from(&mt6d_proto::peers_file::parse(&text).unwrap())
+            .unwrap();
+        let mut r = registry();
+        let mut now = UnixTime::from_nanos(1_795_681_511_000_000_000);
+        for c in &cs {
+            r.add(c, now).unwrap();
+        }
+        let mut table = PeerTable::with_capacity(IndexSeed::from_bytes([1; 16]), 400);
+        let ids: Vec<PeerId> = (0..400)
+            .map(|i| table.add(spec.stream_for_test(i), now, |_| 0).unwrap().0)
+            .collect();
+        for _ in 0..1_000 {
+            now = now.saturating_add(Duration::from_millis(50));
+            if r.poll_timeout().is_some_and(|d| d <= now) {
+                r.step(now);
+            }
+            table.handle_timeout(now, |_, _| 0, |_, _| {});
+            for (i, id) in ids.iter().enumerate() {
+                let to = table.send_route(*id).unwrap().remote;
+                assert!(
+                    r.is_current_address(*to.ip()),
+                    "client {i} sends to {to} at {now:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn without_the_responder_no_address_set_is_kept() {
         let mut r = Registry::new(
             IndexSeed::from_bytes([7; 16]),
