@@ -99,6 +99,36 @@ fn wait_log(d: &DaemonProcess, needle: &str, count: usize, limit: Duration) {
     }
 }
 
+/// Writes `config` beside the peers file in `dir`, starts `mt6d run` with it in `server`, waits
+/// for it to serve `clients`, and starts the echo service (stopped by setting the flag).
+fn start(
+    server: &Netns,
+    dir: &Path,
+    config: &str,
+    clients: usize,
+) -> (DaemonProcess, Arc<AtomicBool>, std::thread::JoinHandle<u64>) {
+    let path = dir.join("server.toml");
+    std::fs::write(&path, config).expect("config");
+    let mut cmd = server.command(common::MT6D).expect("command");
+    cmd.arg("run").arg("-c").arg(&path);
+    let daemon = DaemonProcess::spawn(
+        "server",
+        cmd,
+        &dir.join("none.sock"),
+        &dir.join("server.log"),
+    )
+    .expect("start server");
+    wait_log(
+        &daemon,
+        &format!("serving {clients} clients"),
+        1,
+        Duration::from_secs(30),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let echo = echo_service(server, SERVER_TRUE, ECHO_PORT, 10, stop.clone()).expect("echo");
+    (daemon, stop, echo)
+}
+
 /// Sends one request from each client in `who` (in turn, `per_client` times, paced) and waits
 /// for every answer; returns (sent, answers, distinct hashed source addresses used).
 fn exchange(
@@ -153,24 +183,12 @@ fn ten_thousand_clients_on_their_own_addresses_and_nothing_else_answers() {
     std::fs::create_dir_all(&dir).expect("dir");
     let peers = dir.join("clients");
     peers_file(&peers, PER_NAMESPACE, &[], &[]);
-    let config = dir.join("server.toml");
-    std::fs::write(
-        &config,
-        ServerLab::server_config(1.0, 2, &dir.join("state")),
-    )
-    .expect("config");
-    let mut cmd = server.command(common::MT6D).expect("command");
-    cmd.arg("run").arg("-c").arg(&config);
-    let mut daemon = DaemonProcess::spawn(
-        "server",
-        cmd,
-        &dir.join("none.sock"),
-        &dir.join("server.log"),
-    )
-    .expect("start server");
-    wait_log(&daemon, "serving 10000 clients", 1, Duration::from_secs(30));
-    let stop = Arc::new(AtomicBool::new(false));
-    let echo = echo_service(server, SERVER_TRUE, ECHO_PORT, 10, stop.clone()).expect("echo");
+    let (mut daemon, stop, echo) = start(
+        server,
+        &dir,
+        &ServerLab::server_config(1.0, 2, &dir.join("state")),
+        10_000,
+    );
 
     // 1. Both namespaces at once, 400 clients each, 3 requests each over about 4 rotations.
     let (s1, s2) = (spec(1), spec(2));
@@ -396,24 +414,12 @@ fn on_a_shared_segment_the_daemon_resolves_current_addresses_only() {
     let dir = std::env::temp_dir().join(unique_name("m6nd"));
     std::fs::create_dir_all(&dir).expect("dir");
     peers_file(&dir.join("clients"), 200, &[], &[]);
-    let config = dir.join("server.toml");
-    std::fs::write(
-        &config,
-        ServerLab::server_config_with(5.0, 2, &dir.join("state"), true),
-    )
-    .expect("config");
-    let mut cmd = server.command(common::MT6D).expect("command");
-    cmd.arg("run").arg("-c").arg(&config);
-    let mut daemon = DaemonProcess::spawn(
-        "server",
-        cmd,
-        &dir.join("none.sock"),
-        &dir.join("server.log"),
-    )
-    .expect("start server");
-    wait_log(&daemon, "serving 400 clients", 1, Duration::from_secs(30));
-    let stop = Arc::new(AtomicBool::new(false));
-    let echo = echo_service(server, SERVER_TRUE, ECHO_PORT, 10, stop.clone()).expect("echo");
+    let (mut daemon, stop, echo) = start(
+        server,
+        &dir,
+        &ServerLab::server_config_with(5.0, 2, &dir.join("state"), true),
+        400,
+    );
 
     // 100 clients, twice each over two rotations: every server address they use is resolved
     // by the router through the responder, and every request is answered.
