@@ -121,21 +121,16 @@ pub fn run(out: Option<PathBuf>, mt6d: &Path, args: &ServerArgs) -> Result<PathB
     Ok(out)
 }
 
+/// The elements of the array `key` of `v` (none if it is missing or not an array).
+fn items<'a>(v: &'a Value, key: &str) -> impl Iterator<Item = &'a Value> + 'a {
+    v.get(key).and_then(Value::as_array).into_iter().flatten()
+}
+
 /// `fig1.{svg,png}` (seconds to make n addresses answerable, both methods, log scale) and
 /// `fig2.{svg,png}` (mean response per rate, one bar per client count; failed cells omitted).
 pub fn figures(doc: &Value, out: &Path) -> Result<Vec<PathBuf>, String> {
-    let runs: Vec<&Value> = doc
-        .get("server_role")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .collect();
-    let netlink: Vec<&Value> = doc
-        .get("fig1_netlink")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .collect();
+    let runs: Vec<&Value> = items(doc, "server_role").collect();
+    let netlink: Vec<&Value> = items(doc, "fig1_netlink").collect();
     let u = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
     let f = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64);
     let mut ns: Vec<u64> = runs.iter().map(|r| u(r, "clients")).collect();
@@ -176,12 +171,7 @@ pub fn figures(doc: &Value, out: &Path) -> Result<Vec<PathBuf>, String> {
     )?;
     let mut rates: Vec<u64> = runs
         .iter()
-        .flat_map(|r| {
-            r.get("cells")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-        })
+        .flat_map(|r| items(r, "cells"))
         .map(|c| u(c, "rate"))
         .collect();
     rates.sort_unstable();
@@ -195,12 +185,7 @@ pub fn figures(doc: &Value, out: &Path) -> Result<Vec<PathBuf>, String> {
         rates.iter().map(u64::to_string).collect(),
         runs.iter()
             .map(|r| {
-                let cells: Vec<&Value> = r
-                    .get("cells")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                    .collect();
+                let cells: Vec<&Value> = items(r, "cells").collect();
                 (
                     format!("{} clients", u(r, "clients")),
                     rates
@@ -590,12 +575,7 @@ fn markdown(doc: &Value) -> String {
         ROTATION_SECS
     ));
     s.push_str("## Fig. 1: time to make n addresses answerable\n\n| method | n | seconds | ms per address |\n|---|---|---|---|\n");
-    for p in doc
-        .get("fig1_netlink")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
+    for p in items(doc, "fig1_netlink") {
         let n = p.get("addresses").and_then(Value::as_u64).unwrap_or(0);
         let secs = p.get("secs").and_then(Value::as_f64).unwrap_or(0.0);
         s.push_str(&format!(
@@ -603,12 +583,7 @@ fn markdown(doc: &Value) -> String {
             secs * 1e3 / n.max(1) as f64
         ));
     }
-    let runs: Vec<&Value> = doc
-        .get("server_role")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .collect();
+    let runs: Vec<&Value> = items(doc, "server_role").collect();
     for r in &runs {
         let n = r.get("clients").and_then(Value::as_u64).unwrap_or(0);
         let secs = r
@@ -637,12 +612,7 @@ fn markdown(doc: &Value) -> String {
     }
     s.push_str("\n## Fig. 2: response time (mean, p99 in ms; class by mean; fail below 90 % answered)\n\n| clients | requests/s asked | achieved | answered % | mean | p99 | max | wrong source | class |\n|---|---|---|---|---|---|---|---|---|\n");
     for r in &runs {
-        for c in r
-            .get("cells")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
+        for c in items(r, "cells") {
             let f = |k: &str| c.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
             s.push_str(&format!(
                 "| {} | {} | {:.0} | {:.2} | {:.3} | {:.3} | {:.3} | {} | {} |\n",

@@ -12,7 +12,7 @@
 
 mod common;
 
-use std::net::{Ipv6Addr, SocketAddrV6, UdpSocket};
+use std::net::Ipv6Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -41,28 +41,9 @@ fn veth(a: &Netns, a_name: &str, a_mac: [u8; 6], b: &Netns, b_name: &str, b_mac:
     }
 }
 
-/// The router's neighbour entry for `addr` on r0 once it has a link-layer address, waiting up
-/// to `limit` (resolution retransmits every second, three times).
+/// The router's neighbour entry for `addr` on r0 once resolved, waiting up to `limit`.
 fn resolved(router: &Netns, addr: Ipv6Addr, limit: Duration) -> Option<[u8; 6]> {
-    let deadline = Instant::now() + limit;
-    router
-        .run(|| {
-            let mut nl = Netlink::open().expect("netlink");
-            let r0 = nl.link_index("r0").expect("r0");
-            let sock = UdpSocket::bind("[::]:0").expect("udp");
-            loop {
-                // Each datagram asks the kernel to resolve (or keeps the queued resolution going).
-                let _ = sock.send_to(b"x", SocketAddrV6::new(addr, 9, 0, 0));
-                if let Some(mac) = nl.neighbor_lladdr(r0, addr).expect("neighbour") {
-                    return Some(mac);
-                }
-                if Instant::now() > deadline {
-                    return None;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        })
-        .expect("enter router")
+    topology::resolved(router, "r0", addr, limit).expect("ask the router")
 }
 
 /// Sets the flag when dropped, on every exit path of the scope, a panic's included.

@@ -253,36 +253,14 @@ impl ClientSet {
         service_port: u16,
         payload: &[u8],
     ) -> Result<(), String> {
-        let id = self.ids[i];
-        let route = *self.table.send_route(id).ok_or("client has no route")?;
-        let stream = self.table.stream(id).ok_or("client gone")?;
-        let len = inner_udp(
-            &mut self.packet,
-            spec.true_addr(i),
-            spec.server_true,
-            CLIENT_PORT,
-            service_port,
-            payload,
-        );
-        let n = sealer(&mut self.sealers[i], stream)
-            .seal(&route, &self.packet[..len], &mut self.sealed[..SLOT])
-            .map_err(|e| e.to_string())?;
-        if let Some(hk) = stream.send_header_key() {
-            hk.protect(&mut self.sealed[..n])
-                .map_err(|e| e.to_string())?;
-        }
-        let msg = RawSendMsg {
-            src: route.local,
-            dst: route.remote,
-            payload: &self.sealed[..n],
-        };
-        match self.raw.send_batch(&mut self.raw_scratch, &[msg]) {
-            Ok(1) => {
-                self.counters.sent += 1;
-                Ok(())
-            }
-            Ok(_) => Err("the kernel took nothing".into()),
-            Err(e) => Err(e.to_string()),
+        let sent = self.send_batch(spec, &[i], service_port, |_, buf| {
+            buf[..payload.len()].copy_from_slice(payload);
+            payload.len()
+        })?;
+        if sent == 1 {
+            Ok(())
+        } else {
+            Err(format!("client {i}: the kernel refused the request"))
         }
     }
 
@@ -464,20 +442,8 @@ pub fn echo_service(
     }
 }
 
-/// Writes an IPv6/UDP packet into `buf` (checksum included); returns its length.
-pub fn inner_udp(
-    buf: &mut [u8],
-    src: Ipv6Addr,
-    dst: Ipv6Addr,
-    sport: u16,
-    dport: u16,
-    payload: &[u8],
-) -> usize {
-    buf[48..48 + payload.len()].copy_from_slice(payload);
-    inner_udp_around(buf, src, dst, sport, dport, payload.len())
-}
-
-/// [`inner_udp`] for a payload already at `buf[48..48 + plen]`.
+/// Writes an IPv6/UDP packet (checksum included) around a payload already at
+/// `buf[48..48 + plen]`; returns the packet's length.
 pub fn inner_udp_around(
     buf: &mut [u8],
     src: Ipv6Addr,
@@ -524,7 +490,8 @@ mod tests {
             "2001:db8:c1:1::5".parse().unwrap(),
             "2001:db8:5:1::1".parse().unwrap(),
         );
-        let n = inner_udp(&mut buf, s, d, 40_000, 3540, b"hello");
+        buf[48..53].copy_from_slice(b"hello");
+        let n = inner_udp_around(&mut buf, s, d, 40_000, 3540, 5);
         assert_eq!(n, 53);
         let udp = UdpPacket::new_checked(&buf[40..n]).unwrap();
         assert!(udp.verify_checksum(s, d));

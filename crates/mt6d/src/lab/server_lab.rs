@@ -18,7 +18,7 @@ use mt6d_os::{unique_name, Netns};
 use mt6d_proto::Mode;
 
 use super::clients::ClientSpec;
-use super::topology::{ip, veth, LabError};
+use super::topology::{ip, resolved, veth, LabError};
 
 /// The server's protected address (on its TUN device).
 pub const SERVER_TRUE: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 5, 1, 0, 0, 0, 1);
@@ -30,33 +30,6 @@ pub const SERVER_IF: &str = "s0";
 pub const ECHO_PORT: u16 = 3540;
 
 /// The namespaces.
-/// Waits until `n` has a link-layer address for `peer` on `dev` (asking with a datagram every
-/// 100 ms, up to 5 s).
-fn resolve(n: &Netns, dev: &str, peer: Ipv6Addr) -> Result<(), LabError> {
-    n.run(|| -> Result<(), String> {
-        let mut nl = mt6d_os::Netlink::open().map_err(|e| e.to_string())?;
-        let index = nl.link_index(dev).map_err(|e| e.to_string())?;
-        let sock = std::net::UdpSocket::bind("[::]:0").map_err(|e| e.to_string())?;
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        loop {
-            let _ = sock.send_to(b"", std::net::SocketAddrV6::new(peer, 9, 0, 0));
-            if nl
-                .neighbor_lladdr(index, peer)
-                .map_err(|e| e.to_string())?
-                .is_some()
-            {
-                return Ok(());
-            }
-            if std::time::Instant::now() > deadline {
-                return Err(format!("{peer} on {dev} not resolved within 5 s"));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    })
-    .map_err(|e| LabError::Command(e.to_string()))?
-    .map_err(LabError::Command)
-}
-
 #[derive(Debug)]
 pub struct ServerLab {
     pub router: Netns,
@@ -146,11 +119,13 @@ impl ServerLab {
             (&lab.router, "r1", "2001:db8:f1::2"),
             (&lab.router, "r2", "2001:db8:f2::2"),
         ] {
-            resolve(
-                n,
-                dev,
-                peer.parse().map_err(|_| LabError::Command(peer.into()))?,
-            )?;
+            let addr = peer.parse().map_err(|_| LabError::Command(peer.into()))?;
+            if resolved(n, dev, addr, Duration::from_secs(5))?.is_none() {
+                return Err(LabError::Command(format!(
+                    "{peer} on {dev} in {} not resolved within 5 s",
+                    n.name()
+                )));
+            }
         }
         Ok(lab)
     }

@@ -739,6 +739,36 @@ pub fn veth(a: &Netns, a_name: &str, b: &Netns, b_name: &str) -> Result<(), LabE
     })
 }
 
+/// `n`'s neighbour entry for `addr` on `dev` once it has a link-layer address, asking the
+/// kernel to resolve it with a datagram (to the discard port) every 50 ms, up to `limit`
+/// (resolution retransmits every second, three times); `None` if it never resolves.
+pub fn resolved(
+    n: &Netns,
+    dev: &str,
+    addr: Ipv6Addr,
+    limit: std::time::Duration,
+) -> Result<Option<[u8; 6]>, LabError> {
+    n.run(|| -> Result<Option<[u8; 6]>, mt6d_os::OsError> {
+        let mut nl = Netlink::open()?;
+        let index = nl.link_index(dev)?;
+        let sock = std::net::UdpSocket::bind("[::]:0")
+            .map_err(|e| mt6d_os::OsError::InvalidArgument(format!("UDP socket: {e}")))?;
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            let _ = sock.send_to(b"x", std::net::SocketAddrV6::new(addr, 9, 0, 0));
+            if let Some(mac) = nl.neighbor_lladdr(index, addr)? {
+                return Ok(Some(mac));
+            }
+            if std::time::Instant::now() > deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    })
+    .map_err(os(format!("enter namespace {}", n.name())))?
+    .map_err(os(format!("resolve {addr} on {dev} in {}", n.name())))
+}
+
 /// Runs `f` with a netlink socket inside namespace `n`.
 pub fn in_ns<T: Send>(
     n: &Netns,

@@ -230,12 +230,6 @@ impl Receive {
                     }
                 }
             });
-            if opened > 0 {
-                bump(&client.rx_packets, opened);
-            }
-            if bad > 0 {
-                bump(&client.rx_rejected, bad);
-            }
             packets += opened;
             rejected += bad;
         }
@@ -356,7 +350,6 @@ impl Transmit {
                         continue;
                     }
                 }
-                bump(&client.tx_packets, 1);
                 self.spans.push((cursor, len, route.local, route.remote));
                 cursor += len;
                 bytes += size as u64;

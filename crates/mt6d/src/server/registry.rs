@@ -27,8 +27,10 @@ pub struct CounterRange {
     pub end: u64,
 }
 
-/// One client's packet-path state: about 100 bytes while idle; its keys are made (and boxed)
-/// by its first packet in each direction.
+/// One client's packet-path state: its keys, made (and boxed) by its first packet in each
+/// direction, and what a reload compares. Traffic is counted per worker and reason, not per
+/// client (`dataplane::ServerCounters`): a per-client counter would be an atomic add per packet
+/// on a line two workers can share, for a figure nothing reads yet.
 #[derive(Debug)]
 pub struct Client {
     pub name: String,
@@ -38,10 +40,6 @@ pub struct Client {
     sealer: OnceLock<Box<Sealer>>,
     /// Made on the first packet from the client; its replay window lives in it.
     opener: Mutex<Option<Box<Opener>>>,
-    pub rx_packets: AtomicU64,
-    pub tx_packets: AtomicU64,
-    /// Datagrams on its current addresses that did not open (forged, replayed, damaged).
-    pub rx_rejected: AtomicU64,
 }
 
 impl Client {
@@ -51,9 +49,6 @@ impl Client {
             fingerprint,
             sealer: OnceLock::new(),
             opener: Mutex::new(None),
-            rx_packets: AtomicU64::new(0),
-            tx_packets: AtomicU64::new(0),
-            rx_rejected: AtomicU64::new(0),
         }
     }
 
@@ -162,13 +157,6 @@ impl Registry {
 
     pub fn names(&self) -> impl Iterator<Item = &str> + '_ {
         self.by_name.keys().map(String::as_str)
-    }
-
-    /// Every client with its id, in slot order.
-    pub fn clients(&self) -> impl Iterator<Item = (PeerId, &Client)> + '_ {
-        self.clients
-            .iter()
-            .filter_map(|c| c.as_ref().map(|(id, c)| (*id, c)))
     }
 
     /// Whether `addr` is one of the hashed addresses currently valid (any client, any epoch of
