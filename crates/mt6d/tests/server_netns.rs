@@ -31,6 +31,7 @@ use mt6d::gateway::clock;
 use mt6d::lab::clients::{echo_service, ClientSet, ClientSpec, Reply};
 use mt6d::lab::daemon::DaemonProcess;
 use mt6d::lab::server_lab::{ServerLab, ECHO_PORT, SERVER_TRUE};
+use mt6d::lab::topology::resolved;
 use mt6d_os::{unique_name, Netns};
 
 const CLIENT_RX_PORT: u16 = 7420;
@@ -376,30 +377,11 @@ fn ten_thousand_clients_on_their_own_addresses_and_nothing_else_answers() {
         "AnyIP route left"
     );
     assert!(!sh(server, "ip link").contains("mt6ds0"), "TUN device left");
+    assert!(
+        !sh(server, "ip -6 route show").contains("prohibit"),
+        "guard route left"
+    );
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// The router's neighbour entry for `addr` on `dev` once it has a link-layer address, asking
-/// with a datagram every 100 ms, up to `limit`.
-fn resolved(router: &Netns, dev: &str, addr: Ipv6Addr, limit: Duration) -> Option<[u8; 6]> {
-    router
-        .run(|| {
-            let mut nl = mt6d_os::Netlink::open().expect("netlink");
-            let index = nl.link_index(dev).expect("dev");
-            let sock = UdpSocket::bind("[::]:0").expect("udp");
-            let deadline = Instant::now() + limit;
-            loop {
-                let _ = sock.send_to(b"x", SocketAddrV6::new(addr, 9, 0, 0));
-                if let Some(mac) = nl.neighbor_lladdr(index, addr).expect("neighbour") {
-                    return Some(mac);
-                }
-                if Instant::now() > deadline {
-                    return None;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        })
-        .expect("enter router")
 }
 
 #[test]
@@ -454,12 +436,12 @@ fn on_a_shared_segment_the_daemon_resolves_current_addresses_only() {
         })
         .expect("enter");
     assert_eq!(
-        resolved(&lab.router, "rs", *current.ip(), Duration::from_secs(3)),
+        resolved(&lab.router, "rs", *current.ip(), Duration::from_secs(3)).expect("router"),
         Some(server_mac)
     );
     let nobody = Ipv6Addr::new(0x2001, 0xdb8, 5, 0, 0xdead, 0xbeef, 0x1234, 0x5678);
     assert_eq!(
-        resolved(&lab.router, "rs", nobody, Duration::from_millis(3500)),
+        resolved(&lab.router, "rs", nobody, Duration::from_millis(3500)).expect("router"),
         None,
         "an address that is no client's was resolved"
     );
@@ -481,5 +463,65 @@ fn on_a_shared_segment_the_daemon_resolves_current_addresses_only() {
     };
     assert!(count("ns_answered") >= 100, "{line}");
     assert!(count("ns_not_current") >= 1, "{line}");
+
+    // Killed without clean-up: the clients' true addresses stay off the external link (the
+    // guard routes refuse them) and the prefix stays closed (table and AnyIP route remain);
+    // `mt6d down` then removes all three.
+    let (mut daemon, stop, echo) = start(
+        server,
+        &dir,
+        &ServerLab::server_config_with(5.0, 2, &dir.join("state"), true),
+        400,
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = echo.join();
+    daemon.kill_hard();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sh(server, "ip link").contains("mt6ds0") {
+        assert!(Instant::now() < deadline, "TUN device outlived the process");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let client = s1.true_addr(3);
+    let routes = sh(server, "ip -6 route show");
+    assert!(routes.contains("prohibit 2001:db8:c1:1::/64"), "{routes}");
+    let sent = server
+        .run(|| {
+            let sock = UdpSocket::bind("[::]:0").expect("udp");
+            sock.send_to(b"in clear?", SocketAddrV6::new(client, ECHO_PORT, 0, 0))
+        })
+        .expect("enter server");
+    assert!(
+        sent.is_err(),
+        "a datagram to a client's true address was sent: {sent:?}"
+    );
+    assert!(
+        !sh(server, "nft list tables").trim().is_empty(),
+        "table gone after a kill"
+    );
+    let down = server
+        .command(common::MT6D)
+        .expect("command")
+        .arg("down")
+        .arg("-c")
+        .arg(dir.join("server.toml"))
+        .output()
+        .expect("mt6d down");
+    assert!(
+        down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    assert!(
+        sh(server, "nft list tables").trim().is_empty(),
+        "table left by down"
+    );
+    assert!(
+        !sh(server, "ip -6 route show table local").contains("2001:db8:5::/64"),
+        "AnyIP route left by down"
+    );
+    assert!(
+        !sh(server, "ip -6 route show").contains("prohibit"),
+        "guard left by down"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -141,8 +141,9 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
-/// `mt6d down -c FILE` for a server: removes the nftables table and the AnyIP route a server
-/// that died without cleaning up left (they keep its prefix closed until then). Refuses while the
+/// `mt6d down -c FILE` for a server: removes the nftables table, the AnyIP route and the guard
+/// routes a server that died without cleaning up left (they keep its prefix closed and its
+/// answers to clients off the external link until then). Refuses while the
 /// server runs (its TUN device exists in this namespace): removing them under a live server would
 /// open the prefix.
 pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
@@ -160,13 +161,19 @@ pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let mut system = System::new(&cfg)?;
     system.prefix_added = true;
     system.table_loaded = true;
+    system.guards = cfg.client_routes.clone();
     let left = system.tear_down();
     if left.is_empty() {
         println!(
-            "removed what a server for {} could have left: nftables table {}, AnyIP route {}/64",
+            "removed what a server for {} could have left: nftables table {}, AnyIP route {}/64, guard routes for {}",
             config_path.display(),
             system.table.spec(),
-            cfg.prefix
+            cfg.prefix,
+            cfg.client_routes
+                .iter()
+                .map(|(p, l)| format!("{p}/{l}"))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         Ok(())
     } else {
@@ -196,6 +203,11 @@ struct System {
     prefix: Ipv6Addr,
     prefix_added: bool,
     table_loaded: bool,
+    /// `client_routes` guarded by a `prohibit` route each (`Netlink::add_guard_route`): when
+    /// the TUN device and its routes vanish with a killed process, packets from the protected
+    /// side to the clients' true addresses are refused instead of following the default route
+    /// out of the external interface in clear. Removed by a clean stop or `mt6d down`.
+    guards: Vec<(Ipv6Addr, u8)>,
 }
 
 impl System {
@@ -214,11 +226,12 @@ impl System {
             prefix: cfg.prefix,
             prefix_added: false,
             table_loaded: false,
+            guards: Vec::new(),
         })
     }
 
-    /// TUN device with the true address and the client routes, the AnyIP route, the nftables
-    /// table, one transparent and one raw socket per worker.
+    /// Guard routes, the TUN device with the true address and the client routes, the AnyIP
+    /// route, the nftables table, one transparent and one raw socket per worker.
     fn set_up(&mut self, cfg: &ServerConfig, mtu: u16) -> Result<Vec<WorkerIo>, ServerError> {
         let ext = self
             .nl
@@ -228,6 +241,14 @@ impl System {
                 cfg.external_interface
             )))?;
         let _ = ext; // checked to exist before anything is added
+                     // Guards first: from here on a crash leaves the clients' true addresses unreachable,
+                     // never reachable in clear.
+        for &(p, len) in &cfg.client_routes {
+            self.nl
+                .add_guard_route(p, len)
+                .map_err(os(format!("add the guard route for {p}/{len}")))?;
+            self.guards.push((p, len));
+        }
         let workers = cfg.worker_count();
         let tuns = Tun::create(&cfg.tun_name, mtu, workers)
             .map_err(os(format!("create TUN device {}", cfg.tun_name)))?;
@@ -295,6 +316,11 @@ impl System {
                 Err(e) => left.push(format!("AnyIP route {}/64: {e}", self.prefix)),
             }
             self.prefix_added = false;
+        }
+        for (p, len) in std::mem::take(&mut self.guards) {
+            if let Err(e) = self.nl.del_guard_route(p, len) {
+                left.push(format!("guard route {p}/{len}: {e}"));
+            }
         }
         left
     }
