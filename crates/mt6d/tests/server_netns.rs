@@ -194,6 +194,14 @@ fn ten_thousand_clients_on_their_own_addresses_and_nothing_else_answers() {
     // 1. Both namespaces at once, 400 clients each, 3 requests each over about 4 rotations.
     let (s1, s2) = (spec(1), spec(2));
     let who: Vec<usize> = (0..400).map(|k| k * (PER_NAMESPACE / 400)).collect();
+    // The observer on the server's public link watches for every true address in play.
+    let mut watched: Vec<Ipv6Addr> = who
+        .iter()
+        .flat_map(|&i| [s1.true_addr(i), s2.true_addr(i)])
+        .collect();
+    watched.push(SERVER_TRUE);
+    let observer =
+        mt6d::lab::observer::Observer::start(&lab.router, "rs", watched, None).expect("observer");
     let (a, b) = std::thread::scope(|t| {
         let h1 = t.spawn(|| {
             exchange(
@@ -254,6 +262,24 @@ fn ten_thousand_clients_on_their_own_addresses_and_nothing_else_answers() {
             assert_eq!(r.payload, one.repeat(10));
         }
     }
+
+    let seen = observer.finish().expect("observer");
+    println!(
+        "public link: {} frames, {} UDP, {} outer address pairs, {} with a true address",
+        seen.frames,
+        seen.udp_frames,
+        seen.outer_pairs.len(),
+        seen.frames_with_true_address
+    );
+    assert_eq!(seen.frames_with_true_address, 0, "{:?}", seen.first_leak);
+    assert!(
+        seen.udp_frames >= 2 * 2 * 1200,
+        "every request and answer crossed it"
+    );
+    assert!(
+        seen.outer_pairs.len() >= 2 * 400,
+        "each client on its own addresses"
+    );
 
     // 2. Nothing else of the prefix answers: random addresses, a current address on a wrong
     // port, pings, TCP.

@@ -107,11 +107,16 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
         registry.add(c, now)?;
     }
     log::info!(
-        "{} clients indexed in {:.2} s ({} hashed addresses valid)",
+        "{} clients indexed in {:.2} s",
         registry.len(),
-        started.elapsed().as_secs_f64(),
-        registry.address_count()
+        started.elapsed().as_secs_f64()
     );
+    if cfg.neighbor_discovery {
+        log::info!(
+            "neighbour responder: {} hashed addresses valid now",
+            registry.address_count()
+        );
+    }
     let shared = Arc::new(Shared {
         registry: RwLock::new(registry),
         counters: ServerCounters::default(),
