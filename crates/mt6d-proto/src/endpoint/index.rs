@@ -74,6 +74,9 @@ struct Installed {
 struct PeerRoutes {
     generation: u32,
     live: bool,
+    /// Whether `inner` is this peer's entry in the inner map (false for a secondary peer,
+    /// [`RouteIndex::add_secondary`]).
+    claims_inner: bool,
     inner: InnerKey,
     current: Epoch,
     window: [Option<Installed>; WINDOW],
@@ -198,6 +201,29 @@ impl RouteIndex {
         local_true: Ipv6Addr,
         remote_true: Ipv6Addr,
     ) -> Result<(), IndexError> {
+        self.insert_peer(peer, local_true, remote_true, true)
+    }
+
+    /// Adds a **secondary** peer: local routes like any peer's, but no inner pair, so
+    /// [`RouteIndex::lookup_inner`] never returns it. One peer's further route sets use it
+    /// (docs/PROTOCOL.md §9.8: a session's set shares the stream's true addresses with its link
+    /// set, which keeps the inner pair). O(1) amortised.
+    pub fn add_secondary(
+        &mut self,
+        peer: PeerId,
+        local_true: Ipv6Addr,
+        remote_true: Ipv6Addr,
+    ) -> Result<(), IndexError> {
+        self.insert_peer(peer, local_true, remote_true, false)
+    }
+
+    fn insert_peer(
+        &mut self,
+        peer: PeerId,
+        local_true: Ipv6Addr,
+        remote_true: Ipv6Addr,
+        claims_inner: bool,
+    ) -> Result<(), IndexError> {
         let slot = peer.slot();
         if let Some(p) = self.peers.get(slot).filter(|p| p.live) {
             return Err(IndexError::SlotInUse {
@@ -209,21 +235,24 @@ impl RouteIndex {
             src: local_true.octets(),
             dst: remote_true.octets(),
         };
-        match self.inner.entry(key) {
-            Entry::Occupied(o) => {
-                return Err(IndexError::InnerTaken {
-                    local_true,
-                    remote_true,
-                    held_by: *o.get(),
-                })
-            }
-            Entry::Vacant(v) => {
-                v.insert(peer);
+        if claims_inner {
+            match self.inner.entry(key) {
+                Entry::Occupied(o) => {
+                    return Err(IndexError::InnerTaken {
+                        local_true,
+                        remote_true,
+                        held_by: *o.get(),
+                    })
+                }
+                Entry::Vacant(v) => {
+                    v.insert(peer);
+                }
             }
         }
         let routes = PeerRoutes {
             generation: peer.generation(),
             live: true,
+            claims_inner,
             inner: key,
             current: Epoch(0),
             window: [None; WINDOW],
@@ -236,6 +265,7 @@ impl RouteIndex {
                 self.peers.push(PeerRoutes {
                     generation: 0,
                     live: false,
+                    claims_inner: false,
                     inner: key,
                     current: Epoch(0),
                     window: [None; WINDOW],
@@ -252,9 +282,11 @@ impl RouteIndex {
     pub fn remove_peer(&mut self, peer: PeerId) -> Result<WindowDelta, IndexError> {
         let p = self.peer_mut(peer)?;
         p.live = false;
-        let inner = p.inner;
+        let (inner, claimed) = (p.inner, p.claims_inner);
         let window = std::mem::replace(&mut p.window, [None; WINDOW]);
-        self.inner.remove(&inner);
+        if claimed {
+            self.inner.remove(&inner);
+        }
         self.len -= 1;
         let mut delta = WindowDelta::default();
         for inst in window.into_iter().flatten() {
@@ -726,6 +758,32 @@ mod tests {
             })
         );
         assert_eq!(ix.len(), 1);
+    }
+
+    #[test]
+    fn a_secondary_peer_shares_the_inner_pair_without_taking_it() {
+        let mut ix = RouteIndex::new(SEED);
+        let s = stream(6);
+        // A second route set of the same stream: same true addresses, other key.
+        let set = stream(6).with_route_key(&SessionKey::from_bytes(&[9; 32]).unwrap());
+        add(&mut ix, id(0), &s);
+        ix.add_secondary(id(1), set.local_true(), set.remote_true())
+            .unwrap();
+        rotate(&mut ix, id(0), &s, 40);
+        rotate(&mut ix, id(1), &set, 40);
+        let r = set.route_with_attempt(Epoch(40), 0);
+        assert_eq!(
+            ix.lookup_local(*r.local.ip(), r.local.port()),
+            Some((id(1), Epoch(40)))
+        );
+        assert_eq!(ix.lookup_inner(s.local_true(), s.remote_true()), Some(id(0)));
+        // Removing the secondary leaves the primary's pair; removing the primary frees it.
+        ix.remove_peer(id(1)).unwrap();
+        assert_eq!(ix.lookup_local(*r.local.ip(), r.local.port()), None);
+        assert_eq!(ix.lookup_inner(s.local_true(), s.remote_true()), Some(id(0)));
+        ix.remove_peer(id(0)).unwrap();
+        assert_eq!(ix.lookup_inner(s.local_true(), s.remote_true()), None);
+        assert!(ix.is_empty());
     }
 
     #[test]

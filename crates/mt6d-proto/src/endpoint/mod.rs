@@ -83,11 +83,39 @@ impl PeerTable {
         now: UnixTime,
         offset: impl Fn(Epoch) -> u8,
     ) -> Result<(PeerId, WindowDelta), IndexError> {
+        self.insert(stream, now, offset, true)
+    }
+
+    /// Adds a further route set of a peer already in the table ([`RouteIndex::add_secondary`]):
+    /// its routes are found by [`PeerTable::lookup_local`] and rotate like any peer's, but
+    /// [`PeerTable::lookup_inner`] keeps returning the peer added with [`PeerTable::add`]. The
+    /// caller maps the new id to its peer. Same costs as [`PeerTable::add`].
+    pub fn add_secondary(
+        &mut self,
+        stream: Stream,
+        now: UnixTime,
+        offset: impl Fn(Epoch) -> u8,
+    ) -> Result<(PeerId, WindowDelta), IndexError> {
+        self.insert(stream, now, offset, false)
+    }
+
+    fn insert(
+        &mut self,
+        stream: Stream,
+        now: UnixTime,
+        offset: impl Fn(Epoch) -> u8,
+        primary: bool,
+    ) -> Result<(PeerId, WindowDelta), IndexError> {
         let (local, remote) = (stream.local_true(), stream.remote_true());
         let e = stream.epoch_at(now);
         let next = stream.epoch_start(e.next());
         let id = self.streams.insert(stream).ok_or(IndexError::Full)?;
-        if let Err(err) = self.index.add_peer(id, local, remote) {
+        let added = if primary {
+            self.index.add_peer(id, local, remote)
+        } else {
+            self.index.add_secondary(id, local, remote)
+        };
+        if let Err(err) = added {
             self.streams.remove(id);
             return Err(err);
         }

@@ -322,6 +322,19 @@ impl Bucket {
     }
 }
 
+/// Whether `bytes` (header protection removed) is a well-formed handshake message carrying a
+/// valid MAC of the link set keyed by `link` for the route it `arrived_on` (§9.3): one BLAKE3,
+/// no state. Lets a server with a million idle clients keep no handshake state for a client
+/// until one of its messages proves to come from a holder of the link key.
+pub fn verify_link_mac(link: &SessionKey, arrived_on: &Route, bytes: &[u8]) -> bool {
+    let Ok(msg) = Message::new_checked(bytes) else {
+        return false;
+    };
+    let key = MacKey::derive(link);
+    msg.verify_mac(&key.0, &arrived_on.remote, &arrived_on.local)
+        .is_ok()
+}
+
 /// The handshake state of one peer.
 pub struct Handshake {
     cfg: HandshakeConfig,
@@ -356,6 +369,8 @@ pub struct Handshake {
     /// When the newest confirmed keys were established.
     established: Option<UnixTime>,
     want: bool,
+    /// Never initiates ([`Handshake::set_responder_only`]).
+    responder_only: bool,
     bucket: Bucket,
     stats: HandshakeStats,
 }
@@ -420,6 +435,7 @@ impl Handshake {
             answered_at: None,
             established: None,
             want: true,
+            responder_only: false,
             bucket: Bucket {
                 milli: Bucket::FULL,
                 at: UnixTime::from_nanos(0),
@@ -489,6 +505,21 @@ impl Handshake {
         })
     }
 
+    /// This side only answers: it never initiates, neither the first handshake nor a rekey nor
+    /// on a packet for an empty key slot; its keys still expire ([`Handshake::keys_expired`]).
+    /// For a server whose clients always initiate (docs/ARCHITECTURE.md, "The server role"):
+    /// a server initiating to a million clients, most of them idle, would be a storm of
+    /// unanswered messages.
+    pub fn set_responder_only(&mut self) {
+        self.responder_only = true;
+        self.want = false;
+    }
+
+    /// Whether [`Handshake::set_responder_only`] was called.
+    pub fn is_responder_only(&self) -> bool {
+        self.responder_only
+    }
+
     /// Ask for a handshake at the next [`Handshake::poll`] (no send key). Retries of a handshake
     /// already under way keep their backoff.
     pub fn want_handshake(&mut self) {
@@ -556,6 +587,9 @@ impl Handshake {
     pub fn initiation_due(&mut self, now: UnixTime, sent: u64) -> bool {
         self.pending
             .retain(|p| elapsed(p.sent_at, now) < PENDING_LIFETIME);
+        if self.responder_only {
+            return false;
+        }
         if self.retry_at.is_some_and(|at| now < at) {
             return false;
         }
@@ -585,6 +619,14 @@ impl Handshake {
         let after = |at: UnixTime, d: Duration| {
             UnixTime::from_nanos(at.as_nanos().saturating_add(d.as_nanos() as u64))
         };
+        if self.responder_only {
+            // Only the keys' expiry is a time.
+            let limit = self.cfg.rekey_after * REJECT_AFTER_REKEYS + Duration::from_nanos(1);
+            return self
+                .established
+                .filter(|_| holds_keys)
+                .map(|at| after(at, limit));
+        }
         // Nothing can be due before these gates open.
         let mut gate = self.retry_at.unwrap_or(UnixTime::from_nanos(0));
         if self.awaiting.is_some() {
@@ -998,6 +1040,46 @@ pub(crate) mod tests {
             base(&a, &b, addr(A), addr(B)),
             base(&b, &a, addr(B), addr(A)),
         )
+    }
+
+    #[test]
+    fn a_responder_only_side_answers_but_never_initiates_and_its_keys_expire() {
+        let (ca, cb) = configs(Psk::none());
+        let (mut a, mut b) = (Handshake::new(ca).unwrap(), Handshake::new(cb).unwrap());
+        b.set_responder_only();
+        let (sa, sb) = pair(Mode::Encrypt, AeadAlg::Aes256Gcm);
+        let (ra, rb) = (sa.route(Epoch(5)), sb.route(Epoch(5)));
+        let t = UnixTime::from_secs(1_800_000_000);
+        // No keys, a packet for an empty slot, a forced wish: still nothing from b.
+        assert!(b.packet_for_empty_slot(t));
+        b.want_handshake();
+        assert!(b.poll(t, &rb, 0, || Some([4; 32])).is_none());
+        assert_eq!(b.poll_timeout(false), None);
+        // The link MAC check a server makes before it keeps any state for a client.
+        let init = a.poll(t, &ra, 0, || Some([1; 32])).unwrap();
+        assert!(verify_link_mac(b.link_key(), &rb, &init));
+        assert!(!verify_link_mac(b.link_key(), &sb.route(Epoch(6)), &init));
+        let mut forged = init;
+        forged[40] ^= 1;
+        assert!(!verify_link_mac(b.link_key(), &rb, &forged));
+        assert!(!verify_link_mac(b.link_key(), &rb, &init[..100]));
+        let Outcome::Responded { reply, keys } =
+            b.handle(t, &rb, &rb, &init, || Some([2; 32])).unwrap()
+        else {
+            panic!("responder answers")
+        };
+        assert!(matches!(
+            a.handle(t, &ra, &ra, &reply, || Some([3; 32])),
+            Ok(Outcome::Completed { .. })
+        ));
+        let phase = keys.recv.phase().unwrap();
+        assert!(b.confirm(t, phase));
+        // Established: the rekey time passes and b still waits for a; only expiry is timed.
+        let later = UnixTime::from_secs(1_800_000_000 + 200);
+        assert!(b.poll(later, &rb, 0, || Some([5; 32])).is_none());
+        let expiry = b.poll_timeout(true).unwrap();
+        assert!(expiry > later && !b.keys_expired(later));
+        assert!(b.keys_expired(expiry));
     }
 
     #[test]
