@@ -776,11 +776,17 @@ mod tests {
             ix.lookup_local(*r.local.ip(), r.local.port()),
             Some((id(1), Epoch(40)))
         );
-        assert_eq!(ix.lookup_inner(s.local_true(), s.remote_true()), Some(id(0)));
+        assert_eq!(
+            ix.lookup_inner(s.local_true(), s.remote_true()),
+            Some(id(0))
+        );
         // Removing the secondary leaves the primary's pair; removing the primary frees it.
         ix.remove_peer(id(1)).unwrap();
         assert_eq!(ix.lookup_local(*r.local.ip(), r.local.port()), None);
-        assert_eq!(ix.lookup_inner(s.local_true(), s.remote_true()), Some(id(0)));
+        assert_eq!(
+            ix.lookup_inner(s.local_true(), s.remote_true()),
+            Some(id(0))
+        );
         ix.remove_peer(id(0)).unwrap();
         assert_eq!(ix.lookup_inner(s.local_true(), s.remote_true()), None);
         assert!(ix.is_empty());

@@ -17,7 +17,9 @@ mod raw;
 mod server;
 mod tcp;
 
-pub use server::{ClientConfig, ServerConfig, DEFAULT_LISTEN_PORT, DEFAULT_SERVER_TUN};
+pub use server::{
+    ClientConfig, ClientHandshake, ServerConfig, DEFAULT_LISTEN_PORT, DEFAULT_SERVER_TUN,
+};
 pub use tcp::{HostIdPolicy, Inject, InjectMode, Normalize, TcpConfig, NORMAL_WINDOW_SEGMENTS};
 
 use gateway::GatewaySection;

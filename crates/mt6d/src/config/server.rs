@@ -10,15 +10,20 @@ use std::net::Ipv6Addr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use mt6d_proto::handshake::{link_key, PrivateKey, Psk, PublicKey};
 use mt6d_proto::peers_file::{self, PeerEntry};
-use mt6d_proto::{AeadAlg, Derivation, Endpoint, Mode, PortPolicy, StreamConfig};
+use mt6d_proto::{AeadAlg, Derivation, Endpoint, Mode, PortPolicy, SessionKey, StreamConfig};
 use serde::Deserialize;
 use toml::Spanned;
 
 use super::raw::{
-    address, interface_name, parse_opt, ports, prefix64, relative_to, rotation, Source,
+    address, interface_name, parse_opt, ports, prefix64, relative_to, rotation, seconds, Source,
 };
-use super::{parse_log_level, ConfigError, DEFAULT_STATE_DIR, MAX_WORKERS};
+use super::{
+    parse_log_level, rekey_packets_limit, ConfigError, DEFAULT_REKEY_SECS, DEFAULT_STATE_DIR,
+    MAX_WORKERS,
+};
+use crate::keys;
 
 /// Default TUN device of the server role.
 pub const DEFAULT_SERVER_TUN: &str = "mt6ds0";
@@ -53,6 +58,8 @@ struct RawServer {
     workers: Option<Spanned<i64>>,
     log_level: Option<Spanned<String>>,
     mtu: Option<Spanned<i64>>,
+    private_key_file: Option<Spanned<String>>,
+    rekey_secs: Option<Spanned<f64>>,
 }
 
 /// The validated server configuration.
@@ -84,14 +91,31 @@ pub struct ServerConfig {
     pub log_level: Option<log::LevelFilter>,
     /// MTU of the external path; the TUN device gets it minus the tunnel overhead.
     pub mtu: u16,
+    /// The server's identity key (`private_key_file`): needed by clients that handshake (a
+    /// peers-file line without `key=`).
+    pub private_key: Option<PrivateKey>,
+    /// The handshake clients' rekey interval as the server counts it: their keys expire after
+    /// three of these with no rekey (docs/PROTOCOL.md §9.3). The server never initiates.
+    pub rekey_after: Duration,
 }
 
 /// One client, validated: its stream settings built from the server's and its peers-file line.
+/// A handshake client's stream is keyed by its link key (docs/PROTOCOL.md §9.1): the routes of
+/// its link set.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
     pub name: String,
     pub stream: StreamConfig,
     pub line: usize,
+    /// None: a pre-shared session key (`key=`), no handshakes.
+    pub handshake: Option<ClientHandshake>,
+}
+
+/// What the server needs, besides its own identity key, to answer a client's handshakes.
+#[derive(Debug, Clone)]
+pub struct ClientHandshake {
+    pub public_key: PublicKey,
+    pub psk: Psk,
 }
 
 impl ServerConfig {
@@ -188,6 +212,14 @@ impl ServerConfig {
                 )
             })?),
         };
+        let private_key = s
+            .private_key_file
+            .as_ref()
+            .map(|f| {
+                keys::read_private_key(&relative_to(path, f.get_ref())).map_err(|e| src.err(f, e))
+            })
+            .transpose()?;
+        let rekey_after = seconds(&src, &s.rekey_secs, "rekey_secs", DEFAULT_REKEY_SECS)?;
         let mtu = match &s.mtu {
             None => 1500,
             Some(m) => u16::try_from(*m.get_ref())
@@ -218,6 +250,28 @@ impl ServerConfig {
             workers,
             log_level,
             mtu,
+            private_key,
+            rekey_after,
+        })
+    }
+
+    /// The handshake settings of `client` (None for a pre-shared key, or without the server's
+    /// identity key, which [`ServerConfig::clients`] refuses).
+    pub fn handshake_config(
+        &self,
+        client: &ClientHandshake,
+        remote_true: Ipv6Addr,
+    ) -> Option<mt6d_proto::handshake::HandshakeConfig> {
+        Some(mt6d_proto::handshake::HandshakeConfig {
+            local_private: self.private_key.clone()?,
+            remote_public: client.public_key,
+            psk: client.psk.clone(),
+            mode: self.mode,
+            aead: self.aead,
+            local_true: self.true_address,
+            remote_true,
+            rekey_after: self.rekey_after,
+            rekey_after_packets: rekey_packets_limit(self.aead),
         })
     }
 
@@ -265,20 +319,33 @@ impl ServerConfig {
             message: format!("line {line}: {message}"),
         };
         let mut keys_seen: HashSet<&[u8]> = HashSet::with_capacity(entries.len());
-        let mut out = Vec::with_capacity(entries.len());
+        let own_public = self.private_key.as_ref().map(PrivateKey::public_key);
         for e in entries {
-            let Some(key) = &e.session_key else {
-                return Err(at(
-                    e.line,
-                    format!("client {:?} has no key=: the server role does not run handshakes yet, so every client needs a pre-shared session key (key=BASE64, the client's [[peer]] key)", e.name),
-                ));
-            };
-            // A session key serves one client: the server's true address is in every stream.
-            if !keys_seen.insert(key.as_bytes()) {
-                return Err(at(
-                    e.line,
-                    format!("client {:?} uses a session key another client already uses; every client needs its own", e.name),
-                ));
+            match &e.session_key {
+                Some(key) => {
+                    // A session key serves one client: the server's true address is in every
+                    // stream.
+                    if !keys_seen.insert(key.as_bytes()) {
+                        return Err(at(
+                            e.line,
+                            format!("client {:?} uses a session key another client already uses; every client needs its own", e.name),
+                        ));
+                    }
+                }
+                None => {
+                    if self.private_key.is_none() {
+                        return Err(at(
+                            e.line,
+                            format!("client {:?} has no key=, so it handshakes, which needs the server's identity key: set [server] private_key_file (create one with `mt6d keygen PATH`), or give the client a pre-shared key=", e.name),
+                        ));
+                    }
+                    if own_public.is_some_and(|k| k == e.public_key) {
+                        return Err(at(
+                            e.line,
+                            format!("client {:?} has the server's own public key", e.name),
+                        ));
+                    }
+                }
             }
             if e.true_addr == self.true_address
                 || same64(e.true_addr, self.prefix)
@@ -302,6 +369,21 @@ impl ServerConfig {
                     format!("client {:?}: {} is in none of client_routes, so its answers would not reach the tunnel", e.name, e.true_addr),
                 ));
             }
+        }
+        let links = self.link_keys(entries)?;
+        let mut out = Vec::with_capacity(entries.len());
+        for (e, link) in entries.iter().zip(links) {
+            let (key, handshake) = match (&e.session_key, link) {
+                (Some(key), _) => (key.clone(), None),
+                (None, Some(link)) => (
+                    link,
+                    Some(ClientHandshake {
+                        public_key: e.public_key,
+                        psk: e.psk.clone().unwrap_or_else(Psk::none),
+                    }),
+                ),
+                (None, None) => unreachable!("link_keys gives every handshake client a key"),
+            };
             let stream = StreamConfig {
                 local: Endpoint {
                     true_addr: self.true_address,
@@ -313,7 +395,7 @@ impl ServerConfig {
                     external_prefix: e.prefix,
                     mac: None,
                 },
-                key: key.clone(),
+                key,
                 derivation: self.derivation,
                 ports: self.ports,
                 mode: self.mode,
@@ -325,11 +407,61 @@ impl ServerConfig {
                 name: e.name.clone(),
                 stream,
                 line: e.line,
+                handshake,
             });
         }
         Ok(out)
     }
+
+    /// The link key (docs/PROTOCOL.md §9.1) of every entry without `key=`, None for the others:
+    /// one X25519 each (about 70 us here), spread over the CPUs, since a million clients would
+    /// take over a minute on one. An error names the first line at fault.
+    fn link_keys(&self, entries: &[PeerEntry]) -> Result<Vec<Option<SessionKey>>, ConfigError> {
+        let Some(private) = &self.private_key else {
+            return Ok(vec![None; entries.len()]);
+        };
+        let threads = std::thread::available_parallelism()
+            .map_or(1, std::num::NonZeroUsize::get)
+            .min(MAX_WORKERS);
+        let chunk = entries.len().div_ceil(threads).max(1);
+        let results: Vec<Result<Vec<Option<SessionKey>>, LineError>> =
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = entries
+                    .chunks(chunk)
+                    .map(|part| {
+                        scope.spawn(move || {
+                            part.iter()
+                                .map(|e| {
+                                    if e.session_key.is_some() {
+                                        return Ok(None);
+                                    }
+                                    let psk = e.psk.clone().unwrap_or_else(Psk::none);
+                                    link_key(private, &e.public_key, &psk).map(Some).map_err(
+                                        |err| (e.line, format!("client {:?}: {err}", e.name)),
+                                    )
+                                })
+                                .collect()
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                    .collect()
+            });
+        let mut out = Vec::with_capacity(entries.len());
+        for part in results {
+            out.extend(part.map_err(|(line, message)| ConfigError::File {
+                path: self.peers_file.clone(),
+                message: format!("line {line}: {message}"),
+            })?);
+        }
+        Ok(out)
+    }
 }
+
+/// A peers-file line and what is wrong with it.
+type LineError = (usize, String);
 
 /// Whether `a` and `b` share their /64.
 pub fn same64(a: Ipv6Addr, b: Ipv6Addr) -> bool {
@@ -468,6 +600,47 @@ rotation_secs = 2
             .unwrap_err()
             .to_string();
         assert!(e.contains("client_routes"), "{e}");
+    }
+
+    #[test]
+    fn clients_without_a_key_handshake_with_the_servers_identity_key() {
+        let mut c = parse(&example()).unwrap();
+        let private = PrivateKey::generate([5; 32]);
+        c.private_key = Some(private.clone());
+        let entries = |text: &str| peers_file::parse(text).unwrap();
+        let own = keys::encode(private.public_key().as_bytes());
+        let ok = c
+            .clients_from(&entries(&format!(
+                "a {K1} 2001:db8:c1:1::1 prefix=2001:db8:c1::/64
+b {K2} 2001:db8:c2::7 key={K1}"
+            )))
+            .unwrap();
+        let hs = ok[0].handshake.as_ref().expect("a handshakes");
+        assert!(ok[1].handshake.is_none(), "b has a pre-shared key");
+        // Its stream is keyed by the link key (docs/PROTOCOL.md §9.1), what the client computes.
+        let link = link_key(&private, &hs.public_key, &Psk::none()).unwrap();
+        assert_eq!(ok[0].stream.key.as_bytes(), link.as_bytes());
+        let template = c
+            .handshake_config(hs, ok[0].stream.remote.true_addr)
+            .unwrap();
+        assert_eq!(template.remote_public, hs.public_key);
+        assert_eq!(template.local_true, c.true_address);
+        // Never the server's own identity (two clients with one key the peers file refuses).
+        let e = c
+            .clients_from(&entries(&format!("a {} 2001:db8:c1::1", &*own)))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 1") && e.contains("server's own"), "{e}");
+        // A low-order public key gives no link key: refused with its line.
+        let zero = keys::encode(&[0u8; 32]);
+        let e = c
+            .clients_from(&entries(&format!(
+                "a {K1} 2001:db8:c1::1\nz {} 2001:db8:c1::2",
+                &*zero
+            )))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 2") && e.contains("\"z\""), "{e}");
     }
 
     #[test]

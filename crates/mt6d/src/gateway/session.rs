@@ -36,7 +36,7 @@ use super::routing::RouteTable;
 /// 32 bytes from the OS for one handshake message, asked for only once a message is due or has
 /// passed the MAC (a flood of bogus messages costs no syscall). If the OS has none to give, no
 /// handshake message is produced.
-fn entropy() -> Option<[u8; 32]> {
+pub(crate) fn entropy() -> Option<[u8; 32]> {
     let mut e = [0u8; 32];
     match getrandom::fill(&mut e) {
         Ok(()) => Some(e),

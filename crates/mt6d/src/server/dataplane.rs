@@ -13,13 +13,28 @@
 //! ```
 //!
 //! The registry's read lock is taken once per batch, never per packet; a client's opener lock
-//! once per received batch of that client. Nothing here allocates or logs per packet. A datagram
-//! to an (address, port) that is not a current route of some client, or from the wrong source,
-//! is dropped and counted, and nothing is sent back: a scan of the prefix learns nothing.
+//! (pre-shared key) or session lock (handshake) once per received batch of that client, and a
+//! handshake client's session lock once per sent packet (a pre-shared client's sealer takes
+//! none). Nothing here allocates or logs per data packet. A datagram to an (address, port) that
+//! is not a current route of some client, or from the wrong source, is dropped and counted, and
+//! nothing is sent back: a scan of the prefix learns nothing.
+//!
+//! A handshake client's messages are handled here, by the worker that received them: the first
+//! one must carry a valid link MAC before any state is made for the client (one BLAKE3); then the
+//! client's responder-only link answers it (two Diffie-Hellman), the answer leaves at once
+//! through this worker's raw socket, and the client goes on the main thread's list to have its
+//! new route sets indexed (`Registry::sync_sets`), which happens well before the client sends
+//! on them (two epochs after its initiation, docs/PROTOCOL.md §9.8).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
+
+use mt6d_proto::endpoint::PeerId;
+use mt6d_proto::handshake::verify_link_mac;
+use mt6d_proto::link::{Event, Link};
+use mt6d_proto::route_sets::RouteSet;
+use mt6d_proto::{OpenError, UnixTime};
 
 use mt6d_os::raw_udp::{RawSendMsg, RawSendScratch, RawUdp6};
 use mt6d_os::udp::RecvBuf;
@@ -30,7 +45,8 @@ use mt6d_os::{
 use mt6d_proto::handshake::is_handshake;
 use mt6d_proto::moves::is_notice;
 
-use super::registry::{bump, Registry};
+use super::registry::{bump, Registry, Session};
+use crate::gateway::clock;
 
 /// How often an idle worker looks at the shutdown flag.
 const POLL: Duration = Duration::from_millis(100);
@@ -53,14 +69,27 @@ pub struct ServerCounters {
     pub rx_wrong_source: AtomicU64,
     /// Datagrams that did not open: forged, replayed, damaged, too short.
     pub rx_rejected: AtomicU64,
-    /// Handshake messages and route-move notices: not served by this version (pre-shared keys).
+    /// Route-move notices and link-layer announcements (the server moves no route), and
+    /// handshake messages for a client with a pre-shared key.
     pub rx_unsupported: AtomicU64,
+    /// Handshake messages refused: no valid link MAC for a client with no session yet, or
+    /// refused by the client's handshake (bad MAC, replay, stale, rate limit, Noise failure).
+    pub rx_handshake_rejected: AtomicU64,
+    /// Initiations answered.
+    pub handshakes_answered: AtomicU64,
+    /// Handshakes confirmed (the client's first packet under the new keys opened).
+    pub handshakes_confirmed: AtomicU64,
+    /// Data for a handshake client with no key for it (no session, or a key phase with no key).
+    pub rx_no_key: AtomicU64,
     /// Datagrams larger than a receive buffer.
     pub rx_truncated: AtomicU64,
     /// Inner packets from the protected side to no client's true address.
     pub tx_no_client: AtomicU64,
     /// Inner packets that could not be sealed (too big, counter range used up, malformed).
     pub tx_seal_failed: AtomicU64,
+    /// Inner packets to a handshake client with no send key (it has not handshaken, or its keys
+    /// expired): the server never initiates, so they are dropped until the client does.
+    pub tx_no_key: AtomicU64,
     /// Datagrams the kernel refused to send.
     pub tx_send_failed: AtomicU64,
     /// TUN writes the kernel refused.
@@ -82,9 +111,14 @@ impl ServerCounters {
             ("rx_wrong_source", r(&self.rx_wrong_source)),
             ("rx_rejected", r(&self.rx_rejected)),
             ("rx_unsupported", r(&self.rx_unsupported)),
+            ("rx_handshake_rejected", r(&self.rx_handshake_rejected)),
+            ("handshakes_answered", r(&self.handshakes_answered)),
+            ("handshakes_confirmed", r(&self.handshakes_confirmed)),
+            ("rx_no_key", r(&self.rx_no_key)),
             ("rx_truncated", r(&self.rx_truncated)),
             ("tx_no_client", r(&self.tx_no_client)),
             ("tx_seal_failed", r(&self.tx_seal_failed)),
+            ("tx_no_key", r(&self.tx_no_key)),
             ("tx_send_failed", r(&self.tx_send_failed)),
             ("tun_write_failures", r(&self.tun_write_failures)),
             ("socket_queue_drops", r(&self.socket_queue_drops)),
@@ -98,6 +132,79 @@ pub struct Shared {
     pub registry: RwLock<Registry>,
     pub counters: ServerCounters,
     pub shutdown: AtomicBool,
+    /// Handshake clients whose route sets changed: the main thread re-indexes them
+    /// (`Registry::sync_sets`) and follows their links' timeouts.
+    pub resync: Mutex<Vec<PeerId>>,
+}
+
+impl Shared {
+    /// Asks the main thread to re-index client `id`'s route sets.
+    pub fn resync(&self, id: PeerId) {
+        self.resync
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(id);
+    }
+}
+
+/// What handling a handshake-class input made the link do.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Drained {
+    /// Route sets changed, or keys expired: re-index the client.
+    pub resync: bool,
+    /// A handshake was established (as responder: confirmed).
+    pub established: bool,
+    /// Datagrams the link queued and the kernel refused.
+    pub send_failed: u64,
+}
+
+/// Sends what `session`'s link queued (through `raw`, when the caller has a socket) and applies
+/// its events: a new send key, erased receive keys, route sets to re-index.
+pub fn drain(session: &mut Session, mut raw: Option<(&RawUdp6, &mut RawSendScratch)>) -> Drained {
+    let mut d = Drained::default();
+    while let Some(t) = session.link.poll_transmit() {
+        match &mut raw {
+            Some((sock, scratch)) => {
+                let msg = [RawSendMsg {
+                    src: t.src,
+                    dst: t.dst,
+                    payload: &t.bytes,
+                }];
+                if !matches!(sock.send_batch(scratch, &msg), Ok(1)) {
+                    d.send_failed += 1;
+                }
+            }
+            // The main thread has no socket; a responder-only link that moves no route queues
+            // nothing on a timeout.
+            None => log::debug!("dropped a {:?} queued on a timeout", t.kind),
+        }
+    }
+    while let Some(ev) = session.link.poll_event() {
+        match ev {
+            Event::SendKey(k) => session.send = k,
+            Event::KeysExpired => {
+                session.recv.clear();
+                session.expired = true;
+                d.resync = true;
+            }
+            Event::Established { .. } => {
+                session.expired = false;
+                d.established = true;
+            }
+            Event::SessionSet { .. } | Event::SetReleased { .. } | Event::RoutesChanged => {
+                d.resync = true;
+            }
+        }
+    }
+    d
+}
+
+/// The route set `set` of `link` (0: its link set), if it is still bound.
+fn set_of(link: &Link, set: u64) -> Option<Arc<RouteSet>> {
+    if set == 0 {
+        return Some(link.sets().link().clone());
+    }
+    link.sets().bound_sets().find(|s| s.id == set).cloned()
 }
 
 /// One worker's kernel objects.
@@ -132,6 +239,8 @@ pub fn worker_loop(shared: &Arc<Shared>, io: &WorkerIo, tun_mtu: usize) -> mt6d_
 }
 
 struct Receive {
+    /// For handshake responses, sent at once from the receiving worker.
+    send_scratch: RawSendScratch,
     scratch: RecvScratch,
     bufs: Vec<RecvBuf>,
     inner_cap: usize,
@@ -142,6 +251,7 @@ struct Receive {
 impl Receive {
     fn new(tun_mtu: usize) -> Receive {
         Receive {
+            send_scratch: RawSendScratch::new(1),
             scratch: RecvScratch::new(RX_BATCH),
             bufs: (0..RX_BATCH).map(|_| RecvBuf::new()).collect(),
             inner_cap: tun_mtu + 64,
@@ -166,39 +276,167 @@ impl Receive {
         if overflowed > 0 {
             bump(&c.socket_queue_drops, overflowed);
         }
-        let (mut not_current, mut wrong_source, mut rejected, mut unsupported, mut truncated) =
-            (0u64, 0u64, 0u64, 0u64, 0u64);
-        let (mut packets, mut bytes) = (0u64, 0u64);
+        let mut n = RxCounts::default();
         let mut ready = 0;
         let inner_cap = self.inner_cap;
+        let now = clock::now();
         let reg = shared
             .registry
             .read()
             .unwrap_or_else(PoisonError::into_inner);
         for buf in &mut self.bufs[..got] {
             if buf.truncated() {
-                truncated += 1;
+                n.truncated += 1;
                 continue;
             }
             let count = buf.datagrams().count() as u64;
             let Some((id, epoch)) = reg.table().lookup_local(buf.dst(), buf.dst_port()) else {
-                not_current += count;
+                n.not_current += count;
                 continue;
             };
-            let (Some(route), Some(stream), Some(client)) = (
+            let (Some(route), Some(stream), Some((cid, client, set_id))) = (
                 reg.table().index().route(id, epoch),
                 reg.table().stream(id),
-                reg.client(id),
+                reg.resolve(id),
             ) else {
-                not_current += count;
+                n.not_current += count;
                 continue;
             };
             if buf.src() != route.remote {
-                wrong_source += count;
+                n.wrong_source += count;
                 continue;
             }
             let header_key = stream.recv_header_key();
-            let (mut opened, mut bad) = (0u64, 0u64);
+            if let Some(mut guard) = client.session() {
+                // A handshake client: its link's keys and route sets.
+                if let Some(s) = guard.as_mut() {
+                    s.recv.expire(now);
+                }
+                let mut set: Option<Arc<RouteSet>> = None;
+                for datagram in buf.datagrams_mut() {
+                    if let Some(hk) = header_key {
+                        if hk.unprotect(datagram).is_err() {
+                            n.rejected += 1;
+                            continue;
+                        }
+                    }
+                    let datagram = &*datagram;
+                    if is_notice(datagram) {
+                        n.unsupported += 1;
+                        continue;
+                    }
+                    if is_handshake(datagram) {
+                        if guard.is_none() {
+                            // No state for a client before its link MAC checks (one BLAKE3).
+                            if set_id != 0
+                                || !verify_link_mac(&stream.config().key, route, datagram)
+                            {
+                                n.hs_rejected += 1;
+                                continue;
+                            }
+                            match client.new_session(reg.handshake(), stream) {
+                                Some(Ok(s)) => {
+                                    *guard = Some(s);
+                                    reg.note_session();
+                                }
+                                Some(Err(e)) => {
+                                    log::warn!("client {}: no handshake state: {e}", client.name);
+                                    n.hs_rejected += 1;
+                                    continue;
+                                }
+                                None => {
+                                    n.hs_rejected += 1;
+                                    continue;
+                                }
+                            }
+                        }
+                        let Some(session) = guard.as_mut() else {
+                            continue;
+                        };
+                        if set.is_none() {
+                            set = set_of(&session.link, set_id);
+                        }
+                        let Some(on) = &set else {
+                            n.not_current += 1;
+                            continue;
+                        };
+                        let result = session.link.handle_handshake(
+                            now,
+                            on,
+                            route,
+                            datagram,
+                            &mut session.recv,
+                            crate::gateway::session::entropy,
+                        );
+                        let d = drain(session, Some((&io.raw, &mut self.send_scratch)));
+                        n.send_failed += d.send_failed;
+                        if d.resync {
+                            shared.resync(cid);
+                        }
+                        match result {
+                            Ok(()) => n.answered += 1,
+                            Err(e) => {
+                                log::debug!(
+                                    "client {}: handshake message refused: {e}",
+                                    client.name
+                                );
+                                n.hs_rejected += 1;
+                            }
+                        }
+                        continue;
+                    }
+                    let Some(session) = guard.as_mut() else {
+                        n.no_key += 1;
+                        continue;
+                    };
+                    if set.is_none() {
+                        set = set_of(&session.link, set_id);
+                    }
+                    let Some(on) = &set else {
+                        n.not_current += 1;
+                        continue;
+                    };
+                    if ready == self.out.len() {
+                        flush_to_tun(shared, &io.tun, &mut self.gro, &mut self.out[..ready]);
+                        ready = 0;
+                    }
+                    let slot = &mut self.out[ready];
+                    slot.resize(VIRTIO_NET_HDR_LEN + inner_cap, 0);
+                    match session
+                        .recv
+                        .open(now, route, datagram, &mut slot[VIRTIO_NET_HDR_LEN..])
+                    {
+                        // After the switch the link set takes handshake messages only (§9.8).
+                        Ok(_) if on.is_link() && !session.link.sets().takes_data(on) => {
+                            n.not_current += 1;
+                        }
+                        Ok(opened) => {
+                            on.opened_on(route.epoch);
+                            if let Some(phase) = opened.confirmed {
+                                session
+                                    .link
+                                    .handle_confirmed(now, phase, opened.confirmed_key);
+                                let d = drain(session, Some((&io.raw, &mut self.send_scratch)));
+                                n.send_failed += d.send_failed;
+                                n.confirmed += u64::from(d.established);
+                                if d.resync {
+                                    shared.resync(cid);
+                                }
+                            }
+                            if opened.len > 0 {
+                                slot.truncate(VIRTIO_NET_HDR_LEN + opened.len);
+                                ready += 1;
+                                n.packets += 1;
+                                n.bytes += opened.len as u64;
+                            }
+                        }
+                        Err(OpenError::NoKey) => n.no_key += 1,
+                        Err(_) => n.rejected += 1,
+                    }
+                }
+                continue;
+            }
+            let (mut opened, mut bad, mut unsupported, mut opened_bytes) = (0u64, 0u64, 0u64, 0u64);
             client.with_opener(stream, |opener| {
                 for datagram in buf.datagrams_mut() {
                     if let Some(hk) = header_key {
@@ -224,31 +462,55 @@ impl Receive {
                             slot.truncate(VIRTIO_NET_HDR_LEN + len);
                             ready += 1;
                             opened += 1;
-                            bytes += len as u64;
+                            opened_bytes += len as u64;
                         }
                         Err(_) => bad += 1,
                     }
                 }
             });
-            packets += opened;
-            rejected += bad;
+            n.packets += opened;
+            n.bytes += opened_bytes;
+            n.rejected += bad;
+            n.unsupported += unsupported;
         }
         drop(reg);
         flush_to_tun(shared, &io.tun, &mut self.gro, &mut self.out[..ready]);
-        for (counter, n) in [
-            (&c.rx_packets, packets),
-            (&c.rx_bytes, bytes),
-            (&c.rx_not_current, not_current),
-            (&c.rx_wrong_source, wrong_source),
-            (&c.rx_rejected, rejected),
-            (&c.rx_unsupported, unsupported),
-            (&c.rx_truncated, truncated),
+        for (counter, v) in [
+            (&c.rx_packets, n.packets),
+            (&c.rx_bytes, n.bytes),
+            (&c.rx_not_current, n.not_current),
+            (&c.rx_wrong_source, n.wrong_source),
+            (&c.rx_rejected, n.rejected),
+            (&c.rx_unsupported, n.unsupported),
+            (&c.rx_truncated, n.truncated),
+            (&c.rx_handshake_rejected, n.hs_rejected),
+            (&c.handshakes_answered, n.answered),
+            (&c.handshakes_confirmed, n.confirmed),
+            (&c.rx_no_key, n.no_key),
+            (&c.tx_send_failed, n.send_failed),
         ] {
-            if n > 0 {
-                bump(counter, n);
+            if v > 0 {
+                bump(counter, v);
             }
         }
     }
+}
+
+/// What one received batch counted.
+#[derive(Debug, Default)]
+struct RxCounts {
+    packets: u64,
+    bytes: u64,
+    not_current: u64,
+    wrong_source: u64,
+    rejected: u64,
+    unsupported: u64,
+    truncated: u64,
+    hs_rejected: u64,
+    answered: u64,
+    confirmed: u64,
+    no_key: u64,
+    send_failed: u64,
 }
 
 fn flush_to_tun(shared: &Shared, tun: &Tun, gro: &mut GROTable, packets: &mut [Vec<u8>]) {
@@ -309,7 +571,9 @@ impl Transmit {
             }
         };
         let c = &shared.counters;
-        let (mut no_client, mut seal_failed, mut bytes) = (0u64, 0u64, 0u64);
+        let (mut no_client, mut seal_failed, mut no_key, mut bytes) = (0u64, 0u64, 0u64, 0u64);
+        // Read once per batch, and only for a handshake client (which set data goes on).
+        let mut now: Option<UnixTime> = None;
         self.spans.clear();
         let mut cursor = 0;
         {
@@ -328,23 +592,56 @@ impl Transmit {
                     no_client += 1;
                     continue;
                 };
-                let (Some(route), Some(stream), Some(client)) = (
-                    reg.table().send_route(id),
-                    reg.table().stream(id),
-                    reg.client(id),
-                ) else {
+                let Some(client) = reg.client(id) else {
                     no_client += 1;
                     continue;
                 };
                 let out = &mut self.sealed[cursor..cursor + self.max_wire];
-                let len = match client.sealer(stream, counters).seal(route, inner, out) {
-                    Ok(len) => len,
-                    Err(_) => {
-                        seal_failed += 1;
+                let sealed = if let Some(guard) = client.session() {
+                    // A handshake client: its link's send key, on the set data goes on now.
+                    let Some(session) = guard.as_ref() else {
+                        no_key += 1;
                         continue;
-                    }
+                    };
+                    let (Some(sealer), Some(link_stream)) =
+                        (session.send.as_ref(), reg.table().stream(id))
+                    else {
+                        no_key += 1;
+                        continue;
+                    };
+                    let at = *now.get_or_insert_with(clock::now);
+                    let set = session.link.sets().send_set(link_stream.epoch_at(at)).id;
+                    let Some(entry) = session.entry_of(id, set) else {
+                        no_key += 1;
+                        continue;
+                    };
+                    let (Some(route), Some(stream)) =
+                        (reg.table().send_route(entry), reg.table().stream(entry))
+                    else {
+                        no_key += 1;
+                        continue;
+                    };
+                    sealer
+                        .seal(route, inner, out)
+                        .ok()
+                        .map(|len| (len, *route, stream.send_header_key()))
+                } else {
+                    let (Some(route), Some(stream)) =
+                        (reg.table().send_route(id), reg.table().stream(id))
+                    else {
+                        no_client += 1;
+                        continue;
+                    };
+                    client
+                        .sealer(stream, counters)
+                        .and_then(|s| s.seal(route, inner, out).ok())
+                        .map(|len| (len, *route, stream.send_header_key()))
                 };
-                if let Some(hk) = stream.send_header_key() {
+                let Some((len, route, header_key)) = sealed else {
+                    seal_failed += 1;
+                    continue;
+                };
+                if let Some(hk) = header_key {
                     if hk.protect(&mut out[..len]).is_err() {
                         seal_failed += 1;
                         continue;
@@ -386,6 +683,7 @@ impl Transmit {
             (&c.tx_bytes, bytes),
             (&c.tx_no_client, no_client),
             (&c.tx_seal_failed, seal_failed),
+            (&c.tx_no_key, no_key),
             (&c.tx_send_failed, failed),
         ] {
             if n > 0 {

@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 
 use mt6d_os::nftables::NftTable;
 use mt6d_os::{AddrFlags, Epoll, EpollEvents, Netlink, RawUdp6, Tun, UdpSocket6};
-use mt6d_proto::endpoint::IndexSeed;
-use mt6d_proto::Stream;
+use mt6d_proto::endpoint::{IndexSeed, PeerId};
+use mt6d_proto::{Stream, UnixTime};
 
 use crate::config::{ClientConfig, ServerConfig};
 use crate::gateway::clock;
@@ -96,6 +96,7 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
         counters,
         cfg.neighbor_discovery,
     );
+    registry.set_handshake_template(handshake_template(&cfg));
     for (i, c) in clients.iter().enumerate() {
         // Each client joins at the time it is added, and the ones added earlier are advanced
         // as their boundaries pass: a million clients take seconds to add, and no backlog of
@@ -107,9 +108,11 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
         registry.add(c, now)?;
     }
     log::info!(
-        "{} clients indexed in {:.2} s",
+        "{} clients indexed in {:.2} s ({} with handshakes, {} with pre-shared keys)",
         registry.len(),
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        clients.iter().filter(|c| c.handshake.is_some()).count(),
+        clients.iter().filter(|c| c.handshake.is_none()).count(),
     );
     if cfg.neighbor_discovery {
         log::info!(
@@ -121,6 +124,7 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
         registry: RwLock::new(registry),
         counters: ServerCounters::default(),
         shutdown: std::sync::atomic::AtomicBool::new(false),
+        resync: std::sync::Mutex::new(Vec::new()),
     });
     let mtu = tun_mtu(&cfg, &clients)?;
     let served = clients.len();
@@ -417,6 +421,7 @@ fn serve(
     }
     let mut last_report = Instant::now();
     let mut last_rx = 0;
+    let mut links = LinkTimers::default();
     let result = loop {
         if signals.stop_requested() || shared.shutdown.load(Ordering::Relaxed) {
             break Ok(());
@@ -448,6 +453,7 @@ fn serve(
                 );
             }
         }
+        links.serve(shared, clock::now());
         if let Some(r) = &mut ndp {
             let reg = shared
                 .registry
@@ -460,11 +466,15 @@ fn serve(
         if last_report.elapsed() >= REPORT_EVERY {
             let rx = shared.counters.rx_packets.load(Ordering::Relaxed);
             if rx != last_rx {
-                log_counters(&shared.counters, ndp.as_ref());
+                log_counters(&shared.counters, ndp.as_ref(), shared);
                 last_rx = rx;
             }
             last_report = Instant::now();
         }
+        let due = match (due, links.next()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let wait = due.map_or(TICK, |d| {
             d.saturating_duration_since(clock::now()).min(TICK)
         });
@@ -476,17 +486,25 @@ fn serve(
     for h in handles {
         let _ = h.join();
     }
-    log_counters(&shared.counters, ndp.as_ref());
+    log_counters(&shared.counters, ndp.as_ref(), shared);
     result
 }
 
-fn log_counters(c: &ServerCounters, ndp: Option<&NdpResponder>) {
+fn log_counters(c: &ServerCounters, ndp: Option<&NdpResponder>, shared: &Shared) {
     let mut line: Vec<String> = c
         .snapshot()
         .into_iter()
         .filter(|(_, v)| *v > 0)
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
+    let (sessions, sets) = shared
+        .registry
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .session_counts();
+    if sessions > 0 || sets > 0 {
+        line.push(format!("sessions={sessions} session_route_sets={sets}"));
+    }
     if let Some(r) = ndp {
         let n = r.counters();
         line.push(format!(
@@ -495,6 +513,86 @@ fn log_counters(c: &ServerCounters, ndp: Option<&NdpResponder>) {
         ));
     }
     log::info!("counters: {}", line.join(" "));
+}
+
+/// The server's side of every handshake client's settings, completed per client by the
+/// registry (None without an identity key: no client handshakes then).
+fn handshake_template(cfg: &ServerConfig) -> Option<mt6d_proto::handshake::HandshakeConfig> {
+    let own = cfg.private_key.as_ref()?.public_key();
+    let placeholder = crate::config::ClientHandshake {
+        public_key: own,
+        psk: mt6d_proto::handshake::Psk::none(),
+    };
+    cfg.handshake_config(&placeholder, cfg.true_address)
+}
+
+/// The main thread's part of the handshake clients: re-indexing the route sets the workers
+/// reported changed, and each live session's link timeout (key expiry, a parent set released,
+/// an unconfirmed answer forgotten).
+#[derive(Debug, Default)]
+struct LinkTimers {
+    /// (deadline, client) in deadline order; an entry whose deadline is no longer the client's
+    /// (in `at`) is skipped when it pops.
+    heap: std::collections::BinaryHeap<std::cmp::Reverse<(UnixTime, PeerId)>>,
+    at: HashMap<PeerId, UnixTime>,
+}
+
+impl LinkTimers {
+    fn next(&self) -> Option<UnixTime> {
+        self.heap.peek().map(|std::cmp::Reverse((t, _))| *t)
+    }
+
+    fn schedule(&mut self, id: PeerId, next: Option<UnixTime>) {
+        match next {
+            Some(t) => {
+                if self.at.insert(id, t) != Some(t) {
+                    self.heap.push(std::cmp::Reverse((t, id)));
+                }
+            }
+            None => {
+                self.at.remove(&id);
+            }
+        }
+    }
+
+    fn serve(&mut self, shared: &Shared, now: UnixTime) {
+        let mut todo =
+            std::mem::take(&mut *shared.resync.lock().unwrap_or_else(PoisonError::into_inner));
+        while let Some(std::cmp::Reverse((t, id))) = self.heap.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.heap.pop();
+            if self.at.get(&id) != Some(&t) {
+                continue;
+            }
+            self.at.remove(&id);
+            let reg = shared
+                .registry
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(mut guard) = reg.client(id).and_then(registry::Client::session) {
+                if let Some(session) = guard.as_mut() {
+                    session.link.handle_timeout(now, || None);
+                    dataplane::drain(session, None);
+                }
+            }
+            todo.push(id);
+        }
+        if todo.is_empty() {
+            return;
+        }
+        todo.sort_unstable();
+        todo.dedup();
+        let mut reg = shared
+            .registry
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        for id in todo {
+            let next = reg.sync_sets(id, now);
+            self.schedule(id, next);
+        }
+    }
 }
 
 /// SIGHUP: the peers file read and validated again as a whole; if it is valid, clients no

@@ -1,23 +1,37 @@
 //! The server's clients: the million-peer index (`mt6d_proto::endpoint::PeerTable`) with, beside
-//! it, what the packet path needs per client (its sealer, its opener and replay window, its
-//! counters) and the set of hashed addresses currently valid (what the neighbour responder
-//! answers for).
+//! it, what the packet path needs per client (its keys, its replay windows) and the set of hashed
+//! addresses currently valid (what the neighbour responder answers for).
+//!
+//! A client is one of two kinds:
+//! * **pre-shared** (`key=`): its sealer and opener are made from the stream by its first
+//!   packet in each direction, and its one table entry (its stream's routes) carries everything;
+//! * **handshake** (no `key=`): its table entry is its **link set** (the stream keyed by the link
+//!   key, docs/PROTOCOL.md §9.1), and it keeps no other state until a handshake message with a
+//!   valid link MAC arrives. Then it gets a [`Session`]: a responder-only
+//!   `mt6d_proto::link::Link`, its receive keys and its send key. Each further route set the
+//!   link binds (a session's, §9.8) is a **secondary** table entry ([`PeerTable::add_secondary`])
+//!   mapped back to the client, added and removed by [`Registry::sync_sets`] as the link's
+//!   events ask. When the keys expire with no rekey the session is dropped and the client is
+//!   back to its link set alone.
 //!
 //! One `RwLock` guards it: the workers take the read side once per batch of datagrams (never per
-//! packet), the main thread the write side for a rotation step, an added or a removed client.
-//! A client's opener sits behind its own mutex, taken once per batch by the worker that received
-//! it: the reuseport hash is over the outer addresses, which change every epoch, so two workers
-//! can hold datagrams of one client at an epoch switch (docs/ARCHITECTURE.md, "The server role").
+//! packet), the main thread the write side for a rotation step, a set change, an added or a
+//! removed client. A client's keys sit behind its own mutex, taken once per received batch by
+//! the worker that received it: the reuseport hash is over the outer addresses, which change
+//! every epoch, so two workers can hold datagrams of one client at an epoch switch
+//! (docs/ARCHITECTURE.md, "The server role").
 
 use std::collections::HashMap;
 use std::net::Ipv6Addr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use mt6d_proto::endpoint::{IndexError, IndexSeed, PeerId, PeerTable, WindowDelta};
+use mt6d_proto::handshake::{Handshake, HandshakeConfig, ReceiveKeys};
+use mt6d_proto::link::Link;
 use mt6d_proto::{Opener, Sealer, Stream, UnixTime};
 
-use crate::config::ClientConfig;
+use crate::config::{ClientConfig, ClientHandshake};
 
 /// Send counters every client's sealer may use in this run: `[first, end)`, from the persisted
 /// generation (`generation.rs`), so that no restart repeats a nonce under a pre-shared key.
@@ -27,45 +41,148 @@ pub struct CounterRange {
     pub end: u64,
 }
 
-/// One client's packet-path state: its keys, made (and boxed) by its first packet in each
-/// direction, and what a reload compares. Traffic is counted per worker and reason, not per
-/// client (`dataplane::ServerCounters`): a per-client counter would be an atomic add per packet
-/// on a line two workers can share, for a figure nothing reads yet.
+/// A handshake client's live protocol state, made by its first authenticated handshake message.
+#[derive(Debug)]
+pub struct Session {
+    pub link: Link,
+    pub recv: ReceiveKeys,
+    /// The key the link handed out last (`Event::SendKey`).
+    pub send: Option<Arc<Sealer>>,
+    /// The table entries of the link's bound sets other than the link set: (set id, entry).
+    pub bound: Vec<(u64, PeerId)>,
+    /// The keys expired (`Event::KeysExpired`): the main thread drops the session.
+    pub expired: bool,
+}
+
+impl Session {
+    /// The table entry of set `set` of client `id` (the link set is the client's own entry).
+    pub fn entry_of(&self, id: PeerId, set: u64) -> Option<PeerId> {
+        if set == 0 {
+            return Some(id);
+        }
+        self.bound.iter().find(|(s, _)| *s == set).map(|(_, p)| *p)
+    }
+}
+
+/// How a client is keyed.
+#[derive(Debug)]
+enum Keys {
+    PreShared {
+        /// Made on the first packet to the client (derives its data key once).
+        sealer: OnceLock<Box<Sealer>>,
+        /// Made on the first packet from the client; its replay window lives in it.
+        opener: Mutex<Option<Box<Opener>>>,
+    },
+    Handshake {
+        peer: ClientHandshake,
+        session: Mutex<Option<Box<Session>>>,
+    },
+}
+
+/// One client's packet-path state and what a reload compares. Traffic is counted per worker
+/// and reason, not per client (`dataplane::ServerCounters`): a per-client counter would be an
+/// atomic add per packet on a line two workers can share, for a figure nothing reads yet.
 #[derive(Debug)]
 pub struct Client {
     pub name: String,
     /// What a reload compares: a hash of the client's true address, prefix and key.
     pub fingerprint: [u8; 32],
-    /// Made on the first packet to the client (derives its data key once).
-    sealer: OnceLock<Box<Sealer>>,
-    /// Made on the first packet from the client; its replay window lives in it.
-    opener: Mutex<Option<Box<Opener>>>,
+    keys: Keys,
 }
 
 impl Client {
-    fn new(name: String, fingerprint: [u8; 32]) -> Client {
+    fn new(name: String, fingerprint: [u8; 32], handshake: Option<&ClientHandshake>) -> Client {
+        let keys = match handshake {
+            None => Keys::PreShared {
+                sealer: OnceLock::new(),
+                opener: Mutex::new(None),
+            },
+            Some(peer) => Keys::Handshake {
+                peer: peer.clone(),
+                session: Mutex::new(None),
+            },
+        };
         Client {
             name,
             fingerprint,
-            sealer: OnceLock::new(),
-            opener: Mutex::new(None),
+            keys,
         }
     }
 
-    /// The client's sealer, made from `stream` on first use.
-    pub fn sealer(&self, stream: &Stream, counters: CounterRange) -> &Sealer {
-        self.sealer
-            .get_or_init(|| Box::new(stream.sealer(counters.first, counters.end)))
+    /// Whether the client handshakes (no pre-shared key).
+    pub fn handshakes(&self) -> bool {
+        matches!(self.keys, Keys::Handshake { .. })
     }
 
-    /// Runs `f` with the client's opener, made from `stream` on first use.
-    pub fn with_opener<R>(&self, stream: &Stream, f: impl FnOnce(&mut Opener) -> R) -> R {
-        let mut guard = self
-            .opener
+    /// The client's sealer, made from `stream` on first use (None for a handshake client).
+    pub fn sealer(&self, stream: &Stream, counters: CounterRange) -> Option<&Sealer> {
+        match &self.keys {
+            Keys::PreShared { sealer, .. } => {
+                Some(sealer.get_or_init(|| Box::new(stream.sealer(counters.first, counters.end))))
+            }
+            Keys::Handshake { .. } => None,
+        }
+    }
+
+    /// Runs `f` with the client's opener, made from `stream` on first use (None for a
+    /// handshake client).
+    pub fn with_opener<R>(&self, stream: &Stream, f: impl FnOnce(&mut Opener) -> R) -> Option<R> {
+        let Keys::PreShared { opener, .. } = &self.keys else {
+            return None;
+        };
+        let mut guard = opener
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        f(guard.get_or_insert_with(|| Box::new(stream.opener())))
+        Some(f(guard.get_or_insert_with(|| Box::new(stream.opener()))))
     }
+
+    /// The handshake client's session slot, locked (None for a pre-shared client). Lock order:
+    /// the registry, then one client's session.
+    pub fn session(&self) -> Option<MutexGuard<'_, Option<Box<Session>>>> {
+        match &self.keys {
+            Keys::Handshake { session, .. } => Some(
+                session
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            ),
+            Keys::PreShared { .. } => None,
+        }
+    }
+
+    /// A new session for this handshake client, whose link stream is `stream`, answering only
+    /// (the server never initiates). None for a pre-shared client or without `template`.
+    pub fn new_session(
+        &self,
+        template: Option<&HandshakeConfig>,
+        stream: &Stream,
+    ) -> Option<Result<Box<Session>, mt6d_proto::ProtoError>> {
+        let Keys::Handshake { peer, .. } = &self.keys else {
+            return None;
+        };
+        let mut cfg = template?.clone();
+        cfg.remote_public = peer.public_key;
+        cfg.psk = peer.psk.clone();
+        cfg.remote_true = stream.remote_true();
+        Some(Handshake::new(cfg).map(|mut hs| {
+            hs.set_responder_only();
+            Box::new(Session {
+                link: Link::with_handshake(stream.with_route_key(&stream.config().key), hs),
+                recv: ReceiveKeys::new(),
+                send: None,
+                bound: Vec::new(),
+                expired: false,
+            })
+        }))
+    }
+}
+
+/// What a table entry belongs to.
+#[derive(Debug)]
+enum Entry {
+    /// A client's own entry: its stream (pre-shared) or link set (handshake).
+    Client(Client),
+    /// A further route set of the client whose entry is `client`.
+    Set { client: PeerId, set: u64 },
 }
 
 /// Why a client could not be added.
@@ -100,12 +217,18 @@ pub struct StepReport {
 #[derive(Debug)]
 pub struct Registry {
     table: PeerTable,
-    clients: Vec<Option<(PeerId, Client)>>,
+    /// By table slot: a client, or a further route set of one.
+    entries: Vec<Option<(PeerId, Entry)>>,
     by_name: HashMap<String, PeerId>,
     /// Local hashed addresses of every route in every window, with how many routes use each;
     /// kept only for the neighbour responder (`None` where the router routes the prefix).
     addresses: Option<HashMap<Ipv6Addr, u32>>,
     counters: CounterRange,
+    /// The server's side of every handshake client's settings (its identity key, mode, AEAD,
+    /// rekey interval); a client's public key, psk and true address complete it.
+    handshake: Option<HandshakeConfig>,
+    /// Handshake clients with a live session (made by the workers, dropped by the main thread).
+    sessions: AtomicU64,
 }
 
 impl Registry {
@@ -120,11 +243,23 @@ impl Registry {
     ) -> Registry {
         Registry {
             table: PeerTable::with_capacity(seed, capacity),
-            clients: Vec::with_capacity(capacity),
+            entries: Vec::with_capacity(capacity),
             by_name: HashMap::with_capacity(capacity),
             addresses: track_addresses.then(|| HashMap::with_capacity(capacity * 3)),
             counters,
+            handshake: None,
+            sessions: AtomicU64::new(0),
         }
+    }
+
+    /// Sets what handshake clients' sessions are made with (see [`Registry::handshake`]).
+    pub fn set_handshake_template(&mut self, template: Option<HandshakeConfig>) {
+        self.handshake = template;
+    }
+
+    /// The server's side of every handshake client's settings.
+    pub fn handshake(&self) -> Option<&HandshakeConfig> {
+        self.handshake.as_ref()
     }
 
     pub fn len(&self) -> usize {
@@ -143,10 +278,23 @@ impl Registry {
         self.counters
     }
 
-    /// The client in slot `id`, if `id` is still its.
+    /// The client whose own entry is `id`, if `id` is still its.
     pub fn client(&self, id: PeerId) -> Option<&Client> {
-        match self.clients.get(id.index() as usize) {
-            Some(Some((held, c))) if *held == id => Some(c),
+        match self.entries.get(id.index() as usize) {
+            Some(Some((held, Entry::Client(c)))) if *held == id => Some(c),
+            _ => None,
+        }
+    }
+
+    /// What table entry `id` (a lookup's answer) belongs to: the client's own id, the client,
+    /// and the route set (0: the client's own entry, its stream or link set).
+    pub fn resolve(&self, id: PeerId) -> Option<(PeerId, &Client, u64)> {
+        match self.entries.get(id.index() as usize) {
+            Some(Some((held, Entry::Client(c)))) if *held == id => Some((id, c, 0)),
+            Some(Some((held, Entry::Set { client, set }))) if *held == id => {
+                let c = self.client(*client)?;
+                Some((*client, c, *set))
+            }
             _ => None,
         }
     }
@@ -194,14 +342,91 @@ impl Registry {
                     line: cfg.line,
                     source,
                 })?;
-        let slot = id.index() as usize;
-        if self.clients.len() <= slot {
-            self.clients.resize_with(slot + 1, || None);
-        }
-        self.clients[slot] = Some((id, Client::new(cfg.name.clone(), fingerprint(cfg))));
+        let client = Client::new(cfg.name.clone(), fingerprint(cfg), cfg.handshake.as_ref());
+        self.put(id, Entry::Client(client));
         self.by_name.insert(cfg.name.clone(), id);
         apply(self.addresses.as_mut(), &delta);
         Ok(id)
+    }
+
+    fn put(&mut self, id: PeerId, entry: Entry) {
+        let slot = id.index() as usize;
+        if self.entries.len() <= slot {
+            self.entries.resize_with(slot + 1, || None);
+        }
+        self.entries[slot] = Some((id, entry));
+    }
+
+    fn drop_entry(&mut self, id: PeerId) {
+        if let Some((_, delta)) = self.table.remove(id) {
+            apply(self.addresses.as_mut(), &delta);
+        }
+        if let Some(slot) = self.entries.get_mut(id.index() as usize) {
+            *slot = None;
+        }
+    }
+
+    /// Brings client `id`'s secondary entries in line with the route sets its link binds now
+    /// (after a handshake was answered or confirmed, a parent released, keys expired), and drops
+    /// its session once its keys expired and nothing but the link set is left. Returns when the
+    /// link next needs a timeout (None: no session). Called by the main thread.
+    pub fn sync_sets(&mut self, id: PeerId, now: UnixTime) -> Option<UnixTime> {
+        let client = self.client(id)?;
+        let mut guard = client.session()?;
+        let session = guard.as_mut()?;
+        let wanted: Vec<(u64, Stream)> = session
+            .link
+            .sets()
+            .bound_sets()
+            .filter(|s| !s.is_link())
+            .map(|s| (s.id, s.stream.with_route_key(&s.stream.config().key)))
+            .collect();
+        // A set can be bound twice (the current set as the parent of an answered one).
+        let mut wanted = wanted;
+        wanted.sort_by_key(|(id, _)| *id);
+        wanted.dedup_by_key(|(id, _)| *id);
+        let stale: Vec<PeerId> = session
+            .bound
+            .iter()
+            .filter(|(set, _)| !wanted.iter().any(|(w, _)| w == set))
+            .map(|(_, p)| *p)
+            .collect();
+        session
+            .bound
+            .retain(|(set, _)| wanted.iter().any(|(w, _)| w == set));
+        let new: Vec<(u64, Stream)> = wanted
+            .into_iter()
+            .filter(|(w, _)| !session.bound.iter().any(|(set, _)| set == w))
+            .collect();
+        let drop_session = session.expired && session.bound.is_empty() && new.is_empty();
+        let next = (!drop_session)
+            .then(|| session.link.poll_timeout())
+            .flatten();
+        if drop_session {
+            *guard = None;
+            self.sessions.fetch_sub(1, Ordering::Relaxed);
+        }
+        drop(guard);
+        for p in stale {
+            self.drop_entry(p);
+        }
+        let mut added = Vec::with_capacity(new.len());
+        for (set, stream) in new {
+            match self.table.add_secondary(stream, now, |_| 0) {
+                Ok((p, delta)) => {
+                    apply(self.addresses.as_mut(), &delta);
+                    self.put(p, Entry::Set { client: id, set });
+                    added.push((set, p));
+                }
+                Err(e) => log::warn!("cannot index a route set of a client: {e}"),
+            }
+        }
+        if !added.is_empty() {
+            if let Some(session) = self.client(id)?.session()?.as_mut() {
+                session.bound.extend(added);
+            }
+        }
+        next
     }
 
     /// Removes a client: from this call on, none of its addresses answers.
@@ -209,12 +434,20 @@ impl Registry {
         let Some(id) = self.by_name.remove(name) else {
             return false;
         };
-        if let Some((_, delta)) = self.table.remove(id) {
-            apply(self.addresses.as_mut(), &delta);
+        let sets: Option<Vec<PeerId>> = self.client(id).and_then(|c| {
+            c.session().and_then(|s| {
+                s.as_ref()
+                    .map(|s| s.bound.iter().map(|(_, p)| *p).collect())
+            })
+        });
+        if sets.is_some() {
+            self.sessions.fetch_sub(1, Ordering::Relaxed);
         }
-        if let Some(slot) = self.clients.get_mut(id.index() as usize) {
-            *slot = None;
+        let sets = sets.unwrap_or_default();
+        for p in sets {
+            self.drop_entry(p);
         }
+        self.drop_entry(id);
         true
     }
 
@@ -244,6 +477,20 @@ impl Registry {
         self.id_of(&cfg.name)
             .and_then(|id| self.client(id))
             .is_some_and(|c| c.fingerprint == fingerprint(cfg))
+    }
+
+    /// A worker made a session for a client ([`Client::new_session`]).
+    pub fn note_session(&self) {
+        self.sessions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many clients have a live handshake session, and how many secondary route sets are
+    /// indexed (for the logs). O(1).
+    pub fn session_counts(&self) -> (u64, usize) {
+        (
+            self.sessions.load(Ordering::Relaxed),
+            self.table.len().saturating_sub(self.by_name.len()),
+        )
     }
 }
 
