@@ -108,6 +108,15 @@ struct Cli {
     /// --server: longest the netlink method may take for one n, in seconds (default 600).
     #[arg(long, value_name = "S", requires = "server")]
     netlink_limit: Option<u64>,
+    /// --server: client counts of the handshake runs, every client handshaking from cold
+    /// (default 1000,10000,100000; with --quick 1000; 0 skips them).
+    #[arg(
+        long,
+        value_name = "N[,..]",
+        value_delimiter = ',',
+        requires = "server"
+    )]
+    handshakes: Vec<usize>,
     /// Measure nothing: redraw the figures (SVG and PNG) of a results.json that `mt6d bench`
     /// wrote, next to it. Needs no root.
     #[arg(long, value_name = "RESULTS_JSON", conflicts_with_all = ["quick", "full", "only",
@@ -170,6 +179,9 @@ impl From<Cli> for Args {
                 }
                 if let Some(s) = c.netlink_limit {
                     a.netlink_limit = std::time::Duration::from_secs(s);
+                }
+                if !c.handshakes.is_empty() {
+                    a.handshakes = c.handshakes.into_iter().filter(|&n| n > 0).collect();
                 }
                 a
             }),

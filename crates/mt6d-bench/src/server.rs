@@ -14,6 +14,11 @@
 //!   < 50 ms, < 100 ms by mean response time.
 //! * Beside them: the daemon's memory per client, the CPU its rotation takes while idle (10 s
 //!   interval), and its start-up time.
+//! * **Handshakes.** A server with n clients that all handshake (no pre-shared key), started
+//!   cold; a generator ([`mt6d::lab::handshake_clients::HandshakeClients`]) plays every client's
+//!   initiator, at most [`IN_FLIGHT`] at a time, until all are up. Measured: the server's start
+//!   (one X25519 per client for its link set), the time until every client is up, the
+//!   handshakes completed per second, and the server's CPU while it answers.
 //!
 //! The generator and the server share the machine's cores, as the goal states.
 
@@ -21,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use mt6d::lab::clients::{echo_service, ClientSet, ClientSpec};
+use mt6d::lab::handshake_clients::{self, HandshakeClients};
 use mt6d::lab::server_lab::{ServerLab, ECHO_PORT, SERVER_TRUE};
 use mt6d_os::{Epoll, EpollEvents, Netns};
 
@@ -35,6 +41,10 @@ const REQUEST: usize = 64;
 const FACTOR: usize = 10;
 /// Rotation interval of the server role runs (the 10 s).
 const ROTATION_SECS: f64 = 10.0;
+/// Handshakes the generator keeps under way at once.
+pub const IN_FLIGHT: usize = 256;
+/// Longest a cold start may take before the run gives up.
+const COLD_START_LIMIT: Duration = Duration::from_secs(600);
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -49,6 +59,8 @@ pub struct ServerArgs {
     /// `netlink_limit`.
     pub netlink_sizes: Vec<usize>,
     pub netlink_limit: Duration,
+    /// Client counts of the handshake runs (cold start, every client handshaking).
+    pub handshakes: Vec<usize>,
 }
 
 impl ServerArgs {
@@ -61,6 +73,7 @@ impl ServerArgs {
                 1, 100, 1_000, 5_000, 10_000, 20_000, 30_000, 40_000, 50_000, 60_000, 70_000,
             ],
             netlink_limit: Duration::from_secs(600),
+            handshakes: vec![1_000, 10_000, 100_000],
         }
     }
 
@@ -71,6 +84,7 @@ impl ServerArgs {
             cell: 5_000,
             netlink_sizes: vec![1, 100, 1_000, 5_000],
             netlink_limit: Duration::from_secs(60),
+            handshakes: vec![1_000],
         }
     }
 }
@@ -104,6 +118,18 @@ pub fn run(out: Option<PathBuf>, mt6d: &Path, args: &ServerArgs) -> Result<PathB
         .map_err(|e| e.to_string())?;
     }
     doc.set("server_role", Value::Array(runs));
+    let mut hs_runs = Vec::new();
+    for &n in &args.handshakes {
+        eprintln!("mt6d bench --server: handshakes, {n} clients from cold");
+        hs_runs.push(handshake_run(&lab, mt6d, &work, n)?);
+        std::fs::write(out.join("results.json"), {
+            let mut d = doc.clone();
+            d.set("handshakes", Value::Array(hs_runs.clone()));
+            d.pretty()
+        })
+        .map_err(|e| e.to_string())?;
+    }
+    doc.set("handshakes", Value::Array(hs_runs));
     drop(lab);
     if args.netlink_limit.is_zero() {
         std::fs::write(out.join("results.json"), doc.pretty()).map_err(|e| e.to_string())?;
@@ -417,6 +443,149 @@ fn server_run(
     Ok(v)
 }
 
+/// A server with `n` handshake clients started cold, and every client brought up: the
+/// generator initiates for all of them, at most [`IN_FLIGHT`] under way, retrying on the
+/// handshake's own backoff, until each has completed (response opened, keepalive sent).
+fn handshake_run(lab: &ServerLab, mt6d: &Path, work: &Path, n: usize) -> Result<Value, String> {
+    use mt6d::gateway::clock;
+    let spec = ServerLab::spec(1, Duration::from_secs_f64(ROTATION_SECS), true);
+    let dir = work.join(format!("hs{n}"));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    // The server's identity (a lab key, fixed: not a secret).
+    let server_key = mt6d_proto::handshake::PrivateKey::generate([0x5e; 32]);
+    mt6d::keys::write_secret_file(
+        &dir.join("server.key"),
+        &mt6d::keys::encode(&server_key.to_bytes()[..]),
+    )
+    .map_err(|e| e.to_string())?;
+    {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = dir.join("clients");
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut w = std::io::BufWriter::new(f);
+        for i in 0..n {
+            w.write_all(handshake_clients::peers_line(&spec, &format!("c{i}"), i).as_bytes())
+                .map_err(|e| e.to_string())?;
+        }
+        w.flush().map_err(|e| e.to_string())?;
+    }
+    let config = dir.join("server.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{}private_key_file = \"server.key\"\n",
+            ServerLab::server_config(ROTATION_SECS, 2, &dir.join("state"))
+        ),
+    )
+    .map_err(|e| e.to_string())?;
+    let client_ns = &lab.clients[0];
+    client_ns
+        .run(|| ClientSet::install(&spec, "mt6d_bench_hs", GEN_PORT))
+        .map_err(|e| e.to_string())??;
+    let t = Instant::now();
+    let mut set = client_ns
+        .run(|| HandshakeClients::new(&spec, server_key.public_key(), n, GEN_PORT, clock::now()))
+        .map_err(|e| e.to_string())??;
+    eprintln!(
+        "  generator: {n} clients in {:.2} s",
+        t.elapsed().as_secs_f64()
+    );
+    let mut cmd = lab.server.command(mt6d).map_err(|e| e.to_string())?;
+    cmd.arg("run").arg("-c").arg(&config);
+    let log = dir.join("server.log");
+    let mut daemon = Guarded::spawn("server", cmd, Some(&log))?;
+    let ready = wait_line(
+        &log,
+        "serving ",
+        Duration::from_secs(300),
+        &mut daemon,
+        || set.step(clock::now()),
+    )?;
+    let pid = daemon.pid().ok_or("server exited")?;
+    let a = ProcSample::read(pid).ok_or("server gone")?;
+    let start = Instant::now();
+    let mut up_at: Vec<f64> = Vec::with_capacity(n);
+    let mut in_flight: Vec<usize> = Vec::with_capacity(IN_FLIGHT);
+    let mut next = 0;
+    while up_at.len() < n && start.elapsed() < COLD_START_LIMIT {
+        let now = clock::now();
+        set.step(now);
+        while in_flight.len() < IN_FLIGHT && next < n {
+            set.initiate(next, now)?;
+            in_flight.push(next);
+            next += 1;
+        }
+        let before = up_at.len();
+        set.recv(now, |_| up_at.push(start.elapsed().as_secs_f64()))?;
+        if up_at.len() != before {
+            in_flight.retain(|&i| !set.is_up(i));
+        }
+        // Retries, on each handshake's own backoff.
+        for &i in &in_flight {
+            set.initiate(i, now)?;
+        }
+        if up_at.len() == before {
+            std::thread::sleep(Duration::from_micros(300));
+        }
+    }
+    let b = ProcSample::read(pid).ok_or("server gone")?;
+    let busy = crate::procs::window(&a, &b);
+    let all_up = up_at.len() == n;
+    let total = up_at.last().copied().unwrap_or(0.0);
+    // The steady rate: between the 10th and the 90th percentile of completions.
+    let rate = if up_at.len() >= 10 {
+        let (lo, hi) = (up_at[up_at.len() / 10], up_at[up_at.len() * 9 / 10]);
+        (up_at.len() * 8 / 10) as f64 / (hi - lo).max(1e-9)
+    } else {
+        up_at.len() as f64 / total.max(1e-9)
+    };
+    eprintln!(
+        "  ready {ready:.2} s; {} of {n} up in {total:.2} s, {rate:.0} handshakes/s, {} initiations, server CPU {:.0} %",
+        up_at.len(),
+        set.counters.initiations,
+        busy.get("cpu_percent")
+            .and_then(Value::as_f64)
+            .unwrap_or(0.0)
+    );
+    daemon.stop(Duration::from_secs(20));
+    let server_log = std::fs::read_to_string(&log).unwrap_or_default();
+    let mut v = Value::obj();
+    v.set("clients", n as u64)
+        .set("ready_secs", ready)
+        .set("all_up", all_up)
+        .set("up", up_at.len() as u64)
+        .set("all_up_secs", total)
+        .set("handshakes_per_sec", rate)
+        .set("initiations", set.counters.initiations)
+        .set("rejected", set.counters.rejected)
+        .set("wrong_route", set.counters.wrong_route)
+        .set("in_flight", IN_FLIGHT as u64)
+        .set("rss_before_kb", a.rss_kb)
+        .set("rss_all_up_kb", b.rss_kb)
+        .set(
+            "rss_bytes_per_session",
+            (b.rss_kb.saturating_sub(a.rss_kb)) as f64 * 1024.0 / n.max(1) as f64,
+        )
+        .set("server_busy", busy)
+        .set(
+            "server_counters",
+            server_log
+                .lines()
+                .rev()
+                .find(|l| l.contains("counters:"))
+                .unwrap_or("")
+                .to_string(),
+        );
+    Ok(v)
+}
+
 /// Waits for `needle` in the log; returns the seconds since the daemon was started.
 fn wait_line(
     log: &Path,
@@ -625,6 +794,32 @@ fn markdown(doc: &Value) -> String {
                 f("max_ms"),
                 c.get("wrong_source").and_then(Value::as_u64).unwrap_or(0),
                 c.get("class").and_then(Value::as_str).unwrap_or("?"),
+            ));
+        }
+    }
+    let hs: Vec<&Value> = items(doc, "handshakes").collect();
+    if !hs.is_empty() {
+        s.push_str(&format!("\n## Handshakes: every client from cold (at most {IN_FLIGHT} under way)\n\n| clients | server start to serving (s) | all up after (s) | handshakes/s | initiations | server CPU % | RSS per session (bytes) |\n|---|---|---|---|---|---|---|\n"));
+        for r in hs {
+            let f = |k: &str| r.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
+            s.push_str(&format!(
+                "| {} | {:.2} | {} | {:.0} | {} | {:.0} | {:.0} |\n",
+                r.get("clients").and_then(Value::as_u64).unwrap_or(0),
+                f("ready_secs"),
+                if r.get("all_up").and_then(Value::as_bool) == Some(true) {
+                    format!("{:.2}", f("all_up_secs"))
+                } else {
+                    format!(
+                        "not all: {} up",
+                        r.get("up").and_then(Value::as_u64).unwrap_or(0)
+                    )
+                },
+                f("handshakes_per_sec"),
+                r.get("initiations").and_then(Value::as_u64).unwrap_or(0),
+                r.path(&["server_busy", "cpu_percent"])
+                    .and_then(Value::as_f64)
+                    .unwrap_or(f64::NAN),
+                f("rss_bytes_per_session"),
             ));
         }
     }

@@ -390,6 +390,18 @@ impl std::fmt::Debug for Handshake {
 impl Handshake {
     /// Validates the keys and derives the link and MAC keys.
     pub fn new(cfg: HandshakeConfig) -> Result<Handshake, ProtoError> {
+        let link = link_key(&cfg.local_private, &cfg.remote_public, &cfg.psk)?;
+        Handshake::with_link_key(cfg, link)
+    }
+
+    /// [`Handshake::new`] with the link key already computed ([`link_key`] of the same
+    /// `cfg`): saves its X25519 where the caller keeps the link key anyway (a server's
+    /// million clients, each indexed by its link set, docs/ARCHITECTURE.md "The server role").
+    /// A link key of other keys gives MACs the peer refuses: nothing completes.
+    pub fn with_link_key(cfg: HandshakeConfig, link: SessionKey) -> Result<Handshake, ProtoError> {
+        if cfg.local_private.public_key() == cfg.remote_public {
+            return Err(ProtoError::SamePublicKey);
+        }
         if cfg.mode == Mode::Plain {
             return Err(ProtoError::HandshakeNeedsAead);
         }
@@ -398,7 +410,6 @@ impl Handshake {
                 ms: cfg.rekey_after.as_millis(),
             });
         }
-        let link = link_key(&cfg.local_private, &cfg.remote_public, &cfg.psk)?;
         let mac_key = MacKey::derive(&link);
         // NOISE_PARAMS is a constant the snow crate supports; a parse failure is a build defect.
         #[allow(clippy::expect_used)]

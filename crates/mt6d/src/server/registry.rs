@@ -163,7 +163,9 @@ impl Client {
         cfg.remote_public = peer.public_key;
         cfg.psk = peer.psk.clone();
         cfg.remote_true = stream.remote_true();
-        Some(Handshake::new(cfg).map(|mut hs| {
+        // The link key is the stream's: no second X25519.
+        let link = stream.config().key.clone();
+        Some(Handshake::with_link_key(cfg, link).map(|mut hs| {
             hs.set_responder_only();
             Box::new(Session {
                 link: Link::with_handshake(stream.with_route_key(&stream.config().key), hs),
