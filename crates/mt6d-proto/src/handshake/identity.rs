@@ -126,7 +126,18 @@ pub fn link_key(
     remote: &PublicKey,
     psk: &Psk,
 ) -> Result<SessionKey, ProtoError> {
-    let local_public = local.public_key();
+    link_key_with_public(local, &local.public_key(), remote, psk)
+}
+
+/// [`link_key`] with `local`'s public key given (it must be `local.public_key()`): one X25519
+/// instead of two, for a server computing the link keys of a million clients with one identity.
+pub fn link_key_with_public(
+    local: &PrivateKey,
+    local_public: &PublicKey,
+    remote: &PublicKey,
+    psk: &Psk,
+) -> Result<SessionKey, ProtoError> {
+    let local_public = *local_public;
     if local_public == *remote {
         return Err(ProtoError::SamePublicKey);
     }

@@ -34,7 +34,9 @@ use zeroize::Zeroizing;
 
 use state::NoiseState;
 
-pub use identity::{link_key, session_route_key, PrivateKey, Psk, PublicKey, KEY_LEN};
+pub use identity::{
+    link_key, link_key_with_public, session_route_key, PrivateKey, Psk, PublicKey, KEY_LEN,
+};
 pub use keys::{Opened, ReceiveKeys};
 pub(crate) use message::mac as message_mac;
 pub use message::{is_handshake, Kind, Message, INITIATION_LEN, RESPONSE_LEN};
