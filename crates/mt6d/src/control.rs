@@ -102,6 +102,42 @@ pub struct ChangeAnswer {
 
 /// Asks the daemon at `path` for its status.
 pub fn query_status(path: &Path) -> Result<Status, ControlError> {
+    let body = query_status_body(path)?;
+    serde_json::from_slice(&body).map_err(|source| ControlError::Decode {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// What the daemon at `path` answers to `status`: a gateway's [`Status`] or a server's
+/// [`crate::server::control::ServerStatus`] (its `role` is `server`).
+#[derive(Debug, Clone)]
+pub enum AnyStatus {
+    Gateway(Box<Status>),
+    Server(crate::server::control::ServerStatus),
+}
+
+/// Asks the daemon at `path` for its status, a gateway's or a server's.
+pub fn query_any_status(path: &Path) -> Result<AnyStatus, ControlError> {
+    let body = query_status_body(path)?;
+    let decode = |source| ControlError::Decode {
+        path: path.to_path_buf(),
+        source,
+    };
+    let v: serde_json::Value = serde_json::from_slice(&body).map_err(decode)?;
+    if v.get("role").and_then(serde_json::Value::as_str) == Some("server") {
+        serde_json::from_value(v)
+            .map(AnyStatus::Server)
+            .map_err(decode)
+    } else {
+        serde_json::from_value(v)
+            .map(|s| AnyStatus::Gateway(Box::new(s)))
+            .map_err(decode)
+    }
+}
+
+/// The raw answer to `status` (refusals turned into [`ControlError::Refused`]).
+fn query_status_body(path: &Path) -> Result<Vec<u8>, ControlError> {
     let mut stream = UnixStream::connect(path).map_err(|source| ControlError::Connect {
         path: path.to_path_buf(),
         source,
@@ -127,10 +163,7 @@ pub fn query_status(path: &Path) -> Result<Status, ControlError> {
             message,
         });
     }
-    serde_json::from_slice(&body).map_err(|source| ControlError::Decode {
-        path: path.to_path_buf(),
-        source,
-    })
+    Ok(body)
 }
 
 /// Sends `request` to the daemon at `path` and waits for its answer (a change binds addresses

@@ -412,13 +412,23 @@ fn check_server(path: &std::path::Path) -> CliResult {
         cfg.external_interface,
         cfg.worker_count()
     );
+    let handshaking = clients.iter().filter(|c| c.handshake.is_some()).count();
     println!(
-        "  {} clients from {} (pre-shared session keys), rotation {:?}, mode {:?}",
+        "  {} clients from {} ({handshaking} with handshakes, {} with pre-shared session keys), rotation {:?}, mode {:?}",
         clients.len(),
         cfg.peers_file.display(),
+        clients.len() - handshaking,
         cfg.rotation,
         cfg.mode
     );
+    if let Some(k) = &cfg.private_key {
+        println!(
+            "  identity: public key {} (the clients' public_key), rekey {:?}",
+            keys::public_key_text(&k.public_key()),
+            cfg.rekey_after
+        );
+    }
+    println!("  control socket {}", cfg.control_socket.display());
     Ok(())
 }
 
@@ -473,7 +483,14 @@ fn check(path: &std::path::Path) -> CliResult {
 fn named_socket(target: &Target) -> Result<Option<PathBuf>, Box<dyn std::error::Error>> {
     Ok(match (&target.socket, &target.config) {
         (Some(s), _) => Some(s.clone()),
-        (None, Some(c)) => Some(config::Config::load(c)?.gateway.control_socket),
+        (None, Some(c)) => {
+            let text = std::fs::read_to_string(c).map_err(|e| format!("{}: {e}", c.display()))?;
+            if config::ServerConfig::is_server_file(&text) {
+                Some(config::ServerConfig::load(c)?.control_socket)
+            } else {
+                Some(config::Config::load(c)?.gateway.control_socket)
+            }
+        }
         (None, None) => None,
     })
 }
@@ -511,11 +528,15 @@ fn one_socket(target: &Target) -> Result<PathBuf, Box<dyn std::error::Error>> {
 
 fn status(target: Target, json: bool) -> CliResult {
     if let Some(path) = named_socket(&target)? {
-        let st = control::query_status(&path)?;
-        if json {
-            println!("{}", serde_json::to_string_pretty(&st)?);
-        } else {
-            print!("{}", control::render(&st));
+        match control::query_any_status(&path)? {
+            control::AnyStatus::Gateway(st) if json => {
+                println!("{}", serde_json::to_string_pretty(&st)?)
+            }
+            control::AnyStatus::Gateway(st) => print!("{}", control::render(&st)),
+            control::AnyStatus::Server(st) if json => {
+                println!("{}", serde_json::to_string_pretty(&st)?)
+            }
+            control::AnyStatus::Server(st) => print!("{}", mt6d::server::control::render(&st)),
         }
         return Ok(());
     }

@@ -103,6 +103,30 @@ fn true_addr(n: u16) -> Ipv6Addr {
     Ipv6Addr::new(0x2001, 0xdb8, 0xc0 + n, 1, 0, 0, 0, 1)
 }
 
+/// From the client host in `ns`: requests every 200 ms until one is answered, for at most
+/// `limit`; returns the seconds it took.
+fn until_answered(ns: &Netns, n: u16, limit: Duration) -> Option<f64> {
+    ns.run(|| {
+        let sock = UdpSocket::bind(SocketAddrV6::new(true_addr(n), 0, 0, 0)).expect("bind");
+        sock.set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("timeout");
+        let to = SocketAddrV6::new(SERVER_TRUE, ECHO_PORT, 0, 0);
+        let mut buf = [0u8; 4096];
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            sock.send_to(format!("again {n}").as_bytes(), to)
+                .expect("send");
+            if let Ok((len, _)) = sock.recv_from(&mut buf) {
+                if buf[..len].starts_with(format!("again {n}").as_bytes()) {
+                    return Some(started.elapsed().as_secs_f64());
+                }
+            }
+        }
+        None
+    })
+    .expect("enter client namespace")
+}
+
 /// From the client host in `ns`: one request until the first answer (the handshake), then
 /// `ROUNDS` requests 150 ms apart. Returns (seconds to the first answer, answers of the paced
 /// phase, wrong answers).
@@ -201,9 +225,11 @@ fn real_clients_handshake_with_the_server_and_keep_their_sessions_across_rotatio
     std::fs::write(&peers, text).expect("peers");
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&peers, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let socket = dir.join("server.sock");
     let config = format!(
-        "{}private_key_file = \"server.key\"\nrekey_secs = 3\n",
-        ServerLab::server_config(1.0, 2, &dir.join("state"))
+        "{}private_key_file = \"server.key\"\nrekey_secs = 3\ncontrol_socket = \"{}\"\n",
+        ServerLab::server_config(1.0, 2, &dir.join("state")),
+        socket.display()
     );
     let path = dir.join("server.toml");
     std::fs::write(&path, config).expect("config");
@@ -277,6 +303,55 @@ fn real_clients_handshake_with_the_server_and_keep_their_sessions_across_rotatio
         seen.outer_pairs.len() >= 2 * 8,
         "both clients' addresses changed with the epochs"
     );
+
+    // The control socket: status, then c2 removed (no answer at once) and added back (answered
+    // again once its gateway handshakes anew: its next rekey finds no session set bound at
+    // the server and, three initiations later, recovers on the link set).
+    let sock = socket.display().to_string();
+    let st = mt6d(&["status", "--socket", &sock]);
+    println!("{st}");
+    assert!(st.contains("clients 2, live sessions 2"), "{st}");
+    let json = mt6d(&["status", "--socket", &sock, "--json"]);
+    assert!(json.contains("\"role\": \"server\""), "{json}");
+    let out = mt6d(&["peer", "remove", "c2", "--socket", &sock]);
+    assert!(out.contains("removed c2"), "{out}");
+    assert_eq!(
+        until_answered(c2, 2, Duration::from_secs(2)),
+        None,
+        "a removed client gets no answer"
+    );
+    assert!(
+        until_answered(c1, 1, Duration::from_secs(5)).is_some(),
+        "the other client carries on"
+    );
+    let refused = std::process::Command::new(common::MT6D)
+        .args(["peer", "add", "c1", "--socket", &sock])
+        .args([
+            "--public-key",
+            &publics[0],
+            "--remote-host",
+            &true_addr(1).to_string(),
+        ])
+        .output()
+        .expect("run");
+    assert!(!refused.status.success(), "a second c1 is refused");
+    let out = mt6d(&[
+        "peer",
+        "add",
+        "c2",
+        "--socket",
+        &sock,
+        "--public-key",
+        &publics[1],
+        "--remote-host",
+        &true_addr(2).to_string(),
+        "--remote-prefix",
+        "2001:db8:c2::/64",
+    ]);
+    assert!(out.contains("added c2"), "{out}");
+    let back = until_answered(c2, 2, Duration::from_secs(30));
+    println!("c2 answered again {back:?} s after it was added back");
+    assert!(back.is_some(), "c2 recovers with a new handshake");
 
     // The clients leave; their keys expire at the server after three rekey intervals (9 s), and
     // their sessions with them.

@@ -60,6 +60,7 @@ struct RawServer {
     mtu: Option<Spanned<i64>>,
     private_key_file: Option<Spanned<String>>,
     rekey_secs: Option<Spanned<f64>>,
+    control_socket: Option<Spanned<String>>,
 }
 
 /// The validated server configuration.
@@ -97,6 +98,8 @@ pub struct ServerConfig {
     /// The handshake clients' rekey interval as the server counts it: their keys expire after
     /// three of these with no rekey (docs/PROTOCOL.md §9.3). The server never initiates.
     pub rekey_after: Duration,
+    /// `mt6d status`, `reload` and `peer` reach the server here.
+    pub control_socket: PathBuf,
 }
 
 /// One client, validated: its stream settings built from the server's and its peers-file line.
@@ -220,6 +223,18 @@ impl ServerConfig {
             })
             .transpose()?;
         let rekey_after = seconds(&src, &s.rekey_secs, "rekey_secs", DEFAULT_REKEY_SECS)?;
+        let control_socket = match &s.control_socket {
+            Some(p) => PathBuf::from(p.get_ref()),
+            None => super::default_control_socket(&tun_name),
+        };
+        // The daemon replaces a dead socket at this path; anything else there is someone's
+        // file and is refused now rather than deleted at start-up.
+        if let Err(why) = crate::control::refuse_non_socket(&control_socket) {
+            return Err(match &s.control_socket {
+                Some(p) => src.err(p, why),
+                None => src.err(&raw.server, why),
+            });
+        }
         let mtu = match &s.mtu {
             None => 1500,
             Some(m) => u16::try_from(*m.get_ref())
@@ -252,6 +267,7 @@ impl ServerConfig {
             mtu,
             private_key,
             rekey_after,
+            control_socket,
         })
     }
 

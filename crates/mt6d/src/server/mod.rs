@@ -15,6 +15,7 @@
 //! This version serves clients with pre-shared session keys (`key=` in the peers file); it runs
 //! no handshake yet.
 
+pub mod control;
 pub mod dataplane;
 pub mod generation;
 pub mod ndp;
@@ -398,7 +399,15 @@ fn serve(
     } else {
         None
     };
+    // Polled by this loop, which wakes at least every TICK: a request waits at most that.
+    let ctl = crate::control::ControlServer::bind(&cfg.control_socket).map_err(|e| {
+        ServerError::Setup(format!(
+            "control socket {}: {e}",
+            cfg.control_socket.display()
+        ))
+    })?;
     let epoll = Epoll::new().map_err(os("epoll"))?;
+
     if let Some(r) = &ndp {
         use std::os::fd::{AsFd, AsRawFd};
         epoll
@@ -429,6 +438,7 @@ fn serve(
         if signals.take_reload() {
             reload(cfg, shared);
         }
+        control::serve(&ctl, cfg, shared, started);
         let now = clock::now();
         let due = {
             let reg = shared
@@ -595,15 +605,17 @@ impl LinkTimers {
     }
 }
 
-/// SIGHUP: the peers file read and validated again as a whole; if it is valid, clients no
-/// longer listed are removed (their addresses stop answering at once), new ones added, changed
-/// ones replaced. An invalid file changes nothing.
-fn reload(cfg: &ServerConfig, shared: &Shared) {
+/// SIGHUP and `mt6d reload`: the peers file read and validated again as a whole; if it is
+/// valid, clients no longer listed are removed (their addresses stop answering at once), new
+/// ones added, changed ones replaced. An invalid file changes nothing.
+fn reload(cfg: &ServerConfig, shared: &Shared) -> crate::control::ChangeAnswer {
+    let mut answer = crate::control::ChangeAnswer::default();
     let clients = match cfg.clients() {
         Ok(c) => c,
         Err(e) => {
             log::error!("reload refused, nothing changed: {e}");
-            return;
+            answer.error = Some(format!("reload refused, nothing changed: {e}"));
+            return answer;
         }
     };
     let wanted: HashMap<&str, &ClientConfig> =
@@ -621,6 +633,7 @@ fn reload(cfg: &ServerConfig, shared: &Shared) {
     for name in gone {
         reg.remove(&name);
         removed += 1;
+        answer.removed.push(name);
     }
     let now = clock::now();
     for c in &clients {
@@ -628,7 +641,10 @@ fn reload(cfg: &ServerConfig, shared: &Shared) {
             continue;
         }
         match reg.add(c, now) {
-            Ok(_) => added += 1,
+            Ok(_) => {
+                added += 1;
+                answer.added.push(c.name.clone());
+            }
             Err(e) => {
                 log::error!("reload: {e}");
                 failed += 1;
@@ -640,6 +656,22 @@ fn reload(cfg: &ServerConfig, shared: &Shared) {
         cfg.peers_file.display(),
         reg.len()
     );
+    // A changed client is removed and added again: report it as changed.
+    let again: Vec<String> = answer
+        .removed
+        .iter()
+        .filter(|n| answer.added.contains(n))
+        .cloned()
+        .collect();
+    answer.removed.retain(|n| !again.contains(n));
+    answer.added.retain(|n| !again.contains(n));
+    answer.changed = again;
+    if failed > 0 {
+        answer.error = Some(format!(
+            "{failed} clients refused by the index (see the daemon's log); the rest applied"
+        ));
+    }
+    answer
 }
 
 #[cfg(test)]
