@@ -425,17 +425,13 @@ fn on_a_shared_segment_the_daemon_resolves_current_addresses_only() {
     let (mut daemon, stop, echo) = start(
         server,
         &dir,
-        &ServerLab::server_config_with(5.0, 2, &dir.join("state"), true),
+        &ServerLab::server_config_with(1.0, 2, &dir.join("state"), true),
         400,
     );
 
-    // 100 clients, twice each over two rotations: every server address they use is resolved
-    // by the router through the responder, and every request is answered.
-    // 5 s rotation. With 1 s rotation and jitter this test fails: for about the first two
-    // seconds the responder judges some clients' current addresses not current and the router's
-    // resolution of them fails (a known bug, not found yet; docs/ARCHITECTURE.md "The server
-    // role"). The routed test runs at 1 s.
-    let s1 = ServerLab::spec(1, Duration::from_secs(5), true);
+    // 100 clients, twice each over two jittered one-second rotations: every server address
+    // they use is resolved by the router through the responder, and every request is answered.
+    let s1 = ServerLab::spec(1, Duration::from_secs(1), true);
     let (sent, replies, _, counters) = exchange(
         c1,
         &s1,

@@ -18,7 +18,7 @@ use mt6d_os::{unique_name, Netns};
 use mt6d_proto::Mode;
 
 use super::clients::ClientSpec;
-use super::topology::{ip, resolved, veth, LabError};
+use super::topology::{dad_settled, ip, resolved, veth, LabError};
 
 /// The server's protected address (on its TUN device).
 pub const SERVER_TRUE: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 5, 1, 0, 0, 0, 1);
@@ -126,6 +126,11 @@ impl ServerLab {
                     n.name()
                 )));
             }
+        }
+        // Duplicate address detection over: a router whose link-local address is still
+        // tentative sends no solicitation (docs/ARCHITECTURE.md "The server role").
+        for n in [&lab.router, &lab.server, &lab.clients[0], &lab.clients[1]] {
+            dad_settled(n, Duration::from_secs(5))?;
         }
         Ok(lab)
     }

@@ -769,6 +769,35 @@ pub fn resolved(
     .map_err(os(format!("resolve {addr} on {dev} in {}", n.name())))
 }
 
+/// Waits until no address in namespace `n` is tentative (duplicate address detection of the
+/// link-local addresses a new interface gets, about a second), up to `limit`. Until then the
+/// kernel sends no Neighbour Solicitation for a forwarded packet (its source would be the
+/// tentative link-local address): the first resolution of a router that just came up is
+/// silently delayed by a retransmission interval, a second, which at one-second rotations is
+/// an epoch. A network that has been up a while has no tentative address.
+pub fn dad_settled(n: &Netns, limit: std::time::Duration) -> Result<(), LabError> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let out = n
+            .command("ip")
+            .map_err(|e| LabError::Command(format!("ip in {}: {e}", n.name())))?
+            .args(["-6", "addr", "show", "tentative"])
+            .output()
+            .map_err(|e| LabError::Command(format!("ip -6 addr in {}: {e}", n.name())))?;
+        if out.stdout.iter().all(u8::is_ascii_whitespace) {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(LabError::Command(format!(
+                "addresses in {} still tentative after {limit:?}:\n{}",
+                n.name(),
+                String::from_utf8_lossy(&out.stdout)
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// Runs `f` with a netlink socket inside namespace `n`.
 pub fn in_ns<T: Send>(
     n: &Netns,
