@@ -99,6 +99,20 @@ impl Icmp6Socket {
         Ok(())
     }
 
+    /// `IPV6_FREEBIND`: a message may leave from a source address that is local only through
+    /// a local route (an AnyIP prefix, as the server role's), not bound to an interface;
+    /// without it the kernel refuses such an `IPV6_PKTINFO` source (EINVAL).
+    pub fn set_freebind(&self) -> Result<()> {
+        const IPV6_FREEBIND: libc::c_int = 78;
+        let on: libc::c_int = 1;
+        sys::setsockopt(self.fd.as_fd(), libc::IPPROTO_IPV6, IPV6_FREEBIND, &on).map_err(|source| {
+            OsError::Icmp {
+                op: "set IPV6_FREEBIND",
+                source,
+            }
+        })
+    }
+
     /// Sends the ICMPv6 message `msg` (checksum field left zero) to `dst`, from `src` if given
     /// (IPV6_PKTINFO).
     pub fn send_to(&self, msg: &[u8], dst: Ipv6Addr, src: Option<Ipv6Addr>) -> Result<usize> {

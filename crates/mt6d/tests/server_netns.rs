@@ -486,15 +486,59 @@ fn on_a_shared_segment_the_daemon_resolves_current_addresses_only() {
     assert!(count("ns_answered") >= 100, "{line}");
     assert!(count("ns_not_current") >= 1, "{line}");
 
-    // Killed without clean-up: the clients' true addresses stay off the external link (the
-    // guard routes refuse them) and the prefix stays closed (table and AnyIP route remain);
-    // `mt6d down` then removes all three.
+    // Priming (external_next_hop, docs/PROTOCOL.md §5.1): the router learns each client's
+    // server address before the epoch starts, so an idle client's current address is in the
+    // router's neighbour table, with the server's MAC, though nothing was ever sent to it.
+    // 50 clients: a router's neighbour table holds one entry per primed address for a while,
+    // and Linux's is small by default (gc_thresh3 = 1,024 entries, shared by every namespace),
+    // which 400 clients at one-second rotations overflow within seconds (docs/CONFIG.md).
+    peers_file(&dir.join("clients"), 25, &[], &[]);
+    let socket = dir.join("server.sock");
     let (mut daemon, stop, echo) = start(
         server,
         &dir,
-        &ServerLab::server_config_with(5.0, 2, &dir.join("state"), true),
-        400,
+        &format!(
+            "{}external_next_hop = \"2001:db8:f5::1\"\ncontrol_socket = \"{}\"\n",
+            ServerLab::server_config_with(1.0, 2, &dir.join("state"), true),
+            socket.display()
+        ),
+        50,
     );
+    std::thread::sleep(Duration::from_millis(2500));
+    let idle = c1
+        .run(|| {
+            let set = ClientSet::new(&s1, 25, 0, clock::now()).expect("clients");
+            set.route(20).expect("route").remote
+        })
+        .expect("enter");
+    let neigh = sh(
+        &lab.router,
+        &format!("ip -6 neigh show dev rs to {}", idle.ip()),
+    );
+    println!("router's entry for idle client 20's current server address: {neigh}");
+    let mac = server_mac
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":");
+    let status = std::process::Command::new(common::MT6D)
+        .args(["status", "--socket", &socket.display().to_string()])
+        .output()
+        .expect("status");
+    let status = String::from_utf8_lossy(&status.stdout);
+    println!("{status}");
+    assert!(neigh.contains(&mac), "not primed: {neigh:?}");
+    let primed = status
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("ns_primed=")?.parse::<u64>().ok())
+        .unwrap_or(0);
+    // 50 clients: at start their current and next epochs, then one a second each.
+    assert!(primed >= 100, "{status}");
+    assert!(!status.contains("ns_prime_failures"), "{status}");
+
+    // Killed without clean-up: the clients' true addresses stay off the external link (the
+    // guard routes refuse them) and the prefix stays closed (table and AnyIP route remain);
+    // `mt6d down` then removes all three.
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = echo.join();
     daemon.kill_hard();

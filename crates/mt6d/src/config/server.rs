@@ -61,6 +61,7 @@ struct RawServer {
     private_key_file: Option<Spanned<String>>,
     rekey_secs: Option<Spanned<f64>>,
     control_socket: Option<Spanned<String>>,
+    external_next_hop: Option<Spanned<String>>,
 }
 
 /// The validated server configuration.
@@ -100,6 +101,9 @@ pub struct ServerConfig {
     pub rekey_after: Duration,
     /// `mt6d status`, `reload` and `peer` reach the server here.
     pub control_socket: PathBuf,
+    /// The router on the shared segment, primed with each client's next server address
+    /// shortly before the client uses it (docs/PROTOCOL.md §5.1); None: no priming.
+    pub external_next_hop: Option<Ipv6Addr>,
 }
 
 /// One client, validated: its stream settings built from the server's and its peers-file line.
@@ -223,6 +227,20 @@ impl ServerConfig {
             })
             .transpose()?;
         let rekey_after = seconds(&src, &s.rekey_secs, "rekey_secs", DEFAULT_REKEY_SECS)?;
+        let neighbor_discovery = s.neighbor_discovery.as_ref().is_none_or(|n| *n.get_ref());
+        let external_next_hop = match &s.external_next_hop {
+            None => None,
+            Some(v) => {
+                let a = address(&src, v)?;
+                if same64(a, prefix) {
+                    return Err(src.err(v, format!("external_next_hop {a} is inside the hashed prefix: give the router's address on the external link")));
+                }
+                if !neighbor_discovery {
+                    return Err(src.err(v, "external_next_hop primes the router of a shared segment with the next epoch's addresses; with neighbor_discovery = false the router routes the prefix to the server and needs no priming: remove it"));
+                }
+                Some(a)
+            }
+        };
         let control_socket = match &s.control_socket {
             Some(p) => PathBuf::from(p.get_ref()),
             None => super::default_control_socket(&tun_name),
@@ -251,7 +269,7 @@ impl ServerConfig {
             client_routes,
             tun_name,
             listen_port,
-            neighbor_discovery: s.neighbor_discovery.as_ref().is_none_or(|n| *n.get_ref()),
+            neighbor_discovery,
             rotation: rotation(&src, &s.rotation_secs)?,
             jitter: s.jitter.as_ref().is_some_and(|j| *j.get_ref()),
             mode,
@@ -268,6 +286,7 @@ impl ServerConfig {
             private_key,
             rekey_after,
             control_socket,
+            external_next_hop,
         })
     }
 

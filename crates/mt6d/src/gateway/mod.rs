@@ -29,7 +29,7 @@ mod kernel_drops;
 mod link_timers;
 mod links;
 mod liveness;
-mod neighbor;
+pub(crate) mod neighbor;
 mod path;
 pub mod peer;
 mod peer_link;

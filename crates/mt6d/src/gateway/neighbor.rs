@@ -67,6 +67,12 @@ impl NeighborPrimer {
         })
     }
 
+    /// Lets the solicitations leave from addresses that are local through a local route only
+    /// (the server role's AnyIP prefix) rather than bound to the interface.
+    pub fn allow_routed_sources(&self) -> Result<(), mt6d_os::OsError> {
+        self.socket.set_freebind()
+    }
+
     /// The neighbour that must learn our address of an epoch: the router, or (one segment) the
     /// peer gateway at `peer_same_epoch`, its hashed address of that same epoch.
     pub fn target(&self, peer_same_epoch: Ipv6Addr) -> Ipv6Addr {

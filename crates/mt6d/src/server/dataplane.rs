@@ -96,6 +96,10 @@ pub struct ServerCounters {
     pub tun_write_failures: AtomicU64,
     /// Datagrams the kernel dropped in front of a worker (its socket's receive queue was full).
     pub socket_queue_drops: AtomicU64,
+    /// Server addresses announced to the router before their epoch (priming, main thread).
+    pub ns_primed: AtomicU64,
+    /// Announcements the kernel refused.
+    pub ns_prime_failures: AtomicU64,
 }
 
 impl ServerCounters {
@@ -122,6 +126,8 @@ impl ServerCounters {
             ("tx_send_failed", r(&self.tx_send_failed)),
             ("tun_write_failures", r(&self.tun_write_failures)),
             ("socket_queue_drops", r(&self.socket_queue_drops)),
+            ("ns_primed", r(&self.ns_primed)),
+            ("ns_prime_failures", r(&self.ns_prime_failures)),
         ]
     }
 }

@@ -98,6 +98,10 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
         cfg.neighbor_discovery,
     );
     registry.set_handshake_template(handshake_template(&cfg));
+    if cfg.external_next_hop.is_some() {
+        // Before the clients: their first windows are scheduled too.
+        registry.enable_priming(cfg.rotation, cfg.jitter);
+    }
     for (i, c) in clients.iter().enumerate() {
         // Each client joins at the time it is added, and the ones added earlier are advanced
         // as their boundaries pass: a million clients take seconds to add, and no backlog of
@@ -406,6 +410,30 @@ fn serve(
             cfg.control_socket.display()
         ))
     })?;
+    let primer = match (cfg.external_next_hop, &ndp) {
+        (Some(hop), Some(_)) => {
+            let mut nl = Netlink::open().map_err(os("open rtnetlink"))?;
+            let ext = nl
+                .link_index(&cfg.external_interface)
+                .map_err(os(format!("find {}", cfg.external_interface)))?;
+            let mac = nl
+                .link_mac(ext)
+                .map_err(os(format!("read the MAC of {}", cfg.external_interface)))?
+                .ok_or_else(|| {
+                    ServerError::Setup(format!(
+                        "{} has no link-layer address",
+                        cfg.external_interface
+                    ))
+                })?;
+            let p = crate::gateway::neighbor::NeighborPrimer::open(ext, mac, Some(hop))
+                .map_err(|e| ServerError::Setup(format!("priming towards {hop}: {e}")))?;
+            // The announcements leave from addresses of the AnyIP prefix, bound to nothing.
+            p.allow_routed_sources()
+                .map_err(os(format!("priming towards {hop}")))?;
+            Some(p)
+        }
+        _ => None,
+    };
     let epoll = Epoll::new().map_err(os("epoll"))?;
 
     if let Some(r) = &ndp {
@@ -464,6 +492,9 @@ fn serve(
             }
         }
         links.serve(shared, clock::now());
+        if let Some(p) = &primer {
+            prime(p, shared, cfg);
+        }
         if let Some(r) = &mut ndp {
             let reg = shared
                 .registry
@@ -481,10 +512,12 @@ fn serve(
             }
             last_report = Instant::now();
         }
-        let due = match (due, links.next()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let next_prime = shared
+            .registry
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .next_prime();
+        let due = [due, links.next(), next_prime].into_iter().flatten().min();
         let wait = due.map_or(TICK, |d| {
             d.saturating_duration_since(clock::now()).min(TICK)
         });
@@ -523,6 +556,38 @@ fn log_counters(c: &ServerCounters, ndp: Option<&NdpResponder>, shared: &Shared)
         ));
     }
     log::info!("counters: {}", line.join(" "));
+}
+
+/// Announcements sent per wake-up at most, before the loop looks at its other work (at a
+/// million clients and a 10 s interval, 100,000 are due per second).
+const PRIME_BUDGET: usize = 4096;
+
+/// Announces the server addresses due now to the router (docs/PROTOCOL.md §5.1): one unicast
+/// solicitation from each, carrying the server's MAC, so the router has a neighbour entry
+/// before the client's first packet to it.
+fn prime(p: &crate::gateway::neighbor::NeighborPrimer, shared: &Shared, cfg: &ServerConfig) {
+    let Some(hop) = cfg.external_next_hop else {
+        return;
+    };
+    let due = shared
+        .registry
+        .write()
+        .unwrap_or_else(PoisonError::into_inner)
+        .due_primes(clock::now(), PRIME_BUDGET);
+    let (mut sent, mut failed) = (0u64, 0u64);
+    for from in due {
+        match p.solicit(from, hop) {
+            Ok(()) => sent += 1,
+            Err(e) => {
+                if failed == 0 {
+                    log::debug!("announce {from} to {hop}: {e}");
+                }
+                failed += 1;
+            }
+        }
+    }
+    registry::bump(&shared.counters.ns_primed, sent);
+    registry::bump(&shared.counters.ns_prime_failures, failed);
 }
 
 /// The server's side of every handshake client's settings, completed per client by the

@@ -21,15 +21,17 @@
 //! every epoch, so two workers can hold datagrams of one client at an epoch switch
 //! (docs/ARCHITECTURE.md, "The server role").
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::net::Ipv6Addr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
 
 use mt6d_proto::endpoint::{IndexError, IndexSeed, PeerId, PeerTable, WindowDelta};
 use mt6d_proto::handshake::{Handshake, HandshakeConfig, ReceiveKeys};
 use mt6d_proto::link::Link;
-use mt6d_proto::{Opener, Sealer, Stream, UnixTime};
+use mt6d_proto::{Epoch, Opener, Sealer, Stream, UnixTime};
 
 use crate::config::{ClientConfig, ClientHandshake};
 
@@ -231,6 +233,35 @@ pub struct Registry {
     handshake: Option<HandshakeConfig>,
     /// Handshake clients with a live session (made by the workers, dropped by the main thread).
     sessions: AtomicU64,
+    /// When to announce each entering route's server address to the router (priming,
+    /// docs/PROTOCOL.md §5.1); None without priming.
+    primes: Option<Primes>,
+}
+
+/// The priming schedule: one entry per route that entered a window and is not yet announced.
+#[derive(Debug)]
+struct Primes {
+    heap: BinaryHeap<Reverse<(UnixTime, PeerId, Epoch)>>,
+    rotation: Duration,
+    jitter: bool,
+}
+
+impl Primes {
+    /// How long before its epoch starts a route is announced. With jitter every client's
+    /// boundaries are its own, so the gateway's 250 ms lead already spreads the announcements
+    /// over the interval. Without jitter every client switches at the same instant: the lead
+    /// is then spread per client over [250 ms, R/2) (by its slot, a keyed order the index
+    /// already made random), so a million clients are never announced in one burst.
+    fn lead(&self, id: PeerId) -> Duration {
+        let base = crate::gateway::neighbor::PRIME_LEAD;
+        if self.jitter {
+            return base;
+        }
+        let span = (self.rotation / 2).saturating_sub(base).as_millis().max(1) as u64;
+        // A multiplicative hash of the slot: neighbouring slots land far apart.
+        let spread = u64::from(id.index()).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
+        base + Duration::from_millis(spread % span)
+    }
 }
 
 impl Registry {
@@ -251,7 +282,65 @@ impl Registry {
             counters,
             handshake: None,
             sessions: AtomicU64::new(0),
+            primes: None,
         }
+    }
+
+    /// Turns priming on: from now on every route entering a window is scheduled for an
+    /// announcement to the router ([`Registry::due_primes`]).
+    pub fn enable_priming(&mut self, rotation: Duration, jitter: bool) {
+        self.primes = Some(Primes {
+            heap: BinaryHeap::new(),
+            rotation,
+            jitter,
+        });
+    }
+
+    /// Schedules the announcement of each route of `delta` (of entry `id`) that is current or
+    /// in the future at `now`; the previous epoch's is never announced.
+    fn schedule_primes(&mut self, id: PeerId, delta: &WindowDelta, now: UnixTime) {
+        let (Some(p), Some(stream)) = (self.primes.as_mut(), self.table.stream(id)) else {
+            return;
+        };
+        let current = stream.epoch_at(now);
+        for r in delta.added().filter(|r| r.epoch >= current) {
+            let start = stream.epoch_start(r.epoch);
+            let at = UnixTime::from_nanos(
+                start
+                    .as_nanos()
+                    .saturating_sub(p.lead(id).as_nanos() as u64),
+            );
+            p.heap.push(Reverse((at, id, r.epoch)));
+        }
+    }
+
+    /// When the next announcement is due (None: none scheduled, or no priming).
+    pub fn next_prime(&self) -> Option<UnixTime> {
+        self.primes
+            .as_ref()
+            .and_then(|p| p.heap.peek().map(|Reverse((t, _, _))| *t))
+    }
+
+    /// Takes up to `max` announcements due at `now`: the server's hashed addresses to announce
+    /// (each route still in its window; a removed client's are skipped).
+    pub fn due_primes(&mut self, now: UnixTime, max: usize) -> Vec<Ipv6Addr> {
+        let mut out = Vec::new();
+        let Some(p) = self.primes.as_mut() else {
+            return out;
+        };
+        while out.len() < max {
+            match p.heap.peek() {
+                Some(Reverse((t, _, _))) if *t <= now => {}
+                _ => break,
+            }
+            let Some(Reverse((_, id, epoch))) = p.heap.pop() else {
+                break;
+            };
+            if let Some(r) = self.table.index().route(id, epoch) {
+                out.push(*r.local.ip());
+            }
+        }
+        out
     }
 
     /// Sets what handshake clients' sessions are made with (see [`Registry::handshake`]).
@@ -348,6 +437,7 @@ impl Registry {
         self.put(id, Entry::Client(client));
         self.by_name.insert(cfg.name.clone(), id);
         apply(self.addresses.as_mut(), &delta);
+        self.schedule_primes(id, &delta, now);
         Ok(id)
     }
 
@@ -417,6 +507,7 @@ impl Registry {
             match self.table.add_secondary(stream, now, |_| 0) {
                 Ok((p, delta)) => {
                     apply(self.addresses.as_mut(), &delta);
+                    self.schedule_primes(p, &delta, now);
                     self.put(p, Entry::Set { client: id, set });
                     added.push((set, p));
                 }
@@ -462,15 +553,23 @@ impl Registry {
     pub fn step(&mut self, now: UnixTime) -> StepReport {
         let mut report = StepReport::default();
         let mut addresses = self.addresses.as_mut();
+        let mut entered = Vec::new();
+        let priming = self.primes.is_some();
         self.table.handle_timeout(
             now,
             |_, _| 0,
-            |_, delta| {
+            |id, delta| {
                 report.advanced += 1;
                 report.contested += delta.contested().count();
                 apply(addresses.as_deref_mut(), delta);
+                if priming {
+                    entered.push((id, delta.clone()));
+                }
             },
         );
+        for (id, delta) in entered {
+            self.schedule_primes(id, &delta, now);
+        }
         report
     }
 
