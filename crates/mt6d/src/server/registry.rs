@@ -820,6 +820,58 @@ mod tests {
     }
 
     #[test]
+    fn priming_announces_each_entering_address_once_before_its_epoch() {
+        let mut r = registry();
+        r.enable_priming(Duration::from_secs(1), false);
+        let start = UnixTime::from_nanos(1_700_000_000_000_000_000);
+        let cs = clients(20);
+        for c in &cs {
+            r.add(c, start).unwrap();
+        }
+        // At start: the current epoch's address at once (its lead has passed), never the
+        // previous epoch's.
+        let now_due = r.due_primes(start, usize::MAX);
+        assert_eq!(now_due.len(), 20, "the current epoch of each client");
+        let mut now = start;
+        let mut announced: Vec<(Ipv6Addr, UnixTime)> = Vec::new();
+        for _ in 0..300 {
+            now = now.saturating_add(Duration::from_millis(10));
+            if r.poll_timeout().is_some_and(|d| d <= now) {
+                r.step(now);
+            }
+            for a in r.due_primes(now, usize::MAX) {
+                announced.push((a, now));
+            }
+        }
+        // Each later announcement precedes the first use of its address by 250 ms to R/2, and
+        // without jitter (one boundary for all) the clients' leads differ: no burst.
+        let mut leads = std::collections::BTreeSet::new();
+        for c in &cs {
+            let id = r.id_of(&c.name).unwrap();
+            let stream = r.table().stream(id).unwrap();
+            for (a, at) in &announced {
+                for e in 0..6u64 {
+                    let epoch = mt6d_proto::Epoch(stream.epoch_at(start).0 + e);
+                    if stream.route(epoch).local.ip() == a {
+                        let lead = stream.epoch_start(epoch).saturating_duration_since(*at);
+                        assert!(
+                            lead >= Duration::from_millis(240)
+                                && lead <= Duration::from_millis(500),
+                            "{} epoch {epoch:?}: announced {lead:?} ahead",
+                            c.name
+                        );
+                        leads.insert(lead.as_millis() / 20);
+                    }
+                }
+            }
+        }
+        assert!(announced.len() >= 20 * 2, "{}", announced.len());
+        let distinct: std::collections::HashSet<_> = announced.iter().map(|(a, _)| a).collect();
+        assert_eq!(distinct.len(), announced.len(), "each address once");
+        assert!(leads.len() >= 5, "leads spread: {leads:?}");
+    }
+
+    #[test]
     fn a_step_moves_every_window_by_one_epoch() {
         let mut r = registry();
         let now = UnixTime::from_nanos(1_700_000_000_000_000_000);
