@@ -117,6 +117,15 @@ struct Cli {
         requires = "server"
     )]
     handshakes: Vec<usize>,
+    /// --server: address counts of the netlink method's Fig. 2 (default 1,1000,10000,20000;
+    /// with --quick 1,1000; 0 skips it).
+    #[arg(
+        long,
+        value_name = "N[,..]",
+        value_delimiter = ',',
+        requires = "server"
+    )]
+    netlink_fig2: Vec<usize>,
     /// Measure nothing: redraw the figures (SVG and PNG) of a results.json that `mt6d bench`
     /// wrote, next to it. Needs no root.
     #[arg(long, value_name = "RESULTS_JSON", conflicts_with_all = ["quick", "full", "only",
@@ -179,6 +188,9 @@ impl From<Cli> for Args {
                 }
                 if let Some(s) = c.netlink_limit {
                     a.netlink_limit = std::time::Duration::from_secs(s);
+                }
+                if !c.netlink_fig2.is_empty() {
+                    a.netlink_fig2 = c.netlink_fig2.into_iter().filter(|&n| n > 0).collect();
                 }
                 if !c.handshakes.is_empty() {
                     a.handshakes = c.handshakes.into_iter().filter(|&n| n > 0).collect();

@@ -61,6 +61,8 @@ pub struct ServerArgs {
     pub netlink_limit: Duration,
     /// Client counts of the handshake runs (cold start, every client handshaking).
     pub handshakes: Vec<usize>,
+    /// Address counts of the netlink method's Fig. 2.
+    pub netlink_fig2: Vec<usize>,
 }
 
 impl ServerArgs {
@@ -74,6 +76,7 @@ impl ServerArgs {
             ],
             netlink_limit: Duration::from_secs(600),
             handshakes: vec![1_000, 10_000, 100_000],
+            netlink_fig2: vec![1, 1_000, 10_000, 20_000],
         }
     }
 
@@ -85,6 +88,7 @@ impl ServerArgs {
             netlink_sizes: vec![1, 100, 1_000, 5_000],
             netlink_limit: Duration::from_secs(60),
             handshakes: vec![1_000],
+            netlink_fig2: vec![1, 1_000],
         }
     }
 }
@@ -130,6 +134,11 @@ pub fn run(out: Option<PathBuf>, mt6d: &Path, args: &ServerArgs) -> Result<PathB
         .map_err(|e| e.to_string())?;
     }
     doc.set("handshakes", Value::Array(hs_runs));
+    if !args.netlink_fig2.is_empty() {
+        eprintln!("mt6d bench --server: Fig. 2, netlink method");
+        doc.set("fig2_netlink", fig2_netlink(&lab, args)?);
+        std::fs::write(out.join("results.json"), doc.pretty()).map_err(|e| e.to_string())?;
+    }
     drop(lab);
     if args.netlink_limit.is_zero() {
         std::fs::write(out.join("results.json"), doc.pretty()).map_err(|e| e.to_string())?;
@@ -397,7 +406,16 @@ fn server_run(
     );
     let mut cells = Vec::new();
     for &rate in &args.rates {
-        let c = cell(&mut set, &spec, n, rate, args.cell, &mut rng)?;
+        let c = cell(
+            &mut Tunnelled {
+                set: &mut set,
+                spec: &spec,
+            },
+            n,
+            rate,
+            args.cell,
+            &mut rng,
+        )?;
         eprintln!(
             "  {rate}/s: answered {:.1} %, mean {:.3} ms, p99 {:.3} ms, class {}",
             c.get("answered_percent")
@@ -586,6 +604,227 @@ fn handshake_run(lab: &ServerLab, mt6d: &Path, work: &Path, n: usize) -> Result<
     Ok(v)
 }
 
+/// The netlink method's load (002's server): plain UDP from the client namespace to a random
+/// one of the server's bound addresses; an answer must come from the address asked.
+struct Plain {
+    socket: std::net::UdpSocket,
+    addresses: Vec<std::net::Ipv6Addr>,
+    /// The address each request went to, by sequence number.
+    asked: Vec<Option<std::net::Ipv6Addr>>,
+    next_seq: usize,
+    wrong_source: u64,
+    rejected: u64,
+    buf: Vec<u8>,
+}
+
+impl Load for Plain {
+    fn fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.socket.as_raw_fd()
+    }
+    fn tick(&mut self) {}
+    fn send(
+        &mut self,
+        who: &[usize],
+        fill: &mut dyn FnMut(usize, &mut [u8]) -> usize,
+    ) -> Result<(), String> {
+        for (k, &i) in who.iter().enumerate() {
+            let to = self.addresses[i % self.addresses.len()];
+            let len = fill(k, &mut self.buf);
+            let seq = u64::from_le_bytes(self.buf[..8].try_into().unwrap_or([0; 8])) as usize;
+            if self.asked.len() <= seq {
+                self.asked.resize(seq + 1, None);
+            }
+            self.asked[seq] = Some(to);
+            self.next_seq = self.next_seq.max(seq + 1);
+            // A full socket buffer loses the request, as a lost datagram would.
+            let _ = self.socket.send_to(
+                &self.buf[..len],
+                std::net::SocketAddrV6::new(to, ECHO_PORT, 0, 0),
+            );
+        }
+        Ok(())
+    }
+    fn recv(&mut self, on_reply: &mut dyn FnMut(&[u8])) -> Result<(), String> {
+        let mut buf = [0u8; 2048];
+        loop {
+            match self.socket.recv_from(&mut buf) {
+                Ok((len, from)) => {
+                    let std::net::SocketAddr::V6(from) = from else {
+                        self.rejected += 1;
+                        continue;
+                    };
+                    let seq = buf
+                        .get(..8)
+                        .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])) as usize);
+                    match seq.and_then(|s| self.asked.get(s).copied().flatten()) {
+                        Some(a) if a == *from.ip() => on_reply(&buf[..len]),
+                        Some(_) => self.wrong_source += 1,
+                        None => self.rejected += 1,
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+    fn faults(&self) -> (u64, u64) {
+        (self.wrong_source, self.rejected)
+    }
+}
+
+/// 002's server: a UDP echo on `[::]:port` of `ns` answering `factor` times each request from
+/// the address it was sent to (IPV6_PKTINFO), until `stop`.
+fn addressed_echo(
+    ns: &Netns,
+    port: u16,
+    factor: usize,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Result<std::thread::JoinHandle<()>, String> {
+    let name = ns.name().to_string();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let h = std::thread::spawn(move || {
+        let sock = Netns::open(&name)
+            .and_then(|n| n.enter_current_thread())
+            .and_then(|()| mt6d_os::UdpSocket6::bind(port));
+        let sock = match sock {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = ready_tx.send(Err(e.to_string()));
+                return;
+            }
+        };
+        let _ = sock.set_read_timeout(Some(Duration::from_millis(50)));
+        let _ = ready_tx.send(Ok(()));
+        let mut scratch = mt6d_os::RecvScratch::new(32);
+        let mut bufs: Vec<mt6d_os::udp::RecvBuf> =
+            (0..32).map(|_| mt6d_os::udp::RecvBuf::new()).collect();
+        let mut send = mt6d_os::SendScratch::new(1);
+        let mut reply = Vec::new();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let Ok(got) = sock.recv_batch(&mut scratch, &mut bufs) else {
+                continue;
+            };
+            for b in &bufs[..got] {
+                for d in b.datagrams() {
+                    reply.clear();
+                    for _ in 0..factor {
+                        reply.extend_from_slice(d);
+                    }
+                    let msg = [mt6d_os::SendMsg {
+                        src: b.dst(),
+                        dst: b.src(),
+                        payload: &reply,
+                        segment_size: None,
+                    }];
+                    let _ = sock.send_batch(&mut send, &msg);
+                }
+            }
+        }
+    });
+    match ready_rx.recv_timeout(Duration::from_secs(5)) {
+        Ok(Ok(())) => Ok(h),
+        Ok(Err(e)) => Err(format!("echo on [::]:{port}: {e}")),
+        Err(_) => Err(format!("echo on [::]:{port} did not start")),
+    }
+}
+
+/// Fig. 2 for the netlink method (002's server): `n` /128s of the server's prefix bound on a
+/// veth interface of its own in the server's namespace with one `ip -batch` (the router routes the
+/// prefix to the server, so nothing is resolved per address), the addressed echo on port
+/// 3540, and plain UDP requests from the client namespace to a random bound address, cell by
+/// cell as the server role's. No tunnel: this is 002's measurement of what per-address
+/// binding costs the kernel, not MT6D's.
+fn fig2_netlink(lab: &ServerLab, args: &ServerArgs) -> Result<Value, String> {
+    let sh = |ns: &Netns, cmd: &str| -> Result<(), String> {
+        let o = ns
+            .command("sh")
+            .map_err(|e| e.to_string())?
+            .args(["-c", cmd])
+            .output()
+            .map_err(|e| e.to_string())?;
+        if o.status.success() {
+            Ok(())
+        } else {
+            Err(format!("{cmd}: {}", String::from_utf8_lossy(&o.stderr)))
+        }
+    };
+    let mut runs = Vec::new();
+    for &n in &args.netlink_fig2 {
+        // A veth end of its own (this kernel has no dummy device): deleting it takes the
+        // addresses with it.
+        sh(
+            &lab.server,
+            "ip link add nl0 type veth peer name nl1 && ip link set nl0 up && ip link set nl1 up",
+        )?;
+        let addresses: Vec<std::net::Ipv6Addr> = (0..n)
+            .map(|i| {
+                std::net::Ipv6Addr::from((0x2001_0db8_0005_u128 << 80) | (i as u128 * 7919 + 1))
+            })
+            .collect();
+        let file = std::env::temp_dir().join(format!("mt6d-fig2-{}", std::process::id()));
+        let batch: String = addresses
+            .iter()
+            .map(|a| format!("addr add {a}/128 dev nl0 nodad\n"))
+            .collect();
+        std::fs::write(&file, batch).map_err(|e| e.to_string())?;
+        let t = Instant::now();
+        sh(&lab.server, &format!("ip -batch {}", file.display()))?;
+        let bind_secs = t.elapsed().as_secs_f64();
+        let _ = std::fs::remove_file(&file);
+        eprintln!("  netlink method: {n} addresses bound in {bind_secs:.2} s");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let echo = addressed_echo(&lab.server, ECHO_PORT, FACTOR, stop.clone())?;
+        let socket = lab.clients[0]
+            .run(|| {
+                let s = std::net::UdpSocket::bind("[::]:0")?;
+                s.set_nonblocking(true)?;
+                Ok::<_, std::io::Error>(s)
+            })
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        let mut load = Plain {
+            socket,
+            addresses,
+            asked: Vec::with_capacity(args.cell),
+            next_seq: 0,
+            wrong_source: 0,
+            rejected: 0,
+            buf: vec![0u8; 2048],
+        };
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d ^ n as u64);
+        let mut cells = Vec::new();
+        for &rate in &args.rates {
+            load.asked.clear();
+            let c = cell(&mut load, n, rate, args.cell, &mut rng)?;
+            eprintln!(
+                "  netlink {n} @ {rate}/s: answered {:.1} %, mean {:.3} ms, p99 {:.3} ms, class {}",
+                c.get("answered_percent")
+                    .and_then(Value::as_f64)
+                    .unwrap_or(0.0),
+                c.get("mean_ms").and_then(Value::as_f64).unwrap_or(f64::NAN),
+                c.get("p99_ms").and_then(Value::as_f64).unwrap_or(f64::NAN),
+                c.get("class").and_then(Value::as_str).unwrap_or("?"),
+            );
+            let failed = c.get("class").and_then(Value::as_str) == Some("fail");
+            cells.push(c);
+            if failed {
+                break;
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = echo.join();
+        // Removing the device removes its addresses (slowly, with tens of thousands).
+        sh(&lab.server, "ip link del nl0")?;
+        let mut v = Value::obj();
+        v.set("addresses", n as u64)
+            .set("bind_secs", bind_secs)
+            .set("cells", Value::Array(cells));
+        runs.push(v);
+    }
+    Ok(Value::Array(runs))
+}
+
 /// Waits for `needle` in the log; returns the seconds since the daemon was started.
 fn wait_line(
     log: &Path,
@@ -614,18 +853,67 @@ fn wait_line(
 }
 
 /// One Fig. 2 cell: `count` requests at `rate` per second, each from a random client.
+/// What Fig. 2 drives: requests from random clients, answers back. The server role's load is
+/// the many-client generator through the tunnel; the netlink method's is plain UDP to its
+/// bound addresses.
+trait Load {
+    /// The receiving socket, for an epoll.
+    fn fd(&self) -> std::os::fd::RawFd;
+    /// Housekeeping due now (the generator's rotation).
+    fn tick(&mut self);
+    /// Sends one request from each client of `who`, its payload written by `fill(k, buf)`.
+    fn send(
+        &mut self,
+        who: &[usize],
+        fill: &mut dyn FnMut(usize, &mut [u8]) -> usize,
+    ) -> Result<(), String>;
+    /// Hands every answer waiting now to `on_reply`.
+    fn recv(&mut self, on_reply: &mut dyn FnMut(&[u8])) -> Result<(), String>;
+    /// (answers from a wrong source, datagrams rejected) so far.
+    fn faults(&self) -> (u64, u64);
+}
+
+/// The server role's load: the generator's clients through the tunnel.
+struct Tunnelled<'a> {
+    set: &'a mut ClientSet,
+    spec: &'a ClientSpec,
+}
+
+impl Load for Tunnelled<'_> {
+    fn fd(&self) -> std::os::fd::RawFd {
+        self.set.socket_fd()
+    }
+    fn tick(&mut self) {
+        self.set.step(mt6d::gateway::clock::now());
+    }
+    fn send(
+        &mut self,
+        who: &[usize],
+        fill: &mut dyn FnMut(usize, &mut [u8]) -> usize,
+    ) -> Result<(), String> {
+        self.set
+            .send_batch(self.spec, who, ECHO_PORT, fill)
+            .map(|_| ())
+    }
+    fn recv(&mut self, on_reply: &mut dyn FnMut(&[u8])) -> Result<(), String> {
+        self.set.recv_with(|_, p| on_reply(p))
+    }
+    fn faults(&self) -> (u64, u64) {
+        (self.set.counters.wrong_route, self.set.counters.rejected)
+    }
+}
+
 fn cell(
-    set: &mut ClientSet,
-    spec: &ClientSpec,
+    load: &mut dyn Load,
     n: usize,
     rate: u64,
     count: usize,
     rng: &mut Rng,
 ) -> Result<Value, String> {
     let epoll = Epoll::new().map_err(|e| e.to_string())?;
-    epoll.add(set.socket_fd(), 0).map_err(|e| e.to_string())?;
+    epoll.add(load.fd(), 0).map_err(|e| e.to_string())?;
     let mut events = EpollEvents::with_capacity(4);
-    let before = set.counters;
+    let before = load.faults();
     let mut sent_at = vec![0u64; count];
     let mut rtt_us: Vec<f32> = Vec::with_capacity(count);
     let mut answered = vec![false; count];
@@ -634,7 +922,7 @@ fn cell(
     let mut seq = 0usize;
     let mut who = Vec::with_capacity(32);
     // The windows are brought up to date first: the set may have sat idle for an epoch or more.
-    set.step(mt6d::gateway::clock::now());
+    load.tick();
     let mut last_step = Instant::now();
     let on_reply =
         |payload: &[u8], answered: &mut [bool], rtt_us: &mut Vec<f32>, sent_at: &[u64]| {
@@ -657,7 +945,7 @@ fn cell(
             }
             let base = seq;
             let t = start.elapsed().as_nanos() as u64;
-            set.send_batch(spec, &who, ECHO_PORT, |j, buf| {
+            load.send(&who, &mut |j, buf| {
                 buf[..8].copy_from_slice(&((base + j) as u64).to_le_bytes());
                 buf[8..REQUEST].fill(0x5a);
                 REQUEST
@@ -667,9 +955,9 @@ fn cell(
             }
             seq += k;
         }
-        set.recv_with(|_, p| on_reply(p, &mut answered, &mut rtt_us, &sent_at))?;
+        load.recv(&mut |p| on_reply(p, &mut answered, &mut rtt_us, &sent_at))?;
         if last_step.elapsed() > Duration::from_millis(5) {
-            set.step(mt6d::gateway::clock::now());
+            load.tick();
             last_step = Instant::now();
         }
         // Sleep until the next request is due or an answer arrives.
@@ -684,10 +972,10 @@ fn cell(
     let send_secs = start.elapsed().as_secs_f64();
     let linger = Instant::now();
     while linger.elapsed() < Duration::from_secs(1) && rtt_us.len() < count {
-        set.recv_with(|_, p| on_reply(p, &mut answered, &mut rtt_us, &sent_at))?;
+        load.recv(&mut |p| on_reply(p, &mut answered, &mut rtt_us, &sent_at))?;
         let _ = epoll.wait(&mut events, Some(Duration::from_millis(5)));
     }
-    let after = set.counters;
+    let after = load.faults();
     let got = rtt_us.len();
     rtt_us.sort_by(f32::total_cmp);
     let pct = |q: f64| {
@@ -724,8 +1012,8 @@ fn cell(
         .set("p50_ms", pct(0.5))
         .set("p99_ms", pct(0.99))
         .set("max_ms", pct(1.0))
-        .set("wrong_source", after.wrong_route - before.wrong_route)
-        .set("rejected", after.rejected - before.rejected)
+        .set("wrong_source", after.0 - before.0)
+        .set("rejected", after.1 - before.1)
         .set("class", class);
     Ok(v)
 }
@@ -795,6 +1083,30 @@ fn markdown(doc: &Value) -> String {
                 c.get("wrong_source").and_then(Value::as_u64).unwrap_or(0),
                 c.get("class").and_then(Value::as_str).unwrap_or("?"),
             ));
+        }
+    }
+    let nl: Vec<&Value> = items(doc, "fig2_netlink").collect();
+    if !nl.is_empty() {
+        s.push_str("\n## Fig. 2, netlink method: n /128s bound, plain UDP echo (002's server; mean, p99 in ms)\n\n| addresses | bound in (s) | requests/s asked | achieved | answered % | mean | p99 | max | wrong source | class |\n|---|---|---|---|---|---|---|---|---|---|\n");
+        for r in nl {
+            for c in items(r, "cells") {
+                let f = |k: &str| c.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
+                s.push_str(&format!(
+                    "| {} | {:.2} | {} | {:.0} | {:.2} | {:.3} | {:.3} | {:.3} | {} | {} |\n",
+                    r.get("addresses").and_then(Value::as_u64).unwrap_or(0),
+                    r.get("bind_secs")
+                        .and_then(Value::as_f64)
+                        .unwrap_or(f64::NAN),
+                    c.get("rate").and_then(Value::as_u64).unwrap_or(0),
+                    f("achieved_rate"),
+                    f("answered_percent"),
+                    f("mean_ms"),
+                    f("p99_ms"),
+                    f("max_ms"),
+                    c.get("wrong_source").and_then(Value::as_u64).unwrap_or(0),
+                    c.get("class").and_then(Value::as_str).unwrap_or("?"),
+                ));
+            }
         }
     }
     let hs: Vec<&Value> = items(doc, "handshakes").collect();
