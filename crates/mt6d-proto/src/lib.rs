@@ -47,6 +47,7 @@ mod key;
 pub mod link;
 pub mod moves;
 pub mod peers_file;
+pub mod relay;
 pub mod route_sets;
 pub mod router;
 mod schedule;
