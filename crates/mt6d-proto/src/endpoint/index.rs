@@ -814,7 +814,8 @@ mod tests {
             if e == Epoch(51) && k == 0 {
                 fake(e, 0x101, 2000)
             } else {
-                fake(e, 0x200 + (e.0 - 50) as u16 + 16 * u16::from(k), 2000)
+                // Epochs 49-51 (the window of 50): ::1ff-::201, clear of peer 0's.
+                fake(e, 0x1ff + (e.0 - 49) as u16 + 16 * u16::from(k), 2000)
             }
         };
         let d1 = ix.set_window(id(1), Epoch(50), |_| 0, at).unwrap();
@@ -856,14 +857,14 @@ mod tests {
             id(2),
             Epoch(500),
             |_| 0,
-            |e, _| fake(e, 0x101, 2000 + (e.0 - 500) as u16),
+            |e, _| fake(e, 0x101, (2000 + e.0 - 500) as u16),
         )
         .unwrap();
         ix.set_window(
             id(3),
             Epoch(700),
             |_| 0,
-            |e, _| fake(e, 0x101, 2000 + (e.0 - 700) as u16),
+            |e, _| fake(e, 0x101, (2000 + e.0 - 700) as u16),
         )
         .unwrap();
         assert_eq!(ix.lookup_local(key, 2000), None);
