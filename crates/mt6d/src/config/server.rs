@@ -459,45 +459,23 @@ impl ServerConfig {
         // Computed once: each client then costs one X25519.
         let public = private.public_key();
         let public = &public;
-        let threads = std::thread::available_parallelism()
-            .map_or(1, std::num::NonZeroUsize::get)
-            .min(MAX_WORKERS);
-        let chunk = entries.len().div_ceil(threads).max(1);
-        let results: Vec<Result<Vec<Option<SessionKey>>, LineError>> =
-            std::thread::scope(|scope| {
-                let handles: Vec<_> = entries
-                    .chunks(chunk)
-                    .map(|part| {
-                        scope.spawn(move || {
-                            part.iter()
-                                .map(|e| {
-                                    if e.session_key.is_some() {
-                                        return Ok(None);
-                                    }
-                                    let psk = e.psk.clone().unwrap_or_else(Psk::none);
-                                    link_key_with_public(private, public, &e.public_key, &psk)
-                                        .map(Some)
-                                        .map_err(|err| {
-                                            (e.line, format!("client {:?}: {err}", e.name))
-                                        })
-                                })
-                                .collect()
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                    .collect()
-            });
-        let mut out = Vec::with_capacity(entries.len());
-        for part in results {
-            out.extend(part.map_err(|(line, message)| ConfigError::File {
+        let results = keys::par_map(entries, |e| -> Result<Option<SessionKey>, LineError> {
+            if e.session_key.is_some() {
+                return Ok(None);
+            }
+            let psk = e.psk.clone().unwrap_or_else(Psk::none);
+            link_key_with_public(private, public, &e.public_key, &psk)
+                .map(Some)
+                .map_err(|err| (e.line, format!("client {:?}: {err}", e.name)))
+        });
+        // The first line at fault, in file order.
+        results
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|(line, message)| ConfigError::File {
                 path: self.peers_file.clone(),
                 message: format!("line {line}: {message}"),
-            })?);
-        }
-        Ok(out)
+            })
     }
 }
 

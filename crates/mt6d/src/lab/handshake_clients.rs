@@ -102,62 +102,42 @@ impl HandshakeClients {
         now: UnixTime,
     ) -> Result<HandshakeClients, String> {
         let privates: Vec<PrivateKey> = (0..count).map(|i| identity(spec, i)).collect();
-        let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-        let chunk = count.div_ceil(threads).max(1);
-        let links: Vec<Result<Vec<mt6d_proto::SessionKey>, String>> = std::thread::scope(|s| {
-            let handles: Vec<_> = privates
-                .chunks(chunk)
-                .map(|part| {
-                    s.spawn(move || {
-                        part.iter()
-                            .map(|p| {
-                                link_key(p, &server_public, &Psk::none()).map_err(|e| e.to_string())
-                            })
-                            .collect()
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                .collect()
+        let links = crate::keys::par_map(&privates, |p| {
+            link_key(p, &server_public, &Psk::none()).map_err(|e| e.to_string())
         });
         let mut seed = [0u8; 16];
         getrandom::fill(&mut seed).map_err(|e| e.to_string())?;
         let mut table = PeerTable::with_capacity(IndexSeed::from_bytes(seed), count);
         let (mut ids, mut slots) = (Vec::with_capacity(count), Vec::with_capacity(count));
-        let mut i = 0;
-        for part in links {
-            for key in part? {
-                let stream = Stream::new(StreamConfig {
-                    local: Endpoint {
-                        true_addr: spec.true_addr(i),
-                        external_prefix: Some(spec.client_prefix),
-                        mac: None,
-                    },
-                    remote: Endpoint {
-                        true_addr: spec.server_true,
-                        external_prefix: Some(spec.server_prefix),
-                        mac: None,
-                    },
-                    key,
-                    derivation: Derivation::default(),
-                    ports: PortPolicy::default(),
-                    mode: spec.mode,
-                    aead: AeadAlg::default(),
-                    rotation: spec.rotation,
-                    jitter: spec.jitter,
-                })
-                .map_err(|e| e.to_string())?;
-                let (id, _) = table.add(stream, now, |_| 0).map_err(|e| e.to_string())?;
-                let slot = id.index() as usize;
-                if slots.len() <= slot {
-                    slots.resize(slot + 1, usize::MAX);
-                }
-                slots[slot] = i;
-                ids.push(id);
-                i += 1;
+        for (i, key) in links.into_iter().enumerate() {
+            let key = key?;
+            let stream = Stream::new(StreamConfig {
+                local: Endpoint {
+                    true_addr: spec.true_addr(i),
+                    external_prefix: Some(spec.client_prefix),
+                    mac: None,
+                },
+                remote: Endpoint {
+                    true_addr: spec.server_true,
+                    external_prefix: Some(spec.server_prefix),
+                    mac: None,
+                },
+                key,
+                derivation: Derivation::default(),
+                ports: PortPolicy::default(),
+                mode: spec.mode,
+                aead: AeadAlg::default(),
+                rotation: spec.rotation,
+                jitter: spec.jitter,
+            })
+            .map_err(|e| e.to_string())?;
+            let (id, _) = table.add(stream, now, |_| 0).map_err(|e| e.to_string())?;
+            let slot = id.index() as usize;
+            if slots.len() <= slot {
+                slots.resize(slot + 1, usize::MAX);
             }
+            slots[slot] = i;
+            ids.push(id);
         }
         let socket = UdpSocket6::bind_transparent(port).map_err(|e| e.to_string())?;
         socket.set_nonblocking(true).map_err(|e| e.to_string())?;

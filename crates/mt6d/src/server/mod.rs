@@ -380,7 +380,9 @@ fn serve(
             .map_err(|e| ServerError::Setup(format!("start worker {i}: {e}")))?;
         handles.push(h);
     }
-    let mut ndp = if cfg.neighbor_discovery {
+    // The external interface's index and MAC, which the responder and the primer answer and
+    // announce with (neighbour discovery only).
+    let external = if cfg.neighbor_discovery {
         let mut nl = Netlink::open().map_err(os("open rtnetlink"))?;
         let ext = nl
             .link_index(&cfg.external_interface)
@@ -394,6 +396,11 @@ fn serve(
                     cfg.external_interface
                 ))
             })?;
+        Some((ext, mac))
+    } else {
+        None
+    };
+    let mut ndp = if let Some((_, mac)) = external {
         Some(
             NdpResponder::open(&cfg.external_interface, mac).map_err(os(format!(
                 "open the neighbour responder on {}",
@@ -410,21 +417,8 @@ fn serve(
             cfg.control_socket.display()
         ))
     })?;
-    let primer = match (cfg.external_next_hop, &ndp) {
-        (Some(hop), Some(_)) => {
-            let mut nl = Netlink::open().map_err(os("open rtnetlink"))?;
-            let ext = nl
-                .link_index(&cfg.external_interface)
-                .map_err(os(format!("find {}", cfg.external_interface)))?;
-            let mac = nl
-                .link_mac(ext)
-                .map_err(os(format!("read the MAC of {}", cfg.external_interface)))?
-                .ok_or_else(|| {
-                    ServerError::Setup(format!(
-                        "{} has no link-layer address",
-                        cfg.external_interface
-                    ))
-                })?;
+    let primer = match (cfg.external_next_hop, external) {
+        (Some(hop), Some((ext, mac))) => {
             let p = crate::gateway::neighbor::NeighborPrimer::open(ext, mac, Some(hop))
                 .map_err(|e| ServerError::Setup(format!("priming towards {hop}: {e}")))?;
             // The announcements leave from addresses of the AnyIP prefix, bound to nothing.
