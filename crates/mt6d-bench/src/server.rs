@@ -611,7 +611,6 @@ struct Plain {
     addresses: Vec<std::net::Ipv6Addr>,
     /// The address each request went to, by sequence number.
     asked: Vec<Option<std::net::Ipv6Addr>>,
-    next_seq: usize,
     wrong_source: u64,
     rejected: u64,
     buf: Vec<u8>,
@@ -636,7 +635,6 @@ impl Load for Plain {
                 self.asked.resize(seq + 1, None);
             }
             self.asked[seq] = Some(to);
-            self.next_seq = self.next_seq.max(seq + 1);
             // A full socket buffer loses the request, as a lost datagram would.
             let _ = self.socket.send_to(
                 &self.buf[..len],
@@ -787,7 +785,6 @@ fn fig2_netlink(lab: &ServerLab, args: &ServerArgs) -> Result<Value, String> {
             socket,
             addresses,
             asked: Vec::with_capacity(args.cell),
-            next_seq: 0,
             wrong_source: 0,
             rejected: 0,
             buf: vec![0u8; 2048],

@@ -127,78 +127,66 @@ fn until_answered(ns: &Netns, n: u16, limit: Duration) -> Option<f64> {
     .expect("enter client namespace")
 }
 
-/// From the client host in `ns`: one request until the first answer (the handshake), then
+/// From the client host in `ns`: requests until the first answer (the handshake), then
 /// `ROUNDS` requests 150 ms apart. Returns (seconds to the first answer, answers of the paced
 /// phase, wrong answers).
 fn exchange(ns: &Netns, n: u16) -> (f64, usize, usize) {
-    ns.run(|| {
-        let sock = UdpSocket::bind(SocketAddrV6::new(true_addr(n), 0, 0, 0)).expect("bind");
-        sock.set_read_timeout(Some(Duration::from_millis(200)))
-            .expect("timeout");
-        let to = SocketAddrV6::new(SERVER_TRUE, ECHO_PORT, 0, 0);
-        let mut buf = [0u8; 4096];
-        let started = Instant::now();
-        let first = loop {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "client {n}: no answer within 20 s"
-            );
-            sock.send_to(format!("hello {n}").as_bytes(), to)
-                .expect("send");
+    let first = until_answered(ns, n, Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("client {n}: no answer within 20 s"));
+    let (answered, wrong) = ns
+        .run(|| {
+            let sock = UdpSocket::bind(SocketAddrV6::new(true_addr(n), 0, 0, 0)).expect("bind");
+            sock.set_read_timeout(Some(Duration::from_millis(200)))
+                .expect("timeout");
+            paced(&sock, n)
+        })
+        .expect("enter client namespace");
+    (first, answered, wrong)
+}
+
+/// `ROUNDS` requests on `sock`, 150 ms apart, and their answers: (answered, wrong answers).
+fn paced(sock: &UdpSocket, n: u16) -> (usize, usize) {
+    let to = SocketAddrV6::new(SERVER_TRUE, ECHO_PORT, 0, 0);
+    let mut buf = [0u8; 4096];
+    // The round an answer is for: ten copies of "req N RRR ...", else None.
+    let round = |got: &[u8]| -> Option<usize> {
+        let one = &got[..got.len() / 10];
+        let k = std::str::from_utf8(one)
+            .ok()?
+            .split_whitespace()
+            .nth(2)?
+            .parse::<usize>()
+            .ok()?;
+        (k < ROUNDS && got.len() % 10 == 0 && got == one.repeat(10).as_slice()).then_some(k)
+    };
+    let (mut answered, mut wrong) = (0, 0);
+    let mut seen = [false; ROUNDS];
+    let mut take = |got: &[u8], answered: &mut usize, wrong: &mut usize| match round(got) {
+        Some(k) if !seen[k] => {
+            seen[k] = true;
+            *answered += 1;
+        }
+        Some(_) => {}
+        None => *wrong += 1,
+    };
+    for r in 0..ROUNDS {
+        let req = format!("req {n} {r:03} ..........................");
+        sock.send_to(req.as_bytes(), to).expect("send");
+        let deadline = Instant::now() + Duration::from_millis(150);
+        while Instant::now() < deadline {
             if let Ok((len, _)) = sock.recv_from(&mut buf) {
-                if buf[..len].starts_with(format!("hello {n}").as_bytes()) {
-                    break started.elapsed().as_secs_f64();
-                }
-            }
-        };
-        // Drain answers to the retries of the first phase.
-        while sock.recv_from(&mut buf).is_ok() {}
-        let (mut answered, mut wrong) = (0, 0);
-        let mut seen = [false; ROUNDS];
-        for round in 0..ROUNDS {
-            let req = format!("req {n} {round:03} ..........................");
-            sock.send_to(req.as_bytes(), to).expect("send");
-            let deadline = Instant::now() + Duration::from_millis(150);
-            while Instant::now() < deadline {
-                let Ok((len, _)) = sock.recv_from(&mut buf) else {
-                    continue;
-                };
-                let got = &buf[..len];
-                let one = &got[..len / 10];
-                let k = std::str::from_utf8(one)
-                    .ok()
-                    .and_then(|s| s.split_whitespace().nth(2))
-                    .and_then(|k| k.parse::<usize>().ok());
-                match k {
-                    Some(k) if k < ROUNDS && len % 10 == 0 && got == one.repeat(10).as_slice() => {
-                        if !seen[k] {
-                            seen[k] = true;
-                            answered += 1;
-                        }
-                    }
-                    _ => wrong += 1,
-                }
+                take(&buf[..len], &mut answered, &mut wrong);
             }
         }
-        // Late answers.
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while answered < ROUNDS && Instant::now() < deadline {
-            if let Ok((len, _)) = sock.recv_from(&mut buf) {
-                let one = &buf[..len / 10];
-                if let Some(k) = std::str::from_utf8(one)
-                    .ok()
-                    .and_then(|s| s.split_whitespace().nth(2))
-                    .and_then(|k| k.parse::<usize>().ok())
-                    .filter(|k| *k < ROUNDS && !seen[*k])
-                {
-                    seen[k] = true;
-                    answered += 1;
-                }
-            }
+    }
+    // Late answers.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while answered < ROUNDS && Instant::now() < deadline {
+        if let Ok((len, _)) = sock.recv_from(&mut buf) {
+            take(&buf[..len], &mut answered, &mut wrong);
         }
-        (first, answered, wrong)
-    })
-    .expect("enter client namespace")
+    }
+    (answered, wrong)
 }
 
 #[test]

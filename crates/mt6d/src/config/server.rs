@@ -417,7 +417,13 @@ impl ServerConfig {
                         psk: e.psk.clone().unwrap_or_else(Psk::none),
                     }),
                 ),
-                (None, None) => unreachable!("link_keys gives every handshake client a key"),
+                // link_keys gives every entry without key= a link key, or fails.
+                (None, None) => {
+                    return Err(at(
+                        e.line,
+                        format!("client {:?}: no link key was computed", e.name),
+                    ))
+                }
             };
             let stream = StreamConfig {
                 local: Endpoint {
