@@ -184,6 +184,20 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> RelayFrame<T> {
     pub fn set_hops(&mut self, hops: u8) {
         self.buffer.as_mut()[field::HOPS] = hops;
     }
+    /// The relay payload, writable (the destination removes the e2e payload's header protection
+    /// in place, §10.5).
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        let len = self.payload_len();
+        &mut self.buffer.as_mut()[HEADER_LEN..HEADER_LEN + len]
+    }
+}
+
+impl<'a> RelayFrame<&'a mut [u8]> {
+    /// The relay payload, writable and borrowed for the buffer's lifetime.
+    pub fn into_payload_mut(self) -> &'a mut [u8] {
+        let len = self.payload_len();
+        &mut self.buffer[HEADER_LEN..HEADER_LEN + len]
+    }
 }
 
 impl<'a> RelayFrame<&'a [u8]> {

@@ -13,8 +13,9 @@
 //!   condition, seqno requests, failover and switch-back).
 //!
 //! What it must not do: touch a socket or a clock (time comes in as `now`, randomness as
-//! arguments), seal or open anything (a relay link is an ordinary MT6D link, §10.2; its sealing
-//! of relay frames is specified but not implemented yet, §10.13), or know about the daemon.
+//! arguments), or know about the daemon. The link layer's AEAD is the tunnel's: a relay link is
+//! an ordinary encrypt-mode MT6D link whose plaintext is a frame (§10.2,
+//! [`crate::Sealer::seal_frame`], [`crate::Opener::open_frame`]).
 //!
 //! Call order for a node (the simulation `tests/relay_routing.rs` is such a driver):
 //! 1. One [`cost::LinkMonitor`] per link and one [`table::RoutingTable`] per node.

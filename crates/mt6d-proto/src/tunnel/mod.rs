@@ -11,6 +11,13 @@
 //! || dst port (2) || counter (8) [|| inner hdr 0..8 || inner payload, auth mode only].
 //! The outer packet never carries IPv6 extension headers (RFC 7872: they are dropped on the path).
 //! On the wire the first 8 bytes of every auth/encrypt payload are masked ([`header`], §4.5).
+//!
+//! A relay link (§10.2) uses encrypt mode with a relay frame as the AEAD plaintext instead of the
+//! inner packet without its addresses; nonce, AAD, counters, key phases and replay window are the
+//! same ([`Sealer::seal_frame`], [`Opener::open_frame`]):
+//! ```text
+//! relay link: | counter (8) | AEAD(relay header (12) || relay payload || zero padding) | tag (16) |
+//! ```
 
 pub mod header;
 mod key_schedule;
@@ -144,6 +151,18 @@ pub const SEAL_HEADROOM: usize =
 /// starts 24 bytes in front of the payload (`OPEN_HEADROOM - 24`), its payload where it was.
 pub const OPEN_HEADROOM: usize = OUTER_AAD_LEN - COUNTER_LEN;
 
+/// Bytes [`Sealer::seal_frame_in_place`] needs free in front of the frame: the counter.
+pub const FRAME_HEADROOM: usize = COUNTER_LEN;
+
+/// The shortest relay link payload that is not a keepalive: counter, relay header, tag (§10.2).
+pub const MIN_FRAME_PAYLOAD: usize = COUNTER_LEN + crate::relay::frame::HEADER_LEN + TAG_LEN;
+
+/// Bytes of the relay link payload that carries a frame of `frame_len` bytes (counter and tag
+/// around it, §10.2).
+pub const fn frame_payload_len(frame_len: usize) -> usize {
+    frame_len.saturating_add(COUNTER_LEN + TAG_LEN)
+}
+
 /// Bytes of outer IPv6 (40) and UDP (8) headers.
 pub const OUTER_HEADERS: usize = 48;
 
@@ -206,6 +225,17 @@ pub enum SealError {
     /// Plain mode has no counter or tag, so it has no keepalive.
     #[error("plain mode has no keepalive")]
     NoKeepaliveInPlain,
+    /// Relay frames travel on encrypt-mode links only: the relay header must not be readable on
+    /// the wire (docs/PROTOCOL.md §10.1).
+    #[error("relay frames need an encrypt-mode stream, this one is {mode}")]
+    FrameNotEncrypt {
+        /// The stream's mode.
+        mode: Mode,
+    },
+    /// The bytes to seal as a relay frame are not a valid frame (or the frame to write does not
+    /// fit), so a relay link never carries anything but frames.
+    #[error("not a valid relay frame: {0}")]
+    BadFrame(crate::relay::RelayError),
 }
 
 impl SealError {
@@ -219,6 +249,8 @@ impl SealError {
             Self::CounterExhausted => "seal_counter_exhausted",
             Self::CounterNotReserved => "seal_counter_not_reserved",
             Self::NoKeepaliveInPlain => "seal_no_keepalive_in_plain",
+            Self::FrameNotEncrypt { .. } => "seal_frame_not_encrypt",
+            Self::BadFrame(_) => "seal_bad_frame",
         }
     }
 }
@@ -259,6 +291,17 @@ pub enum OpenError {
         /// Bytes required.
         need: usize,
     },
+    /// Relay frames are opened on encrypt-mode links only (docs/PROTOCOL.md §10.1).
+    #[error("relay frames need an encrypt-mode stream, this one is {mode}")]
+    FrameNotEncrypt {
+        /// The stream's mode.
+        mode: Mode,
+    },
+    /// The payload opened (its tag verified) but its plaintext is not a relay frame: §10.3's
+    /// refusals, labelled as there (`relay_bad_kind` for an inner packet sealed by a peer that
+    /// takes the link for a direct stream).
+    #[error("opened payload is not a relay frame: {0}")]
+    BadFrame(crate::relay::RelayError),
 }
 
 impl OpenError {
@@ -272,6 +315,8 @@ impl OpenError {
             Self::BadTag => "open_bad_tag",
             Self::BadInner => "open_bad_inner",
             Self::BufferTooSmall { .. } => "open_buffer_too_small",
+            Self::FrameNotEncrypt { .. } => "open_frame_not_encrypt",
+            Self::BadFrame(e) => e.reason(),
         }
     }
 }
@@ -414,6 +459,8 @@ mod tests {
             OpenError::BadTag,
             OpenError::BadInner,
             OpenError::BufferTooSmall { have: 0, need: 1 },
+            OpenError::FrameNotEncrypt { mode: Mode::Auth },
+            OpenError::BadFrame(crate::relay::RelayError::BadKind(0x60)),
         ];
         let s: std::collections::HashSet<_> = o.iter().map(|e| e.reason()).collect();
         assert_eq!(s.len(), o.len());

@@ -6,9 +6,10 @@ use std::ops::Range;
 
 use super::{
     aead_key_bytes, fixed_len, outer_aad, AeadKey, CounterSpace, KeyPhase, OpenError, ReplayWindow,
-    TunnelPayload, COUNTER_LEN, INNER_HEADER_CARRIED, KEEPALIVE_LEN, OPEN_HEADROOM, OUTER_AAD_LEN,
-    TAG_LEN,
+    TunnelPayload, COUNTER_LEN, INNER_HEADER_CARRIED, KEEPALIVE_LEN, MIN_FRAME_PAYLOAD,
+    OPEN_HEADROOM, OUTER_AAD_LEN, TAG_LEN,
 };
+use crate::relay::RelayFrame;
 use crate::wire::IPV6_HEADER_LEN;
 use crate::{AeadAlg, Mode, Route};
 
@@ -122,6 +123,67 @@ impl Opener {
     ) -> Result<&'b mut [u8], OpenError> {
         let r = self.open_in_place_at(route, buf, payload_len)?;
         Ok(&mut buf[r])
+    }
+
+    /// Opens a relay link payload received on `route` (docs/PROTOCOL.md §10.2): receive steps
+    /// 0-8 of §4.2 exactly as [`Opener::open`] (the caller has removed header protection), then
+    /// the plaintext is checked as a relay frame (§10.3) in place of step 9. The frame is
+    /// decrypted where it lies, `payload[8..len - 16]`, and returned as a checked view over it
+    /// (mutable, so a relay can lower the hop limit and seal it again for the next link with
+    /// [`crate::Sealer::seal_frame_in_place`] on the same buffer). `None` for a valid keepalive.
+    ///
+    /// The replay window takes the counter as soon as the tag verified, before the frame is
+    /// checked: an authentic payload whose frame is refused is not accepted twice. An inner
+    /// packet sealed by a peer that takes the link for a direct stream opens (same keys) and is
+    /// refused as `relay_bad_kind` (its first byte is `0x6?`). Encrypt mode only; on error
+    /// `payload` is scratch.
+    pub fn open_frame<'b>(
+        &mut self,
+        route: &Route,
+        payload: &'b mut [u8],
+    ) -> Result<Option<RelayFrame<&'b mut [u8]>>, OpenError> {
+        let d = Decap {
+            mode: self.mode,
+            key: self.key.as_ref(),
+            space: self.space,
+            outer_src: route.remote,
+            outer_dst: route.local,
+            inner_src: self.remote_true,
+            inner_dst: self.local_true,
+        };
+        let key = match (d.key, d.mode) {
+            (Some(key), Mode::Encrypt) => key,
+            _ => return Err(OpenError::FrameNotEncrypt { mode: d.mode }),
+        };
+        let len = payload.len();
+        if len == KEEPALIVE_LEN {
+            open_keepalive(&d, payload, Some(&mut self.replay))?;
+            return Ok(None);
+        }
+        if len < MIN_FRAME_PAYLOAD {
+            return Err(OpenError::Truncated {
+                have: len,
+                need: MIN_FRAME_PAYLOAD,
+            });
+        }
+        let mut c = [0u8; COUNTER_LEN];
+        c.copy_from_slice(&payload[..COUNTER_LEN]);
+        let c = u64::from_be_bytes(c);
+        check_counter(&d, Some(c), Some(&self.replay))?;
+        let clear_end = len - TAG_LEN;
+        let mut t = [0u8; TAG_LEN];
+        t.copy_from_slice(&payload[clear_end..]);
+        key.open(
+            c,
+            &outer_aad(&d.outer_src, &d.outer_dst, c),
+            &t,
+            &mut payload[COUNTER_LEN..clear_end],
+        )
+        .map_err(|_| OpenError::BadTag)?;
+        self.replay.update(c);
+        RelayFrame::new_checked(&mut payload[COUNTER_LEN..clear_end])
+            .map(Some)
+            .map_err(OpenError::BadFrame)
     }
 
     /// [`Opener::open_in_place`], returning where the inner packet is (a range, so that a caller
@@ -569,6 +631,284 @@ mod tests {
                 Err(OpenError::Replay(_))
             ));
         }
+    }
+
+    /// A relay frame to `0x1122334455667788` carrying `len` bytes of `fill`.
+    fn data_repr(len: u16) -> crate::relay::RelayRepr {
+        crate::relay::RelayRepr {
+            kind: crate::relay::Kind::Data,
+            hops: crate::relay::HOP_LIMIT,
+            payload_len: len,
+            destination: crate::relay::NodeId::from_bytes([
+                0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88,
+            ]),
+        }
+    }
+
+    /// §10.2: a frame sealed on a relay link opens on that link's route only, once, to the
+    /// frame written (padding included), for both AEADs and for handshake keys; a relay lowers
+    /// the hop limit and seals it again in the same buffer for its next link.
+    #[test]
+    fn relay_frames_seal_open_and_forward_in_place() {
+        use crate::relay::{frame::DEFAULT_FRAME_MAX, frame_len, Kind, RelayRepr};
+        use crate::tunnel::{frame_payload_len, FRAME_HEADROOM};
+        for alg in [AeadAlg::Aes256Gcm, AeadAlg::ChaCha20Poly1305] {
+            let (a, b) = pair(Mode::Encrypt, alg);
+            let static_keys = (a.sealer(1 << 26, u64::MAX), b.opener());
+            let k = [0x42u8; 32];
+            let session = (
+                crate::Sealer::for_session(Mode::Encrypt, alg, &k, KeyPhase::One, addr(A), addr(B)),
+                Opener::for_session(Mode::Encrypt, alg, &k, KeyPhase::One, addr(B), addr(A)),
+            );
+            for (sealer, mut opener) in [static_keys, session] {
+                let (ra, rb) = (a.route(Epoch(3)), b.route(Epoch(3)));
+                for len in [32usize, 33, 116, 117, 500, 1416] {
+                    let payload: Vec<u8> = (0..len).map(|i| (i * 3 + 1) as u8).collect();
+                    let repr = data_repr(len as u16);
+                    let mut wire = vec![0xeeu8; 1500];
+                    let n = sealer
+                        .seal_frame(&ra, &repr, &payload, DEFAULT_FRAME_MAX, &mut wire)
+                        .unwrap();
+                    let flen = frame_len(len, DEFAULT_FRAME_MAX);
+                    assert_eq!(n, frame_payload_len(flen), "{alg} {len}");
+                    assert_eq!(wire[n], 0xee, "nothing written past the payload");
+                    let mut frame = vec![0u8; flen];
+                    repr.write_frame(&payload, DEFAULT_FRAME_MAX, &mut frame)
+                        .unwrap();
+                    assert!(
+                        wire[8..n - 16] != frame[..],
+                        "the frame is encrypted, header and padding included"
+                    );
+                    assert_eq!(
+                        opener.open_frame(&b.route(Epoch(4)), &mut wire[..n].to_vec()),
+                        Err(OpenError::BadTag),
+                        "another route's AAD"
+                    );
+                    let mut rx = wire[..n].to_vec();
+                    let mut f = opener.open_frame(&rb, &mut rx).unwrap().unwrap();
+                    assert_eq!(f.as_bytes(), &frame[..]);
+                    assert_eq!(RelayRepr::parse(&f), repr);
+                    assert_eq!(f.payload(), &payload[..]);
+                    f.set_hops(f.hops() - 1);
+                    assert_eq!(f.payload_mut().len(), len);
+                    let c = u64::from_be_bytes(wire[..8].try_into().unwrap());
+                    assert_eq!(
+                        opener.open_frame(&rb, &mut wire[..n].to_vec()),
+                        Err(OpenError::Replay(c))
+                    );
+                    // The next link (here: back from b to a) without a copy.
+                    let next = b.sealer(1 << 26, u64::MAX);
+                    let out = next.seal_frame_in_place(&rb, &mut rx, flen).unwrap();
+                    assert_eq!(out.len(), n);
+                    assert_eq!(rx.len(), n);
+                    let mut back = a.opener();
+                    let f = back.open_frame(&ra, &mut rx).unwrap().unwrap();
+                    assert_eq!(f.hops(), crate::relay::HOP_LIMIT - 1);
+                    assert_eq!(f.kind(), Kind::Data);
+                    assert_eq!(f.payload(), &payload[..]);
+                }
+                // Link-local frames and keepalives on the same link.
+                let probe = crate::relay::probe::ProbeRepr::request(7).to_bytes();
+                let mut wire = [0u8; 256];
+                let n = sealer
+                    .seal_frame(
+                        &ra,
+                        &RelayRepr::link_local(Kind::Probe, 8),
+                        &probe,
+                        DEFAULT_FRAME_MAX,
+                        &mut wire,
+                    )
+                    .unwrap();
+                assert_eq!(n, 128 + 24);
+                let f = opener.open_frame(&rb, &mut wire[..n]).unwrap().unwrap();
+                assert_eq!((f.kind(), f.payload()), (Kind::Probe, &probe[..]));
+                let n = sealer.seal_keepalive(&ra, &mut wire).unwrap();
+                assert_eq!(opener.open_frame(&rb, &mut wire[..n]), Ok(None));
+                assert!(matches!(
+                    opener.open_frame(&rb, &mut wire[..n]),
+                    Err(OpenError::Replay(_))
+                ));
+            }
+            // Headroom and tail room are the caller's: too little is refused, buf untouched.
+            let sealer = a.sealer(1, u64::MAX);
+            let mut buf = vec![0u8; FRAME_HEADROOM + 128 + 15];
+            data_repr(32)
+                .write_frame(&[5; 32], DEFAULT_FRAME_MAX, &mut buf[FRAME_HEADROOM..])
+                .unwrap();
+            let before = buf.clone();
+            assert_eq!(
+                sealer.seal_frame_in_place(&a.route(Epoch(1)), &mut buf, 128),
+                Err(crate::SealError::BufferTooSmall {
+                    have: 151,
+                    need: 152
+                })
+            );
+            assert_eq!(buf, before);
+            assert_eq!(
+                sealer.seal_frame(
+                    &a.route(Epoch(1)),
+                    &data_repr(32),
+                    &[5; 32],
+                    DEFAULT_FRAME_MAX,
+                    &mut [0u8; 151]
+                ),
+                Err(crate::SealError::BufferTooSmall {
+                    have: 151,
+                    need: 152
+                })
+            );
+            assert_eq!(
+                sealer.seal_frame(
+                    &a.route(Epoch(1)),
+                    &data_repr(33),
+                    &[5; 32],
+                    DEFAULT_FRAME_MAX,
+                    &mut [0u8; 256]
+                ),
+                Err(crate::SealError::BadFrame(
+                    crate::relay::RelayError::LengthMismatch {
+                        field: 33,
+                        payload: 32
+                    }
+                ))
+            );
+            assert_eq!(sealer.sealed(), 0, "no counter burnt by a refusal");
+        }
+    }
+
+    /// §10.1: relay links are encrypt-mode links; the other modes refuse frames both ways.
+    #[test]
+    fn frames_need_encrypt_mode() {
+        use crate::relay::frame::DEFAULT_FRAME_MAX;
+        for mode in [Mode::Plain, Mode::Auth] {
+            let (a, b) = pair(mode, AeadAlg::Aes256Gcm);
+            let e = a
+                .sealer(1, u64::MAX)
+                .seal_frame(
+                    &a.route(Epoch(1)),
+                    &data_repr(32),
+                    &[1; 32],
+                    DEFAULT_FRAME_MAX,
+                    &mut [0u8; 256],
+                )
+                .unwrap_err();
+            assert_eq!(e, crate::SealError::FrameNotEncrypt { mode });
+            assert_eq!(e.reason(), "seal_frame_not_encrypt");
+            let e = b
+                .opener()
+                .open_frame(&b.route(Epoch(1)), &mut [0u8; 152])
+                .unwrap_err();
+            assert_eq!(e, OpenError::FrameNotEncrypt { mode });
+            assert_eq!(e.reason(), "open_frame_not_encrypt");
+        }
+    }
+
+    /// §10.2: one end configured as a relay link and the other as a direct stream drop
+    /// everything either way, with the spec's labels: an inner packet is never a frame
+    /// (`relay_bad_kind`, its first byte is 0x6?) and a frame never an inner packet
+    /// (`open_bad_inner`, its first byte is below 0x10). Header protection is applied as on the
+    /// wire; keepalives mean the same on both.
+    #[test]
+    fn a_link_relay_at_one_end_and_direct_at_the_other_fails_closed() {
+        use crate::relay::frame::DEFAULT_FRAME_MAX;
+        use crate::relay::RelayError;
+        use crate::tunnel::FRAME_HEADROOM;
+        for alg in [AeadAlg::Aes256Gcm, AeadAlg::ChaCha20Poly1305] {
+            let (a, b) = pair(Mode::Encrypt, alg);
+            let (ra, rb) = (a.route(Epoch(8)), b.route(Epoch(8)));
+            let (hs, hr) = (a.send_header_key().unwrap(), b.recv_header_key().unwrap());
+            let sealer = a.sealer(1 << 26, u64::MAX);
+            for body in [&b""[..], b"x", &[0x55; 1200]] {
+                // Direct sender, relay receiver.
+                let pkt = udp(addr(A), addr(B), body);
+                let mut wire = vec![0u8; pkt.len() + 64];
+                let n = sealer.seal(&ra, &pkt, &mut wire).unwrap();
+                hs.protect(&mut wire[..n]).unwrap();
+                hr.unprotect(&mut wire[..n]).unwrap();
+                let e = b.opener().open_frame(&rb, &mut wire[..n]).unwrap_err();
+                assert_eq!(e, OpenError::BadFrame(RelayError::BadKind(pkt[0])), "{alg}");
+                assert_eq!(pkt[0] >> 4, 6);
+                assert_eq!(e.reason(), "relay_bad_kind");
+                // Relay sender, direct receiver: copying and in place.
+                let len = body.len().max(32);
+                let payload = vec![0x60u8; len];
+                let mut wire = vec![0u8; 1500];
+                let n = sealer
+                    .seal_frame(
+                        &ra,
+                        &data_repr(len as u16),
+                        &payload,
+                        DEFAULT_FRAME_MAX,
+                        &mut wire,
+                    )
+                    .unwrap();
+                hs.protect(&mut wire[..n]).unwrap();
+                hr.unprotect(&mut wire[..n]).unwrap();
+                let e = b
+                    .opener()
+                    .open(&rb, &wire[..n], &mut [0u8; 2048])
+                    .unwrap_err();
+                assert_eq!(e, OpenError::BadInner);
+                assert_eq!(e.reason(), "open_bad_inner");
+                let e = b
+                    .opener()
+                    .open_in_place(&rb, &mut received(&wire[..n]), n)
+                    .unwrap_err();
+                assert_eq!(e, OpenError::BadInner);
+                // Neither sealer takes the other's plaintext either.
+                assert!(matches!(
+                    sealer.seal(&ra, &wire[8..n - 16], &mut [0u8; 2048]),
+                    Err(crate::SealError::Malformed(_))
+                ));
+                let mut buf = vec![0u8; FRAME_HEADROOM + pkt.len() + 16];
+                buf[FRAME_HEADROOM..FRAME_HEADROOM + pkt.len()].copy_from_slice(&pkt);
+                assert_eq!(
+                    sealer.seal_frame_in_place(&ra, &mut buf, pkt.len()),
+                    Err(crate::SealError::BadFrame(RelayError::BadKind(pkt[0])))
+                );
+            }
+        }
+    }
+
+    /// Every relay link payload length below 36 bytes but the keepalive's is refused before the
+    /// AEAD; any byte changed fails the tag.
+    #[test]
+    fn short_or_tampered_frame_payloads_are_refused() {
+        use crate::relay::frame::DEFAULT_FRAME_MAX;
+        let (a, b) = pair(Mode::Encrypt, AeadAlg::Aes256Gcm);
+        let (ra, rb) = (a.route(Epoch(2)), b.route(Epoch(2)));
+        let sealer = a.sealer(1 << 26, u64::MAX);
+        let mut opener = b.opener();
+        let mut wire = [0u8; 256];
+        let n = sealer
+            .seal_frame(&ra, &data_repr(40), &[9; 40], DEFAULT_FRAME_MAX, &mut wire)
+            .unwrap();
+        for k in (0..crate::tunnel::MIN_FRAME_PAYLOAD).filter(|&k| k != KEEPALIVE_LEN) {
+            assert!(matches!(
+                opener.open_frame(&rb, &mut wire[..k].to_vec()),
+                Err(OpenError::Truncated { need: 36, .. })
+            ));
+        }
+        assert_eq!(
+            opener.open_frame(&rb, &mut wire[..KEEPALIVE_LEN].to_vec()),
+            Err(OpenError::BadTag)
+        );
+        for i in 0..n {
+            let mut t = wire[..n].to_vec();
+            t[i] ^= 0x10;
+            let e = opener.open_frame(&rb, &mut t).unwrap_err();
+            assert!(
+                matches!(e, OpenError::BadTag | OpenError::Replay(_)),
+                "byte {i}: {e:?}"
+            );
+        }
+        let mut hi = wire[..n].to_vec();
+        hi[0] |= 0x80;
+        assert!(matches!(
+            opener.open_frame(&rb, &mut hi),
+            Err(OpenError::BadCounter(_))
+        ));
+        assert!(opener.open_frame(&rb, &mut wire[..n]).unwrap().is_some());
     }
 
     #[test]

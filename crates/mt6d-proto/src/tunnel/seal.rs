@@ -5,10 +5,11 @@ use std::net::Ipv6Addr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{
-    aead_key_bytes, outer_aad, payload_len, AeadKey, CounterSpace, KeyPhase, SealError,
-    COUNTER_LEN, COUNTER_LIMIT, INNER_HEADER_CARRIED, KEEPALIVE_LEN, OUTER_AAD_LEN, SEAL_HEADROOM,
-    TAG_LEN,
+    aead_key_bytes, frame_payload_len, outer_aad, payload_len, AeadKey, CounterSpace, KeyPhase,
+    SealError, COUNTER_LEN, COUNTER_LIMIT, FRAME_HEADROOM, INNER_HEADER_CARRIED, KEEPALIVE_LEN,
+    OUTER_AAD_LEN, SEAL_HEADROOM, TAG_LEN,
 };
+use crate::relay::{frame_len, RelayFrame, RelayRepr};
 use crate::wire::{Ipv6Packet, IPV6_HEADER_LEN};
 use crate::{AeadAlg, Mode, Route};
 
@@ -255,6 +256,71 @@ impl Sealer {
         };
         buf[clear_end..end].copy_from_slice(&tag);
         Ok(&mut buf[start..end])
+    }
+
+    /// Seals a relay frame for `route` of a relay link (docs/PROTOCOL.md §10.2): writes the
+    /// header `repr`, `payload` (`repr.payload_len` bytes) and zero padding to the size class of
+    /// `frame_max` (§10.4) straight into `out` behind the counter, encrypts it there and appends
+    /// the tag. Returns the link payload's length ([`frame_payload_len`] of the frame's). The
+    /// caller applies header protection (§4.5) as for any payload. Encrypt mode only.
+    pub fn seal_frame(
+        &self,
+        route: &Route,
+        repr: &RelayRepr,
+        payload: &[u8],
+        frame_max: usize,
+        out: &mut [u8],
+    ) -> Result<usize, SealError> {
+        self.frame_key()?;
+        let flen = frame_len(payload.len(), frame_max);
+        let need = frame_payload_len(flen);
+        let have = out.len();
+        let Some(buf) = out.get_mut(..need) else {
+            return Err(SealError::BufferTooSmall { have, need });
+        };
+        let written = repr
+            .write_frame(payload, frame_max, &mut buf[FRAME_HEADROOM..])
+            .map_err(SealError::BadFrame)?;
+        debug_assert_eq!(written, flen);
+        self.seal_frame_in_place(route, buf, flen).map(|p| p.len())
+    }
+
+    /// [`Sealer::seal_frame`] for a frame already laid out in `buf`: [`FRAME_HEADROOM`] free
+    /// bytes, the frame (`frame_len` bytes, padding included: a relay forwards a frame it opened
+    /// with only its hop limit changed, §10.3), then room for the tag ([`TAG_LEN`]). The frame is
+    /// checked first ([`RelayFrame::new_checked`]: a relay link carries frames and nothing else)
+    /// and encrypted where it lies. Returns the link payload, `buf[..frame_len + 24]`. On error
+    /// `buf` is unchanged.
+    pub fn seal_frame_in_place<'b>(
+        &self,
+        route: &Route,
+        buf: &'b mut [u8],
+        frame_len: usize,
+    ) -> Result<&'b mut [u8], SealError> {
+        let key = self.frame_key()?;
+        let end = frame_payload_len(frame_len);
+        if buf.len() < end {
+            return Err(SealError::BufferTooSmall {
+                have: buf.len(),
+                need: end,
+            });
+        }
+        let clear_end = end - TAG_LEN;
+        RelayFrame::new_checked(&buf[FRAME_HEADROOM..clear_end]).map_err(SealError::BadFrame)?;
+        let counter = self.next()?;
+        buf[..COUNTER_LEN].copy_from_slice(&counter.to_be_bytes());
+        let outer = outer_aad(&route.local, &route.remote, counter);
+        let tag = key.seal(counter, &outer, &mut buf[COUNTER_LEN..clear_end]);
+        buf[clear_end..end].copy_from_slice(&tag);
+        Ok(&mut buf[..end])
+    }
+
+    /// The AEAD key of an encrypt-mode sealer, the only kind that carries relay frames.
+    fn frame_key(&self) -> Result<&AeadKey, SealError> {
+        match (&self.key, self.mode) {
+            (Some(key), Mode::Encrypt) => Ok(key),
+            _ => Err(SealError::FrameNotEncrypt { mode: self.mode }),
+        }
     }
 
     fn next(&self) -> Result<u64, SealError> {
