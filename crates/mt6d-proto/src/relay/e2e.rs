@@ -12,14 +12,19 @@
 //! in for them. It is keyed so that no one without the set key can match it to the virtual
 //! address, and, like a hashed address, it changes every epoch.
 //!
-//! Not yet implemented: the receiver's table from tags to (stream, set, route) and the sealing
-//! of e2e payloads for virtual routes (§10.13); this module gives both sides the same tag.
+//! Sending ([`seal_e2e`], [`seal_e2e_keepalive`], [`write_e2e`] for a handshake message): the
+//! e2e stream's sealer seals for the [`VirtualRoute`] of the epoch exactly as for a route on a
+//! wire (its AAD is the virtual addresses and ports), the set's header key masks the result
+//! (§4.5), and the tag goes in front. Receiving: [`super::tags::TagIndex`] finds the set and the
+//! accept route from the tag, and the payload is then received as a datagram on that route
+//! (header protection removed with the set's receive key, classified, opened).
 
 use std::net::SocketAddrV6;
 
 use super::{context, RelayError};
 use crate::key::Subkey;
-use crate::{Route, SessionKey};
+use crate::tunnel::{payload_len, HeaderKey, KEEPALIVE_LEN};
+use crate::{Mode, Route, SealError, Sealer, SessionKey};
 
 /// Bytes of a route tag.
 pub const ROUTE_TAG_LEN: usize = 8;
@@ -58,6 +63,126 @@ impl RouteTagKey {
     }
 }
 
+/// A virtual route as its sender uses it (§10.5): the route of the epoch (its addresses and
+/// ports go into the AAD and handshake macs only) and the tag of its receiving end. Computed once
+/// per epoch and set, not per packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VirtualRoute {
+    /// The e2e stream's route of the epoch, as the sender sees it (local = its own virtual end).
+    pub route: Route,
+    /// The tag of `route.remote` under the set's tag key.
+    pub tag: RouteTag,
+}
+
+impl VirtualRoute {
+    /// The virtual route `route` of a set whose tag key is `key`.
+    pub fn new(route: Route, key: &RouteTagKey) -> VirtualRoute {
+        VirtualRoute {
+            tag: key.tag_to(&route),
+            route,
+        }
+    }
+}
+
+/// Bytes of the relay payload [`seal_e2e`] writes for an inner packet of `inner_len` bytes: the
+/// route tag and an encrypt-mode tunnel payload (inner packet - 32 + 24).
+pub const fn e2e_relay_payload_len(inner_len: usize) -> usize {
+    ROUTE_TAG_LEN + payload_len(Mode::Encrypt, inner_len)
+}
+
+/// Seals `inner` (one IPv6 packet between the e2e stream's true addresses) for the virtual route
+/// `via` with the e2e stream's `sealer` (encrypt mode only), masks its first 8 bytes with the
+/// set's send header key `header` (§4.5), and writes the relay payload `routeTag || e2e payload`
+/// into `out` (§10.5). Returns its length ([`e2e_relay_payload_len`]). `out` can be the payload
+/// area of a frame in the link's send buffer (12 bytes after [`crate::tunnel::FRAME_HEADROOM`]),
+/// so that [`super::RelayRepr::emit`] and [`Sealer::seal_frame_in_place`] finish the link payload
+/// around it without a copy.
+pub fn seal_e2e(
+    sealer: &Sealer,
+    header: &HeaderKey,
+    via: &VirtualRoute,
+    inner: &[u8],
+    out: &mut [u8],
+) -> Result<usize, SealError> {
+    if sealer.mode() != Mode::Encrypt {
+        return Err(SealError::NotEncrypt {
+            mode: sealer.mode(),
+        });
+    }
+    let have = out.len();
+    let Some((tag, body)) = out.split_first_chunk_mut::<ROUTE_TAG_LEN>() else {
+        return Err(SealError::BufferTooSmall {
+            have,
+            need: e2e_relay_payload_len(inner.len()),
+        });
+    };
+    let n = sealer
+        .seal(&via.route, inner, body)
+        .map_err(|e| with_tag(e, have))?;
+    protect(header, &mut body[..n]);
+    *tag = via.tag.0;
+    Ok(ROUTE_TAG_LEN + n)
+}
+
+/// [`seal_e2e`] for a keepalive (§9.5): `routeTag || counter || tag`, 32 bytes.
+pub fn seal_e2e_keepalive(
+    sealer: &Sealer,
+    header: &HeaderKey,
+    via: &VirtualRoute,
+    out: &mut [u8],
+) -> Result<usize, SealError> {
+    if sealer.mode() != Mode::Encrypt {
+        return Err(SealError::NotEncrypt {
+            mode: sealer.mode(),
+        });
+    }
+    let have = out.len();
+    let Some((tag, body)) = out.split_first_chunk_mut::<ROUTE_TAG_LEN>() else {
+        return Err(SealError::BufferTooSmall {
+            have,
+            need: ROUTE_TAG_LEN + KEEPALIVE_LEN,
+        });
+    };
+    let n = sealer
+        .seal_keepalive(&via.route, body)
+        .map_err(|e| with_tag(e, have))?;
+    protect(header, &mut body[..n]);
+    *tag = via.tag.0;
+    Ok(ROUTE_TAG_LEN + n)
+}
+
+/// Writes `tag || payload` into `out`: the relay payload of an end-to-end handshake message
+/// (kind `0x02`), framed for the virtual route and header-protected by the handshake's own
+/// path ([`crate::link::Link::poll_transmit`]). Returns its length.
+pub fn write_e2e(tag: RouteTag, payload: &[u8], out: &mut [u8]) -> Result<usize, RelayError> {
+    let need = ROUTE_TAG_LEN + payload.len();
+    let have = out.len();
+    let Some(out) = out.get_mut(..need) else {
+        return Err(RelayError::BufferTooSmall { have, need });
+    };
+    out[..ROUTE_TAG_LEN].copy_from_slice(&tag.0);
+    out[ROUTE_TAG_LEN..].copy_from_slice(payload);
+    Ok(need)
+}
+
+/// A sealer's buffer error counts the tag's bytes too.
+fn with_tag(e: SealError, have: usize) -> SealError {
+    match e {
+        SealError::BufferTooSmall { need, .. } => SealError::BufferTooSmall {
+            have,
+            need: need + ROUTE_TAG_LEN,
+        },
+        e => e,
+    }
+}
+
+fn protect(header: &HeaderKey, payload: &mut [u8]) {
+    // An encrypt-mode payload is at least a keepalive, 24 bytes, the shortest one header
+    // protection takes: this cannot fail.
+    let masked = header.protect(payload);
+    debug_assert!(masked.is_ok());
+}
+
 /// A checked view of a forwarded frame's relay payload at its destination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct E2ePayload<T: AsRef<[u8]>> {
@@ -90,9 +215,18 @@ impl<T: AsRef<[u8]>> E2ePayload<T> {
     }
 }
 
+impl<'a> E2ePayload<&'a mut [u8]> {
+    /// The e2e payload, writable for the buffer's lifetime: header protection is removed in
+    /// place before it is classified and opened (§4.2 step 0).
+    pub fn into_payload_mut(self) -> &'a mut [u8] {
+        &mut self.buffer[ROUTE_TAG_LEN..]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testutil::{addr, udp};
     use crate::Epoch;
 
     fn key(b: u8) -> SessionKey {
@@ -142,5 +276,39 @@ mod tests {
                 Err(RelayError::Truncated { .. })
             ));
         }
+    }
+
+    #[test]
+    fn e2e_sealing_refuses_other_modes_and_short_buffers() {
+        let mut c = crate::testutil::config(Mode::Encrypt, crate::AeadAlg::Aes256Gcm);
+        c.local.true_addr = addr("2001:db8:a::1");
+        c.remote.true_addr = addr("2001:db8:b::2");
+        let a = crate::Stream::new(c).unwrap();
+        let via = VirtualRoute::new(a.route(Epoch(3)), &RouteTagKey::derive(&a.config().key));
+        let inner = udp(addr("2001:db8:a::1"), addr("2001:db8:b::2"), b"x");
+        let sealer = a.sealer(1, u64::MAX);
+        let hk = a.send_header_key().unwrap();
+        let need = e2e_relay_payload_len(inner.len());
+        for have in [0, 7, 8, need - 1] {
+            assert_eq!(
+                seal_e2e(&sealer, hk, &via, &inner, &mut vec![0u8; have]),
+                Err(crate::SealError::BufferTooSmall { have, need })
+            );
+        }
+        assert_eq!(
+            seal_e2e_keepalive(&sealer, hk, &via, &mut [0u8; 31]),
+            Err(crate::SealError::BufferTooSmall { have: 31, need: 32 })
+        );
+        let mut c = a.config().clone();
+        c.mode = Mode::Auth;
+        let auth = crate::Stream::new(c).unwrap();
+        assert_eq!(
+            seal_e2e(&auth.sealer(1, u64::MAX), hk, &via, &inner, &mut [0u8; 256]),
+            Err(crate::SealError::NotEncrypt { mode: Mode::Auth })
+        );
+        let mut out = [0u8; 64];
+        assert_eq!(write_e2e(via.tag, &[1; 40], &mut out), Ok(48));
+        assert_eq!(&out[..8], &via.tag.0);
+        assert!(write_e2e(via.tag, &[1; 60], &mut out).is_err());
     }
 }

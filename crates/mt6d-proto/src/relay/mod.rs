@@ -6,7 +6,9 @@
 //! - the byte layouts a relay reads inside a link's AEAD: the relay header ([`frame`]), probes
 //!   ([`probe`]) and routing messages ([`routing`]), each a checked zero-copy view plus a writer,
 //!   and the size-class padding rule ([`frame::frame_len`]);
-//! - the end-to-end route tag that names a virtual route without showing it ([`e2e`]);
+//! - the end-to-end route tag that names a virtual route without showing it, and the sealing of
+//!   end-to-end payloads for virtual routes ([`e2e`]); the receiver's index from route tags to
+//!   its sets' accept routes ([`tags::TagIndex`]);
 //! - node ids ([`NodeId`]), metrics ([`Metric`]) and sequence numbers ([`Seqno`]);
 //! - the link-cost estimator ([`cost::LinkMonitor`]: probe replies in, a cost with hysteresis
 //!   out) and the distance-vector routing table ([`table::RoutingTable`]: Babel's feasibility
@@ -36,6 +38,7 @@ pub mod frame;
 pub mod probe;
 pub mod routing;
 pub mod table;
+pub mod tags;
 
 use std::fmt;
 
@@ -230,6 +233,10 @@ pub enum RelayError {
         /// Bytes required.
         need: usize,
     },
+    /// An end-to-end payload whose route tag names no route of the receiver's accept windows
+    /// (§10.5): not for any bound set, from an epoch outside e-1..=e+1, or forged.
+    #[error("route tag {0:02x?} names no route of an accept window")]
+    UnknownTag([u8; 8]),
 }
 
 impl RelayError {
@@ -247,6 +254,7 @@ impl RelayError {
             Self::TooLong { .. } => "relay_too_long",
             Self::LengthMismatch { .. } => "relay_length_mismatch",
             Self::BufferTooSmall { .. } => "relay_buffer_too_small",
+            Self::UnknownTag(_) => "relay_unknown_tag",
         }
     }
 }
@@ -432,6 +440,7 @@ mod tests {
                 payload: 2,
             },
             RelayError::BufferTooSmall { have: 0, need: 1 },
+            RelayError::UnknownTag([1; 8]),
         ] {
             assert!(e.reason().starts_with("relay_"), "{e}");
             assert!(!e.to_string().is_empty());

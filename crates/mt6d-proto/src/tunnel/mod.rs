@@ -225,10 +225,13 @@ pub enum SealError {
     /// Plain mode has no counter or tag, so it has no keepalive.
     #[error("plain mode has no keepalive")]
     NoKeepaliveInPlain,
-    /// Relay frames travel on encrypt-mode links only: the relay header must not be readable on
-    /// the wire (docs/PROTOCOL.md §10.1).
-    #[error("relay frames need an encrypt-mode stream, this one is {mode}")]
-    FrameNotEncrypt {
+    /// Relay frames travel on encrypt-mode links only (the relay header must not be readable on
+    /// the wire), and end-to-end payloads over relays are encrypt-mode only (relays see them;
+    /// docs/PROTOCOL.md §10.1).
+    #[error(
+        "relay frames and end-to-end payloads need an encrypt-mode stream, this one is {mode}"
+    )]
+    NotEncrypt {
         /// The stream's mode.
         mode: Mode,
     },
@@ -249,7 +252,7 @@ impl SealError {
             Self::CounterExhausted => "seal_counter_exhausted",
             Self::CounterNotReserved => "seal_counter_not_reserved",
             Self::NoKeepaliveInPlain => "seal_no_keepalive_in_plain",
-            Self::FrameNotEncrypt { .. } => "seal_frame_not_encrypt",
+            Self::NotEncrypt { .. } => "seal_not_encrypt",
             Self::BadFrame(_) => "seal_bad_frame",
         }
     }
@@ -293,7 +296,7 @@ pub enum OpenError {
     },
     /// Relay frames are opened on encrypt-mode links only (docs/PROTOCOL.md §10.1).
     #[error("relay frames need an encrypt-mode stream, this one is {mode}")]
-    FrameNotEncrypt {
+    NotEncrypt {
         /// The stream's mode.
         mode: Mode,
     },
@@ -315,7 +318,7 @@ impl OpenError {
             Self::BadTag => "open_bad_tag",
             Self::BadInner => "open_bad_inner",
             Self::BufferTooSmall { .. } => "open_buffer_too_small",
-            Self::FrameNotEncrypt { .. } => "open_frame_not_encrypt",
+            Self::NotEncrypt { .. } => "open_not_encrypt",
             Self::BadFrame(e) => e.reason(),
         }
     }
@@ -459,7 +462,7 @@ mod tests {
             OpenError::BadTag,
             OpenError::BadInner,
             OpenError::BufferTooSmall { have: 0, need: 1 },
-            OpenError::FrameNotEncrypt { mode: Mode::Auth },
+            OpenError::NotEncrypt { mode: Mode::Auth },
             OpenError::BadFrame(crate::relay::RelayError::BadKind(0x60)),
         ];
         let s: std::collections::HashSet<_> = o.iter().map(|e| e.reason()).collect();

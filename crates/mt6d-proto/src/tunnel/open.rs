@@ -153,7 +153,7 @@ impl Opener {
         };
         let key = match (d.key, d.mode) {
             (Some(key), Mode::Encrypt) => key,
-            _ => return Err(OpenError::FrameNotEncrypt { mode: d.mode }),
+            _ => return Err(OpenError::NotEncrypt { mode: d.mode }),
         };
         let len = payload.len();
         if len == KEEPALIVE_LEN {
@@ -792,14 +792,14 @@ mod tests {
                     &mut [0u8; 256],
                 )
                 .unwrap_err();
-            assert_eq!(e, crate::SealError::FrameNotEncrypt { mode });
-            assert_eq!(e.reason(), "seal_frame_not_encrypt");
+            assert_eq!(e, crate::SealError::NotEncrypt { mode });
+            assert_eq!(e.reason(), "seal_not_encrypt");
             let e = b
                 .opener()
                 .open_frame(&b.route(Epoch(1)), &mut [0u8; 152])
                 .unwrap_err();
-            assert_eq!(e, OpenError::FrameNotEncrypt { mode });
-            assert_eq!(e.reason(), "open_frame_not_encrypt");
+            assert_eq!(e, OpenError::NotEncrypt { mode });
+            assert_eq!(e.reason(), "open_not_encrypt");
         }
     }
 

@@ -88,6 +88,11 @@ impl Sealer {
         }
     }
 
+    /// The stream's payload format.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
     /// The counter field the next packet will use (None once exhausted).
     pub fn next_counter(&self) -> Option<u64> {
         self.space.field(self.counter.load(Ordering::Relaxed))
@@ -319,7 +324,7 @@ impl Sealer {
     fn frame_key(&self) -> Result<&AeadKey, SealError> {
         match (&self.key, self.mode) {
             (Some(key), Mode::Encrypt) => Ok(key),
-            _ => Err(SealError::FrameNotEncrypt { mode: self.mode }),
+            _ => Err(SealError::NotEncrypt { mode: self.mode }),
         }
     }
 
