@@ -660,3 +660,97 @@ fn session_route_key_and_route() {
         "080d0b17f765be9500000000000000000000000000000000"
     );
 }
+
+/// The relay vectors of docs/PROTOCOL.md §10.10 that need the AEAD: (b) the e2e relay payload
+/// of §8's stream (encrypt, aes256-gcm, counter 2^26) sealed for role 0's route of epoch e taken
+/// as a virtual route: route tag || §8's sealed payload, header protection applied; (a) the data
+/// frame carrying it to role 1's node id, sealed as the link payload of a relay link from
+/// relay X `2001:db8:c::1` (role 0) to relay Y `2001:db8:d::2` under link key `202122...3f`
+/// (pre-shared: the §2.3 data key and §4.5 header key derived from it as for any stream), on
+/// X's route of epoch e, counter 2^26, header protection applied.
+#[test]
+fn relay_link_and_e2e_payloads() {
+    use mt6d_proto::relay::e2e::{seal_e2e, RouteTagKey, VirtualRoute};
+    use mt6d_proto::relay::frame::DEFAULT_FRAME_MAX;
+    use mt6d_proto::relay::{Kind, NodeId, RelayRepr, HOP_LIMIT};
+
+    let mut c = StreamConfig::new(low(), high(), key());
+    c.mode = Mode::Encrypt;
+    let e2e = Stream::new(c).unwrap();
+    let via = VirtualRoute::new(e2e.route(EPOCH), &RouteTagKey::derive(&key()));
+    let mut payload = [0u8; 64];
+    let n = seal_e2e(
+        &e2e.sealer(COUNTER_START, u64::MAX),
+        e2e.send_header_key().unwrap(),
+        &via,
+        &inner_packet(),
+        &mut payload,
+    )
+    .unwrap();
+    let payload = &payload[..n];
+    assert_eq!(
+        hex(payload),
+        "7ad5648d71e9edf4f9383c2bae04d97e0579d90f0586f65c41623dd498e91d6e956c9087334f32da563ae2d2"
+    );
+    let (want, _) = seal_vector(Mode::Encrypt, AeadAlg::Aes256Gcm);
+    assert_eq!(
+        &payload[8..],
+        &want[..n - 8],
+        "behind its tag, §8's payload"
+    );
+
+    let link_key = SessionKey::from_bytes(&(32u8..64).collect::<Vec<_>>()).unwrap();
+    let mut c = StreamConfig::new(
+        Endpoint::new("2001:db8:c::1".parse().unwrap()),
+        Endpoint::new("2001:db8:d::2".parse().unwrap()),
+        link_key,
+    );
+    c.mode = Mode::Encrypt;
+    let link = Stream::new(c).unwrap();
+    assert_eq!(link.role(), Role::Low);
+    let route = link.route(EPOCH);
+    assert_eq!(
+        format!("{} -> {}", route.local, route.remote),
+        "[2001:db8:c:0:80be:999b:618a:29fa]:32001 -> [2001:db8:d:0:9820:ba67:a8e8:192a]:41209"
+    );
+    let repr = RelayRepr {
+        kind: Kind::Data,
+        hops: HOP_LIMIT,
+        payload_len: u16::try_from(n).unwrap(),
+        destination: NodeId::from_bytes([0xb4, 0x02, 0xd1, 0x33, 0x8c, 0x60, 0xf4, 0xc8]),
+    };
+    let mut wire = [0u8; 256];
+    let m = link
+        .sealer(COUNTER_START, u64::MAX)
+        .seal_frame(&route, &repr, payload, DEFAULT_FRAME_MAX, &mut wire)
+        .unwrap();
+    assert_eq!(m, 8 + 128 + 16);
+    link.send_header_key()
+        .unwrap()
+        .protect(&mut wire[..m])
+        .unwrap();
+    assert_eq!(
+        hex(&wire[..m]),
+        "a75adfdff900daa326e1047cdb598788c0c0a3de261209b9c2510cbe1ce9920851fbea103b74e8d6\
+         a883416fa7edb6c841099ad393b997b255729abd5a43eddfb11bb112489e7ce2a3fcdcc87eb004e1\
+         366fe5182010bf005e0de6a64e41a0051b818b572c90ad9e814deac3df428da59bc865d84867b131\
+         93dd57258eead4a19cda18a4c24fc6136f365e25bf40c83757b08c5f93f5850c"
+    );
+    // And back: the receiving relay unmasks and opens it to the frame.
+    let mut c = link.config().mirrored();
+    c.mode = Mode::Encrypt;
+    let peer = Stream::new(c).unwrap();
+    peer.recv_header_key()
+        .unwrap()
+        .unprotect(&mut wire[..m])
+        .unwrap();
+    let f = peer
+        .opener()
+        .open_frame(&peer.route(EPOCH), &mut wire[..m])
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (f.kind(), f.hops(), f.payload()),
+        (Kind::Data, HOP_LIMIT, payload)
+    );
+}
