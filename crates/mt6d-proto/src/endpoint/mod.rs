@@ -32,6 +32,15 @@ use crate::{Epoch, Route, Stream, UnixTime};
 /// changed.
 pub const ROTATION_BATCH: usize = 16;
 
+/// What one [`PeerTable::handle_timeout_at_most`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Advanced {
+    /// Peers advanced (their window changed).
+    pub advanced: usize,
+    /// A due peer is left: call again.
+    pub more: bool,
+}
+
 /// A due peer of a batch: its new epoch, next deadline and pre-derived entering routes (with
 /// the offsets they were derived at).
 #[derive(Clone, Copy)]
@@ -155,25 +164,55 @@ impl PeerTable {
         &mut self,
         now: UnixTime,
         offset: impl Fn(PeerId, Epoch) -> u8,
-        mut on_delta: impl FnMut(PeerId, &WindowDelta),
+        on_delta: impl FnMut(PeerId, &WindowDelta),
     ) -> usize {
+        self.handle_timeout_at_most(now, usize::MAX, offset, on_delta)
+            .advanced
+    }
+
+    /// [`PeerTable::handle_timeout`] for at most `max` due peers: a caller that holds a lock
+    /// others wait on advances a million peers' boundaries in bounded steps and lets the
+    /// waiters in between (the server role's main thread). [`Advanced::more`] says whether a
+    /// due peer was left for the next call. Taking the peers in steps changes nothing else:
+    /// they are popped in the same order either way.
+    pub fn handle_timeout_at_most(
+        &mut self,
+        now: UnixTime,
+        max: usize,
+        offset: impl Fn(PeerId, Epoch) -> u8,
+        mut on_delta: impl FnMut(PeerId, &WindowDelta),
+    ) -> Advanced {
         let mut n = 0;
+        let mut taken = 0usize;
         loop {
             if self.timers.next_deadline().is_none_or(|d| d > now) {
-                return n;
+                return Advanced {
+                    advanced: n,
+                    more: false,
+                };
+            }
+            if taken >= max {
+                return Advanced {
+                    advanced: n,
+                    more: true,
+                };
             }
             // The deadlines of a batch, then one read of each peer's stream and window, back
             // to back, before any derivation waits on them.
             let mut popped: [Option<(PeerId, UnixTime)>; ROTATION_BATCH] = [None; ROTATION_BATCH];
-            for slot in &mut popped {
+            for slot in popped.iter_mut().take(max - taken) {
                 match self.timers.pop_due(now) {
                     Some(due) => *slot = Some(due),
                     None => break,
                 }
             }
             if popped[0].is_none() {
-                return n;
+                return Advanced {
+                    advanced: n,
+                    more: false,
+                };
             }
+            taken += popped.iter().flatten().count();
             let mut touched = 0u64;
             for (id, _) in popped.iter().flatten() {
                 touched ^= self.streams.get(*id).map_or(0, |s| u64::from(s.touch()));
@@ -453,6 +492,62 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn bounded_steps_equal_one_unbounded_call() {
+        // The server advances a million boundaries a few dozen at a time, letting its workers
+        // in between: the windows must end up as one call would leave them, and a step must
+        // never take more than it was allowed.
+        let seed = IndexSeed::from_bytes([6; 16]);
+        let t0 = UnixTime::from_millis(1_700_000_000_000);
+        let build = || {
+            let mut t = PeerTable::with_capacity(seed, 0);
+            let ids: Vec<PeerId> = (0..2 * ROTATION_BATCH as u32 + 7)
+                .map(|i| t.add(stream(i, true), t0, |_| 0).unwrap().0)
+                .collect();
+            (t, ids)
+        };
+        let (mut whole, ids) = build();
+        let (mut stepped, _) = build();
+        let mut now = t0;
+        for round in 0..30 {
+            now = now.saturating_add(Duration::from_millis(900));
+            let expected = whole.handle_timeout(now, |_, _| 0, |_, _| {});
+            let max = 1 + round % 7;
+            let mut total = 0;
+            loop {
+                let mut seen = 0;
+                let step = stepped.handle_timeout_at_most(now, max, |_, _| 0, |_, _| seen += 1);
+                assert!(step.advanced <= max && seen == step.advanced);
+                total += step.advanced;
+                if !step.more {
+                    break;
+                }
+            }
+            assert_eq!(total, expected, "round {round}");
+            assert_eq!(stepped.poll_timeout(), whole.poll_timeout());
+            for id in &ids {
+                let window = |t: &PeerTable| {
+                    let mut w: Vec<Route> = t.index().window(*id).copied().collect();
+                    w.sort_by_key(|r| r.epoch);
+                    w
+                };
+                assert_eq!(
+                    window(&stepped),
+                    window(&whole),
+                    "peer {id:?} round {round}"
+                );
+            }
+        }
+        let idle = stepped.handle_timeout_at_most(now, 3, |_, _| 0, |_, _| {});
+        assert_eq!(
+            idle,
+            Advanced {
+                advanced: 0,
+                more: false
+            }
+        );
     }
 
     #[test]
