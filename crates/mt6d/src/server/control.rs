@@ -7,7 +7,6 @@
 //! the next reload or restart returns to it.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::PoisonError;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -94,10 +93,7 @@ fn refused(message: String) -> ChangeAnswer {
 
 fn status(cfg: &ServerConfig, shared: &Shared, started: Instant) -> ServerStatus {
     let (clients, (sessions, sets)) = {
-        let reg = shared
-            .registry
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
+        let reg = shared.registry.read();
         (reg.len() as u64, reg.session_counts())
     };
     ServerStatus {
@@ -208,10 +204,7 @@ fn apply(cfg: &ServerConfig, shared: &Shared, edits: &[Edit]) -> ChangeAnswer {
         Ok(c) => c,
         Err(e) => return refused(format!("add: {e} (counting the added clients from 1)")),
     };
-    let mut reg = shared
-        .registry
-        .write()
-        .unwrap_or_else(PoisonError::into_inner);
+    let mut reg = shared.registry.write();
     let mut gone = HashSet::new();
     for name in &removed {
         if reg.id_of(name).is_none() {

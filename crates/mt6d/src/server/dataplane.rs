@@ -27,7 +27,9 @@
 //! on them (two epochs after its initiation, docs/PROTOCOL.md §9.8).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use parking_lot::RwLock;
 use std::time::Duration;
 
 use mt6d_proto::endpoint::PeerId;
@@ -286,10 +288,7 @@ impl Receive {
         let mut ready = 0;
         let inner_cap = self.inner_cap;
         let now = clock::now();
-        let reg = shared
-            .registry
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
+        let reg = shared.registry.read();
         for buf in &mut self.bufs[..got] {
             if buf.truncated() {
                 n.truncated += 1;
@@ -583,10 +582,7 @@ impl Transmit {
         self.spans.clear();
         let mut cursor = 0;
         {
-            let reg = shared
-                .registry
-                .read()
-                .unwrap_or_else(PoisonError::into_inner);
+            let reg = shared.registry.read();
             let counters = reg.counters();
             for (packet, &size) in self.packets.iter().zip(&self.sizes).take(n) {
                 let inner = &packet[..size];
