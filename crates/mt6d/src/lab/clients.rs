@@ -234,6 +234,13 @@ impl ClientSet {
         self.table.handle_timeout(now, |_, _| 0, |_, _| {});
     }
 
+    /// Advances at most `max` of the clients whose boundary passed; true when one is left.
+    pub fn step_at_most(&mut self, now: UnixTime, max: usize) -> bool {
+        self.table
+            .handle_timeout_at_most(now, max, |_, _| 0, |_, _| {})
+            .more
+    }
+
     /// When [`ClientSet::step`] must run next.
     pub fn poll_timeout(&self) -> Option<UnixTime> {
         self.table.poll_timeout()
