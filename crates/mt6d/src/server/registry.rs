@@ -14,9 +14,10 @@
 //!   events ask. When the keys expire with no rekey the session is dropped and the client is
 //!   back to its link set alone.
 //!
-//! One `RwLock` guards it: the workers take the read side once per batch of datagrams (never per
-//! packet), the main thread the write side for a rotation step, a set change, an added or a
-//! removed client. A client's keys sit behind its own mutex, taken once per received batch by
+//! One `RwLock` (parking_lot's) guards it: the workers take the read side once per batch of
+//! datagrams (never per packet), the main thread the write side for a rotation step (at most
+//! `STEP_CHUNK` clients per hold, then a fair hand-over to waiting workers), a set change, an
+//! added or a removed client. A client's keys sit behind its own mutex, taken once per received batch by
 //! the worker that received it: the reuseport hash is over the outer addresses, which change
 //! every epoch, so two workers can hold datagrams of one client at an epoch switch
 //! (docs/ARCHITECTURE.md, "The server role").
