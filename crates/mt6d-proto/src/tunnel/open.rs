@@ -867,7 +867,22 @@ mod tests {
                     Err(crate::SealError::BadFrame(RelayError::BadKind(pkt[0])))
                 );
             }
+            // An inner packet with under 4 bytes of payload is shorter than any frame's link
+            // payload: refused before the AEAD.
+            for m in 0..4u8 {
+                let mut pkt = vec![0x60, 0, 0, 0, 0, m, 59, 64];
+                pkt.extend(addr(A).octets());
+                pkt.extend(addr(B).octets());
+                pkt.extend(vec![0xab; usize::from(m)]);
+                let n = sealer.seal(&ra, &pkt, &mut wire_buf()).unwrap();
+                let e = b.opener().open_frame(&rb, &mut vec![0u8; n]).unwrap_err();
+                assert_eq!(e.reason(), "open_truncated");
+            }
         }
+    }
+
+    fn wire_buf() -> [u8; 128] {
+        [0u8; 128]
     }
 
     /// Every relay link payload length below 36 bytes but the keepalive's is refused before the
