@@ -50,5 +50,6 @@ pub use sys::{
 };
 pub use tun::{ExpandBuffer, GROTable, Tun, TunRecvScratch, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN};
 pub use udp::{
-    Epoll, EpollEvents, RecvBuf, RecvScratch, SendMsg, SendScratch, UdpSocket6, Waker, RECV_BUF_LEN,
+    grow_socket_buffers, Epoll, EpollEvents, RecvBuf, RecvScratch, SendMsg, SendScratch,
+    UdpSocket6, Waker, RECV_BUF_LEN,
 };

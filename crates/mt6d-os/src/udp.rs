@@ -48,6 +48,29 @@ const IPV6_FREEBIND: libc::c_int = 78;
 
 /// Size of one receive buffer: the largest GRO-coalesced datagram train.
 pub const RECV_BUF_LEN: usize = 65536;
+/// Gives the socket `fd` (any kind, e.g. a lab service's `std::net::UdpSocket`) receive and send
+/// buffers of [`SOCKET_BUFFER`], as the tunnel sockets have: a thread that waits for a core
+/// then finds its datagrams queued instead of dropped (`Udp6RcvbufErrors`). `port` only names
+/// the socket in the error.
+pub fn grow_socket_buffers(fd: BorrowedFd<'_>, port: u16) -> Result<()> {
+    set_buffers(fd).map_err(|(op, source)| OsError::Udp { port, op, source })
+}
+
+/// SO_RCVBUF and SO_SNDBUF of [`SOCKET_BUFFER`]; the FORCE variants need CAP_NET_ADMIN and
+/// ignore rmem_max/wmem_max, so each falls back to the capped one.
+fn set_buffers(f: BorrowedFd<'_>) -> std::result::Result<(), (&'static str, io::Error)> {
+    let size = SOCKET_BUFFER as libc::c_int;
+    if sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &size).is_err() {
+        sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_RCVBUF, &size)
+            .map_err(|e| ("set SO_RCVBUF", e))?;
+    }
+    if sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &size).is_err() {
+        sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_SNDBUF, &size)
+            .map_err(|e| ("set SO_SNDBUF", e))?;
+    }
+    Ok(())
+}
+
 /// Socket buffer size asked for (bytes): wireguard-go's `socketBufferSize` (7 MiB). The kernel
 /// doubles it for its own bookkeeping (each queued datagram is charged its whole buffer, a few
 /// KiB for a full-size one).
@@ -312,16 +335,7 @@ impl UdpSocket6 {
         sys::setsockopt(f, libc::SOL_UDP, UDP_GRO, &on).map_err(ctx("set UDP_GRO"))?;
         sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, &on)
             .map_err(ctx("set SO_RXQ_OVFL"))?;
-        // FORCE needs CAP_NET_ADMIN and ignores rmem_max; fall back to the capped variant.
-        let size = SOCKET_BUFFER as libc::c_int;
-        if sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &size).is_err() {
-            sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_RCVBUF, &size)
-                .map_err(ctx("set SO_RCVBUF"))?;
-        }
-        if sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &size).is_err() {
-            sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_SNDBUF, &size)
-                .map_err(ctx("set SO_SNDBUF"))?;
-        }
+        set_buffers(f).map_err(|(op, e)| ctx(op)(e))?;
         sys::bind6(f, &SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0))
             .map_err(ctx("bind"))?;
         let port = sys::local_addr6(f).map_err(ctx("getsockname"))?.port();
