@@ -13,13 +13,17 @@
 //! - the link-cost estimator ([`cost::LinkMonitor`]: probe replies in, a cost with hysteresis
 //!   out) and the distance-vector routing table ([`table::RoutingTable`]: Babel's feasibility
 //!   condition, seqno requests, failover and switch-back).
+//! - one node put together from all of these ([`node::RelayNode`]: relay links, routing,
+//!   forwarding in the receive buffer, end-to-end streams of an edge gateway), with pre-shared
+//!   link and end-to-end keys for now.
 //!
 //! What it must not do: touch a socket or a clock (time comes in as `now`, randomness as
 //! arguments), or know about the daemon. The link layer's AEAD is the tunnel's: a relay link is
 //! an ordinary encrypt-mode MT6D link whose plaintext is a frame (§10.2,
 //! [`crate::Sealer::seal_frame`], [`crate::Opener::open_frame`]).
 //!
-//! Call order for a node (the simulation `tests/relay_routing.rs` is such a driver):
+//! Call order for a node when driving the parts by hand ([`node::RelayNode`] does this, and the
+//! simulation `tests/relay_routing.rs` is such a driver):
 //! 1. One [`cost::LinkMonitor`] per link and one [`table::RoutingTable`] per node.
 //! 2. On every timer: per link, send a probe request for each [`cost::LinkMonitor::poll_probe`],
 //!    then [`cost::LinkMonitor::handle_timeout`]; feed every
@@ -35,6 +39,7 @@
 pub mod cost;
 pub mod e2e;
 pub mod frame;
+pub mod node;
 pub mod probe;
 pub mod routing;
 pub mod table;

@@ -1,0 +1,968 @@
+//! One relay network node, sans-IO (docs/PROTOCOL.md §10): the parts of this module put together
+//! behind one input/output contract, for a relay, an edge gateway, or both.
+//!
+//! What it owns, per node: one [`RoutingTable`]; per neighbour a relay link (its encrypt-mode
+//! MT6D [`Stream`], the [`Sealer`] and [`Opener`] of its data keys, its [`LinkMonitor`] and the
+//! link's schedule of routes); for an edge gateway, per end-to-end peer its end-to-end stream
+//! (sealer, opener, the virtual route of the epoch) and one [`TagIndex`] over all of them.
+//!
+//! What it must not do: touch a socket or a clock, allocate per forwarded packet, or panic on
+//! anything a peer sent. Every refusal is counted under its spec label ([`NodeCounters`]).
+//!
+//! # Scope of this step (docs/PROTOCOL.md §10.13)
+//! Keys are **pre-shared**: each relay link and each end-to-end stream is a [`Stream`] built from
+//! a configured [`crate::SessionKey`], with a [`Sealer`] whose counter reservation the caller
+//! persists (§4.3). The Noise handshakes of §9 (on a link, or end to end through the relays),
+//! rekeying and key phases, route sets (§9.8), route moves (§5.2) and the relays' end-to-end
+//! handshake rate limit (§10.5) are not driven here. A frame of kind `0x02` is forwarded like
+//! data; at its destination it is dropped as `node_e2e_handshake`.
+//!
+//! # Decisions where the spec leaves the driver free
+//! - **The node removes and applies header protection (§4.5)**, on both the link layer and the
+//!   end-to-end layer: it holds every key, so the caller moves opaque UDP payloads only.
+//! - **The caller names the link and the addresses a datagram arrived on**; the node matches them
+//!   against the link's accept routes (e-1, e, e+1) it keeps per epoch
+//!   ([`Event::LinkSchedule`] tells the caller what to bind and where to send from). A datagram
+//!   on no accept route is `node_unknown_route`.
+//! - **Data packets are written into the caller's buffer**, not queued: a forwarded frame is
+//!   opened and sealed again where it arrived ([`Received::Forward`]), an inner packet for the
+//!   protected side is restored where its e2e payload lay ([`Received::Deliver`]), and
+//!   [`RelayNode::send_inner`] seals into the caller's buffer. Link-local frames (probes,
+//!   replies, routing messages) are queued as headers and written at
+//!   [`RelayNode::poll_transmit`].
+//!
+//! # Call order (as quinn-proto's `Connection`)
+//! 1. [`RelayNode::new`] (or [`RelayNode::relay`], [`RelayNode::edge`]); [`RelayNode::add_link`]
+//!    per neighbour, [`RelayNode::add_e2e`] per end-to-end peer (edge gateways).
+//! 2. Per datagram received on a link: [`RelayNode::handle_datagram`], then act on its
+//!    [`Received`] (send the buffer, deliver the inner packet, or nothing).
+//! 3. Per inner packet from the protected side: [`RelayNode::send_inner`], send what it wrote.
+//! 4. At [`RelayNode::poll_timeout`]: [`RelayNode::handle_timeout`] (with the caller's RNG).
+//! 5. After each of 1-4: send every [`RelayNode::poll_transmit`] and apply every
+//!    [`RelayNode::poll_event`] (bind a link's new routes, log route changes).
+//!
+//! Buffers: every datagram buffer given to the node must hold
+//! [`crate::tunnel::frame_payload_len`]`(frame_max)` bytes to take any frame of the network.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddrV6;
+use std::ops::Range;
+
+use super::cost::LinkMonitor;
+use super::e2e::{e2e_relay_payload_len, seal_e2e, RouteTagKey, VirtualRoute, ROUTE_TAG_LEN};
+use super::frame::{HEADER_LEN, MIN_FRAME_MAX};
+use super::probe::{Probe, ProbeRepr, ProbeType};
+use super::routing::{MessageType, RoutingMessage, RoutingRepr};
+use super::table::{Forward, Neighbour, RoutingTable};
+use super::tags::TagIndex;
+use super::{frame_len, Kind, Metric, NodeId, RelayError, RelayRepr, HOP_LIMIT};
+use crate::endpoint::{IndexError, IndexSeed, PeerId};
+use crate::handshake::is_handshake;
+use crate::tunnel::{frame_payload_len, FRAME_HEADROOM, OPEN_HEADROOM, TAG_LEN};
+use crate::{Mode, Opener, Route, Schedule, SealError, Sealer, Stream, UnixTime};
+
+/// Where a frame's relay payload starts in a link payload: counter, relay header.
+const PAYLOAD_AT: usize = FRAME_HEADROOM + HEADER_LEN;
+/// Where the e2e payload starts in a link payload: counter, relay header, route tag. That is 8
+/// bytes short of the headroom [`Opener::open_in_place`] asks for (auth mode's AAD), so the e2e
+/// payload is moved 8 bytes on before it is opened: the link tag and padding behind it leave
+/// at least 16 bytes of room, and the inner packet is then restored in the receive buffer.
+const E2E_AT: usize = PAYLOAD_AT + ROUTE_TAG_LEN;
+const _: () = assert!(OPEN_HEADROOM >= E2E_AT && OPEN_HEADROOM - E2E_AT <= TAG_LEN);
+
+/// The caller's name for one end-to-end peer of an edge gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct E2eId(pub u32);
+
+/// A datagram to send: `len` bytes of the caller's buffer as the UDP payload, on `link`, from
+/// `route.local` to `route.remote`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// The link (neighbour) to send on.
+    pub link: Neighbour,
+    /// The link's route of the epoch: source and destination address and port.
+    pub route: Route,
+    /// Bytes of the UDP payload, from the start of the buffer.
+    pub len: usize,
+}
+
+/// What [`RelayNode::handle_datagram`] left in the caller's buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Received {
+    /// Nothing to do with the buffer: the datagram was link-local (a probe, a reply, a routing
+    /// message: answers are queued for [`RelayNode::poll_transmit`]), a keepalive, or dropped
+    /// and counted.
+    Consumed,
+    /// A frame for another node, sealed again for the next link in the same buffer: send
+    /// `buf[..len]`.
+    Forward(Transmit),
+    /// An inner packet from end-to-end peer `from` for the protected side: `buf[range]`.
+    Deliver {
+        /// The end-to-end peer it came from.
+        from: E2eId,
+        /// Where the restored inner IPv6 packet is in the buffer.
+        range: Range<usize>,
+    },
+}
+
+/// What the caller applies or may log.
+// A schedule is 3 routes; events come a few per link and epoch, not per packet: no box.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A link's routes changed (added, or a new epoch): bind `schedule.accept`'s local
+    /// addresses for it, and release the ones no longer there.
+    LinkSchedule {
+        /// The link.
+        link: Neighbour,
+        /// Its routes at the time.
+        schedule: Schedule,
+    },
+    /// A link's published cost changed (§10.7; [`Metric::INFINITY`]: declared dead).
+    LinkCost {
+        /// The link.
+        link: Neighbour,
+        /// Its new cost.
+        cost: Metric,
+    },
+    /// The next hop towards an edge gateway changed (None: no route).
+    RouteChanged {
+        /// The edge gateway.
+        destination: NodeId,
+        /// The link frames for it now leave on.
+        next_hop: Option<Neighbour>,
+    },
+}
+
+/// Why a call was refused. Errors of the caller's configuration or of a send; nothing a peer sent
+/// is an error (it is a counted drop).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// `frame_max` below the smallest the spec allows (§10.12).
+    #[error("frame_max {frame_max} is below {min}")]
+    FrameMax {
+        /// The value given.
+        frame_max: usize,
+        /// The smallest allowed.
+        min: usize,
+    },
+    /// Relay links and end-to-end streams must be encrypt mode (§10.1).
+    #[error("relay links and end-to-end streams must be encrypt mode, not {mode}")]
+    NotEncrypt {
+        /// The stream's mode.
+        mode: Mode,
+    },
+    /// A link with this handle exists.
+    #[error("link {0:?} already exists")]
+    LinkExists(Neighbour),
+    /// No link with this handle.
+    #[error("no link {0:?}")]
+    UnknownLink(Neighbour),
+    /// An end-to-end peer with this handle exists.
+    #[error("end-to-end peer {0:?} already exists")]
+    PeerExists(E2eId),
+    /// No end-to-end peer with this handle.
+    #[error("no end-to-end peer {0:?}")]
+    UnknownPeer(E2eId),
+    /// End-to-end streams belong to edge gateways; this node has no id of its own.
+    #[error("a relay without an own id has no end-to-end streams")]
+    NotAnEdge,
+    /// The end-to-end destination is this node.
+    #[error("end-to-end destination {0} is this node")]
+    OwnDestination(NodeId),
+    /// The route tag index refused the set.
+    #[error("route tag index: {0}")]
+    Index(#[from] IndexError),
+    /// No route to the destination (counted as `relay_no_route`).
+    #[error("no route to {0}")]
+    NoRoute(NodeId),
+    /// The inner packet does not fit a frame of `frame_max`.
+    #[error("inner packet of {len} bytes, at most {max} fit a frame")]
+    TooLong {
+        /// The inner packet's length.
+        len: usize,
+        /// The longest that fits.
+        max: usize,
+    },
+    /// The caller's buffer is too small.
+    #[error("buffer of {have} bytes, need {need}")]
+    BufferTooSmall {
+        /// Bytes given.
+        have: usize,
+        /// Bytes needed.
+        need: usize,
+    },
+    /// Sealing failed (counter reservation, malformed inner packet...).
+    #[error("seal: {0}")]
+    Seal(#[from] SealError),
+}
+
+/// What the node did, and every drop by its label. A label's first drop allocates its entry; no
+/// later one does.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeCounters {
+    /// Frames forwarded to another link (§10.3 step 5).
+    pub forwarded: u64,
+    /// Inner packets restored for the protected side.
+    pub delivered: u64,
+    /// Inner packets sealed and sent by this edge gateway.
+    pub originated: u64,
+    /// Probe requests answered.
+    pub probes_answered: u64,
+    /// Routing messages received and believed.
+    pub routing_received: u64,
+    /// Link and end-to-end keepalives received.
+    pub keepalives: u64,
+    drops: BTreeMap<&'static str, u64>,
+}
+
+impl NodeCounters {
+    /// Drops counted under `label` (the spec's names: `open_replay`, `open_bad_tag`,
+    /// `relay_bad_kind`, `relay_hop_limit`, `relay_no_route`, `relay_unknown_tag`, ...).
+    pub fn drops(&self, label: &str) -> u64 {
+        self.drops.get(label).copied().unwrap_or(0)
+    }
+    /// Every label with its count.
+    pub fn drop_labels(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        self.drops.iter().map(|(k, v)| (*k, *v))
+    }
+    /// Drops of every label.
+    pub fn dropped(&self) -> u64 {
+        self.drops.values().sum()
+    }
+    fn drop(&mut self, label: &'static str) {
+        *self.drops.entry(label).or_insert(0) += 1;
+    }
+}
+
+/// One relay link: an encrypt-mode MT6D stream with pre-shared keys, and its probes.
+#[derive(Debug)]
+struct RelayLink {
+    stream: Stream,
+    sealer: Sealer,
+    opener: Opener,
+    monitor: LinkMonitor,
+    schedule: Schedule,
+}
+
+/// One end-to-end stream of an edge gateway, carried over virtual routes (§10.5).
+#[derive(Debug)]
+struct E2eStream {
+    destination: NodeId,
+    stream: Stream,
+    sealer: Sealer,
+    opener: Opener,
+    tag_key: RouteTagKey,
+    via: VirtualRoute,
+    next_change: UnixTime,
+}
+
+/// A link-local frame waiting for [`RelayNode::poll_transmit`].
+#[derive(Debug)]
+enum Pending {
+    Probe(Neighbour, ProbeRepr),
+    Routing(Neighbour, RoutingRepr),
+}
+
+/// A relay network node (module docs).
+#[derive(Debug)]
+pub struct RelayNode {
+    own: Option<NodeId>,
+    frame_max: usize,
+    table: RoutingTable,
+    links: BTreeMap<Neighbour, RelayLink>,
+    e2e: BTreeMap<E2eId, E2eStream>,
+    tags: TagIndex,
+    pending: VecDeque<Pending>,
+    events: VecDeque<Event>,
+    /// The next hop of every destination as last reported in an event.
+    reported: BTreeMap<NodeId, Neighbour>,
+    /// The earliest epoch change of any link or end-to-end stream.
+    next_change: UnixTime,
+    /// Routing messages are written here before they are sealed.
+    scratch: Vec<u8>,
+    counters: NodeCounters,
+}
+
+impl RelayNode {
+    /// A pure relay: no hosts, forwards for others.
+    pub fn relay(now: UnixTime, frame_max: usize) -> Result<RelayNode, NodeError> {
+        Self::new(now, None, true, frame_max, IndexSeed::from_bytes([0; 16]))
+    }
+
+    /// An edge gateway that is not a relay, with node id `own`; `seed` keys its route tag index
+    /// (draw it at random per process).
+    pub fn edge(
+        now: UnixTime,
+        own: NodeId,
+        frame_max: usize,
+        seed: IndexSeed,
+    ) -> Result<RelayNode, NodeError> {
+        Self::new(now, Some(own), false, frame_max, seed)
+    }
+
+    /// Any combination (§10.1): `own` the node's id if it is an edge gateway, `transit` whether
+    /// it forwards for others, `frame_max` the network's largest frame (§10.4, §10.12).
+    pub fn new(
+        now: UnixTime,
+        own: Option<NodeId>,
+        transit: bool,
+        frame_max: usize,
+        seed: IndexSeed,
+    ) -> Result<RelayNode, NodeError> {
+        if frame_max < MIN_FRAME_MAX {
+            return Err(NodeError::FrameMax {
+                frame_max,
+                min: MIN_FRAME_MAX,
+            });
+        }
+        let own = own.filter(|id| !id.is_reserved());
+        Ok(RelayNode {
+            own,
+            frame_max,
+            table: RoutingTable::new(now, own, transit),
+            links: BTreeMap::new(),
+            e2e: BTreeMap::new(),
+            tags: TagIndex::new(seed),
+            pending: VecDeque::new(),
+            events: VecDeque::new(),
+            reported: BTreeMap::new(),
+            next_change: UnixTime::from_nanos(u64::MAX),
+            scratch: Vec::with_capacity(frame_max),
+            counters: NodeCounters::default(),
+        })
+    }
+
+    /// Adds the relay link to a neighbour: `stream` between this node's address and the
+    /// neighbour's (encrypt mode, pre-shared key), `sealer` its sealer (the caller persists the
+    /// counter reservation, §4.3). Its probes start at once; its routes are announced as an
+    /// [`Event::LinkSchedule`].
+    pub fn add_link(
+        &mut self,
+        now: UnixTime,
+        link: Neighbour,
+        stream: Stream,
+        sealer: Sealer,
+    ) -> Result<(), NodeError> {
+        encrypt_only(&stream)?;
+        if self.links.contains_key(&link) {
+            return Err(NodeError::LinkExists(link));
+        }
+        let schedule = stream.schedule(now);
+        self.next_change = self.next_change.min(schedule.next_change);
+        self.events
+            .push_back(Event::LinkSchedule { link, schedule });
+        self.links.insert(
+            link,
+            RelayLink {
+                opener: stream.opener(),
+                stream,
+                sealer,
+                monitor: LinkMonitor::new(now),
+                schedule,
+            },
+        );
+        Ok(())
+    }
+
+    /// Adds an end-to-end peer: the edge gateway `destination`, and `stream` between the two
+    /// protected hosts' true addresses (encrypt mode, pre-shared key) with its `sealer`. Its
+    /// virtual routes enter the route tag index at once.
+    pub fn add_e2e(
+        &mut self,
+        now: UnixTime,
+        id: E2eId,
+        destination: NodeId,
+        stream: Stream,
+        sealer: Sealer,
+    ) -> Result<(), NodeError> {
+        encrypt_only(&stream)?;
+        if self.own.is_none() {
+            return Err(NodeError::NotAnEdge);
+        }
+        if self.own == Some(destination) {
+            return Err(NodeError::OwnDestination(destination));
+        }
+        if self.e2e.contains_key(&id) {
+            return Err(NodeError::PeerExists(id));
+        }
+        let tag_key = RouteTagKey::derive(&stream.config().key);
+        let set = PeerId::from_parts(id.0, 0);
+        self.tags.add_set(set, tag_key.clone())?;
+        let epoch = stream.epoch_at(now);
+        self.tags.set_window(set, epoch, |e| stream.route(e))?;
+        let next_change = stream.epoch_start(epoch.next());
+        self.next_change = self.next_change.min(next_change);
+        self.e2e.insert(
+            id,
+            E2eStream {
+                destination,
+                opener: stream.opener(),
+                sealer,
+                via: VirtualRoute::new(stream.route(epoch), &tag_key),
+                tag_key,
+                next_change,
+                stream,
+            },
+        );
+        Ok(())
+    }
+
+    /// This node's id (None for a pure relay).
+    pub fn own(&self) -> Option<NodeId> {
+        self.own
+    }
+    /// The network's largest frame.
+    pub fn frame_max(&self) -> usize {
+        self.frame_max
+    }
+    /// The routing table.
+    pub fn table(&self) -> &RoutingTable {
+        &self.table
+    }
+    /// A link's cost estimator.
+    pub fn monitor(&self, link: Neighbour) -> Option<&LinkMonitor> {
+        self.links.get(&link).map(|l| &l.monitor)
+    }
+    /// A link's routes as last refreshed.
+    pub fn link_schedule(&self, link: Neighbour) -> Option<&Schedule> {
+        self.links.get(&link).map(|l| &l.schedule)
+    }
+    /// Counters and drops.
+    pub fn counters(&self) -> &NodeCounters {
+        &self.counters
+    }
+
+    /// A datagram arrived on `link`, from `remote` to `local` (the addresses and ports it was
+    /// sent between), with UDP payload `buf` (header protection still on: the node removes it).
+    /// The buffer is worked on in place: see [`Received`] for what it holds afterwards.
+    /// Malformed, forged or replayed datagrams are counted and [`Received::Consumed`].
+    pub fn handle_datagram(
+        &mut self,
+        now: UnixTime,
+        link: Neighbour,
+        local: SocketAddrV6,
+        remote: SocketAddrV6,
+        buf: &mut [u8],
+    ) -> Received {
+        self.refresh(now);
+        let Some(l) = self.links.get_mut(&link) else {
+            self.counters.drop("node_unknown_link");
+            return Received::Consumed;
+        };
+        let Some(route) = l
+            .schedule
+            .accept
+            .iter()
+            .find(|r| r.local == local && r.remote == remote)
+            .copied()
+        else {
+            self.counters.drop("node_unknown_route");
+            return Received::Consumed;
+        };
+        // §4.2 step 0: the link's header protection, keyed by the neighbour's role.
+        if let Some(hk) = l.stream.recv_header_key() {
+            if let Err(e) = hk.unprotect(buf) {
+                self.counters.drop(e.reason());
+                return Received::Consumed;
+            }
+        }
+        let repr = match l.opener.open_frame(&route, buf) {
+            Ok(Some(f)) => RelayRepr::parse(&f),
+            Ok(None) => {
+                self.counters.keepalives += 1;
+                return Received::Consumed;
+            }
+            Err(e) => {
+                self.counters.drop(e.reason());
+                return Received::Consumed;
+            }
+        };
+        // The frame is buf[FRAME_HEADROOM..len - TAG_LEN], checked; its payload follows the header.
+        let frame_end = buf.len() - TAG_LEN;
+        let payload = PAYLOAD_AT..PAYLOAD_AT + usize::from(repr.payload_len);
+        match repr.kind {
+            Kind::Probe => {
+                self.handle_probe(now, link, &buf[payload]);
+                Received::Consumed
+            }
+            Kind::Routing => {
+                match RoutingMessage::new_checked(&buf[payload]) {
+                    Ok(m) => {
+                        self.counters.routing_received += 1;
+                        match m.message_type() {
+                            MessageType::Update => self.table.handle_update(now, link, m.updates()),
+                            MessageType::Request => {
+                                self.table.handle_request(now, link, m.requests())
+                            }
+                        }
+                    }
+                    Err(e) => self.counters.drop(e.reason()),
+                }
+                self.pump(now);
+                Received::Consumed
+            }
+            Kind::Data | Kind::E2eHandshake => match self.table.forward(&repr, false) {
+                Forward::Deliver => self.deliver(repr.kind, buf, payload.end),
+                Forward::Send { to, hops } => {
+                    buf[FRAME_HEADROOM + 1] = hops;
+                    self.forward(to, buf, frame_end - FRAME_HEADROOM)
+                }
+                Forward::Drop(d) => {
+                    self.counters.drop(d.reason());
+                    Received::Consumed
+                }
+            },
+        }
+    }
+
+    /// Seals `inner` (an IPv6 packet between end-to-end peer `to`'s two hosts) for the epoch's
+    /// virtual route, frames it for the peer's edge gateway and seals the frame for the next
+    /// hop's link, into `out`. The caller sends `out[..len]` as the returned [`Transmit`] says.
+    pub fn send_inner(
+        &mut self,
+        now: UnixTime,
+        to: E2eId,
+        inner: &[u8],
+        out: &mut [u8],
+    ) -> Result<Transmit, NodeError> {
+        self.refresh(now);
+        let e = self.e2e.get(&to).ok_or(NodeError::UnknownPeer(to))?;
+        let len = e2e_relay_payload_len(inner.len());
+        let max = self.frame_max - HEADER_LEN;
+        if len > max {
+            return Err(NodeError::TooLong {
+                len: inner.len(),
+                max: inner.len().saturating_sub(len - max),
+            });
+        }
+        let flen = frame_len(len, self.frame_max);
+        let need = frame_payload_len(flen);
+        let have = out.len();
+        let Some(buf) = out.get_mut(..need) else {
+            return Err(NodeError::BufferTooSmall { have, need });
+        };
+        let repr = RelayRepr {
+            kind: Kind::Data,
+            hops: HOP_LIMIT,
+            // len <= frame_max - 12, and frame_max is at most a path MTU.
+            payload_len: u16::try_from(len).unwrap_or(u16::MAX),
+            destination: e.destination,
+        };
+        let next = match self.table.forward(&repr, true) {
+            Forward::Send { to, .. } => to,
+            Forward::Deliver | Forward::Drop(_) => {
+                self.counters.drop("relay_no_route");
+                return Err(NodeError::NoRoute(e.destination));
+            }
+        };
+        let l = self.links.get(&next).ok_or(NodeError::UnknownLink(next))?;
+        let hk = e.stream.send_header_key();
+        let n = match hk {
+            Some(hk) => seal_e2e(&e.sealer, hk, &e.via, inner, &mut buf[PAYLOAD_AT..])?,
+            None => {
+                return Err(NodeError::NotEncrypt {
+                    mode: e.stream.mode(),
+                })
+            }
+        };
+        debug_assert_eq!(n, len);
+        repr.emit(&mut buf[FRAME_HEADROOM..FRAME_HEADROOM + flen])
+            .map_err(SealError::BadFrame)?;
+        let route = l.schedule.send;
+        let wire = l.sealer.seal_frame_in_place(&route, buf, flen)?;
+        protect(&l.stream, wire);
+        self.counters.originated += 1;
+        Ok(Transmit {
+            link: next,
+            route,
+            len: need,
+        })
+    }
+
+    /// Probes due, lost requests, dead links, routing timers, epoch changes. `random` is the
+    /// caller's RNG (it spaces the probes, §10.6).
+    pub fn handle_timeout(&mut self, now: UnixTime, mut random: impl FnMut() -> u32) {
+        self.refresh(now);
+        for (&link, l) in &mut self.links {
+            while let Some(seq) = l.monitor.poll_probe(now, random()) {
+                self.pending
+                    .push_back(Pending::Probe(link, ProbeRepr::request(seq)));
+            }
+            l.monitor.handle_timeout(now);
+        }
+        if self.table.poll_timeout() <= now {
+            self.table.handle_timeout(now);
+        }
+        self.pump(now);
+    }
+
+    /// When [`RelayNode::handle_timeout`] has work next.
+    pub fn poll_timeout(&self) -> UnixTime {
+        let mut t = self.table.poll_timeout().min(self.next_change);
+        for l in self.links.values() {
+            t = t.min(l.monitor.poll_timeout());
+        }
+        t
+    }
+
+    /// The next link-local frame (probe, probe reply, routing message), sealed into `out` (at
+    /// least [`crate::tunnel::frame_payload_len`]`(frame_max)` bytes).
+    pub fn poll_transmit(&mut self, now: UnixTime, out: &mut [u8]) -> Option<Transmit> {
+        self.refresh(now);
+        while let Some(p) = self.pending.pop_front() {
+            let (link, kind) = match &p {
+                Pending::Probe(link, _) => (*link, Kind::Probe),
+                Pending::Routing(link, _) => (*link, Kind::Routing),
+            };
+            let body: &[u8] = match &p {
+                Pending::Probe(_, probe) => {
+                    self.scratch.clear();
+                    self.scratch.extend_from_slice(&probe.to_bytes());
+                    &self.scratch
+                }
+                Pending::Routing(_, m) => {
+                    self.scratch.clear();
+                    self.scratch.resize(m.buffer_len(), 0);
+                    if let Err(e) = m.emit(&mut self.scratch) {
+                        self.counters.drop(e.reason());
+                        continue;
+                    }
+                    &self.scratch
+                }
+            };
+            let Some(l) = self.links.get(&link) else {
+                continue;
+            };
+            let Ok(len) = u16::try_from(body.len()) else {
+                continue;
+            };
+            let repr = RelayRepr::link_local(kind, len);
+            let route = l.schedule.send;
+            match l
+                .sealer
+                .seal_frame(&route, &repr, body, self.frame_max, out)
+            {
+                Ok(n) => {
+                    protect(&l.stream, &mut out[..n]);
+                    return Some(Transmit {
+                        link,
+                        route,
+                        len: n,
+                    });
+                }
+                Err(e) => self.counters.drop(e.reason()),
+            }
+        }
+        None
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    fn handle_probe(&mut self, now: UnixTime, link: Neighbour, payload: &[u8]) {
+        let probe = match Probe::new_checked(payload) {
+            Ok(p) => ProbeRepr::parse(&p),
+            Err(e) => return self.counters.drop(e.reason()),
+        };
+        match probe.probe_type {
+            ProbeType::Request => {
+                self.counters.probes_answered += 1;
+                self.pending.push_back(Pending::Probe(link, probe.reply()));
+            }
+            ProbeType::Reply => {
+                if let Some(l) = self.links.get_mut(&link) {
+                    if !l.monitor.handle_reply(now, probe.sequence) {
+                        self.counters.drop("relay_probe_unexpected");
+                    }
+                }
+                self.pump(now);
+            }
+        }
+    }
+
+    /// §10.3 step 5: seal the frame (hop limit already lowered) for `to`'s link in the buffer it
+    /// arrived in.
+    fn forward(&mut self, to: Neighbour, buf: &mut [u8], flen: usize) -> Received {
+        let Some(l) = self.links.get(&to) else {
+            self.counters.drop("relay_no_route");
+            return Received::Consumed;
+        };
+        let route = l.schedule.send;
+        match l.sealer.seal_frame_in_place(&route, buf, flen) {
+            Ok(wire) => {
+                protect(&l.stream, wire);
+                self.counters.forwarded += 1;
+                Received::Forward(Transmit {
+                    link: to,
+                    route,
+                    len: frame_payload_len(flen),
+                })
+            }
+            Err(e) => {
+                self.counters.drop(e.reason());
+                Received::Consumed
+            }
+        }
+    }
+
+    /// §10.3 step 1 and §10.5 "Receiving": find the virtual route by its tag, remove the set's
+    /// header protection and open the e2e payload as if it had arrived on that route. The inner
+    /// packet is restored in place (see [`E2E_AT`]).
+    fn deliver(&mut self, kind: Kind, buf: &mut [u8], payload_end: usize) -> Received {
+        let tagged = &buf[PAYLOAD_AT..payload_end];
+        let found = super::e2e::E2ePayload::new_checked(tagged)
+            .and_then(|p| self.tags.find(&p).map(|(set, route)| (set, *route)));
+        let (set, route) = match found {
+            Ok(f) => f,
+            Err(e) => {
+                self.counters.drop(e.reason());
+                return Received::Consumed;
+            }
+        };
+        let from = E2eId(set.index());
+        let Some(e) = self.e2e.get_mut(&from) else {
+            self.counters.drop(RelayError::UnknownTag([0; 8]).reason());
+            return Received::Consumed;
+        };
+        let n = payload_end - E2E_AT;
+        if buf.len() < OPEN_HEADROOM + n {
+            // Cannot happen (const assertion above): a link payload ends 16 bytes after it.
+            self.counters.drop("open_buffer_too_small");
+            return Received::Consumed;
+        }
+        buf.copy_within(E2E_AT..payload_end, OPEN_HEADROOM);
+        let body = &mut buf[OPEN_HEADROOM..OPEN_HEADROOM + n];
+        if let Some(hk) = e.stream.recv_header_key() {
+            if let Err(err) = hk.unprotect(body) {
+                self.counters.drop(err.reason());
+                return Received::Consumed;
+            }
+        }
+        // The kind is not trusted (§10.5): the payload's own first byte classifies it.
+        if kind == Kind::E2eHandshake || is_handshake(body) {
+            self.counters.drop("node_e2e_handshake");
+            return Received::Consumed;
+        }
+        let base = buf.as_ptr() as usize;
+        match e.opener.open_in_place(&route, buf, n) {
+            Ok([]) => {
+                self.counters.keepalives += 1;
+                Received::Consumed
+            }
+            Ok(inner) => {
+                let start = inner.as_ptr() as usize - base;
+                let range = start..start + inner.len();
+                self.counters.delivered += 1;
+                Received::Deliver { from, range }
+            }
+            Err(err) => {
+                self.counters.drop(err.reason());
+                Received::Consumed
+            }
+        }
+    }
+
+    /// Feeds link cost changes to the table, queues its routing messages, reports route changes.
+    fn pump(&mut self, now: UnixTime) {
+        for (&link, l) in &mut self.links {
+            while let Some(cost) = l.monitor.poll_cost_change() {
+                self.table.handle_link_cost(now, link, cost);
+                self.events.push_back(Event::LinkCost { link, cost });
+            }
+        }
+        while let Some(t) = self.table.poll_transmit() {
+            self.pending.push_back(Pending::Routing(t.to, t.message));
+        }
+        let table = &self.table;
+        let events = &mut self.events;
+        self.reported.retain(|d, hop| {
+            if table.next_hop(d) == Some(*hop) {
+                return true;
+            }
+            if table.next_hop(d).is_none() {
+                events.push_back(Event::RouteChanged {
+                    destination: *d,
+                    next_hop: None,
+                });
+            }
+            false
+        });
+        for (d, r) in self.table.routes() {
+            if self.reported.get(&d) != Some(&r.next_hop) {
+                self.reported.insert(d, r.next_hop);
+                self.events.push_back(Event::RouteChanged {
+                    destination: d,
+                    next_hop: Some(r.next_hop),
+                });
+            }
+        }
+    }
+
+    /// New epochs: the links' routes (announced) and the end-to-end streams' virtual routes and
+    /// tag windows. One comparison when nothing is due.
+    fn refresh(&mut self, now: UnixTime) {
+        if now < self.next_change {
+            return;
+        }
+        let mut next = UnixTime::from_nanos(u64::MAX);
+        for (&link, l) in &mut self.links {
+            if now >= l.schedule.next_change {
+                l.schedule = l.stream.schedule(now);
+                self.events.push_back(Event::LinkSchedule {
+                    link,
+                    schedule: l.schedule,
+                });
+            }
+            next = next.min(l.schedule.next_change);
+        }
+        for (id, e) in &mut self.e2e {
+            if now >= e.next_change {
+                let epoch = e.stream.epoch_at(now);
+                e.via = VirtualRoute::new(e.stream.route(epoch), &e.tag_key);
+                e.next_change = e.stream.epoch_start(epoch.next());
+                let stream = &e.stream;
+                // The set was added with this id: the index cannot refuse it.
+                let set = self
+                    .tags
+                    .set_window(PeerId::from_parts(id.0, 0), epoch, |x| stream.route(x));
+                debug_assert!(set.is_ok());
+            }
+            next = next.min(e.next_change);
+        }
+        self.next_change = next;
+    }
+}
+
+fn encrypt_only(stream: &Stream) -> Result<(), NodeError> {
+    match stream.mode() {
+        Mode::Encrypt => Ok(()),
+        mode => Err(NodeError::NotEncrypt { mode }),
+    }
+}
+
+/// §4.5 on a sealed link payload (at least 36 bytes, more than header protection needs).
+fn protect(stream: &Stream, payload: &mut [u8]) {
+    if let Some(hk) = stream.send_header_key() {
+        let masked = hk.protect(payload);
+        debug_assert!(masked.is_ok());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::addr;
+    use crate::{Endpoint, SessionKey, StreamConfig};
+
+    fn at(ms: u64) -> UnixTime {
+        UnixTime::from_millis(1_700_000_000_000 + ms)
+    }
+
+    fn pair(mode: Mode) -> (Stream, Stream) {
+        let mut c = StreamConfig::new(
+            Endpoint::new(addr("2001:db8:ff:1::1")),
+            Endpoint::new(addr("2001:db8:ff:2::1")),
+            SessionKey::from_bytes(&[9; 32]).unwrap(),
+        );
+        c.mode = mode;
+        (
+            Stream::new(c.clone()).unwrap(),
+            Stream::new(c.mirrored()).unwrap(),
+        )
+    }
+
+    #[test]
+    fn configuration_errors_are_refused() {
+        assert_eq!(
+            RelayNode::relay(at(0), MIN_FRAME_MAX - 1).unwrap_err(),
+            NodeError::FrameMax {
+                frame_max: MIN_FRAME_MAX - 1,
+                min: MIN_FRAME_MAX
+            }
+        );
+        let mut r = RelayNode::relay(at(0), MIN_FRAME_MAX).unwrap();
+        let (auth, _) = pair(Mode::Auth);
+        let sealer = auth.sealer(1, u64::MAX);
+        assert_eq!(
+            r.add_link(at(0), Neighbour(1), auth, sealer),
+            Err(NodeError::NotEncrypt { mode: Mode::Auth })
+        );
+        let (a, b) = pair(Mode::Encrypt);
+        let (sa, sb) = (a.sealer(1, u64::MAX), b.sealer(1, u64::MAX));
+        r.add_link(at(0), Neighbour(1), a, sa).unwrap();
+        assert_eq!(
+            r.add_link(at(0), Neighbour(1), b, sb),
+            Err(NodeError::LinkExists(Neighbour(1)))
+        );
+        let (e, _) = pair(Mode::Encrypt);
+        let sealer = e.sealer(1, u64::MAX);
+        let id = NodeId::from_bytes([1; 8]);
+        assert_eq!(
+            r.add_e2e(at(0), E2eId(0), id, e, sealer),
+            Err(NodeError::NotAnEdge)
+        );
+        let mut edge =
+            RelayNode::edge(at(0), id, MIN_FRAME_MAX, IndexSeed::from_bytes([1; 16])).unwrap();
+        let (e, _) = pair(Mode::Encrypt);
+        let sealer = e.sealer(1, u64::MAX);
+        assert_eq!(
+            edge.add_e2e(at(0), E2eId(0), id, e, sealer),
+            Err(NodeError::OwnDestination(id))
+        );
+        let mut out = [0u8; 2048];
+        assert_eq!(
+            edge.send_inner(at(0), E2eId(3), &[0x60; 48], &mut out),
+            Err(NodeError::UnknownPeer(E2eId(3)))
+        );
+    }
+
+    #[test]
+    fn the_first_link_event_is_its_schedule_and_probes_start_at_once() {
+        let mut r = RelayNode::relay(at(0), MIN_FRAME_MAX).unwrap();
+        let (a, _) = pair(Mode::Encrypt);
+        let want = a.schedule(at(0));
+        let sealer = a.sealer(1, u64::MAX);
+        r.add_link(at(0), Neighbour(4), a, sealer).unwrap();
+        assert_eq!(
+            r.poll_event(),
+            Some(Event::LinkSchedule {
+                link: Neighbour(4),
+                schedule: want
+            })
+        );
+        assert!(r.poll_timeout() <= at(0));
+        r.handle_timeout(at(0), || 7);
+        let mut out = vec![0u8; frame_payload_len(MIN_FRAME_MAX)];
+        let t = r.poll_transmit(at(0), &mut out).unwrap();
+        // A probe: the smallest size class, sealed (§10.4, §10.6).
+        assert_eq!(
+            (t.link, t.route, t.len),
+            (Neighbour(4), want.send, 128 + 24)
+        );
+        assert!(r.poll_transmit(at(0), &mut out).is_none());
+    }
+
+    #[test]
+    fn datagrams_on_unknown_links_or_routes_are_counted() {
+        let mut r = RelayNode::relay(at(0), MIN_FRAME_MAX).unwrap();
+        let (a, _) = pair(Mode::Encrypt);
+        let s = a.schedule(at(0));
+        let sealer = a.sealer(1, u64::MAX);
+        r.add_link(at(0), Neighbour(4), a, sealer).unwrap();
+        let mut buf = [0u8; 152];
+        let got = r.handle_datagram(at(0), Neighbour(5), s.send.local, s.send.remote, &mut buf);
+        assert_eq!(got, Received::Consumed);
+        let got = r.handle_datagram(at(0), Neighbour(4), s.send.remote, s.send.local, &mut buf);
+        assert_eq!(got, Received::Consumed);
+        let got = r.handle_datagram(at(0), Neighbour(4), s.send.local, s.send.remote, &mut buf);
+        assert_eq!(got, Received::Consumed);
+        let c = r.counters();
+        assert_eq!(c.drops("node_unknown_link"), 1);
+        assert_eq!(c.drops("node_unknown_route"), 1);
+        assert_eq!(c.dropped(), 3, "{:?}", c.drop_labels().collect::<Vec<_>>());
+    }
+}
