@@ -24,11 +24,6 @@ impl IndexSeed {
     pub const fn from_bytes(bytes: [u8; 16]) -> IndexSeed {
         IndexSeed(bytes)
     }
-    /// The seed's bytes, for the crate's other keyed tables (the relay layer's route tag index),
-    /// which key `SipHasher13::new_with_key` with them as [`SeededState`] does.
-    pub(crate) const fn to_bytes(self) -> [u8; 16] {
-        self.0
-    }
 }
 
 impl std::fmt::Debug for IndexSeed {

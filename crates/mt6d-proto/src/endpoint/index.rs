@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::net::{Ipv6Addr, SocketAddrV6};
 
+use super::claims::Claims;
 use super::hasher::{IndexSeed, SeededState};
 use super::PeerId;
 use crate::{Epoch, Route};
@@ -165,10 +166,8 @@ impl WindowDelta {
 /// docs/ARCHITECTURE.md ("Endpoint indexes") for the measured bytes per peer.
 #[derive(Debug)]
 pub struct RouteIndex {
-    /// Keys claimed by exactly one (peer, epoch).
-    local: HashMap<LocalKey, (PeerId, Epoch), SeededState>,
-    /// Keys claimed by two or more (peer, epoch): found by nobody until one claim remains.
-    contested: HashMap<LocalKey, Vec<(PeerId, Epoch)>, SeededState>,
+    /// Local keys and the (peer, epoch) claiming each; a key claimed twice is found by nobody.
+    local: Claims<LocalKey>,
     inner: HashMap<InnerKey, PeerId, SeededState>,
     /// By slot.
     peers: Vec<PeerRoutes>,
@@ -186,8 +185,7 @@ impl RouteIndex {
     pub fn with_capacity(seed: IndexSeed, peers: usize) -> RouteIndex {
         let state = SeededState::new(seed);
         RouteIndex {
-            local: HashMap::with_capacity_and_hasher(peers.saturating_mul(WINDOW), state),
-            contested: HashMap::with_hasher(state),
+            local: Claims::with_capacity(state, peers.saturating_mul(WINDOW)),
             inner: HashMap::with_capacity_and_hasher(peers, state),
             peers: Vec::with_capacity(peers),
             len: 0,
@@ -290,7 +288,8 @@ impl RouteIndex {
         self.len -= 1;
         let mut delta = WindowDelta::default();
         for inst in window.into_iter().flatten() {
-            self.unclaim(LocalKey::of(&inst.route.local), peer, inst.route.epoch);
+            self.local
+                .unclaim(LocalKey::of(&inst.route.local), (peer, inst.route.epoch));
             WindowDelta::push(&mut delta.removed, inst.route);
         }
         Ok(delta)
@@ -336,16 +335,18 @@ impl RouteIndex {
             }
         }
         for inst in leaving.into_iter().flatten() {
-            self.unclaim(LocalKey::of(&inst.route.local), peer, inst.route.epoch);
+            self.local
+                .unclaim(LocalKey::of(&inst.route.local), (peer, inst.route.epoch));
             WindowDelta::push(&mut delta.removed, inst.route);
         }
         for route in entering.iter().flatten() {
-            self.claim(LocalKey::of(&route.local), peer, route.epoch);
+            self.local
+                .claim(LocalKey::of(&route.local), (peer, route.epoch));
             WindowDelta::push(&mut delta.added, *route);
         }
         // After all claims: two routes of this call may contest each other.
         for route in entering.into_iter().flatten() {
-            if self.contested.contains_key(&LocalKey::of(&route.local)) {
+            if self.local.is_contested(&LocalKey::of(&route.local)) {
                 WindowDelta::push(&mut delta.contested, route);
             }
         }
@@ -404,13 +405,12 @@ impl RouteIndex {
             let want = window_of(current);
             for inst in p.window.iter().flatten() {
                 if !want.contains(&Some(inst.route.epoch)) {
-                    present +=
-                        usize::from(self.local.contains_key(&LocalKey::of(&inst.route.local)));
+                    present += usize::from(self.local.is_found(&LocalKey::of(&inst.route.local)));
                 }
             }
         }
         for r in entering {
-            present += usize::from(self.local.contains_key(&LocalKey::of(&r.local)));
+            present += usize::from(self.local.is_found(&LocalKey::of(&r.local)));
         }
         present
     }
@@ -425,7 +425,7 @@ impl RouteIndex {
             addr: addr.octets(),
             port,
         };
-        self.local.get(&key).copied()
+        self.local.get(&key)
     }
 
     /// Whether `(addr, port)` is claimed by more than one route (for a drop reason). O(1).
@@ -434,12 +434,12 @@ impl RouteIndex {
             addr: addr.octets(),
             port,
         };
-        self.contested.contains_key(&key)
+        self.local.is_contested(&key)
     }
 
     /// Local keys claimed by more than one route.
     pub fn contested_len(&self) -> usize {
-        self.contested.len()
+        self.local.contested_len()
     }
 
     /// The peer whose stream carries inner packets from `src` (the local protected host) to
@@ -496,47 +496,6 @@ impl RouteIndex {
             .get_mut(peer.slot())
             .filter(|p| p.live && p.generation == peer.generation())
             .ok_or(IndexError::UnknownPeer { peer })
-    }
-
-    /// Records that (peer, epoch) uses `key`; a second claim makes it contested.
-    fn claim(&mut self, key: LocalKey, peer: PeerId, epoch: Epoch) {
-        if let Some(claims) = self.contested.get_mut(&key) {
-            claims.push((peer, epoch));
-            return;
-        }
-        match self.local.entry(key) {
-            Entry::Vacant(v) => {
-                v.insert((peer, epoch));
-            }
-            Entry::Occupied(o) => {
-                let first = o.remove();
-                self.contested.insert(key, vec![first, (peer, epoch)]);
-            }
-        }
-    }
-
-    /// Drops (peer, epoch)'s claim on `key`; a key left with one claim is found again.
-    fn unclaim(&mut self, key: LocalKey, peer: PeerId, epoch: Epoch) {
-        if let Entry::Occupied(o) = self.local.entry(key) {
-            if *o.get() == (peer, epoch) {
-                o.remove();
-            }
-            return;
-        }
-        if let Entry::Occupied(mut o) = self.contested.entry(key) {
-            o.get_mut().retain(|c| *c != (peer, epoch));
-            match o.get().as_slice() {
-                [] => {
-                    o.remove();
-                }
-                [only] => {
-                    let only = *only;
-                    o.remove();
-                    self.local.insert(key, only);
-                }
-                _ => {}
-            }
-        }
     }
 }
 

@@ -13,12 +13,15 @@
 //! [`IndexSeed`], and what the kernel must change (addresses to bind or release, sockets to
 //! open or close) goes out as [`WindowDelta`]s.
 
+mod claims;
 mod hasher;
 mod index;
 mod slab;
 mod timers;
 
+pub(crate) use claims::Claims;
 pub use hasher::IndexSeed;
+pub(crate) use hasher::SeededState;
 pub use index::{IndexError, RouteIndex, WindowDelta, WINDOW};
 pub use slab::{PeerId, PeerSlab};
 pub use timers::Timers;

@@ -20,27 +20,12 @@
 //! randomness, no allocation per lookup or per epoch (the contested list allocates only on a
 //! 2^-64 collision).
 
-use std::collections::hash_map::Entry;
-use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
-
-use siphasher::sip::SipHasher13;
+use std::hash::{Hash, Hasher};
 
 use super::e2e::{E2ePayload, RouteTag, RouteTagKey};
 use super::RelayError;
-use crate::endpoint::{IndexError, IndexSeed, PeerId, WINDOW};
+use crate::endpoint::{Claims, IndexError, IndexSeed, PeerId, SeededState, WINDOW};
 use crate::{Epoch, Route};
-
-/// SipHash-1-3 under the caller's seed (the endpoint's `SeededState`, by the same key).
-#[derive(Clone, Copy, Debug)]
-struct TagHashState([u8; 16]);
-
-impl BuildHasher for TagHashState {
-    type Hasher = SipHasher13;
-    fn build_hasher(&self) -> SipHasher13 {
-        SipHasher13::new_with_key(&self.0)
-    }
-}
 
 /// A tag as a hash key: its 8 bytes, no length prefix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,10 +61,8 @@ struct SetTags {
 /// protection removed with that set's receive key, classified, opened: §4.2 from step 0).
 #[derive(Debug)]
 pub struct TagIndex {
-    /// Tags claimed by exactly one (set, epoch).
-    tags: HashMap<TagKey, (PeerId, Epoch), TagHashState>,
-    /// Tags claimed by two or more: found by nobody until one claim remains.
-    contested: HashMap<TagKey, Vec<(PeerId, Epoch)>, TagHashState>,
+    /// Tags and the (set, epoch) claiming each; a tag claimed twice is found by nobody.
+    tags: Claims<TagKey>,
     /// By slot; `key` None for a free slot.
     sets: Vec<SetTags>,
     len: usize,
@@ -93,10 +76,8 @@ impl TagIndex {
 
     /// An empty index with room for `sets` sets' windows without rehashing.
     pub fn with_capacity(seed: IndexSeed, sets: usize) -> TagIndex {
-        let state = TagHashState(seed.to_bytes());
         TagIndex {
-            tags: HashMap::with_capacity_and_hasher(sets.saturating_mul(WINDOW), state),
-            contested: HashMap::with_hasher(state),
+            tags: Claims::with_capacity(SeededState::new(seed), sets.saturating_mul(WINDOW)),
             sets: Vec::with_capacity(sets),
             len: 0,
         }
@@ -136,7 +117,7 @@ impl TagIndex {
         let window = std::mem::replace(&mut s.window, [None; WINDOW]);
         self.len -= 1;
         for inst in window.into_iter().flatten() {
-            self.unclaim(inst.tag, set, inst.route.epoch);
+            self.tags.unclaim(inst.tag, (set, inst.route.epoch));
         }
         Ok(())
     }
@@ -181,11 +162,11 @@ impl TagIndex {
             }
         }
         for inst in leaving.into_iter().flatten() {
-            self.unclaim(inst.tag, set, inst.route.epoch);
+            self.tags.unclaim(inst.tag, (set, inst.route.epoch));
         }
         let mut n = 0;
         for inst in entering.into_iter().flatten() {
-            self.claim(inst.tag, set, inst.route.epoch);
+            self.tags.claim(inst.tag, (set, inst.route.epoch));
             n += 1;
         }
         Ok(n)
@@ -194,7 +175,7 @@ impl TagIndex {
     /// The set and accept route a tag names; `None` for a tag of no route (or a contested one).
     /// One keyed hash of 8 bytes and one probe, no allocation.
     pub fn lookup(&self, tag: RouteTag) -> Option<(PeerId, &Route)> {
-        let (set, epoch) = *self.tags.get(&TagKey(tag.0))?;
+        let (set, epoch) = self.tags.get(&TagKey(tag.0))?;
         Some((set, self.route(set, epoch)?))
     }
 
@@ -209,7 +190,7 @@ impl TagIndex {
 
     /// Whether `tag` is claimed by more than one route.
     pub fn is_contested(&self, tag: RouteTag) -> bool {
-        self.contested.contains_key(&TagKey(tag.0))
+        self.tags.is_contested(&TagKey(tag.0))
     }
 
     /// The route of `epoch` in `set`'s window. O(WINDOW).
@@ -236,7 +217,7 @@ impl TagIndex {
 
     /// Tags found by [`TagIndex::lookup`] (contested ones excluded).
     pub fn tags_len(&self) -> usize {
-        self.tags.len()
+        self.tags.found_len()
     }
 
     /// Live sets.
@@ -260,45 +241,6 @@ impl TagIndex {
             .get_mut(set.slot())
             .filter(|s| s.key.is_some() && s.generation == set.generation())
             .ok_or(IndexError::UnknownPeer { peer: set })
-    }
-
-    fn claim(&mut self, tag: TagKey, set: PeerId, epoch: Epoch) {
-        if let Some(claims) = self.contested.get_mut(&tag) {
-            claims.push((set, epoch));
-            return;
-        }
-        match self.tags.entry(tag) {
-            Entry::Vacant(v) => {
-                v.insert((set, epoch));
-            }
-            Entry::Occupied(o) => {
-                let first = o.remove();
-                self.contested.insert(tag, vec![first, (set, epoch)]);
-            }
-        }
-    }
-
-    fn unclaim(&mut self, tag: TagKey, set: PeerId, epoch: Epoch) {
-        if let Entry::Occupied(o) = self.tags.entry(tag) {
-            if *o.get() == (set, epoch) {
-                o.remove();
-            }
-            return;
-        }
-        if let Entry::Occupied(mut o) = self.contested.entry(tag) {
-            o.get_mut().retain(|c| *c != (set, epoch));
-            match o.get().as_slice() {
-                [] => {
-                    o.remove();
-                }
-                [only] => {
-                    let only = *only;
-                    o.remove();
-                    self.tags.insert(tag, only);
-                }
-                _ => {}
-            }
-        }
     }
 }
 
