@@ -13,9 +13,9 @@
 //! Keys are **pre-shared**: each relay link and each end-to-end stream is a [`Stream`] built from
 //! a configured [`crate::SessionKey`], with a [`Sealer`] whose counter reservation the caller
 //! persists (§4.3). The Noise handshakes of §9 (on a link, or end to end through the relays),
-//! rekeying and key phases, route sets (§9.8), route moves (§5.2) and the relays' end-to-end
-//! handshake rate limit (§10.5) are not driven here. A frame of kind `0x02` is forwarded like
-//! data; at its destination it is dropped as `node_e2e_handshake`.
+//! rekeying and key phases, route sets (§9.8) and route moves (§5.2) are not driven here. A
+//! frame of kind `0x02` is forwarded like data within the relays' end-to-end handshake rate
+//! limit (§10.5, [`HANDSHAKE_RATE`]); at its destination it is dropped as `node_e2e_handshake`.
 //!
 //! # Decisions where the spec leaves the driver free
 //! - **The node removes and applies header protection (§4.5)**, on both the link layer and the
@@ -30,6 +30,11 @@
 //!   [`RelayNode::send_inner`] seals into the caller's buffer. Link-local frames (probes,
 //!   replies, routing messages) are queued as headers and written at
 //!   [`RelayNode::poll_transmit`].
+//! - **The handshake rate limit (§10.5) is a token bucket per destination** (20 frames of burst,
+//!   one more every 50 ms), checked after the route lookup (§10.3 step 4), so only destinations
+//!   the node routes to get a bucket, and at most [`HANDSHAKE_BUCKETS`] of them: a full table
+//!   forgets the buckets that have refilled, and if every one is still in use, the one closest to
+//!   full (the least forgiven by forgetting it).
 //!
 //! # Call order (as quinn-proto's `Connection`)
 //! 1. [`RelayNode::new`] (or [`RelayNode::relay`], [`RelayNode::edge`]); [`RelayNode::add_link`]
@@ -47,6 +52,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddrV6;
 use std::ops::Range;
+use std::time::Duration;
 
 use super::cost::LinkMonitor;
 use super::e2e::{e2e_relay_payload_len, seal_e2e, RouteTagKey, VirtualRoute, ROUTE_TAG_LEN};
@@ -69,6 +75,19 @@ const PAYLOAD_AT: usize = FRAME_HEADROOM + HEADER_LEN;
 /// at least 16 bytes of room, and the inner packet is then restored in the receive buffer.
 const E2E_AT: usize = PAYLOAD_AT + ROUTE_TAG_LEN;
 const _: () = assert!(OPEN_HEADROOM >= E2E_AT && OPEN_HEADROOM - E2E_AT <= TAG_LEN);
+
+/// End-to-end handshake frames (kind `0x02`) a node forwards per second and destination (§10.5,
+/// `relay_handshake_rate`), and the burst its token bucket allows.
+pub const HANDSHAKE_RATE: u32 = 20;
+/// The most destinations a node keeps a handshake bucket for (16 bytes each, allocated once).
+/// More edge gateways than this receiving handshakes through one relay in the same second is
+/// not a network this protocol sizes for; a flood of forged destinations is held to it.
+pub const HANDSHAKE_BUCKETS: usize = 1024;
+/// One token every 1 s / [`HANDSHAKE_RATE`].
+const HANDSHAKE_INTERVAL: Duration = Duration::from_millis(1000 / HANDSHAKE_RATE as u64);
+/// How far ahead of now a bucket's refill time may be for a frame to pass: burst - 1 tokens.
+const HANDSHAKE_SLACK: Duration =
+    Duration::from_millis((HANDSHAKE_RATE as u64 - 1) * (1000 / HANDSHAKE_RATE as u64));
 
 /// The caller's name for one end-to-end peer of an edge gateway.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -258,6 +277,66 @@ struct E2eStream {
     next_change: UnixTime,
 }
 
+/// The relays' end-to-end handshake rate limit (§10.5): a token bucket per destination, kept as
+/// the time it is full again (GCRA, the "theoretical arrival time": each frame passed moves it
+/// one interval on; a frame passes while it is at most [`HANDSHAKE_SLACK`] ahead of now).
+/// Only buckets that are not full are state: a bucket whose time has passed is a fresh one.
+#[derive(Debug)]
+struct HandshakeLimiter {
+    /// (destination, when its bucket is full again), sorted by destination, at most
+    /// [`HANDSHAKE_BUCKETS`] (the capacity reserved up front: never reallocated).
+    buckets: Vec<(NodeId, UnixTime)>,
+}
+
+impl HandshakeLimiter {
+    fn new(transit: bool) -> HandshakeLimiter {
+        // A node that is not transit forwards nothing (§10.3 step 2): no buckets.
+        let capacity = if transit { HANDSHAKE_BUCKETS } else { 0 };
+        HandshakeLimiter {
+            buckets: Vec::with_capacity(capacity),
+        }
+    }
+
+    /// Whether one more handshake frame for `destination` may be forwarded at `now` (and if so,
+    /// takes its token).
+    fn allow(&mut self, now: UnixTime, destination: NodeId) -> bool {
+        let limit = now.saturating_add(HANDSHAKE_SLACK);
+        let i = match self.buckets.binary_search_by_key(&destination, |b| b.0) {
+            Ok(i) => {
+                let full_at = self.buckets[i].1.max(now);
+                if full_at > limit {
+                    return false;
+                }
+                self.buckets[i].1 = full_at.saturating_add(HANDSHAKE_INTERVAL);
+                return true;
+            }
+            Err(i) if self.buckets.len() < HANDSHAKE_BUCKETS => i,
+            Err(_) => {
+                self.make_room(now);
+                match self.buckets.binary_search_by_key(&destination, |b| b.0) {
+                    Ok(i) | Err(i) => i,
+                }
+            }
+        };
+        self.buckets
+            .insert(i, (destination, now.saturating_add(HANDSHAKE_INTERVAL)));
+        true
+    }
+
+    /// Frees at least one entry of a full table: the buckets that have refilled (no state lost),
+    /// else the one closest to full. Runs only while every slot is taken, so a flood pays at most
+    /// one pass over [`HANDSHAKE_BUCKETS`] entries per new destination it names.
+    fn make_room(&mut self, now: UnixTime) {
+        self.buckets.retain(|b| b.1 > now);
+        if self.buckets.len() >= HANDSHAKE_BUCKETS {
+            let nearest_full = (0..self.buckets.len()).min_by_key(|&i| self.buckets[i].1);
+            if let Some(i) = nearest_full {
+                self.buckets.remove(i);
+            }
+        }
+    }
+}
+
 /// A link-local frame waiting for [`RelayNode::poll_transmit`].
 #[derive(Debug)]
 enum Pending {
@@ -280,6 +359,8 @@ pub struct RelayNode {
     reported: BTreeMap<NodeId, Neighbour>,
     /// The earliest epoch change of any link or end-to-end stream.
     next_change: UnixTime,
+    /// §10.5: forwarded end-to-end handshake frames per destination.
+    handshake_rate: HandshakeLimiter,
     /// Routing messages are written here before they are sealed.
     scratch: Vec<u8>,
     counters: NodeCounters,
@@ -329,6 +410,7 @@ impl RelayNode {
             events: VecDeque::new(),
             reported: BTreeMap::new(),
             next_change: UnixTime::from_nanos(u64::MAX),
+            handshake_rate: HandshakeLimiter::new(transit),
             scratch: Vec::with_capacity(frame_max),
             counters: NodeCounters::default(),
         })
@@ -506,6 +588,13 @@ impl RelayNode {
             Kind::Data | Kind::E2eHandshake => match self.table.forward(&repr, false) {
                 Forward::Deliver => self.deliver(repr.kind, buf, payload.end),
                 Forward::Send { to, hops } => {
+                    // §10.5, after the route lookup: no bucket for a destination without a route.
+                    if repr.kind == Kind::E2eHandshake
+                        && !self.handshake_rate.allow(now, repr.destination)
+                    {
+                        self.counters.drop("relay_handshake_rate");
+                        return Received::Consumed;
+                    }
                     buf[FRAME_HEADROOM + 1] = hops;
                     self.forward(to, buf, frame_end - FRAME_HEADROOM)
                 }
@@ -855,6 +944,8 @@ fn protect(stream: &Stream, payload: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::relay::routing::UpdateEntry;
+    use crate::relay::Seqno;
     use crate::testutil::addr;
     use crate::{Endpoint, SessionKey, StreamConfig};
 
@@ -964,5 +1055,140 @@ mod tests {
         assert_eq!(c.drops("node_unknown_link"), 1);
         assert_eq!(c.drops("node_unknown_route"), 1);
         assert_eq!(c.dropped(), 3, "{:?}", c.drop_labels().collect::<Vec<_>>());
+    }
+
+    const IN: Neighbour = Neighbour(1);
+    const OUT: Neighbour = Neighbour(2);
+
+    /// A relay with a link from a neighbour (whose stream and sealer are returned, to send it
+    /// frames) and a link out, over which `dests` are routed.
+    fn relay_routing(now: UnixTime, dests: &[NodeId]) -> (RelayNode, Stream, Sealer) {
+        let mut r = RelayNode::relay(now, MIN_FRAME_MAX).unwrap();
+        let (a, peer) = pair(Mode::Encrypt);
+        let sealer = a.sealer(1, u64::MAX);
+        r.add_link(now, IN, a, sealer).unwrap();
+        let (b, _) = pair(Mode::Encrypt);
+        let sealer = b.sealer(1, u64::MAX);
+        r.add_link(now, OUT, b, sealer).unwrap();
+        r.table.handle_link_cost(now, OUT, Metric(20));
+        let entries = dests.iter().map(|&destination| UpdateEntry {
+            destination,
+            seqno: Seqno(1),
+            metric: Metric(0),
+        });
+        r.table.handle_update(now, OUT, entries);
+        let peer_sealer = peer.sealer(1, u64::MAX);
+        (r, peer, peer_sealer)
+    }
+
+    /// The neighbour sends the relay a frame of `kind` for `destination`; what the relay did.
+    fn offer(
+        r: &mut RelayNode,
+        peer: &Stream,
+        sealer: &Sealer,
+        now: UnixTime,
+        kind: Kind,
+        destination: NodeId,
+    ) -> Received {
+        let route = peer.schedule(now).send;
+        let repr = RelayRepr {
+            kind,
+            hops: HOP_LIMIT,
+            payload_len: 32,
+            destination,
+        };
+        let mut buf = vec![0u8; frame_payload_len(MIN_FRAME_MAX)];
+        let n = sealer
+            .seal_frame(&route, &repr, &[0x11; 32], MIN_FRAME_MAX, &mut buf)
+            .unwrap();
+        protect(peer, &mut buf[..n]);
+        r.handle_datagram(now, IN, route.remote, route.local, &mut buf[..n])
+    }
+
+    fn id(n: u64) -> NodeId {
+        NodeId::from_bytes((n + 1).to_be_bytes())
+    }
+
+    /// Of `count` frames offered, how many were forwarded on the link out.
+    fn forwarded(
+        r: &mut RelayNode,
+        peer: &Stream,
+        sealer: &Sealer,
+        now: UnixTime,
+        kind: Kind,
+        destination: NodeId,
+        count: usize,
+    ) -> usize {
+        (0..count)
+            .filter(|_| {
+                let got = offer(r, peer, sealer, now, kind, destination);
+                matches!(got, Received::Forward(Transmit { link: OUT, .. }))
+            })
+            .count()
+    }
+
+    #[test]
+    fn handshake_frames_are_limited_to_20_per_second_per_destination() {
+        let (d1, d2) = (id(1), id(2));
+        let t0 = at(1_000);
+        let (mut r, peer, s) = relay_routing(t0, &[d1, d2]);
+        let hs = Kind::E2eHandshake;
+        assert_eq!(forwarded(&mut r, &peer, &s, t0, hs, d1, 20), 20);
+        assert_eq!(r.counters().drops("relay_handshake_rate"), 0);
+        // The 21st in the same second is dropped and counted.
+        assert_eq!(forwarded(&mut r, &peer, &s, t0, hs, d1, 1), 0);
+        assert_eq!(r.counters().drops("relay_handshake_rate"), 1);
+        // Another destination has its own bucket; data is never limited.
+        assert_eq!(forwarded(&mut r, &peer, &s, t0, hs, d2, 20), 20);
+        assert_eq!(forwarded(&mut r, &peer, &s, t0, Kind::Data, d1, 200), 200);
+        // One token back every 50 ms, a full bucket after a second.
+        let t = at(1_049);
+        assert_eq!(forwarded(&mut r, &peer, &s, t, hs, d1, 2), 0);
+        let t = at(1_050);
+        assert_eq!(forwarded(&mut r, &peer, &s, t, hs, d1, 2), 1);
+        let t = at(2_100);
+        assert_eq!(forwarded(&mut r, &peer, &s, t, hs, d1, 25), 20);
+        let c = r.counters();
+        assert_eq!(c.drops("relay_handshake_rate"), 1 + 2 + 1 + 5);
+        assert_eq!(c.forwarded, 20 + 20 + 200 + 1 + 20);
+        assert_eq!(c.dropped(), 9, "{:?}", c.drop_labels().collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn handshake_buckets_stay_bounded_under_a_flood_of_destinations() {
+        let t0 = at(1_000);
+        let routed = HANDSHAKE_BUCKETS as u64 + 500;
+        let dests: Vec<NodeId> = (0..routed).map(id).collect();
+        let (mut r, peer, s) = relay_routing(t0, &dests);
+        let hs = Kind::E2eHandshake;
+        // Forged destinations without a route are refused before the limiter: no state.
+        for n in 0..5_000 {
+            let got = offer(&mut r, &peer, &s, t0, hs, id(1_000_000 + n));
+            assert_eq!(got, Received::Consumed);
+        }
+        assert_eq!(r.counters().drops("relay_no_route"), 5_000);
+        assert!(r.handshake_rate.buckets.is_empty());
+
+        // A destination that used its whole burst, then a handshake to every routed destination
+        // in the same instant: the table never grows past its bound (nor reallocates), and the
+        // busy bucket, the farthest from full, is not the one forgotten.
+        let busy = dests[7];
+        assert_eq!(forwarded(&mut r, &peer, &s, t0, hs, busy, 20), 20);
+        for &d in &dests {
+            forwarded(&mut r, &peer, &s, t0, hs, d, 1);
+            assert!(r.handshake_rate.buckets.len() <= HANDSHAKE_BUCKETS);
+        }
+        assert_eq!(r.handshake_rate.buckets.len(), HANDSHAKE_BUCKETS);
+        assert_eq!(r.handshake_rate.buckets.capacity(), HANDSHAKE_BUCKETS);
+        let before = r.counters().drops("relay_handshake_rate");
+        assert_eq!(forwarded(&mut r, &peer, &s, t0, hs, busy, 1), 0);
+        assert_eq!(r.counters().drops("relay_handshake_rate"), before + 1);
+        // A second later every bucket has refilled: the next new destination clears them.
+        let t1 = at(2_001);
+        assert_eq!(forwarded(&mut r, &peer, &s, t1, hs, id(1_000_000), 1), 0);
+        assert_eq!(forwarded(&mut r, &peer, &s, t1, hs, dests[0], 1), 1);
+        assert_eq!(r.handshake_rate.buckets.len(), 1);
+        // A node that is not transit reserves nothing.
+        assert_eq!(HandshakeLimiter::new(false).buckets.capacity(), 0);
     }
 }
