@@ -13,7 +13,11 @@
 //! - (c) no datagram on any link carries a host's true address or an inner payload's bytes, and
 //!   (in the chain) no 8-byte value of any datagram appears in two epochs or on two links;
 //! - (d) a forged and a replayed datagram are counted by the hop that receives them and dropped,
-//!   and delivery goes on undisturbed.
+//!   and delivery goes on undisturbed;
+//! - (e) 003's topology at 1 % loss on every link (five seeds): traffic flows, a relay-relay cut
+//!   is routed around within 1 s and the detour delivers at its path's loss;
+//! - (f) 003's reliability claim: 20 % loss on one relay-relay link (five seeds), traffic still
+//!   arrives, first at the lossy link's rate, then on the detour once the link's cost has risen.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
@@ -590,11 +594,10 @@ fn forged_and_replayed_datagrams_are_counted_at_the_hop_and_dropped() {
     assert_eq!(net.scan.repeats, 0);
 }
 
-/// (b) and (c): 003's topology; the R1-R3 link is cut mid-stream and repaired.
-#[test]
-fn three_meshed_relays_fail_over_within_a_second_and_return_after_the_hold() {
-    const CUT: u64 = 4_000;
-    const RESTORE: u64 = 7_000;
+/// 003's topology: three meshed relays, two edge gateways behind each, 5 ms links with `loss`.
+/// Flows 0/1: E1 <-> E5 across R1-R3 (the link the tests cut or degrade); 2/3: E3 <-> E6 across
+/// R2-R3; 4/5: E2 <-> E4 across R1-R2.
+fn mesh(seed: u64, loss: f64) -> Net {
     let names = ["R1", "R2", "R3", "E1", "E2", "E3", "E4", "E5", "E6"];
     let pairs = [
         (0, 1),
@@ -607,11 +610,64 @@ fn three_meshed_relays_fail_over_within_a_second_and_return_after_the_hold() {
         (7, 2),
         (8, 2),
     ];
-    let mut net = Net::new(3, &names, &pairs, Duration::from_millis(5), 0.0);
-    // E1 <-> E5 across the link that is cut, E3 <-> E6 and E2 <-> E4 elsewhere.
+    let mut net = Net::new(seed, &names, &pairs, Duration::from_millis(5), loss);
     net.add_pair(3, 7, 1200, 60);
     net.add_pair(5, 8, 300, 300);
     net.add_pair(4, 6, 100, 100);
+    net
+}
+
+/// Inner packets one every this many ms per flow, from [`DATA_FROM`] ms, in the mesh tests.
+const EVERY: u64 = 10;
+const DATA_FROM: u64 = 1_000;
+
+impl Net {
+    /// Of `flows`' packets sent in `from..to` ms (simulated), how many arrived and how many the
+    /// source sent (packets it had no route for are not sent).
+    fn delivery(&self, flows: &[usize], from: u64, to: u64) -> (usize, usize) {
+        let within = |seq: u64| (from..to).contains(&(seq * EVERY));
+        let arrived = self
+            .delivered
+            .iter()
+            .filter(|d| flows.contains(&d.flow) && within(d.seq))
+            .count();
+        let lost: usize = flows
+            .iter()
+            .map(|&f| self.sent[f].keys().filter(|&&s| within(s)).count())
+            .sum();
+        (arrived, arrived + lost)
+    }
+
+    /// When (ms after `since`) `node`'s route to edge `dest` first moved to the link to `via`.
+    fn switched(&self, node: &str, dest: &str, via: &str, since: u64) -> Option<f64> {
+        let (n, d) = (self.index(node), self.id(self.index(dest)));
+        let hop = Some(Neighbour(self.link_between(node, via)));
+        self.route_events
+            .iter()
+            .find(|(t, i, dd, h)| *i == n && *dd == d && *t >= at(since) && *h == hop)
+            .map(|(t, ..)| ms_of(*t) - since as f64)
+    }
+
+    /// Ms after `since` of the first arrival of `flow` among packets sent at or after `since`.
+    fn first_sent_after(&self, flow: usize, since: u64) -> f64 {
+        self.delivered
+            .iter()
+            .filter(|d| d.flow == flow && d.seq * EVERY >= since)
+            .map(|d| ms_of(d.arrived) - since as f64)
+            .fold(f64::INFINITY, f64::min)
+    }
+}
+
+fn ratio((arrived, sent): (usize, usize)) -> f64 {
+    arrived as f64 / sent.max(1) as f64
+}
+
+/// (b) and (c): 003's topology; the R1-R3 link is cut mid-stream and repaired.
+#[test]
+fn three_meshed_relays_fail_over_within_a_second_and_return_after_the_hold() {
+    const CUT: u64 = 4_000;
+    const RESTORE: u64 = 7_000;
+    let mut net = mesh(3, 0.0);
     net.run(CUT, 1_000, 10);
     assert_eq!(net.next_hop("R1", "E5"), Some("R3"));
     assert_eq!(net.next_hop("R3", "E1"), Some("R1"));
@@ -701,4 +757,118 @@ fn three_meshed_relays_fail_over_within_a_second_and_return_after_the_hold() {
         net.scan.datagrams,
         net.drops()
     );
+}
+
+/// (e): 003's topology at 1 % loss per link and direction: every flow delivers at about its
+/// path's loss, a cut of R1-R3 is routed around within 1 s, and the detour (4 links) delivers at
+/// about its own.
+#[test]
+fn three_meshed_relays_at_one_percent_loss_route_around_a_cut() {
+    const CUT: u64 = 5_000;
+    const END: u64 = 11_000;
+    const SETTLED: u64 = CUT + 1_000;
+    for seed in 1..=5u64 {
+        let mut net = mesh(100 + seed, 0.01);
+        net.run(CUT, DATA_FROM, EVERY);
+        assert_eq!(net.next_hop("R1", "E5"), Some("R3"), "seed {seed}");
+        assert_eq!(net.next_hop("R3", "E1"), Some("R1"), "seed {seed}");
+        // Before the cut: 3 links at 1 % for every flow (0.97 expected).
+        let before = ratio(net.delivery(&[0, 1, 2, 3, 4, 5], DATA_FROM + 500, CUT - 100));
+
+        let r1r3 = net.link_between("R1", "R3");
+        net.links[r1r3 as usize].loss = 1.0;
+        net.run(END, DATA_FROM, EVERY);
+        net.run(END + 100, END + 100, EVERY); // what is in flight arrives
+        let switched = net.switched("R1", "E5", "R2", CUT);
+        let back_switched = net.switched("R3", "E1", "R2", CUT);
+        let first = net.first_sent_after(0, CUT);
+        let first_back = net.first_sent_after(1, CUT);
+        // After the detour: E1 <-> E5 crosses 4 links (0.961 expected), the others still 3.
+        let detour = ratio(net.delivery(&[0, 1], SETTLED, END));
+        let others = ratio(net.delivery(&[2, 3, 4, 5], SETTLED, END));
+        eprintln!(
+            "1 % loss, seed {seed}: delivered {:.1} % before the cut; R1 -> E5 switched {:.1} ms \
+             and R3 -> E1 {:.1} ms after the cut, first packet on the detour {first:.1} ms \
+             (E1 -> E5) and {first_back:.1} ms (E5 -> E1); after it {:.1} % on the detour, \
+             {:.1} % elsewhere; {} unroutable at the source; drops {:?}",
+            100.0 * before,
+            switched.unwrap_or(f64::NAN),
+            back_switched.unwrap_or(f64::NAN),
+            100.0 * detour,
+            100.0 * others,
+            net.unroutable,
+            net.drops()
+        );
+        assert_eq!(net.next_hop("R1", "E5"), Some("R2"), "seed {seed}");
+        assert_eq!(net.next_hop("R3", "E1"), Some("R2"), "seed {seed}");
+        assert!(before >= 0.94, "seed {seed}: {before}");
+        assert!(first < 1_000.0 && first_back < 1_000.0, "seed {seed}");
+        assert!(detour >= 0.93, "seed {seed}: {detour}");
+        assert!(others >= 0.94, "seed {seed}: {others}");
+        assert!(net.scan.leaks.is_empty(), "{:?}", &net.scan.leaks[..5]);
+    }
+}
+
+/// (f): 003 §III.G's claim that lossy links are routed around: R1-R3 loses 20 % each way from
+/// `LOSSY` on. Delivery never stops: E1 <-> E5 delivers at least 60 % of every second's packets
+/// (0.8 expected on the lossy link), and once the link's probed loss has raised its cost past the
+/// detour's, the (lossless) detour delivers everything.
+#[test]
+fn three_meshed_relays_keep_delivering_across_a_link_at_twenty_percent_loss() {
+    const LOSSY: u64 = 5_000;
+    const END: u64 = 20_000;
+    for seed in 1..=5u64 {
+        let mut net = mesh(200 + seed, 0.0);
+        net.run(LOSSY, DATA_FROM, EVERY);
+        assert_eq!(net.next_hop("R1", "E5"), Some("R3"), "seed {seed}");
+        let r1r3 = net.link_between("R1", "R3");
+        net.links[r1r3 as usize].loss = 0.2;
+        net.run(END, DATA_FROM, EVERY);
+        net.run(END + 100, END + 100, EVERY);
+        let worst = (LOSSY..END)
+            .step_by(1_000)
+            .map(|t| ratio(net.delivery(&[0, 1], t, t + 1_000)))
+            .fold(1.0, f64::min);
+        let switched = net.switched("R1", "E5", "R2", LOSSY);
+        let back_switched = net.switched("R3", "E1", "R2", LOSSY);
+        let on_detour = match (switched, back_switched) {
+            (Some(a), Some(b)) => Some(LOSSY + a.max(b).ceil() as u64),
+            _ => None,
+        };
+        let lossy = ratio(net.delivery(&[0, 1], LOSSY, on_detour.unwrap_or(END)));
+        let after = on_detour.map(|t| ratio(net.delivery(&[0, 1], t + 100, END)));
+        let monitor = |n: &str| {
+            net.nodes[net.index(n)]
+                .node
+                .monitor(Neighbour(r1r3))
+                .unwrap()
+        };
+        let deaths = monitor("R1").stats().deaths + monitor("R3").stats().deaths;
+        let costs = [monitor("R1").cost(), monitor("R3").cost()];
+        eprintln!(
+            "20 % loss on R1-R3, seed {seed}: {} R1 -> E5 {:.0} ms and R3 -> E1 {:.0} ms after \
+             the loss began; E1 <-> E5 delivered {:.1} % while on the lossy link, {} after; worst \
+             second {:.1} %; R1-R3 declared dead {} times, its cost at R1 {} at R3 {}; drops {:?}",
+            if on_detour.is_some() {
+                "routed around:"
+            } else {
+                "NOT routed around:"
+            },
+            switched.unwrap_or(f64::NAN),
+            back_switched.unwrap_or(f64::NAN),
+            100.0 * lossy,
+            after.map_or("-".to_string(), |a| format!("{:.1} %", 100.0 * a)),
+            100.0 * worst,
+            deaths,
+            costs[0].0,
+            costs[1].0,
+            net.drops()
+        );
+        assert!(worst >= 0.6, "seed {seed}: a second at {worst}");
+        if let Some(a) = after {
+            assert!(a >= 0.99, "seed {seed}: {a} on the detour");
+        } else {
+            assert!(lossy >= 0.7, "seed {seed}: {lossy}");
+        }
+    }
 }
