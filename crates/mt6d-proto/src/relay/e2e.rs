@@ -104,24 +104,14 @@ pub fn seal_e2e(
     inner: &[u8],
     out: &mut [u8],
 ) -> Result<usize, SealError> {
-    if sealer.mode() != Mode::Encrypt {
-        return Err(SealError::NotEncrypt {
-            mode: sealer.mode(),
-        });
-    }
-    let have = out.len();
-    let Some((tag, body)) = out.split_first_chunk_mut::<ROUTE_TAG_LEN>() else {
-        return Err(SealError::BufferTooSmall {
-            have,
-            need: e2e_relay_payload_len(inner.len()),
-        });
-    };
-    let n = sealer
-        .seal(&via.route, inner, body)
-        .map_err(|e| with_tag(e, have))?;
-    protect(header, &mut body[..n]);
-    *tag = via.tag.0;
-    Ok(ROUTE_TAG_LEN + n)
+    seal_tagged(
+        sealer,
+        header,
+        via,
+        e2e_relay_payload_len(inner.len()),
+        out,
+        |body| sealer.seal(&via.route, inner, body),
+    )
 }
 
 /// [`seal_e2e`] for a keepalive (§9.5): `routeTag || counter || tag`, 32 bytes.
@@ -131,6 +121,27 @@ pub fn seal_e2e_keepalive(
     via: &VirtualRoute,
     out: &mut [u8],
 ) -> Result<usize, SealError> {
+    seal_tagged(
+        sealer,
+        header,
+        via,
+        ROUTE_TAG_LEN + KEEPALIVE_LEN,
+        out,
+        |body| sealer.seal_keepalive(&via.route, body),
+    )
+}
+
+/// What both e2e sealers share: encrypt mode only, `seal` writes the e2e payload behind the
+/// route tag, header protection over it, then the tag in front. `need` names the whole length
+/// in a too-small buffer's error.
+fn seal_tagged(
+    sealer: &Sealer,
+    header: &HeaderKey,
+    via: &VirtualRoute,
+    need: usize,
+    out: &mut [u8],
+    seal: impl FnOnce(&mut [u8]) -> Result<usize, SealError>,
+) -> Result<usize, SealError> {
     if sealer.mode() != Mode::Encrypt {
         return Err(SealError::NotEncrypt {
             mode: sealer.mode(),
@@ -138,14 +149,9 @@ pub fn seal_e2e_keepalive(
     }
     let have = out.len();
     let Some((tag, body)) = out.split_first_chunk_mut::<ROUTE_TAG_LEN>() else {
-        return Err(SealError::BufferTooSmall {
-            have,
-            need: ROUTE_TAG_LEN + KEEPALIVE_LEN,
-        });
+        return Err(SealError::BufferTooSmall { have, need });
     };
-    let n = sealer
-        .seal_keepalive(&via.route, body)
-        .map_err(|e| with_tag(e, have))?;
+    let n = seal(body).map_err(|e| with_tag(e, have))?;
     protect(header, &mut body[..n]);
     *tag = via.tag.0;
     Ok(ROUTE_TAG_LEN + n)
