@@ -178,23 +178,9 @@ impl ClientSet {
         port: u16,
         now: UnixTime,
     ) -> Result<ClientSet, String> {
-        let mut seed = [0u8; 16];
-        getrandom::fill(&mut seed).map_err(|e| e.to_string())?;
-        let mut table = PeerTable::with_capacity(IndexSeed::from_bytes(seed), count);
-        let (mut sealers, mut openers, mut ids) = (Vec::new(), Vec::new(), Vec::new());
-        let mut slots = Vec::new();
-        for i in 0..count {
-            let stream = spec.stream(i)?;
-            sealers.push(None);
-            openers.push(None);
-            let (id, _) = table.add(stream, now, |_| 0).map_err(|e| e.to_string())?;
-            let slot = id.index() as usize;
-            if slots.len() <= slot {
-                slots.resize(slot + 1, usize::MAX);
-            }
-            slots[slot] = i;
-            ids.push(id);
-        }
+        let (table, ids, slots) = index_clients((0..count).map(|i| spec.stream(i)), count, now)?;
+        let sealers = (0..count).map(|_| None).collect();
+        let openers = (0..count).map(|_| None).collect();
         let socket = UdpSocket6::bind_transparent(port).map_err(|e| e.to_string())?;
         socket.set_nonblocking(true).map_err(|e| e.to_string())?;
         Ok(ClientSet {
@@ -392,6 +378,29 @@ impl ClientSet {
             }
         }
     }
+}
+
+/// Client streams in one `PeerTable` (its hash seed drawn at random), each added with its
+/// window of `now`: the table, each client's id, and by table slot the client's index.
+pub(crate) fn index_clients(
+    streams: impl Iterator<Item = Result<Stream, String>>,
+    count: usize,
+    now: UnixTime,
+) -> Result<(PeerTable, Vec<PeerId>, Vec<usize>), String> {
+    let mut seed = [0u8; 16];
+    getrandom::fill(&mut seed).map_err(|e| e.to_string())?;
+    let mut table = PeerTable::with_capacity(IndexSeed::from_bytes(seed), count);
+    let (mut ids, mut slots) = (Vec::with_capacity(count), Vec::with_capacity(count));
+    for (i, stream) in streams.enumerate() {
+        let (id, _) = table.add(stream?, now, |_| 0).map_err(|e| e.to_string())?;
+        let slot = id.index() as usize;
+        if slots.len() <= slot {
+            slots.resize(slot + 1, usize::MAX);
+        }
+        slots[slot] = i;
+        ids.push(id);
+    }
+    Ok((table, ids, slots))
 }
 
 /// A client's sealer, made on first use. A lab run is one process life: counters from 1 are

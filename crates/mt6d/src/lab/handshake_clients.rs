@@ -16,7 +16,7 @@ use std::time::Duration;
 use mt6d_os::raw_udp::{RawSendMsg, RawSendScratch, RawUdp6};
 use mt6d_os::udp::RecvBuf;
 use mt6d_os::{RecvScratch, UdpSocket6};
-use mt6d_proto::endpoint::{IndexSeed, PeerId, PeerTable};
+use mt6d_proto::endpoint::{PeerId, PeerTable};
 use mt6d_proto::handshake::{
     is_handshake, link_key, Handshake, HandshakeConfig, Outcome, PrivateKey, Psk, PublicKey,
 };
@@ -105,13 +105,9 @@ impl HandshakeClients {
         let links = crate::keys::par_map(&privates, |p| {
             link_key(p, &server_public, &Psk::none()).map_err(|e| e.to_string())
         });
-        let mut seed = [0u8; 16];
-        getrandom::fill(&mut seed).map_err(|e| e.to_string())?;
-        let mut table = PeerTable::with_capacity(IndexSeed::from_bytes(seed), count);
-        let (mut ids, mut slots) = (Vec::with_capacity(count), Vec::with_capacity(count));
-        for (i, key) in links.into_iter().enumerate() {
+        let streams = links.into_iter().enumerate().map(|(i, key)| {
             let key = key?;
-            let stream = Stream::new(StreamConfig {
+            Stream::new(StreamConfig {
                 local: Endpoint {
                     true_addr: spec.true_addr(i),
                     external_prefix: Some(spec.client_prefix),
@@ -130,15 +126,9 @@ impl HandshakeClients {
                 rotation: spec.rotation,
                 jitter: spec.jitter,
             })
-            .map_err(|e| e.to_string())?;
-            let (id, _) = table.add(stream, now, |_| 0).map_err(|e| e.to_string())?;
-            let slot = id.index() as usize;
-            if slots.len() <= slot {
-                slots.resize(slot + 1, usize::MAX);
-            }
-            slots[slot] = i;
-            ids.push(id);
-        }
+            .map_err(|e| e.to_string())
+        });
+        let (table, ids, slots) = super::clients::index_clients(streams, count, now)?;
         let socket = UdpSocket6::bind_transparent(port).map_err(|e| e.to_string())?;
         socket.set_nonblocking(true).map_err(|e| e.to_string())?;
         Ok(HandshakeClients {
