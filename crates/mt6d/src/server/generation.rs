@@ -38,7 +38,12 @@ pub enum GenerationError {
 
 /// Reserves the next generation in `dir` for the server whose TUN device is `tun`.
 pub fn reserve(dir: &Path, tun: &str) -> Result<CounterRange, GenerationError> {
-    let path = dir.join(format!("server-{tun}.generation"));
+    reserve_named(dir, &format!("server-{tun}"))
+}
+
+/// Reserves the next generation kept in `dir/<name>.generation` (the relay role keeps its own).
+pub fn reserve_named(dir: &Path, name: &str) -> Result<CounterRange, GenerationError> {
+    let path = dir.join(format!("{name}.generation"));
     let io = |what| {
         let path = path.clone();
         move |source| GenerationError::Io { path, what, source }

@@ -22,7 +22,6 @@ pub mod ndp;
 pub mod registry;
 
 use std::collections::HashMap;
-use std::net::Ipv6Addr;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
@@ -30,8 +29,7 @@ use std::sync::{Arc, PoisonError};
 use parking_lot::{RwLock, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
-use mt6d_os::nftables::NftTable;
-use mt6d_os::{AddrFlags, Epoll, EpollEvents, Netlink, RawUdp6, Tun, UdpSocket6};
+use mt6d_os::{Epoll, EpollEvents, Netlink, RawUdp6, UdpSocket6};
 use mt6d_proto::endpoint::{IndexSeed, PeerId};
 use mt6d_proto::{Stream, UnixTime};
 
@@ -74,6 +72,8 @@ pub enum ServerError {
     Registry(#[from] registry::RegistryError),
     #[error(transparent)]
     Privilege(#[from] crate::privilege::PrivilegeError),
+    #[error(transparent)]
+    System(#[from] SystemError),
     #[error("{0}")]
     Setup(String),
 }
@@ -82,6 +82,8 @@ fn os(what: impl Into<String>) -> impl FnOnce(mt6d_os::OsError) -> ServerError {
     let what = what.into();
     move |source| ServerError::Os { what, source }
 }
+
+use crate::anyip::{PrefixSystem, SystemError, TunSpec};
 
 /// Runs the server until SIGTERM or SIGINT, then removes everything it added.
 pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
@@ -141,9 +143,8 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let served = clients.len();
     // The registry holds what it needs of each client; the parsed file is not kept.
     drop(clients);
-    let mut system = System::new(&cfg)?;
-    let result = system
-        .set_up(&cfg, mtu)
+    let mut system = system(&cfg)?;
+    let result = set_up(&mut system, &cfg, mtu)
         .and_then(|ios| serve(&cfg, &shared, ios, &signals, mtu, served, started));
     shared.shutdown.store(true, Ordering::Relaxed);
     let leftovers = system.tear_down();
@@ -169,8 +170,8 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
 pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = ServerConfig::load(config_path)?;
     crate::privilege::check_run()?;
-    let mut nl = Netlink::open().map_err(os("open rtnetlink"))?;
-    if nl.link_index(&cfg.tun_name).is_ok() {
+    let mut system = system(&cfg)?;
+    if system.link_exists(&cfg.tun_name) {
         return Err(format!(
             "{} exists: the server for {} is running; stop it with SIGTERM, which cleans up itself",
             cfg.tun_name,
@@ -178,7 +179,6 @@ pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
         )
         .into());
     }
-    let mut system = System::new(&cfg)?;
     system.prefix_added = true;
     system.table_loaded = true;
     system.guards = cfg.client_routes.clone();
@@ -187,7 +187,7 @@ pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
         println!(
             "removed what a server for {} could have left: nftables table {}, AnyIP route {}/64, guard routes for {}",
             config_path.display(),
-            system.table.spec(),
+            system.table_spec(),
             cfg.prefix,
             cfg.client_routes
                 .iter()
@@ -214,151 +214,47 @@ fn tun_mtu(cfg: &ServerConfig, clients: &[ClientConfig]) -> Result<u16, ServerEr
         .map_err(|_| ServerError::Setup("MTU out of range".into()))
 }
 
-/// What the server added to the system, undone in reverse order by [`System::tear_down`] (also
-/// after a failed set-up: nothing is left half-applied).
-struct System {
-    nl: Netlink,
-    table: NftTable,
-    lo: u32,
-    prefix: Ipv6Addr,
-    prefix_added: bool,
-    table_loaded: bool,
-    /// `client_routes` guarded by a `prohibit` route each (`Netlink::add_guard_route`): when
-    /// the TUN device and its routes vanish with a killed process, packets from the protected
-    /// side to the clients' true addresses are refused instead of following the default route
-    /// out of the external interface in clear. Removed by a clean stop or `mt6d down`.
-    guards: Vec<(Ipv6Addr, u8)>,
+/// What the server adds to the system: guard routes for `client_routes`, the TUN device with the
+/// true address and the client routes, the AnyIP route, the nftables table
+/// ([`crate::anyip::PrefixSystem`]), then one transparent and one raw socket per worker.
+fn system(cfg: &ServerConfig) -> Result<PrefixSystem, ServerError> {
+    Ok(PrefixSystem::new(
+        &format!("mt6d_server_{}", cfg.tun_name),
+        cfg.prefix,
+    )?)
 }
 
-impl System {
-    fn new(cfg: &ServerConfig) -> Result<System, ServerError> {
-        let mut nl = Netlink::open().map_err(os("open rtnetlink"))?;
-        let lo = nl.link_index("lo").map_err(os("find lo"))?;
-        let table = NftTable::new(&format!(
-            "mt6d_server_{}",
-            cfg.tun_name.replace(['-', '.'], "_")
-        ))
-        .map_err(os("name the nftables table"))?;
-        Ok(System {
-            nl,
-            table,
-            lo,
-            prefix: cfg.prefix,
-            prefix_added: false,
-            table_loaded: false,
-            guards: Vec::new(),
-        })
+fn set_up(
+    system: &mut PrefixSystem,
+    cfg: &ServerConfig,
+    mtu: u16,
+) -> Result<Vec<WorkerIo>, ServerError> {
+    system.check_interface(&cfg.external_interface, "external interface")?;
+    system.add_guards(&cfg.client_routes)?;
+    let workers = cfg.worker_count();
+    let tuns = system.create_tun(&TunSpec {
+        name: &cfg.tun_name,
+        mtu,
+        queues: workers,
+        address: Some(cfg.true_address),
+        routes: &cfg.client_routes,
+    })?;
+    system.claim_prefix(&ruleset(cfg))?;
+    let mut ios = Vec::with_capacity(workers);
+    for tun in tuns {
+        let socket = UdpSocket6::bind_transparent(cfg.listen_port).map_err(os(format!(
+            "open a transparent socket on port {}",
+            cfg.listen_port
+        )))?;
+        let raw = RawUdp6::open().map_err(os("open a raw UDP socket"))?;
+        ios.push(WorkerIo { socket, raw, tun });
     }
-
-    /// Guard routes, the TUN device with the true address and the client routes, the AnyIP
-    /// route, the nftables table, one transparent and one raw socket per worker.
-    fn set_up(&mut self, cfg: &ServerConfig, mtu: u16) -> Result<Vec<WorkerIo>, ServerError> {
-        let ext = self
-            .nl
-            .link_index(&cfg.external_interface)
-            .map_err(os(format!(
-                "find external interface {}",
-                cfg.external_interface
-            )))?;
-        let _ = ext; // checked to exist before anything is added
-                     // Guards first: from here on a crash leaves the clients' true addresses unreachable,
-                     // never reachable in clear.
-        for &(p, len) in &cfg.client_routes {
-            self.nl
-                .add_guard_route(p, len)
-                .map_err(os(format!("add the guard route for {p}/{len}")))?;
-            self.guards.push((p, len));
-        }
-        let workers = cfg.worker_count();
-        let tuns = Tun::create(&cfg.tun_name, mtu, workers)
-            .map_err(os(format!("create TUN device {}", cfg.tun_name)))?;
-        let tun_index = tuns[0].index();
-        self.nl
-            .add_address(
-                tun_index,
-                cfg.true_address,
-                128,
-                AddrFlags {
-                    nodad: true,
-                    noprefixroute: true,
-                },
-            )
-            .map_err(os(format!(
-                "add the true address {} to {}",
-                cfg.true_address, cfg.tun_name
-            )))?;
-        for &(p, len) in &cfg.client_routes {
-            self.nl
-                .add_route(p, len, tun_index)
-                .map_err(os(format!("route {p}/{len} into {}", cfg.tun_name)))?;
-        }
-        self.nl.link_set_up(self.lo).map_err(os("bring lo up"))?;
-        // A route left by a crashed run is replaced, not an error.
-        let _ = self.nl.del_local_prefix(cfg.prefix, 64, self.lo);
-        self.nl
-            .add_local_prefix(cfg.prefix, 64, self.lo)
-            .map_err(os(format!(
-                "make {}/64 local (AnyIP route on lo)",
-                cfg.prefix
-            )))?;
-        self.prefix_added = true;
-        self.table
-            .load(&ruleset(cfg))
-            .map_err(os(format!("load nftables table {}", self.table.spec())))?;
-        self.table_loaded = true;
-        let mut ios = Vec::with_capacity(workers);
-        for tun in tuns {
-            let socket = UdpSocket6::bind_transparent(cfg.listen_port).map_err(os(format!(
-                "open a transparent socket on port {}",
-                cfg.listen_port
-            )))?;
-            let raw = RawUdp6::open().map_err(os("open a raw UDP socket"))?;
-            ios.push(WorkerIo { socket, raw, tun });
-        }
-        Ok(ios)
-    }
-
-    /// Removes what [`System::set_up`] added (the workers have stopped); returns what could not
-    /// be removed. The TUN device, its address and its routes go with the workers' queues.
-    fn tear_down(&mut self) -> Vec<String> {
-        let mut left = Vec::new();
-        if self.table_loaded {
-            if let Err(e) = self.table.delete() {
-                left.push(format!("nftables table {}: {e}", self.table.spec()));
-            }
-            self.table_loaded = false;
-        }
-        if self.prefix_added {
-            match self.nl.del_local_prefix(self.prefix, 64, self.lo) {
-                Ok(()) => {}
-                // Already gone (mt6d down after a clean stop): nothing left.
-                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-                Err(e) => left.push(format!("AnyIP route {}/64: {e}", self.prefix)),
-            }
-            self.prefix_added = false;
-        }
-        for (p, len) in std::mem::take(&mut self.guards) {
-            if let Err(e) = self.nl.del_guard_route(p, len) {
-                left.push(format!("guard route {p}/{len}: {e}"));
-            }
-        }
-        left
-    }
+    Ok(ios)
 }
 
-/// The server's nftables table: UDP to the prefix goes to the workers' port (the datagram keeps
-/// its destination, which the sockets read); anything else to the prefix is dropped before the
-/// kernel could answer it (echo replies, TCP resets, unreachables).
+/// The server's nftables table ([`crate::anyip::ruleset`] for its prefix and port).
 pub fn ruleset(cfg: &ServerConfig) -> String {
-    format!(
-        "chain prerouting {{\n\
-         \ttype filter hook prerouting priority mangle; policy accept;\n\
-         \tip6 daddr {p}/64 meta l4proto != udp counter drop\n\
-         \tip6 daddr {p}/64 meta l4proto udp tproxy ip6 to :{port}\n\
-         }}",
-        p = cfg.prefix,
-        port = cfg.listen_port
-    )
+    crate::anyip::ruleset(cfg.prefix, cfg.listen_port)
 }
 
 fn serve(
