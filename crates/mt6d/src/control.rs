@@ -109,12 +109,14 @@ pub fn query_status(path: &Path) -> Result<Status, ControlError> {
     })
 }
 
-/// What the daemon at `path` answers to `status`: a gateway's [`Status`] or a server's
-/// [`crate::server::control::ServerStatus`] (its `role` is `server`).
+/// What the daemon at `path` answers to `status`: a gateway's [`Status`], a server's
+/// [`crate::server::control::ServerStatus`] (its `role` is `server`) or a relay node's
+/// [`crate::relay::status::RelayStatus`] (`relay`).
 #[derive(Debug, Clone)]
 pub enum AnyStatus {
     Gateway(Box<Status>),
     Server(crate::server::control::ServerStatus),
+    Relay(crate::relay::status::RelayStatus),
 }
 
 /// Asks the daemon at `path` for its status, a gateway's or a server's.
@@ -125,9 +127,14 @@ pub fn query_any_status(path: &Path) -> Result<AnyStatus, ControlError> {
         source,
     };
     let v: serde_json::Value = serde_json::from_slice(&body).map_err(decode)?;
-    if v.get("role").and_then(serde_json::Value::as_str) == Some("server") {
+    let role = v.get("role").and_then(serde_json::Value::as_str);
+    if role == Some("server") {
         serde_json::from_value(v)
             .map(AnyStatus::Server)
+            .map_err(decode)
+    } else if role == Some("relay") {
+        serde_json::from_value(v)
+            .map(AnyStatus::Relay)
             .map_err(decode)
     } else {
         serde_json::from_value(v)

@@ -2,6 +2,7 @@
 //! lab that `mt6d demo`, the end-to-end tests and `mt6d-bench` build their networks with.
 //! The binary (`src/main.rs`) is a thin command-line layer over these modules.
 
+pub mod anyip;
 pub mod config;
 pub mod control;
 pub mod gateway;
@@ -9,5 +10,6 @@ pub mod keys;
 pub mod lab;
 pub mod metrics;
 pub mod privilege;
+pub mod relay;
 pub mod server;
 pub mod status;

@@ -183,7 +183,9 @@ enum Command {
     ///
     /// A file with a [server] table instead of [gateway] runs the server role: one daemon for
     /// the many clients of its peers file, each on hashed addresses of its own from one AnyIP
-    /// /64 (docs/CONFIG.md "The server role"); SIGHUP re-reads its peers file.
+    /// /64 (docs/CONFIG.md "The server role"); SIGHUP re-reads its peers file. A file with a
+    /// [relay] table runs one node of a relay network: a relay, an edge gateway, or both
+    /// (docs/CONFIG.md "The relay role").
     ///
     /// Stops cleanly on SIGTERM, SIGINT, SIGQUIT, SIGXCPU or SIGPWR, removing every address,
     /// route, neighbour entry and device it created and restoring the sysctls it changed.
@@ -319,8 +321,10 @@ fn main() -> ExitCode {
     init_logging(&cli.command);
     let result = match cli.command {
         Command::Run { config, .. } if is_server_file(&config) => mt6d::server::run(&config),
+        Command::Run { config, .. } if is_relay_file(&config) => mt6d::relay::run(&config),
         Command::Run { config, .. } => gateway::run(&config),
         Command::Down { config } if is_server_file(&config) => mt6d::server::down(&config),
+        Command::Down { config } if is_relay_file(&config) => mt6d::relay::down(&config),
         Command::Down { config } => gateway::down(&config),
         Command::Check { config } => check(&config),
         Command::Reload { target } => reload(&target),
@@ -373,6 +377,9 @@ fn init_logging(command: &Command) {
         Command::Run { config, .. } if is_server_file(config) => config::ServerConfig::load(config)
             .ok()
             .and_then(|c| c.log_level),
+        Command::Run { config, .. } if is_relay_file(config) => config::RelayConfig::load(config)
+            .ok()
+            .and_then(|c| c.log_level),
         Command::Run { config, .. } => config::Config::load(config)
             .ok()
             .and_then(|c| c.gateway.log_level),
@@ -397,6 +404,50 @@ type CliResult = Result<(), Box<dyn std::error::Error>>;
 /// is not: the gateway's loader then reports why it cannot be read.
 fn is_server_file(path: &std::path::Path) -> bool {
     std::fs::read_to_string(path).is_ok_and(|t| config::ServerConfig::is_server_file(&t))
+}
+
+/// Whether `path` holds a relay node's configuration (a `[relay]` table).
+fn is_relay_file(path: &std::path::Path) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|t| config::RelayConfig::is_relay_file(&t))
+}
+
+/// `mt6d check` of a relay node's file: the file and every key file, as `run` validates them.
+fn check_relay(path: &std::path::Path) -> CliResult {
+    let cfg = config::RelayConfig::load(path)?;
+    println!("{}: OK", path.display());
+    let role = match (cfg.is_edge(), cfg.transit) {
+        (true, true) => "edge gateway and relay",
+        (true, false) => "edge gateway",
+        (false, _) => "relay",
+    };
+    println!(
+        "  {role}: node id {}, prefix {}/64, external {}, frame_max {}, links rotate every {:?}{}",
+        cfg.node_id
+            .map_or_else(|| "(none)".to_string(), |n| n.to_string()),
+        cfg.prefix(),
+        cfg.external_interface,
+        cfg.frame_max,
+        cfg.rotation,
+        if cfg.jitter { " with jitter" } else { "" }
+    );
+    for l in &cfg.links {
+        println!(
+            "  link {}: neighbour at {} (its /64 must be routed towards it)",
+            l.name, l.address
+        );
+    }
+    for e in &cfg.e2e {
+        println!(
+            "  end-to-end {}: {} -> {} behind {} (routed into {})",
+            e.name,
+            e.stream.local.true_addr,
+            e.stream.remote.true_addr,
+            e.destination,
+            cfg.tun_name
+        );
+    }
+    println!("  control socket {}", cfg.control_socket.display());
+    Ok(())
 }
 
 /// `mt6d check` of a server role file: the file and its peers file, as `run` validates them.
@@ -435,6 +486,9 @@ fn check_server(path: &std::path::Path) -> CliResult {
 fn check(path: &std::path::Path) -> CliResult {
     if is_server_file(path) {
         return check_server(path);
+    }
+    if is_relay_file(path) {
+        return check_relay(path);
     }
     let cfg = config::Config::load(path)?;
     let g = &cfg.gateway;
@@ -487,6 +541,8 @@ fn named_socket(target: &Target) -> Result<Option<PathBuf>, Box<dyn std::error::
             let text = std::fs::read_to_string(c).map_err(|e| format!("{}: {e}", c.display()))?;
             if config::ServerConfig::is_server_file(&text) {
                 Some(config::ServerConfig::load(c)?.control_socket)
+            } else if config::RelayConfig::is_relay_file(&text) {
+                Some(config::RelayConfig::load(c)?.control_socket)
             } else {
                 Some(config::Config::load(c)?.gateway.control_socket)
             }
@@ -537,6 +593,10 @@ fn status(target: Target, json: bool) -> CliResult {
                 println!("{}", serde_json::to_string_pretty(&st)?)
             }
             control::AnyStatus::Server(st) => print!("{}", mt6d::server::control::render(&st)),
+            control::AnyStatus::Relay(st) if json => {
+                println!("{}", serde_json::to_string_pretty(&st)?)
+            }
+            control::AnyStatus::Relay(st) => print!("{}", mt6d::relay::status::render(&st)),
         }
         return Ok(());
     }

@@ -516,6 +516,23 @@ impl RelayNode {
         &self.counters
     }
 
+    /// The link whose accept routes (e-1, e, e+1) hold the pair (`local`, `remote`) a datagram
+    /// arrived on, for a driver that receives every link on one socket. A scan of three routes
+    /// per link: a node has a handful of neighbours.
+    pub fn link_of(&self, local: SocketAddrV6, remote: SocketAddrV6) -> Option<Neighbour> {
+        self.links.iter().find_map(|(&n, l)| {
+            l.schedule
+                .accept
+                .iter()
+                .any(|r| r.local == local && r.remote == remote)
+                .then_some(n)
+        })
+    }
+    /// The links, in handle order.
+    pub fn links(&self) -> impl Iterator<Item = Neighbour> + '_ {
+        self.links.keys().copied()
+    }
+
     /// A datagram arrived on `link`, from `remote` to `local` (the addresses and ports it was
     /// sent between), with UDP payload `buf` (header protection still on: the node removes it).
     /// The buffer is worked on in place: see [`Received`] for what it holds afterwards.
@@ -964,6 +981,28 @@ mod tests {
             Stream::new(c.clone()).unwrap(),
             Stream::new(c.mirrored()).unwrap(),
         )
+    }
+
+    #[test]
+    fn a_datagram_is_matched_to_the_link_whose_accept_routes_hold_its_addresses() {
+        let mut r = RelayNode::relay(at(0), MIN_FRAME_MAX).unwrap();
+        let (a, _) = pair(Mode::Encrypt);
+        let mut c = a.config().clone();
+        c.remote = Endpoint::new(addr("2001:db8:ff:3::1"));
+        c.key = SessionKey::from_bytes(&[7; 32]).unwrap();
+        let b = Stream::new(c).unwrap();
+        let (sa, sb) = (a.sealer(1, u64::MAX), b.sealer(1, u64::MAX));
+        r.add_link(at(0), Neighbour(1), a, sa).unwrap();
+        r.add_link(at(0), Neighbour(2), b, sb).unwrap();
+        for n in [Neighbour(1), Neighbour(2)] {
+            for route in r.link_schedule(n).unwrap().accept {
+                assert_eq!(r.link_of(route.local, route.remote), Some(n));
+            }
+        }
+        let one = r.link_schedule(Neighbour(1)).unwrap().send;
+        let two = r.link_schedule(Neighbour(2)).unwrap().send;
+        assert_eq!(r.link_of(one.local, two.remote), None);
+        assert_eq!(r.links().collect::<Vec<_>>(), [Neighbour(1), Neighbour(2)]);
     }
 
     #[test]

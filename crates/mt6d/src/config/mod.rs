@@ -14,9 +14,14 @@ use mt6d_proto::{AeadAlg, Stream, StreamConfig};
 mod gateway;
 mod peer;
 mod raw;
+mod relay;
 mod server;
 mod tcp;
 
+pub use relay::{
+    prefix_of, E2eConfig, LinkConfig, RelayConfig, DEFAULT_RELAY_LISTEN_PORT, DEFAULT_RELAY_TUN,
+    LINK_WIRE_OVERHEAD,
+};
 pub use server::{
     ClientConfig, ClientHandshake, ServerConfig, DEFAULT_LISTEN_PORT, DEFAULT_SERVER_TUN,
 };

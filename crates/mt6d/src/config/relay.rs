@@ -1,0 +1,483 @@
+//! `[relay]`: one node of a relay network (tracker issue 13; docs/CONFIG.md "The relay role"):
+//! a relay, an edge gateway, or both. Validated here, before the daemon touches the OS; every
+//! error names the file, line and column.
+
+use std::collections::HashSet;
+use std::net::Ipv6Addr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use mt6d_proto::handshake::PrivateKey;
+use mt6d_proto::relay::frame::{DEFAULT_FRAME_MAX, MIN_FRAME_MAX};
+use mt6d_proto::relay::NodeId;
+use mt6d_proto::{Endpoint, Mode, SessionKey, StreamConfig};
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::raw::{address, interface_name, relative_to, rotation, Source};
+use super::server::same64;
+use super::{parse_log_level, ConfigError, DEFAULT_STATE_DIR};
+use crate::keys;
+
+/// Default TUN device of an edge gateway (also names the nftables table and generation file of
+/// a pure relay, which has no TUN device).
+pub const DEFAULT_RELAY_TUN: &str = "mt6dr0";
+/// Default local port of the transparent socket (never on the wire).
+pub const DEFAULT_RELAY_LISTEN_PORT: u16 = 7411;
+/// Bytes a link adds to a frame on the wire: IPv6 and UDP headers, the counter, the tag.
+pub const LINK_WIRE_OVERHEAD: usize = 40 + 8 + mt6d_proto::tunnel::FRAME_HEADROOM + 16;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRelayFile {
+    relay: Spanned<RawRelay>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRelay {
+    external_interface: Spanned<String>,
+    address: Spanned<String>,
+    private_key_file: Option<Spanned<String>>,
+    transit: Option<Spanned<bool>>,
+    frame_max: Option<Spanned<i64>>,
+    rotation_secs: Option<Spanned<f64>>,
+    jitter: Option<Spanned<bool>>,
+    listen_port: Option<Spanned<i64>>,
+    tun_name: Option<Spanned<String>>,
+    mtu: Option<Spanned<i64>>,
+    state_dir: Option<Spanned<String>>,
+    control_socket: Option<Spanned<String>>,
+    log_level: Option<Spanned<String>>,
+    #[serde(default)]
+    link: Vec<Spanned<RawLink>>,
+    #[serde(default)]
+    e2e: Vec<Spanned<RawE2e>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLink {
+    name: Spanned<String>,
+    address: Spanned<String>,
+    key_file: Spanned<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawE2e {
+    name: Spanned<String>,
+    public_key: Spanned<String>,
+    local_host: Spanned<String>,
+    remote_host: Spanned<String>,
+    key_file: Spanned<String>,
+    rotation_secs: Option<Spanned<f64>>,
+}
+
+/// The validated relay node configuration.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    pub path: PathBuf,
+    pub external_interface: String,
+    /// This node's address on the relay network; its /64 is the node's hashed prefix.
+    pub address: Ipv6Addr,
+    /// The node's id, from its identity key (None: a pure relay without one).
+    pub node_id: Option<NodeId>,
+    pub transit: bool,
+    pub frame_max: usize,
+    pub rotation: Duration,
+    pub jitter: bool,
+    pub listen_port: u16,
+    pub tun_name: String,
+    pub mtu: u16,
+    pub state_dir: PathBuf,
+    pub control_socket: PathBuf,
+    pub log_level: Option<log::LevelFilter>,
+    pub links: Vec<LinkConfig>,
+    pub e2e: Vec<E2eConfig>,
+}
+
+/// One neighbour: the link's encrypt-mode stream between the two nodes' addresses.
+#[derive(Debug, Clone)]
+pub struct LinkConfig {
+    pub name: String,
+    pub address: Ipv6Addr,
+    pub stream: StreamConfig,
+}
+
+/// One end-to-end peer of an edge gateway: the stream between two protected hosts.
+#[derive(Debug, Clone)]
+pub struct E2eConfig {
+    pub name: String,
+    pub destination: NodeId,
+    pub stream: StreamConfig,
+}
+
+impl RelayConfig {
+    /// Whether `text` is a relay node's file (a `[relay]` table).
+    pub fn is_relay_file(text: &str) -> bool {
+        text.parse::<toml::Table>()
+            .is_ok_and(|t| t.contains_key("relay"))
+    }
+
+    /// Reads and validates a relay configuration, key files included.
+    pub fn load(path: &Path) -> Result<RelayConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        RelayConfig::parse(path, &text)
+    }
+
+    /// Validates configuration text (`path` names the file and anchors relative paths).
+    pub fn parse(path: &Path, text: &str) -> Result<RelayConfig, ConfigError> {
+        let src = Source { path, text };
+        let raw: RawRelayFile = toml::from_str(text).map_err(|e| match e.span() {
+            Some(span) => src.err_at(span, e.message()),
+            None => ConfigError::File {
+                path: path.to_path_buf(),
+                message: e.message().to_string(),
+            },
+        })?;
+        let r = raw.relay.get_ref();
+        let external_interface = interface_name(&src, &r.external_interface)?;
+        let own = address(&src, &r.address)?;
+        let private_key: Option<PrivateKey> = r
+            .private_key_file
+            .as_ref()
+            .map(|f| {
+                keys::read_private_key(&relative_to(path, f.get_ref())).map_err(|e| src.err(f, e))
+            })
+            .transpose()?;
+        let node_id = match (&private_key, &r.private_key_file) {
+            (Some(k), Some(f)) => Some(NodeId::from_public_key(&k.public_key()).ok_or_else(
+                || src.err(f, "this key's node id is the reserved all-zero id (probability 2^-64): make another key"),
+            )?),
+            _ => None,
+        };
+        let frame_max = match &r.frame_max {
+            None => DEFAULT_FRAME_MAX,
+            Some(f) => usize::try_from(*f.get_ref())
+                .ok()
+                .filter(|m| (MIN_FRAME_MAX..=9000).contains(m))
+                .ok_or_else(|| {
+                    src.err(
+                        f,
+                        format!("frame_max must be {MIN_FRAME_MAX}-9000, the same on every node"),
+                    )
+                })?,
+        };
+        let mtu = match &r.mtu {
+            None => 1500,
+            Some(m) => u16::try_from(*m.get_ref())
+                .ok()
+                .filter(|m| (1280..=9000).contains(m))
+                .ok_or_else(|| src.err(m, "mtu must be 1280-9000 (the external path's MTU)"))?,
+        };
+        if frame_max + LINK_WIRE_OVERHEAD > usize::from(mtu) {
+            return Err(src.err_at(
+                r.frame_max.as_ref().map_or(r.address.span(), Spanned::span),
+                format!(
+                    "frame_max {frame_max} needs an external MTU of {} (frame + {LINK_WIRE_OVERHEAD} bytes of IPv6, UDP, counter and tag), and mtu is {mtu}: lower frame_max on every node or raise mtu",
+                    frame_max + LINK_WIRE_OVERHEAD
+                ),
+            ));
+        }
+        let link_rotation = rotation(&src, &r.rotation_secs)?;
+        let jitter = r.jitter.as_ref().is_none_or(|j| *j.get_ref());
+        let mut names = HashSet::new();
+        let mut links = Vec::with_capacity(r.link.len());
+        let mut link_keys: Vec<(zeroize::Zeroizing<Vec<u8>>, String)> = Vec::new();
+        for l in &r.link {
+            let raw_link = l.get_ref();
+            let name = raw_link.name.get_ref().clone();
+            if name.is_empty() || !names.insert(name.clone()) {
+                return Err(src.err(
+                    &raw_link.name,
+                    format!("link name {name:?} is empty or used twice"),
+                ));
+            }
+            let addr = address(&src, &raw_link.address)?;
+            if same64(addr, own) {
+                return Err(src.err(&raw_link.address, format!("link {name:?}: {addr} is in this node's own /64 {}; every node needs a /64 of its own", prefix_of(own))));
+            }
+            if let Some(other) = links.iter().find(|o: &&LinkConfig| same64(o.address, addr)) {
+                return Err(src.err(&raw_link.address, format!("link {name:?}: {addr} shares a /64 with link {:?}; every node needs a /64 of its own", other.name)));
+            }
+            let key = key_file(&src, &raw_link.key_file)?;
+            if let Some((_, other)) = link_keys.iter().find(|(k, _)| k[..] == *key.as_bytes()) {
+                return Err(src.err(&raw_link.key_file, format!("link {name:?} uses the same key as link {other:?}: give every link its own key (`mt6d genpsk`)")));
+            }
+            link_keys.push((
+                zeroize::Zeroizing::new(key.as_bytes().to_vec()),
+                name.clone(),
+            ));
+            let mut stream = StreamConfig::new(Endpoint::new(own), Endpoint::new(addr), key);
+            stream.mode = Mode::Encrypt;
+            stream.rotation = link_rotation;
+            stream.jitter = jitter;
+            links.push(LinkConfig {
+                name,
+                address: addr,
+                stream,
+            });
+        }
+        if links.is_empty() {
+            return Err(src.err(
+                &raw.relay,
+                "no [[relay.link]]: a node needs at least one neighbour",
+            ));
+        }
+        let mut e2e = Vec::with_capacity(r.e2e.len());
+        let mut pairs = HashSet::new();
+        for e in &r.e2e {
+            let raw_e = e.get_ref();
+            let name = raw_e.name.get_ref().clone();
+            if name.is_empty() || !names.insert(name.clone()) {
+                return Err(src.err(&raw_e.name, format!("name {name:?} is empty or used twice (links and end-to-end peers share names)")));
+            }
+            if node_id.is_none() {
+                return Err(src.err(e, "an end-to-end peer needs this node's identity: set private_key_file (`mt6d keygen FILE`)"));
+            }
+            let public = keys::public_key(raw_e.public_key.get_ref(), "public_key")
+                .map_err(|err| src.err(&raw_e.public_key, err))?;
+            let destination = NodeId::from_public_key(&public)
+                .ok_or_else(|| src.err(&raw_e.public_key, "this key's node id is reserved"))?;
+            if Some(destination) == node_id {
+                return Err(src.err(&raw_e.public_key, "this is the node's own public key: give the other edge gateway's (`mt6d pubkey FILE` there)"));
+            }
+            let local = address(&src, &raw_e.local_host)?;
+            let remote = address(&src, &raw_e.remote_host)?;
+            for (a, at) in [(local, &raw_e.local_host), (remote, &raw_e.remote_host)] {
+                if same64(a, own) || links.iter().any(|l| same64(l.address, a)) {
+                    return Err(src.err(
+                        at,
+                        format!(
+                            "{a} is inside a relay node's /64: hosts need addresses of their own"
+                        ),
+                    ));
+                }
+            }
+            if local == remote || !pairs.insert((local, remote)) {
+                return Err(src.err(
+                    &raw_e.remote_host,
+                    format!("{local} -> {remote} is given twice, or one address twice"),
+                ));
+            }
+            let key = key_file(&src, &raw_e.key_file)?;
+            if link_keys.iter().any(|(k, _)| k[..] == *key.as_bytes()) {
+                return Err(src.err(&raw_e.key_file, format!("end-to-end peer {name:?} uses a key that is already used: give every link and pair its own key")));
+            }
+            link_keys.push((
+                zeroize::Zeroizing::new(key.as_bytes().to_vec()),
+                name.clone(),
+            ));
+            let mut stream = StreamConfig::new(Endpoint::new(local), Endpoint::new(remote), key);
+            stream.mode = Mode::Encrypt;
+            stream.rotation = match &raw_e.rotation_secs {
+                Some(_) => rotation(&src, &raw_e.rotation_secs)?,
+                None => link_rotation,
+            };
+            stream.jitter = jitter;
+            e2e.push(E2eConfig {
+                name,
+                destination,
+                stream,
+            });
+        }
+        let transit = match &r.transit {
+            Some(t) => *t.get_ref(),
+            None => e2e.is_empty(),
+        };
+        if !transit && e2e.is_empty() {
+            return Err(src.err(&raw.relay, "transit = false and no [[relay.e2e]]: this node would neither forward nor carry anything"));
+        }
+        let tun_name = match &r.tun_name {
+            Some(t) => interface_name(&src, t)?,
+            None => DEFAULT_RELAY_TUN.to_string(),
+        };
+        let listen_port = match &r.listen_port {
+            None => DEFAULT_RELAY_LISTEN_PORT,
+            Some(p) => u16::try_from(*p.get_ref())
+                .ok()
+                .filter(|p| *p >= 1)
+                .ok_or_else(|| src.err(p, "listen_port must be 1-65535"))?,
+        };
+        let log_level = match &r.log_level {
+            None => None,
+            Some(l) => Some(parse_log_level(l.get_ref()).ok_or_else(|| {
+                src.err(
+                    l,
+                    "log_level must be error, warn, info, debug, trace or off",
+                )
+            })?),
+        };
+        let control_socket = match &r.control_socket {
+            Some(p) => PathBuf::from(p.get_ref()),
+            None => super::default_control_socket(&tun_name),
+        };
+        if let Err(why) = crate::control::refuse_non_socket(&control_socket) {
+            return Err(match &r.control_socket {
+                Some(p) => src.err(p, why),
+                None => src.err(&raw.relay, why),
+            });
+        }
+        Ok(RelayConfig {
+            path: path.to_path_buf(),
+            external_interface,
+            address: own,
+            node_id,
+            transit,
+            frame_max,
+            rotation: link_rotation,
+            jitter,
+            listen_port,
+            tun_name,
+            mtu,
+            state_dir: r.state_dir.as_ref().map_or_else(
+                || PathBuf::from(DEFAULT_STATE_DIR),
+                |d| PathBuf::from(d.get_ref()),
+            ),
+            control_socket,
+            log_level,
+            links,
+            e2e,
+        })
+    }
+
+    /// The node's hashed /64 (the high 64 bits of `address`).
+    pub fn prefix(&self) -> Ipv6Addr {
+        prefix_of(self.address)
+    }
+
+    /// Whether this node is an edge gateway (it has end-to-end peers and a TUN device).
+    pub fn is_edge(&self) -> bool {
+        !self.e2e.is_empty()
+    }
+}
+
+/// The /64 holding `a`.
+pub fn prefix_of(a: Ipv6Addr) -> Ipv6Addr {
+    Ipv6Addr::from(u128::from(a) & !((1u128 << 64) - 1))
+}
+
+/// A pre-shared key from a file (mode 0600, base64).
+fn key_file(src: &Source, f: &Spanned<String>) -> Result<SessionKey, ConfigError> {
+    let file = relative_to(src.path, f.get_ref());
+    let text = keys::read_secret_file(&file).map_err(|e| src.err(f, e))?;
+    let bytes = keys::decode(&text, "key").map_err(|e| src.err(f, e))?;
+    SessionKey::from_bytes(&bytes).map_err(|e| src.err(f, e))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    struct Dir(PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn dir(tag: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("mt6d-relaycfg-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        for (name, byte) in [("l1.key", 1u8), ("l2.key", 2), ("e.key", 3)] {
+            let p = d.join(name);
+            std::fs::write(&p, keys::encode(&[byte; 32]).as_bytes()).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let k = keys::new_private_key().unwrap();
+        keys::write_secret_file(&d.join("id.key"), &keys::encode(&k.to_bytes()[..])).unwrap();
+        Dir(d)
+    }
+
+    fn other_public() -> String {
+        keys::public_key_text(&keys::new_private_key().unwrap().public_key())
+    }
+
+    const RELAY: &str = r#"
+[relay]
+external_interface = "eth0"
+address = "2001:db8:ff:1::1"
+control_socket = "/tmp/mt6d-relaycfg-test.sock"
+[[relay.link]]
+name = "r2"
+address = "2001:db8:ff:2::1"
+key_file = "l1.key"
+[[relay.link]]
+name = "r3"
+address = "2001:db8:ff:3::1"
+key_file = "l2.key"
+"#;
+
+    #[test]
+    fn a_pure_relay_is_transit_with_encrypt_links_between_the_nodes_addresses() {
+        let d = dir("relay");
+        let c = RelayConfig::parse(&d.0.join("r.toml"), RELAY).unwrap();
+        assert!(c.transit && !c.is_edge() && c.node_id.is_none());
+        assert_eq!(c.links.len(), 2);
+        assert_eq!(c.links[1].stream.mode, Mode::Encrypt);
+        assert_eq!(
+            c.links[1].stream.remote.true_addr,
+            "2001:db8:ff:3::1".parse::<Ipv6Addr>().unwrap()
+        );
+        assert_eq!(c.prefix(), "2001:db8:ff:1::".parse::<Ipv6Addr>().unwrap());
+        assert_eq!(c.frame_max, DEFAULT_FRAME_MAX);
+    }
+
+    #[test]
+    fn an_edge_needs_its_identity_and_its_hosts_outside_the_nodes_prefixes() {
+        let d = dir("edge");
+        let e2e = format!(
+            "[[relay.e2e]]\nname = \"ab\"\npublic_key = \"{}\"\nlocal_host = \"fd00:a::10\"\nremote_host = \"fd00:b::10\"\nkey_file = \"e.key\"\n",
+            other_public()
+        );
+        let text = format!("{RELAY}{e2e}");
+        let err = RelayConfig::parse(&d.0.join("r.toml"), &text)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("private_key_file"), "{err}");
+        let with_id = text.replace(
+            "address = \"2001:db8:ff:1::1\"",
+            "address = \"2001:db8:ff:1::1\"\nprivate_key_file = \"id.key\"",
+        );
+        let c = RelayConfig::parse(&d.0.join("r.toml"), &with_id).unwrap();
+        assert!(c.is_edge() && !c.transit && c.node_id.is_some());
+        let inside = with_id.replace("fd00:b::10", "2001:db8:ff:2::99");
+        let err = RelayConfig::parse(&d.0.join("r.toml"), &inside)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("inside a relay node's /64") && err.contains(":19:"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn shared_keys_and_prefixes_and_oversized_frames_are_refused_with_their_line() {
+        let d = dir("refuse");
+        let p = d.0.join("r.toml");
+        let same_key = RELAY.replacen("l2.key", "l1.key", 1);
+        let err = RelayConfig::parse(&p, &same_key).unwrap_err().to_string();
+        assert!(err.contains("same key") && err.contains(":13:"), "{err}");
+        let same64 = RELAY.replace("2001:db8:ff:3::1", "2001:db8:ff:2::2");
+        let err = RelayConfig::parse(&p, &same64).unwrap_err().to_string();
+        assert!(err.contains("shares a /64"), "{err}");
+        let own = RELAY.replace("2001:db8:ff:3::1", "2001:db8:ff:1::2");
+        let err = RelayConfig::parse(&p, &own).unwrap_err().to_string();
+        assert!(err.contains("own /64"), "{err}");
+        let big = RELAY.replace(
+            "address = \"2001:db8:ff:1::1\"",
+            "address = \"2001:db8:ff:1::1\"\nframe_max = 1450",
+        );
+        let err = RelayConfig::parse(&p, &big).unwrap_err().to_string();
+        assert!(err.contains("external MTU of 1522"), "{err}");
+        let none = "[relay]\nexternal_interface = \"eth0\"\naddress = \"2001:db8:ff:1::1\"\n";
+        let err = RelayConfig::parse(&p, none).unwrap_err().to_string();
+        assert!(err.contains("at least one neighbour"), "{err}");
+    }
+}

@@ -1,0 +1,580 @@
+//! The relay node's one thread: the transparent socket, the raw socket, the TUN device of an
+//! edge gateway, the node's timers and the control socket, driven by one epoll loop.
+//!
+//! Per batch of received datagrams: `recvmmsg` (UDP GRO: several datagrams of one link in one
+//! buffer) -> the link named by the datagram's (destination, source) -> `handle_datagram`, which
+//! opens and re-seals a forwarded frame in the buffer it arrived in, or restores an inner packet
+//! there -> forwarded frames leave in one `sendmmsg` on the raw socket, from the next link's
+//! hashed address and port; inner packets go to the TUN device in one batched write. Per batch
+//! of TUN packets: the end-to-end peer named by the inner (source, destination) ->
+//! `send_inner` seals end to end and for the next hop's link into a slot of one buffer -> one
+//! `sendmmsg`. No allocation per packet; the only lookups per packet are the link scan (three
+//! routes per link) and, at an edge, one hash of the inner address pair.
+
+use std::collections::HashMap;
+use std::net::{Ipv6Addr, SocketAddrV6};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use mt6d_os::raw_udp::{RawSendMsg, RawSendScratch};
+use mt6d_os::udp::RecvBuf;
+use mt6d_os::{
+    Epoll, EpollEvents, GROTable, RecvScratch, TunRecvScratch, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN,
+};
+use mt6d_proto::relay::cost::LinkState;
+use mt6d_proto::relay::node::{E2eId, Event, NodeError, Received, RelayNode};
+use mt6d_proto::relay::table::Neighbour;
+use mt6d_proto::tunnel::frame_payload_len;
+use mt6d_proto::UnixTime;
+use rand::Rng;
+
+use super::status::{E2eStatus, LinkStatus, RelayStatus, RouteStatus};
+use super::{e2e_id, neighbour, RelayError, RelayIo};
+use crate::anyip::os;
+use crate::config::RelayConfig;
+use crate::control::{Asked, ChangeAnswer, ControlServer};
+use crate::gateway::clock;
+use crate::gateway::signals::Signals;
+
+/// Longest the loop sleeps: it also watches the stop flag and answers the control socket (a
+/// request waits at most this long).
+const TICK: Duration = Duration::from_millis(50);
+/// Buffers in one recvmmsg.
+const RX_BATCH: usize = 32;
+/// How often the counters are logged (at info) while anything moves.
+const REPORT_EVERY: Duration = Duration::from_secs(60);
+const SOCKET_TOKEN: u64 = 0;
+const TUN_TOKEN: u64 = 1;
+
+/// What the daemon counted around the node (the node counts its own, by spec label).
+#[derive(Debug, Default, Clone)]
+pub struct IoCounters {
+    pub rx_datagrams: u64,
+    pub rx_truncated: u64,
+    /// Datagrams to the prefix on no current route of any link (a scan, an old epoch's
+    /// straggler, a forgery): dropped before any key is used.
+    pub rx_no_link: u64,
+    pub tx_datagrams: u64,
+    pub tx_send_failed: u64,
+    pub socket_queue_drops: u64,
+    pub tun_rx_packets: u64,
+    /// Packets from the protected side between no configured host pair.
+    pub tun_no_peer: u64,
+    pub tun_no_route: u64,
+    pub tun_seal_failed: u64,
+    pub tun_tx_packets: u64,
+    pub tun_write_failures: u64,
+}
+
+/// One datagram to send: (where its bytes are, length, source, destination).
+type Span = (usize, usize, usize, SocketAddrV6, SocketAddrV6);
+
+struct Plane<'a> {
+    cfg: &'a RelayConfig,
+    node: RelayNode,
+    io: RelayIo,
+    by_pair: HashMap<(Ipv6Addr, Ipv6Addr), E2eId>,
+    counters: IoCounters,
+    rx_scratch: RecvScratch,
+    bufs: Vec<RecvBuf>,
+    /// Forwarded frames: (buffer index, start in it, length, source, destination).
+    spans: Vec<Span>,
+    tun_out: Vec<Vec<u8>>,
+    tun_ready: usize,
+    gro: GROTable,
+    tun_scratch: TunRecvScratch,
+    tun_packets: Vec<Vec<u8>>,
+    tun_sizes: Vec<usize>,
+    /// Sealed datagrams of one TUN batch, one slot of `slot` bytes each.
+    sealed: Vec<u8>,
+    slot: usize,
+    send_scratch: RawSendScratch,
+    msgs_store: Vec<RawSendMsg<'static>>,
+    /// Probes, replies and routing messages are sealed here one at a time.
+    control_buf: Vec<u8>,
+}
+
+/// Serves until a stop signal (or a fatal error of the loop itself).
+pub fn serve(
+    cfg: &RelayConfig,
+    node: RelayNode,
+    io: RelayIo,
+    signals: &Signals,
+    started: Instant,
+) -> Result<(), RelayError> {
+    let epoll = Epoll::new().map_err(os("epoll"))?;
+    io.socket
+        .set_nonblocking(true)
+        .map_err(os("make the transparent socket non-blocking"))?;
+    epoll
+        .add(io.socket.as_raw_fd(), SOCKET_TOKEN)
+        .map_err(os("watch the transparent socket"))?;
+    if let Some(tun) = &io.tun {
+        tun.set_nonblocking(true)
+            .map_err(os(format!("make {} non-blocking", cfg.tun_name)))?;
+        epoll
+            .add(tun.as_raw_fd(), TUN_TOKEN)
+            .map_err(os(format!("watch {}", cfg.tun_name)))?;
+    }
+    let ctl = ControlServer::bind(&cfg.control_socket).map_err(|e| {
+        RelayError::Setup(format!(
+            "control socket {}: {e}",
+            cfg.control_socket.display()
+        ))
+    })?;
+    let slot = frame_payload_len(cfg.frame_max);
+    let tun_mtu = super::inner_mtu(cfg.frame_max);
+    let mut plane = Plane {
+        cfg,
+        by_pair: cfg
+            .e2e
+            .iter()
+            .enumerate()
+            .map(|(j, e)| {
+                (
+                    (e.stream.local.true_addr, e.stream.remote.true_addr),
+                    e2e_id(j),
+                )
+            })
+            .collect(),
+        node,
+        io,
+        counters: IoCounters::default(),
+        rx_scratch: RecvScratch::new(RX_BATCH),
+        bufs: (0..RX_BATCH).map(|_| RecvBuf::new()).collect(),
+        spans: Vec::with_capacity(RX_BATCH * 64),
+        tun_out: (0..IDEAL_BATCH_SIZE)
+            .map(|_| Vec::with_capacity(VIRTIO_NET_HDR_LEN + 65_535))
+            .collect(),
+        tun_ready: 0,
+        gro: GROTable::default(),
+        tun_scratch: TunRecvScratch::new(),
+        tun_packets: vec![vec![0u8; tun_mtu + 64]; IDEAL_BATCH_SIZE],
+        tun_sizes: vec![0; IDEAL_BATCH_SIZE],
+        sealed: vec![0u8; IDEAL_BATCH_SIZE * slot],
+        slot,
+        send_scratch: RawSendScratch::new(RX_BATCH * 64),
+        msgs_store: Vec::with_capacity(RX_BATCH * 64),
+        control_buf: vec![0u8; slot],
+    };
+    log::info!(
+        "relay node {} on {}/64: {} links ({}), {} end-to-end peers{}, transit {}, frame_max {}, ready {:.2} s after start",
+        cfg.node_id.map_or_else(|| "(no id)".to_string(), |n| n.to_string()),
+        cfg.prefix(),
+        cfg.links.len(),
+        cfg.links.iter().map(|l| format!("{} at {}", l.name, l.address)).collect::<Vec<_>>().join(", "),
+        cfg.e2e.len(),
+        if cfg.is_edge() { format!(", TUN {} MTU {tun_mtu}", cfg.tun_name) } else { String::new() },
+        cfg.transit,
+        cfg.frame_max,
+        started.elapsed().as_secs_f64()
+    );
+    if let Err(e) = mt6d_os::service::ready(&format!("relay node, {} links", cfg.links.len())) {
+        log::warn!("tell the service manager we are ready: {e}");
+    }
+    let mut events = EpollEvents::with_capacity(4);
+    let mut rng = rand::rng();
+    let mut last_report = Instant::now();
+    let mut last_rx = 0;
+    plane.housekeeping(&mut rng);
+    loop {
+        if signals.stop_requested() {
+            return Ok(());
+        }
+        if signals.take_reload() {
+            log::warn!(
+                "SIGHUP: the relay role does not reload its file yet; restart it to apply changes"
+            );
+        }
+        let now = clock::now();
+        let wait = Duration::from_nanos(
+            plane
+                .node
+                .poll_timeout()
+                .as_nanos()
+                .saturating_sub(now.as_nanos()),
+        )
+        .min(TICK);
+        epoll.wait(&mut events, Some(wait)).map_err(os("wait"))?;
+        for token in events.tokens() {
+            match token {
+                SOCKET_TOKEN => plane.on_socket(),
+                TUN_TOKEN => plane.on_tun(),
+                _ => {}
+            }
+        }
+        plane.housekeeping(&mut rng);
+        while let Some(pending) = ctl.next_request() {
+            match pending.request.clone() {
+                Asked::Status => pending.reply(&plane.status(started)),
+                Asked::Change(_) => pending.reply(&ChangeAnswer {
+                    error: Some(
+                        "the relay role has no runtime changes yet: edit the file and restart"
+                            .into(),
+                    ),
+                    ..ChangeAnswer::default()
+                }),
+                Asked::Unknown(why) => pending.reply(&ChangeAnswer {
+                    error: Some(why),
+                    ..ChangeAnswer::default()
+                }),
+            }
+        }
+        if last_report.elapsed() >= REPORT_EVERY {
+            if plane.counters.rx_datagrams != last_rx {
+                log::info!("{}", plane.counter_line());
+                last_rx = plane.counters.rx_datagrams;
+            }
+            last_report = Instant::now();
+        }
+    }
+}
+
+impl Plane<'_> {
+    fn link_name(&self, n: Neighbour) -> &str {
+        usize::try_from(n.0)
+            .ok()
+            .and_then(|i| self.cfg.links.get(i))
+            .map_or("?", |l| l.name.as_str())
+    }
+
+    /// Timers due, then whatever the node queued: link-local frames to send, events to log.
+    fn housekeeping(&mut self, rng: &mut impl Rng) {
+        let now = clock::now();
+        if self.node.poll_timeout() <= now {
+            self.node.handle_timeout(now, || rng.random());
+        }
+        self.drain(now);
+    }
+
+    /// Sends every queued probe, reply and routing message; logs the events.
+    fn drain(&mut self, now: UnixTime) {
+        while let Some(t) = self.node.poll_transmit(now, &mut self.control_buf) {
+            let msg = [RawSendMsg {
+                src: t.route.local,
+                dst: t.route.remote,
+                payload: &self.control_buf[..t.len],
+            }];
+            match self.io.raw.send_batch(&mut self.send_scratch, &msg) {
+                Ok(1) => self.counters.tx_datagrams += 1,
+                _ => self.counters.tx_send_failed += 1,
+            }
+        }
+        while let Some(ev) = self.node.poll_event() {
+            match ev {
+                Event::LinkSchedule { link, schedule } => log::debug!(
+                    "link {}: epoch {}, sending {} -> {}",
+                    self.link_name(link),
+                    schedule.send.epoch.0,
+                    schedule.send.local,
+                    schedule.send.remote
+                ),
+                Event::LinkCost { link, cost } if !cost.is_finite() => {
+                    log::warn!("link {}: dead (no probe answered)", self.link_name(link));
+                }
+                Event::LinkCost { link, cost } => {
+                    log::info!("link {}: cost {}", self.link_name(link), cost.0);
+                }
+                Event::RouteChanged {
+                    destination,
+                    next_hop: Some(n),
+                } => log::info!("route to {destination}: via {}", self.link_name(n)),
+                Event::RouteChanged {
+                    destination,
+                    next_hop: None,
+                } => log::warn!("route to {destination}: none (unreachable)"),
+            }
+        }
+    }
+
+    /// One batch of datagrams from the links.
+    fn on_socket(&mut self) {
+        let got = match self
+            .io
+            .socket
+            .recv_ready(&mut self.rx_scratch, &mut self.bufs)
+        {
+            Ok(n) => n,
+            Err(e) if e.is_would_block() => return,
+            Err(e) => {
+                log::debug!("{e}");
+                return;
+            }
+        };
+        self.counters.socket_queue_drops += self.io.socket.take_queue_drops();
+        let now = clock::now();
+        self.spans.clear();
+        self.tun_ready = 0;
+        // Out of `self` while the node works on them (a move of the vector, no copy).
+        let mut bufs = std::mem::take(&mut self.bufs);
+        for (b, buf) in bufs[..got].iter_mut().enumerate() {
+            if buf.truncated() {
+                self.counters.rx_truncated += 1;
+                continue;
+            }
+            let local = SocketAddrV6::new(buf.dst(), buf.dst_port(), 0, 0);
+            let remote = buf.src();
+            let len = buf.len();
+            let seg = buf.segment_size().map_or(len, usize::from).max(1);
+            let Some(link) = self.node.link_of(local, remote) else {
+                self.counters.rx_no_link += len.div_ceil(seg) as u64;
+                continue;
+            };
+            let data = buf.data_mut();
+            let mut start = 0;
+            while start < len {
+                let end = (start + seg).min(len);
+                self.counters.rx_datagrams += 1;
+                match self
+                    .node
+                    .handle_datagram(now, link, local, remote, &mut data[start..end])
+                {
+                    Received::Forward(t) => {
+                        self.spans
+                            .push((b, start, t.len, t.route.local, t.route.remote));
+                    }
+                    Received::Deliver { range, .. } => {
+                        let inner = &data[start + range.start..start + range.end];
+                        if self.tun_ready == self.tun_out.len() {
+                            self.flush_tun();
+                        }
+                        let slot = &mut self.tun_out[self.tun_ready];
+                        slot.clear();
+                        slot.resize(VIRTIO_NET_HDR_LEN, 0);
+                        slot.extend_from_slice(inner);
+                        self.tun_ready += 1;
+                    }
+                    Received::Consumed => {}
+                }
+                start = end;
+            }
+        }
+        self.flush_tun();
+        let spans = std::mem::take(&mut self.spans);
+        self.send_spans(&spans, |b, start, len| &bufs[b].data()[start..start + len]);
+        self.spans = spans;
+        self.bufs = bufs;
+        self.drain(now);
+    }
+
+    /// One batch of inner packets from the protected side (edge gateways).
+    fn on_tun(&mut self) {
+        let Some(tun) = &self.io.tun else { return };
+        let n = match tun.recv_batch(
+            &mut self.tun_scratch,
+            &mut self.tun_packets,
+            &mut self.tun_sizes,
+            0,
+        ) {
+            Ok(n) => n,
+            Err(e) if e.is_would_block() => return,
+            Err(e) => {
+                log::warn!("{e}");
+                return;
+            }
+        };
+        let now = clock::now();
+        self.spans.clear();
+        let mut cursor = 0;
+        for i in 0..n {
+            self.counters.tun_rx_packets += 1;
+            let inner = &self.tun_packets[i][..self.tun_sizes[i]];
+            let pair = inner.get(8..24).zip(inner.get(24..40)).and_then(|(s, d)| {
+                let s: [u8; 16] = s.try_into().ok()?;
+                let d: [u8; 16] = d.try_into().ok()?;
+                Some((Ipv6Addr::from(s), Ipv6Addr::from(d)))
+            });
+            let Some(&id) = pair.and_then(|p| self.by_pair.get(&p)) else {
+                self.counters.tun_no_peer += 1;
+                continue;
+            };
+            let out = &mut self.sealed[cursor..cursor + self.slot];
+            match self.node.send_inner(now, id, inner, out) {
+                Ok(t) => {
+                    self.spans
+                        .push((0, cursor, t.len, t.route.local, t.route.remote));
+                    cursor += self.slot;
+                }
+                Err(NodeError::NoRoute(_)) => self.counters.tun_no_route += 1,
+                Err(e) => {
+                    self.counters.tun_seal_failed += 1;
+                    log::debug!("seal for end-to-end peer {}: {e}", id.0);
+                }
+            }
+        }
+        let spans = std::mem::take(&mut self.spans);
+        let sealed = std::mem::take(&mut self.sealed);
+        self.send_spans(&spans, |_, start, len| &sealed[start..start + len]);
+        self.sealed = sealed;
+        self.spans = spans;
+        self.drain(now);
+    }
+
+    /// Sends each span's bytes in `sendmmsg` batches; a refused message is counted and skipped.
+    fn send_spans<'b>(&mut self, spans: &[Span], bytes: impl Fn(usize, usize, usize) -> &'b [u8]) {
+        let mut msgs = recycle(std::mem::take(&mut self.msgs_store));
+        let mut i = 0;
+        while i < spans.len() {
+            msgs.clear();
+            for &(b, start, len, src, dst) in &spans[i..] {
+                msgs.push(RawSendMsg {
+                    src,
+                    dst,
+                    payload: bytes(b, start, len),
+                });
+            }
+            match self.io.raw.send_batch(&mut self.send_scratch, &msgs) {
+                Ok(0) | Err(_) => {
+                    self.counters.tx_send_failed += 1;
+                    i += 1;
+                }
+                Ok(k) => {
+                    self.counters.tx_datagrams += k as u64;
+                    i += k;
+                }
+            }
+        }
+        self.msgs_store = recycle(msgs);
+    }
+
+    fn flush_tun(&mut self) {
+        if self.tun_ready == 0 {
+            return;
+        }
+        if let Some(tun) = &self.io.tun {
+            let packets = &mut self.tun_out[..self.tun_ready];
+            match tun.send_batch(&mut self.gro, packets, VIRTIO_NET_HDR_LEN) {
+                Ok(_) => self.counters.tun_tx_packets += self.tun_ready as u64,
+                Err(e) => {
+                    self.counters.tun_write_failures += 1;
+                    log::debug!("{e}");
+                }
+            }
+        }
+        self.tun_ready = 0;
+    }
+
+    fn counter_map(&self) -> std::collections::BTreeMap<String, u64> {
+        let c = &self.counters;
+        let n = self.node.counters();
+        let mut m: std::collections::BTreeMap<String, u64> = [
+            ("rx_datagrams", c.rx_datagrams),
+            ("rx_truncated", c.rx_truncated),
+            ("rx_no_link", c.rx_no_link),
+            ("tx_datagrams", c.tx_datagrams),
+            ("tx_send_failed", c.tx_send_failed),
+            ("socket_queue_drops", c.socket_queue_drops),
+            ("tun_rx_packets", c.tun_rx_packets),
+            ("tun_no_peer", c.tun_no_peer),
+            ("tun_no_route", c.tun_no_route),
+            ("tun_seal_failed", c.tun_seal_failed),
+            ("tun_tx_packets", c.tun_tx_packets),
+            ("tun_write_failures", c.tun_write_failures),
+            ("forwarded", n.forwarded),
+            ("delivered", n.delivered),
+            ("originated", n.originated),
+            ("probes_answered", n.probes_answered),
+            ("routing_received", n.routing_received),
+            ("keepalives", n.keepalives),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        for (label, v) in n.drop_labels() {
+            m.insert(format!("drop_{label}"), v);
+        }
+        m
+    }
+
+    fn counter_line(&self) -> String {
+        self.counter_map()
+            .iter()
+            .filter(|(_, v)| **v > 0)
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    fn status(&self, started: Instant) -> RelayStatus {
+        let cfg = self.cfg;
+        let table = self.node.table();
+        let links = cfg
+            .links
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let n = neighbour(i);
+                let m = self.node.monitor(n);
+                let (lost, sent) = m.map_or((0, 0), |m| m.loss());
+                LinkStatus {
+                    name: l.name.clone(),
+                    address: l.address.to_string(),
+                    state: match m.map(|m| m.state()) {
+                        Some(LinkState::Up) => "up",
+                        Some(LinkState::Probation { .. }) => "probation",
+                        _ => "down",
+                    }
+                    .to_string(),
+                    cost: m.map_or(u16::MAX, |m| m.cost().0),
+                    rtt_ms: m.and_then(|m| m.srtt()).map(|d| d.as_secs_f64() * 1e3),
+                    probes_lost: lost,
+                    probes_sent: sent,
+                    route: self
+                        .node
+                        .link_schedule(n)
+                        .map(|s| format!("{} -> {}", s.send.local, s.send.remote))
+                        .unwrap_or_default(),
+                }
+            })
+            .collect();
+        let routes = table
+            .routes()
+            .map(|(d, r)| RouteStatus {
+                destination: d.to_string(),
+                next_hop: self.link_name(r.next_hop).to_string(),
+                metric: r.metric.0,
+            })
+            .collect();
+        let e2e = cfg
+            .e2e
+            .iter()
+            .map(|e| E2eStatus {
+                name: e.name.clone(),
+                destination: e.destination.to_string(),
+                local_host: e.stream.local.true_addr.to_string(),
+                remote_host: e.stream.remote.true_addr.to_string(),
+                next_hop: table
+                    .next_hop(&e.destination)
+                    .map(|n| self.link_name(n).to_string()),
+            })
+            .collect();
+        RelayStatus {
+            role: "relay".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            pid: std::process::id(),
+            uptime_secs: started.elapsed().as_secs(),
+            config: cfg.path.display().to_string(),
+            node_id: cfg.node_id.map(|n| n.to_string()),
+            transit: cfg.transit,
+            prefix: cfg.prefix().to_string(),
+            tun: cfg.is_edge().then(|| cfg.tun_name.clone()),
+            links,
+            routes,
+            e2e,
+            counters: self.counter_map(),
+        }
+    }
+}
+
+/// Empties a vector of borrowed messages and hands back its allocation with a fresh lifetime
+/// (no allocation per batch; the vector is empty, so the closure never runs).
+fn recycle<'b>(mut v: Vec<RawSendMsg<'_>>) -> Vec<RawSendMsg<'b>> {
+    v.clear();
+    v.into_iter()
+        .map(|m| RawSendMsg {
+            src: m.src,
+            dst: m.dst,
+            payload: &[],
+        })
+        .collect()
+}

@@ -1,0 +1,235 @@
+//! The relay role (tracker issue 13; docs/CONFIG.md "The relay role", docs/ARCHITECTURE.md
+//! "Relays"): one node of a relay network, driving the protocol crate's sans-IO
+//! [`mt6d_proto::relay::node::RelayNode`] with real sockets.
+//!
+//! * The node's hashed /64 is local as a whole (one AnyIP route) and one nftables rule hands
+//!   every UDP datagram to it to one transparent socket, as the server role does
+//!   ([`crate::anyip`]); the datagram's (source, destination) names its link
+//!   ([`RelayNode::link_of`]). Whatever the node sends leaves through one raw UDP socket from
+//!   exactly the link's hashed address and port of the epoch. Nothing per address or port is
+//!   added to the kernel at rotation.
+//! * An edge gateway has a TUN device: each end-to-end peer's remote host is routed into it
+//!   (behind a `prohibit` guard route that keeps it unreachable after a crash), and inner packets
+//!   delivered to this node are written to it.
+//! * One thread ([`dataplane`]) owns the node: a relay node is one state machine (its routing
+//!   table, every link's monitor, keys and replay window), so it is driven from one thread;
+//!   datagrams are received and sent in batches.
+
+pub mod dataplane;
+pub mod status;
+
+use std::path::Path;
+use std::time::Instant;
+
+use mt6d_os::{RawUdp6, Tun, UdpSocket6};
+use mt6d_proto::endpoint::IndexSeed;
+use mt6d_proto::relay::e2e::e2e_relay_payload_len;
+use mt6d_proto::relay::frame::HEADER_LEN;
+use mt6d_proto::relay::node::{E2eId, RelayNode};
+use mt6d_proto::relay::table::Neighbour;
+use mt6d_proto::Stream;
+
+use crate::anyip::{os, PrefixSystem, SystemError, TunSpec};
+use crate::config::RelayConfig;
+use crate::gateway::clock;
+use crate::gateway::signals::Signals;
+
+/// A relay start-up or run failure, with what was being done.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    System(#[from] SystemError),
+    #[error(transparent)]
+    Generation(#[from] crate::server::generation::GenerationError),
+    #[error(transparent)]
+    Privilege(#[from] crate::privilege::PrivilegeError),
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// The sockets and device the data plane works with.
+#[allow(missing_debug_implementations)] // file descriptors only
+pub struct RelayIo {
+    pub socket: UdpSocket6,
+    pub raw: RawUdp6,
+    pub tun: Option<Tun>,
+}
+
+/// The largest inner packet an edge gateway carries in a frame of `frame_max` bytes: its TUN
+/// device's MTU.
+pub fn inner_mtu(frame_max: usize) -> usize {
+    let overhead = e2e_relay_payload_len(1280) - 1280 + HEADER_LEN;
+    frame_max.saturating_sub(overhead)
+}
+
+/// Builds the node from the configuration: every link and end-to-end peer with its pre-shared
+/// key, send counters from the run's generation. Link `i` of the file is `Neighbour(i)`,
+/// end-to-end peer `j` is `E2eId(j)`.
+pub fn build_node(
+    cfg: &RelayConfig,
+    counters: crate::server::registry::CounterRange,
+) -> Result<RelayNode, RelayError> {
+    let now = clock::now();
+    let mut seed = [0u8; 16];
+    getrandom::fill(&mut seed)
+        .map_err(|e| RelayError::Setup(format!("draw the route tag index seed: {e}")))?;
+    let mut node = RelayNode::new(
+        now,
+        cfg.node_id,
+        cfg.transit,
+        cfg.frame_max,
+        IndexSeed::from_bytes(seed),
+    )
+    .map_err(|e| RelayError::Setup(format!("{}: {e}", cfg.path.display())))?;
+    for (i, l) in cfg.links.iter().enumerate() {
+        let stream = Stream::new(l.stream.clone())
+            .map_err(|e| RelayError::Setup(format!("link {:?}: {e}", l.name)))?;
+        let sealer = stream.sealer(counters.first, counters.end);
+        node.add_link(now, neighbour(i), stream, sealer)
+            .map_err(|e| RelayError::Setup(format!("link {:?}: {e}", l.name)))?;
+    }
+    for (j, e) in cfg.e2e.iter().enumerate() {
+        let stream = Stream::new(e.stream.clone())
+            .map_err(|err| RelayError::Setup(format!("end-to-end peer {:?}: {err}", e.name)))?;
+        let sealer = stream.sealer(counters.first, counters.end);
+        node.add_e2e(now, e2e_id(j), e.destination, stream, sealer)
+            .map_err(|err| RelayError::Setup(format!("end-to-end peer {:?}: {err}", e.name)))?;
+    }
+    Ok(node)
+}
+
+/// Link `i` of the file.
+pub fn neighbour(i: usize) -> Neighbour {
+    Neighbour(u32::try_from(i).unwrap_or(u32::MAX))
+}
+
+/// End-to-end peer `j` of the file.
+pub fn e2e_id(j: usize) -> E2eId {
+    E2eId(u32::try_from(j).unwrap_or(u32::MAX))
+}
+
+/// Runs the node until SIGTERM or SIGINT, then removes everything it added.
+pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let cfg = RelayConfig::load(config_path)?;
+    crate::privilege::check_all()?;
+    let signals = Signals::install()?;
+    let mtu = inner_mtu(cfg.frame_max);
+    if cfg.is_edge() && mtu < 1280 {
+        return Err(format!(
+            "{}: frame_max {} leaves inner packets {mtu} bytes, below IPv6's 1280: raise frame_max on every node",
+            config_path.display(),
+            cfg.frame_max
+        )
+        .into());
+    }
+    mt6d_os::secrets::set_non_dumpable()
+        .map_err(|e| RelayError::Setup(format!("mark the process non-dumpable: {e}")))?;
+    let counters = crate::server::generation::reserve_named(
+        &cfg.state_dir,
+        &format!("relay-{}", cfg.tun_name),
+    )?;
+    let started = Instant::now();
+    let node = build_node(&cfg, counters)?;
+    let mut system = system(&cfg)?;
+    let result = set_up(&mut system, &cfg, mtu)
+        .and_then(|io| dataplane::serve(&cfg, node, io, &signals, started));
+    let leftovers = system.tear_down();
+    for l in &leftovers {
+        log::error!("clean-up: {l}");
+    }
+    result?;
+    if let Some(sig) = signals.stopped_by() {
+        log::info!("stopped by {sig}");
+    }
+    if leftovers.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("clean-up left: {}", leftovers.join("; ")).into())
+    }
+}
+
+/// `mt6d down -c FILE` for a relay node: removes the nftables table, the AnyIP route and the
+/// guard routes a node that died without cleaning up left. Refuses while the node runs (it
+/// answers on its control socket).
+pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let cfg = RelayConfig::load(config_path)?;
+    crate::privilege::check_run()?;
+    if crate::control::query_any_status(&cfg.control_socket).is_ok() {
+        return Err(format!(
+            "the relay node for {} is running (it answers on {}); stop it with SIGTERM, which cleans up itself",
+            config_path.display(),
+            cfg.control_socket.display()
+        )
+        .into());
+    }
+    let mut system = system(&cfg)?;
+    system.prefix_added = true;
+    system.table_loaded = true;
+    system.guards = guard_routes(&cfg);
+    let left = system.tear_down();
+    if left.is_empty() {
+        println!(
+            "removed what a relay node for {} could have left: nftables table {}, AnyIP route {}/64{}",
+            config_path.display(),
+            system.table_spec(),
+            cfg.prefix(),
+            if cfg.is_edge() {
+                ", guard routes for its end-to-end peers' remote hosts"
+            } else {
+                ""
+            }
+        );
+        Ok(())
+    } else {
+        Err(left.join("; ").into())
+    }
+}
+
+fn system(cfg: &RelayConfig) -> Result<PrefixSystem, RelayError> {
+    Ok(PrefixSystem::new(
+        &format!("mt6d_relay_{}", cfg.tun_name),
+        cfg.prefix(),
+    )?)
+}
+
+/// The remote hosts of an edge gateway's end-to-end peers, one /128 each.
+fn guard_routes(cfg: &RelayConfig) -> Vec<(std::net::Ipv6Addr, u8)> {
+    let mut routes: Vec<_> = cfg
+        .e2e
+        .iter()
+        .map(|e| (e.stream.remote.true_addr, 128))
+        .collect();
+    routes.sort();
+    routes.dedup();
+    routes
+}
+
+/// Guard routes and the TUN device (edge gateways), the AnyIP route and the nftables table, the
+/// transparent and the raw socket.
+fn set_up(system: &mut PrefixSystem, cfg: &RelayConfig, mtu: usize) -> Result<RelayIo, RelayError> {
+    system.check_interface(&cfg.external_interface, "external interface")?;
+    let tun = if cfg.is_edge() {
+        let routes = guard_routes(cfg);
+        system.add_guards(&routes)?;
+        let mtu = u16::try_from(mtu).map_err(|_| RelayError::Setup("MTU out of range".into()))?;
+        let mut tuns = system.create_tun(&TunSpec {
+            name: &cfg.tun_name,
+            mtu,
+            queues: 1,
+            address: None,
+            routes: &routes,
+        })?;
+        tuns.pop()
+    } else {
+        None
+    };
+    system.claim_prefix(&crate::anyip::ruleset(cfg.prefix(), cfg.listen_port))?;
+    let socket = UdpSocket6::bind_transparent(cfg.listen_port).map_err(os(format!(
+        "open a transparent socket on port {}",
+        cfg.listen_port
+    )))?;
+    let raw = RawUdp6::open().map_err(os("open a raw UDP socket"))?;
+    Ok(RelayIo { socket, raw, tun })
+}
