@@ -53,9 +53,9 @@ use super::{collision, session};
 /// How often an idle worker looks at the shutdown flag (and erases expired keys).
 const POLL: Duration = Duration::from_millis(100);
 /// Most datagrams in one UDP GSO send (the kernel's UDP_MAX_SEGMENTS is 64 on older kernels).
-const MAX_GSO_SEGMENTS: usize = 64;
+pub(crate) const MAX_GSO_SEGMENTS: usize = 64;
 /// Most bytes in one UDP GSO send (an IPv6 datagram's payload length is 16 bits).
-const MAX_GSO_BYTES: usize = 65_000;
+pub(crate) const MAX_GSO_BYTES: usize = 65_000;
 /// Buffers in one recvmmsg.
 const RX_BATCH: usize = 32;
 

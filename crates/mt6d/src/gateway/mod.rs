@@ -63,7 +63,7 @@ use crate::status::{
 use collision::CollisionWatch;
 use counters::{DirectionCounters, DropReason};
 pub use dataplane::stop_all_if_it_panics;
-pub(crate) use dataplane::write_to_tun;
+pub(crate) use dataplane::{write_to_tun, MAX_GSO_BYTES, MAX_GSO_SEGMENTS};
 pub use error::GatewayError;
 use icmp::IcmpTranslator;
 use liveness::Liveness;

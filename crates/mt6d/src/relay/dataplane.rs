@@ -1,15 +1,17 @@
-//! The relay node's one thread: the transparent socket, the raw socket, the TUN device of an
-//! edge gateway, the node's timers and the control socket, driven by one epoll loop.
+//! The relay node's one thread: the transparent socket, the sending sockets, the TUN device of
+//! an edge gateway, the node's timers and the control socket, driven by one epoll loop.
 //!
 //! Per batch of received datagrams: `recvmmsg` (UDP GRO: several datagrams of one link in one
 //! buffer) -> the link named by the datagram's (destination, source) -> `handle_datagram`, which
 //! opens and re-seals a forwarded frame in the buffer it arrived in, or restores an inner packet
-//! there -> forwarded frames leave in one `sendmmsg` on the raw socket, from the next link's
-//! hashed address and port; inner packets go to the TUN device in one batched write. Per batch
-//! of TUN packets: the end-to-end peer named by the inner (source, destination) ->
-//! `send_inner` seals end to end and for the next hop's link into a slot of one buffer -> one
-//! `sendmmsg`. No allocation per packet; the only lookups per packet are the link scan (three
-//! routes per link) and, at an edge, one hash of the inner address pair.
+//! there -> forwarded frames leave in one `sendmmsg` from the next link's hashed address and
+//! port, a GRO train re-sealed in place leaving as one UDP GSO train; inner packets go to the
+//! TUN device in one batched write. Per batch of TUN packets: the end-to-end peer named by the
+//! inner (source, destination) -> `send_inner` seals end to end and for the next hop's link,
+//! back to back in one buffer -> one `sendmmsg` (GSO trains again). Sending sockets: one UDP
+//! socket per local port a link sends from this epoch (a bind per link and epoch), the raw
+//! socket for anything without one. No allocation per packet; the only lookups per packet are
+//! the link scan (three routes per link) and, at an edge, one hash of the inner address pair.
 
 use std::collections::HashMap;
 use std::net::{Ipv6Addr, SocketAddrV6};
@@ -17,7 +19,8 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use mt6d_os::raw_udp::{RawSendMsg, RawSendScratch};
-use mt6d_os::udp::RecvBuf;
+use mt6d_os::udp::{RecvBuf, SendMsg, SendScratch};
+use mt6d_os::UdpSocket6;
 use mt6d_os::{
     Epoll, EpollEvents, GROTable, RecvScratch, TunRecvScratch, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN,
 };
@@ -34,6 +37,7 @@ use crate::anyip::os;
 use crate::config::RelayConfig;
 use crate::control::{Asked, ChangeAnswer, ControlServer};
 use crate::gateway::clock;
+use crate::gateway::{MAX_GSO_BYTES, MAX_GSO_SEGMENTS};
 use crate::gateway::signals::Signals;
 
 /// Longest the loop sleeps: it also watches the stop flag and answers the control socket (a
@@ -64,6 +68,9 @@ pub struct IoCounters {
     pub tun_seal_failed: u64,
     pub tun_tx_packets: u64,
     pub tun_write_failures: u64,
+    /// Sender sockets that could not be bound (the port is another program's): that link's
+    /// frames leave through the raw socket, without GSO.
+    pub sender_bind_failed: u64,
     /// Nanoseconds spent per stage of the receive path, summed over batches (003's Fig. 16
     /// stages; divide by `rx_datagrams`): the `recvmmsg` call, the node's work on every datagram
     /// of the batch (header protection, open, route, seal), the `sendmmsg` of the forwarded
@@ -93,11 +100,19 @@ struct Plane<'a> {
     tun_scratch: TunRecvScratch,
     tun_packets: Vec<Vec<u8>>,
     tun_sizes: Vec<usize>,
-    /// Sealed datagrams of one TUN batch, one slot of `slot` bytes each.
+    /// Sealed datagrams of one TUN batch, back to back (room for a full frame each).
     sealed: Vec<u8>,
-    slot: usize,
     send_scratch: RawSendScratch,
     msgs_store: Vec<RawSendMsg<'static>>,
+    /// One UDP socket per local port a link sends from this epoch (bound `[::]:port`; the
+    /// source address comes with IPV6_PKTINFO): frames leave through them with UDP GSO, a
+    /// train of equal-size datagrams to one destination in one message. The raw socket sends
+    /// what has no such socket (a port another program holds).
+    senders: HashMap<u16, UdpSocket6>,
+    /// Each link's current send port (by link index).
+    send_ports: Vec<Option<u16>>,
+    udp_scratch: SendScratch,
+    udp_msgs_store: Vec<SendMsg<'static>>,
     /// Probes, replies and routing messages are sealed here one at a time.
     control_buf: Vec<u8>,
 }
@@ -160,9 +175,12 @@ pub fn serve(
         tun_packets: vec![vec![0u8; tun_mtu + 64]; IDEAL_BATCH_SIZE],
         tun_sizes: vec![0; IDEAL_BATCH_SIZE],
         sealed: vec![0u8; IDEAL_BATCH_SIZE * slot],
-        slot,
         send_scratch: RawSendScratch::new(RX_BATCH * 64),
         msgs_store: Vec::with_capacity(RX_BATCH * 64),
+        senders: HashMap::new(),
+        send_ports: vec![None; cfg.links.len()],
+        udp_scratch: SendScratch::new(RX_BATCH * 64),
+        udp_msgs_store: Vec::with_capacity(RX_BATCH * 64),
         control_buf: vec![0u8; slot],
     };
     log::info!(
@@ -270,13 +288,22 @@ impl Plane<'_> {
         }
         while let Some(ev) = self.node.poll_event() {
             match ev {
-                Event::LinkSchedule { link, schedule } => log::debug!(
-                    "link {}: epoch {}, sending {} -> {}",
-                    self.link_name(link),
-                    schedule.send.epoch.0,
-                    schedule.send.local,
-                    schedule.send.remote
-                ),
+                Event::LinkSchedule { link, schedule } => {
+                    log::debug!(
+                        "link {}: epoch {}, sending {} -> {}",
+                        self.link_name(link),
+                        schedule.send.epoch.0,
+                        schedule.send.local,
+                        schedule.send.remote
+                    );
+                    if let Some(p) = usize::try_from(link.0)
+                        .ok()
+                        .and_then(|i| self.send_ports.get_mut(i))
+                    {
+                        *p = Some(schedule.send.local.port());
+                    }
+                    self.reconcile_senders();
+                }
                 Event::LinkCost { link, cost } if !cost.is_finite() => {
                     log::warn!("link {}: dead (no probe answered)", self.link_name(link));
                 }
@@ -405,12 +432,13 @@ impl Plane<'_> {
                 self.counters.tun_no_peer += 1;
                 continue;
             };
-            let out = &mut self.sealed[cursor..cursor + self.slot];
+            // Back to back, so that equal-size datagrams to one destination form a GSO train.
+            let out = &mut self.sealed[cursor..];
             match self.node.send_inner(now, id, inner, out) {
                 Ok(t) => {
                     self.spans
                         .push((0, cursor, t.len, t.route.local, t.route.remote));
-                    cursor += self.slot;
+                    cursor += t.len;
                 }
                 Err(NodeError::NoRoute(_)) => self.counters.tun_no_route += 1,
                 Err(e) => {
@@ -427,8 +455,105 @@ impl Plane<'_> {
         self.drain(now);
     }
 
-    /// Sends each span's bytes in `sendmmsg` batches; a refused message is counted and skipped.
+    /// Opens a sender socket for every link's current send port and closes the ones no link
+    /// sends from any more (at most one bind per link and epoch).
+    fn reconcile_senders(&mut self) {
+        let wanted: Vec<u16> = self.send_ports.iter().flatten().copied().collect();
+        self.senders.retain(|p, _| wanted.contains(p));
+        for port in wanted {
+            if self.senders.contains_key(&port) {
+                continue;
+            }
+            match UdpSocket6::bind(port) {
+                Ok(sock) => {
+                    self.senders.insert(port, sock);
+                }
+                // Sent through the raw socket instead (no GSO), as the server role does.
+                Err(e) => {
+                    self.counters.sender_bind_failed += 1;
+                    log::debug!("sender socket for port {port}: {e}; using the raw socket");
+                }
+            }
+        }
+    }
+
+    /// Sends each span's bytes: runs of spans from one port go out through that port's socket
+    /// in `sendmmsg` batches, consecutive equal-size datagrams to one destination adjacent in
+    /// memory as one UDP GSO message; spans without a sender socket through the raw socket.
+    /// A refused message is counted and skipped.
     fn send_spans<'b>(&mut self, spans: &[Span], bytes: impl Fn(usize, usize, usize) -> &'b [u8]) {
+        let mut i = 0;
+        while i < spans.len() {
+            let port = spans[i].3.port();
+            let run = spans[i..].iter().take_while(|s| s.3.port() == port).count();
+            let run_spans = &spans[i..i + run];
+            match self.senders.get(&port) {
+                Some(sock) => {
+                    let mut msgs = recycle_udp(std::mem::take(&mut self.udp_msgs_store));
+                    let gso = sock.gso_supported();
+                    let mut k = 0;
+                    while k < run_spans.len() {
+                        let (b, start, len, src, dst) = run_spans[k];
+                        let mut end = start + len;
+                        let mut count = 1;
+                        // Extend the train: same buffer, adjacent, same size, same pair.
+                        while gso && count < MAX_GSO_SEGMENTS {
+                            match run_spans.get(k + count) {
+                                Some(&(b2, s2, l2, src2, dst2))
+                                    if b2 == b
+                                        && s2 == end
+                                        && l2 == len
+                                        && src2 == src
+                                        && dst2 == dst
+                                        && end + l2 - start <= MAX_GSO_BYTES =>
+                                {
+                                    end += l2;
+                                    count += 1;
+                                }
+                                _ => break,
+                            }
+                        }
+                        let whole = bytes(b, start, end - start);
+                        msgs.push(SendMsg {
+                            src: *src.ip(),
+                            dst,
+                            payload: whole,
+                            segment_size: (count > 1)
+                                .then(|| u16::try_from(len).unwrap_or(u16::MAX)),
+                        });
+                        k += count;
+                    }
+                    let datagrams = run as u64;
+                    let mut sent_msgs = 0;
+                    let mut failed = false;
+                    while sent_msgs < msgs.len() {
+                        match sock.send_batch(&mut self.udp_scratch, &msgs[sent_msgs..]) {
+                            Ok(0) => {
+                                failed = true;
+                                sent_msgs += 1;
+                            }
+                            Err(e) => {
+                                log::debug!("send from port {port}: {e}");
+                                failed = true;
+                                sent_msgs += 1;
+                            }
+                            Ok(n) => sent_msgs += n,
+                        }
+                    }
+                    if failed {
+                        self.counters.tx_send_failed += 1;
+                    }
+                    self.counters.tx_datagrams += datagrams;
+                    self.udp_msgs_store = recycle_udp(msgs);
+                }
+                None => self.send_raw(run_spans, &bytes),
+            }
+            i += run;
+        }
+    }
+
+    /// Sends spans through the raw socket, one datagram per message.
+    fn send_raw<'b>(&mut self, spans: &[Span], bytes: &impl Fn(usize, usize, usize) -> &'b [u8]) {
         let mut msgs = recycle(std::mem::take(&mut self.msgs_store));
         let mut i = 0;
         while i < spans.len() {
@@ -490,6 +615,7 @@ impl Plane<'_> {
             ("tun_seal_failed", c.tun_seal_failed),
             ("tun_tx_packets", c.tun_tx_packets),
             ("tun_write_failures", c.tun_write_failures),
+            ("sender_bind_failed", c.sender_bind_failed),
             ("stage_recv_ns", c.stage_recv_ns),
             ("stage_node_ns", c.stage_node_ns),
             ("stage_send_ns", c.stage_send_ns),
@@ -592,6 +718,19 @@ impl Plane<'_> {
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// [`recycle`] for the UDP sockets' messages.
+fn recycle_udp<'b>(mut v: Vec<SendMsg<'_>>) -> Vec<SendMsg<'b>> {
+    v.clear();
+    v.into_iter()
+        .map(|m| SendMsg {
+            src: m.src,
+            dst: m.dst,
+            payload: &[],
+            segment_size: None,
+        })
+        .collect()
 }
 
 /// Empties a vector of borrowed messages and hands back its allocation with a fresh lifetime
