@@ -294,7 +294,15 @@ pub struct UdpSocket6 {
 impl UdpSocket6 {
     /// Binds `[::]:port` (0: any free port) with the options listed in the module docs.
     pub fn bind(port: u16) -> Result<UdpSocket6> {
-        Self::bind_with(port, false)
+        Self::bind_with(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0), false)
+    }
+
+    /// [`UdpSocket6::bind`] to one address and port only (`IPV6_FREEBIND`: the address need not
+    /// be configured, e.g. one of an AnyIP prefix). A sending socket bound so receives nothing
+    /// sent to the machine's other addresses: a scan of those ports finds every port closed,
+    /// whatever this socket sends from.
+    pub fn bind_to(addr: SocketAddrV6) -> Result<UdpSocket6> {
+        Self::bind_with(addr, false)
     }
 
     /// [`UdpSocket6::bind`] for a `tproxy` rule's target: `IPV6_TRANSPARENT` (needs
@@ -302,10 +310,11 @@ impl UdpSocket6 {
     /// kernel spreads datagrams over them by a hash of their addresses and ports) and
     /// `IPV6_RECVORIGDSTADDR` ([`RecvBuf::dst_port`]).
     pub fn bind_transparent(port: u16) -> Result<UdpSocket6> {
-        Self::bind_with(port, true)
+        Self::bind_with(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0), true)
     }
 
-    fn bind_with(port: u16, transparent: bool) -> Result<UdpSocket6> {
+    fn bind_with(addr: SocketAddrV6, transparent: bool) -> Result<UdpSocket6> {
+        let port = addr.port();
         let ctx = |op| move |source| OsError::Udp { port, op, source };
         let fd = sys::socket(libc::AF_INET6, libc::SOCK_DGRAM, libc::IPPROTO_UDP)
             .map_err(ctx("socket"))?;
@@ -336,8 +345,7 @@ impl UdpSocket6 {
         sys::setsockopt(f, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, &on)
             .map_err(ctx("set SO_RXQ_OVFL"))?;
         set_buffers(f).map_err(|(op, e)| ctx(op)(e))?;
-        sys::bind6(f, &SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0))
-            .map_err(ctx("bind"))?;
+        sys::bind6(f, &addr).map_err(ctx("bind"))?;
         let port = sys::local_addr6(f).map_err(ctx("getsockname"))?.port();
         Ok(UdpSocket6 {
             fd,
@@ -805,6 +813,42 @@ mod tests {
         w.reset();
         ep.delete(w.as_raw_fd()).expect("delete");
         ep.delete(w.as_raw_fd()).expect("delete twice");
+    }
+
+    #[test]
+    #[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
+    fn a_socket_bound_to_one_address_receives_nothing_sent_to_another() {
+        let ns = Netns::create(&unique_name("udb")).expect("netns");
+        ns.run(|| {
+            let mut nl = Netlink::open().expect("netlink");
+            let lo = nl.link_index("lo").expect("lo");
+            nl.link_set_up(lo).expect("lo up");
+            let flags = AddrFlags {
+                nodad: true,
+                noprefixroute: false,
+            };
+            let other: Ipv6Addr = "fd00:99::2".parse().expect("addr");
+            nl.add_address(lo, other, 128, flags).expect("address");
+            // Not configured anywhere: IPV6_FREEBIND lets it bind.
+            let hashed = SocketAddrV6::new("fd00:98::7".parse().expect("addr"), 0, 0, 0);
+            let bound = UdpSocket6::bind_to(hashed).expect("bind_to");
+            let port = bound.local_port();
+            assert_ne!(port, 0);
+            bound.set_nonblocking(true).expect("nonblocking");
+            let probe = std::net::UdpSocket::bind("[::1]:0").expect("probe socket");
+            probe
+                .send_to(b"scan", SocketAddrV6::new(other, port, 0, 0))
+                .expect("send");
+            probe
+                .send_to(b"scan", SocketAddrV6::new(Ipv6Addr::LOCALHOST, port, 0, 0))
+                .expect("send");
+            std::thread::sleep(Duration::from_millis(50));
+            let mut scratch = RecvScratch::new(4);
+            let mut bufs: Vec<RecvBuf> = (0..4).map(|_| RecvBuf::new()).collect();
+            let got = bound.recv_ready(&mut scratch, &mut bufs);
+            assert!(matches!(got, Err(ref e) if e.is_would_block()), "{got:?}");
+        })
+        .expect("in netns");
     }
 
     #[test]

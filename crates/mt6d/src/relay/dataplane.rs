@@ -37,8 +37,8 @@ use crate::anyip::os;
 use crate::config::RelayConfig;
 use crate::control::{Asked, ChangeAnswer, ControlServer};
 use crate::gateway::clock;
-use crate::gateway::{MAX_GSO_BYTES, MAX_GSO_SEGMENTS};
 use crate::gateway::signals::Signals;
+use crate::gateway::{MAX_GSO_BYTES, MAX_GSO_SEGMENTS};
 
 /// Longest the loop sleeps: it also watches the stop flag and answers the control socket (a
 /// request waits at most this long).
@@ -104,13 +104,15 @@ struct Plane<'a> {
     sealed: Vec<u8>,
     send_scratch: RawSendScratch,
     msgs_store: Vec<RawSendMsg<'static>>,
-    /// One UDP socket per local port a link sends from this epoch (bound `[::]:port`; the
-    /// source address comes with IPV6_PKTINFO): frames leave through them with UDP GSO, a
-    /// train of equal-size datagrams to one destination in one message. The raw socket sends
-    /// what has no such socket (a port another program holds).
-    senders: HashMap<u16, UdpSocket6>,
-    /// Each link's current send port (by link index).
-    send_ports: Vec<Option<u16>>,
+    /// One UDP socket per hashed address and port a link sends from this epoch, bound to
+    /// exactly that pair (so it receives nothing: the tproxy rule hands every datagram for the
+    /// prefix to the transparent socket, and no other address of the machine has the port
+    /// open): frames leave through them with UDP GSO, a train of equal-size datagrams to one
+    /// destination in one message. The raw socket sends what has no such socket (a port
+    /// another program holds).
+    senders: HashMap<SocketAddrV6, UdpSocket6>,
+    /// Each link's current send address and port (by link index).
+    send_from: Vec<Option<SocketAddrV6>>,
     udp_scratch: SendScratch,
     udp_msgs_store: Vec<SendMsg<'static>>,
     /// Probes, replies and routing messages are sealed here one at a time.
@@ -178,7 +180,7 @@ pub fn serve(
         send_scratch: RawSendScratch::new(RX_BATCH * 64),
         msgs_store: Vec::with_capacity(RX_BATCH * 64),
         senders: HashMap::new(),
-        send_ports: vec![None; cfg.links.len()],
+        send_from: vec![None; cfg.links.len()],
         udp_scratch: SendScratch::new(RX_BATCH * 64),
         udp_msgs_store: Vec::with_capacity(RX_BATCH * 64),
         control_buf: vec![0u8; slot],
@@ -298,9 +300,9 @@ impl Plane<'_> {
                     );
                     if let Some(p) = usize::try_from(link.0)
                         .ok()
-                        .and_then(|i| self.send_ports.get_mut(i))
+                        .and_then(|i| self.send_from.get_mut(i))
                     {
-                        *p = Some(schedule.send.local.port());
+                        *p = Some(schedule.send.local);
                     }
                     self.reconcile_senders();
                 }
@@ -455,39 +457,39 @@ impl Plane<'_> {
         self.drain(now);
     }
 
-    /// Opens a sender socket for every link's current send port and closes the ones no link
-    /// sends from any more (at most one bind per link and epoch).
+    /// Opens a sender socket for every link's current send address and port and closes the
+    /// ones no link sends from any more (at most one bind per link and epoch).
     fn reconcile_senders(&mut self) {
-        let wanted: Vec<u16> = self.send_ports.iter().flatten().copied().collect();
-        self.senders.retain(|p, _| wanted.contains(p));
-        for port in wanted {
-            if self.senders.contains_key(&port) {
+        let wanted: Vec<SocketAddrV6> = self.send_from.iter().flatten().copied().collect();
+        self.senders.retain(|a, _| wanted.contains(a));
+        for from in wanted {
+            if self.senders.contains_key(&from) {
                 continue;
             }
-            match UdpSocket6::bind(port) {
+            match UdpSocket6::bind_to(from) {
                 Ok(sock) => {
-                    self.senders.insert(port, sock);
+                    self.senders.insert(from, sock);
                 }
                 // Sent through the raw socket instead (no GSO), as the server role does.
                 Err(e) => {
                     self.counters.sender_bind_failed += 1;
-                    log::debug!("sender socket for port {port}: {e}; using the raw socket");
+                    log::debug!("sender socket for {from}: {e}; using the raw socket");
                 }
             }
         }
     }
 
-    /// Sends each span's bytes: runs of spans from one port go out through that port's socket
+    /// Sends each span's bytes: runs of spans from one address and port go out through its socket
     /// in `sendmmsg` batches, consecutive equal-size datagrams to one destination adjacent in
     /// memory as one UDP GSO message; spans without a sender socket through the raw socket.
     /// A refused message is counted and skipped.
     fn send_spans<'b>(&mut self, spans: &[Span], bytes: impl Fn(usize, usize, usize) -> &'b [u8]) {
         let mut i = 0;
         while i < spans.len() {
-            let port = spans[i].3.port();
-            let run = spans[i..].iter().take_while(|s| s.3.port() == port).count();
+            let from = spans[i].3;
+            let run = spans[i..].iter().take_while(|s| s.3 == from).count();
             let run_spans = &spans[i..i + run];
-            match self.senders.get(&port) {
+            match self.senders.get(&from) {
                 Some(sock) => {
                     let mut msgs = recycle_udp(std::mem::take(&mut self.udp_msgs_store));
                     let gso = sock.gso_supported();
@@ -533,7 +535,7 @@ impl Plane<'_> {
                                 sent_msgs += 1;
                             }
                             Err(e) => {
-                                log::debug!("send from port {port}: {e}");
+                                log::debug!("send from {from}: {e}");
                                 failed = true;
                                 sent_msgs += 1;
                             }
