@@ -47,15 +47,33 @@ pub struct UpdateEntry {
     pub metric: Metric,
 }
 
-/// A request that the origin of `destination` issue a seqno of at least `seqno`.
+/// A request that the origin of `destination` issue a seqno of at least `seqno`; or, with the
+/// reserved destination, a wildcard request: "send me a full update" (§10.8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RequestEntry {
-    /// The edge gateway.
+    /// The edge gateway ([`NodeId::RESERVED`]: a wildcard request).
     pub destination: NodeId,
-    /// The seqno wanted.
+    /// The seqno wanted (0 in a wildcard request).
     pub seqno: Seqno,
-    /// How many more times it may be forwarded (>= 1).
+    /// How many more times it may be forwarded (>= 1; 1 in a wildcard request).
     pub hops: u8,
+}
+
+impl RequestEntry {
+    /// The wildcard request a node sends on a link that leaves `Down` (§10.8): the neighbour
+    /// answers with a full update, so a restarted node learns every route at once rather than
+    /// at the next periodic update.
+    pub const fn wildcard() -> RequestEntry {
+        RequestEntry {
+            destination: NodeId::RESERVED,
+            seqno: Seqno(0),
+            hops: 1,
+        }
+    }
+    /// Whether this is a wildcard request.
+    pub fn is_wildcard(&self) -> bool {
+        self.destination.is_reserved()
+    }
 }
 
 /// Update or seqno request.
@@ -108,7 +126,10 @@ impl<T: AsRef<[u8]>> RoutingMessage<T> {
             return Err(RelayError::BadRouting { field: "length" });
         }
         for e in b[ROUTING_HEADER_LEN..].chunks_exact(ENTRY_LEN) {
-            if e[field::DESTINATION] == [0; NODE_ID_LEN] {
+            // All-zero: only as a wildcard request (seqno 0, hops 1).
+            if e[field::DESTINATION] == [0; NODE_ID_LEN]
+                && (ty != TYPE_REQUEST || e[field::SEQNO] != [0, 0] || e[field::HOPS] != 1)
+            {
                 return Err(RelayError::BadRouting {
                     field: "destination",
                 });
@@ -231,7 +252,7 @@ impl RoutingRepr {
             RoutingRepr::Request(v) => {
                 head[field::TYPE] = TYPE_REQUEST;
                 for (e, r) in entries.zip(v) {
-                    if r.destination.is_reserved() {
+                    if r.destination.is_reserved() && *r != RequestEntry::wildcard() {
                         return Err(RelayError::BadRouting {
                             field: "destination",
                         });
@@ -299,6 +320,39 @@ mod tests {
         assert_eq!(v.message_type(), MessageType::Request);
         assert_eq!(v.updates().count(), 0);
         assert_eq!(RoutingRepr::parse(&v), m);
+    }
+
+    #[test]
+    fn the_wildcard_request_is_the_one_entry_with_a_zero_destination() {
+        let m = RoutingRepr::Request(vec![RequestEntry::wildcard()]);
+        let mut buf = vec![0x55u8; m.buffer_len()];
+        m.emit(&mut buf).unwrap();
+        assert_eq!(buf, hex("02 01 0000 0000000000000000 0000 01 00"));
+        let v = RoutingMessage::new_checked(&buf[..]).unwrap();
+        let parsed: Vec<RequestEntry> = v.requests().collect();
+        assert_eq!(parsed, [RequestEntry::wildcard()]);
+        assert!(parsed[0].is_wildcard());
+        // Any other zero-destination entry is refused, both ways.
+        for bad in [
+            "02 01 0000 0000000000000000 0001 01 00",
+            "02 01 0000 0000000000000000 0000 02 00",
+            "01 01 0000 0000000000000000 0000 0001",
+        ] {
+            assert_eq!(
+                RoutingMessage::new_checked(hex(bad)).unwrap_err(),
+                RelayError::BadRouting {
+                    field: "destination"
+                },
+                "{bad}"
+            );
+        }
+        let not_wildcard = RequestEntry {
+            hops: 2,
+            ..RequestEntry::wildcard()
+        };
+        assert!(RoutingRepr::Request(vec![not_wildcard])
+            .emit(&mut buf)
+            .is_err());
     }
 
     #[test]

@@ -442,7 +442,13 @@ impl RoutingTable {
                 d.routes.retain(|r| r.via != neighbour);
             }
         } else if !old.is_finite() {
+            // §10.8: a full update to it, and a wildcard request for its full update (the other
+            // end may see the link up all along: a restarted node learns its routes at once).
             self.full_to.insert(neighbour);
+            self.transmits.push_back(RoutingTransmit {
+                to: neighbour,
+                message: RoutingRepr::Request(vec![RequestEntry::wildcard()]),
+            });
         }
         if old != cost {
             let ids: Vec<NodeId> = self.dests.keys().copied().collect();
@@ -517,6 +523,12 @@ impl RoutingTable {
         self.links.entry(from).or_insert(Metric::INFINITY);
         for r in entries {
             self.stats.request_entries += 1;
+            if r.is_wildcard() {
+                // §10.8: a full update to it, sent if this end sees the link up (else when it
+                // does, as to every link that leaves `Down`).
+                self.full_to.insert(from);
+                continue;
+            }
             if self.own == Some(r.destination) {
                 // Decision (§10.8): jump to the requested seqno, so a restarted edge gateway is
                 // believed again after one request.
@@ -1060,6 +1072,31 @@ mod tests {
         r.handle_link_cost(t(5), N2, Metric::INFINITY);
         r.handle_link_cost(t(6), N2, Metric(10));
         assert_eq!(r.next_hop(&E), None);
+    }
+
+    #[test]
+    fn a_link_that_comes_up_asks_for_a_full_update_and_a_wildcard_request_gets_one() {
+        // A restarted relay: its links come up, each asks the neighbour for its table.
+        let mut fresh = RoutingTable::relay(t(0));
+        fresh.handle_link_cost(t(0), N1, Metric(10));
+        let out = drain(&mut fresh);
+        assert_eq!(requests_to(&out, N1), [RequestEntry::wildcard()]);
+        // Its neighbour saw the link up all along (the restart was faster than a death): it
+        // answers the wildcard with its full table, not at its next periodic update.
+        let mut old = relay_with_two_links();
+        old.handle_update(t(1), N2, [upd(D, 3, 10)]);
+        drain(&mut old);
+        old.handle_request(t(2), N1, [RequestEntry::wildcard()]);
+        let out = drain(&mut old);
+        assert_eq!(updates_to(&out, N1), [upd(D, 3, 20)]);
+        assert!(updates_to(&out, N2).is_empty(), "only the asker gets it");
+        fresh.handle_update(t(2), N1, updates_to(&out, N1));
+        assert_eq!(fresh.next_hop(&D), Some(N1));
+        // A wildcard over a link this end sees down is answered when the link comes up.
+        old.handle_link_cost(t(3), N1, Metric::INFINITY);
+        drain(&mut old);
+        old.handle_request(t(4), N1, [RequestEntry::wildcard()]);
+        assert!(updates_to(&drain(&mut old), N1).is_empty());
     }
 
     #[test]
