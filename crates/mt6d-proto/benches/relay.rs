@@ -78,7 +78,7 @@ impl Net {
             })
             .collect();
         let seed = IndexSeed::from_bytes([3; 16]);
-        let mut ea = RelayNode::edge(at(0), ids[0], FRAME_MAX, seed.clone()).unwrap();
+        let mut ea = RelayNode::edge(at(0), ids[0], FRAME_MAX, seed).unwrap();
         let mut r = RelayNode::relay(at(0), FRAME_MAX).unwrap();
         let mut eb = RelayNode::edge(at(0), ids[1], FRAME_MAX, seed).unwrap();
         let (na, nr, nb) = (
