@@ -10,6 +10,7 @@ pub mod kernel_counters;
 pub mod linker;
 pub mod observer;
 pub mod ping;
+pub mod relays;
 pub mod server_lab;
 pub mod topology;
 pub mod transfer;

@@ -79,6 +79,40 @@ pub fn send_for(
     duration: Duration,
     seed: u64,
 ) -> std::io::Result<TransferReport> {
+    send(dst, port, Budget::Time(duration), seed)
+}
+
+/// [`send_for`], but exactly `bytes` bytes (a file of that size), however long that takes.
+pub fn send_bytes(
+    dst: Ipv6Addr,
+    port: u16,
+    bytes: u64,
+    seed: u64,
+) -> std::io::Result<TransferReport> {
+    send(dst, port, Budget::Bytes(bytes), seed)
+}
+
+/// [`send_bytes`], spread evenly over `over`: a file sent at a steady rate, so that it spans
+/// a given number of address rotations whatever the path's capacity.
+pub fn send_paced(
+    dst: Ipv6Addr,
+    port: u16,
+    bytes: u64,
+    over: Duration,
+    seed: u64,
+) -> std::io::Result<TransferReport> {
+    send(dst, port, Budget::Paced { bytes, over }, seed)
+}
+
+/// How much a sender sends.
+#[derive(Debug, Clone, Copy)]
+enum Budget {
+    Time(Duration),
+    Bytes(u64),
+    Paced { bytes: u64, over: Duration },
+}
+
+fn send(dst: Ipv6Addr, port: u16, budget: Budget, seed: u64) -> std::io::Result<TransferReport> {
     let addr = SocketAddrV6::new(dst, port, 0, 0);
     let mut stream = TcpStream::connect_timeout(&addr.into(), Duration::from_secs(5))?;
     stream.set_write_timeout(Some(Duration::from_secs(20)))?;
@@ -89,13 +123,31 @@ pub fn send_for(
     let mut bytes = 0u64;
     let start = Instant::now();
     let mut longest_stall = Duration::ZERO;
-    while start.elapsed() < duration {
-        rng.fill_bytes(&mut buf);
+    loop {
+        let n = match budget {
+            Budget::Time(d) if start.elapsed() >= d => break,
+            Budget::Time(_) => buf.len(),
+            Budget::Bytes(total) | Budget::Paced { bytes: total, .. } if bytes >= total => break,
+            // The last write of a byte budget is short.
+            Budget::Bytes(total) => buf
+                .len()
+                .min(usize::try_from(total - bytes).unwrap_or(usize::MAX)),
+            // 16 KiB writes, each when its share of `over` has come.
+            Budget::Paced { bytes: total, over } => {
+                let due = over.mul_f64(bytes as f64 / total as f64);
+                if let Some(wait) = due.checked_sub(start.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+                (16 * 1024).min(usize::try_from(total - bytes).unwrap_or(usize::MAX))
+            }
+        };
+        let chunk = &mut buf[..n];
+        rng.fill_bytes(chunk);
         let before = Instant::now();
-        stream.write_all(&buf)?;
+        stream.write_all(chunk)?;
         longest_stall = longest_stall.max(before.elapsed());
-        hasher.update(&buf);
-        bytes += buf.len() as u64;
+        hasher.update(&*chunk);
+        bytes += n as u64;
     }
     stream.shutdown(std::net::Shutdown::Write)?;
     let mut answer = [0u8; 40];
@@ -135,5 +187,30 @@ mod tests {
         assert_eq!(received.bytes, report.bytes);
         assert!(report.bytes > 0 && report.mbit_s > 0.0);
         assert_eq!(hex(&received.sha256), report.sha256);
+    }
+
+    #[test]
+    fn a_byte_budget_sends_exactly_that_many_bytes() {
+        let listener = listen(Ipv6Addr::LOCALHOST, 0).expect("bind ::1");
+        let port = listener.local_addr().expect("addr").port();
+        let server = std::thread::spawn(move || serve_once(listener, Duration::from_secs(5)));
+        let size = 3 * 128 * 1024 + 77;
+        let report = send_bytes(Ipv6Addr::LOCALHOST, port, size, 9).expect("send");
+        let received = server.join().expect("server thread").expect("serve");
+        assert!(report.sha256_match);
+        assert_eq!((report.bytes, received.bytes), (size, size));
+    }
+
+    #[test]
+    fn a_paced_file_takes_the_time_given() {
+        let listener = listen(Ipv6Addr::LOCALHOST, 0).expect("bind ::1");
+        let port = listener.local_addr().expect("addr").port();
+        let server = std::thread::spawn(move || serve_once(listener, Duration::from_secs(5)));
+        let over = Duration::from_millis(300);
+        let report = send_paced(Ipv6Addr::LOCALHOST, port, 200_000, over, 3).expect("send");
+        let received = server.join().expect("server thread").expect("serve");
+        assert!(report.sha256_match && received.bytes == 200_000);
+        // The last write (the 3,392 bytes after twelve of 16 KiB) is due at 98 % of the time.
+        assert!(report.seconds >= 0.27, "{} s", report.seconds);
     }
 }
