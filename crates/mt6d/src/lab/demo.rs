@@ -46,9 +46,10 @@ pub struct DemoArgs {
     pub duration: f64,
     /// What lies between the gateways: switched (one segment, default), routed (a router that
     /// queues one packet per unresolved neighbour) or tunneled (routed plus a VXLAN hop with a
-    /// 1450-byte MTU).
+    /// 1450-byte MTU). Or `relays`: a relay network of three meshed relays and six edge
+    /// gateways, with 003's experiments (transfers under loss, a cut link, captures).
     #[arg(long, default_value = "switched", value_parser = parse_topology)]
-    pub topology: Topology,
+    pub topology: DemoTopology,
     /// Tunnel mode: encrypt (default), auth or plain.
     #[arg(long, default_value = "encrypt")]
     pub mode: String,
@@ -93,8 +94,35 @@ pub struct DemoArgs {
     pub past_router: Option<std::net::Ipv6Addr>,
 }
 
-fn parse_topology(s: &str) -> Result<Topology, String> {
-    Topology::parse(s).ok_or_else(|| format!("{s:?}: one of switched, routed, tunneled"))
+/// What `--topology` names: a lab of two gateways, or the relay network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DemoTopology {
+    Gateways(Topology),
+    Relays,
+}
+
+impl DemoTopology {
+    pub fn name(self) -> &'static str {
+        match self {
+            DemoTopology::Gateways(t) => t.name(),
+            DemoTopology::Relays => "relays",
+        }
+    }
+}
+
+impl std::fmt::Display for DemoTopology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+fn parse_topology(s: &str) -> Result<DemoTopology, String> {
+    if s == DemoTopology::Relays.name() {
+        return Ok(DemoTopology::Relays);
+    }
+    Topology::parse(s)
+        .map(DemoTopology::Gateways)
+        .ok_or_else(|| format!("{s:?}: one of switched, routed, tunneled, relays"))
 }
 
 /// Progress lines: to stdout normally, to stderr when stdout carries JSON.
@@ -116,6 +144,9 @@ impl Say {
 type DemoResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 pub fn run(args: DemoArgs) -> DemoResult<()> {
+    let DemoTopology::Gateways(topology) = args.topology else {
+        return super::relays::demo::run(&args);
+    };
     let (mode, handshake) = check_args(&args)?;
     if let Some(pcap) = &args.link_pcap {
         return link_pcap(&args, pcap);
@@ -124,12 +155,12 @@ pub fn run(args: DemoArgs) -> DemoResult<()> {
         return Err("mt6d demo builds network namespaces and needs root: run it with sudo".into());
     }
     if args.link_report {
-        return link_report(&args);
+        return link_report(&args, topology);
     }
     let check = interruption()?;
     let say = Say { json: args.json };
     let phase = Duration::from_secs_f64(args.duration);
-    let lab = build_lab(&args, &say)?;
+    let lab = build_lab(&args, topology, &say)?;
     let baseline = measure_baseline(&lab, &args, &say, phase)?;
     check()?;
 
@@ -250,18 +281,18 @@ fn link_pcap(args: &DemoArgs, pcap: &Path) -> DemoResult<()> {
     Ok(())
 }
 
-fn build_lab(args: &DemoArgs, say: &Say) -> DemoResult<Lab> {
-    let between = match args.topology {
+fn build_lab(args: &DemoArgs, topology: Topology, say: &Say) -> DemoResult<Lab> {
+    let between = match topology {
         Topology::Switched => "public link",
         Topology::Routed => "router",
         Topology::Tunneled => "router - VXLAN (MTU 1450) - router",
     };
     let lab = if args.host_mode {
-        say.line(format!("mt6d demo: building the {} lab (Host A running mt6d in host mode - {between} - Gateway B - Host B) in network namespaces", args.topology));
-        Lab::build_host_mode(args.topology, "m6")?
+        say.line(format!("mt6d demo: building the {topology} lab (Host A running mt6d in host mode - {between} - Gateway B - Host B) in network namespaces"));
+        Lab::build_host_mode(topology, "m6")?
     } else {
-        say.line(format!("mt6d demo: building the {} lab (Host A - Gateway A - {between} - Gateway B - Host B) in network namespaces", args.topology));
-        Lab::build_topology(args.topology, "m6")?
+        say.line(format!("mt6d demo: building the {topology} lab (Host A - Gateway A - {between} - Gateway B - Host B) in network namespaces"));
+        Lab::build_topology(topology, "m6")?
     };
     let names: Vec<&str> = lab.all().map(|n| n.name()).collect();
     say.line(format!(
@@ -702,7 +733,7 @@ impl Results<'_> {
 
 /// `mt6d demo --link-report`: the linker's measurement (docs/PRIVACY.md), printed as tables
 /// or one JSON document.
-fn link_report(args: &DemoArgs) -> DemoResult<()> {
+fn link_report(args: &DemoArgs, topology: Topology) -> DemoResult<()> {
     if args.host_mode || args.psk || args.rekey.is_some() || args.restart_gateway {
         return Err(
             "--link-report runs its own two gateway-mode conversations with \
@@ -711,7 +742,7 @@ pre-shared keys: drop --host-mode, --psk, --rekey and --restart-gateway"
         );
     }
     let run = super::unlinkability::run(&super::unlinkability::LinkRunArgs {
-        topology: args.topology,
+        topology,
         mode: args.mode.clone(),
         rotation_secs: args.rotation,
         rotations: (args.duration / args.rotation).ceil().max(2.0) as u32,
