@@ -13,6 +13,7 @@ mod peers;
 mod plot;
 mod procs;
 mod profile;
+mod relays;
 mod report;
 mod run;
 mod server;
@@ -126,6 +127,12 @@ struct Cli {
         requires = "server"
     )]
     netlink_fig2: Vec<usize>,
+    /// The relay network's experiment instead (tracker issue 13): TCP through one relay and
+    /// through two against the kernel's forwarding over the same namespaces, the relays' cost
+    /// per datagram by stage, and 003's experiments (`mt6d demo --topology relays`). With
+    /// --quick: one 4 s transfer per path and method.
+    #[arg(long, conflicts_with_all = ["full", "only", "topology", "ping_std", "soak", "hostid", "server"])]
+    relays: bool,
     /// Measure nothing: redraw the figures (SVG and PNG) of a results.json that `mt6d bench`
     /// wrote, next to it. Needs no root.
     #[arg(long, value_name = "RESULTS_JSON", conflicts_with_all = ["quick", "full", "only",
@@ -146,6 +153,8 @@ pub struct Args {
     pub hostid: bool,
     /// `--server`: the experiment of [`server`] instead.
     pub server: Option<server::ServerArgs>,
+    /// `--relays`: the experiment of [`relays`] instead.
+    pub relays: Option<relays::RelaysArgs>,
 }
 
 impl From<Cli> for Args {
@@ -171,6 +180,13 @@ impl From<Cli> for Args {
             }),
             out: c.out,
             hostid: c.hostid,
+            relays: c.relays.then(|| {
+                if c.quick {
+                    relays::RelaysArgs::quick()
+                } else {
+                    relays::RelaysArgs::full()
+                }
+            }),
             server: c.server.then(|| {
                 let mut a = if c.quick {
                     server::ServerArgs::quick()
@@ -240,10 +256,18 @@ fn main() -> ExitCode {
         let redraw = std::fs::read_to_string(results)
             .ok()
             .and_then(|t| <json::Value as json::ValueExt>::parse(&t).ok())
-            .filter(|d| d.get("server_role").is_some())
             .map_or_else(
                 || plot::redraw(results),
-                |d| server::figures(&d, results.parent().unwrap_or(std::path::Path::new("."))),
+                |d| {
+                    let dir = results.parent().unwrap_or(std::path::Path::new("."));
+                    if d.get("server_role").is_some() {
+                        server::figures(&d, dir)
+                    } else if d.get("throughput").is_some() {
+                        relays::figures(&d, dir)
+                    } else {
+                        plot::redraw(results)
+                    }
+                },
             );
         return match redraw {
             Ok(written) => {
@@ -276,6 +300,15 @@ fn main() -> ExitCode {
                     .clone()
                     .unwrap_or_else(server::ServerArgs::quick);
                 server::run(args.out.clone(), &exe.with_file_name("mt6d"), &a)
+            }),
+        None if args.relays.is_some() => std::env::current_exe()
+            .map_err(|e| format!("own executable: {e}"))
+            .and_then(|exe| {
+                let a = args
+                    .relays
+                    .clone()
+                    .unwrap_or_else(relays::RelaysArgs::quick);
+                relays::run(args.out.clone(), &exe.with_file_name("mt6d"), &a)
             }),
         None if args.hostid => std::env::current_exe()
             .map_err(|e| format!("own executable: {e}"))
