@@ -35,6 +35,23 @@ pub struct RawSendMsg<'a> {
     pub payload: &'a [u8],
 }
 
+impl RawSendMsg<'_> {
+    /// Empties a vector of messages and hands back its allocation with a fresh lifetime, so a
+    /// sending thread keeps one vector for every batch. `into_iter().map(..).collect()` over a
+    /// same-layout type reuses the buffer in place (std's in-place collect): no allocation per
+    /// batch; the vector is empty, so the closure never runs.
+    pub fn recycle<'b>(mut v: Vec<RawSendMsg<'_>>) -> Vec<RawSendMsg<'b>> {
+        v.clear();
+        v.into_iter()
+            .map(|m| RawSendMsg {
+                src: m.src,
+                dst: m.dst,
+                payload: &[],
+            })
+            .collect()
+    }
+}
+
 /// Reusable arrays for [`RawUdp6::send_batch`]; one per sending thread.
 pub struct RawSendScratch {
     hdrs: Vec<libc::mmsghdr>,

@@ -94,6 +94,24 @@ pub struct SendMsg<'a> {
     pub segment_size: Option<u16>,
 }
 
+impl SendMsg<'_> {
+    /// Empties a vector of messages and hands back its allocation with a fresh lifetime, so a
+    /// sending thread keeps one vector for every batch. `into_iter().map(..).collect()` over a
+    /// same-layout type reuses the buffer in place (std's in-place collect): no allocation per
+    /// batch; the vector is empty, so the closure never runs.
+    pub fn recycle<'b>(mut v: Vec<SendMsg<'_>>) -> Vec<SendMsg<'b>> {
+        v.clear();
+        v.into_iter()
+            .map(|m| SendMsg {
+                src: m.src,
+                dst: m.dst,
+                payload: &[],
+                segment_size: m.segment_size,
+            })
+            .collect()
+    }
+}
+
 /// Reusable arrays for [`UdpSocket6::send_batch`]; one per sending thread.
 pub struct SendScratch {
     hdrs: Vec<libc::mmsghdr>,

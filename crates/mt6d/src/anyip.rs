@@ -183,6 +183,28 @@ impl PrefixSystem {
     }
 }
 
+/// Ends a role's run: removes what it added (logging what could not be), then reports the
+/// run's own error first, else the signal that stopped it (at info), else the leftovers.
+pub fn finish<E: Into<Box<dyn std::error::Error>>>(
+    result: Result<(), E>,
+    system: &mut PrefixSystem,
+    signals: &crate::gateway::signals::Signals,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let leftovers = system.tear_down();
+    for l in &leftovers {
+        log::error!("clean-up: {l}");
+    }
+    result.map_err(Into::into)?;
+    if let Some(sig) = signals.stopped_by() {
+        log::info!("stopped by {sig}");
+    }
+    if leftovers.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("clean-up left: {}", leftovers.join("; ")).into())
+    }
+}
+
 /// The table of a role answering `prefix`/64: UDP to the prefix goes to the role's transparent
 /// sockets on `port` (each datagram keeps its destination, which the sockets read); anything
 /// else to the prefix is dropped before the kernel could answer it (echo replies, TCP resets,

@@ -126,6 +126,18 @@ pub struct MoveStatus {
     pub moved_epochs: Vec<(u64, u8)>,
 }
 
+/// A status's counters for people: ` k=v` for every non-zero one, or ` all 0`.
+pub fn nonzero_counters(counters: &std::collections::BTreeMap<String, u64>) -> String {
+    let mut out = String::new();
+    for (k, v) in counters.iter().filter(|(_, v)| **v > 0) {
+        out.push_str(&format!(" {k}={v}"));
+    }
+    if out.is_empty() {
+        out.push_str(" all 0");
+    }
+    out
+}
+
 fn gateway_role() -> String {
     "gateway".into()
 }
@@ -281,4 +293,19 @@ pub struct CounterSnapshot {
     pub rotations: u64,
     /// Drops by reason label, both directions added.
     pub drops: std::collections::BTreeMap<String, u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_for_people_list_the_non_zero_ones_in_order_or_say_all_zero() {
+        let mut c = std::collections::BTreeMap::new();
+        c.insert("rx".to_string(), 0u64);
+        assert_eq!(nonzero_counters(&c), " all 0");
+        c.insert("tx".to_string(), 3);
+        c.insert("drop_replay".to_string(), 1);
+        assert_eq!(nonzero_counters(&c), " drop_replay=1 tx=3");
+    }
 }

@@ -307,7 +307,7 @@ impl Transmit {
         if unmatched > 0 {
             shared.unmatched.drop_n(DropReason::NoPeer, unmatched);
         }
-        let msgs = recycle(std::mem::take(&mut self.msgs_store));
+        let msgs = SendMsg::recycle(std::mem::take(&mut self.msgs_store));
         self.msgs_store = send_runs(table, runs, sealed, &mut self.send_scratch, msgs);
         runs.iter().map(|r| r.count as u64).sum()
     }
@@ -363,7 +363,7 @@ fn send_runs<'a>(
         send_all(table, socket, scratch, &msgs, &runs[i..j]);
         i = j;
     }
-    recycle(msgs)
+    SendMsg::recycle(msgs)
 }
 
 /// Pushes `msgs` through `sendmmsg` until all are taken or the kernel refuses; counts per peer.
@@ -400,22 +400,6 @@ fn send_all(
             c.add(r.count as u64, (r.end - r.start) as u64);
         }
     }
-}
-
-/// Empties a vector of borrowed messages and hands back its allocation with a fresh lifetime.
-/// `into_iter().map(..).collect()` over a same-layout type reuses the buffer in place (std's
-/// in-place collect), so no allocation happens per batch; the vector is empty, so the closure
-/// never runs.
-fn recycle<'b>(mut v: Vec<SendMsg<'_>>) -> Vec<SendMsg<'b>> {
-    v.clear();
-    v.into_iter()
-        .map(|m| SendMsg {
-            src: m.src,
-            dst: m.dst,
-            payload: &[],
-            segment_size: m.segment_size,
-        })
-        .collect()
 }
 
 /// The MSS to clamp SYNs to and the largest inner packet, from the TUN MTU now (it follows the

@@ -126,12 +126,13 @@ fn parse_topology(s: &str) -> Result<DemoTopology, String> {
 }
 
 /// Progress lines: to stdout normally, to stderr when stdout carries JSON.
-struct Say {
-    json: bool,
+#[derive(Debug)]
+pub(crate) struct Say {
+    pub(crate) json: bool,
 }
 
 impl Say {
-    fn line(&self, text: impl AsRef<str>) {
+    pub(crate) fn line(&self, text: impl AsRef<str>) {
         if self.json {
             eprintln!("{}", text.as_ref());
         } else {

@@ -491,7 +491,7 @@ impl Plane<'_> {
             let run_spans = &spans[i..i + run];
             match self.senders.get(&from) {
                 Some(sock) => {
-                    let mut msgs = recycle_udp(std::mem::take(&mut self.udp_msgs_store));
+                    let mut msgs = SendMsg::recycle(std::mem::take(&mut self.udp_msgs_store));
                     let gso = sock.gso_supported();
                     let mut k = 0;
                     while k < run_spans.len() {
@@ -546,7 +546,7 @@ impl Plane<'_> {
                         self.counters.tx_send_failed += 1;
                     }
                     self.counters.tx_datagrams += datagrams;
-                    self.udp_msgs_store = recycle_udp(msgs);
+                    self.udp_msgs_store = SendMsg::recycle(msgs);
                 }
                 None => self.send_raw(run_spans, &bytes),
             }
@@ -556,7 +556,7 @@ impl Plane<'_> {
 
     /// Sends spans through the raw socket, one datagram per message.
     fn send_raw<'b>(&mut self, spans: &[Span], bytes: &impl Fn(usize, usize, usize) -> &'b [u8]) {
-        let mut msgs = recycle(std::mem::take(&mut self.msgs_store));
+        let mut msgs = RawSendMsg::recycle(std::mem::take(&mut self.msgs_store));
         let mut i = 0;
         while i < spans.len() {
             msgs.clear();
@@ -578,7 +578,7 @@ impl Plane<'_> {
                 }
             }
         }
-        self.msgs_store = recycle(msgs);
+        self.msgs_store = RawSendMsg::recycle(msgs);
     }
 
     /// Writes the delivered inner packets; returns the time it took.
@@ -720,30 +720,4 @@ impl Plane<'_> {
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-/// [`recycle`] for the UDP sockets' messages.
-fn recycle_udp<'b>(mut v: Vec<SendMsg<'_>>) -> Vec<SendMsg<'b>> {
-    v.clear();
-    v.into_iter()
-        .map(|m| SendMsg {
-            src: m.src,
-            dst: m.dst,
-            payload: &[],
-            segment_size: None,
-        })
-        .collect()
-}
-
-/// Empties a vector of borrowed messages and hands back its allocation with a fresh lifetime
-/// (no allocation per batch; the vector is empty, so the closure never runs).
-fn recycle<'b>(mut v: Vec<RawSendMsg<'_>>) -> Vec<RawSendMsg<'b>> {
-    v.clear();
-    v.into_iter()
-        .map(|m| RawSendMsg {
-            src: m.src,
-            dst: m.dst,
-            payload: &[],
-        })
-        .collect()
 }

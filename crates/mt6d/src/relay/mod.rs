@@ -135,19 +135,7 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let mut system = system(&cfg)?;
     let result = set_up(&mut system, &cfg, mtu)
         .and_then(|io| dataplane::serve(&cfg, node, io, &signals, started));
-    let leftovers = system.tear_down();
-    for l in &leftovers {
-        log::error!("clean-up: {l}");
-    }
-    result?;
-    if let Some(sig) = signals.stopped_by() {
-        log::info!("stopped by {sig}");
-    }
-    if leftovers.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("clean-up left: {}", leftovers.join("; ")).into())
-    }
+    crate::anyip::finish(result, &mut system, &signals)
 }
 
 /// `mt6d down -c FILE` for a relay node: removes the nftables table, the AnyIP route and the

@@ -125,19 +125,7 @@ pub fn render(s: &RelayStatus) -> String {
         }
     }
     out.push_str("  counters:");
-    let nonzero: Vec<String> = s
-        .counters
-        .iter()
-        .filter(|(_, v)| **v > 0)
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    if nonzero.is_empty() {
-        out.push_str(" all 0");
-    }
-    for c in nonzero {
-        out.push(' ');
-        out.push_str(&c);
-    }
+    out.push_str(&crate::status::nonzero_counters(&s.counters));
     out.push('\n');
     out
 }

@@ -43,20 +43,7 @@ pub fn render(s: &ServerStatus) -> String {
         "mt6d {} server (pid {}), up {} s, {}\n  prefix {}/64, TUN {}\n  clients {}, live sessions {} ({} session route sets)\n  counters:",
         s.version, s.pid, s.uptime_secs, s.config, s.prefix, s.tun, s.clients, s.sessions, s.session_route_sets
     );
-    let nonzero: Vec<String> = s
-        .counters
-        .iter()
-        .filter(|(_, v)| **v > 0)
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    if nonzero.is_empty() {
-        out.push_str(" all 0");
-    } else {
-        for c in nonzero {
-            out.push(' ');
-            out.push_str(&c);
-        }
-    }
+    out.push_str(&crate::status::nonzero_counters(&s.counters));
     out.push('\n');
     out
 }

@@ -534,20 +534,6 @@ struct Transmit {
     msgs_store: Vec<RawSendMsg<'static>>,
 }
 
-/// Empties a vector of borrowed messages and hands back its allocation with a fresh lifetime
-/// (std's in-place collect over a same-layout type: no allocation per batch; the vector is
-/// empty, so the closure never runs).
-fn recycle<'b>(mut v: Vec<RawSendMsg<'_>>) -> Vec<RawSendMsg<'b>> {
-    v.clear();
-    v.into_iter()
-        .map(|m| RawSendMsg {
-            src: m.src,
-            dst: m.dst,
-            payload: &[],
-        })
-        .collect()
-}
-
 impl Transmit {
     fn new(tun_mtu: usize) -> Transmit {
         let max_wire = tun_mtu + 64;
@@ -654,7 +640,7 @@ impl Transmit {
                 bytes += size as u64;
             }
         }
-        let mut msgs = recycle(std::mem::take(&mut self.msgs_store));
+        let mut msgs = RawSendMsg::recycle(std::mem::take(&mut self.msgs_store));
         let mut sent = 0usize;
         let mut failed = 0u64;
         let mut i = 0;
@@ -679,7 +665,7 @@ impl Transmit {
                 }
             }
         }
-        self.msgs_store = recycle(msgs);
+        self.msgs_store = RawSendMsg::recycle(msgs);
         for (counter, n) in [
             (&c.tx_packets, sent as u64),
             (&c.tx_bytes, bytes),

@@ -147,19 +147,7 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let result = set_up(&mut system, &cfg, mtu)
         .and_then(|ios| serve(&cfg, &shared, ios, &signals, mtu, served, started));
     shared.shutdown.store(true, Ordering::Relaxed);
-    let leftovers = system.tear_down();
-    for l in &leftovers {
-        log::error!("clean-up: {l}");
-    }
-    result?;
-    if let Some(sig) = signals.stopped_by() {
-        log::info!("stopped by {sig}");
-    }
-    if leftovers.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("clean-up left: {}", leftovers.join("; ")).into())
-    }
+    crate::anyip::finish(result, &mut system, &signals)
 }
 
 /// `mt6d down -c FILE` for a server: removes the nftables table, the AnyIP route and the guard

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::{Flow, LinkWire, RelayLab, RelaySettings, Reroute, Shape, Size};
-use crate::lab::demo::DemoArgs;
+use crate::lab::demo::{DemoArgs, Say};
 use crate::lab::ping::Pace;
 use crate::lab::transfer::TransferReport;
 
@@ -32,22 +32,6 @@ const BASE_LOSS: u8 = 1;
 const BAD_LINK_LOSS: u8 = 20;
 const FILE: u64 = 10 << 20;
 const BIG: u64 = 100_000_000;
-
-/// Progress to stdout, or to stderr when stdout carries the JSON document.
-#[derive(Debug)]
-struct Say {
-    json: bool,
-}
-
-impl Say {
-    fn line(&self, text: impl AsRef<str>) {
-        if self.json {
-            eprintln!("{}", text.as_ref());
-        } else {
-            println!("{}", text.as_ref());
-        }
-    }
-}
 
 pub fn run(args: &DemoArgs) -> DemoResult<()> {
     refuse_gateway_options(args)?;
