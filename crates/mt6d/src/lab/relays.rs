@@ -39,7 +39,7 @@ use serde::Serialize;
 
 use super::daemon::DaemonProcess;
 use super::ping::{ping, Pace, PingReport};
-use super::topology::{dad_settled, in_ns, veth, LabError};
+use super::topology::{dad_settled, in_ns, prepare_namespace, veth, LabError};
 use super::transfer::{self, TransferReport};
 use crate::control::AnyStatus;
 use crate::keys;
@@ -294,15 +294,7 @@ impl RelayLab {
             }
         }
         for n in lab.namespaces() {
-            in_ns(n, |nl| {
-                // Addresses are unique by construction: no duplicate address detection, so no
-                // link-local address is ever tentative when a daemon starts.
-                for iface in ["all", "default"] {
-                    sysctl::set_ipv6_conf(iface, "accept_dad", "0")?;
-                }
-                let lo = nl.link_index("lo")?;
-                nl.link_set_up(lo)
-            })?;
+            prepare_namespace(n)?;
         }
         for &(a, b) in &plan.links {
             let (ia, ib) = (lab.node_index(a)?, lab.node_index(b)?);

@@ -212,15 +212,7 @@ impl Lab {
             }
         }
         for n in lab.all() {
-            in_ns(n, |nl| {
-                // No DAD in the lab: addresses are unique by construction, and waiting a second
-                // for DAD on every link-local would only slow everything down.
-                for iface in ["all", "default"] {
-                    sysctl::set_ipv6_conf(iface, "accept_dad", "0")?;
-                }
-                let lo = nl.link_index("lo")?;
-                nl.link_set_up(lo)
-            })?;
+            prepare_namespace(n)?;
         }
         // In host mode Host A has no internal link: its mt6d binds HOST_A on the TUN device.
         if !host_mode {
@@ -796,6 +788,19 @@ pub fn dad_settled(n: &Netns, limit: std::time::Duration) -> Result<(), LabError
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+}
+
+/// A lab namespace made ready: no duplicate address detection (addresses are unique by
+/// construction, and waiting a second for DAD on every link-local would only slow everything
+/// down, or leave a link-local tentative when a daemon starts), `lo` up.
+pub fn prepare_namespace(n: &Netns) -> Result<(), LabError> {
+    in_ns(n, |nl| {
+        for iface in ["all", "default"] {
+            sysctl::set_ipv6_conf(iface, "accept_dad", "0")?;
+        }
+        let lo = nl.link_index("lo")?;
+        nl.link_set_up(lo)
+    })
 }
 
 /// Runs `f` with a netlink socket inside namespace `n`.
