@@ -274,7 +274,7 @@ fn kernel_path(lab: &RelayLab, nodes: &[&str], from: u16, to: u16) -> Result<(),
                         None
                     }
                 })
-                .ok_or_else(|| format!("no link {} - {}", nodes[0], nodes[1]))?;
+                .ok_or_else(|| format!("no link {} - {}", lab.nodes[x].name, lab.nodes[y].name))?;
             let ll = link_local(lab, y, &if_y)?;
             run_in(
                 lab,

@@ -25,7 +25,8 @@ pub const DEFAULT_RELAY_TUN: &str = "mt6dr0";
 /// Default local port of the transparent socket (never on the wire).
 pub const DEFAULT_RELAY_LISTEN_PORT: u16 = 7411;
 /// Bytes a link adds to a frame on the wire: IPv6 and UDP headers, the counter, the tag.
-pub const LINK_WIRE_OVERHEAD: usize = 40 + 8 + mt6d_proto::tunnel::FRAME_HEADROOM + 16;
+pub const LINK_WIRE_OVERHEAD: usize =
+    40 + 8 + mt6d_proto::tunnel::FRAME_HEADROOM + mt6d_proto::tunnel::TAG_LEN;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

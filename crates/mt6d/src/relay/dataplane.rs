@@ -58,6 +58,7 @@ pub struct IoCounters {
     /// Datagrams to the prefix on no current route of any link (a scan, an old epoch's
     /// straggler, a forgery): dropped before any key is used.
     pub rx_no_link: u64,
+    /// Datagrams the kernel took, and the ones it refused (a full queue, a GSO error).
     pub tx_datagrams: u64,
     pub tx_send_failed: u64,
     pub socket_queue_drops: u64,
@@ -525,27 +526,28 @@ impl Plane<'_> {
                         });
                         k += count;
                     }
-                    let datagrams = run as u64;
+                    // Counted in datagrams, as the raw socket's: a refused GSO message is all
+                    // of its datagrams refused.
+                    let datagrams = |m: &SendMsg<'_>| {
+                        m.segment_size
+                            .map_or(1, |s| m.payload.len().div_ceil(usize::from(s).max(1)))
+                            as u64
+                    };
                     let mut sent_msgs = 0;
-                    let mut failed = false;
                     while sent_msgs < msgs.len() {
                         match sock.send_batch(&mut self.udp_scratch, &msgs[sent_msgs..]) {
-                            Ok(0) => {
-                                failed = true;
+                            Ok(0) | Err(_) => {
+                                self.counters.tx_send_failed += datagrams(&msgs[sent_msgs]);
                                 sent_msgs += 1;
                             }
-                            Err(e) => {
-                                log::debug!("send from {from}: {e}");
-                                failed = true;
-                                sent_msgs += 1;
+                            Ok(n) => {
+                                let sent: u64 =
+                                    msgs[sent_msgs..sent_msgs + n].iter().map(datagrams).sum();
+                                self.counters.tx_datagrams += sent;
+                                sent_msgs += n;
                             }
-                            Ok(n) => sent_msgs += n,
                         }
                     }
-                    if failed {
-                        self.counters.tx_send_failed += 1;
-                    }
-                    self.counters.tx_datagrams += datagrams;
                     self.udp_msgs_store = SendMsg::recycle(msgs);
                 }
                 None => self.send_raw(run_spans, &bytes),
