@@ -257,6 +257,72 @@ impl ReceiveKeys {
         Ok((opened, &mut buf[inner]))
     }
 
+    /// [`Opener::open_frame`] with the key of the payload's phase (a relay link keyed by
+    /// handshakes, docs/PROTOCOL.md §10.1): the same keys in the same order as
+    /// [`ReceiveKeys::open`], the payload copied first while a slot has other keys to try (a
+    /// failed try decrypts in place). Returns what was opened and whether it is a frame (false:
+    /// a keepalive); the caller reads the frame, checked, at `payload[8..len - 16]`.
+    pub fn open_frame(
+        &mut self,
+        now: UnixTime,
+        route: &Route,
+        payload: &mut [u8],
+    ) -> Result<(Opened, bool), OpenError> {
+        let i = if self.single {
+            0
+        } else {
+            KeyPhase::of_payload(payload).map_or(0, KeyPhase::index)
+        };
+        let Some(slot) = &mut self.slots[i] else {
+            return Err(OpenError::NoKey);
+        };
+        let others = !slot.spares.is_empty()
+            || slot
+                .retiring
+                .as_ref()
+                .is_some_and(|(_, until)| now < *until);
+        let saved = others.then(|| payload.to_vec());
+        let frame = match slot.opener.open_frame(route, payload).map(|f| f.is_some()) {
+            Ok(frame) => frame,
+            // Another key cannot make a refused frame valid: its tag verified under this one.
+            Err(e @ OpenError::BadFrame(_)) => return Err(e),
+            Err(e) => {
+                let Some(saved) = saved else {
+                    return Err(e);
+                };
+                let mut retry = |o: &mut Opener| {
+                    payload.copy_from_slice(&saved);
+                    o.open_frame(route, payload).map(|f| f.is_some())
+                };
+                if let Some((old, until)) = &mut slot.retiring {
+                    if now < *until {
+                        if let Ok(frame) = retry(old) {
+                            let opened = Opened {
+                                len: payload.len(),
+                                confirmed: None,
+                                confirmed_key: None,
+                            };
+                            return Ok((opened, frame));
+                        }
+                    }
+                }
+                let Some((k, frame)) = slot
+                    .spares
+                    .iter_mut()
+                    .enumerate()
+                    .rev()
+                    .find_map(|(k, o)| retry(o).ok().map(|f| (k, f)))
+                else {
+                    return Err(e);
+                };
+                let won = slot.spares.swap_remove(k);
+                slot.opener = won;
+                frame
+            }
+        };
+        Ok((self.confirm(i, now, payload.len()), frame))
+    }
+
     /// Erases keys whose grace period is over. Cheap; call it once per receive batch or tick.
     pub fn expire(&mut self, now: UnixTime) {
         for s in self.slots.iter_mut().flatten() {

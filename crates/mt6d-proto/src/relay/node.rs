@@ -10,12 +10,15 @@
 //! anything a peer sent. Every refusal is counted under its spec label ([`NodeCounters`]).
 //!
 //! # Scope of this step (docs/PROTOCOL.md §10.13)
-//! Keys are **pre-shared**: each relay link and each end-to-end stream is a [`Stream`] built from
-//! a configured [`crate::SessionKey`], with a [`Sealer`] whose counter reservation the caller
-//! persists (§4.3). The Noise handshakes of §9 (on a link, or end to end through the relays),
-//! rekeying and key phases, route sets (§9.8) and route moves (§5.2) are not driven here. A
-//! frame of kind `0x02` is forwarded like data within the relays' end-to-end handshake rate
+//! A **relay link** is keyed either by the Noise IK handshakes of §9 ([`RelayNode::add_link_handshake`]:
+//! one [`Link`] per neighbour drives the handshake, rekeying, key phases and route sets of §9.8;
+//! the node owns its receive keys and the sending key it hands out) or by a pre-shared key
+//! ([`RelayNode::add_link`], a [`Sealer`] whose counter reservation the caller persists, §4.3).
+//! Each **end-to-end stream** is pre-shared: its handshake through the relays is not driven here.
+//! A frame of kind `0x02` is forwarded like data within the relays' end-to-end handshake rate
 //! limit (§10.5, [`HANDSHAKE_RATE`]); at its destination it is dropped as `node_e2e_handshake`.
+//! Route moves (§5.2) are answered on a link (notices), never started: a relay does not watch
+//! its segment for collisions.
 //!
 //! # Decisions where the spec leaves the driver free
 //! - **The node removes and applies header protection (§4.5)**, on both the link layer and the
@@ -43,6 +46,8 @@
 //!    [`Received`] (send the buffer, deliver the inner packet, or nothing).
 //! 3. Per inner packet from the protected side: [`RelayNode::send_inner`], send what it wrote.
 //! 4. At [`RelayNode::poll_timeout`]: [`RelayNode::handle_timeout`] (with the caller's RNG).
+//!    A node with handshake-keyed links needs [`RelayNode::set_entropy`] first: 32 fresh bytes
+//!    per handshake message it makes.
 //! 5. After each of 1-4: send every [`RelayNode::poll_transmit`] and apply every
 //!    [`RelayNode::poll_event`] (bind a link's new routes, log route changes).
 //!
@@ -52,20 +57,24 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddrV6;
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::cost::LinkMonitor;
 use super::e2e::{e2e_relay_payload_len, seal_e2e, RouteTagKey, VirtualRoute, ROUTE_TAG_LEN};
-use super::frame::{HEADER_LEN, MIN_FRAME_MAX};
+use super::frame::{RelayFrame, HEADER_LEN, MIN_FRAME_MAX};
 use super::probe::{Probe, ProbeRepr, ProbeType};
 use super::routing::{MessageType, RoutingMessage, RoutingRepr};
 use super::table::{Forward, Neighbour, RoutingTable};
 use super::tags::TagIndex;
 use super::{frame_len, Kind, Metric, NodeId, RelayError, RelayRepr, HOP_LIMIT};
 use crate::endpoint::{IndexError, IndexSeed, PeerId};
-use crate::handshake::is_handshake;
+use crate::handshake::{is_handshake, Handshake, ReceiveKeys};
+use crate::link::{Event as LinkEvent, Link};
+use crate::moves::is_notice;
+use crate::route_sets::RouteSet;
 use crate::tunnel::{frame_payload_len, FRAME_HEADROOM, OPEN_HEADROOM, TAG_LEN};
-use crate::{Mode, Opener, Route, Schedule, SealError, Sealer, Stream, UnixTime};
+use crate::{Mode, OpenError, Opener, Route, Schedule, SealError, Sealer, Stream, UnixTime};
 
 /// Where a frame's relay payload starts in a link payload: counter, relay header.
 const PAYLOAD_AT: usize = FRAME_HEADROOM + HEADER_LEN;
@@ -144,6 +153,21 @@ pub enum Event {
         /// Its new cost.
         cost: Metric,
     },
+    /// A handshake on a link completed and its keys are in use (§9.5).
+    LinkKeyed {
+        /// The link.
+        link: Neighbour,
+        /// This node sent the answered initiation.
+        initiator: bool,
+        /// The keys replace earlier ones.
+        rekey: bool,
+    },
+    /// No rekey succeeded on a link for three rekey intervals: its keys are erased and it carries
+    /// nothing until a handshake completes.
+    LinkKeysExpired {
+        /// The link.
+        link: Neighbour,
+    },
     /// The next hop towards an edge gateway changed (None: no route).
     RouteChanged {
         /// The edge gateway.
@@ -204,6 +228,10 @@ pub enum NodeError {
         /// The longest that fits.
         max: usize,
     },
+    /// The link to the next hop holds no sending key yet (its handshake is under way) or any
+    /// more (expired); counted as `node_no_key`.
+    #[error("link {0:?} has no key yet")]
+    NoKey(Neighbour),
     /// The caller's buffer is too small.
     #[error("buffer of {have} bytes, need {need}")]
     BufferTooSmall {
@@ -255,14 +283,92 @@ impl NodeCounters {
     }
 }
 
-/// One relay link: an encrypt-mode MT6D stream with pre-shared keys, and its probes.
+/// One relay link: an encrypt-mode MT6D stream and its keys (handshakes or pre-shared), its
+/// route sets' routes at the epoch, and its probes.
 #[derive(Debug)]
 struct RelayLink {
-    stream: Stream,
-    sealer: Sealer,
-    opener: Opener,
+    /// The handshake, key life and route sets (§9); with a pre-shared key, the link set only.
+    link: Link,
+    recv: ReceiveKeys,
+    /// Seals everything sent on the link; None before the first handshake and after expiry.
+    send: Option<Arc<Sealer>>,
     monitor: LinkMonitor,
+    /// The routes of the set data is sent on.
     schedule: Schedule,
+    /// The set data is sent on (its header keys protect what the node sends).
+    send_set: Arc<RouteSet>,
+    /// Every bound set's accept routes (e-1, e, e+1), in the order [`Link::select`] gives them.
+    accept: Vec<Accept>,
+    /// When any bound set's routes change next.
+    next_change: UnixTime,
+}
+
+/// One accept route of a link and the set it belongs to.
+#[derive(Debug)]
+struct Accept {
+    set: Arc<RouteSet>,
+    /// Whether data may arrive on the set ([`crate::route_sets::Bound::data`]).
+    data: bool,
+    route: Route,
+}
+
+impl RelayLink {
+    fn new(now: UnixTime, link: Link, recv: ReceiveKeys, send: Option<Arc<Sealer>>) -> RelayLink {
+        let send_set = link.sets().link().clone();
+        let mut l = RelayLink {
+            schedule: link.stream().schedule(now),
+            link,
+            recv,
+            send,
+            monitor: LinkMonitor::new(now),
+            send_set,
+            accept: Vec::with_capacity(12),
+            next_change: now,
+        };
+        l.recompute(now);
+        l
+    }
+
+    /// Rebuilds the send set, its schedule and the accept routes from the link's route sets.
+    fn recompute(&mut self, now: UnixTime) {
+        let selection = self.link.select(now);
+        self.schedule = Link::schedule_of(&selection.send, now);
+        self.next_change = self.schedule.next_change;
+        self.send_set = selection.send;
+        self.accept.clear();
+        for b in &selection.bound {
+            let s = Link::schedule_of(&b.set, now);
+            self.next_change = self.next_change.min(s.next_change);
+            for route in s.accept {
+                self.accept.push(Accept {
+                    set: b.set.clone(),
+                    data: b.data,
+                    route,
+                });
+            }
+        }
+    }
+}
+
+/// The caller's source of 32 fresh random bytes per handshake message (None: none now).
+pub type Entropy = Box<dyn FnMut() -> Option<[u8; 32]> + Send>;
+
+struct EntropySource(Option<Entropy>);
+
+impl EntropySource {
+    fn draw(&mut self) -> Option<[u8; 32]> {
+        self.0.as_mut().and_then(|f| f())
+    }
+}
+
+impl std::fmt::Debug for EntropySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Entropy(set)"
+        } else {
+            "Entropy(none)"
+        })
+    }
 }
 
 /// One end-to-end stream of an edge gateway, carried over virtual routes (§10.5).
@@ -342,6 +448,8 @@ impl HandshakeLimiter {
 enum Pending {
     Probe(Neighbour, ProbeRepr),
     Routing(Neighbour, RoutingRepr),
+    /// A datagram the link made (handshake message, keepalive, notice), header protection on.
+    Datagram(Neighbour, Route, Vec<u8>),
 }
 
 /// A relay network node (module docs).
@@ -363,6 +471,8 @@ pub struct RelayNode {
     handshake_rate: HandshakeLimiter,
     /// Routing messages are written here before they are sealed.
     scratch: Vec<u8>,
+    /// Fresh randomness for handshake messages ([`RelayNode::set_entropy`]).
+    entropy: EntropySource,
     counters: NodeCounters,
 }
 
@@ -412,8 +522,16 @@ impl RelayNode {
             next_change: UnixTime::from_nanos(u64::MAX),
             handshake_rate: HandshakeLimiter::new(transit),
             scratch: Vec::with_capacity(frame_max),
+            entropy: EntropySource(None),
             counters: NodeCounters::default(),
         })
+    }
+
+    /// Where the node draws 32 fresh random bytes for each handshake message it makes (a
+    /// CSPRNG of the caller's). Without it, handshake-keyed links never key (every handshake
+    /// counts `hs_no_entropy`).
+    pub fn set_entropy(&mut self, entropy: Entropy) {
+        self.entropy = EntropySource(Some(entropy));
     }
 
     /// Adds the relay link to a neighbour: `stream` between this node's address and the
@@ -428,24 +546,61 @@ impl RelayNode {
         sealer: Sealer,
     ) -> Result<(), NodeError> {
         encrypt_only(&stream)?;
+        let recv = ReceiveKeys::single(stream.opener());
+        let l = RelayLink::new(now, Link::pre_shared(stream), recv, Some(Arc::new(sealer)));
+        self.insert_link(link, l)
+    }
+
+    /// Adds the relay link to a neighbour keyed by Noise IK handshakes (§10.1, §9): `stream`
+    /// between this node's address and the neighbour's, encrypt mode, keyed by the handshake's
+    /// link key ([`Handshake::link_key`]: its link set); `hs` the handshake with the neighbour's
+    /// identity, its true addresses the two nodes' addresses. Nothing is sent on the link but
+    /// handshake messages until one completes; the first initiation leaves at the next
+    /// [`RelayNode::handle_timeout`].
+    pub fn add_link_handshake(
+        &mut self,
+        now: UnixTime,
+        link: Neighbour,
+        stream: Stream,
+        hs: Handshake,
+    ) -> Result<(), NodeError> {
+        encrypt_only(&stream)?;
+        let l = RelayLink::new(
+            now,
+            Link::with_handshake(stream, hs),
+            ReceiveKeys::new(),
+            None,
+        );
+        self.insert_link(link, l)
+    }
+
+    fn insert_link(&mut self, link: Neighbour, l: RelayLink) -> Result<(), NodeError> {
         if self.links.contains_key(&link) {
             return Err(NodeError::LinkExists(link));
         }
-        let schedule = stream.schedule(now);
-        self.next_change = self.next_change.min(schedule.next_change);
-        self.events
-            .push_back(Event::LinkSchedule { link, schedule });
-        self.links.insert(
+        self.next_change = self.next_change.min(l.next_change);
+        self.events.push_back(Event::LinkSchedule {
             link,
-            RelayLink {
-                opener: stream.opener(),
-                stream,
-                sealer,
-                monitor: LinkMonitor::new(now),
-                schedule,
-            },
-        );
+            schedule: l.schedule,
+        });
+        self.links.insert(link, l);
         Ok(())
+    }
+
+    /// A link's handshake (None for a pre-shared link): statistics, the time of its keys.
+    pub fn link_handshake(&self, link: Neighbour) -> Option<&Handshake> {
+        self.links.get(&link).and_then(|l| l.link.handshake())
+    }
+
+    /// The id of the route set a link sends on (0: the link set; a session set after a
+    /// handshake, §9.8): for `mt6d status` and tests.
+    pub fn link_route_set(&self, link: Neighbour) -> Option<u64> {
+        self.links.get(&link).map(|l| l.send_set.id)
+    }
+
+    /// Whether a link holds a sending key (a pre-shared link always does).
+    pub fn link_keyed(&self, link: Neighbour) -> bool {
+        self.links.get(&link).is_some_and(|l| l.send.is_some())
     }
 
     /// Adds an end-to-end peer: the edge gateway `destination`, and `stream` between the two
@@ -516,15 +671,15 @@ impl RelayNode {
         &self.counters
     }
 
-    /// The link whose accept routes (e-1, e, e+1) hold the pair (`local`, `remote`) a datagram
-    /// arrived on, for a driver that receives every link on one socket. A scan of three routes
-    /// per link: a node has a handful of neighbours.
+    /// The link whose accept routes (e-1, e, e+1 of every bound route set) hold the pair
+    /// (`local`, `remote`) a datagram arrived on, for a driver that receives every link on one
+    /// socket. A scan of three routes per link and set (one set in the steady state, up to four
+    /// around a handshake): a node has a handful of neighbours.
     pub fn link_of(&self, local: SocketAddrV6, remote: SocketAddrV6) -> Option<Neighbour> {
         self.links.iter().find_map(|(&n, l)| {
-            l.schedule
-                .accept
+            l.accept
                 .iter()
-                .any(|r| r.local == local && r.remote == remote)
+                .any(|a| a.route.local == local && a.route.remote == remote)
                 .then_some(n)
         })
     }
@@ -550,31 +705,61 @@ impl RelayNode {
             self.counters.drop("node_unknown_link");
             return Received::Consumed;
         };
-        let Some(route) = l
-            .schedule
+        let Some(at) = l
             .accept
             .iter()
-            .find(|r| r.local == local && r.remote == remote)
-            .copied()
+            .position(|a| a.route.local == local && a.route.remote == remote)
         else {
             self.counters.drop("node_unknown_route");
             return Received::Consumed;
         };
-        // §4.2 step 0: the link's header protection, keyed by the neighbour's role.
-        if let Some(hk) = l.stream.recv_header_key() {
+        let accept = &l.accept[at];
+        let route = accept.route;
+        // §4.2 step 0: the route set's header protection, keyed by the neighbour's role.
+        if let Some(hk) = accept.set.stream.recv_header_key() {
             if let Err(e) = hk.unprotect(buf) {
                 self.counters.drop(e.reason());
                 return Received::Consumed;
             }
         }
-        let repr = match l.opener.open_frame(&route, buf) {
-            Ok(Some(f)) => RelayRepr::parse(&f),
-            Ok(None) => {
-                self.counters.keepalives += 1;
+        // Handshake-class messages go to the link (§9.3, §5.2); only data reaches the keys.
+        if is_notice(buf) || is_handshake(buf) {
+            self.link_message(now, link, at, buf);
+            return Received::Consumed;
+        }
+        let opened = match l.recv.open_frame(now, &route, buf) {
+            Ok(o) => o,
+            Err(e) => {
+                if e == OpenError::NoKey {
+                    l.link.handle_empty_slot(now);
+                }
+                self.counters.drop(e.reason());
+                self.drain_link(now, link);
                 return Received::Consumed;
             }
+        };
+        let accept = &l.accept[at];
+        // The link set after the session's switch takes handshake-class messages only (§9.8).
+        if !accept.data && !l.link.sets().takes_data(&accept.set) {
+            self.counters.drop("node_set_closed");
+            return Received::Consumed;
+        }
+        accept.set.opened_on(route.epoch);
+        let (opened, frame) = opened;
+        if let Some(phase) = opened.confirmed {
+            l.link.handle_confirmed(now, phase, opened.confirmed_key);
+            self.drain_link(now, link);
+        }
+        if !frame {
+            self.counters.keepalives += 1;
+            return Received::Consumed;
+        }
+        let end = buf.len() - TAG_LEN;
+        let repr = match RelayFrame::new_checked(&buf[FRAME_HEADROOM..end]) {
+            Ok(f) => RelayRepr::parse(&f),
             Err(e) => {
-                self.counters.drop(e.reason());
+                // Checked by the open: cannot happen.
+                self.counters.drop(OpenError::BadFrame(e).reason());
                 return Received::Consumed;
             }
         };
@@ -663,7 +848,15 @@ impl RelayNode {
                 return Err(NodeError::NoRoute(e.destination));
             }
         };
-        let l = self.links.get(&next).ok_or(NodeError::UnknownLink(next))?;
+        let l = self
+            .links
+            .get_mut(&next)
+            .ok_or(NodeError::UnknownLink(next))?;
+        let Some(sealer) = &l.send else {
+            l.link.handle_no_send_key();
+            self.counters.drop("node_no_key");
+            return Err(NodeError::NoKey(next));
+        };
         let hk = e.stream.send_header_key();
         let n = match hk {
             Some(hk) => seal_e2e(&e.sealer, hk, &e.via, inner, &mut buf[PAYLOAD_AT..])?,
@@ -677,8 +870,8 @@ impl RelayNode {
         repr.emit(&mut buf[FRAME_HEADROOM..FRAME_HEADROOM + flen])
             .map_err(SealError::BadFrame)?;
         let route = l.schedule.send;
-        let wire = l.sealer.seal_frame_in_place(&route, buf, flen)?;
-        protect(&l.stream, wire);
+        let wire = sealer.seal_frame_in_place(&route, buf, flen)?;
+        protect(&l.send_set.stream, wire);
         self.counters.originated += 1;
         Ok(Transmit {
             link: next,
@@ -691,12 +884,22 @@ impl RelayNode {
     /// caller's RNG (it spaces the probes, §10.6).
     pub fn handle_timeout(&mut self, now: UnixTime, mut random: impl FnMut() -> u32) {
         self.refresh(now);
+        let mut keyed = Vec::new();
         for (&link, l) in &mut self.links {
             while let Some(seq) = l.monitor.poll_probe(now, random()) {
                 self.pending
                     .push_back(Pending::Probe(link, ProbeRepr::request(seq)));
             }
             l.monitor.handle_timeout(now);
+            l.recv.expire(now);
+            if l.link.poll_timeout().is_some_and(|t| t <= now) {
+                let entropy = &mut self.entropy;
+                l.link.handle_timeout(now, || entropy.draw());
+                keyed.push(link);
+            }
+        }
+        for link in keyed {
+            self.drain_link(now, link);
         }
         if self.table.poll_timeout() <= now {
             self.table.handle_timeout(now);
@@ -709,6 +912,9 @@ impl RelayNode {
         let mut t = self.table.poll_timeout().min(self.next_change);
         for l in self.links.values() {
             t = t.min(l.monitor.poll_timeout());
+            if let Some(k) = l.link.poll_timeout() {
+                t = t.min(k);
+            }
         }
         t
     }
@@ -721,6 +927,18 @@ impl RelayNode {
             let (link, kind) = match &p {
                 Pending::Probe(link, _) => (*link, Kind::Probe),
                 Pending::Routing(link, _) => (*link, Kind::Routing),
+                Pending::Datagram(link, route, bytes) => {
+                    let Some(dst) = out.get_mut(..bytes.len()) else {
+                        self.counters.drop("node_buffer_too_small");
+                        continue;
+                    };
+                    dst.copy_from_slice(bytes);
+                    return Some(Transmit {
+                        link: *link,
+                        route: *route,
+                        len: bytes.len(),
+                    });
+                }
             };
             let body: &[u8] = match &p {
                 Pending::Probe(_, probe) => {
@@ -737,8 +955,15 @@ impl RelayNode {
                     }
                     &self.scratch
                 }
+                Pending::Datagram(..) => continue,
             };
-            let Some(l) = self.links.get(&link) else {
+            let Some(l) = self.links.get_mut(&link) else {
+                continue;
+            };
+            // No keys yet (or expired): the probe is lost, which is what the link is; the
+            // routing message is resent in full once the link comes up (§10.8).
+            let Some(sealer) = &l.send else {
+                l.link.handle_no_send_key();
                 continue;
             };
             let Ok(len) = u16::try_from(body.len()) else {
@@ -746,12 +971,9 @@ impl RelayNode {
             };
             let repr = RelayRepr::link_local(kind, len);
             let route = l.schedule.send;
-            match l
-                .sealer
-                .seal_frame(&route, &repr, body, self.frame_max, out)
-            {
+            match sealer.seal_frame(&route, &repr, body, self.frame_max, out) {
                 Ok(n) => {
-                    protect(&l.stream, &mut out[..n]);
+                    protect(&l.send_set.stream, &mut out[..n]);
                     return Some(Transmit {
                         link,
                         route,
@@ -793,14 +1015,19 @@ impl RelayNode {
     /// §10.3 step 5: seal the frame (hop limit already lowered) for `to`'s link in the buffer it
     /// arrived in.
     fn forward(&mut self, to: Neighbour, buf: &mut [u8], flen: usize) -> Received {
-        let Some(l) = self.links.get(&to) else {
+        let Some(l) = self.links.get_mut(&to) else {
             self.counters.drop("relay_no_route");
             return Received::Consumed;
         };
+        let Some(sealer) = &l.send else {
+            l.link.handle_no_send_key();
+            self.counters.drop("node_no_key");
+            return Received::Consumed;
+        };
         let route = l.schedule.send;
-        match l.sealer.seal_frame_in_place(&route, buf, flen) {
+        match sealer.seal_frame_in_place(&route, buf, flen) {
             Ok(wire) => {
-                protect(&l.stream, wire);
+                protect(&l.send_set.stream, wire);
                 self.counters.forwarded += 1;
                 Received::Forward(Transmit {
                     link: to,
@@ -916,14 +1143,14 @@ impl RelayNode {
         }
         let mut next = UnixTime::from_nanos(u64::MAX);
         for (&link, l) in &mut self.links {
-            if now >= l.schedule.next_change {
-                l.schedule = l.stream.schedule(now);
+            if now >= l.next_change {
+                l.recompute(now);
                 self.events.push_back(Event::LinkSchedule {
                     link,
                     schedule: l.schedule,
                 });
             }
-            next = next.min(l.schedule.next_change);
+            next = next.min(l.next_change);
         }
         for (id, e) in &mut self.e2e {
             if now >= e.next_change {
@@ -940,6 +1167,76 @@ impl RelayNode {
             next = next.min(e.next_change);
         }
         self.next_change = next;
+    }
+}
+
+impl RelayNode {
+    /// A handshake message or route-move notice arrived on accept route `at` of `link` (header
+    /// protection removed): the link handles it; a refusal is counted under its reason.
+    fn link_message(&mut self, now: UnixTime, link: Neighbour, at: usize, bytes: &[u8]) {
+        let Some(l) = self.links.get_mut(&link) else {
+            return;
+        };
+        let set = l.accept[at].set.clone();
+        let route = l.accept[at].route;
+        if is_notice(bytes) {
+            if let Err(e) = l.link.handle_notice(now, &set, &route, bytes) {
+                self.counters.drop(e.reason());
+            }
+        } else {
+            let entropy = &mut self.entropy;
+            let r = l
+                .link
+                .handle_handshake(now, &set, &route, bytes, &mut l.recv, || entropy.draw());
+            if let Err(e) = r {
+                self.counters.drop(e.reason());
+            }
+        }
+        self.drain_link(now, link);
+    }
+
+    /// Applies what a link's handshake did: its datagrams to send, its new keys and routes.
+    fn drain_link(&mut self, now: UnixTime, link: Neighbour) {
+        let Some(l) = self.links.get_mut(&link) else {
+            return;
+        };
+        let mut routes = false;
+        while let Some(e) = l.link.poll_event() {
+            match e {
+                LinkEvent::SendKey(key) => l.send = key,
+                LinkEvent::KeysExpired => {
+                    l.recv.clear();
+                    self.events.push_back(Event::LinkKeysExpired { link });
+                }
+                LinkEvent::Established {
+                    initiator, rekey, ..
+                } => self.events.push_back(Event::LinkKeyed {
+                    link,
+                    initiator,
+                    rekey,
+                }),
+                LinkEvent::RoutesChanged => routes = true,
+                LinkEvent::SessionSet { .. } | LinkEvent::SetReleased { .. } => {}
+            }
+        }
+        if routes {
+            l.recompute(now);
+            self.next_change = self.next_change.min(l.next_change);
+            self.events.push_back(Event::LinkSchedule {
+                link,
+                schedule: l.schedule,
+            });
+        }
+        let epoch = l.link.stream().epoch_at(now);
+        while let Some(t) = l.link.poll_transmit() {
+            let route = Route {
+                epoch,
+                local: t.src,
+                remote: t.dst,
+            };
+            self.pending
+                .push_back(Pending::Datagram(link, route, t.bytes));
+        }
     }
 }
 
