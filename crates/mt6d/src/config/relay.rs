@@ -7,16 +7,18 @@ use std::net::Ipv6Addr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use mt6d_proto::handshake::PrivateKey;
+use mt6d_proto::handshake::{link_key, HandshakeConfig, PrivateKey, Psk};
 use mt6d_proto::relay::frame::{DEFAULT_FRAME_MAX, MIN_FRAME_MAX};
 use mt6d_proto::relay::NodeId;
-use mt6d_proto::{Endpoint, Mode, SessionKey, StreamConfig};
+use mt6d_proto::{AeadAlg, Endpoint, Mode, SessionKey, StreamConfig};
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::raw::{address, interface_name, relative_to, rotation, Source};
+use super::raw::{address, interface_name, relative_to, rotation, seconds, Source};
 use super::server::same64;
-use super::{parse_log_level, ConfigError, DEFAULT_STATE_DIR};
+use super::{
+    parse_log_level, rekey_packets_limit, ConfigError, DEFAULT_REKEY_SECS, DEFAULT_STATE_DIR,
+};
 use crate::keys;
 
 /// Default TUN device of an edge gateway (also names the nftables table and generation file of
@@ -43,6 +45,7 @@ struct RawRelay {
     transit: Option<Spanned<bool>>,
     frame_max: Option<Spanned<i64>>,
     rotation_secs: Option<Spanned<f64>>,
+    rekey_secs: Option<Spanned<f64>>,
     jitter: Option<Spanned<bool>>,
     listen_port: Option<Spanned<i64>>,
     tun_name: Option<Spanned<String>>,
@@ -61,7 +64,8 @@ struct RawRelay {
 struct RawLink {
     name: Spanned<String>,
     address: Spanned<String>,
-    key_file: Spanned<String>,
+    public_key: Option<Spanned<String>>,
+    key_file: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -87,6 +91,8 @@ pub struct RelayConfig {
     pub transit: bool,
     pub frame_max: usize,
     pub rotation: Duration,
+    /// The links' rekey interval (handshake-keyed links).
+    pub rekey_after: Duration,
     pub jitter: bool,
     pub listen_port: u16,
     pub tun_name: String,
@@ -103,7 +109,11 @@ pub struct RelayConfig {
 pub struct LinkConfig {
     pub name: String,
     pub address: Ipv6Addr,
+    /// Keyed by the handshake's link key (`public_key` given) or the pre-shared key.
     pub stream: StreamConfig,
+    /// Noise IK with the neighbour's identity (`public_key`, with `key_file` as its optional
+    /// extra pre-shared key); None: the stream's key is pre-shared (`key_file` alone).
+    pub handshake: Option<HandshakeConfig>,
 }
 
 /// One end-to-end peer of an edge gateway: the stream between two protected hosts.
@@ -185,6 +195,7 @@ impl RelayConfig {
             ));
         }
         let link_rotation = rotation(&src, &r.rotation_secs)?;
+        let rekey_after = seconds(&src, &r.rekey_secs, "rekey_secs", DEFAULT_REKEY_SECS)?;
         let jitter = r.jitter.as_ref().is_none_or(|j| *j.get_ref());
         let mut names = HashSet::new();
         let mut links = Vec::with_capacity(r.link.len());
@@ -205,14 +216,66 @@ impl RelayConfig {
             if let Some(other) = links.iter().find(|o: &&LinkConfig| same64(o.address, addr)) {
                 return Err(src.err(&raw_link.address, format!("link {name:?}: {addr} shares a /64 with link {:?}; every node needs a /64 of its own", other.name)));
             }
-            let key = key_file(&src, &raw_link.key_file)?;
-            if let Some((_, other)) = link_keys.iter().find(|(k, _)| k[..] == *key.as_bytes()) {
-                return Err(src.err(&raw_link.key_file, format!("link {name:?} uses the same key as link {other:?}: give every link its own key (`mt6d genpsk`)")));
-            }
-            link_keys.push((
-                zeroize::Zeroizing::new(key.as_bytes().to_vec()),
-                name.clone(),
-            ));
+            let secret = raw_link
+                .key_file
+                .as_ref()
+                .map(|f| key_file(&src, f).map(|k| (k, f)))
+                .transpose()?;
+            let (key, handshake) = match (&raw_link.public_key, secret) {
+                (None, None) => {
+                    return Err(src.err(l, format!("link {name:?}: give public_key (the neighbour's, `mt6d pubkey` there: Noise IK handshakes) or key_file (a pre-shared key, `mt6d genpsk`)")));
+                }
+                (None, Some((key, f))) => {
+                    if let Some((_, other)) =
+                        link_keys.iter().find(|(k, _)| k[..] == *key.as_bytes())
+                    {
+                        return Err(src.err(f, format!("link {name:?} uses the same key as {other:?}: give every link its own key (`mt6d genpsk`)")));
+                    }
+                    link_keys.push((
+                        zeroize::Zeroizing::new(key.as_bytes().to_vec()),
+                        name.clone(),
+                    ));
+                    (key, None)
+                }
+                (Some(public), secret) => {
+                    let (Some(private), Some(_)) = (&private_key, &r.private_key_file) else {
+                        return Err(src.err(public, format!("link {name:?}: a handshake needs this node's identity: set private_key_file (`mt6d keygen FILE`)")));
+                    };
+                    let remote_public = keys::public_key(public.get_ref(), "public_key")
+                        .map_err(|e| src.err(public, e))?;
+                    if remote_public == private.public_key() {
+                        return Err(src.err(public, format!("link {name:?}: this is the node's own public key: give the neighbour's (`mt6d pubkey FILE` there)")));
+                    }
+                    if let Some(other) = links.iter().find(|o: &&LinkConfig| {
+                        o.handshake
+                            .as_ref()
+                            .is_some_and(|h| h.remote_public == remote_public)
+                    }) {
+                        return Err(src.err(public, format!("link {name:?} has the same public key as link {:?}: one link per neighbour", other.name)));
+                    }
+                    let psk = match secret {
+                        Some((k, f)) => Psk::from_bytes(
+                            <[u8; 32]>::try_from(k.as_bytes())
+                                .map_err(|_| src.err(f, "key_file must hold a 32-byte key"))?,
+                        ),
+                        None => Psk::none(),
+                    };
+                    let key = link_key(private, &remote_public, &psk)
+                        .map_err(|e| src.err(public, format!("link {name:?}: {e}")))?;
+                    let hs = HandshakeConfig {
+                        local_private: private.clone(),
+                        remote_public,
+                        psk,
+                        mode: Mode::Encrypt,
+                        aead: AeadAlg::default(),
+                        local_true: own,
+                        remote_true: addr,
+                        rekey_after,
+                        rekey_after_packets: rekey_packets_limit(AeadAlg::default()),
+                    };
+                    (key, Some(hs))
+                }
+            };
             let mut stream = StreamConfig::new(Endpoint::new(own), Endpoint::new(addr), key);
             stream.mode = Mode::Encrypt;
             stream.rotation = link_rotation;
@@ -221,6 +284,7 @@ impl RelayConfig {
                 name,
                 address: addr,
                 stream,
+                handshake,
             });
         }
         if links.is_empty() {
@@ -331,6 +395,7 @@ impl RelayConfig {
             transit,
             frame_max,
             rotation: link_rotation,
+            rekey_after,
             jitter,
             listen_port,
             tun_name,
@@ -480,5 +545,59 @@ key_file = "l2.key"
         let none = "[relay]\nexternal_interface = \"eth0\"\naddress = \"2001:db8:ff:1::1\"\n";
         let err = RelayConfig::parse(&p, none).unwrap_err().to_string();
         assert!(err.contains("at least one neighbour"), "{err}");
+    }
+
+    #[test]
+    fn a_link_with_a_public_key_is_keyed_by_handshakes_and_its_key_file_is_the_psk() {
+        let d = dir("handshake");
+        let p = d.0.join("r.toml");
+        let (pa, pb) = (other_public(), other_public());
+        let text = RELAY
+            .replace(
+                "address = \"2001:db8:ff:1::1\"",
+                "address = \"2001:db8:ff:1::1\"\nprivate_key_file = \"id.key\"\nrekey_secs = 30",
+            )
+            .replacen(
+                "key_file = \"l1.key\"",
+                &format!("public_key = \"{pa}\""),
+                1,
+            )
+            .replacen(
+                "key_file = \"l2.key\"",
+                &format!("public_key = \"{pb}\"\nkey_file = \"l2.key\""),
+                1,
+            );
+        let c = RelayConfig::parse(&p, &text).unwrap();
+        // A pure relay: its identity keys its links, it is no destination.
+        assert!(c.transit && !c.is_edge());
+        let (h0, h1) = (
+            c.links[0].handshake.as_ref().unwrap(),
+            c.links[1].handshake.as_ref().unwrap(),
+        );
+        assert_eq!(h0.rekey_after, Duration::from_secs(30));
+        assert_eq!(h0.local_true, c.address);
+        assert_eq!(h1.remote_true, c.links[1].address);
+        assert_eq!(h0.mode, Mode::Encrypt);
+        // The stream is keyed by the handshake's link key, and the psk changes it.
+        let no_psk = link_key(&h1.local_private, &h1.remote_public, &Psk::none()).unwrap();
+        let with_psk = link_key(&h1.local_private, &h1.remote_public, &h1.psk).unwrap();
+        assert_eq!(c.links[1].stream.key.as_bytes(), with_psk.as_bytes());
+        assert_ne!(no_psk.as_bytes(), with_psk.as_bytes());
+
+        let without_id = text.replace("private_key_file = \"id.key\"\n", "");
+        let err = RelayConfig::parse(&p, &without_id).unwrap_err().to_string();
+        assert!(
+            err.contains("private_key_file") && err.contains("\"r2\""),
+            "{err}"
+        );
+        let twice = text.replace(&pb, &pa);
+        let err = RelayConfig::parse(&p, &twice).unwrap_err().to_string();
+        assert!(err.contains("same public key as link \"r2\""), "{err}");
+        let neither = RELAY.replacen("key_file = \"l1.key\"\n", "", 1);
+        let err = RelayConfig::parse(&p, &neither).unwrap_err().to_string();
+        assert!(
+            err.contains("give public_key") && err.contains(":6:"),
+            "{err}"
+        );
     }
 }

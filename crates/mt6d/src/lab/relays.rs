@@ -167,7 +167,7 @@ pub struct Node {
     pub ns: Netns,
     /// The host behind an edge gateway (its number).
     pub host: Option<u16>,
-    /// An edge gateway's identity key file and public key.
+    /// The node's identity key file and public key (every node: the links' handshakes).
     pub identity: Option<(PathBuf, String)>,
     pub config: PathBuf,
     pub socket: PathBuf,
@@ -194,7 +194,6 @@ pub struct Link {
     pub b: usize,
     pub if_a: String,
     pub if_b: String,
-    pub key_file: PathBuf,
 }
 
 /// A built relay network. Dropping it stops the daemons, then deletes the namespaces and the
@@ -304,7 +303,6 @@ impl RelayLab {
                 b: ib,
                 if_a: format!("l-{b}"),
                 if_b: format!("l-{a}"),
-                key_file: lab.dir.join(format!("link-{a}-{b}.key")),
             };
             veth(&lab.nodes[ia].ns, &link.if_a, &lab.nodes[ib].ns, &link.if_b)?;
             lab.links.push(link);
@@ -394,25 +392,20 @@ impl RelayLab {
         Ok(())
     }
 
-    /// Keys (identity keys of the edge gateways, one pre-shared key per link and per host
-    /// pair, all 0600) and one configuration file per node.
+    /// Keys (an identity key per node: links are keyed by Noise IK handshakes between them;
+    /// one pre-shared key per host pair; all 0600) and one configuration file per node.
     fn write_files(&mut self) -> Result<(), LabError> {
         let key_err = |e: keys::KeyError| cmd_err(e);
         for node in &mut self.nodes {
-            if node.host.is_some() {
-                let private = keys::new_private_key().map_err(key_err)?;
-                let path = self.dir.join(format!("{}.key", node.name));
-                keys::write_secret_file(&path, &keys::encode(private.to_bytes().as_slice()))
-                    .map_err(key_err)?;
-                node.identity = Some((path, keys::public_key_text(&private.public_key())));
-            }
+            let private = keys::new_private_key().map_err(key_err)?;
+            let path = self.dir.join(format!("{}.key", node.name));
+            keys::write_secret_file(&path, &keys::encode(private.to_bytes().as_slice()))
+                .map_err(key_err)?;
+            node.identity = Some((path, keys::public_key_text(&private.public_key())));
         }
         let psk = |path: &Path| {
             keys::write_secret_file(path, &keys::encode(keys::random32()?.as_slice()))
         };
-        for l in &self.links {
-            psk(&l.key_file).map_err(key_err)?;
-        }
         for &(a, b) in &self.pairs {
             psk(&self.pair_key(a, b)).map_err(key_err)?;
         }
@@ -479,16 +472,24 @@ impl RelayLab {
                 address: node.address,
                 private_key_file: node.identity.as_ref().map(|(p, _)| p.display().to_string()),
                 rotation_secs: self.settings.rotation_secs,
+                rekey_secs: lab_rekey_secs(self.settings.rotation_secs),
                 jitter: self.settings.jitter,
                 state_dir: state.display().to_string(),
                 control_socket: node.socket.display().to_string(),
                 log_level: self.settings.log_level.clone(),
                 link: links
                     .iter()
-                    .map(|(l, peer, _)| LinkSection {
-                        name: self.nodes[*peer].name.clone(),
-                        address: self.nodes[*peer].address,
-                        key_file: l.key_file.display().to_string(),
+                    .map(|(_, peer, _)| {
+                        let far = &self.nodes[*peer];
+                        LinkSection {
+                            name: far.name.clone(),
+                            address: far.address,
+                            public_key: far
+                                .identity
+                                .as_ref()
+                                .map(|(_, public)| public.clone())
+                                .unwrap_or_default(),
+                        }
                     })
                     .collect(),
                 e2e,
@@ -924,6 +925,7 @@ struct RelaySection {
     #[serde(skip_serializing_if = "Option::is_none")]
     private_key_file: Option<String>,
     rotation_secs: f64,
+    rekey_secs: f64,
     jitter: bool,
     state_dir: String,
     control_socket: String,
@@ -937,7 +939,13 @@ struct RelaySection {
 struct LinkSection {
     name: String,
     address: Ipv6Addr,
-    key_file: String,
+    public_key: String,
+}
+
+/// The links' rekey interval in the lab: five rotations, at least 5 s, so that a test of a few
+/// tens of seconds crosses several rekeys of every link (production: `rekey_secs`, 120 s).
+fn lab_rekey_secs(rotation_secs: f64) -> f64 {
+    (5.0 * rotation_secs).max(5.0)
 }
 
 #[derive(Debug, Serialize)]

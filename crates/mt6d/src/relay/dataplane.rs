@@ -313,6 +313,23 @@ impl Plane<'_> {
                 Event::LinkCost { link, cost } => {
                     log::info!("link {}: cost {}", self.link_name(link), cost.0);
                 }
+                Event::LinkKeyed {
+                    link,
+                    initiator,
+                    rekey,
+                } => {
+                    let what = if rekey { "rekeyed" } else { "keyed" };
+                    let side = if initiator { "we initiated" } else { "it initiated" };
+                    if rekey {
+                        log::debug!("link {}: {what} ({side})", self.link_name(link));
+                    } else {
+                        log::info!("link {}: {what} by a handshake ({side})", self.link_name(link));
+                    }
+                }
+                Event::LinkKeysExpired { link } => log::warn!(
+                    "link {}: keys expired with no rekey: it carries nothing until a handshake completes (is the neighbour up, and is its public_key right?)",
+                    self.link_name(link)
+                ),
                 Event::RouteChanged {
                     destination,
                     next_hop: Some(n),
@@ -660,7 +677,20 @@ impl Plane<'_> {
                 let n = neighbour(i);
                 let m = self.node.monitor(n);
                 let (lost, sent) = m.map_or((0, 0), |m| m.loss());
+                let hs = self.node.link_handshake(n).map(|h| h.stats());
+                let now = clock::now();
                 LinkStatus {
+                    keys: match (&l.handshake, self.node.link_keyed(n)) {
+                        (None, _) => "pre-shared",
+                        (Some(_), true) => "handshake",
+                        (Some(_), false) => "none (handshake under way)",
+                    }
+                    .to_string(),
+                    handshakes: hs.map_or(0, |h| h.completed),
+                    last_handshake_secs: hs
+                        .and_then(|h| h.last_completed)
+                        .map(|t| now.as_nanos().saturating_sub(t.as_nanos()) / 1_000_000_000),
+                    route_set: self.node.link_route_set(n).unwrap_or(0),
                     name: l.name.clone(),
                     address: l.address.to_string(),
                     state: match m.map(|m| m.state()) {
@@ -708,7 +738,7 @@ impl Plane<'_> {
             pid: std::process::id(),
             uptime_secs: started.elapsed().as_secs(),
             config: cfg.path.display().to_string(),
-            node_id: cfg.node_id.map(|n| n.to_string()),
+            node_id: cfg.node_id.filter(|_| cfg.is_edge()).map(|n| n.to_string()),
             transit: cfg.transit,
             prefix: cfg.prefix().to_string(),
             tun: cfg.is_edge().then(|| cfg.tun_name.clone()),

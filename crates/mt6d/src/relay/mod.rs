@@ -23,6 +23,7 @@ use std::time::Instant;
 
 use mt6d_os::{RawUdp6, Tun, UdpSocket6};
 use mt6d_proto::endpoint::IndexSeed;
+use mt6d_proto::handshake::Handshake;
 use mt6d_proto::relay::e2e::e2e_relay_payload_len;
 use mt6d_proto::relay::frame::HEADER_LEN;
 use mt6d_proto::relay::node::{E2eId, RelayNode};
@@ -64,9 +65,11 @@ pub fn inner_mtu(frame_max: usize) -> usize {
     frame_max.saturating_sub(overhead)
 }
 
-/// Builds the node from the configuration: every link and end-to-end peer with its pre-shared
-/// key, send counters from the run's generation. Link `i` of the file is `Neighbour(i)`,
-/// end-to-end peer `j` is `E2eId(j)`.
+/// Builds the node from the configuration: every link with its handshake (or pre-shared key)
+/// and every end-to-end peer with its pre-shared key, pre-shared send counters from the run's
+/// generation, fresh randomness for handshakes from the OS. Link `i` of the file is
+/// `Neighbour(i)`, end-to-end peer `j` is `E2eId(j)`. A pure relay's identity keys its links
+/// only: it is no routing destination.
 pub fn build_node(
     cfg: &RelayConfig,
     counters: crate::server::registry::CounterRange,
@@ -75,20 +78,34 @@ pub fn build_node(
     let mut seed = [0u8; 16];
     getrandom::fill(&mut seed)
         .map_err(|e| RelayError::Setup(format!("draw the route tag index seed: {e}")))?;
+    let own = cfg.node_id.filter(|_| cfg.is_edge());
     let mut node = RelayNode::new(
         now,
-        cfg.node_id,
+        own,
         cfg.transit,
         cfg.frame_max,
         IndexSeed::from_bytes(seed),
     )
     .map_err(|e| RelayError::Setup(format!("{}: {e}", cfg.path.display())))?;
+    node.set_entropy(Box::new(|| {
+        let mut bytes = [0u8; 32];
+        getrandom::fill(&mut bytes).ok().map(|()| bytes)
+    }));
     for (i, l) in cfg.links.iter().enumerate() {
-        let stream = Stream::new(l.stream.clone())
-            .map_err(|e| RelayError::Setup(format!("link {:?}: {e}", l.name)))?;
-        let sealer = stream.sealer(counters.first, counters.end);
-        node.add_link(now, neighbour(i), stream, sealer)
-            .map_err(|e| RelayError::Setup(format!("link {:?}: {e}", l.name)))?;
+        let setup =
+            |e: &dyn std::fmt::Display| RelayError::Setup(format!("link {:?}: {e}", l.name));
+        let stream = Stream::new(l.stream.clone()).map_err(|e| setup(&e))?;
+        match &l.handshake {
+            Some(hs) => {
+                let hs = Handshake::new(hs.clone()).map_err(|e| setup(&e))?;
+                node.add_link_handshake(now, neighbour(i), stream, hs)
+            }
+            None => {
+                let sealer = stream.sealer(counters.first, counters.end);
+                node.add_link(now, neighbour(i), stream, sealer)
+            }
+        }
+        .map_err(|e| setup(&e))?;
     }
     for (j, e) in cfg.e2e.iter().enumerate() {
         let stream = Stream::new(e.stream.clone())

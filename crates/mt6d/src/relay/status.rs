@@ -47,6 +47,15 @@ pub struct LinkStatus {
     pub probes_sent: u32,
     /// The epoch's send route: `[local]:port -> [remote]:port`.
     pub route: String,
+    /// `handshake` (Noise IK keys in use), `pre-shared`, or `none (handshake under way)`.
+    pub keys: String,
+    /// Handshakes completed on the link (0 for a pre-shared link).
+    pub handshakes: u64,
+    /// Seconds since the newest keys were made (None: none yet, or pre-shared).
+    pub last_handshake_secs: Option<u64>,
+    /// The route set the link sends on: 0 the link set, then each handshake's session set
+    /// (docs/PROTOCOL.md §9.8).
+    pub route_set: u64,
 }
 
 /// One destination of the routing table.
@@ -100,6 +109,16 @@ pub fn render(s: &RelayStatus) -> String {
             "    {:<12} {:<9} cost {:<5} rtt {:<10} lost {}/{}  {}\n",
             l.name, l.state, l.cost, rtt, l.probes_lost, l.probes_sent, l.route
         ));
+        let handshake = l
+            .last_handshake_secs
+            .map(|s| {
+                format!(
+                    ", {} handshakes, newest {s} s ago, route set {}",
+                    l.handshakes, l.route_set
+                )
+            })
+            .unwrap_or_default();
+        out.push_str(&format!("                 keys {}{handshake}\n", l.keys));
     }
     out.push_str("  routes:\n");
     if s.routes.is_empty() {
