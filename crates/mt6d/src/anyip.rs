@@ -209,12 +209,19 @@ pub fn finish<E: Into<Box<dyn std::error::Error>>>(
 /// sockets on `port` (each datagram keeps its destination, which the sockets read); anything
 /// else to the prefix is dropped before the kernel could answer it (echo replies, TCP resets,
 /// unreachables).
+///
+/// `tproxy` ends its rule when no socket listens (the daemon was killed and its table is still
+/// there): the last rule then drops the datagram. Without it the datagram was delivered to the
+/// AnyIP route, found no socket, and the kernel answered with a port unreachable from an
+/// address of its choice, an edge gateway's address on its hosts' link among them (found by
+/// tests/relay_failclosed_netns.rs). With a socket, `accept` ends the chain before that rule.
 pub fn ruleset(prefix: Ipv6Addr, port: u16) -> String {
     format!(
         "chain prerouting {{\n\
          \ttype filter hook prerouting priority mangle; policy accept;\n\
          \tip6 daddr {prefix}/64 meta l4proto != udp counter drop\n\
-         \tip6 daddr {prefix}/64 meta l4proto udp tproxy ip6 to :{port}\n\
+         \tip6 daddr {prefix}/64 meta l4proto udp tproxy ip6 to :{port} accept\n\
+         \tip6 daddr {prefix}/64 counter drop\n\
          }}"
     )
 }
