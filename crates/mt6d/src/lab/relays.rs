@@ -563,6 +563,16 @@ impl RelayLab {
         }
     }
 
+    /// Kills node `i`'s daemon with SIGKILL, as a crash would end it, and waits for it to be
+    /// gone: what it added to the kernel stays (`mt6d down -c FILE` removes it). Returns the
+    /// pid it had, `None` if it was not running. Its log stays readable.
+    pub fn kill_node(&mut self, i: usize) -> Option<u32> {
+        let d = self.daemons[i].as_mut()?;
+        let pid = d.pid();
+        d.kill_hard();
+        pid
+    }
+
     fn wait_answering(&mut self, i: usize, deadline: Instant) -> Result<RelayStatus, LabError> {
         loop {
             let last = match relay_status(&self.nodes[i].socket) {
