@@ -176,7 +176,7 @@ pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let left = system.tear_down();
     if left.is_empty() {
         println!(
-            "removed what a relay node for {} could have left: nftables table {}, AnyIP route {}/64{}",
+            "nothing of the relay node for {} is left (removed where present: nftables table {}, AnyIP route {}/64{})",
             config_path.display(),
             system.table_spec(),
             cfg.prefix(),

@@ -173,7 +173,7 @@ pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let left = system.tear_down();
     if left.is_empty() {
         println!(
-            "removed what a server for {} could have left: nftables table {}, AnyIP route {}/64, guard routes for {}",
+            "nothing of the server for {} is left (removed where present: nftables table {}, AnyIP route {}/64, guard routes for {})",
             config_path.display(),
             system.table_spec(),
             cfg.prefix,
