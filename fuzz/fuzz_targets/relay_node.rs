@@ -11,17 +11,22 @@
 //! - such a sealed datagram with one byte of the input flipped into it;
 //! - the same bytes on the wrong link, or on an address the link's route does not have.
 //!
+//! With the selector's top bit set, the first link and the end-to-end peer are keyed by
+//! handshakes instead (no keys yet: every datagram reaches the handshake-class classification,
+//! the link's handshake or notice handling, or the empty key slot).
+//!
 //! Between inputs the node's timer, transmissions and events are drained, as a driver would.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use mt6d_proto::endpoint::IndexSeed;
+use mt6d_proto::handshake::{Handshake, HandshakeConfig, PrivateKey, Psk};
 use mt6d_proto::relay::frame::MIN_FRAME_MAX;
 use mt6d_proto::relay::node::{E2eId, Received, RelayNode};
 use mt6d_proto::relay::table::Neighbour;
 use mt6d_proto::relay::{Kind, NodeId, RelayRepr};
 use mt6d_proto::tunnel::frame_payload_len;
-use mt6d_proto::{Endpoint, Mode, Sealer, SessionKey, Stream, StreamConfig, UnixTime};
+use mt6d_proto::{AeadAlg, Endpoint, Mode, Sealer, SessionKey, Stream, StreamConfig, UnixTime};
 
 const OWN: NodeId = NodeId::from_bytes([7; 8]);
 const FAR: NodeId = NodeId::from_bytes([9; 8]);
@@ -39,13 +44,41 @@ fn pair(a: &str, b: &str, key: u8) -> (Stream, Stream) {
     )
 }
 
+/// A stream pair between `a` and `b` keyed by the link key of a handshake between two fixed
+/// identities, and this side's handshake.
+fn keyed_pair(a: &str, b: &str) -> (Stream, Stream, Handshake) {
+    let hs = Handshake::new(HandshakeConfig {
+        local_private: PrivateKey::from_bytes([0x11; 32]),
+        remote_public: PrivateKey::from_bytes([0x22; 32]).public_key(),
+        psk: Psk::none(),
+        mode: Mode::Encrypt,
+        aead: AeadAlg::Aes256Gcm,
+        local_true: a.parse().unwrap(),
+        remote_true: b.parse().unwrap(),
+        rekey_after: std::time::Duration::from_secs(120),
+        rekey_after_packets: u64::MAX,
+    })
+    .unwrap();
+    let mut c = StreamConfig::new(
+        Endpoint::new(a.parse().unwrap()),
+        Endpoint::new(b.parse().unwrap()),
+        hs.link_key().clone(),
+    );
+    c.mode = Mode::Encrypt;
+    (
+        Stream::new(c.clone()).unwrap(),
+        Stream::new(c.mirrored()).unwrap(),
+        hs,
+    )
+}
+
 struct Setup {
     node: RelayNode,
     /// The other end of each link: its stream and sealer.
     far: Vec<(Stream, Sealer)>,
 }
 
-fn setup(now: UnixTime) -> Setup {
+fn setup(now: UnixTime, handshake: bool) -> Setup {
     let mut node = RelayNode::new(
         now,
         Some(OWN),
@@ -62,16 +95,34 @@ fn setup(now: UnixTime) -> Setup {
     .into_iter()
     .enumerate()
     {
-        let (mine, theirs) = pair(a, b, 0x40 + i as u8);
-        let sealer = mine.sealer(1, u64::MAX >> 2);
-        node.add_link(now, Neighbour(i as u32 + 1), mine, sealer)
-            .unwrap();
+        let theirs = if handshake && i == 0 {
+            let (mine, theirs, hs) = keyed_pair(a, b);
+            node.add_link_handshake(now, Neighbour(1), mine, hs)
+                .unwrap();
+            theirs
+        } else {
+            let (mine, theirs) = pair(a, b, 0x40 + i as u8);
+            let sealer = mine.sealer(1, u64::MAX >> 2);
+            node.add_link(now, Neighbour(i as u32 + 1), mine, sealer)
+                .unwrap();
+            theirs
+        };
         let s = theirs.sealer(1, u64::MAX >> 2);
         far.push((theirs, s));
     }
-    let (e2e, _) = pair("2001:db8:1::a", "2001:db8:2::b", 0x55);
-    let sealer = e2e.sealer(1, u64::MAX >> 2);
-    node.add_e2e(now, E2eId(0), FAR, e2e, sealer).unwrap();
+    if handshake {
+        let (e2e, _, hs) = keyed_pair("2001:db8:1::a", "2001:db8:2::b");
+        node.add_e2e_handshake(now, E2eId(0), FAR, e2e, hs).unwrap();
+    } else {
+        let (e2e, _) = pair("2001:db8:1::a", "2001:db8:2::b", 0x55);
+        let sealer = e2e.sealer(1, u64::MAX >> 2);
+        node.add_e2e(now, E2eId(0), FAR, e2e, sealer).unwrap();
+    }
+    let mut entropy = 0u8;
+    node.set_entropy(Box::new(move || {
+        entropy = entropy.wrapping_add(1);
+        Some([entropy; 32])
+    }));
     Setup { node, far }
 }
 
@@ -107,7 +158,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let now = UnixTime::from_millis(1_700_000_000_000 + u64::from(sel) * 37);
-    let mut s = setup(UnixTime::from_millis(1_700_000_000_000));
+    let mut s = setup(UnixTime::from_millis(1_700_000_000_000), sel & 0x80 != 0);
     let mut rng = u32::from(sel);
     drain(&mut s.node, now, &mut rng);
     let link = usize::from(sel & 1);

@@ -393,6 +393,16 @@ impl Link {
         }
     }
 
+    /// The path to the peer just came up ([`Handshake::path_up`]): with no keys, initiate at
+    /// the next [`Link::handle_timeout`].
+    pub fn handle_path_up(&mut self) {
+        if self.send.is_none() {
+            if let Some(hs) = &mut self.hs {
+                hs.path_up();
+            }
+        }
+    }
+
     /// A packet named a key phase with no key. It may be forged: a handshake is asked for at
     /// most once per holdoff and never while a fresh key exists. Returns whether it asked.
     pub fn handle_empty_slot(&mut self, now: UnixTime) -> bool {

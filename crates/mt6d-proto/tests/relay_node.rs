@@ -1,8 +1,9 @@
 //! The relay data path end to end through `relay::node::RelayNode` only (docs/PROTOCOL.md §10),
 //! over an in-memory network with per-link delay, loss and cuts, in simulated time with seeded
 //! RNGs. Every link is a real encrypt-mode MT6D stream and every edge pair a real end-to-end
-//! stream (pre-shared keys, the node's scope today): sealing, header protection, route tags and
-//! re-sealing at every hop are the production code's.
+//! stream (pre-shared keys, or Noise IK handshakes on the links and end to end through the
+//! relays): sealing, header protection, route tags and re-sealing at every hop are the
+//! production code's.
 //!
 //! Checked:
 //! - (a) edge A - R1 - R2 - edge B: inner packets both ways across several epochs of every link
@@ -115,25 +116,38 @@ fn identity(i: usize) -> PrivateKey {
 /// The encrypt-mode stream and handshake of node `n`'s link to node `m`, keyed by their
 /// identities (§10.1): the true addresses are the nodes' addresses.
 fn handshake_link(n: usize, m: usize, rekey: Duration) -> (Stream, Handshake) {
+    keyed_stream(n, m, node_addr(n), node_addr(m), LINK_ROTATION, rekey)
+}
+
+/// A stream between `local` and `remote` keyed by a Noise IK handshake between node `n`'s and
+/// node `m`'s identities (a link: the nodes' addresses; end to end: the hosts').
+fn keyed_stream(
+    n: usize,
+    m: usize,
+    local: Ipv6Addr,
+    remote: Ipv6Addr,
+    rotation: Duration,
+    rekey: Duration,
+) -> (Stream, Handshake) {
     let hs = Handshake::new(HandshakeConfig {
         local_private: identity(n),
         remote_public: identity(m).public_key(),
         psk: Psk::none(),
         mode: Mode::Encrypt,
         aead: AeadAlg::Aes256Gcm,
-        local_true: node_addr(n),
-        remote_true: node_addr(m),
+        local_true: local,
+        remote_true: remote,
         rekey_after: rekey,
         rekey_after_packets: u64::MAX,
     })
     .unwrap();
     let mut c = StreamConfig::new(
-        Endpoint::new(node_addr(n)),
-        Endpoint::new(node_addr(m)),
+        Endpoint::new(local),
+        Endpoint::new(remote),
         hs.link_key().clone(),
     );
     c.mode = Mode::Encrypt;
-    c.rotation = LINK_ROTATION;
+    c.rotation = rotation;
     (Stream::new(c).unwrap(), hs)
 }
 
@@ -209,21 +223,15 @@ struct Net {
     captured: Vec<InFlight>,
     /// Inner packets the source edge had no route for.
     unroutable: u64,
+    /// Inner packets the source edge had no end-to-end key for yet.
+    unkeyed: u64,
+    keying: Keying,
 }
 
 impl Net {
     /// Nodes named `names`: those starting with 'R' are relays, the others edge gateways.
-    /// `pairs` are the links, all with `delay` and `loss`.
-    fn new(
-        seed: u64,
-        names: &[&'static str],
-        pairs: &[(usize, usize)],
-        delay: Duration,
-        loss: f64,
-    ) -> Net {
-        Net::keyed(seed, names, pairs, delay, loss, Keying::PreShared)
-    }
-
+    /// `pairs` are the links, all with `delay` and `loss`, keyed as `keying` says (and so are
+    /// the end-to-end streams added later).
     fn keyed(
         seed: u64,
         names: &[&'static str],
@@ -294,6 +302,8 @@ impl Net {
             capture: None,
             captured: Vec::new(),
             unroutable: 0,
+            unkeyed: 0,
+            keying,
         }
     }
 
@@ -335,15 +345,29 @@ impl Net {
         let (ha, hb) = (host_addr(a), host_addr(b));
         self.host_addrs.extend([ha, hb]);
         let k = 1000 + u32::try_from(self.flows.len()).unwrap();
-        let (sa, sb) = stream_pair(ha, hb, k, E2E_ROTATION);
         let peer = E2eId(u32::try_from(self.flows.len()).unwrap());
-        for (n, other, s) in [(a, b, sa), (b, a, sb)] {
-            let id = self.id(other);
-            let sealer = s.sealer(1, u64::MAX);
-            self.nodes[n]
-                .node
-                .add_e2e(self.now, peer, id, s, sealer)
-                .unwrap();
+        match self.keying {
+            Keying::PreShared => {
+                let (sa, sb) = stream_pair(ha, hb, k, E2E_ROTATION);
+                for (n, other, s) in [(a, b, sa), (b, a, sb)] {
+                    let id = self.id(other);
+                    let sealer = s.sealer(1, u64::MAX);
+                    self.nodes[n]
+                        .node
+                        .add_e2e(self.now, peer, id, s, sealer)
+                        .unwrap();
+                }
+            }
+            Keying::Handshake { rekey } => {
+                for (n, other, local, remote) in [(a, b, ha, hb), (b, a, hb, ha)] {
+                    let id = self.id(other);
+                    let (s, hs) = keyed_stream(n, other, local, remote, E2E_ROTATION, rekey);
+                    self.nodes[n]
+                        .node
+                        .add_e2e_handshake(self.now, peer, id, s, hs)
+                        .unwrap();
+                }
+            }
         }
         for (from, to, src, dst, len) in [(a, b, ha, hb, len_ab), (b, a, hb, ha, len_ba)] {
             self.flows.push(Flow {
@@ -503,6 +527,8 @@ impl Net {
             }
             // The edge's own route went away with its relay's (a cut link, before the detour).
             Err(NodeError::NoRoute(_)) => self.unroutable += 1,
+            // The end-to-end handshake has not completed yet.
+            Err(NodeError::NoE2eKey(_)) => self.unkeyed += 1,
             Err(e) => panic!("{} at {:.1} ms: {e}", self.nodes[from].name, ms_of(now)),
         }
     }
@@ -620,12 +646,15 @@ fn a_chain_of_relays_carries_every_inner_packet_across_rotations() {
     );
 }
 
-/// (a) and (c) with every link keyed by Noise IK handshakes (§10.1): the links key within the
-/// first round trips, rekey every 3 s (session route sets, §9.8, included) and lose nothing
-/// across the rekeys; handshake messages on the wire leak nothing and repeat nothing.
+/// (a) and (c) with every link and the end-to-end stream keyed by Noise IK handshakes (§10.1,
+/// the end-to-end one carried through the relays, §10.5): all key within the first 500 ms,
+/// rekey every 7 s onto new session route sets (§9.8) and lose nothing across the rekeys;
+/// handshake messages on the wire leak nothing and repeat nothing.
 #[test]
 fn a_chain_keyed_by_handshakes_carries_every_inner_packet_across_rekeys() {
-    let rekey = Duration::from_secs(3);
+    // Longer than two end-to-end epochs: a session set is activated two epochs after its
+    // handshake (§9.8), so a shorter interval would replace each set before it is used.
+    let rekey = Duration::from_secs(7);
     let mut net = chain_keyed(3, Keying::Handshake { rekey });
     net.run(500, 500, 10);
     for i in 0..4 {
@@ -638,12 +667,12 @@ fn a_chain_keyed_by_handshakes_carries_every_inner_packet_across_rekeys() {
         }
     }
     assert_eq!(net.next_hop("A", "B"), Some("R1"));
-    net.run(15_500, 500, 10);
-    net.run(15_600, 15_600, 10);
+    net.run(25_500, 500, 10);
+    net.run(25_600, 25_600, 10);
 
     let sent: usize = net.sent.iter().map(BTreeMap::len).sum();
     assert_eq!(sent, 0, "every inner packet delivered");
-    assert_eq!(net.delivered.len(), 2 * 1500);
+    assert_eq!(net.delivered.len(), 2 * 2500);
     // Both ends of a link initiate at a cold start; the preferred initiator refuses the other's
     // initiation (§9.5, simultaneous initiations). Nothing else is refused.
     let drops: Vec<_> = net
@@ -670,6 +699,26 @@ fn a_chain_keyed_by_handshakes_carries_every_inner_packet_across_rekeys() {
             );
         }
     }
+    // End to end too: keyed through the relays, rekeyed, on a session set.
+    for i in [0, 3] {
+        let node = &net.nodes[i].node;
+        let stats = node.e2e_handshake(E2eId(0)).unwrap().stats();
+        assert!(
+            stats.rekeys >= 3,
+            "{} end to end: {} handshakes, {} rekeys",
+            net.nodes[i].name,
+            stats.completed,
+            stats.rekeys
+        );
+        assert!(
+            node.e2e_route_set(E2eId(0)).unwrap() > 0,
+            "{} end to end sends on set {:?} after {} handshakes",
+            net.nodes[i].name,
+            node.e2e_route_set(E2eId(0)),
+            stats.completed
+        );
+    }
+    assert_eq!(net.unkeyed, 0, "the end-to-end keys came before the data");
     let s = &net.scan;
     assert!(s.leaks.is_empty(), "{:?}", &s.leaks[..s.leaks.len().min(5)]);
     assert_eq!(s.repeats, 0, "of {} values", s.values);
@@ -728,6 +777,10 @@ fn forged_and_replayed_datagrams_are_counted_at_the_hop_and_dropped() {
 /// Flows 0/1: E1 <-> E5 across R1-R3 (the link the tests cut or degrade); 2/3: E3 <-> E6 across
 /// R2-R3; 4/5: E2 <-> E4 across R1-R2.
 fn mesh(seed: u64, loss: f64) -> Net {
+    mesh_keyed(seed, loss, Keying::PreShared)
+}
+
+fn mesh_keyed(seed: u64, loss: f64, keying: Keying) -> Net {
     let names = ["R1", "R2", "R3", "E1", "E2", "E3", "E4", "E5", "E6"];
     let pairs = [
         (0, 1),
@@ -740,7 +793,7 @@ fn mesh(seed: u64, loss: f64) -> Net {
         (7, 2),
         (8, 2),
     ];
-    let mut net = Net::new(seed, &names, &pairs, Duration::from_millis(5), loss);
+    let mut net = Net::keyed(seed, &names, &pairs, Duration::from_millis(5), loss, keying);
     net.add_pair(3, 7, 1200, 60);
     net.add_pair(5, 8, 300, 300);
     net.add_pair(4, 6, 100, 100);
@@ -795,9 +848,22 @@ fn ratio((arrived, sent): (usize, usize)) -> f64 {
 /// (b) and (c): 003's topology; the R1-R3 link is cut mid-stream and repaired.
 #[test]
 fn three_meshed_relays_fail_over_within_a_second_and_return_after_the_hold() {
+    fail_over_and_return(Keying::PreShared);
+}
+
+/// The same with every link and end-to-end stream keyed by handshakes: the detour's links and
+/// the end-to-end keys are already there when the cut comes (nothing waits for a handshake).
+#[test]
+fn three_meshed_relays_keyed_by_handshakes_fail_over_within_a_second() {
+    fail_over_and_return(Keying::Handshake {
+        rekey: Duration::from_secs(7),
+    });
+}
+
+fn fail_over_and_return(keying: Keying) {
     const CUT: u64 = 4_000;
     const RESTORE: u64 = 7_000;
-    let mut net = mesh(3, 0.0);
+    let mut net = mesh_keyed(3, 0.0, keying);
     net.run(CUT, 1_000, 10);
     assert_eq!(net.next_hop("R1", "E5"), Some("R3"));
     assert_eq!(net.next_hop("R3", "E1"), Some("R1"));

@@ -539,6 +539,19 @@ impl Handshake {
         self.want = true;
     }
 
+    /// The path to the peer just came up (over relays: the first route to its edge gateway,
+    /// docs/PROTOCOL.md §10.5). Without keys, an unfinished handshake's next initiation is due
+    /// at once and its backoff starts again: the attempts so far were sent where nothing could
+    /// arrive. With keys, or answering only, nothing changes.
+    pub fn path_up(&mut self) {
+        if self.responder_only || self.established.is_some() {
+            return;
+        }
+        self.attempts = 0;
+        self.retry_at = None;
+        self.want = true;
+    }
+
     /// A packet arrived for a key phase we hold no key for (`open_no_key`). Such a packet is 32
     /// forged bytes away for anyone, so it asks for a handshake only if no fresh confirmed key
     /// exists (newer than the rekey interval) and none was asked for this way in the last

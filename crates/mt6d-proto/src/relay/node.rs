@@ -14,11 +14,15 @@
 //! one [`Link`] per neighbour drives the handshake, rekeying, key phases and route sets of §9.8;
 //! the node owns its receive keys and the sending key it hands out) or by a pre-shared key
 //! ([`RelayNode::add_link`], a [`Sealer`] whose counter reservation the caller persists, §4.3).
-//! Each **end-to-end stream** is pre-shared: its handshake through the relays is not driven here.
-//! A frame of kind `0x02` is forwarded like data within the relays' end-to-end handshake rate
-//! limit (§10.5, [`HANDSHAKE_RATE`]); at its destination it is dropped as `node_e2e_handshake`.
+//! Each **end-to-end stream** likewise: keyed by a Noise IK handshake between the two edge
+//! gateways' identities carried through the relays ([`RelayNode::add_e2e_handshake`]: its
+//! messages are relay payloads of kind `0x02` behind the route tag of the set they travel on,
+//! §10.5; its route sets' virtual routes are all in the route tag index), or pre-shared
+//! ([`RelayNode::add_e2e`]). A relay forwards kind `0x02` like data within the end-to-end
+//! handshake rate limit (§10.5, [`HANDSHAKE_RATE`]). An end-to-end handshake starts when a
+//! route to the other edge gateway exists, and again at once when the first route appears.
 //! Route moves (§5.2) are answered on a link (notices), never started: a relay does not watch
-//! its segment for collisions.
+//! its segment for collisions; virtual routes never move.
 //!
 //! # Decisions where the spec leaves the driver free
 //! - **The node removes and applies header protection (§4.5)**, on both the link layer and the
@@ -70,11 +74,11 @@ use super::tags::TagIndex;
 use super::{frame_len, Kind, Metric, NodeId, RelayError, RelayRepr, HOP_LIMIT};
 use crate::endpoint::{IndexError, IndexSeed, PeerId};
 use crate::handshake::{is_handshake, Handshake, ReceiveKeys};
-use crate::link::{Event as LinkEvent, Link};
+use crate::link::{Event as LinkEvent, Link, TransmitKind};
 use crate::moves::is_notice;
 use crate::route_sets::RouteSet;
 use crate::tunnel::{frame_payload_len, FRAME_HEADROOM, OPEN_HEADROOM, TAG_LEN};
-use crate::{Mode, OpenError, Opener, Route, Schedule, SealError, Sealer, Stream, UnixTime};
+use crate::{Mode, OpenError, Route, Schedule, SealError, Sealer, Stream, UnixTime};
 
 /// Where a frame's relay payload starts in a link payload: counter, relay header.
 const PAYLOAD_AT: usize = FRAME_HEADROOM + HEADER_LEN;
@@ -162,6 +166,21 @@ pub enum Event {
         /// The keys replace earlier ones.
         rekey: bool,
     },
+    /// A handshake with an end-to-end peer completed through the relays and its keys are in use.
+    E2eKeyed {
+        /// The end-to-end peer.
+        peer: E2eId,
+        /// This node sent the answered initiation.
+        initiator: bool,
+        /// The keys replace earlier ones.
+        rekey: bool,
+    },
+    /// No rekey succeeded with an end-to-end peer for three rekey intervals: its keys are
+    /// erased and it carries nothing until a handshake completes.
+    E2eKeysExpired {
+        /// The end-to-end peer.
+        peer: E2eId,
+    },
     /// No rekey succeeded on a link for three rekey intervals: its keys are erased and it carries
     /// nothing until a handshake completes.
     LinkKeysExpired {
@@ -228,6 +247,10 @@ pub enum NodeError {
         /// The longest that fits.
         max: usize,
     },
+    /// The end-to-end peer holds no sending key yet (its handshake through the relays is under
+    /// way) or any more (expired); counted as `node_no_key`.
+    #[error("end-to-end peer {0:?} has no key yet")]
+    NoE2eKey(E2eId),
     /// The link to the next hop holds no sending key yet (its handshake is under way) or any
     /// more (expired); counted as `node_no_key`.
     #[error("link {0:?} has no key yet")]
@@ -375,12 +398,130 @@ impl std::fmt::Debug for EntropySource {
 #[derive(Debug)]
 struct E2eStream {
     destination: NodeId,
-    stream: Stream,
-    sealer: Sealer,
-    opener: Opener,
-    tag_key: RouteTagKey,
+    /// The handshake through the relays, key life and route sets (§9, §10.5); with a
+    /// pre-shared key, the link set only.
+    link: Link,
+    recv: ReceiveKeys,
+    /// Seals data; None before the first handshake and after expiry.
+    send: Option<Arc<Sealer>>,
+    /// The set data is sent on and its virtual route of the epoch.
+    send_set: Arc<RouteSet>,
     via: VirtualRoute,
+    /// The bound sets, each in one slot of the route tag index ([`e2e_slot`]).
+    slots: [Option<E2eSlot>; E2E_SLOTS],
     next_change: UnixTime,
+}
+
+/// One bound route set of an end-to-end stream in the route tag index.
+#[derive(Debug)]
+struct E2eSlot {
+    set: Arc<RouteSet>,
+    /// Whether data may arrive on it ([`crate::route_sets::Bound::data`]).
+    data: bool,
+    tag_key: RouteTagKey,
+}
+
+/// Route tag index slots per end-to-end stream: more than the sets a stream binds at once (the
+/// link set, the current set, its parent, and the answered sets of an unfinished handshake,
+/// at most [`crate::handshake::MAX_PENDING`]).
+const E2E_SLOTS: usize = 16;
+
+/// The index id of slot `k` of end-to-end stream `id` holding the set numbered `set`.
+fn e2e_slot(id: E2eId, k: usize, set: u64) -> PeerId {
+    let index = (id.0 as usize).saturating_mul(E2E_SLOTS).saturating_add(k);
+    PeerId::from_parts(
+        u32::try_from(index).unwrap_or(u32::MAX),
+        // Set numbers only grow; a slot reused by a later set gets a new generation.
+        set as u32,
+    )
+}
+
+impl E2eStream {
+    fn new(
+        now: UnixTime,
+        destination: NodeId,
+        link: Link,
+        recv: ReceiveKeys,
+        send: Option<Arc<Sealer>>,
+    ) -> E2eStream {
+        let send_set = link.sets().link().clone();
+        let epoch = link.stream().epoch_at(now);
+        let via = VirtualRoute::new(
+            send_set.stream.route(epoch),
+            &RouteTagKey::derive(&send_set.stream.config().key),
+        );
+        E2eStream {
+            destination,
+            link,
+            recv,
+            send,
+            send_set,
+            via,
+            slots: Default::default(),
+            next_change: now,
+        }
+    }
+
+    /// Makes the route tag index hold exactly the bound sets' accept windows of `now`'s epoch,
+    /// and the send set and its virtual route current. Once per epoch and per change of sets.
+    fn sync(&mut self, id: E2eId, tags: &mut TagIndex, now: UnixTime) -> Result<(), IndexError> {
+        let selection = self.link.select(now);
+        let epoch = self.link.stream().epoch_at(now);
+        // Sets no longer bound leave the index.
+        for (k, slot) in self.slots.iter_mut().enumerate() {
+            let keep = slot
+                .as_ref()
+                .is_some_and(|s| selection.bound.iter().any(|b| Arc::ptr_eq(&b.set, &s.set)));
+            if !keep {
+                if let Some(s) = slot.take() {
+                    tags.remove_set(e2e_slot(id, k, s.set.id))?;
+                }
+            }
+        }
+        // Bound sets enter it (or update whether they take data), and every window moves on.
+        for b in &selection.bound {
+            let at = self
+                .slots
+                .iter()
+                .position(|s| s.as_ref().is_some_and(|s| Arc::ptr_eq(&s.set, &b.set)));
+            let k = match at {
+                Some(k) => k,
+                None => {
+                    let Some(k) = self.slots.iter().position(Option::is_none) else {
+                        continue;
+                    };
+                    let tag_key = RouteTagKey::derive(&b.set.stream.config().key);
+                    tags.add_set(e2e_slot(id, k, b.set.id), tag_key.clone())?;
+                    self.slots[k] = Some(E2eSlot {
+                        set: b.set.clone(),
+                        data: b.data,
+                        tag_key,
+                    });
+                    k
+                }
+            };
+            if let Some(slot) = &mut self.slots[k] {
+                slot.data = b.data;
+                let stream = &slot.set.stream;
+                tags.set_window(e2e_slot(id, k, slot.set.id), epoch, |x| stream.route(x))?;
+            }
+        }
+        self.send_set = selection.send;
+        let key = self
+            .slot_of(&self.send_set)
+            .map(|s| s.tag_key.clone())
+            .unwrap_or_else(|| RouteTagKey::derive(&self.send_set.stream.config().key));
+        self.via = VirtualRoute::new(self.send_set.stream.route(epoch), &key);
+        self.next_change = self.link.stream().epoch_start(epoch.next());
+        Ok(())
+    }
+
+    fn slot_of(&self, set: &Arc<RouteSet>) -> Option<&E2eSlot> {
+        self.slots
+            .iter()
+            .flatten()
+            .find(|s| Arc::ptr_eq(&s.set, set))
+    }
 }
 
 /// The relays' end-to-end handshake rate limit (§10.5): a token bucket per destination, kept as
@@ -450,6 +591,14 @@ enum Pending {
     Routing(Neighbour, RoutingRepr),
     /// A datagram the link made (handshake message, keepalive, notice), header protection on.
     Datagram(Neighbour, Route, Vec<u8>),
+    /// A relay payload an end-to-end stream made (`routeTag || handshake message or
+    /// keepalive`), of `kind`, for edge gateway `destination`: framed and sealed for the next
+    /// hop when it is sent.
+    E2e {
+        kind: Kind,
+        destination: NodeId,
+        payload: Vec<u8>,
+    },
 }
 
 /// A relay network node (module docs).
@@ -615,35 +764,73 @@ impl RelayNode {
         sealer: Sealer,
     ) -> Result<(), NodeError> {
         encrypt_only(&stream)?;
+        let recv = ReceiveKeys::single(stream.opener());
+        let e = E2eStream::new(
+            now,
+            destination,
+            Link::pre_shared(stream),
+            recv,
+            Some(Arc::new(sealer)),
+        );
+        self.insert_e2e(now, id, e)
+    }
+
+    /// Adds an end-to-end peer keyed by Noise IK handshakes carried through the relays (§10.1,
+    /// §10.5): the edge gateway `destination`, `stream` between the two protected hosts' true
+    /// addresses (encrypt mode) keyed by the handshake's link key ([`Handshake::link_key`]), and
+    /// `hs` with the other edge gateway's identity and the hosts' addresses as true addresses.
+    /// Inner packets are refused (`node_no_key`) until a handshake completes; the first
+    /// initiation leaves at the next [`RelayNode::handle_timeout`] with a route to `destination`.
+    pub fn add_e2e_handshake(
+        &mut self,
+        now: UnixTime,
+        id: E2eId,
+        destination: NodeId,
+        stream: Stream,
+        hs: Handshake,
+    ) -> Result<(), NodeError> {
+        encrypt_only(&stream)?;
+        let link = Link::with_handshake(stream, hs);
+        let e = E2eStream::new(now, destination, link, ReceiveKeys::new(), None);
+        self.insert_e2e(now, id, e)
+    }
+
+    fn insert_e2e(&mut self, now: UnixTime, id: E2eId, mut e: E2eStream) -> Result<(), NodeError> {
         if self.own.is_none() {
             return Err(NodeError::NotAnEdge);
         }
-        if self.own == Some(destination) {
-            return Err(NodeError::OwnDestination(destination));
+        if self.own == Some(e.destination) {
+            return Err(NodeError::OwnDestination(e.destination));
         }
         if self.e2e.contains_key(&id) {
             return Err(NodeError::PeerExists(id));
         }
-        let tag_key = RouteTagKey::derive(&stream.config().key);
-        let set = PeerId::from_parts(id.0, 0);
-        self.tags.add_set(set, tag_key.clone())?;
-        let epoch = stream.epoch_at(now);
-        self.tags.set_window(set, epoch, |e| stream.route(e))?;
-        let next_change = stream.epoch_start(epoch.next());
-        self.next_change = self.next_change.min(next_change);
-        self.e2e.insert(
-            id,
-            E2eStream {
-                destination,
-                opener: stream.opener(),
-                sealer,
-                via: VirtualRoute::new(stream.route(epoch), &tag_key),
-                tag_key,
-                next_change,
-                stream,
-            },
-        );
+        if let Err(err) = e.sync(id, &mut self.tags, now) {
+            for (k, slot) in e.slots.iter().enumerate() {
+                if let Some(s) = slot {
+                    let _ = self.tags.remove_set(e2e_slot(id, k, s.set.id));
+                }
+            }
+            return Err(err.into());
+        }
+        self.next_change = self.next_change.min(e.next_change);
+        self.e2e.insert(id, e);
         Ok(())
+    }
+
+    /// An end-to-end peer's handshake (None for a pre-shared one).
+    pub fn e2e_handshake(&self, id: E2eId) -> Option<&Handshake> {
+        self.e2e.get(&id).and_then(|e| e.link.handshake())
+    }
+
+    /// Whether an end-to-end peer holds a sending key (a pre-shared one always does).
+    pub fn e2e_keyed(&self, id: E2eId) -> bool {
+        self.e2e.get(&id).is_some_and(|e| e.send.is_some())
+    }
+
+    /// The id of the route set an end-to-end peer sends on (0: the link set, §9.8).
+    pub fn e2e_route_set(&self, id: E2eId) -> Option<u64> {
+        self.e2e.get(&id).map(|e| e.send_set.id)
     }
 
     /// This node's id (None for a pure relay).
@@ -788,7 +975,7 @@ impl RelayNode {
                 Received::Consumed
             }
             Kind::Data | Kind::E2eHandshake => match self.table.forward(&repr, false) {
-                Forward::Deliver => self.deliver(repr.kind, buf, payload.end),
+                Forward::Deliver => self.deliver(now, repr.kind, buf, payload.end),
                 Forward::Send { to, hops } => {
                     // §10.5, after the route lookup: no bucket for a destination without a route.
                     if repr.kind == Kind::E2eHandshake
@@ -819,7 +1006,12 @@ impl RelayNode {
         out: &mut [u8],
     ) -> Result<Transmit, NodeError> {
         self.refresh(now);
-        let e = self.e2e.get(&to).ok_or(NodeError::UnknownPeer(to))?;
+        let e = self.e2e.get_mut(&to).ok_or(NodeError::UnknownPeer(to))?;
+        let Some(e2e_sealer) = &e.send else {
+            e.link.handle_no_send_key();
+            self.counters.drop("node_no_key");
+            return Err(NodeError::NoE2eKey(to));
+        };
         let len = e2e_relay_payload_len(inner.len());
         let max = self.frame_max - HEADER_LEN;
         if len > max {
@@ -857,12 +1049,12 @@ impl RelayNode {
             self.counters.drop("node_no_key");
             return Err(NodeError::NoKey(next));
         };
-        let hk = e.stream.send_header_key();
-        let n = match hk {
-            Some(hk) => seal_e2e(&e.sealer, hk, &e.via, inner, &mut buf[PAYLOAD_AT..])?,
+        let stream = &e.send_set.stream;
+        let n = match stream.send_header_key() {
+            Some(hk) => seal_e2e(e2e_sealer, hk, &e.via, inner, &mut buf[PAYLOAD_AT..])?,
             None => {
                 return Err(NodeError::NotEncrypt {
-                    mode: e.stream.mode(),
+                    mode: stream.mode(),
                 })
             }
         };
@@ -901,6 +1093,22 @@ impl RelayNode {
         for link in keyed {
             self.drain_link(now, link);
         }
+        let mut keyed = Vec::new();
+        for (&id, e) in &mut self.e2e {
+            e.recv.expire(now);
+            // Without a route no initiation could arrive: the first route restarts it (`pump`).
+            if !e2e_active(&self.table, e) {
+                continue;
+            }
+            if e.link.poll_timeout().is_some_and(|t| t <= now) {
+                let entropy = &mut self.entropy;
+                e.link.handle_timeout(now, || entropy.draw());
+                keyed.push(id);
+            }
+        }
+        for id in keyed {
+            self.drain_e2e(now, id);
+        }
         if self.table.poll_timeout() <= now {
             self.table.handle_timeout(now);
         }
@@ -916,6 +1124,11 @@ impl RelayNode {
                 t = t.min(k);
             }
         }
+        for e in self.e2e.values().filter(|e| e2e_active(&self.table, e)) {
+            if let Some(k) = e.link.poll_timeout() {
+                t = t.min(k);
+            }
+        }
         t
     }
 
@@ -927,6 +1140,16 @@ impl RelayNode {
             let (link, kind) = match &p {
                 Pending::Probe(link, _) => (*link, Kind::Probe),
                 Pending::Routing(link, _) => (*link, Kind::Routing),
+                Pending::E2e {
+                    kind,
+                    destination,
+                    payload,
+                } => {
+                    if let Some(t) = self.send_e2e(*kind, *destination, payload, out) {
+                        return Some(t);
+                    }
+                    continue;
+                }
                 Pending::Datagram(link, route, bytes) => {
                     let Some(dst) = out.get_mut(..bytes.len()) else {
                         self.counters.drop("node_buffer_too_small");
@@ -955,7 +1178,7 @@ impl RelayNode {
                     }
                     &self.scratch
                 }
-                Pending::Datagram(..) => continue,
+                Pending::Datagram(..) | Pending::E2e { .. } => continue,
             };
             let Some(l) = self.links.get_mut(&link) else {
                 continue;
@@ -1045,7 +1268,13 @@ impl RelayNode {
     /// §10.3 step 1 and §10.5 "Receiving": find the virtual route by its tag, remove the set's
     /// header protection and open the e2e payload as if it had arrived on that route. The inner
     /// packet is restored in place (see [`E2E_AT`]).
-    fn deliver(&mut self, kind: Kind, buf: &mut [u8], payload_end: usize) -> Received {
+    fn deliver(
+        &mut self,
+        now: UnixTime,
+        kind: Kind,
+        buf: &mut [u8],
+        payload_end: usize,
+    ) -> Received {
         let tagged = &buf[PAYLOAD_AT..payload_end];
         let found = super::e2e::E2ePayload::new_checked(tagged)
             .and_then(|p| self.tags.find(&p).map(|(set, route)| (set, *route)));
@@ -1056,8 +1285,19 @@ impl RelayNode {
                 return Received::Consumed;
             }
         };
-        let from = E2eId(set.index());
+        let index = set.index() as usize;
+        let (from, k) = (
+            E2eId(u32::try_from(index / E2E_SLOTS).unwrap_or(u32::MAX)),
+            index % E2E_SLOTS,
+        );
         let Some(e) = self.e2e.get_mut(&from) else {
+            self.counters.drop(RelayError::UnknownTag([0; 8]).reason());
+            return Received::Consumed;
+        };
+        let Some(slot) = e.slots[k]
+            .as_ref()
+            .filter(|s| e2e_slot(from, k, s.set.id) == set)
+        else {
             self.counters.drop(RelayError::UnknownTag([0; 8]).reason());
             return Received::Consumed;
         };
@@ -1069,34 +1309,61 @@ impl RelayNode {
         }
         buf.copy_within(E2E_AT..payload_end, OPEN_HEADROOM);
         let body = &mut buf[OPEN_HEADROOM..OPEN_HEADROOM + n];
-        if let Some(hk) = e.stream.recv_header_key() {
+        if let Some(hk) = slot.set.stream.recv_header_key() {
             if let Err(err) = hk.unprotect(body) {
                 self.counters.drop(err.reason());
                 return Received::Consumed;
             }
         }
         // The kind is not trusted (§10.5): the payload's own first byte classifies it.
-        if kind == Kind::E2eHandshake || is_handshake(body) {
+        if is_handshake(body) {
+            let set = slot.set.clone();
+            let entropy = &mut self.entropy;
+            let r = e
+                .link
+                .handle_handshake(now, &set, &route, body, &mut e.recv, || entropy.draw());
+            if let Err(err) = r {
+                self.counters.drop(err.reason());
+            }
+            self.drain_e2e(now, from);
+            return Received::Consumed;
+        }
+        // Virtual routes never move (§10.5): a notice, or a data-kind claim on a frame the
+        // sender marked as a handshake, is refused.
+        if kind == Kind::E2eHandshake || is_notice(body) {
             self.counters.drop("node_e2e_handshake");
             return Received::Consumed;
         }
         let base = buf.as_ptr() as usize;
-        match e.opener.open_in_place(&route, buf, n) {
-            Ok([]) => {
-                self.counters.keepalives += 1;
-                Received::Consumed
-            }
-            Ok(inner) => {
-                let start = inner.as_ptr() as usize - base;
-                let range = start..start + inner.len();
-                self.counters.delivered += 1;
-                Received::Deliver { from, range }
-            }
+        let (opened, inner) = match e.recv.open_in_place(now, &route, buf, n) {
+            Ok(o) => o,
             Err(err) => {
+                if err == OpenError::NoKey {
+                    e.link.handle_empty_slot(now);
+                    self.drain_e2e(now, from);
+                }
                 self.counters.drop(err.reason());
-                Received::Consumed
+                return Received::Consumed;
             }
+        };
+        let start = inner.as_ptr() as usize - base;
+        let range = start..start + inner.len();
+        // The link set after the session's switch takes handshake-class messages only (§9.8).
+        if !slot.data && !e.link.sets().takes_data(&slot.set) {
+            self.counters.drop("node_set_closed");
+            return Received::Consumed;
         }
+        slot.set.opened_on(route.epoch);
+        if let Some(phase) = opened.confirmed {
+            e.link.handle_confirmed(now, phase, opened.confirmed_key);
+            self.drain_e2e(now, from);
+        }
+        if range.is_empty() {
+            self.counters.keepalives += 1;
+            return Received::Consumed;
+        }
+        self.counters.delivered += 1;
+        Received::Deliver { from, range }
     }
 
     /// Feeds link cost changes to the table, queues its routing messages, reports route changes.
@@ -1125,6 +1392,12 @@ impl RelayNode {
             false
         });
         for (d, r) in self.table.routes() {
+            if !self.reported.contains_key(&d) {
+                // A new path: an end-to-end handshake that found none starts again at once.
+                for e in self.e2e.values_mut().filter(|e| e.destination == d) {
+                    e.link.handle_path_up();
+                }
+            }
             if self.reported.get(&d) != Some(&r.next_hop) {
                 self.reported.insert(d, r.next_hop);
                 self.events.push_back(Event::RouteChanged {
@@ -1152,17 +1425,11 @@ impl RelayNode {
             }
             next = next.min(l.next_change);
         }
-        for (id, e) in &mut self.e2e {
+        for (&id, e) in &mut self.e2e {
             if now >= e.next_change {
-                let epoch = e.stream.epoch_at(now);
-                e.via = VirtualRoute::new(e.stream.route(epoch), &e.tag_key);
-                e.next_change = e.stream.epoch_start(epoch.next());
-                let stream = &e.stream;
-                // The set was added with this id: the index cannot refuse it.
-                let set = self
-                    .tags
-                    .set_window(PeerId::from_parts(id.0, 0), epoch, |x| stream.route(x));
-                debug_assert!(set.is_ok());
+                // The sets' slots were added with these ids: the index cannot refuse them.
+                let synced = e.sync(id, &mut self.tags, now);
+                debug_assert!(synced.is_ok());
             }
             next = next.min(e.next_change);
         }
@@ -1193,6 +1460,101 @@ impl RelayNode {
             }
         }
         self.drain_link(now, link);
+    }
+
+    /// Frames an end-to-end stream's relay payload for `destination` and seals it for the next
+    /// hop into `out`; None (counted at this source) without a route or a key on that link.
+    fn send_e2e(
+        &mut self,
+        kind: Kind,
+        destination: NodeId,
+        payload: &[u8],
+        out: &mut [u8],
+    ) -> Option<Transmit> {
+        let repr = RelayRepr {
+            kind,
+            hops: HOP_LIMIT,
+            payload_len: u16::try_from(payload.len()).ok()?,
+            destination,
+        };
+        let Forward::Send { to, .. } = self.table.forward(&repr, true) else {
+            self.counters.drop("relay_no_route");
+            return None;
+        };
+        let l = self.links.get_mut(&to)?;
+        let Some(sealer) = &l.send else {
+            l.link.handle_no_send_key();
+            self.counters.drop("node_no_key");
+            return None;
+        };
+        let route = l.schedule.send;
+        match sealer.seal_frame(&route, &repr, payload, self.frame_max, out) {
+            Ok(n) => {
+                protect(&l.send_set.stream, &mut out[..n]);
+                Some(Transmit {
+                    link: to,
+                    route,
+                    len: n,
+                })
+            }
+            Err(e) => {
+                self.counters.drop(e.reason());
+                None
+            }
+        }
+    }
+
+    /// Applies what an end-to-end stream's handshake did: its new keys and sets (the route tag
+    /// index follows them), and its messages, queued as relay payloads (§10.5: the tag of the
+    /// receiver's virtual end under the set's tag key, then the message as the link made it,
+    /// header protection on).
+    fn drain_e2e(&mut self, now: UnixTime, id: E2eId) {
+        let Some(e) = self.e2e.get_mut(&id) else {
+            return;
+        };
+        let mut sets = false;
+        while let Some(ev) = e.link.poll_event() {
+            match ev {
+                LinkEvent::SendKey(key) => e.send = key,
+                LinkEvent::KeysExpired => {
+                    e.recv.clear();
+                    self.events.push_back(Event::E2eKeysExpired { peer: id });
+                }
+                LinkEvent::Established {
+                    initiator, rekey, ..
+                } => self.events.push_back(Event::E2eKeyed {
+                    peer: id,
+                    initiator,
+                    rekey,
+                }),
+                LinkEvent::RoutesChanged => sets = true,
+                LinkEvent::SessionSet { .. } | LinkEvent::SetReleased { .. } => {}
+            }
+        }
+        if sets {
+            if e.sync(id, &mut self.tags, now).is_err() {
+                self.counters.drop("node_tag_index");
+            }
+            self.next_change = self.next_change.min(e.next_change);
+        }
+        while let Some(t) = e.link.poll_transmit() {
+            let Some(slot) = e.slots.iter().flatten().find(|s| s.set.id == t.set) else {
+                self.counters.drop("node_e2e_unbound_set");
+                continue;
+            };
+            let kind = match t.kind {
+                TransmitKind::Initiation | TransmitKind::Response => Kind::E2eHandshake,
+                TransmitKind::Keepalive | TransmitKind::Notice => Kind::Data,
+            };
+            let mut payload = Vec::with_capacity(ROUTE_TAG_LEN + t.bytes.len());
+            payload.extend_from_slice(&slot.tag_key.tag(&t.dst).0);
+            payload.extend_from_slice(&t.bytes);
+            self.pending.push_back(Pending::E2e {
+                kind,
+                destination: e.destination,
+                payload,
+            });
+        }
     }
 
     /// Applies what a link's handshake did: its datagrams to send, its new keys and routes.
@@ -1238,6 +1600,12 @@ impl RelayNode {
                 .push_back(Pending::Datagram(link, route, t.bytes));
         }
     }
+}
+
+/// Whether an end-to-end stream's timers run: it holds keys (they expire, rekey), or a route to
+/// its edge gateway exists (a handshake can arrive).
+fn e2e_active(table: &RoutingTable, e: &E2eStream) -> bool {
+    e.send.is_some() || table.next_hop(&e.destination).is_some()
 }
 
 fn encrypt_only(stream: &Stream) -> Result<(), NodeError> {
