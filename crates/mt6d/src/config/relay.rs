@@ -75,7 +75,7 @@ struct RawE2e {
     public_key: Spanned<String>,
     local_host: Spanned<String>,
     remote_host: Spanned<String>,
-    key_file: Spanned<String>,
+    key_file: Option<Spanned<String>>,
     rotation_secs: Option<Spanned<f64>>,
 }
 
@@ -121,7 +121,12 @@ pub struct LinkConfig {
 pub struct E2eConfig {
     pub name: String,
     pub destination: NodeId,
+    /// Keyed by the handshake's link key.
     pub stream: StreamConfig,
+    /// Noise IK between the two edge gateways' identities, carried through the relays, with
+    /// `key_file` as its optional extra pre-shared key. Always set by the file parser; None
+    /// only for a caller that builds a pre-shared end-to-end stream itself.
+    pub handshake: Option<HandshakeConfig>,
 }
 
 impl RelayConfig {
@@ -329,14 +334,44 @@ impl RelayConfig {
                     format!("{local} -> {remote} is given twice, or one address twice"),
                 ));
             }
-            let key = key_file(&src, &raw_e.key_file)?;
-            if link_keys.iter().any(|(k, _)| k[..] == *key.as_bytes()) {
-                return Err(src.err(&raw_e.key_file, format!("end-to-end peer {name:?} uses a key that is already used: give every link and pair its own key")));
-            }
-            link_keys.push((
-                zeroize::Zeroizing::new(key.as_bytes().to_vec()),
-                name.clone(),
-            ));
+            let psk = match &raw_e.key_file {
+                None => Psk::none(),
+                Some(f) => {
+                    let key = key_file(&src, f)?;
+                    if link_keys.iter().any(|(k, _)| k[..] == *key.as_bytes()) {
+                        return Err(src.err(f, format!("end-to-end peer {name:?} uses a key that is already used: give every link and pair its own key")));
+                    }
+                    link_keys.push((
+                        zeroize::Zeroizing::new(key.as_bytes().to_vec()),
+                        name.clone(),
+                    ));
+                    Psk::from_bytes(
+                        <[u8; 32]>::try_from(key.as_bytes())
+                            .map_err(|_| src.err(f, "key_file must hold a 32-byte key"))?,
+                    )
+                }
+            };
+            // node_id is set (checked above), so the identity is there.
+            let Some(private) = &private_key else {
+                return Err(src.err(e, "an end-to-end peer needs this node's identity: set private_key_file (`mt6d keygen FILE`)"));
+            };
+            let key = link_key(private, &public, &psk).map_err(|err| {
+                src.err(
+                    &raw_e.public_key,
+                    format!("end-to-end peer {name:?}: {err}"),
+                )
+            })?;
+            let handshake = HandshakeConfig {
+                local_private: private.clone(),
+                remote_public: public,
+                psk,
+                mode: Mode::Encrypt,
+                aead: AeadAlg::default(),
+                local_true: local,
+                remote_true: remote,
+                rekey_after,
+                rekey_after_packets: rekey_packets_limit(AeadAlg::default()),
+            };
             let mut stream = StreamConfig::new(Endpoint::new(local), Endpoint::new(remote), key);
             stream.mode = Mode::Encrypt;
             stream.rotation = match &raw_e.rotation_secs {
@@ -348,6 +383,7 @@ impl RelayConfig {
                 name,
                 destination,
                 stream,
+                handshake: Some(handshake),
             });
         }
         let transit = match &r.transit {

@@ -66,6 +66,9 @@ pub struct IoCounters {
     /// Packets from the protected side between no configured host pair.
     pub tun_no_peer: u64,
     pub tun_no_route: u64,
+    /// Inner packets for an end-to-end peer (or a next hop) without keys yet: its handshake
+    /// is under way.
+    pub tun_no_key: u64,
     pub tun_seal_failed: u64,
     pub tun_tx_packets: u64,
     pub tun_write_failures: u64,
@@ -267,6 +270,13 @@ impl Plane<'_> {
             .map_or("?", |l| l.name.as_str())
     }
 
+    fn e2e_name(&self, id: E2eId) -> &str {
+        usize::try_from(id.0)
+            .ok()
+            .and_then(|i| self.cfg.e2e.get(i))
+            .map_or("?", |e| e.name.as_str())
+    }
+
     /// Timers due, then whatever the node queued: link-local frames to send, events to log.
     fn housekeeping(&mut self, rng: &mut impl Rng) {
         let now = clock::now();
@@ -326,6 +336,25 @@ impl Plane<'_> {
                         log::info!("link {}: {what} by a handshake ({side})", self.link_name(link));
                     }
                 }
+                Event::E2eKeyed {
+                    peer,
+                    initiator,
+                    rekey,
+                } => {
+                    let side = if initiator { "we initiated" } else { "it initiated" };
+                    if rekey {
+                        log::debug!("end-to-end peer {}: rekeyed ({side})", self.e2e_name(peer));
+                    } else {
+                        log::info!(
+                            "end-to-end peer {}: keyed by a handshake through the relays ({side})",
+                            self.e2e_name(peer)
+                        );
+                    }
+                }
+                Event::E2eKeysExpired { peer } => log::warn!(
+                    "end-to-end peer {}: keys expired with no rekey: its hosts' packets are refused until a handshake completes (is a route to its edge gateway up, and is its public_key right?)",
+                    self.e2e_name(peer)
+                ),
                 Event::LinkKeysExpired { link } => log::warn!(
                     "link {}: keys expired with no rekey: it carries nothing until a handshake completes (is the neighbour up, and is its public_key right?)",
                     self.link_name(link)
@@ -461,6 +490,9 @@ impl Plane<'_> {
                     cursor += t.len;
                 }
                 Err(NodeError::NoRoute(_)) => self.counters.tun_no_route += 1,
+                Err(NodeError::NoE2eKey(_) | NodeError::NoKey(_)) => {
+                    self.counters.tun_no_key += 1;
+                }
                 Err(e) => {
                     self.counters.tun_seal_failed += 1;
                     log::debug!("seal for end-to-end peer {}: {e}", id.0);
@@ -633,6 +665,7 @@ impl Plane<'_> {
             ("tun_rx_packets", c.tun_rx_packets),
             ("tun_no_peer", c.tun_no_peer),
             ("tun_no_route", c.tun_no_route),
+            ("tun_no_key", c.tun_no_key),
             ("tun_seal_failed", c.tun_seal_failed),
             ("tun_tx_packets", c.tun_tx_packets),
             ("tun_write_failures", c.tun_write_failures),
@@ -719,10 +752,27 @@ impl Plane<'_> {
                 metric: r.metric.0,
             })
             .collect();
+        let now = clock::now();
         let e2e = cfg
             .e2e
             .iter()
-            .map(|e| E2eStatus {
+            .enumerate()
+            .map(|(j, e)| E2eStatus {
+                keys: match (&e.handshake, self.node.e2e_keyed(e2e_id(j))) {
+                    (None, _) => "pre-shared",
+                    (Some(_), true) => "handshake",
+                    (Some(_), false) => "none (handshake under way)",
+                }
+                .to_string(),
+                handshakes: self
+                    .node
+                    .e2e_handshake(e2e_id(j))
+                    .map_or(0, |h| h.stats().completed),
+                last_handshake_secs: self
+                    .node
+                    .e2e_handshake(e2e_id(j))
+                    .and_then(|h| h.stats().last_completed)
+                    .map(|t| now.as_nanos().saturating_sub(t.as_nanos()) / 1_000_000_000),
                 name: e.name.clone(),
                 destination: e.destination.to_string(),
                 local_host: e.stream.local.true_addr.to_string(),

@@ -65,8 +65,8 @@ pub fn inner_mtu(frame_max: usize) -> usize {
     frame_max.saturating_sub(overhead)
 }
 
-/// Builds the node from the configuration: every link with its handshake (or pre-shared key)
-/// and every end-to-end peer with its pre-shared key, pre-shared send counters from the run's
+/// Builds the node from the configuration: every link and end-to-end peer with its handshake
+/// (or a link's pre-shared key), pre-shared send counters from the run's
 /// generation, fresh randomness for handshakes from the OS. Link `i` of the file is
 /// `Neighbour(i)`, end-to-end peer `j` is `E2eId(j)`. A pure relay's identity keys its links
 /// only: it is no routing destination.
@@ -108,11 +108,21 @@ pub fn build_node(
         .map_err(|e| setup(&e))?;
     }
     for (j, e) in cfg.e2e.iter().enumerate() {
-        let stream = Stream::new(e.stream.clone())
-            .map_err(|err| RelayError::Setup(format!("end-to-end peer {:?}: {err}", e.name)))?;
-        let sealer = stream.sealer(counters.first, counters.end);
-        node.add_e2e(now, e2e_id(j), e.destination, stream, sealer)
-            .map_err(|err| RelayError::Setup(format!("end-to-end peer {:?}: {err}", e.name)))?;
+        let setup = |err: &dyn std::fmt::Display| {
+            RelayError::Setup(format!("end-to-end peer {:?}: {err}", e.name))
+        };
+        let stream = Stream::new(e.stream.clone()).map_err(|err| setup(&err))?;
+        match &e.handshake {
+            Some(hs) => {
+                let hs = Handshake::new(hs.clone()).map_err(|err| setup(&err))?;
+                node.add_e2e_handshake(now, e2e_id(j), e.destination, stream, hs)
+            }
+            None => {
+                let sealer = stream.sealer(counters.first, counters.end);
+                node.add_e2e(now, e2e_id(j), e.destination, stream, sealer)
+            }
+        }
+        .map_err(|err| setup(&err))?;
     }
     Ok(node)
 }

@@ -78,6 +78,13 @@ pub struct E2eStatus {
     pub remote_host: String,
     /// The link frames for it leave on now; None: no route.
     pub next_hop: Option<String>,
+    /// `handshake` (keys of a handshake through the relays in use), `pre-shared`, or
+    /// `none (handshake under way)`.
+    pub keys: String,
+    /// Handshakes completed with the other edge gateway.
+    pub handshakes: u64,
+    /// Seconds since the newest keys were made (None: none yet, or pre-shared).
+    pub last_handshake_secs: Option<u64>,
 }
 
 /// `mt6d status` of a relay node, for people.
@@ -134,12 +141,16 @@ pub fn render(s: &RelayStatus) -> String {
         out.push_str("  end-to-end:\n");
         for e in &s.e2e {
             out.push_str(&format!(
-                "    {:<12} {} -> {} at {} via {}\n",
+                "    {:<12} {} -> {} at {} via {}, keys {}{}\n",
                 e.name,
                 e.local_host,
                 e.remote_host,
                 e.destination,
-                e.next_hop.as_deref().unwrap_or("(no route)")
+                e.next_hop.as_deref().unwrap_or("(no route)"),
+                e.keys,
+                e.last_handshake_secs
+                    .map(|s| format!(" ({} handshakes, newest {s} s ago)", e.handshakes))
+                    .unwrap_or_default()
             ));
         }
     }
