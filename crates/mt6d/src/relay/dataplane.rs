@@ -69,6 +69,9 @@ pub struct IoCounters {
     /// Inner packets for an end-to-end peer (or a next hop) without keys yet: its handshake
     /// is under way.
     pub tun_no_key: u64,
+    /// Inner packets held while their end-to-end peer's first handshake was under way, and
+    /// sent when it completed (or dropped, if it expired instead).
+    pub tun_staged: u64,
     pub tun_seal_failed: u64,
     pub tun_tx_packets: u64,
     pub tun_write_failures: u64,
@@ -121,7 +124,15 @@ struct Plane<'a> {
     udp_msgs_store: Vec<SendMsg<'static>>,
     /// Probes, replies and routing messages are sealed here one at a time.
     control_buf: Vec<u8>,
+    /// Inner packets for an end-to-end peer whose first handshake is under way, at most
+    /// [`STAGED_MAX`] per peer, sent when it completes (a connection's first SYN then waits one
+    /// round trip, not TCP's 1 s retransmission).
+    staged: HashMap<E2eId, Vec<Vec<u8>>>,
 }
+
+/// Inner packets held per end-to-end peer while its handshake is under way (WireGuard holds
+/// 128; a handful covers the first packets of the connections that start it).
+const STAGED_MAX: usize = 16;
 
 /// Serves until a stop signal (or a fatal error of the loop itself).
 pub fn serve(
@@ -188,6 +199,7 @@ pub fn serve(
         udp_scratch: SendScratch::new(RX_BATCH * 64),
         udp_msgs_store: Vec::with_capacity(RX_BATCH * 64),
         control_buf: vec![0u8; slot],
+        staged: HashMap::new(),
     };
     log::info!(
         "relay node {} on {}/64: {} links ({}), {} end-to-end peers{}, transit {}, frame_max {}, ready {:.2} s after start",
@@ -286,8 +298,48 @@ impl Plane<'_> {
         self.drain(now);
     }
 
-    /// Sends every queued probe, reply and routing message; logs the events.
+    /// Sends what the node queued (probes, replies, routing and handshake messages), applies
+    /// and logs its events, and sends the packets held for peers that just got keys.
     fn drain(&mut self, now: UnixTime) {
+        self.send_control(now);
+        let mut keyed = Vec::new();
+        while let Some(ev) = self.node.poll_event() {
+            if let Event::E2eKeyed { peer, .. } = ev {
+                keyed.push(peer);
+            }
+            self.log_event(ev);
+        }
+        for peer in keyed {
+            self.send_staged(now, peer);
+        }
+        self.send_control(now);
+    }
+
+    /// The packets held for `peer` while its handshake was under way, now that it has keys.
+    fn send_staged(&mut self, now: UnixTime, peer: E2eId) {
+        for inner in self.staged.remove(&peer).unwrap_or_default() {
+            match self
+                .node
+                .send_inner(now, peer, &inner, &mut self.control_buf)
+            {
+                Ok(t) => {
+                    let msg = [RawSendMsg {
+                        src: t.route.local,
+                        dst: t.route.remote,
+                        payload: &self.control_buf[..t.len],
+                    }];
+                    match self.io.raw.send_batch(&mut self.send_scratch, &msg) {
+                        Ok(1) => self.counters.tx_datagrams += 1,
+                        _ => self.counters.tx_send_failed += 1,
+                    }
+                }
+                Err(_) => self.counters.tun_no_key += 1,
+            }
+        }
+    }
+
+    /// Sends every queued probe, reply, routing and handshake message.
+    fn send_control(&mut self, now: UnixTime) {
         while let Some(t) = self.node.poll_transmit(now, &mut self.control_buf) {
             let msg = [RawSendMsg {
                 src: t.route.local,
@@ -299,75 +351,80 @@ impl Plane<'_> {
                 _ => self.counters.tx_send_failed += 1,
             }
         }
-        while let Some(ev) = self.node.poll_event() {
-            match ev {
-                Event::LinkSchedule { link, schedule } => {
-                    log::debug!(
-                        "link {}: epoch {}, sending {} -> {}",
-                        self.link_name(link),
-                        schedule.send.epoch.0,
-                        schedule.send.local,
-                        schedule.send.remote
+    }
+
+    /// Applies one event of the node (a link's new sending address) and logs it.
+    fn log_event(&mut self, ev: Event) {
+        match ev {
+            Event::LinkSchedule { link, schedule } => {
+                log::debug!(
+                    "link {}: epoch {}, sending {} -> {}",
+                    self.link_name(link),
+                    schedule.send.epoch.0,
+                    schedule.send.local,
+                    schedule.send.remote
+                );
+                if let Some(p) = usize::try_from(link.0)
+                    .ok()
+                    .and_then(|i| self.send_from.get_mut(i))
+                {
+                    *p = Some(schedule.send.local);
+                }
+                self.reconcile_senders();
+            }
+            Event::LinkCost { link, cost } if !cost.is_finite() => {
+                log::warn!("link {}: dead (no probe answered)", self.link_name(link));
+            }
+            Event::LinkCost { link, cost } => {
+                log::info!("link {}: cost {}", self.link_name(link), cost.0);
+            }
+            Event::LinkKeyed {
+                link,
+                initiator,
+                rekey,
+            } => {
+                let what = if rekey { "rekeyed" } else { "keyed" };
+                let side = if initiator { "we initiated" } else { "it initiated" };
+                if rekey {
+                    log::debug!("link {}: {what} ({side})", self.link_name(link));
+                } else {
+                    log::info!("link {}: {what} by a handshake ({side})", self.link_name(link));
+                }
+            }
+            Event::E2eKeyed {
+                peer,
+                initiator,
+                rekey,
+            } => {
+                let side = if initiator { "we initiated" } else { "it initiated" };
+                if rekey {
+                    log::debug!("end-to-end peer {}: rekeyed ({side})", self.e2e_name(peer));
+                } else {
+                    log::info!(
+                        "end-to-end peer {}: keyed by a handshake through the relays ({side})",
+                        self.e2e_name(peer)
                     );
-                    if let Some(p) = usize::try_from(link.0)
-                        .ok()
-                        .and_then(|i| self.send_from.get_mut(i))
-                    {
-                        *p = Some(schedule.send.local);
-                    }
-                    self.reconcile_senders();
                 }
-                Event::LinkCost { link, cost } if !cost.is_finite() => {
-                    log::warn!("link {}: dead (no probe answered)", self.link_name(link));
-                }
-                Event::LinkCost { link, cost } => {
-                    log::info!("link {}: cost {}", self.link_name(link), cost.0);
-                }
-                Event::LinkKeyed {
-                    link,
-                    initiator,
-                    rekey,
-                } => {
-                    let what = if rekey { "rekeyed" } else { "keyed" };
-                    let side = if initiator { "we initiated" } else { "it initiated" };
-                    if rekey {
-                        log::debug!("link {}: {what} ({side})", self.link_name(link));
-                    } else {
-                        log::info!("link {}: {what} by a handshake ({side})", self.link_name(link));
-                    }
-                }
-                Event::E2eKeyed {
-                    peer,
-                    initiator,
-                    rekey,
-                } => {
-                    let side = if initiator { "we initiated" } else { "it initiated" };
-                    if rekey {
-                        log::debug!("end-to-end peer {}: rekeyed ({side})", self.e2e_name(peer));
-                    } else {
-                        log::info!(
-                            "end-to-end peer {}: keyed by a handshake through the relays ({side})",
-                            self.e2e_name(peer)
-                        );
-                    }
-                }
-                Event::E2eKeysExpired { peer } => log::warn!(
+            }
+            Event::E2eKeysExpired { peer } => {
+                self.staged.remove(&peer);
+                log::warn!(
                     "end-to-end peer {}: keys expired with no rekey: its hosts' packets are refused until a handshake completes (is a route to its edge gateway up, and is its public_key right?)",
                     self.e2e_name(peer)
-                ),
-                Event::LinkKeysExpired { link } => log::warn!(
-                    "link {}: keys expired with no rekey: it carries nothing until a handshake completes (is the neighbour up, and is its public_key right?)",
-                    self.link_name(link)
-                ),
-                Event::RouteChanged {
-                    destination,
-                    next_hop: Some(n),
-                } => log::info!("route to {destination}: via {}", self.link_name(n)),
-                Event::RouteChanged {
-                    destination,
-                    next_hop: None,
-                } => log::warn!("route to {destination}: none (unreachable)"),
+                );
             }
+            Event::LinkKeysExpired { link } => log::warn!(
+                "link {}: keys expired with no rekey: it carries nothing until a handshake completes (is the neighbour up, and is its public_key right?)",
+                self.link_name(link)
+            ),
+            Event::RouteChanged {
+                destination,
+                next_hop: Some(n),
+            } => log::info!("route to {destination}: via {}", self.link_name(n)),
+            Event::RouteChanged {
+                destination,
+                next_hop: None,
+            } => log::warn!("route to {destination}: none (unreachable)"),
         }
     }
 
@@ -490,9 +547,16 @@ impl Plane<'_> {
                     cursor += t.len;
                 }
                 Err(NodeError::NoRoute(_)) => self.counters.tun_no_route += 1,
-                Err(NodeError::NoE2eKey(_) | NodeError::NoKey(_)) => {
-                    self.counters.tun_no_key += 1;
+                Err(NodeError::NoE2eKey(_)) => {
+                    let held = self.staged.entry(id).or_default();
+                    if held.len() < STAGED_MAX {
+                        held.push(inner.to_vec());
+                        self.counters.tun_staged += 1;
+                    } else {
+                        self.counters.tun_no_key += 1;
+                    }
                 }
+                Err(NodeError::NoKey(_)) => self.counters.tun_no_key += 1,
                 Err(e) => {
                     self.counters.tun_seal_failed += 1;
                     log::debug!("seal for end-to-end peer {}: {e}", id.0);
@@ -666,6 +730,7 @@ impl Plane<'_> {
             ("tun_no_peer", c.tun_no_peer),
             ("tun_no_route", c.tun_no_route),
             ("tun_no_key", c.tun_no_key),
+            ("tun_staged", c.tun_staged),
             ("tun_seal_failed", c.tun_seal_failed),
             ("tun_tx_packets", c.tun_tx_packets),
             ("tun_write_failures", c.tun_write_failures),
