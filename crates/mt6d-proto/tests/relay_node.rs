@@ -1011,10 +1011,23 @@ fn three_meshed_relays_at_one_percent_loss_route_around_a_cut() {
 /// detour's, the (lossless) detour delivers everything.
 #[test]
 fn three_meshed_relays_keep_delivering_across_a_link_at_twenty_percent_loss() {
+    keep_delivering_at_twenty_percent_loss(Keying::PreShared);
+}
+
+/// The same keyed by handshakes (rekey every 7 s): rekeys of the lossy link and of the
+/// end-to-end streams across it lose messages and retry, and delivery holds as well.
+#[test]
+fn three_meshed_relays_keyed_by_handshakes_keep_delivering_at_twenty_percent_loss() {
+    keep_delivering_at_twenty_percent_loss(Keying::Handshake {
+        rekey: Duration::from_secs(7),
+    });
+}
+
+fn keep_delivering_at_twenty_percent_loss(keying: Keying) {
     const LOSSY: u64 = 5_000;
     const END: u64 = 20_000;
     for seed in 1..=5u64 {
-        let mut net = mesh(200 + seed, 0.0);
+        let mut net = mesh_keyed(200 + seed, 0.0, keying);
         net.run(LOSSY, DATA_FROM, EVERY);
         assert_eq!(net.next_hop("R1", "E5"), Some("R3"), "seed {seed}");
         let r1r3 = net.link_between("R1", "R3");
