@@ -8,6 +8,8 @@
 //! and routes, the AnyIP route, the nftables table. [`PrefixSystem::tear_down`] removes them in
 //! reverse order, also after a failed set-up: nothing is left half-applied.
 
+pub mod ndp;
+
 use std::net::Ipv6Addr;
 
 use mt6d_os::nftables::NftTable;
@@ -95,6 +97,14 @@ impl PrefixSystem {
         self.nl
             .link_index(interface)
             .map_err(os(format!("find {role} {interface}")))
+    }
+
+    /// The link-layer address of `interface` (None: it has none, a point-to-point device).
+    pub fn link_mac(&mut self, interface: &str) -> Result<Option<[u8; 6]>, SystemError> {
+        let i = self.check_interface(interface, "interface")?;
+        self.nl
+            .link_mac(i)
+            .map_err(os(format!("read the link-layer address of {interface}")))
     }
 
     /// Adds a guard route per prefix: first, so that from here on a crash leaves them

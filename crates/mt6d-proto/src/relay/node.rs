@@ -870,6 +870,15 @@ impl RelayNode {
                 .then_some(n)
         })
     }
+    /// Whether `addr` is this node's address on an accept route of any link's bound sets
+    /// (e-1, e, e+1): the addresses a neighbour on a shared segment may resolve now, and the
+    /// only ones a Neighbour Solicitation is answered for. A scan, as [`RelayNode::link_of`].
+    pub fn answers_for(&self, addr: std::net::Ipv6Addr) -> bool {
+        self.links
+            .values()
+            .any(|l| l.accept.iter().any(|a| *a.route.local.ip() == addr))
+    }
+
     /// The links, in handle order.
     pub fn links(&self) -> impl Iterator<Item = Neighbour> + '_ {
         self.links.keys().copied()

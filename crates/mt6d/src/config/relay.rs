@@ -48,6 +48,7 @@ struct RawRelay {
     rekey_secs: Option<Spanned<f64>>,
     jitter: Option<Spanned<bool>>,
     listen_port: Option<Spanned<i64>>,
+    neighbor_discovery: Option<Spanned<bool>>,
     tun_name: Option<Spanned<String>>,
     mtu: Option<Spanned<i64>>,
     state_dir: Option<Spanned<String>>,
@@ -64,6 +65,7 @@ struct RawRelay {
 struct RawLink {
     name: Spanned<String>,
     address: Spanned<String>,
+    interface: Option<Spanned<String>>,
     public_key: Option<Spanned<String>>,
     key_file: Option<Spanned<String>>,
 }
@@ -95,6 +97,10 @@ pub struct RelayConfig {
     pub rekey_after: Duration,
     pub jitter: bool,
     pub listen_port: u16,
+    /// Answer Neighbour Solicitations for the links' current hashed addresses on the external
+    /// interface and every link's own (a neighbour on a shared segment resolves them); false
+    /// where each node's /64 is routed to it.
+    pub neighbor_discovery: bool,
     pub tun_name: String,
     pub mtu: u16,
     pub state_dir: PathBuf,
@@ -109,6 +115,8 @@ pub struct RelayConfig {
 pub struct LinkConfig {
     pub name: String,
     pub address: Ipv6Addr,
+    /// The interface the neighbour is reached on (default: `external_interface`).
+    pub interface: String,
     /// Keyed by the handshake's link key (`public_key` given) or the pre-shared key.
     pub stream: StreamConfig,
     /// Noise IK with the neighbour's identity (`public_key`, with `key_file` as its optional
@@ -130,6 +138,18 @@ pub struct E2eConfig {
 }
 
 impl RelayConfig {
+    /// The interfaces the node's links leave on: `external_interface` and every link's own,
+    /// each once.
+    pub fn link_interfaces(&self) -> Vec<&str> {
+        let mut all = vec![self.external_interface.as_str()];
+        for l in &self.links {
+            if !all.contains(&l.interface.as_str()) {
+                all.push(&l.interface);
+            }
+        }
+        all
+    }
+
     /// Whether `text` is a relay node's file (a `[relay]` table).
     pub fn is_relay_file(text: &str) -> bool {
         text.parse::<toml::Table>()
@@ -285,9 +305,14 @@ impl RelayConfig {
             stream.mode = Mode::Encrypt;
             stream.rotation = link_rotation;
             stream.jitter = jitter;
+            let interface = match &raw_link.interface {
+                Some(i) => interface_name(&src, i)?,
+                None => external_interface.clone(),
+            };
             links.push(LinkConfig {
                 name,
                 address: addr,
+                interface,
                 stream,
                 handshake,
             });
@@ -434,6 +459,7 @@ impl RelayConfig {
             rekey_after,
             jitter,
             listen_port,
+            neighbor_discovery: r.neighbor_discovery.as_ref().is_none_or(|n| *n.get_ref()),
             tun_name,
             mtu,
             state_dir: r.state_dir.as_ref().map_or_else(
@@ -529,6 +555,27 @@ key_file = "l2.key"
         );
         assert_eq!(c.prefix(), "2001:db8:ff:1::".parse::<Ipv6Addr>().unwrap());
         assert_eq!(c.frame_max, DEFAULT_FRAME_MAX);
+        // Links leave on the external interface unless they name their own; solicitations
+        // are answered on each, once.
+        assert!(c.neighbor_discovery);
+        assert_eq!(c.link_interfaces(), vec!["eth0"]);
+        let own_if = RELAY.replacen(
+            "address = \"2001:db8:ff:3::1\"",
+            "address = \"2001:db8:ff:3::1\"\ninterface = \"eth1\"",
+            1,
+        );
+        let c = RelayConfig::parse(&d.0.join("r.toml"), &own_if).unwrap();
+        assert_eq!(c.links[0].interface, "eth0");
+        assert_eq!(c.link_interfaces(), vec!["eth0", "eth1"]);
+        let off = RELAY.replace(
+            "control_socket",
+            "neighbor_discovery = false\ncontrol_socket",
+        );
+        assert!(
+            !RelayConfig::parse(&d.0.join("r.toml"), &off)
+                .unwrap()
+                .neighbor_discovery
+        );
     }
 
     #[test]

@@ -392,6 +392,33 @@ impl RelayLab {
         Ok(())
     }
 
+    /// Makes node `at` reach node `towards`'s /64 on-link on their shared link instead of via
+    /// its link-local address, as a router on a segment shared with the node would: `at`'s
+    /// kernel then resolves each hashed address of `towards` by a Neighbour Solicitation,
+    /// which `towards`'s responder must answer (docs/CONFIG.md, `neighbor_discovery`).
+    pub fn route_on_link(&self, at: usize, towards: usize) -> Result<(), LabError> {
+        let my_if = self
+            .links
+            .iter()
+            .find_map(|l| match (l.a, l.b) {
+                (a, b) if a == at && b == towards => Some(l.if_a.clone()),
+                (a, b) if a == towards && b == at => Some(l.if_b.clone()),
+                _ => None,
+            })
+            .ok_or_else(|| {
+                cmd_err(format!(
+                    "no link between {} and {}",
+                    self.nodes[at].name, self.nodes[towards].name
+                ))
+            })?;
+        let prefix = node_prefix(self.nodes[towards].n);
+        in_ns(&self.nodes[at].ns, move |nl| {
+            let i = nl.link_index(&my_if)?;
+            nl.del_route(prefix, 64, i)?;
+            nl.add_route(prefix, 64, i)
+        })
+    }
+
     /// Keys (an identity key per node: links are keyed by Noise IK handshakes between them;
     /// one pre-shared key per host pair; all 0600) and one configuration file per node.
     fn write_files(&mut self) -> Result<(), LabError> {
@@ -479,11 +506,12 @@ impl RelayLab {
                 log_level: self.settings.log_level.clone(),
                 link: links
                     .iter()
-                    .map(|(_, peer, _)| {
+                    .map(|(_, peer, my_if)| {
                         let far = &self.nodes[*peer];
                         LinkSection {
                             name: far.name.clone(),
                             address: far.address,
+                            interface: (*my_if).clone(),
                             public_key: far
                                 .identity
                                 .as_ref()
@@ -949,6 +977,7 @@ struct RelaySection {
 struct LinkSection {
     name: String,
     address: Ipv6Addr,
+    interface: String,
     public_key: String,
 }
 

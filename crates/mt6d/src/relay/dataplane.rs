@@ -49,6 +49,10 @@ const RX_BATCH: usize = 32;
 const REPORT_EVERY: Duration = Duration::from_secs(60);
 const SOCKET_TOKEN: u64 = 0;
 const TUN_TOKEN: u64 = 1;
+/// The first neighbour responder's token; responder `k` has `NDP_TOKEN + k`.
+const NDP_TOKEN: u64 = 2;
+/// Neighbour discovery frames handled per wake-up at most (the rest at the next one).
+const NDP_BUDGET: usize = 64;
 
 /// What the daemon counted around the node (the node counts its own, by spec label).
 #[derive(Debug, Default, Clone)]
@@ -156,6 +160,12 @@ pub fn serve(
             .add(tun.as_raw_fd(), TUN_TOKEN)
             .map_err(os(format!("watch {}", cfg.tun_name)))?;
     }
+    for (k, r) in io.ndp.iter().enumerate() {
+        use std::os::fd::AsFd;
+        epoll
+            .add(r.capture().as_fd().as_raw_fd(), NDP_TOKEN + k as u64)
+            .map_err(os("watch the neighbour responder"))?;
+    }
     let ctl = ControlServer::bind(&cfg.control_socket).map_err(|e| {
         RelayError::Setup(format!(
             "control socket {}: {e}",
@@ -244,6 +254,7 @@ pub fn serve(
             match token {
                 SOCKET_TOKEN => plane.on_socket(),
                 TUN_TOKEN => plane.on_tun(),
+                t if t >= NDP_TOKEN => plane.on_ndp((t - NDP_TOKEN) as usize),
                 _ => {}
             }
         }
@@ -507,6 +518,19 @@ impl Plane<'_> {
         self.drain(now);
     }
 
+    /// Neighbour Solicitations on link interface `k`: answered for the links' current
+    /// addresses only (`RelayNode::answers_for`), so a scan of the /64 from the segment learns
+    /// nothing.
+    fn on_ndp(&mut self, k: usize) {
+        let node = &self.node;
+        if let Some(r) = self.io.ndp.get_mut(k) {
+            if let Err(e) = r.serve_ready(|a| node.answers_for(a), NDP_BUDGET) {
+                let interface = self.cfg.link_interfaces().get(k).copied().unwrap_or("?");
+                log::warn!("neighbour responder on {interface}: {e}");
+            }
+        }
+    }
+
     /// One batch of inner packets from the protected side (edge gateways).
     fn on_tun(&mut self) {
         let Some(tun) = &self.io.tun else { return };
@@ -751,6 +775,18 @@ impl Plane<'_> {
         .collect();
         for (label, v) in n.drop_labels() {
             m.insert(format!("drop_{label}"), v);
+        }
+        for r in &self.io.ndp {
+            let d = r.counters();
+            for (k, v) in [
+                ("ndp_answered", d.answered),
+                ("ndp_defended", d.defended),
+                ("ndp_not_current", d.not_current),
+                ("ndp_malformed", d.malformed),
+                ("ndp_send_errors", d.send_errors),
+            ] {
+                *m.entry(k.to_string()).or_insert(0) += v;
+            }
         }
         m
     }

@@ -30,6 +30,7 @@ use mt6d_proto::relay::node::{E2eId, RelayNode};
 use mt6d_proto::relay::table::Neighbour;
 use mt6d_proto::Stream;
 
+use crate::anyip::ndp::NdpResponder;
 use crate::anyip::{os, PrefixSystem, SystemError, TunSpec};
 use crate::config::RelayConfig;
 use crate::gateway::clock;
@@ -56,6 +57,9 @@ pub struct RelayIo {
     pub socket: UdpSocket6,
     pub raw: RawUdp6,
     pub tun: Option<Tun>,
+    /// Answers Neighbour Solicitations for the links' current addresses, one per interface a
+    /// link leaves on (`neighbor_discovery`; empty without it).
+    pub ndp: Vec<NdpResponder>,
 }
 
 /// The largest inner packet an edge gateway carries in a frame of `frame_max` bytes: its TUN
@@ -225,6 +229,9 @@ fn guard_routes(cfg: &RelayConfig) -> Vec<(std::net::Ipv6Addr, u8)> {
 /// transparent and the raw socket.
 fn set_up(system: &mut PrefixSystem, cfg: &RelayConfig, mtu: usize) -> Result<RelayIo, RelayError> {
     system.check_interface(&cfg.external_interface, "external interface")?;
+    for l in &cfg.links {
+        system.check_interface(&l.interface, &format!("interface of link {:?}", l.name))?;
+    }
     let tun = if cfg.is_edge() {
         let routes = guard_routes(cfg);
         system.add_guards(&routes)?;
@@ -246,5 +253,24 @@ fn set_up(system: &mut PrefixSystem, cfg: &RelayConfig, mtu: usize) -> Result<Re
         cfg.listen_port
     )))?;
     let raw = RawUdp6::open().map_err(os("open a raw UDP socket"))?;
-    Ok(RelayIo { socket, raw, tun })
+    let mut ndp = Vec::new();
+    if cfg.neighbor_discovery {
+        for interface in cfg.link_interfaces() {
+            let mac = system.link_mac(interface)?.ok_or_else(|| {
+                RelayError::Setup(format!(
+                    "{interface} has no link-layer address: set neighbor_discovery = false (and route each node's /64 to it)"
+                ))
+            })?;
+            ndp.push(
+                NdpResponder::open(interface, mac)
+                    .map_err(os(format!("open the neighbour responder on {interface}")))?,
+            );
+        }
+    }
+    Ok(RelayIo {
+        socket,
+        raw,
+        tun,
+        ndp,
+    })
 }

@@ -18,7 +18,7 @@
 pub mod control;
 pub mod dataplane;
 pub mod generation;
-pub mod ndp;
+pub use crate::anyip::ndp;
 pub mod registry;
 
 use std::collections::HashMap;

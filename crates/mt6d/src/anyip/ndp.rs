@@ -1,8 +1,9 @@
-//! Neighbour discovery for a server whose hashed prefix is local as a whole (issue 12 item 3).
+//! Neighbour discovery for a role whose hashed prefix is local as a whole (issue 12 item 3: the
+//! server; issue 13: a relay network node).
 //!
 //! An AnyIP route (`local PREFIX/64 dev lo`) makes every address of the prefix local to the
 //! kernel, but the kernel resolves none of them on the external link: it answers a Neighbour
-//! Solicitation only for addresses bound to that interface, and the server binds none. Where
+//! Solicitation only for addresses bound to that interface, and the role binds none. Where
 //! the upstream router routes the prefix to the server, nothing more is needed. Where the
 //! server shares a segment with its router, the router resolves each hashed address before it
 //! forwards to it, and [`NdpResponder`] answers for the addresses that are currently valid, and
