@@ -6,8 +6,10 @@
 //! mesh:   three meshed relays, two edge gateways behind each, a host behind each edge
 //! ```
 //!
-//! Checked: echoes h1 -> h2 across several rotations, none lost, both relays count forwarded
-//! frames, and every node stopped with SIGTERM leaves nothing behind; a TCP transfer across
+//! Checked: echoes h1 -> h2 across twelve rotations and at least two rekeys of every link and
+//! end-to-end pair (every one keyed by Noise IK handshakes, sending on a session route set),
+//! none lost, both relays count forwarded frames, and every node stopped with SIGTERM leaves
+//! nothing behind; a TCP transfer across
 //! rotations arrives intact (SHA-256 at both ends) while a capture on every link sees no true
 //! address (hosts', edge gateways', nodes' configured addresses) and no 8-byte value in two
 //! epochs of a link; random datagrams sent to a relay's current address and port on a link are
@@ -129,17 +131,18 @@ fn the_lab_routes_each_neighbours_prefix_to_it_and_leaves_nothing_behind() {
 
 #[test]
 #[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
-fn echoes_cross_two_relays_across_rotations_without_loss() {
+fn echoes_cross_two_relays_across_rotations_and_rekeys_without_loss() {
     common::require_root();
     let _turn = common::one_at_a_time();
     let mut lab = up(Shape::Chain, "m6rp", 1.0);
     let (h1, h2) = (host(&lab, 1), host(&lab, 2));
-    // 6 s at 50 per second: six one-second epochs of every link, with jitter.
+    // 12 s at 50 per second: twelve one-second epochs of every link, with jitter, and at least
+    // two rekeys of every link and end-to-end pair (the lab rekeys every 5 s).
     let r = lab
         .ping(
             h1,
             h2,
-            300,
+            600,
             Pace::Train {
                 interval: Duration::from_millis(20),
             },
@@ -161,9 +164,41 @@ fn echoes_cross_two_relays_across_rotations_without_loss() {
     for relay in ["r1", "r2"] {
         let forwarded = counter(&lab, node(&lab, relay), "forwarded");
         assert!(
-            forwarded >= 600,
-            "{relay} forwarded {forwarded} frames for 600 packets"
+            forwarded >= 1200,
+            "{relay} forwarded {forwarded} frames for 1200 packets"
         );
+    }
+    // Every link and end-to-end pair was keyed by a handshake and rekeyed at least twice
+    // while the echoes ran.
+    for name in ["eA", "r1", "r2", "eB"] {
+        let st = lab.status(node(&lab, name)).expect("status");
+        for l in &st.links {
+            eprintln!(
+                "{name} link {}: keys {}, {} handshakes, route set {}",
+                l.name, l.keys, l.handshakes, l.route_set
+            );
+            assert!(
+                l.keys == "handshake" && l.handshakes >= 3 && l.route_set > 0,
+                "{name} link {}: keys {}, {} handshakes, route set {}",
+                l.name,
+                l.keys,
+                l.handshakes,
+                l.route_set
+            );
+        }
+        for e in &st.e2e {
+            eprintln!(
+                "{name} end to end {}: keys {}, {} handshakes",
+                e.name, e.keys, e.handshakes
+            );
+            assert!(
+                e.keys == "handshake" && e.handshakes >= 3,
+                "{name} end to end {}: keys {}, {} handshakes",
+                e.name,
+                e.keys,
+                e.handshakes
+            );
+        }
     }
     // SIGTERM: every node exits cleanly and takes its AnyIP route, nftables table, guard
     // routes and TUN device with it.
