@@ -6,6 +6,17 @@ use super::OLD_KEY_GRACE;
 use crate::tunnel::{KeyPhase, OPEN_HEADROOM};
 use crate::{OpenError, Opener, Route, UnixTime};
 
+impl Slot {
+    /// Whether a failed open has other keys to try (a spare, or the retiring key in its grace).
+    fn has_others(&self, now: UnixTime) -> bool {
+        !self.spares.is_empty()
+            || self
+                .retiring
+                .as_ref()
+                .is_some_and(|(_, until)| now < *until)
+    }
+}
+
 #[derive(Debug)]
 struct Slot {
     opener: Opener,
@@ -122,11 +133,7 @@ impl ReceiveKeys {
         payload: &[u8],
         out: &mut [u8],
     ) -> Result<Opened, OpenError> {
-        let i = if self.single {
-            0
-        } else {
-            KeyPhase::of_payload(payload).map_or(0, KeyPhase::index)
-        };
+        let i = self.slot_of(payload);
         let Some(slot) = &mut self.slots[i] else {
             return Err(OpenError::NoKey);
         };
@@ -198,21 +205,11 @@ impl ReceiveKeys {
         payload_len: usize,
     ) -> Result<(Opened, &'b mut [u8]), OpenError> {
         let payload = OPEN_HEADROOM..OPEN_HEADROOM.saturating_add(payload_len);
-        let i = if self.single {
-            0
-        } else {
-            let head = buf.get(payload.clone()).unwrap_or_default();
-            KeyPhase::of_payload(head).map_or(0, KeyPhase::index)
-        };
+        let i = self.slot_of(buf.get(payload.clone()).unwrap_or_default());
         let Some(slot) = &mut self.slots[i] else {
             return Err(OpenError::NoKey);
         };
-        let others = !slot.spares.is_empty()
-            || slot
-                .retiring
-                .as_ref()
-                .is_some_and(|(_, until)| now < *until);
-        let saved = if others {
+        let saved = if slot.has_others(now) {
             buf.get(payload.clone()).map(<[u8]>::to_vec)
         } else {
             None
@@ -268,20 +265,11 @@ impl ReceiveKeys {
         route: &Route,
         payload: &mut [u8],
     ) -> Result<(Opened, bool), OpenError> {
-        let i = if self.single {
-            0
-        } else {
-            KeyPhase::of_payload(payload).map_or(0, KeyPhase::index)
-        };
+        let i = self.slot_of(payload);
         let Some(slot) = &mut self.slots[i] else {
             return Err(OpenError::NoKey);
         };
-        let others = !slot.spares.is_empty()
-            || slot
-                .retiring
-                .as_ref()
-                .is_some_and(|(_, until)| now < *until);
-        let saved = others.then(|| payload.to_vec());
+        let saved = slot.has_others(now).then(|| payload.to_vec());
         let frame = match slot.opener.open_frame(route, payload).map(|f| f.is_some()) {
             Ok(frame) => frame,
             // Another key cannot make a refused frame valid: its tag verified under this one.
@@ -323,6 +311,15 @@ impl ReceiveKeys {
         Ok((self.confirm(i, now, payload.len()), frame))
     }
 
+    /// The slot a payload's key phase names (slot 0 for a static key).
+    fn slot_of(&self, payload: &[u8]) -> usize {
+        if self.single {
+            0
+        } else {
+            KeyPhase::of_payload(payload).map_or(0, KeyPhase::index)
+        }
+    }
+
     /// Erases keys whose grace period is over. Cheap; call it once per receive batch or tick.
     pub fn expire(&mut self, now: UnixTime) {
         for s in self.slots.iter_mut().flatten() {
@@ -351,6 +348,58 @@ mod tests {
     use super::*;
     use crate::testutil::{addr, pair, udp, A, B};
     use crate::{AeadAlg, Epoch, Mode, Sealer};
+
+    /// `open_frame` (a relay link's payloads, docs/PROTOCOL.md §10.2) in the same rekey race:
+    /// the retiring key opens without confirming, an earlier answer's spare opens and confirms,
+    /// and after that neither the replaced newest key nor the old one opens; a keepalive is not
+    /// a frame.
+    #[test]
+    fn open_frame_tries_the_keys_open_tries() {
+        use crate::relay::frame::MIN_FRAME_MAX;
+        use crate::relay::{Kind, RelayRepr};
+        use crate::tunnel::frame_payload_len;
+        let (mode, alg) = (Mode::Encrypt, AeadAlg::Aes256Gcm);
+        let (a, b) = pair(mode, alg);
+        let (ra, rb) = (a.route(Epoch(3)), b.route(Epoch(3)));
+        let now = UnixTime::from_secs(1_000);
+        let phase = KeyPhase::Zero;
+        let sealer = |k: u8| Sealer::for_session(mode, alg, &[k; 32], phase, addr(A), addr(B));
+        let opener = |k: u8| Opener::for_session(mode, alg, &[k; 32], phase, addr(B), addr(A));
+        let mut keys = ReceiveKeys::new();
+        keys.install(opener(1), true, now);
+        keys.install(opener(2), false, now);
+        keys.install(opener(3), false, now);
+        let repr = RelayRepr::link_local(Kind::Probe, 20);
+        let sealers = [sealer(1), sealer(2), sealer(3)];
+        let frame = |k: usize| {
+            let mut out = vec![0u8; frame_payload_len(MIN_FRAME_MAX)];
+            let n = sealers[k - 1]
+                .seal_frame(&ra, &repr, &[7; 20], MIN_FRAME_MAX, &mut out)
+                .unwrap();
+            out.truncate(n);
+            out
+        };
+        let got = |keys: &mut ReceiveKeys, mut wire: Vec<u8>| {
+            keys.open_frame(now, &rb, &mut wire)
+                .map(|(o, f)| (o.confirmed.is_some(), f))
+        };
+        assert_eq!(
+            got(&mut keys, frame(1)),
+            Ok((false, true)),
+            "the retiring key"
+        );
+        assert_eq!(
+            got(&mut keys, frame(2)),
+            Ok((true, true)),
+            "a spare confirms"
+        );
+        assert!(got(&mut keys, frame(3)).is_err(), "the replaced newest key");
+        assert!(got(&mut keys, frame(1)).is_err(), "the old key, erased");
+        let mut ka = vec![0u8; 64];
+        let n = sealers[1].seal_keepalive(&ra, &mut ka).unwrap();
+        ka.truncate(n);
+        assert_eq!(got(&mut keys, ka), Ok((false, false)), "a keepalive");
+    }
 
     /// In a rekey race (the newest key unconfirmed, the previous one retiring, an earlier answer
     /// kept as a spare), `open_in_place` tries the keys `open` tries, in the same order, with

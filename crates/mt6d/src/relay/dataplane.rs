@@ -25,7 +25,7 @@ use mt6d_os::{
     Epoll, EpollEvents, GROTable, RecvScratch, TunRecvScratch, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN,
 };
 use mt6d_proto::relay::cost::LinkState;
-use mt6d_proto::relay::node::{E2eId, Event, NodeError, Received, RelayNode};
+use mt6d_proto::relay::node::{E2eId, Event, NodeError, Received, RelayNode, Transmit};
 use mt6d_proto::relay::table::Neighbour;
 use mt6d_proto::tunnel::frame_payload_len;
 use mt6d_proto::UnixTime;
@@ -333,17 +333,7 @@ impl Plane<'_> {
                 .node
                 .send_inner(now, peer, &inner, &mut self.control_buf)
             {
-                Ok(t) => {
-                    let msg = [RawSendMsg {
-                        src: t.route.local,
-                        dst: t.route.remote,
-                        payload: &self.control_buf[..t.len],
-                    }];
-                    match self.io.raw.send_batch(&mut self.send_scratch, &msg) {
-                        Ok(1) => self.counters.tx_datagrams += 1,
-                        _ => self.counters.tx_send_failed += 1,
-                    }
-                }
+                Ok(t) => self.send_control_buf(&t),
                 Err(_) => self.counters.tun_no_key += 1,
             }
         }
@@ -352,15 +342,20 @@ impl Plane<'_> {
     /// Sends every queued probe, reply, routing and handshake message.
     fn send_control(&mut self, now: UnixTime) {
         while let Some(t) = self.node.poll_transmit(now, &mut self.control_buf) {
-            let msg = [RawSendMsg {
-                src: t.route.local,
-                dst: t.route.remote,
-                payload: &self.control_buf[..t.len],
-            }];
-            match self.io.raw.send_batch(&mut self.send_scratch, &msg) {
-                Ok(1) => self.counters.tx_datagrams += 1,
-                _ => self.counters.tx_send_failed += 1,
-            }
+            self.send_control_buf(&t);
+        }
+    }
+
+    /// Sends what `t` says the node wrote into the control buffer, through the raw socket.
+    fn send_control_buf(&mut self, t: &Transmit) {
+        let msg = [RawSendMsg {
+            src: t.route.local,
+            dst: t.route.remote,
+            payload: &self.control_buf[..t.len],
+        }];
+        match self.io.raw.send_batch(&mut self.send_scratch, &msg) {
+            Ok(1) => self.counters.tx_datagrams += 1,
+            _ => self.counters.tx_send_failed += 1,
         }
     }
 
