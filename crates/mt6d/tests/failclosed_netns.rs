@@ -161,7 +161,7 @@ fn settled_snapshot(ns: &Netns) -> Snapshot {
 
 /// Runs `mt6d ARGS` in `ns` to completion (at most 20 s): (success, stdout + stderr).
 fn mt6d_in(ns: &Netns, args: &[&str]) -> (bool, String) {
-    let mut child = ns
+    let child = ns
         .command(MT6D)
         .expect("command")
         .args(args)
@@ -169,25 +169,10 @@ fn mt6d_in(ns: &Netns, args: &[&str]) -> (bool, String) {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn mt6d");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while child.try_wait().expect("wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
-            panic!(
-                "mt6d {args:?} still running after 20 s (it should have refused or finished): {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().expect("output");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    output_within_20s(
+        child,
+        &format!("mt6d {args:?} (it should have refused or finished)"),
+    )
 }
 
 /// A ping train of `count` echoes every 100 ms from Host A to Host B.

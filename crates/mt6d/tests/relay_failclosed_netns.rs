@@ -22,7 +22,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::net::Ipv6Addr;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -42,12 +41,7 @@ const TABLE: &str = "mt6d_relay_mt6dr0";
 const SNAPLEN: u32 = 1 << 16;
 
 fn settings() -> RelaySettings {
-    RelaySettings {
-        rotation_secs: 1.0,
-        jitter: true,
-        mt6d: PathBuf::from(common::MT6D),
-        log_level: "info".into(),
-    }
+    common::relay_settings(1.0)
 }
 
 /// Runs `cmd ARGS` in `ns`: (success, stdout then stderr).
@@ -197,7 +191,7 @@ fn link_local(ns: &Netns, iface: &str) -> Ipv6Addr {
 /// `mt6d down -c FILE` for node `i`, in its namespace, to completion (at most 20 s).
 fn down(lab: &RelayLab, i: usize) -> (bool, String) {
     let node = &lab.nodes[i];
-    let mut child = node
+    let child = node
         .ns
         .command(&lab.settings.mt6d)
         .expect("command")
@@ -209,26 +203,7 @@ fn down(lab: &RelayLab, i: usize) -> (bool, String) {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn mt6d down");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while child.try_wait().expect("wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
-            panic!(
-                "mt6d down -c {} still running after 20 s: {}",
-                node.config.display(),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().expect("output");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    common::output_within_20s(child, &format!("mt6d down -c {}", node.config.display()))
 }
 
 /// What a capture saw.

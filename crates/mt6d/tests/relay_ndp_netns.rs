@@ -18,11 +18,10 @@
 mod common;
 
 use std::net::Ipv6Addr;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use mt6d::lab::ping::Pace;
-use mt6d::lab::relays::{node_prefix, RelayLab, RelaySettings, Shape};
+use mt6d::lab::relays::{node_prefix, RelayLab, Shape};
 
 fn counter(lab: &RelayLab, i: usize, name: &str) -> u64 {
     lab.status(i)
@@ -62,17 +61,8 @@ fn link_mac(lab: &RelayLab, i: usize, interface: &str) -> String {
 fn a_node_answers_solicitations_for_its_current_addresses_only() {
     common::require_root();
     let _turn = common::one_at_a_time();
-    let lab = RelayLab::up(
-        Shape::Chain,
-        "m6rn",
-        RelaySettings {
-            rotation_secs: 1.0,
-            jitter: true,
-            mt6d: PathBuf::from(common::MT6D),
-            log_level: "info".into(),
-        },
-    )
-    .expect("relay lab comes up");
+    let lab = RelayLab::up(Shape::Chain, "m6rn", common::relay_settings(1.0))
+        .expect("relay lab comes up");
     let (h1, h2) = (
         lab.host_index(1).expect("h1"),
         lab.host_index(2).expect("h2"),

@@ -22,19 +22,13 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use mt6d::lab::ping::Pace;
 use mt6d::lab::relays::{self, Flow, RelayLab, RelaySettings, Shape, Size};
 
 fn settings(rotation_secs: f64) -> RelaySettings {
-    RelaySettings {
-        rotation_secs,
-        jitter: true,
-        mt6d: PathBuf::from(common::MT6D),
-        log_level: "info".into(),
-    }
+    common::relay_settings(rotation_secs)
 }
 
 /// Builds `shape`, starts every node and waits for the first path (set-up, not loss).

@@ -15,7 +15,6 @@ mod common;
 
 use std::io::{Read, Seek, SeekFrom};
 use std::net::Ipv6Addr;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use mt6d::lab::relays::{Flow, RelayLab, RelaySettings, Shape, Size};
@@ -23,12 +22,7 @@ use mt6d::lab::transfer;
 use mt6d_os::Netns;
 
 fn settings() -> RelaySettings {
-    RelaySettings {
-        rotation_secs: 1.0,
-        jitter: true,
-        mt6d: PathBuf::from(common::MT6D),
-        log_level: "info".into(),
-    }
+    common::relay_settings(1.0)
 }
 
 fn up(prefix: &str) -> RelayLab {

@@ -247,3 +247,38 @@ pub fn ip_in(ns: &Netns, args: &[&str]) -> String {
         .expect("run ip");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// The relay lab's settings for the namespace tests: this build of `mt6d`, rotations every
+/// `rotation_secs` with jitter, info logs.
+pub fn relay_settings(rotation_secs: f64) -> mt6d::lab::relays::RelaySettings {
+    mt6d::lab::relays::RelaySettings {
+        rotation_secs,
+        jitter: true,
+        mt6d: PathBuf::from(MT6D),
+        log_level: "info".into(),
+    }
+}
+
+/// Waits for `child` (its stdout and stderr piped) at most 20 s: (success, stdout + stderr).
+/// Past the limit it is killed and the test fails, naming `what`.
+pub fn output_within_20s(mut child: std::process::Child, what: &str) -> (bool, String) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "{what} still running after 20 s: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("output");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
