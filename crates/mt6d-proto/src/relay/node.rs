@@ -1,10 +1,11 @@
 //! One relay network node, sans-IO (docs/PROTOCOL.md §10): the parts of this module put together
 //! behind one input/output contract, for a relay, an edge gateway, or both.
 //!
-//! What it owns, per node: one [`RoutingTable`]; per neighbour a relay link (its encrypt-mode
-//! MT6D [`Stream`], the [`Sealer`] and [`Opener`] of its data keys, its [`LinkMonitor`] and the
-//! link's schedule of routes); for an edge gateway, per end-to-end peer its end-to-end stream
-//! (sealer, opener, the virtual route of the epoch) and one [`TagIndex`] over all of them.
+//! What it owns, per node: one [`RoutingTable`]; per neighbour a relay link (a [`Link`] over its
+//! encrypt-mode MT6D [`Stream`]: handshake or pre-shared key, route sets; its [`ReceiveKeys`],
+//! the [`Sealer`] it sends with, its [`LinkMonitor`] and the routes of its bound sets); for an
+//! edge gateway, per end-to-end peer its end-to-end stream (a [`Link`] too, its receive keys,
+//! sealer and the virtual route of the epoch) and one [`TagIndex`] over all of their sets.
 //!
 //! What it must not do: touch a socket or a clock, allocate per forwarded packet, or panic on
 //! anything a peer sent. Every refusal is counted under its spec label ([`NodeCounters`]).
