@@ -43,8 +43,10 @@ pub fn run(args: &DemoArgs) -> DemoResult<()> {
     say.line(format!(
         "mt6d demo: a relay network in network namespaces: relays r1, r2, r3 fully meshed, \
 edge gateways e1-e6 (two behind each relay), hosts h1-h6 (one behind each edge); \
-links rotate every {} s with jitter",
-        args.rotation
+links rotate every {} s with jitter; every link and end-to-end pair is keyed by Noise IK \
+handshakes and rekeyed every {} s",
+        args.rotation,
+        super::lab_rekey_secs(args.rotation)
     ));
     let lab = RelayLab::up(
         Shape::Mesh,
@@ -267,7 +269,7 @@ fn refuse_gateway_options(args: &DemoArgs) -> DemoResult<()> {
         Ok(())
     } else {
         Err(format!(
-            "--topology relays runs its own experiments (encrypt-mode links, pre-shared keys): drop {}",
+            "--topology relays runs its own experiments (encrypt-mode links and pairs keyed by handshakes): drop {}",
             given.join(", ")
         )
         .into())
