@@ -40,15 +40,7 @@ fn snapshot(ns: &Netns) -> Snapshot {
             .args(args)
             .output()
             .expect("run ip");
-        let mut v: Vec<String> = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
-            // Lifetimes count down; addresses are compared by interface and value.
-            .map(|l| l.split(" valid_lft").next().unwrap_or("").to_string())
-            .filter(|l| !l.is_empty())
-            .collect();
-        v.sort();
-        v
+        sorted_lines(&String::from_utf8_lossy(&out.stdout))
     };
     let sysctls = ns
         .run(|| {

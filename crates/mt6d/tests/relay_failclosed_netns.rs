@@ -70,33 +70,21 @@ struct Snapshot {
     tables: Vec<String>,
 }
 
-fn sorted_lines(text: &str) -> Vec<String> {
-    let mut v: Vec<String> = text
-        .lines()
-        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
-        // Lifetimes count down; addresses are compared by interface and value.
-        .map(|l| l.split(" valid_lft").next().unwrap_or("").to_string())
-        .filter(|l| !l.is_empty())
-        .collect();
-    v.sort();
-    v
-}
-
 fn snapshot(ns: &Netns) -> Snapshot {
     let (_, routes) = run_in(ns, "ip", &["-6", "route", "show", "table", "all"]);
     let (_, links) = run_in(ns, "ip", &["-o", "link", "show"]);
     let (_, addresses) = run_in(ns, "ip", &["-6", "-o", "addr", "show"]);
     let (_, tables) = run_in(ns, "nft", &["list", "tables"]);
     Snapshot {
-        routes: sorted_lines(&routes),
+        routes: common::sorted_lines(&routes),
         // "3: l-r1@if2: <...> ...": the name, without the peer's index.
-        links: sorted_lines(&links)
+        links: common::sorted_lines(&links)
             .iter()
             .filter_map(|l| l.split(": ").nth(1))
             .map(|n| n.split('@').next().unwrap_or(n).to_string())
             .collect(),
-        addresses: sorted_lines(&addresses),
-        tables: sorted_lines(&tables),
+        addresses: common::sorted_lines(&addresses),
+        tables: common::sorted_lines(&tables),
     }
 }
 

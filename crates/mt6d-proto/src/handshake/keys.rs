@@ -3,7 +3,7 @@
 //! (docs/PROTOCOL.md §9.5).
 
 use super::OLD_KEY_GRACE;
-use crate::tunnel::{KeyPhase, OPEN_HEADROOM};
+use crate::tunnel::{KeyPhase, COUNTER_LEN, OPEN_HEADROOM, TAG_LEN};
 use crate::{OpenError, Opener, Route, UnixTime};
 
 impl Slot {
@@ -48,6 +48,15 @@ pub struct Opened {
     /// With `confirmed`: the [`Opener::key_id`] of the key that opened it, naming which of the
     /// answered initiations the peer completed (pick the send key of that response).
     pub confirmed_key: Option<u64>,
+}
+
+/// The relay frame's length in a link payload of `payload_len` bytes (0: a keepalive).
+fn frame_len(frame: bool, payload_len: usize) -> usize {
+    if frame {
+        payload_len.saturating_sub(COUNTER_LEN + TAG_LEN)
+    } else {
+        0
+    }
 }
 
 fn grace_end(now: UnixTime) -> UnixTime {
@@ -257,8 +266,9 @@ impl ReceiveKeys {
     /// [`Opener::open_frame`] with the key of the payload's phase (a relay link keyed by
     /// handshakes, docs/PROTOCOL.md §10.1): the same keys in the same order as
     /// [`ReceiveKeys::open`], the payload copied first while a slot has other keys to try (a
-    /// failed try decrypts in place). Returns what was opened and whether it is a frame (false:
-    /// a keepalive); the caller reads the frame, checked, at `payload[8..len - 16]`.
+    /// failed try decrypts in place). Returns what was opened (its `len`: the frame's, 0 for a
+    /// keepalive) and whether it is a frame; the caller reads the frame, checked, at
+    /// `payload[8..len - 16]`.
     pub fn open_frame(
         &mut self,
         now: UnixTime,
@@ -286,7 +296,7 @@ impl ReceiveKeys {
                     if now < *until {
                         if let Ok(frame) = retry(old) {
                             let opened = Opened {
-                                len: payload.len(),
+                                len: frame_len(frame, payload.len()),
                                 confirmed: None,
                                 confirmed_key: None,
                             };
@@ -308,7 +318,7 @@ impl ReceiveKeys {
                 frame
             }
         };
-        Ok((self.confirm(i, now, payload.len()), frame))
+        Ok((self.confirm(i, now, frame_len(frame, payload.len())), frame))
     }
 
     /// The slot a payload's key phase names (slot 0 for a static key).
@@ -381,16 +391,16 @@ mod tests {
         };
         let got = |keys: &mut ReceiveKeys, mut wire: Vec<u8>| {
             keys.open_frame(now, &rb, &mut wire)
-                .map(|(o, f)| (o.confirmed.is_some(), f))
+                .map(|(o, f)| (o.confirmed.is_some(), f, o.len))
         };
         assert_eq!(
             got(&mut keys, frame(1)),
-            Ok((false, true)),
+            Ok((false, true, 128)),
             "the retiring key"
         );
         assert_eq!(
             got(&mut keys, frame(2)),
-            Ok((true, true)),
+            Ok((true, true, 128)),
             "a spare confirms"
         );
         assert!(got(&mut keys, frame(3)).is_err(), "the replaced newest key");
@@ -398,7 +408,7 @@ mod tests {
         let mut ka = vec![0u8; 64];
         let n = sealers[1].seal_keepalive(&ra, &mut ka).unwrap();
         ka.truncate(n);
-        assert_eq!(got(&mut keys, ka), Ok((false, false)), "a keepalive");
+        assert_eq!(got(&mut keys, ka), Ok((false, false, 0)), "a keepalive");
     }
 
     /// In a rekey race (the newest key unconfirmed, the previous one retiring, an earlier answer

@@ -1522,25 +1522,17 @@ impl RelayNode {
         let Some(e) = self.e2e.get_mut(&id) else {
             return;
         };
-        let mut sets = false;
-        while let Some(ev) = e.link.poll_event() {
-            match ev {
-                LinkEvent::SendKey(key) => e.send = key,
-                LinkEvent::KeysExpired => {
-                    e.recv.clear();
-                    self.events.push_back(Event::E2eKeysExpired { peer: id });
-                }
-                LinkEvent::Established {
-                    initiator, rekey, ..
-                } => self.events.push_back(Event::E2eKeyed {
+        let events = &mut self.events;
+        let sets = apply_link_events(&mut e.link, &mut e.send, &mut e.recv, |keys| {
+            events.push_back(match keys {
+                Some((initiator, rekey)) => Event::E2eKeyed {
                     peer: id,
                     initiator,
                     rekey,
-                }),
-                LinkEvent::RoutesChanged => sets = true,
-                LinkEvent::SessionSet { .. } | LinkEvent::SetReleased { .. } => {}
-            }
-        }
+                },
+                None => Event::E2eKeysExpired { peer: id },
+            });
+        });
         if sets {
             if e.sync(id, &mut self.tags, now).is_err() {
                 self.counters.drop("node_tag_index");
@@ -1572,25 +1564,17 @@ impl RelayNode {
         let Some(l) = self.links.get_mut(&link) else {
             return;
         };
-        let mut routes = false;
-        while let Some(e) = l.link.poll_event() {
-            match e {
-                LinkEvent::SendKey(key) => l.send = key,
-                LinkEvent::KeysExpired => {
-                    l.recv.clear();
-                    self.events.push_back(Event::LinkKeysExpired { link });
-                }
-                LinkEvent::Established {
-                    initiator, rekey, ..
-                } => self.events.push_back(Event::LinkKeyed {
+        let events = &mut self.events;
+        let routes = apply_link_events(&mut l.link, &mut l.send, &mut l.recv, |keys| {
+            events.push_back(match keys {
+                Some((initiator, rekey)) => Event::LinkKeyed {
                     link,
                     initiator,
                     rekey,
-                }),
-                LinkEvent::RoutesChanged => routes = true,
-                LinkEvent::SessionSet { .. } | LinkEvent::SetReleased { .. } => {}
-            }
-        }
+                },
+                None => Event::LinkKeysExpired { link },
+            });
+        });
         if routes {
             l.recompute(now);
             self.next_change = self.next_change.min(l.next_change);
@@ -1610,6 +1594,34 @@ impl RelayNode {
                 .push_back(Pending::Datagram(link, route, t.bytes));
         }
     }
+}
+
+/// Applies a [`Link`]'s events to the keys its owner holds (a relay link's or an end-to-end
+/// stream's sending key and receive keys) and reports the rest: `on_keys(Some((initiator,
+/// rekey)))` when new keys are in use, `on_keys(None)` when they expired. Returns whether the
+/// link's route sets changed.
+fn apply_link_events(
+    link: &mut Link,
+    send: &mut Option<Arc<Sealer>>,
+    recv: &mut ReceiveKeys,
+    mut on_keys: impl FnMut(Option<(bool, bool)>),
+) -> bool {
+    let mut routes = false;
+    while let Some(e) = link.poll_event() {
+        match e {
+            LinkEvent::SendKey(key) => *send = key,
+            LinkEvent::KeysExpired => {
+                recv.clear();
+                on_keys(None);
+            }
+            LinkEvent::Established {
+                initiator, rekey, ..
+            } => on_keys(Some((initiator, rekey))),
+            LinkEvent::RoutesChanged => routes = true,
+            LinkEvent::SessionSet { .. } | LinkEvent::SetReleased { .. } => {}
+        }
+    }
+    routes
 }
 
 /// Whether an end-to-end stream's timers run: it holds keys (they expire, rekey), or a route to

@@ -279,25 +279,12 @@ impl RelayConfig {
                         return Err(src.err(public, format!("link {name:?} has the same public key as link {:?}: one link per neighbour", other.name)));
                     }
                     let psk = match secret {
-                        Some((k, f)) => Psk::from_bytes(
-                            <[u8; 32]>::try_from(k.as_bytes())
-                                .map_err(|_| src.err(f, "key_file must hold a 32-byte key"))?,
-                        ),
+                        Some((k, f)) => psk_of(&src, f, &k)?,
                         None => Psk::none(),
                     };
-                    let key = link_key(private, &remote_public, &psk)
-                        .map_err(|e| src.err(public, format!("link {name:?}: {e}")))?;
-                    let hs = HandshakeConfig {
-                        local_private: private.clone(),
-                        remote_public,
-                        psk,
-                        mode: Mode::Encrypt,
-                        aead: AeadAlg::default(),
-                        local_true: own,
-                        remote_true: addr,
-                        rekey_after,
-                        rekey_after_packets: rekey_packets_limit(AeadAlg::default()),
-                    };
+                    let (key, hs) =
+                        handshake(private, remote_public, psk, (own, addr), rekey_after)
+                            .map_err(|e| src.err(public, format!("link {name:?}: {e}")))?;
                     (key, Some(hs))
                 }
             };
@@ -370,33 +357,20 @@ impl RelayConfig {
                         zeroize::Zeroizing::new(key.as_bytes().to_vec()),
                         name.clone(),
                     ));
-                    Psk::from_bytes(
-                        <[u8; 32]>::try_from(key.as_bytes())
-                            .map_err(|_| src.err(f, "key_file must hold a 32-byte key"))?,
-                    )
+                    psk_of(&src, f, &key)?
                 }
             };
             // node_id is set (checked above), so the identity is there.
             let Some(private) = &private_key else {
                 return Err(src.err(e, "an end-to-end peer needs this node's identity: set private_key_file (`mt6d keygen FILE`)"));
             };
-            let key = link_key(private, &public, &psk).map_err(|err| {
-                src.err(
-                    &raw_e.public_key,
-                    format!("end-to-end peer {name:?}: {err}"),
-                )
-            })?;
-            let handshake = HandshakeConfig {
-                local_private: private.clone(),
-                remote_public: public,
-                psk,
-                mode: Mode::Encrypt,
-                aead: AeadAlg::default(),
-                local_true: local,
-                remote_true: remote,
-                rekey_after,
-                rekey_after_packets: rekey_packets_limit(AeadAlg::default()),
-            };
+            let (key, handshake) = handshake(private, public, psk, (local, remote), rekey_after)
+                .map_err(|err| {
+                    src.err(
+                        &raw_e.public_key,
+                        format!("end-to-end peer {name:?}: {err}"),
+                    )
+                })?;
             let mut stream = StreamConfig::new(Endpoint::new(local), Endpoint::new(remote), key);
             stream.mode = Mode::Encrypt;
             stream.rotation = match &raw_e.rotation_secs {
@@ -490,6 +464,41 @@ pub fn prefix_of(a: Ipv6Addr) -> Ipv6Addr {
 }
 
 /// A pre-shared key from a file (mode 0600, base64).
+/// A key file's key as a handshake's extra pre-shared key (32 bytes).
+fn psk_of(src: &Source, f: &Spanned<String>, key: &SessionKey) -> Result<Psk, ConfigError> {
+    <[u8; 32]>::try_from(key.as_bytes())
+        .map(Psk::from_bytes)
+        .map_err(|_| src.err(f, "key_file must hold a 32-byte key"))
+}
+
+/// A stream keyed by Noise IK between this node's identity and `remote_public`, with the true
+/// addresses `(local, remote)` (a link: the two nodes'; end to end: the two hosts'): the
+/// handshake's link key (the stream's key, §9.1) and its settings, encrypt mode.
+fn handshake(
+    private: &PrivateKey,
+    remote_public: mt6d_proto::handshake::PublicKey,
+    psk: Psk,
+    (local, remote): (Ipv6Addr, Ipv6Addr),
+    rekey_after: Duration,
+) -> Result<(SessionKey, HandshakeConfig), mt6d_proto::ProtoError> {
+    let key = link_key(private, &remote_public, &psk)?;
+    let aead = AeadAlg::default();
+    Ok((
+        key,
+        HandshakeConfig {
+            local_private: private.clone(),
+            remote_public,
+            psk,
+            mode: Mode::Encrypt,
+            aead,
+            local_true: local,
+            remote_true: remote,
+            rekey_after,
+            rekey_after_packets: rekey_packets_limit(aead),
+        },
+    ))
+}
+
 fn key_file(src: &Source, f: &Spanned<String>) -> Result<SessionKey, ConfigError> {
     let file = relative_to(src.path, f.get_ref());
     let text = keys::read_secret_file(&file).map_err(|e| src.err(f, e))?;

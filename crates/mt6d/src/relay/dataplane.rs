@@ -809,12 +809,7 @@ impl Plane<'_> {
                 let hs = self.node.link_handshake(n).map(|h| h.stats());
                 let now = clock::now();
                 LinkStatus {
-                    keys: match (&l.handshake, self.node.link_keyed(n)) {
-                        (None, _) => "pre-shared",
-                        (Some(_), true) => "handshake",
-                        (Some(_), false) => "none (handshake under way)",
-                    }
-                    .to_string(),
+                    keys: keys_label(l.handshake.is_some(), self.node.link_keyed(n)),
                     handshakes: hs.map_or(0, |h| h.completed),
                     last_handshake_secs: hs
                         .and_then(|h| h.last_completed)
@@ -854,12 +849,7 @@ impl Plane<'_> {
             .iter()
             .enumerate()
             .map(|(j, e)| E2eStatus {
-                keys: match (&e.handshake, self.node.e2e_keyed(e2e_id(j))) {
-                    (None, _) => "pre-shared",
-                    (Some(_), true) => "handshake",
-                    (Some(_), false) => "none (handshake under way)",
-                }
-                .to_string(),
+                keys: keys_label(e.handshake.is_some(), self.node.e2e_keyed(e2e_id(j))),
                 handshakes: self
                     .node
                     .e2e_handshake(e2e_id(j))
@@ -894,6 +884,16 @@ impl Plane<'_> {
             counters: self.counter_map(),
         }
     }
+}
+
+/// What `mt6d status` says of a link's or end-to-end peer's keys.
+fn keys_label(handshake: bool, keyed: bool) -> String {
+    match (handshake, keyed) {
+        (false, _) => "pre-shared",
+        (true, true) => "handshake",
+        (true, false) => "none (handshake under way)",
+    }
+    .to_string()
 }
 
 fn nanos(d: Duration) -> u64 {

@@ -282,3 +282,16 @@ pub fn output_within_20s(mut child: std::process::Child, what: &str) -> (bool, S
     );
     (out.status.success(), text)
 }
+
+/// Command output as comparable lines: whitespace collapsed, address lifetimes (which count
+/// down) cut off, empty lines dropped, sorted. For before-and-after pictures of a namespace.
+pub fn sorted_lines(text: &str) -> Vec<String> {
+    let mut v: Vec<String> = text
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .map(|l| l.split(" valid_lft").next().unwrap_or("").to_string())
+        .filter(|l| !l.is_empty())
+        .collect();
+    v.sort();
+    v
+}
