@@ -90,39 +90,38 @@ pub fn run(out: Option<PathBuf>, mt6d: &Path, args: &RelaysArgs) -> Result<PathB
         jitter: true,
         mt6d: mt6d.to_path_buf(),
         log_level: "info".into(),
+        workers: None,
     };
     let mut lab = RelayLab::up(Shape::Mesh, "mbr", settings).map_err(|e| e.to_string())?;
+    let workers = lab
+        .status(0)
+        .map(|st| st.workers)
+        .map_err(|e| format!("status of {}: {e}", lab.nodes[0].name))?;
+    doc.set("workers", workers as u64);
     let mut paths = Vec::new();
-    for (p, &(label, from, to, relays)) in PATHS.iter().enumerate() {
-        let (f, t) = (host(&lab, from)?, host(&lab, to)?);
-        lab.wait_for_path(f, t, Duration::from_secs(10))?;
-        let mut runs = Vec::new();
-        for r in 0..args.runs {
-            eprintln!("mt6d bench --relays: mt6d, {label}, run {}", r + 1);
-            let before = statuses(&lab, relays)?;
-            let edges_before = statuses(&lab, &[PATH_NODES[p][0], last(PATH_NODES[p])])?;
-            let report = transfer(&lab, f, t, args.secs, 6000 + (p * 10 + r) as u16)?;
-            let after = statuses(&lab, relays)?;
-            let edges_after = statuses(&lab, &[PATH_NODES[p][0], last(PATH_NODES[p])])?;
-            let mut stages = Value::obj();
-            for ((name, b), (_, a)) in before.iter().zip(&after) {
-                stages.set(name, stage_ns(b, a));
-            }
-            let mut run = Value::obj();
-            run.set("mbit_s", report.0)
-                .set("sha256_match", report.1)
-                .set("relay_stages_ns_per_datagram", stages)
-                .set("relay_drops", drops(&before, &after))
-                .set("edge_drops", drops(&edges_before, &edges_after));
-            runs.push(run);
-        }
+    for (p, &(label, ..)) in PATHS.iter().enumerate() {
+        let runs = mt6d_runs(&lab, args, p, &format!("{workers} workers"), 6000)?;
         let mut v = Value::obj();
         v.set("path", label)
             .set("nodes", PATH_NODES[p].join(" - "))
-            .set("mt6d", Value::Array(runs));
+            .set("mt6d", runs);
         paths.push(v);
         doc.set("throughput", Value::Array(paths.clone()));
         save(&doc)?;
+    }
+    // The same with one worker per node: what the workers bought, in the same run.
+    if workers > 1 {
+        eprintln!("mt6d bench --relays: restarting every node with workers = 1");
+        lab.restart_with_workers(Some(1))
+            .map_err(|e| e.to_string())?;
+        for (p, _) in PATHS.iter().enumerate() {
+            let runs = mt6d_runs(&lab, args, p, "1 worker", 6500)?;
+            if let Some(v) = paths.get_mut(p) {
+                v.set("mt6d_one_worker", runs);
+            }
+            doc.set("throughput", Value::Array(paths.clone()));
+            save(&doc)?;
+        }
     }
     // The kernel's forwarding over the same namespaces, links and paths: no daemon, no crypto.
     for i in 0..lab.nodes.len() {
@@ -165,6 +164,42 @@ pub fn run(out: Option<PathBuf>, mt6d: &Path, args: &RelaysArgs) -> Result<PathB
     figures(&doc, &out)?;
     eprintln!("mt6d bench --relays: {}", out.join("report.md").display());
     Ok(out)
+}
+
+/// `args.runs` transfers on path `p` through the running daemons, each with the relays'
+/// per-stage nanoseconds per datagram and the drops the relays and edges counted.
+fn mt6d_runs(
+    lab: &RelayLab,
+    args: &RelaysArgs,
+    p: usize,
+    what: &str,
+    port_base: u16,
+) -> Result<Value, String> {
+    let (label, from, to, relays) = PATHS[p];
+    let (f, t) = (host(lab, from)?, host(lab, to)?);
+    lab.wait_for_path(f, t, Duration::from_secs(10))?;
+    let edges = [PATH_NODES[p][0], last(PATH_NODES[p])];
+    let mut runs = Vec::new();
+    for r in 0..args.runs {
+        eprintln!("mt6d bench --relays: mt6d ({what}), {label}, run {}", r + 1);
+        let before = statuses(lab, relays)?;
+        let edges_before = statuses(lab, &edges)?;
+        let report = transfer(lab, f, t, args.secs, port_base + (p * 10 + r) as u16)?;
+        let after = statuses(lab, relays)?;
+        let edges_after = statuses(lab, &edges)?;
+        let mut stages = Value::obj();
+        for ((name, b), (_, a)) in before.iter().zip(&after) {
+            stages.set(name, stage_ns(b, a));
+        }
+        let mut run = Value::obj();
+        run.set("mbit_s", report.0)
+            .set("sha256_match", report.1)
+            .set("relay_stages_ns_per_datagram", stages)
+            .set("relay_drops", drops(&before, &after))
+            .set("edge_drops", drops(&edges_before, &edges_after));
+        runs.push(run);
+    }
+    Ok(Value::Array(runs))
 }
 
 fn last<'a>(v: &[&'a str]) -> &'a str {
@@ -214,7 +249,7 @@ fn stage_ns(before: &RelayStatus, after: &RelayStatus) -> Value {
     let mut v = Value::obj();
     v.set("datagrams", n);
     let mut total = 0.0;
-    for stage in ["recv", "node", "send", "tun_write"] {
+    for stage in ["recv", "lock", "node", "send", "tun_write"] {
         let k = format!("stage_{stage}_ns");
         let ns = counter(after, &k).saturating_sub(counter(before, &k)) as f64 / n.max(1) as f64;
         total += ns;
@@ -373,12 +408,14 @@ pub fn markdown(doc: &Value) -> String {
         doc.get("transfer_secs").and_then(Value::as_u64).unwrap_or(0),
         doc.get("runs").and_then(Value::as_u64).unwrap_or(0)
     ));
-    m.push_str("## Throughput, encrypt mode, no loss (fig1)\n\n| path | mt6d Mbit/s | kernel forwarding, no crypto | mt6d / kernel | mt6d / 003's 320 |\n|---|---|---|---|---|\n");
+    let workers = doc.get("workers").and_then(Value::as_u64).unwrap_or(1);
+    m.push_str(&format!("## Throughput, encrypt mode, no loss (fig1)\n\n| path | mt6d Mbit/s, {workers} workers per node | mt6d, 1 worker per node | kernel forwarding, no crypto | mt6d / kernel | mt6d / 003's 320 |\n|---|---|---|---|---|---|\n"));
     for (p, (label, ..)) in PATHS.iter().enumerate() {
         let (a, k) = (mbit(doc, p, "mt6d"), mbit(doc, p, "kernel_forwarding"));
         m.push_str(&format!(
-            "| {label} | {} | {} | {} | {} |\n",
+            "| {label} | {} | {} | {} | {} | {} |\n",
             opt(a, 0),
+            opt(mbit(doc, p, "mt6d_one_worker"), 0),
             opt(k, 0),
             a.zip(k)
                 .map_or_else(|| "-".into(), |(a, k)| format!("{:.0} %", a / k * 100.0)),
@@ -386,13 +423,14 @@ pub fn markdown(doc: &Value) -> String {
         ));
     }
     m.push_str(&format!(
-        "\n003: {PAPER_MBIT} Mbit/s through its router with DES (about 5 % loss there), {PAPER_NOCRYPTO_MBIT} Mbit/s without crypto.\n\n## Per datagram at the relay (fig2), ns\n\n| path, relay | receive (recvmmsg) | open + route + seal | send (sendmmsg, GSO) | total |\n|---|---|---|---|---|\n"
+        "\n003: {PAPER_MBIT} Mbit/s through its router with DES (about 5 % loss there), {PAPER_NOCRYPTO_MBIT} Mbit/s without crypto.\n\n## Per datagram at the relay (fig2), ns\n\n| path, relay | receive (recvmmsg) | wait for the node lock | open + route + seal | send (sendmmsg, GSO) | total |\n|---|---|---|---|---|---|\n"
     ));
     for (p, (label, _, _, relays)) in PATHS.iter().enumerate() {
         for r in *relays {
             m.push_str(&format!(
-                "| {label}, {r} | {} | {} | {} | {} |\n",
+                "| {label}, {r} | {} | {} | {} | {} | {} |\n",
                 opt(stage(doc, p, r, "recv"), 0),
+                opt(stage(doc, p, r, "lock"), 0),
                 opt(stage(doc, p, r, "node"), 0),
                 opt(stage(doc, p, r, "send"), 0),
                 opt(stage(doc, p, r, "total"), 0)
@@ -494,6 +532,12 @@ pub fn figures(doc: &Value, out: &Path) -> Result<Vec<PathBuf>, String> {
                 (0..PATHS.len()).map(|p| mbit(doc, p, "mt6d")).collect(),
             ),
             (
+                "mt6d, 1 worker per node".into(),
+                (0..PATHS.len())
+                    .map(|p| mbit(doc, p, "mt6d_one_worker"))
+                    .collect(),
+            ),
+            (
                 "kernel forwarding (no crypto)".into(),
                 (0..PATHS.len())
                     .map(|p| mbit(doc, p, "kernel_forwarding"))
@@ -503,7 +547,7 @@ pub fn figures(doc: &Value, out: &Path) -> Result<Vec<PathBuf>, String> {
         ],
         false,
     )?;
-    let stages = ["recv", "node", "send", "total"];
+    let stages = ["recv", "lock", "node", "send", "total"];
     let mut series = Vec::new();
     for (p, (label, _, _, relays)) in PATHS.iter().enumerate() {
         for r in *relays {
@@ -515,7 +559,7 @@ pub fn figures(doc: &Value, out: &Path) -> Result<Vec<PathBuf>, String> {
     }
     series.push((
         "003 (DES, 4 threads)".into(),
-        vec![None, None, None, Some(PAPER_NS)],
+        vec![None, None, None, None, Some(PAPER_NS)],
     ));
     written.extend(crate::plot::write_bars(
         out,
@@ -525,6 +569,7 @@ pub fn figures(doc: &Value, out: &Path) -> Result<Vec<PathBuf>, String> {
         "ns per datagram (log)",
         vec![
             "receive".into(),
+            "node lock".into(),
             "open + route + seal".into(),
             "send".into(),
             "total".into(),
@@ -574,8 +619,8 @@ mod tests {
             Value::parse(&format!(
                 r#"{{"mbit_s": {mbit}, "sha256_match": true,
                     "relay_stages_ns_per_datagram": {{
-                        "r1": {{"recv": 200, "node": {node}, "send": 400, "tun_write": 0, "total": 1300}},
-                        "r2": {{"recv": 210, "node": {node}, "send": 410, "tun_write": 0, "total": 1310}}}},
+                        "r1": {{"recv": 200, "lock": 20, "node": {node}, "send": 400, "tun_write": 0, "total": 1300}},
+                        "r2": {{"recv": 210, "lock": 30, "node": {node}, "send": 410, "tun_write": 0, "total": 1310}}}},
                     "relay_drops": {{}}, "edge_drops": {{}}}}"#
             ))
             .unwrap()
@@ -584,7 +629,9 @@ mod tests {
             Value::parse(&format!(r#"{{"mbit_s": {mbit}, "sha256_match": true}}"#)).unwrap()
         };
         let mut d = Value::obj();
-        d.set("date", "2026-11-26").set("time_utc", "00:00:00");
+        d.set("date", "2026-11-26")
+            .set("time_utc", "00:00:00")
+            .set("workers", 2u64);
         let mut one = Value::obj();
         one.set(
             "mt6d",
@@ -594,7 +641,11 @@ mod tests {
                 run(3000.0, 690.0),
             ]),
         )
-        .set("kernel_forwarding", Value::Array(vec![k(4000.0)]));
+        .set("kernel_forwarding", Value::Array(vec![k(4000.0)]))
+        .set(
+            "mt6d_one_worker",
+            Value::Array(vec![run(700.0, 600.0), run(750.0, 600.0)]),
+        );
         let mut two = Value::obj();
         two.set("mt6d", Value::Array(vec![run(800.0, 700.0)]));
         d.set("throughput", Value::Array(vec![one, two]));
@@ -609,12 +660,13 @@ mod tests {
         assert_eq!(mbit(&d, 1, "kernel_forwarding"), None);
         let m = markdown(&d);
         assert!(
-            m.contains("| one relay | 1000 | 4000 | 25 % | 3.1x |"),
+            m.contains("| one relay | 1000 | 750 | 4000 | 25 % | 3.1x |"),
             "{m}"
         );
-        assert!(m.contains("| two relays | 800 | - | - | 2.5x |"), "{m}");
+        assert!(m.contains("| two relays | 800 | - | - | - | 2.5x |"), "{m}");
+        assert!(m.contains("2 workers per node"), "{m}");
         assert!(
-            m.contains("| two relays, r2 | 210 | 700 | 410 | 1310 |"),
+            m.contains("| two relays, r2 | 210 | 30 | 700 | 410 | 1310 |"),
             "{m}"
         );
         assert!(

@@ -10,7 +10,7 @@ use toml::Spanned;
 use super::raw::{interface_name, relative_to, seconds, RawGateway, Source};
 use super::{
     default_control_socket, parse_log_level, ConfigError, GatewayConfig, Role,
-    CHACHA_REKEY_PACKETS, DEFAULT_REKEY_SECS, DEFAULT_STATE_DIR, MAX_WORKERS,
+    CHACHA_REKEY_PACKETS, DEFAULT_REKEY_SECS, DEFAULT_STATE_DIR,
 };
 use crate::keys;
 
@@ -94,7 +94,7 @@ impl GatewaySection {
                 )
             })?),
         };
-        let workers = workers(src, gw)?;
+        let workers = super::raw::workers(src, gw.workers.as_ref())?;
         Ok(GatewaySection {
             host_role,
             internal_interface,
@@ -255,23 +255,6 @@ fn interface_down_exit(src: &Source, gw: &RawGateway) -> Result<Duration, Config
             Ok(Duration::from_secs_f64(secs))
         }
         None => Ok(Duration::from_secs(30)),
-    }
-}
-
-/// `workers`: data-plane workers, 1 to [`MAX_WORKERS`]; unset, one per online CPU.
-fn workers(src: &Source, gw: &RawGateway) -> Result<Option<usize>, ConfigError> {
-    match &gw.workers {
-        None => Ok(None),
-        Some(v) => usize::try_from(*v.get_ref())
-            .ok()
-            .filter(|n| (1..=MAX_WORKERS).contains(n))
-            .map(Some)
-            .ok_or_else(|| {
-                src.err(
-                    v,
-                    format!("workers: the number of data-plane threads, 1 to {MAX_WORKERS} (unset: one per online CPU)"),
-                )
-            }),
     }
 }
 

@@ -108,12 +108,18 @@ pub const MAX_WORKERS: usize = 64;
 impl GatewayConfig {
     /// The number of data-plane workers to start: `workers`, or one per online CPU.
     pub fn worker_count(&self) -> usize {
-        self.workers.unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map_or(1, std::num::NonZeroUsize::get)
-                .min(MAX_WORKERS)
-        })
+        worker_count(self.workers)
     }
+}
+
+/// The data-plane threads a role starts: `workers` if set, else one per online CPU (at most
+/// [`MAX_WORKERS`]).
+pub fn worker_count(workers: Option<usize>) -> usize {
+    workers.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map_or(1, std::num::NonZeroUsize::get)
+            .min(MAX_WORKERS)
+    })
 }
 
 /// Default `state_dir`.

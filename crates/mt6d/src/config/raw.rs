@@ -264,6 +264,27 @@ pub(super) fn rotation(src: &Source, v: &Option<Spanned<f64>>) -> Result<Duratio
     seconds(src, v, "rotation_secs", 10)
 }
 
+/// `workers`: data-plane threads, 1 to [`super::MAX_WORKERS`]; None when unset (one per online
+/// CPU, [`super::worker_count`]). A bad count's error names its place.
+pub(super) fn workers(
+    src: &Source,
+    v: Option<&Spanned<i64>>,
+) -> Result<Option<usize>, ConfigError> {
+    let max = super::MAX_WORKERS;
+    v.map(|w| {
+        usize::try_from(*w.get_ref())
+            .ok()
+            .filter(|n| (1..=max).contains(n))
+            .ok_or_else(|| {
+                src.err(
+                    w,
+                    format!("workers: the number of data-plane threads, 1 to {max} (unset: one per online CPU)"),
+                )
+            })
+    })
+    .transpose()
+}
+
 /// A duration setting in seconds (1 to 86400, millisecond resolution).
 pub(super) fn seconds(
     src: &Source,

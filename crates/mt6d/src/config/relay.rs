@@ -49,6 +49,7 @@ struct RawRelay {
     jitter: Option<Spanned<bool>>,
     listen_port: Option<Spanned<i64>>,
     neighbor_discovery: Option<Spanned<bool>>,
+    workers: Option<Spanned<i64>>,
     tun_name: Option<Spanned<String>>,
     mtu: Option<Spanned<i64>>,
     state_dir: Option<Spanned<String>>,
@@ -101,6 +102,10 @@ pub struct RelayConfig {
     /// interface and every link's own (a neighbour on a shared segment resolves them); false
     /// where each node's /64 is routed to it.
     pub neighbor_discovery: bool,
+    /// `workers`: data-plane threads, each with its own transparent socket (SO_REUSEPORT: the
+    /// kernel keeps one link's datagrams of an epoch on one of them) and, at an edge, its own
+    /// TUN queue. None: one per online CPU.
+    pub workers: Option<usize>,
     pub tun_name: String,
     pub mtu: u16,
     pub state_dir: PathBuf,
@@ -434,6 +439,7 @@ impl RelayConfig {
             jitter,
             listen_port,
             neighbor_discovery: r.neighbor_discovery.as_ref().is_none_or(|n| *n.get_ref()),
+            workers: super::raw::workers(&src, r.workers.as_ref())?,
             tun_name,
             mtu,
             state_dir: r.state_dir.as_ref().map_or_else(
@@ -455,6 +461,11 @@ impl RelayConfig {
     /// Whether this node is an edge gateway (it has end-to-end peers and a TUN device).
     pub fn is_edge(&self) -> bool {
         !self.e2e.is_empty()
+    }
+
+    /// The number of data-plane workers to start: `workers`, or one per online CPU.
+    pub fn worker_count(&self) -> usize {
+        super::worker_count(self.workers)
     }
 }
 
@@ -585,6 +596,29 @@ key_file = "l2.key"
                 .unwrap()
                 .neighbor_discovery
         );
+    }
+
+    #[test]
+    fn workers_default_to_the_cpus_and_a_bad_count_names_its_line() {
+        let d = dir("relay-workers");
+        let path = d.0.join("r.toml");
+        let c = RelayConfig::parse(&path, RELAY).unwrap();
+        assert_eq!(c.workers, None);
+        assert!((1..=super::super::MAX_WORKERS).contains(&c.worker_count()));
+        let three = RELAY.replace("control_socket", "workers = 3\ncontrol_socket");
+        assert_eq!(RelayConfig::parse(&path, &three).unwrap().worker_count(), 3);
+        for bad in ["0", "65", "-1"] {
+            let text = RELAY.replace(
+                "control_socket",
+                &format!("workers = {bad}\ncontrol_socket"),
+            );
+            let err = RelayConfig::parse(&path, &text).unwrap_err().to_string();
+            assert!(
+                err.contains("workers: the number of data-plane threads, 1 to 64"),
+                "{err}"
+            );
+            assert!(err.contains("r.toml:"), "{err}");
+        }
     }
 
     #[test]

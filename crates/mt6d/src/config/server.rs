@@ -21,7 +21,6 @@ use super::raw::{
 };
 use super::{
     parse_log_level, rekey_packets_limit, ConfigError, DEFAULT_REKEY_SECS, DEFAULT_STATE_DIR,
-    MAX_WORKERS,
 };
 use crate::keys;
 
@@ -201,15 +200,7 @@ impl ServerConfig {
                 ));
             }
         }
-        let workers = match &s.workers {
-            None => None,
-            Some(w) => Some(
-                usize::try_from(*w.get_ref())
-                    .ok()
-                    .filter(|n| (1..=MAX_WORKERS).contains(n))
-                    .ok_or_else(|| src.err(w, format!("workers must be 1-{MAX_WORKERS}")))?,
-            ),
-        };
+        let workers = super::raw::workers(&src, s.workers.as_ref())?;
         let log_level = match &s.log_level {
             None => None,
             Some(l) => Some(parse_log_level(l.get_ref()).ok_or_else(|| {
@@ -312,11 +303,7 @@ impl ServerConfig {
 
     /// The number of data-plane workers: `workers`, or one per online CPU.
     pub fn worker_count(&self) -> usize {
-        self.workers.unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map_or(1, std::num::NonZeroUsize::get)
-                .min(MAX_WORKERS)
-        })
+        super::worker_count(self.workers)
     }
 
     /// Reads and validates the peers file: mode 0600 (it holds keys), every line parsed, every

@@ -155,6 +155,8 @@ pub struct RelaySettings {
     /// The mt6d executable the nodes run (a test's build, or the running one).
     pub mt6d: PathBuf,
     pub log_level: String,
+    /// Every node's `workers` (None: unset, one per online CPU).
+    pub workers: Option<usize>,
 }
 
 /// One node: relay, edge gateway, or both.
@@ -442,10 +444,31 @@ impl RelayLab {
                 .mode(0o700)
                 .create(&state)
                 .map_err(|e| cmd_err(format!("{}: {e}", state.display())))?;
-            let text = self.config_text(i, &state)?;
-            std::fs::write(&self.nodes[i].config, text)
-                .map_err(|e| cmd_err(format!("{}: {e}", self.nodes[i].config.display())))?;
+            self.write_config(i)?;
         }
+        Ok(())
+    }
+
+    /// Writes node `i`'s configuration file from the lab's settings.
+    fn write_config(&self, i: usize) -> Result<(), LabError> {
+        let state = self.dir.join(format!("state-{}", self.nodes[i].name));
+        let text = self.config_text(i, &state)?;
+        std::fs::write(&self.nodes[i].config, text)
+            .map_err(|e| cmd_err(format!("{}: {e}", self.nodes[i].config.display())))
+    }
+
+    /// Stops every node, rewrites every file with `workers` (None: one per online CPU), starts
+    /// them again and waits for their routes: the same lab with another data-plane width.
+    pub fn restart_with_workers(&mut self, workers: Option<usize>) -> Result<(), LabError> {
+        for i in 0..self.nodes.len() {
+            self.stop_node(i)?;
+        }
+        self.settings.workers = workers;
+        for i in 0..self.nodes.len() {
+            self.write_config(i)?;
+        }
+        self.start(Duration::from_secs(10))?;
+        self.wait_routes(Duration::from_secs(20))?;
         Ok(())
     }
 
@@ -501,6 +524,7 @@ impl RelayLab {
                 rotation_secs: self.settings.rotation_secs,
                 rekey_secs: lab_rekey_secs(self.settings.rotation_secs),
                 jitter: self.settings.jitter,
+                workers: self.settings.workers,
                 state_dir: state.display().to_string(),
                 control_socket: node.socket.display().to_string(),
                 log_level: self.settings.log_level.clone(),
@@ -965,6 +989,8 @@ struct RelaySection {
     rotation_secs: f64,
     rekey_secs: f64,
     jitter: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    workers: Option<usize>,
     state_dir: String,
     control_socket: String,
     log_level: String,

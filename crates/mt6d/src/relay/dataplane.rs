@@ -1,28 +1,46 @@
-//! The relay node's one thread: the transparent socket, the sending sockets, the TUN device of
-//! an edge gateway, the node's timers and the control socket, driven by one epoll loop.
+//! The relay node's data plane: `workers` threads (one per online CPU by default), each with its
+//! own transparent socket on the node's port (SO_REUSEPORT: the kernel hashes a datagram's
+//! addresses and ports, so one link's datagrams of an epoch stay on one worker and are never
+//! reordered by it) and, at an edge gateway, its own queue of the multi-queue TUN device (the
+//! kernel keeps one inner flow on one queue). Worker 0 also drives the node's timers, the
+//! neighbour responders and the control socket.
 //!
-//! Per batch of received datagrams: `recvmmsg` (UDP GRO: several datagrams of one link in one
-//! buffer) -> the link named by the datagram's (destination, source) -> `handle_datagram`, which
-//! opens and re-seals a forwarded frame in the buffer it arrived in, or restores an inner packet
-//! there -> forwarded frames leave in one `sendmmsg` from the next link's hashed address and
-//! port, a GRO train re-sealed in place leaving as one UDP GSO train; inner packets go to the
-//! TUN device in one batched write. Per batch of TUN packets: the end-to-end peer named by the
-//! inner (source, destination) -> `send_inner` seals end to end and for the next hop's link,
-//! back to back in one buffer -> one `sendmmsg` (GSO trains again). Sending sockets: one UDP
-//! socket per local port a link sends from this epoch (a bind per link and epoch), the raw
-//! socket for anything without one. No allocation per packet; the only lookups per packet are
-//! the link scan (three routes per link) and, at an edge, one hash of the inner address pair.
+//! The node is one state machine (routing table, every link's monitor, keys and replay
+//! window), shared by the workers behind one lock ([`Core`]), taken once per batch for the
+//! node's work on the whole batch and released for the system calls: per batch of received
+//! datagrams, `recvmmsg` (UDP GRO: several datagrams of one link in one buffer) without the
+//! lock -> under it, the link named by each datagram's (destination, source) ->
+//! `handle_datagram`, which opens and re-seals a forwarded frame in the buffer it arrived in, or
+//! restores an inner packet there -> without it, forwarded frames leave in one `sendmmsg` from the
+//! next link's hashed address and port (a GRO train re-sealed in place leaves as one UDP GSO
+//! train), inner packets go to the worker's TUN queue in one batched write. Per batch of TUN
+//! packets: the end-to-end peer named by the inner (source, destination) -> under the lock,
+//! `send_inner` seals end to end and for the next hop's link, back to back in one buffer ->
+//! without it, one `sendmmsg` (GSO trains again). So the system calls of several workers run at
+//! once and the node's work (header protection, AEAD, routing) one batch at a time: the
+//! `stage_lock_ns` counter is the time workers waited for it.
+//!
+//! Sending sockets: one UDP socket per local port a link sends from this epoch (a bind per link
+//! and epoch, shared by every worker through an atomically swapped map), the raw socket for
+//! anything without one. No allocation per packet; the only lookups per packet are the link scan
+//! (three routes per link) and, at an edge, one hash of the inner address pair.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv6Addr, SocketAddrV6};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
 
 use mt6d_os::raw_udp::{RawSendMsg, RawSendScratch};
 use mt6d_os::udp::{RecvBuf, SendMsg, SendScratch};
 use mt6d_os::UdpSocket6;
 use mt6d_os::{
-    Epoll, EpollEvents, GROTable, RecvScratch, TunRecvScratch, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN,
+    Epoll, EpollEvents, GROTable, RawUdp6, RecvScratch, Tun, TunRecvScratch, IDEAL_BATCH_SIZE,
+    VIRTIO_NET_HDR_LEN,
 };
 use mt6d_proto::relay::cost::LinkState;
 use mt6d_proto::relay::node::{E2eId, Event, NodeError, Received, RelayNode, Transmit};
@@ -33,6 +51,7 @@ use rand::Rng;
 
 use super::status::{E2eStatus, LinkStatus, RelayStatus, RouteStatus};
 use super::{e2e_id, neighbour, RelayError, RelayIo};
+use crate::anyip::ndp::NdpResponder;
 use crate::anyip::os;
 use crate::config::RelayConfig;
 use crate::control::{Asked, ChangeAnswer, ControlServer};
@@ -54,7 +73,8 @@ const NDP_TOKEN: u64 = 2;
 /// Neighbour discovery frames handled per wake-up at most (the rest at the next one).
 const NDP_BUDGET: usize = 64;
 
-/// What the daemon counted around the node (the node counts its own, by spec label).
+/// What the daemon counted around the node (the node counts its own, by spec label), per
+/// worker; `mt6d status` shows their sums.
 #[derive(Debug, Default, Clone)]
 pub struct IoCounters {
     pub rx_datagrams: u64,
@@ -90,16 +110,84 @@ pub struct IoCounters {
     pub stage_node_ns: u64,
     pub stage_send_ns: u64,
     pub stage_tun_write_ns: u64,
+    /// Nanoseconds workers waited for the node's lock (both directions; 0 with one worker but
+    /// for worker 0's timers and status).
+    pub stage_lock_ns: u64,
+}
+
+impl IoCounters {
+    /// Every counter by its status name.
+    fn pairs(&self) -> [(&'static str, u64); 20] {
+        [
+            ("rx_datagrams", self.rx_datagrams),
+            ("rx_truncated", self.rx_truncated),
+            ("rx_no_link", self.rx_no_link),
+            ("tx_datagrams", self.tx_datagrams),
+            ("tx_send_failed", self.tx_send_failed),
+            ("socket_queue_drops", self.socket_queue_drops),
+            ("tun_rx_packets", self.tun_rx_packets),
+            ("tun_no_peer", self.tun_no_peer),
+            ("tun_no_route", self.tun_no_route),
+            ("tun_no_key", self.tun_no_key),
+            ("tun_staged", self.tun_staged),
+            ("tun_seal_failed", self.tun_seal_failed),
+            ("tun_tx_packets", self.tun_tx_packets),
+            ("tun_write_failures", self.tun_write_failures),
+            ("sender_bind_failed", self.sender_bind_failed),
+            ("stage_recv_ns", self.stage_recv_ns),
+            ("stage_node_ns", self.stage_node_ns),
+            ("stage_send_ns", self.stage_send_ns),
+            ("stage_tun_write_ns", self.stage_tun_write_ns),
+            ("stage_lock_ns", self.stage_lock_ns),
+        ]
+    }
 }
 
 /// One datagram to send: (where its bytes are, length, source, destination).
 type Span = (usize, usize, usize, SocketAddrV6, SocketAddrV6);
 
-struct Plane<'a> {
-    cfg: &'a RelayConfig,
+/// The sender sockets by the hashed address and port they are bound to.
+type Senders = HashMap<SocketAddrV6, Arc<UdpSocket6>>;
+
+/// The node and what changes with it: one lock, taken once per batch by the worker that has
+/// one.
+struct Core {
     node: RelayNode,
-    io: RelayIo,
+    /// Inner packets for an end-to-end peer whose first handshake is under way, at most
+    /// [`STAGED_MAX`] per peer, sent when it completes (a connection's first SYN then waits one
+    /// round trip, not TCP's 1 s retransmission).
+    staged: HashMap<E2eId, Vec<Vec<u8>>>,
+    /// Each link's current send address and port (by link index).
+    send_from: Vec<Option<SocketAddrV6>>,
+}
+
+/// What every worker shares.
+struct Shared<'a> {
+    cfg: &'a RelayConfig,
+    core: Mutex<Core>,
+    /// One UDP socket per hashed address and port a link sends from this epoch, bound to
+    /// exactly that pair (so it receives nothing: the tproxy rule hands every datagram for the
+    /// prefix to the transparent sockets, and no other address of the machine has the port
+    /// open): frames leave through them with UDP GSO, a train of equal-size datagrams to one
+    /// destination in one message. Replaced as a whole (under the core lock) when a link's
+    /// epoch changes; workers read it without a lock.
+    senders: ArcSwap<Senders>,
+    /// Sends what has no sender socket (a port another program holds) and the node's own
+    /// messages.
+    raw: RawUdp6,
     by_pair: HashMap<(Ipv6Addr, Ipv6Addr), E2eId>,
+    /// Each worker's counters as of its last wake-up.
+    counters: Vec<Mutex<IoCounters>>,
+    /// Set when any worker's loop ends (a stop signal, an error, a panic): the others stop.
+    stop: AtomicBool,
+}
+
+/// One data-plane thread's sockets, queue and buffers.
+struct Worker<'a> {
+    shared: &'a Shared<'a>,
+    index: usize,
+    socket: UdpSocket6,
+    tun: Option<Tun>,
     counters: IoCounters,
     rx_scratch: RecvScratch,
     bufs: Vec<RecvBuf>,
@@ -115,30 +203,28 @@ struct Plane<'a> {
     sealed: Vec<u8>,
     send_scratch: RawSendScratch,
     msgs_store: Vec<RawSendMsg<'static>>,
-    /// One UDP socket per hashed address and port a link sends from this epoch, bound to
-    /// exactly that pair (so it receives nothing: the tproxy rule hands every datagram for the
-    /// prefix to the transparent socket, and no other address of the machine has the port
-    /// open): frames leave through them with UDP GSO, a train of equal-size datagrams to one
-    /// destination in one message. The raw socket sends what has no such socket (a port
-    /// another program holds).
-    senders: HashMap<SocketAddrV6, UdpSocket6>,
-    /// Each link's current send address and port (by link index).
-    send_from: Vec<Option<SocketAddrV6>>,
     udp_scratch: SendScratch,
     udp_msgs_store: Vec<SendMsg<'static>>,
-    /// Probes, replies and routing messages are sealed here one at a time.
+    /// Probes, replies, routing and handshake messages and staged packets are sealed here one
+    /// at a time.
     control_buf: Vec<u8>,
-    /// Inner packets for an end-to-end peer whose first handshake is under way, at most
-    /// [`STAGED_MAX`] per peer, sent when it completes (a connection's first SYN then waits one
-    /// round trip, not TCP's 1 s retransmission).
-    staged: HashMap<E2eId, Vec<Vec<u8>>>,
 }
 
 /// Inner packets held per end-to-end peer while its handshake is under way (WireGuard holds
 /// 128; a handful covers the first packets of the connections that start it).
 const STAGED_MAX: usize = 16;
 
-/// Serves until a stop signal (or a fatal error of the loop itself).
+/// Sets the shared stop flag when a worker's loop ends, however it ends (a panic included).
+struct StopOnExit<'a>(&'a AtomicBool);
+
+impl Drop for StopOnExit<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// Serves until a stop signal (or a fatal error of a worker's loop): worker 0 on this thread,
+/// the others on their own.
 pub fn serve(
     cfg: &RelayConfig,
     node: RelayNode,
@@ -146,36 +232,28 @@ pub fn serve(
     signals: &Signals,
     started: Instant,
 ) -> Result<(), RelayError> {
-    let epoll = Epoll::new().map_err(os("epoll"))?;
-    io.socket
-        .set_nonblocking(true)
-        .map_err(os("make the transparent socket non-blocking"))?;
-    epoll
-        .add(io.socket.as_raw_fd(), SOCKET_TOKEN)
-        .map_err(os("watch the transparent socket"))?;
-    if let Some(tun) = &io.tun {
-        tun.set_nonblocking(true)
-            .map_err(os(format!("make {} non-blocking", cfg.tun_name)))?;
-        epoll
-            .add(tun.as_raw_fd(), TUN_TOKEN)
-            .map_err(os(format!("watch {}", cfg.tun_name)))?;
-    }
-    for (k, r) in io.ndp.iter().enumerate() {
-        use std::os::fd::AsFd;
-        epoll
-            .add(r.capture().as_fd().as_raw_fd(), NDP_TOKEN + k as u64)
-            .map_err(os("watch the neighbour responder"))?;
-    }
+    let RelayIo {
+        sockets,
+        raw,
+        tuns,
+        ndp,
+    } = io;
+    let workers = sockets.len();
     let ctl = ControlServer::bind(&cfg.control_socket).map_err(|e| {
         RelayError::Setup(format!(
             "control socket {}: {e}",
             cfg.control_socket.display()
         ))
     })?;
-    let slot = frame_payload_len(cfg.frame_max);
-    let tun_mtu = super::inner_mtu(cfg.frame_max);
-    let mut plane = Plane {
+    let shared = Shared {
         cfg,
+        core: Mutex::new(Core {
+            node,
+            staged: HashMap::new(),
+            send_from: vec![None; cfg.links.len()],
+        }),
+        senders: ArcSwap::from_pointee(HashMap::new()),
+        raw,
         by_pair: cfg
             .e2e
             .iter()
@@ -187,32 +265,18 @@ pub fn serve(
                 )
             })
             .collect(),
-        node,
-        io,
-        counters: IoCounters::default(),
-        rx_scratch: RecvScratch::new(RX_BATCH),
-        bufs: (0..RX_BATCH).map(|_| RecvBuf::new()).collect(),
-        spans: Vec::with_capacity(RX_BATCH * 64),
-        tun_out: (0..IDEAL_BATCH_SIZE)
-            .map(|_| Vec::with_capacity(VIRTIO_NET_HDR_LEN + 65_535))
-            .collect(),
-        tun_ready: 0,
-        gro: GROTable::default(),
-        tun_scratch: TunRecvScratch::new(),
-        tun_packets: vec![vec![0u8; tun_mtu + 64]; IDEAL_BATCH_SIZE],
-        tun_sizes: vec![0; IDEAL_BATCH_SIZE],
-        sealed: vec![0u8; IDEAL_BATCH_SIZE * slot],
-        send_scratch: RawSendScratch::new(RX_BATCH * 64),
-        msgs_store: Vec::with_capacity(RX_BATCH * 64),
-        senders: HashMap::new(),
-        send_from: vec![None; cfg.links.len()],
-        udp_scratch: SendScratch::new(RX_BATCH * 64),
-        udp_msgs_store: Vec::with_capacity(RX_BATCH * 64),
-        control_buf: vec![0u8; slot],
-        staged: HashMap::new(),
+        counters: (0..workers).map(|_| Mutex::default()).collect(),
+        stop: AtomicBool::new(false),
     };
+    let mut tuns = tuns.into_iter();
+    let mut all: Vec<Worker<'_>> = sockets
+        .into_iter()
+        .enumerate()
+        .map(|(index, socket)| Worker::new(&shared, index, socket, tuns.next()))
+        .collect();
+    let tun_mtu = super::inner_mtu(cfg.frame_max);
     log::info!(
-        "relay node {} on {}/64: {} links ({}), {} end-to-end peers{}, transit {}, frame_max {}, ready {:.2} s after start",
+        "relay node {} on {}/64: {} links ({}), {} end-to-end peers{}, transit {}, frame_max {}, {workers} worker{}, ready {:.2} s after start",
         cfg.node_id.map_or_else(|| "(no id)".to_string(), |n| n.to_string()),
         cfg.prefix(),
         cfg.links.len(),
@@ -221,115 +285,262 @@ pub fn serve(
         if cfg.is_edge() { format!(", TUN {} MTU {tun_mtu}", cfg.tun_name) } else { String::new() },
         cfg.transit,
         cfg.frame_max,
+        if workers == 1 { "" } else { "s" },
         started.elapsed().as_secs_f64()
     );
-    if let Err(e) = mt6d_os::service::ready(&format!("relay node, {} links", cfg.links.len())) {
-        log::warn!("tell the service manager we are ready: {e}");
-    }
-    let mut events = EpollEvents::with_capacity(4);
-    let mut rng = rand::rng();
-    let mut last_report = Instant::now();
-    let mut last_rx = 0;
-    plane.housekeeping(&mut rng);
-    loop {
-        if signals.stop_requested() {
-            return Ok(());
-        }
-        if signals.take_reload() {
-            log::warn!(
-                "SIGHUP: the relay role does not reload its file yet; restart it to apply changes"
-            );
-        }
-        let now = clock::now();
-        let wait = Duration::from_nanos(
-            plane
-                .node
-                .poll_timeout()
-                .as_nanos()
-                .saturating_sub(now.as_nanos()),
-        )
-        .min(TICK);
-        epoll.wait(&mut events, Some(wait)).map_err(os("wait"))?;
-        for token in events.tokens() {
-            match token {
-                SOCKET_TOKEN => plane.on_socket(),
-                TUN_TOKEN => plane.on_tun(),
-                t if t >= NDP_TOKEN => plane.on_ndp((t - NDP_TOKEN) as usize),
-                _ => {}
+    let mut main = all.remove(0);
+    let shared = &shared;
+    std::thread::scope(|scope| {
+        let mut handles = Vec::new();
+        for w in all {
+            let index = w.index;
+            let spawned = std::thread::Builder::new()
+                .name(format!("mt6d-relay-{index}"))
+                .spawn_scoped(scope, move || {
+                    let _stop = StopOnExit(&shared.stop);
+                    let mut w = w;
+                    w.serve(signals)
+                });
+            match spawned {
+                Ok(h) => handles.push((index, h)),
+                Err(e) => {
+                    shared.stop.store(true, Ordering::Release);
+                    return Err(RelayError::Setup(format!(
+                        "start relay worker {index}: {e}"
+                    )));
+                }
             }
         }
-        plane.housekeeping(&mut rng);
-        while let Some(pending) = ctl.next_request() {
-            match pending.request.clone() {
-                Asked::Status => pending.reply(&plane.status(started)),
-                Asked::Change(_) => pending.reply(&ChangeAnswer {
-                    error: Some(
-                        "the relay role has no runtime changes yet: edit the file and restart"
-                            .into(),
-                    ),
-                    ..ChangeAnswer::default()
-                }),
-                Asked::Unknown(why) => pending.reply(&ChangeAnswer {
-                    error: Some(why),
-                    ..ChangeAnswer::default()
-                }),
+        if let Err(e) = mt6d_os::service::ready(&format!(
+            "relay node, {} links, {workers} workers",
+            cfg.links.len()
+        )) {
+            log::warn!("tell the service manager we are ready: {e}");
+        }
+        let result = {
+            let _stop = StopOnExit(&shared.stop);
+            main.serve_main(signals, &ctl, ndp, started)
+        };
+        // The first failure is the one to report: a worker's error or panic, else this loop's.
+        let mut first = result.err();
+        for (index, h) in handles {
+            let failure = match h.join() {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(RelayError::Setup(format!("relay worker {index}: {e}"))),
+                Err(_) => Some(RelayError::Setup(format!(
+                    "relay worker {index} panicked (see the log above); the node stopped"
+                ))),
+            };
+            if first.is_none() {
+                first = failure;
             }
         }
-        if last_report.elapsed() >= REPORT_EVERY {
-            if plane.counters.rx_datagrams != last_rx {
-                log::info!("{}", plane.counter_line());
-                last_rx = plane.counters.rx_datagrams;
-            }
-            last_report = Instant::now();
-        }
-    }
+        first.map_or(Ok(()), Err)
+    })
 }
 
-impl Plane<'_> {
-    fn link_name(&self, n: Neighbour) -> &str {
+impl<'a> Worker<'a> {
+    fn new(shared: &'a Shared<'a>, index: usize, socket: UdpSocket6, tun: Option<Tun>) -> Self {
+        let cfg = shared.cfg;
+        let slot = frame_payload_len(cfg.frame_max);
+        let tun_mtu = super::inner_mtu(cfg.frame_max);
+        Worker {
+            shared,
+            index,
+            socket,
+            tun,
+            counters: IoCounters::default(),
+            rx_scratch: RecvScratch::new(RX_BATCH),
+            bufs: (0..RX_BATCH).map(|_| RecvBuf::new()).collect(),
+            spans: Vec::with_capacity(RX_BATCH * 64),
+            tun_out: (0..IDEAL_BATCH_SIZE)
+                .map(|_| Vec::with_capacity(VIRTIO_NET_HDR_LEN + 65_535))
+                .collect(),
+            tun_ready: 0,
+            gro: GROTable::default(),
+            tun_scratch: TunRecvScratch::new(),
+            tun_packets: vec![vec![0u8; tun_mtu + 64]; IDEAL_BATCH_SIZE],
+            tun_sizes: vec![0; IDEAL_BATCH_SIZE],
+            sealed: vec![0u8; IDEAL_BATCH_SIZE * slot],
+            send_scratch: RawSendScratch::new(RX_BATCH * 64),
+            msgs_store: Vec::with_capacity(RX_BATCH * 64),
+            udp_scratch: SendScratch::new(RX_BATCH * 64),
+            udp_msgs_store: Vec::with_capacity(RX_BATCH * 64),
+            control_buf: vec![0u8; slot],
+        }
+    }
+
+    /// The worker's epoll: its transparent socket and its TUN queue.
+    fn epoll(&self) -> Result<Epoll, RelayError> {
+        let cfg = self.shared.cfg;
+        let epoll = Epoll::new().map_err(os("epoll"))?;
+        self.socket
+            .set_nonblocking(true)
+            .map_err(os("make the transparent socket non-blocking"))?;
+        epoll
+            .add(self.socket.as_raw_fd(), SOCKET_TOKEN)
+            .map_err(os("watch the transparent socket"))?;
+        if let Some(tun) = &self.tun {
+            tun.set_nonblocking(true)
+                .map_err(os(format!("make {} non-blocking", cfg.tun_name)))?;
+            epoll
+                .add(tun.as_raw_fd(), TUN_TOKEN)
+                .map_err(os(format!("watch {}", cfg.tun_name)))?;
+        }
+        Ok(epoll)
+    }
+
+    /// Whether this worker's loop should end: a stop signal, or another worker ended.
+    fn stopping(&self, signals: &Signals) -> bool {
+        signals.stop_requested() || self.shared.stop.load(Ordering::Acquire)
+    }
+
+    /// Makes this worker's counters visible to `mt6d status` (one uncontended lock per wake-up).
+    fn publish(&self) {
+        self.shared.counters[self.index]
+            .lock()
+            .clone_from(&self.counters);
+    }
+
+    /// A worker other than 0: its socket and queue until the node stops.
+    fn serve(&mut self, signals: &Signals) -> Result<(), RelayError> {
+        let epoll = self.epoll()?;
+        let mut events = EpollEvents::with_capacity(2);
+        while !self.stopping(signals) {
+            epoll.wait(&mut events, Some(TICK)).map_err(os("wait"))?;
+            for token in events.tokens() {
+                match token {
+                    SOCKET_TOKEN => self.on_socket(),
+                    TUN_TOKEN => self.on_tun(),
+                    _ => {}
+                }
+            }
+            self.publish();
+        }
+        Ok(())
+    }
+
+    /// Worker 0: its socket and queue, and the node's timers, the neighbour responders, the
+    /// control socket and the periodic counter line.
+    fn serve_main(
+        &mut self,
+        signals: &Signals,
+        ctl: &ControlServer,
+        mut ndp: Vec<NdpResponder>,
+        started: Instant,
+    ) -> Result<(), RelayError> {
+        let epoll = self.epoll()?;
+        for (k, r) in ndp.iter().enumerate() {
+            use std::os::fd::AsFd;
+            epoll
+                .add(r.capture().as_fd().as_raw_fd(), NDP_TOKEN + k as u64)
+                .map_err(os("watch the neighbour responder"))?;
+        }
+        let mut events = EpollEvents::with_capacity(4);
+        let mut rng = rand::rng();
+        let mut last_report = Instant::now();
+        let mut last_rx = 0;
+        self.housekeeping(&mut rng);
+        loop {
+            if self.stopping(signals) {
+                return Ok(());
+            }
+            if signals.take_reload() {
+                log::warn!(
+                    "SIGHUP: the relay role does not reload its file yet; restart it to apply changes"
+                );
+            }
+            let now = clock::now();
+            let due = self.shared.core.lock().node.poll_timeout();
+            let wait =
+                Duration::from_nanos(due.as_nanos().saturating_sub(now.as_nanos())).min(TICK);
+            epoll.wait(&mut events, Some(wait)).map_err(os("wait"))?;
+            for token in events.tokens() {
+                match token {
+                    SOCKET_TOKEN => self.on_socket(),
+                    TUN_TOKEN => self.on_tun(),
+                    t if t >= NDP_TOKEN => self.on_ndp(&mut ndp, (t - NDP_TOKEN) as usize),
+                    _ => {}
+                }
+            }
+            self.housekeeping(&mut rng);
+            self.publish();
+            while let Some(pending) = ctl.next_request() {
+                match pending.request.clone() {
+                    Asked::Status => pending.reply(&self.status(started, &ndp)),
+                    Asked::Change(_) => pending.reply(&ChangeAnswer {
+                        error: Some(
+                            "the relay role has no runtime changes yet: edit the file and restart"
+                                .into(),
+                        ),
+                        ..ChangeAnswer::default()
+                    }),
+                    Asked::Unknown(why) => pending.reply(&ChangeAnswer {
+                        error: Some(why),
+                        ..ChangeAnswer::default()
+                    }),
+                }
+            }
+            if last_report.elapsed() >= REPORT_EVERY {
+                let counters = self.counter_map(&self.shared.core.lock(), &ndp);
+                let rx = counters.get("rx_datagrams").copied().unwrap_or(0);
+                if rx != last_rx {
+                    log::info!("{}", counter_line(&counters));
+                    last_rx = rx;
+                }
+                last_report = Instant::now();
+            }
+        }
+    }
+
+    fn link_name(&self, n: Neighbour) -> &'a str {
+        let cfg = self.shared.cfg;
         usize::try_from(n.0)
             .ok()
-            .and_then(|i| self.cfg.links.get(i))
+            .and_then(|i| cfg.links.get(i))
             .map_or("?", |l| l.name.as_str())
     }
 
-    fn e2e_name(&self, id: E2eId) -> &str {
+    fn e2e_name(&self, id: E2eId) -> &'a str {
+        let cfg = self.shared.cfg;
         usize::try_from(id.0)
             .ok()
-            .and_then(|i| self.cfg.e2e.get(i))
+            .and_then(|i| cfg.e2e.get(i))
             .map_or("?", |e| e.name.as_str())
     }
 
     /// Timers due, then whatever the node queued: link-local frames to send, events to log.
     fn housekeeping(&mut self, rng: &mut impl Rng) {
+        let shared = self.shared;
+        let mut core = shared.core.lock();
         let now = clock::now();
-        if self.node.poll_timeout() <= now {
-            self.node.handle_timeout(now, || rng.random());
+        if core.node.poll_timeout() <= now {
+            core.node.handle_timeout(now, || rng.random());
         }
-        self.drain(now);
+        self.drain(&mut core, now);
     }
 
     /// Sends what the node queued (probes, replies, routing and handshake messages), applies
     /// and logs its events, and sends the packets held for peers that just got keys.
-    fn drain(&mut self, now: UnixTime) {
-        self.send_control(now);
+    fn drain(&mut self, core: &mut Core, now: UnixTime) {
+        self.send_control(core, now);
         let mut keyed = Vec::new();
-        while let Some(ev) = self.node.poll_event() {
+        while let Some(ev) = core.node.poll_event() {
             if let Event::E2eKeyed { peer, .. } = ev {
                 keyed.push(peer);
             }
-            self.log_event(ev);
+            self.log_event(core, ev);
         }
         for peer in keyed {
-            self.send_staged(now, peer);
+            self.send_staged(core, now, peer);
         }
-        self.send_control(now);
+        self.send_control(core, now);
     }
 
     /// The packets held for `peer` while its handshake was under way, now that it has keys.
-    fn send_staged(&mut self, now: UnixTime, peer: E2eId) {
-        for inner in self.staged.remove(&peer).unwrap_or_default() {
-            match self
+    fn send_staged(&mut self, core: &mut Core, now: UnixTime, peer: E2eId) {
+        for inner in core.staged.remove(&peer).unwrap_or_default() {
+            match core
                 .node
                 .send_inner(now, peer, &inner, &mut self.control_buf)
             {
@@ -340,8 +551,8 @@ impl Plane<'_> {
     }
 
     /// Sends every queued probe, reply, routing and handshake message.
-    fn send_control(&mut self, now: UnixTime) {
-        while let Some(t) = self.node.poll_transmit(now, &mut self.control_buf) {
+    fn send_control(&mut self, core: &mut Core, now: UnixTime) {
+        while let Some(t) = core.node.poll_transmit(now, &mut self.control_buf) {
             self.send_control_buf(&t);
         }
     }
@@ -353,14 +564,14 @@ impl Plane<'_> {
             dst: t.route.remote,
             payload: &self.control_buf[..t.len],
         }];
-        match self.io.raw.send_batch(&mut self.send_scratch, &msg) {
+        match self.shared.raw.send_batch(&mut self.send_scratch, &msg) {
             Ok(1) => self.counters.tx_datagrams += 1,
             _ => self.counters.tx_send_failed += 1,
         }
     }
 
     /// Applies one event of the node (a link's new sending address) and logs it.
-    fn log_event(&mut self, ev: Event) {
+    fn log_event(&mut self, core: &mut Core, ev: Event) {
         match ev {
             Event::LinkSchedule { link, schedule } => {
                 log::debug!(
@@ -372,11 +583,11 @@ impl Plane<'_> {
                 );
                 if let Some(p) = usize::try_from(link.0)
                     .ok()
-                    .and_then(|i| self.send_from.get_mut(i))
+                    .and_then(|i| core.send_from.get_mut(i))
                 {
                     *p = Some(schedule.send.local);
                 }
-                self.reconcile_senders();
+                self.reconcile_senders(core);
             }
             Event::LinkCost { link, cost } if !cost.is_finite() => {
                 log::warn!("link {}: dead (no probe answered)", self.link_name(link));
@@ -413,7 +624,7 @@ impl Plane<'_> {
                 }
             }
             Event::E2eKeysExpired { peer } => {
-                self.staged.remove(&peer);
+                core.staged.remove(&peer);
                 log::warn!(
                     "end-to-end peer {}: keys expired with no rekey: its hosts' packets are refused until a handshake completes (is a route to its edge gateway up, and is its public_key right?)",
                     self.e2e_name(peer)
@@ -434,14 +645,11 @@ impl Plane<'_> {
         }
     }
 
-    /// One batch of datagrams from the links.
+    /// One batch of datagrams from the links: received without the node's lock, worked on
+    /// under it, sent and written without it.
     fn on_socket(&mut self) {
         let t0 = Instant::now();
-        let got = match self
-            .io
-            .socket
-            .recv_ready(&mut self.rx_scratch, &mut self.bufs)
-        {
+        let got = match self.socket.recv_ready(&mut self.rx_scratch, &mut self.bufs) {
             Ok(n) => n,
             Err(e) if e.is_would_block() => return,
             Err(e) => {
@@ -449,86 +657,103 @@ impl Plane<'_> {
                 return;
             }
         };
-        self.counters.socket_queue_drops += self.io.socket.take_queue_drops();
+        self.counters.socket_queue_drops += self.socket.take_queue_drops();
         let t1 = Instant::now();
         self.counters.stage_recv_ns += nanos(t1 - t0);
         let mut tun_write = Duration::ZERO;
-        let now = clock::now();
         self.spans.clear();
         self.tun_ready = 0;
         // Out of `self` while the node works on them (a move of the vector, no copy).
         let mut bufs = std::mem::take(&mut self.bufs);
-        for (b, buf) in bufs[..got].iter_mut().enumerate() {
-            if buf.truncated() {
-                self.counters.rx_truncated += 1;
-                continue;
-            }
-            let local = SocketAddrV6::new(buf.dst(), buf.dst_port(), 0, 0);
-            let remote = buf.src();
-            let len = buf.len();
-            let seg = buf.segment_size().map_or(len, usize::from).max(1);
-            let Some(link) = self.node.link_of(local, remote) else {
-                self.counters.rx_no_link += len.div_ceil(seg) as u64;
-                continue;
-            };
-            let data = buf.data_mut();
-            let mut start = 0;
-            while start < len {
-                let end = (start + seg).min(len);
-                self.counters.rx_datagrams += 1;
-                match self
-                    .node
-                    .handle_datagram(now, link, local, remote, &mut data[start..end])
-                {
-                    Received::Forward(t) => {
-                        self.spans
-                            .push((b, start, t.len, t.route.local, t.route.remote));
-                    }
-                    Received::Deliver { range, .. } => {
-                        let inner = &data[start + range.start..start + range.end];
-                        if self.tun_ready == self.tun_out.len() {
-                            tun_write += self.flush_tun();
-                        }
-                        let slot = &mut self.tun_out[self.tun_ready];
-                        slot.clear();
-                        slot.resize(VIRTIO_NET_HDR_LEN, 0);
-                        slot.extend_from_slice(inner);
-                        self.tun_ready += 1;
-                    }
-                    Received::Consumed => {}
+        let shared = self.shared;
+        let t_locked;
+        {
+            let mut core = shared.core.lock();
+            t_locked = Instant::now();
+            let now = clock::now();
+            for (b, buf) in bufs[..got].iter_mut().enumerate() {
+                if buf.truncated() {
+                    self.counters.rx_truncated += 1;
+                    continue;
                 }
-                start = end;
+                let local = SocketAddrV6::new(buf.dst(), buf.dst_port(), 0, 0);
+                let remote = buf.src();
+                let len = buf.len();
+                let seg = buf.segment_size().map_or(len, usize::from).max(1);
+                let Some(link) = core.node.link_of(local, remote) else {
+                    self.counters.rx_no_link += len.div_ceil(seg) as u64;
+                    continue;
+                };
+                let data = buf.data_mut();
+                let mut start = 0;
+                while start < len {
+                    let end = (start + seg).min(len);
+                    self.counters.rx_datagrams += 1;
+                    match core
+                        .node
+                        .handle_datagram(now, link, local, remote, &mut data[start..end])
+                    {
+                        Received::Forward(t) => {
+                            self.spans
+                                .push((b, start, t.len, t.route.local, t.route.remote));
+                        }
+                        Received::Deliver { range, .. } => {
+                            let inner = &data[start + range.start..start + range.end];
+                            // A full batch is written at once (rare: more than a batch of
+                            // inner packets in one receive), still holding the lock.
+                            if self.tun_ready == self.tun_out.len() {
+                                tun_write += self.flush_tun();
+                            }
+                            let slot = &mut self.tun_out[self.tun_ready];
+                            slot.clear();
+                            slot.resize(VIRTIO_NET_HDR_LEN, 0);
+                            slot.extend_from_slice(inner);
+                            self.tun_ready += 1;
+                        }
+                        Received::Consumed => {}
+                    }
+                    start = end;
+                }
             }
+            self.drain(&mut core, now);
         }
-        tun_write += self.flush_tun();
         let t2 = Instant::now();
+        tun_write += self.flush_tun();
+        let t3 = Instant::now();
         let spans = std::mem::take(&mut self.spans);
         self.send_spans(&spans, |b, start, len| &bufs[b].data()[start..start + len]);
         self.spans = spans;
         self.bufs = bufs;
         let c = &mut self.counters;
-        c.stage_send_ns += nanos(t2.elapsed());
+        c.stage_lock_ns += nanos(t_locked - t1);
+        c.stage_send_ns += nanos(t3.elapsed());
         c.stage_tun_write_ns += nanos(tun_write);
-        c.stage_node_ns += nanos((t2 - t1).saturating_sub(tun_write));
-        self.drain(now);
+        c.stage_node_ns += nanos(((t2 - t_locked) + (t3 - t2)).saturating_sub(tun_write));
     }
 
     /// Neighbour Solicitations on link interface `k`: answered for the links' current
     /// addresses only (`RelayNode::answers_for`), so a scan of the /64 from the segment learns
     /// nothing.
-    fn on_ndp(&mut self, k: usize) {
-        let node = &self.node;
-        if let Some(r) = self.io.ndp.get_mut(k) {
-            if let Err(e) = r.serve_ready(|a| node.answers_for(a), NDP_BUDGET) {
-                let interface = self.cfg.link_interfaces().get(k).copied().unwrap_or("?");
+    fn on_ndp(&mut self, ndp: &mut [NdpResponder], k: usize) {
+        let core = self.shared.core.lock();
+        if let Some(r) = ndp.get_mut(k) {
+            if let Err(e) = r.serve_ready(|a| core.node.answers_for(a), NDP_BUDGET) {
+                let interface = self
+                    .shared
+                    .cfg
+                    .link_interfaces()
+                    .get(k)
+                    .copied()
+                    .unwrap_or("?");
                 log::warn!("neighbour responder on {interface}: {e}");
             }
         }
     }
 
-    /// One batch of inner packets from the protected side (edge gateways).
+    /// One batch of inner packets from the protected side (edge gateways): read from this
+    /// worker's TUN queue without the node's lock, sealed under it, sent without it.
     fn on_tun(&mut self) {
-        let Some(tun) = &self.io.tun else { return };
+        let Some(tun) = &self.tun else { return };
         let n = match tun.recv_batch(
             &mut self.tun_scratch,
             &mut self.tun_packets,
@@ -542,66 +767,76 @@ impl Plane<'_> {
                 return;
             }
         };
-        let now = clock::now();
+        let shared = self.shared;
         self.spans.clear();
-        let mut cursor = 0;
-        for i in 0..n {
-            self.counters.tun_rx_packets += 1;
-            let inner = &self.tun_packets[i][..self.tun_sizes[i]];
-            let pair = inner.get(8..24).zip(inner.get(24..40)).and_then(|(s, d)| {
-                let s: [u8; 16] = s.try_into().ok()?;
-                let d: [u8; 16] = d.try_into().ok()?;
-                Some((Ipv6Addr::from(s), Ipv6Addr::from(d)))
-            });
-            let Some(&id) = pair.and_then(|p| self.by_pair.get(&p)) else {
-                self.counters.tun_no_peer += 1;
-                continue;
-            };
-            // Back to back, so that equal-size datagrams to one destination form a GSO train.
-            let out = &mut self.sealed[cursor..];
-            match self.node.send_inner(now, id, inner, out) {
-                Ok(t) => {
-                    self.spans
-                        .push((0, cursor, t.len, t.route.local, t.route.remote));
-                    cursor += t.len;
-                }
-                Err(NodeError::NoRoute(_)) => self.counters.tun_no_route += 1,
-                Err(NodeError::NoE2eKey(_)) => {
-                    let held = self.staged.entry(id).or_default();
-                    if held.len() < STAGED_MAX {
-                        held.push(inner.to_vec());
-                        self.counters.tun_staged += 1;
-                    } else {
-                        self.counters.tun_no_key += 1;
+        {
+            let t0 = Instant::now();
+            let mut core = shared.core.lock();
+            self.counters.stage_lock_ns += nanos(t0.elapsed());
+            let now = clock::now();
+            let mut cursor = 0;
+            for i in 0..n {
+                self.counters.tun_rx_packets += 1;
+                let inner = &self.tun_packets[i][..self.tun_sizes[i]];
+                let pair = inner.get(8..24).zip(inner.get(24..40)).and_then(|(s, d)| {
+                    let s: [u8; 16] = s.try_into().ok()?;
+                    let d: [u8; 16] = d.try_into().ok()?;
+                    Some((Ipv6Addr::from(s), Ipv6Addr::from(d)))
+                });
+                let Some(&id) = pair.and_then(|p| shared.by_pair.get(&p)) else {
+                    self.counters.tun_no_peer += 1;
+                    continue;
+                };
+                // Back to back, so that equal-size datagrams to one destination form a GSO train.
+                let out = &mut self.sealed[cursor..];
+                match core.node.send_inner(now, id, inner, out) {
+                    Ok(t) => {
+                        self.spans
+                            .push((0, cursor, t.len, t.route.local, t.route.remote));
+                        cursor += t.len;
+                    }
+                    Err(NodeError::NoRoute(_)) => self.counters.tun_no_route += 1,
+                    Err(NodeError::NoE2eKey(_)) => {
+                        let held = core.staged.entry(id).or_default();
+                        if held.len() < STAGED_MAX {
+                            held.push(inner.to_vec());
+                            self.counters.tun_staged += 1;
+                        } else {
+                            self.counters.tun_no_key += 1;
+                        }
+                    }
+                    Err(NodeError::NoKey(_)) => self.counters.tun_no_key += 1,
+                    Err(e) => {
+                        self.counters.tun_seal_failed += 1;
+                        log::debug!("seal for end-to-end peer {}: {e}", id.0);
                     }
                 }
-                Err(NodeError::NoKey(_)) => self.counters.tun_no_key += 1,
-                Err(e) => {
-                    self.counters.tun_seal_failed += 1;
-                    log::debug!("seal for end-to-end peer {}: {e}", id.0);
-                }
             }
+            self.drain(&mut core, now);
         }
         let spans = std::mem::take(&mut self.spans);
         let sealed = std::mem::take(&mut self.sealed);
         self.send_spans(&spans, |_, start, len| &sealed[start..start + len]);
         self.sealed = sealed;
         self.spans = spans;
-        self.drain(now);
     }
 
     /// Opens a sender socket for every link's current send address and port and closes the
-    /// ones no link sends from any more (at most one bind per link and epoch).
-    fn reconcile_senders(&mut self) {
-        let wanted: Vec<SocketAddrV6> = self.send_from.iter().flatten().copied().collect();
-        self.senders.retain(|a, _| wanted.contains(a));
+    /// ones no link sends from any more (at most one bind per link and epoch), then publishes
+    /// the new map to every worker. Under the core lock: one writer at a time.
+    fn reconcile_senders(&mut self, core: &Core) {
+        let wanted: Vec<SocketAddrV6> = core.send_from.iter().flatten().copied().collect();
+        let old = self.shared.senders.load();
+        let mut next: Senders = HashMap::with_capacity(wanted.len());
         for from in wanted {
-            if self.senders.contains_key(&from) {
+            let existing = old.get(&from).or_else(|| next.get(&from)).cloned();
+            if let Some(sock) = existing {
+                next.insert(from, sock);
                 continue;
             }
             match UdpSocket6::bind_to(from) {
                 Ok(sock) => {
-                    self.senders.insert(from, sock);
+                    next.insert(from, Arc::new(sock));
                 }
                 // Sent through the raw socket instead (no GSO), as the server role does.
                 Err(e) => {
@@ -610,6 +845,7 @@ impl Plane<'_> {
                 }
             }
         }
+        self.shared.senders.store(Arc::new(next));
     }
 
     /// Sends each span's bytes: runs of spans from one address and port go out through its socket
@@ -617,12 +853,13 @@ impl Plane<'_> {
     /// memory as one UDP GSO message; spans without a sender socket through the raw socket.
     /// A refused message is counted and skipped.
     fn send_spans<'b>(&mut self, spans: &[Span], bytes: impl Fn(usize, usize, usize) -> &'b [u8]) {
+        let senders = self.shared.senders.load();
         let mut i = 0;
         while i < spans.len() {
             let from = spans[i].3;
             let run = spans[i..].iter().take_while(|s| s.3 == from).count();
             let run_spans = &spans[i..i + run];
-            match self.senders.get(&from) {
+            match senders.get(&from) {
                 Some(sock) => {
                     let mut msgs = SendMsg::recycle(std::mem::take(&mut self.udp_msgs_store));
                     let gso = sock.gso_supported();
@@ -701,7 +938,7 @@ impl Plane<'_> {
                     payload: bytes(b, start, len),
                 });
             }
-            match self.io.raw.send_batch(&mut self.send_scratch, &msgs) {
+            match self.shared.raw.send_batch(&mut self.send_scratch, &msgs) {
                 Ok(0) | Err(_) => {
                     self.counters.tx_send_failed += 1;
                     i += 1;
@@ -715,13 +952,13 @@ impl Plane<'_> {
         self.msgs_store = RawSendMsg::recycle(msgs);
     }
 
-    /// Writes the delivered inner packets; returns the time it took.
+    /// Writes the delivered inner packets to this worker's TUN queue; returns the time it took.
     fn flush_tun(&mut self) -> Duration {
         if self.tun_ready == 0 {
             return Duration::ZERO;
         }
         let start = Instant::now();
-        if let Some(tun) = &self.io.tun {
+        if let Some(tun) = &self.tun {
             let packets = &mut self.tun_out[..self.tun_ready];
             match tun.send_batch(&mut self.gro, packets, VIRTIO_NET_HDR_LEN) {
                 Ok(_) => self.counters.tun_tx_packets += self.tun_ready as u64,
@@ -735,43 +972,29 @@ impl Plane<'_> {
         start.elapsed()
     }
 
-    fn counter_map(&self) -> std::collections::BTreeMap<String, u64> {
-        let c = &self.counters;
-        let n = self.node.counters();
-        let mut m: std::collections::BTreeMap<String, u64> = [
-            ("rx_datagrams", c.rx_datagrams),
-            ("rx_truncated", c.rx_truncated),
-            ("rx_no_link", c.rx_no_link),
-            ("tx_datagrams", c.tx_datagrams),
-            ("tx_send_failed", c.tx_send_failed),
-            ("socket_queue_drops", c.socket_queue_drops),
-            ("tun_rx_packets", c.tun_rx_packets),
-            ("tun_no_peer", c.tun_no_peer),
-            ("tun_no_route", c.tun_no_route),
-            ("tun_no_key", c.tun_no_key),
-            ("tun_staged", c.tun_staged),
-            ("tun_seal_failed", c.tun_seal_failed),
-            ("tun_tx_packets", c.tun_tx_packets),
-            ("tun_write_failures", c.tun_write_failures),
-            ("sender_bind_failed", c.sender_bind_failed),
-            ("stage_recv_ns", c.stage_recv_ns),
-            ("stage_node_ns", c.stage_node_ns),
-            ("stage_send_ns", c.stage_send_ns),
-            ("stage_tun_write_ns", c.stage_tun_write_ns),
+    /// Every counter: the workers' sums, the node's, the neighbour responders'.
+    fn counter_map(&self, core: &Core, ndp: &[NdpResponder]) -> BTreeMap<String, u64> {
+        let mut m: BTreeMap<String, u64> = BTreeMap::new();
+        for w in &self.shared.counters {
+            for (k, v) in w.lock().pairs() {
+                *m.entry(k.to_string()).or_insert(0) += v;
+            }
+        }
+        let n = core.node.counters();
+        for (k, v) in [
             ("forwarded", n.forwarded),
             ("delivered", n.delivered),
             ("originated", n.originated),
             ("probes_answered", n.probes_answered),
             ("routing_received", n.routing_received),
             ("keepalives", n.keepalives),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
+        ] {
+            m.insert(k.to_string(), v);
+        }
         for (label, v) in n.drop_labels() {
             m.insert(format!("drop_{label}"), v);
         }
-        for r in &self.io.ndp {
+        for r in ndp {
             let d = r.counters();
             for (k, v) in [
                 ("ndp_answered", d.answered),
@@ -786,35 +1009,28 @@ impl Plane<'_> {
         m
     }
 
-    fn counter_line(&self) -> String {
-        self.counter_map()
-            .iter()
-            .filter(|(_, v)| **v > 0)
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    }
-
-    fn status(&self, started: Instant) -> RelayStatus {
-        let cfg = self.cfg;
-        let table = self.node.table();
+    fn status(&self, started: Instant, ndp: &[NdpResponder]) -> RelayStatus {
+        let cfg = self.shared.cfg;
+        let core = self.shared.core.lock();
+        let node = &core.node;
+        let table = node.table();
         let links = cfg
             .links
             .iter()
             .enumerate()
             .map(|(i, l)| {
                 let n = neighbour(i);
-                let m = self.node.monitor(n);
+                let m = node.monitor(n);
                 let (lost, sent) = m.map_or((0, 0), |m| m.loss());
-                let hs = self.node.link_handshake(n).map(|h| h.stats());
+                let hs = node.link_handshake(n).map(|h| h.stats());
                 let now = clock::now();
                 LinkStatus {
-                    keys: keys_label(l.handshake.is_some(), self.node.link_keyed(n)),
+                    keys: keys_label(l.handshake.is_some(), node.link_keyed(n)),
                     handshakes: hs.map_or(0, |h| h.completed),
                     last_handshake_secs: hs
                         .and_then(|h| h.last_completed)
                         .map(|t| now.as_nanos().saturating_sub(t.as_nanos()) / 1_000_000_000),
-                    route_set: self.node.link_route_set(n).unwrap_or(0),
+                    route_set: node.link_route_set(n).unwrap_or(0),
                     name: l.name.clone(),
                     address: l.address.to_string(),
                     state: match m.map(|m| m.state()) {
@@ -827,8 +1043,7 @@ impl Plane<'_> {
                     rtt_ms: m.and_then(|m| m.srtt()).map(|d| d.as_secs_f64() * 1e3),
                     probes_lost: lost,
                     probes_sent: sent,
-                    route: self
-                        .node
+                    route: node
                         .link_schedule(n)
                         .map(|s| format!("{} -> {}", s.send.local, s.send.remote))
                         .unwrap_or_default(),
@@ -849,13 +1064,11 @@ impl Plane<'_> {
             .iter()
             .enumerate()
             .map(|(j, e)| E2eStatus {
-                keys: keys_label(e.handshake.is_some(), self.node.e2e_keyed(e2e_id(j))),
-                handshakes: self
-                    .node
+                keys: keys_label(e.handshake.is_some(), node.e2e_keyed(e2e_id(j))),
+                handshakes: node
                     .e2e_handshake(e2e_id(j))
                     .map_or(0, |h| h.stats().completed),
-                last_handshake_secs: self
-                    .node
+                last_handshake_secs: node
                     .e2e_handshake(e2e_id(j))
                     .and_then(|h| h.stats().last_completed)
                     .map(|t| now.as_nanos().saturating_sub(t.as_nanos()) / 1_000_000_000),
@@ -881,9 +1094,20 @@ impl Plane<'_> {
             links,
             routes,
             e2e,
-            counters: self.counter_map(),
+            workers: self.shared.counters.len(),
+            counters: self.counter_map(&core, ndp),
         }
     }
+}
+
+/// The counters that moved, as `name=value` pairs on one line.
+fn counter_line(counters: &BTreeMap<String, u64>) -> String {
+    counters
+        .iter()
+        .filter(|(_, v)| **v > 0)
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// What `mt6d status` says of a link's or end-to-end peer's keys.

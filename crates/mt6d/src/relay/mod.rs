@@ -11,9 +11,11 @@
 //! * An edge gateway has a TUN device: each end-to-end peer's remote host is routed into it
 //!   (behind a `prohibit` guard route that keeps it unreachable after a crash), and inner packets
 //!   delivered to this node are written to it.
-//! * One thread ([`dataplane`]) owns the node: a relay node is one state machine (its routing
-//!   table, every link's monitor, keys and replay window), so it is driven from one thread;
-//!   datagrams are received and sent in batches.
+//! * `workers` threads ([`dataplane`]; one per online CPU by default) each receive on their own
+//!   transparent socket of the node's port (SO_REUSEPORT) and, at an edge, read and write their
+//!   own queue of the TUN device. A relay node is one state machine (its routing table, every
+//!   link's monitor, keys and replay window): the workers share it behind one lock taken once
+//!   per batch, and make their system calls without it.
 
 pub mod dataplane;
 pub mod status;
@@ -54,9 +56,11 @@ pub enum RelayError {
 /// The sockets and device the data plane works with.
 #[allow(missing_debug_implementations)] // file descriptors only
 pub struct RelayIo {
-    pub socket: UdpSocket6,
+    /// One transparent socket per worker, all on the node's port (SO_REUSEPORT).
+    pub sockets: Vec<UdpSocket6>,
     pub raw: RawUdp6,
-    pub tun: Option<Tun>,
+    /// An edge gateway's TUN device, one queue per worker (empty for a pure relay).
+    pub tuns: Vec<Tun>,
     /// Answers Neighbour Solicitations for the links' current addresses, one per interface a
     /// link leaves on (`neighbor_discovery`; empty without it).
     pub ndp: Vec<NdpResponder>,
@@ -232,26 +236,31 @@ fn set_up(system: &mut PrefixSystem, cfg: &RelayConfig, mtu: usize) -> Result<Re
     for l in &cfg.links {
         system.check_interface(&l.interface, &format!("interface of link {:?}", l.name))?;
     }
-    let tun = if cfg.is_edge() {
+    let workers = cfg.worker_count();
+    let tuns = if cfg.is_edge() {
         let routes = guard_routes(cfg);
         system.add_guards(&routes)?;
         let mtu = u16::try_from(mtu).map_err(|_| RelayError::Setup("MTU out of range".into()))?;
-        let mut tuns = system.create_tun(&TunSpec {
+        system.create_tun(&TunSpec {
             name: &cfg.tun_name,
             mtu,
-            queues: 1,
+            queues: workers,
             address: None,
             routes: &routes,
-        })?;
-        tuns.pop()
+        })?
     } else {
-        None
+        Vec::new()
     };
     system.claim_prefix(&crate::anyip::ruleset(cfg.prefix(), cfg.listen_port))?;
-    let socket = UdpSocket6::bind_transparent(cfg.listen_port).map_err(os(format!(
-        "open a transparent socket on port {}",
-        cfg.listen_port
-    )))?;
+    let sockets = (0..workers)
+        .map(|k| {
+            UdpSocket6::bind_transparent(cfg.listen_port).map_err(os(format!(
+                "open transparent socket {} of {workers} on port {}",
+                k + 1,
+                cfg.listen_port
+            )))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let raw = RawUdp6::open().map_err(os("open a raw UDP socket"))?;
     let mut ndp = Vec::new();
     if cfg.neighbor_discovery {
@@ -268,9 +277,9 @@ fn set_up(system: &mut PrefixSystem, cfg: &RelayConfig, mtu: usize) -> Result<Re
         }
     }
     Ok(RelayIo {
-        socket,
+        sockets,
         raw,
-        tun,
+        tuns,
         ndp,
     })
 }

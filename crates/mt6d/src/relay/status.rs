@@ -22,6 +22,9 @@ pub struct RelayStatus {
     pub prefix: String,
     /// The TUN device of an edge gateway.
     pub tun: Option<String>,
+    /// Data-plane threads (`workers`; 0 from a node older than the field).
+    #[serde(default)]
+    pub workers: usize,
     pub links: Vec<LinkStatus>,
     pub routes: Vec<RouteStatus>,
     pub e2e: Vec<E2eStatus>,
@@ -95,7 +98,7 @@ pub fn render(s: &RelayStatus) -> String {
         (None, _) => "relay",
     };
     let mut out = format!(
-        "mt6d {} {role} (pid {}), up {} s, {}\n  node id {}, prefix {}/64{}\n",
+        "mt6d {} {role} (pid {}), up {} s, {}\n  node id {}, prefix {}/64{}, {} worker{}\n",
         s.version,
         s.pid,
         s.uptime_secs,
@@ -105,7 +108,9 @@ pub fn render(s: &RelayStatus) -> String {
         s.tun
             .as_ref()
             .map(|t| format!(", TUN {t}"))
-            .unwrap_or_default()
+            .unwrap_or_default(),
+        s.workers,
+        if s.workers == 1 { "" } else { "s" }
     );
     out.push_str("  links:\n");
     for l in &s.links {

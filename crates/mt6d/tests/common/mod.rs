@@ -256,6 +256,7 @@ pub fn relay_settings(rotation_secs: f64) -> mt6d::lab::relays::RelaySettings {
         jitter: true,
         mt6d: PathBuf::from(MT6D),
         log_level: "info".into(),
+        workers: None,
     }
 }
 

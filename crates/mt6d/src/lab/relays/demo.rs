@@ -56,6 +56,7 @@ handshakes and rekeyed every {} s",
             jitter: true,
             mt6d: std::env::current_exe()?,
             log_level: "info".into(),
+            workers: None,
         },
     )?;
     for n in &lab.nodes {
