@@ -95,7 +95,7 @@ pub fn run(out: Option<PathBuf>, mt6d: &Path, args: &RelaysArgs) -> Result<PathB
     let mut lab = RelayLab::up(Shape::Mesh, "mbr", settings).map_err(|e| e.to_string())?;
     let workers = lab
         .status(0)
-        .map(|st| st.workers)
+        .map(|st| st.workers.len())
         .map_err(|e| format!("status of {}: {e}", lab.nodes[0].name))?;
     doc.set("workers", workers as u64);
     let mut paths = Vec::new();

@@ -49,7 +49,7 @@ use mt6d_proto::tunnel::frame_payload_len;
 use mt6d_proto::UnixTime;
 use rand::Rng;
 
-use super::status::{E2eStatus, LinkStatus, RelayStatus, RouteStatus};
+use super::status::{E2eStatus, LinkStatus, RelayStatus, RouteStatus, WorkerStatus};
 use super::{e2e_id, neighbour, RelayError, RelayIo};
 use crate::anyip::ndp::NdpResponder;
 use crate::anyip::os;
@@ -1094,7 +1094,19 @@ impl<'a> Worker<'a> {
             links,
             routes,
             e2e,
-            workers: self.shared.counters.len(),
+            workers: self
+                .shared
+                .counters
+                .iter()
+                .map(|w| {
+                    let w = w.lock();
+                    WorkerStatus {
+                        rx_datagrams: w.rx_datagrams,
+                        tun_rx_packets: w.tun_rx_packets,
+                        tx_datagrams: w.tx_datagrams,
+                    }
+                })
+                .collect(),
             counters: self.counter_map(&core, ndp),
         }
     }

@@ -22,15 +22,26 @@ pub struct RelayStatus {
     pub prefix: String,
     /// The TUN device of an edge gateway.
     pub tun: Option<String>,
-    /// Data-plane threads (`workers`; 0 from a node older than the field).
+    /// Each data-plane thread's share (`workers`; empty from a node older than the field).
     #[serde(default)]
-    pub workers: usize,
+    pub workers: Vec<WorkerStatus>,
     pub links: Vec<LinkStatus>,
     pub routes: Vec<RouteStatus>,
     pub e2e: Vec<E2eStatus>,
     /// The node's counters and every drop by its label (docs/PROTOCOL.md §10.11), and the
     /// daemon's own (`rx_datagrams`, `tx_datagrams`, `tun_*`, ...).
     pub counters: BTreeMap<String, u64>,
+}
+
+/// What one data-plane worker moved.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    /// Datagrams received on its transparent socket.
+    pub rx_datagrams: u64,
+    /// Inner packets read from its TUN queue (edge gateways).
+    pub tun_rx_packets: u64,
+    /// Datagrams it sent.
+    pub tx_datagrams: u64,
 }
 
 /// One link.
@@ -109,8 +120,8 @@ pub fn render(s: &RelayStatus) -> String {
             .as_ref()
             .map(|t| format!(", TUN {t}"))
             .unwrap_or_default(),
-        s.workers,
-        if s.workers == 1 { "" } else { "s" }
+        s.workers.len(),
+        if s.workers.len() == 1 { "" } else { "s" }
     );
     out.push_str("  links:\n");
     for l in &s.links {
@@ -158,6 +169,16 @@ pub fn render(s: &RelayStatus) -> String {
                     .unwrap_or_default()
             ));
         }
+    }
+    if s.workers.len() > 1 {
+        out.push_str("  workers:");
+        for (k, w) in s.workers.iter().enumerate() {
+            out.push_str(&format!(
+                " [{k}] rx {} tun {} tx {}",
+                w.rx_datagrams, w.tun_rx_packets, w.tx_datagrams
+            ));
+        }
+        out.push('\n');
     }
     out.push_str("  counters:");
     out.push_str(&crate::status::nonzero_counters(&s.counters));
