@@ -213,6 +213,22 @@ impl ProcSample {
     }
 }
 
+/// The whole machine's CPU time from /proc/stat's `cpu` line, in jiffies: (busy, all). Busy is
+/// user, nice, system, irq, softirq and steal; all adds idle and iowait.
+pub fn machine_jiffies() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = text.lines().find(|l| l.starts_with("cpu "))?;
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user).
+    let at = |i: usize| f.get(i).copied().unwrap_or(0);
+    let busy = at(0) + at(1) + at(2) + at(5) + at(6) + at(7);
+    Some((busy, busy + at(3) + at(4)))
+}
+
 /// CPU use between two samples of the same process: % of one core, and the user share.
 pub fn window(a: &ProcSample, b: &ProcSample) -> Value {
     let secs = (b.uptime - a.uptime).max(1e-3);

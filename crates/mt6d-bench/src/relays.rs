@@ -136,9 +136,12 @@ pub fn run(out: Option<PathBuf>, mt6d: &Path, args: &RelaysArgs) -> Result<PathB
                 "mt6d bench --relays: kernel forwarding, {label}, run {}",
                 r + 1
             );
+            let cpu = CpuWindow::start(&lab, &[]);
             let report = transfer(&lab, f, t, args.secs, 7000 + (p * 10 + r) as u16)?;
             let mut run = Value::obj();
-            run.set("mbit_s", report.0).set("sha256_match", report.1);
+            run.set("mbit_s", report.0)
+                .set("sha256_match", report.1)
+                .set("cpu", cpu.finish(&lab, report.0, 0));
             runs.push(run);
         }
         if let Some(v) = paths.get_mut(p) {
@@ -184,9 +187,12 @@ fn mt6d_runs(
         eprintln!("mt6d bench --relays: mt6d ({what}), {label}, run {}", r + 1);
         let before = statuses(lab, relays)?;
         let edges_before = statuses(lab, &edges)?;
+        let cpu = CpuWindow::start(lab, PATH_NODES[p]);
         let report = transfer(lab, f, t, args.secs, port_base + (p * 10 + r) as u16)?;
         let after = statuses(lab, relays)?;
         let edges_after = statuses(lab, &edges)?;
+        let datagrams = counter(&after[0].1, "rx_datagrams")
+            .saturating_sub(counter(&before[0].1, "rx_datagrams"));
         let mut stages = Value::obj();
         for ((name, b), (_, a)) in before.iter().zip(&after) {
             stages.set(name, stage_ns(b, a));
@@ -196,10 +202,81 @@ fn mt6d_runs(
             .set("sha256_match", report.1)
             .set("relay_stages_ns_per_datagram", stages)
             .set("relay_drops", drops(&before, &after))
-            .set("edge_drops", drops(&edges_before, &edges_after));
+            .set("edge_drops", drops(&edges_before, &edges_after))
+            .set("cpu", cpu.finish(lab, report.0, datagrams));
         runs.push(run);
     }
     Ok(Value::Array(runs))
+}
+
+/// Where the machine's CPU went during one transfer: the whole machine's busy time (/proc/stat)
+/// and each daemon's on the path (/proc/PID/stat), against the bytes and datagrams moved.
+struct CpuWindow {
+    machine: Option<(u64, u64)>,
+    nodes: Vec<(String, Option<crate::procs::ProcSample>)>,
+    started: std::time::Instant,
+}
+
+impl CpuWindow {
+    fn start(lab: &RelayLab, nodes: &[&str]) -> CpuWindow {
+        let sample = |n: &str| {
+            lab.node_index(n)
+                .ok()
+                .and_then(|i| lab.pid(i))
+                .and_then(crate::procs::ProcSample::read)
+        };
+        CpuWindow {
+            machine: crate::procs::machine_jiffies(),
+            nodes: nodes.iter().map(|n| (n.to_string(), sample(n))).collect(),
+            started: std::time::Instant::now(),
+        }
+    }
+
+    /// `mbit_s` the transfer's rate, `datagrams` what the path's first relay received meanwhile
+    /// (both directions; 0: no daemon): busy cores, CPU seconds per GB moved, and per daemon
+    /// (and for everything else together: the TCP endpoints, the kernel's forwarding and
+    /// interrupts) CPU microseconds per datagram.
+    fn finish(self, lab: &RelayLab, mbit_s: f64, datagrams: u64) -> Value {
+        let secs = self.started.elapsed().as_secs_f64().max(1e-3);
+        let mut v = Value::obj();
+        let Some(((b0, _), (b1, _))) = self.machine.zip(crate::procs::machine_jiffies()) else {
+            return v;
+        };
+        let busy_s = b1.saturating_sub(b0) as f64 / crate::procs::HZ;
+        let gb = mbit_s * secs / 8_000.0;
+        v.set("busy_cores", round2(busy_s / secs));
+        if gb > 0.0 {
+            v.set("cpu_s_per_gb", round2(busy_s / gb));
+        }
+        if datagrams == 0 {
+            return v;
+        }
+        let per = |cpu_s: f64| (cpu_s * 1e6 / datagrams as f64 * 100.0).round() / 100.0;
+        let mut nodes = Value::obj();
+        let mut daemons_s = 0.0;
+        for (name, before) in &self.nodes {
+            let after = lab
+                .node_index(name)
+                .ok()
+                .and_then(|i| lab.pid(i))
+                .and_then(crate::procs::ProcSample::read);
+            if let Some((a, b)) = before.zip(after) {
+                let cpu_s =
+                    (b.utime + b.stime).saturating_sub(a.utime + a.stime) as f64 / crate::procs::HZ;
+                daemons_s += cpu_s;
+                nodes.set(name, per(cpu_s));
+            }
+        }
+        nodes.set("everything else", per((busy_s - daemons_s).max(0.0)));
+        nodes.set("all", per(busy_s));
+        v.set("datagrams", datagrams)
+            .set("cpu_us_per_datagram", nodes);
+        v
+    }
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
 }
 
 fn last<'a>(v: &[&'a str]) -> &'a str {
@@ -394,6 +471,19 @@ fn stage(doc: &Value, p: usize, relay: &str, stage: &str) -> Option<f64> {
     )
 }
 
+/// The median over path `p`'s runs of `method` of a value under the run's `cpu`.
+fn cpu(doc: &Value, p: usize, method: &str, keys: &[&str]) -> Option<f64> {
+    let runs = doc
+        .path(&["throughput"])?
+        .as_array()?
+        .get(p)?
+        .get(method)?
+        .as_array()?;
+    let mut path = vec!["cpu"];
+    path.extend_from_slice(keys);
+    median(runs.iter().filter_map(|r| f(r, &path)).collect())
+}
+
 fn opt(x: Option<f64>, digits: usize) -> String {
     x.map_or_else(|| "-".to_string(), |x| format!("{x:.digits$}"))
 }
@@ -438,6 +528,29 @@ pub fn markdown(doc: &Value) -> String {
         }
     }
     m.push_str(&format!("\n003: {PAPER_NS} ns per 1,024-byte segment at the router (DES, -O2, 4 threads). The send stage includes the kernel's work for the next hop that runs in the sending thread (veth).\n\n"));
+    m.push_str("## Where the CPU goes (both cores shared by every node and both TCP endpoints)\n\n| path | busy cores, mt6d | busy cores, kernel | CPU s per GB, mt6d | CPU s per GB, kernel | CPU us per datagram at a relay: by daemon on the path, everything else, all |\n|---|---|---|---|---|---|\n");
+    for (p, (label, ..)) in PATHS.iter().enumerate() {
+        let per: Vec<String> = PATH_NODES[p]
+            .iter()
+            .copied()
+            .chain(["everything else", "all"])
+            .map(|n| {
+                format!(
+                    "{n} {}",
+                    opt(cpu(doc, p, "mt6d", &["cpu_us_per_datagram", n]), 2)
+                )
+            })
+            .collect();
+        m.push_str(&format!(
+            "| {label} | {} | {} | {} | {} | {} |\n",
+            opt(cpu(doc, p, "mt6d", &["busy_cores"]), 2),
+            opt(cpu(doc, p, "kernel_forwarding", &["busy_cores"]), 2),
+            opt(cpu(doc, p, "mt6d", &["cpu_s_per_gb"]), 2),
+            opt(cpu(doc, p, "kernel_forwarding", &["cpu_s_per_gb"]), 2),
+            per.join(", ")
+        ));
+    }
+    m.push_str("\nPer datagram: CPU time over the datagrams the path's first relay received in both directions (data and acknowledgements). Everything else is the machine's busy time less the daemons': the TCP endpoints, the kernel's veth and forwarding work, interrupts.\n\n");
     m.push_str("## Loss added by the relays\n\n");
     for (p, (label, ..)) in PATHS.iter().enumerate() {
         let runs = doc
@@ -621,7 +734,10 @@ mod tests {
                     "relay_stages_ns_per_datagram": {{
                         "r1": {{"recv": 200, "lock": 20, "node": {node}, "send": 400, "tun_write": 0, "total": 1300}},
                         "r2": {{"recv": 210, "lock": 30, "node": {node}, "send": 410, "tun_write": 0, "total": 1310}}}},
-                    "relay_drops": {{}}, "edge_drops": {{}}}}"#
+                    "relay_drops": {{}}, "edge_drops": {{}},
+                    "cpu": {{"busy_cores": 1.98, "cpu_s_per_gb": 5.5, "datagrams": 100,
+                        "cpu_us_per_datagram": {{"e1": 2.5, "r1": 1.5, "e2": 2.25,
+                            "everything else": 1.4, "all": 7.65}}}}}}"#
             ))
             .unwrap()
         };
@@ -665,6 +781,10 @@ mod tests {
         );
         assert!(m.contains("| two relays | 800 | - | - | - | 2.5x |"), "{m}");
         assert!(m.contains("2 workers per node"), "{m}");
+        assert!(
+            m.contains("| one relay | 1.98 | - | 5.50 | - | e1 2.50, r1 1.50, e2 2.25, everything else 1.40, all 7.65 |"),
+            "{m}"
+        );
         assert!(
             m.contains("| two relays, r2 | 210 | 30 | 700 | 410 | 1310 |"),
             "{m}"

@@ -615,6 +615,11 @@ impl RelayLab {
         }
     }
 
+    /// The pid of node `i`'s daemon, if it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.daemons.get(i)?.as_ref()?.pid()
+    }
+
     /// Kills node `i`'s daemon with SIGKILL, as a crash would end it, and waits for it to be
     /// gone: what it added to the kernel stays (`mt6d down -c FILE` removes it). Returns the
     /// pid it had, `None` if it was not running. Its log stays readable.
