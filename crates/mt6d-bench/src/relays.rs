@@ -445,43 +445,45 @@ fn median(mut xs: Vec<f64>) -> Option<f64> {
     Some(xs[xs.len() / 2])
 }
 
-/// The median Mbit/s of path `p`'s runs of `method` (`mt6d` or `kernel_forwarding`).
-fn mbit(doc: &Value, p: usize, method: &str) -> Option<f64> {
-    let runs = doc
-        .path(&["throughput"])?
+/// Path `p`'s runs of `method` (`mt6d`, `mt6d_one_worker` or `kernel_forwarding`).
+fn runs<'d>(doc: &'d Value, p: usize, method: &str) -> Option<&'d Vec<Value>> {
+    doc.path(&["throughput"])?
         .as_array()?
         .get(p)?
         .get(method)?
-        .as_array()?;
-    median(runs.iter().filter_map(|r| f(r, &["mbit_s"])).collect())
+        .as_array()
+}
+
+/// The median over path `p`'s runs of `method` of the value at `keys` in each run.
+fn median_of(doc: &Value, p: usize, method: &str, keys: &[&str]) -> Option<f64> {
+    median(
+        runs(doc, p, method)?
+            .iter()
+            .filter_map(|r| f(r, keys))
+            .collect(),
+    )
+}
+
+/// The median Mbit/s of path `p`'s runs of `method`.
+fn mbit(doc: &Value, p: usize, method: &str) -> Option<f64> {
+    median_of(doc, p, method, &["mbit_s"])
 }
 
 /// The median of a relay's stage over path `p`'s mt6d runs.
 fn stage(doc: &Value, p: usize, relay: &str, stage: &str) -> Option<f64> {
-    let runs = doc
-        .path(&["throughput"])?
-        .as_array()?
-        .get(p)?
-        .get("mt6d")?
-        .as_array()?;
-    median(
-        runs.iter()
-            .filter_map(|r| f(r, &["relay_stages_ns_per_datagram", relay, stage]))
-            .collect(),
+    median_of(
+        doc,
+        p,
+        "mt6d",
+        &["relay_stages_ns_per_datagram", relay, stage],
     )
 }
 
 /// The median over path `p`'s runs of `method` of a value under the run's `cpu`.
 fn cpu(doc: &Value, p: usize, method: &str, keys: &[&str]) -> Option<f64> {
-    let runs = doc
-        .path(&["throughput"])?
-        .as_array()?
-        .get(p)?
-        .get(method)?
-        .as_array()?;
     let mut path = vec!["cpu"];
     path.extend_from_slice(keys);
-    median(runs.iter().filter_map(|r| f(r, &path)).collect())
+    median_of(doc, p, method, &path)
 }
 
 fn opt(x: Option<f64>, digits: usize) -> String {
@@ -553,13 +555,7 @@ pub fn markdown(doc: &Value) -> String {
     m.push_str("\nPer datagram: CPU time over the datagrams the path's first relay received in both directions (data and acknowledgements). Everything else is the machine's busy time less the daemons': the TCP endpoints, the kernel's veth and forwarding work, interrupts.\n\n");
     m.push_str("## Loss added by the relays\n\n");
     for (p, (label, ..)) in PATHS.iter().enumerate() {
-        let runs = doc
-            .path(&["throughput"])
-            .and_then(Value::as_array)
-            .and_then(|a| a.get(p))
-            .and_then(|v| v.get("mt6d"))
-            .and_then(Value::as_array);
-        let drops: Vec<String> = runs
+        let drops: Vec<String> = runs(doc, p, "mt6d")
             .into_iter()
             .flatten()
             .filter_map(|r| r.get("relay_drops").and_then(Value::as_object))

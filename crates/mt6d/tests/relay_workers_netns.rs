@@ -13,7 +13,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddrV6, UdpSocket};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mt6d::lab::relays::{self, RelayLab, Shape};
 use mt6d::relay::status::RelayStatus;
@@ -24,15 +24,6 @@ const FLOWS: usize = 16;
 /// Datagrams per flow, one every 4 ms: about 6 s, six rotations of every link.
 const PER_FLOW: u32 = 1_500;
 const PORT: u16 = 5090;
-
-/// Per flow (source port): datagrams received, how many arrived after a later one, repeats.
-#[derive(Debug, Default, Clone, Copy)]
-struct FlowSeen {
-    received: u32,
-    out_of_order: u32,
-    duplicates: u32,
-    last: Option<u32>,
-}
 
 #[test]
 #[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
@@ -62,51 +53,15 @@ fn two_workers_per_node_share_the_flows_and_none_is_lost_or_reordered_across_rot
                 .expect("bind")
         })
         .collect();
-    let receiver = std::thread::spawn(move || {
-        let mut flows: BTreeMap<u16, FlowSeen> = BTreeMap::new();
-        let mut buf = [0u8; 2048];
-        let total = FLOWS as u32 * PER_FLOW;
-        let mut got = 0;
-        // Ends when all arrived or nothing came for 700 ms.
-        while got < total {
-            let Ok((n, from)) = rx.recv_from(&mut buf) else {
-                break;
-            };
-            let Some(seq) = buf[..n].get(..4) else {
-                continue;
-            };
-            let seq = u32::from_be_bytes([seq[0], seq[1], seq[2], seq[3]]);
-            let f = flows.entry(from.port()).or_default();
-            match f.last {
-                Some(last) if seq == last => f.duplicates += 1,
-                Some(last) if seq < last => f.out_of_order += 1,
-                _ => f.last = Some(seq),
-            }
-            f.received += 1;
-            got += 1;
-        }
-        flows
-    });
+    let receiver = common::receive_sequenced(rx, FLOWS as u32 * PER_FLOW);
     let names = ["eA", "r1", "r2", "eB"];
     let index = |n: &str| lab.node_index(n).expect("node");
     let before: Vec<RelayStatus> = names
         .iter()
         .map(|n| lab.status(index(n)).expect("status"))
         .collect();
-    let started = Instant::now();
     let dst = SocketAddrV6::new(dst_addr, PORT, 0, 0);
-    let mut msg = [0u8; 300];
-    for seq in 0..PER_FLOW {
-        let due = started + Duration::from_micros(u64::from(seq) * 4_000);
-        if let Some(wait) = due.checked_duration_since(Instant::now()) {
-            std::thread::sleep(wait);
-        }
-        msg[..4].copy_from_slice(&seq.to_be_bytes());
-        for s in &senders {
-            s.send_to(&msg, dst).expect("send");
-        }
-    }
-    let sent_secs = started.elapsed().as_secs_f64();
+    let sent_secs = common::send_sequenced(&senders, dst, PER_FLOW, Duration::from_millis(4));
     let flows = receiver.join().expect("receiver");
     let after: Vec<RelayStatus> = names
         .iter()
@@ -128,15 +83,7 @@ fn two_workers_per_node_share_the_flows_and_none_is_lost_or_reordered_across_rot
     eprintln!(
         "{FLOWS} flows x {PER_FLOW} sent in {sent_secs:.1} s; eA TUN packets per worker {ea_tun:?}; r1, r2 datagrams per worker {relay_rx:?}; flows {flows:?}"
     );
-    assert_eq!(flows.len(), FLOWS, "flows heard: {flows:?}");
-    for (port, f) in &flows {
-        assert_eq!(
-            f.received, PER_FLOW,
-            "flow from port {port} lost datagrams: {f:?}"
-        );
-        assert_eq!(f.out_of_order, 0, "flow from port {port} reordered: {f:?}");
-        assert_eq!(f.duplicates, 0, "flow from port {port} duplicated: {f:?}");
-    }
+    common::assert_sequenced(&flows, FLOWS, PER_FLOW);
     for (i, st) in after.iter().enumerate() {
         assert_eq!(st.workers.len(), 2, "{}: {:?}", names[i], st.workers);
     }

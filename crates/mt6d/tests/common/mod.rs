@@ -296,3 +296,86 @@ pub fn sorted_lines(text: &str) -> Vec<String> {
     v.sort();
     v
 }
+
+/// What arrived of one sequence-numbered UDP flow (its source port): datagrams, how many came
+/// after a later one, repeats, the highest number seen.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct FlowSeen {
+    pub received: u32,
+    pub out_of_order: u32,
+    pub duplicates: u32,
+    pub last: Option<u32>,
+}
+
+/// Receives sequence-numbered datagrams (a big-endian u32 first) on `rx` on a thread, until
+/// `total` arrived or nothing came for `rx`'s read timeout: what arrived, per source port.
+pub fn receive_sequenced(
+    rx: std::net::UdpSocket,
+    total: u32,
+) -> std::thread::JoinHandle<std::collections::BTreeMap<u16, FlowSeen>> {
+    std::thread::spawn(move || {
+        let mut flows: std::collections::BTreeMap<u16, FlowSeen> = Default::default();
+        let mut buf = [0u8; 2048];
+        let mut got = 0;
+        while got < total {
+            let Ok((n, from)) = rx.recv_from(&mut buf) else {
+                break;
+            };
+            let Some(seq) = buf[..n].get(..4) else {
+                continue;
+            };
+            let seq = u32::from_be_bytes([seq[0], seq[1], seq[2], seq[3]]);
+            let f = flows.entry(from.port()).or_default();
+            match f.last {
+                Some(last) if seq == last => f.duplicates += 1,
+                Some(last) if seq < last => f.out_of_order += 1,
+                _ => f.last = Some(seq),
+            }
+            f.received += 1;
+            got += 1;
+        }
+        flows
+    })
+}
+
+/// Sends `per_flow` rounds to `dst`, one every `every`: in each, a 300-byte datagram carrying
+/// the round's number from every socket of `senders` (one flow each). Returns the seconds it
+/// took.
+pub fn send_sequenced(
+    senders: &[std::net::UdpSocket],
+    dst: std::net::SocketAddrV6,
+    per_flow: u32,
+    every: Duration,
+) -> f64 {
+    let started = Instant::now();
+    let mut msg = [0u8; 300];
+    for seq in 0..per_flow {
+        let due = started + every * seq;
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        msg[..4].copy_from_slice(&seq.to_be_bytes());
+        for s in senders {
+            s.send_to(&msg, dst).expect("send");
+        }
+    }
+    started.elapsed().as_secs_f64()
+}
+
+/// Every one of `count` flows arrived whole: `per_flow` datagrams, none after a later one,
+/// none twice.
+pub fn assert_sequenced(
+    flows: &std::collections::BTreeMap<u16, FlowSeen>,
+    count: usize,
+    per_flow: u32,
+) {
+    assert_eq!(flows.len(), count, "flows heard: {flows:?}");
+    for (port, f) in flows {
+        assert_eq!(
+            f.received, per_flow,
+            "flow from port {port} lost datagrams: {f:?}"
+        );
+        assert_eq!(f.out_of_order, 0, "flow from port {port} reordered: {f:?}");
+        assert_eq!(f.duplicates, 0, "flow from port {port} duplicated: {f:?}");
+    }
+}
