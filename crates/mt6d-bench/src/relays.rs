@@ -345,7 +345,8 @@ fn drops(before: &[(String, RelayStatus)], after: &[(String, RelayStatus)]) -> V
             let is_drop = k.starts_with("drop_")
                 || k == "tun_no_route"
                 || k == "socket_queue_drops"
-                || k == "tx_send_failed";
+                || k == "tx_send_failed"
+                || k == "tx_seal_failed";
             if is_drop && rose > 0 {
                 v.set(&format!("{name}.{k}"), rose);
             }

@@ -9,18 +9,27 @@
 //! The network is edge A - relay R - edge B over real encrypt-mode links with pre-shared keys,
 //! converged in simulated time before anything is measured. Opening needs datagrams never seen
 //! (the replay window drops a repeat), so those benches seal a fresh chunk outside the timed part.
+//!
+//! A second group, `relay-threads`, forwards both directions at once (A -> B on one thread,
+//! B -> A on another) through one relay node behind a mutex taken once per batch of 32, as
+//! the daemon's workers share it: the whole work under the lock (`handle_datagram`) against the
+//! passes whose AEAD runs outside it (`begin_datagram`, `OpenJob::open`, `finish_datagram`,
+//! `SealJob::seal`), and one thread doing both directions as the baseline. Reported per
+//! datagram of wall time: with two cores free, what the passes buy.
+//!
 //! Run: `cargo bench -p mt6d-proto --bench relay -- --warm-up-time 1 --measurement-time 3`
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 use std::hint::black_box;
 use std::net::{Ipv6Addr, SocketAddrV6};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use mt6d_proto::endpoint::IndexSeed;
 use mt6d_proto::handshake::PrivateKey;
 use mt6d_proto::relay::frame::{RelayRepr, DEFAULT_FRAME_MAX, HEADER_LEN};
-use mt6d_proto::relay::node::{E2eId, Received, RelayNode, Transmit};
+use mt6d_proto::relay::node::{E2eId, Finish, Received, RelayNode, Step, Transmit};
 use mt6d_proto::relay::table::Neighbour;
 use mt6d_proto::relay::{Kind, NodeId, HOP_LIMIT};
 use mt6d_proto::tunnel::{frame_payload_len, FRAME_HEADROOM};
@@ -165,6 +174,13 @@ impl Net {
             (1, _) => (2, Neighbour(0)),
             _ => (1, Neighbour(1)),
         }
+    }
+
+    /// One inner packet from B's host to A's host, sealed by B for the link to R.
+    fn originate_back(&mut self, now: UnixTime, packet: &[u8], out: &mut [u8]) -> Transmit {
+        self.nodes[2]
+            .send_inner(now, E2eId(0), packet, out)
+            .unwrap()
     }
 
     /// One inner packet from A's host to B's host, sealed by A for the link to R.
@@ -335,5 +351,133 @@ fn relay(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, relay);
+/// Datagrams per lock hold in `relay-threads`, as one `recvmmsg` batch of the daemon.
+const BATCH: usize = 32;
+
+/// How one thread works through its datagrams with the shared node.
+#[derive(Clone, Copy)]
+enum Sharing {
+    /// Each batch whole under the lock.
+    OnePass,
+    /// Each batch in passes, the AEAD (open and seal) outside the lock.
+    Passes,
+}
+
+/// Forwards `datagrams` (arrived on relay link `link` between `local` and `remote`) through
+/// the shared relay node, a batch per lock hold.
+fn forward_batches(
+    node: &Mutex<RelayNode>,
+    now: UnixTime,
+    link: Neighbour,
+    (local, remote): (SocketAddrV6, SocketAddrV6),
+    datagrams: &mut [Vec<u8>],
+    sharing: Sharing,
+) {
+    let mut steps = Vec::with_capacity(BATCH);
+    let mut seals = Vec::with_capacity(BATCH);
+    for batch in datagrams.chunks_mut(BATCH) {
+        match sharing {
+            Sharing::OnePass => {
+                let mut n = node.lock().unwrap();
+                for d in batch.iter_mut() {
+                    let r = n.handle_datagram(now, link, local, remote, d);
+                    assert!(matches!(r, Received::Forward(_)));
+                }
+            }
+            Sharing::Passes => {
+                steps.clear();
+                seals.clear();
+                {
+                    let mut n = node.lock().unwrap();
+                    for d in batch.iter_mut() {
+                        match n.begin_datagram(now, link, local, remote, d) {
+                            Step::Open(job) => steps.push(job),
+                            _ => panic!("not a forwarded frame"),
+                        }
+                    }
+                }
+                let opened: Vec<_> = steps
+                    .iter()
+                    .zip(batch.iter_mut())
+                    .map(|(job, d)| job.open(d))
+                    .collect();
+                {
+                    let mut n = node.lock().unwrap();
+                    for ((job, d), o) in steps.iter().zip(batch.iter_mut()).zip(opened) {
+                        match n.finish_datagram(now, job, o, d) {
+                            Finish::Seal(seal) => seals.push(seal),
+                            Finish::Done(r) => panic!("not forwarded: {r:?}"),
+                        }
+                    }
+                }
+                for (seal, d) in seals.iter().zip(batch.iter_mut()) {
+                    black_box(seal.seal(d).unwrap());
+                }
+            }
+        }
+    }
+}
+
+fn relay_threads(c: &mut Criterion) {
+    let mut net = Net::build();
+    let now = at(3000);
+    let there = inner(net.hosts.0, net.hosts.1);
+    let back = inner(net.hosts.1, net.hosts.0);
+    let wire = frame_payload_len(FRAME_MAX);
+    let mut out = vec![0u8; wire];
+    // The relay behind the mutex; the edges seal fresh datagrams for it outside the timing.
+    let relay = Mutex::new(std::mem::replace(
+        &mut net.nodes[1],
+        RelayNode::relay(at(0), FRAME_MAX).unwrap(),
+    ));
+    let mut g = c.benchmark_group(format!("relay-threads/{INNER}"));
+    g.throughput(Throughput::Elements(1));
+    let mut fill = |net: &mut Net| {
+        let (mut ab, mut ba) = (Vec::with_capacity(CHUNK), Vec::with_capacity(CHUNK));
+        let (mut r_ab, mut r_ba) = (None, None);
+        for _ in 0..CHUNK {
+            let t = net.originate(now, &there, &mut out);
+            ab.push(out[..t.len].to_vec());
+            r_ab = Some((t.route.remote, t.route.local));
+            let t = net.originate_back(now, &back, &mut out);
+            ba.push(out[..t.len].to_vec());
+            r_ba = Some((t.route.remote, t.route.local));
+        }
+        (ab, r_ab.unwrap(), ba, r_ba.unwrap())
+    };
+    for (name, threads, sharing) in [
+        ("one-thread", 1, Sharing::OnePass),
+        ("two-threads-one-pass", 2, Sharing::OnePass),
+        ("two-threads-passes", 2, Sharing::Passes),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut spent = Duration::ZERO;
+                let mut done = 0;
+                while done < iters {
+                    let (mut ab, r_ab, mut ba, r_ba) = fill(&mut net);
+                    let start = Instant::now();
+                    if threads == 1 {
+                        forward_batches(&relay, now, Neighbour(0), r_ab, &mut ab, sharing);
+                        forward_batches(&relay, now, Neighbour(1), r_ba, &mut ba, sharing);
+                    } else {
+                        std::thread::scope(|s| {
+                            let relay = &relay;
+                            s.spawn(move || {
+                                forward_batches(relay, now, Neighbour(0), r_ab, &mut ab, sharing)
+                            });
+                            forward_batches(relay, now, Neighbour(1), r_ba, &mut ba, sharing);
+                        });
+                    }
+                    spent += start.elapsed();
+                    done += 2 * CHUNK as u64;
+                }
+                spent
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, relay, relay_threads);
 criterion_main!(benches);

@@ -66,4 +66,4 @@ pub use key::SessionKey;
 pub use schedule::{Epoch, EpochClock, Route, Schedule};
 pub use stream::Stream;
 pub use time::UnixTime;
-pub use tunnel::{KeyPhase, OpenError, Opener, SealError, Sealer};
+pub use tunnel::{FrameJob, KeyPhase, OpenError, Opener, SealError, Sealer};

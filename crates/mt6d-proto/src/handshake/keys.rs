@@ -4,7 +4,7 @@
 
 use super::OLD_KEY_GRACE;
 use crate::tunnel::{KeyPhase, COUNTER_LEN, OPEN_HEADROOM, TAG_LEN};
-use crate::{OpenError, Opener, Route, UnixTime};
+use crate::{FrameJob, OpenError, Opener, Route, UnixTime};
 
 impl Slot {
     /// Whether a failed open has other keys to try (a spare, or the retiring key in its grace).
@@ -321,6 +321,60 @@ impl ReceiveKeys {
         Ok((self.confirm(i, now, frame_len(frame, payload.len())), frame))
     }
 
+    /// [`ReceiveKeys::open_frame`] in three steps, for a driver that opens outside the lock
+    /// guarding these keys ([`Opener::frame_job`]): the AEAD job of the payload's slot and the
+    /// slot's index. `Ok(None)` where the slot has other keys to try (a rekey race, §9.5: rare and
+    /// brief) or the payload is a keepalive: open it with `open_frame` instead.
+    pub fn frame_job(
+        &self,
+        now: UnixTime,
+        route: &Route,
+        payload: &[u8],
+    ) -> Result<Option<(usize, FrameJob)>, OpenError> {
+        let i = self.slot_of(payload);
+        let Some(slot) = &self.slots[i] else {
+            return Err(OpenError::NoKey);
+        };
+        if slot.has_others(now) {
+            return Ok(None);
+        }
+        Ok(slot.opener.frame_job(route, payload)?.map(|j| (i, j)))
+    }
+
+    /// The last step, after [`FrameJob::open`] verified `payload`: the replay window and the
+    /// frame check of the key that made `job` ([`Opener::commit_frame`]): slot `i`'s key, which
+    /// the first frame confirms as `open_frame` does, or the key a handshake retired from the
+    /// slot in the meantime (within its grace). `Ok(None)`: neither made it (the key is gone),
+    /// nothing taken.
+    pub fn commit_frame(
+        &mut self,
+        now: UnixTime,
+        i: usize,
+        job: &FrameJob,
+        payload: &mut [u8],
+    ) -> Result<Option<Opened>, OpenError> {
+        let len = frame_len(true, payload.len());
+        let Some(slot) = self.slots.get_mut(i).and_then(Option::as_mut) else {
+            return Ok(None);
+        };
+        if slot.opener.made(job) {
+            if slot.opener.commit_frame(job, payload)?.is_none() {
+                return Ok(None);
+            }
+            return Ok(Some(self.confirm(i, now, len)));
+        }
+        if let Some((old, until)) = &mut slot.retiring {
+            if now < *until && old.made(job) && old.commit_frame(job, payload)?.is_some() {
+                return Ok(Some(Opened {
+                    len,
+                    confirmed: None,
+                    confirmed_key: None,
+                }));
+            }
+        }
+        Ok(None)
+    }
+
     /// The slot a payload's key phase names (slot 0 for a static key).
     fn slot_of(&self, payload: &[u8]) -> usize {
         if self.single {
@@ -409,6 +463,71 @@ mod tests {
         let n = sealers[1].seal_keepalive(&ra, &mut ka).unwrap();
         ka.truncate(n);
         assert_eq!(got(&mut keys, ka), Ok((false, false, 0)), "a keepalive");
+    }
+
+    /// The three steps (`frame_job`, the AEAD, `commit_frame`) open what `open_frame` opens,
+    /// confirm a new key as it does, refuse a replay that passed the first step twice (two
+    /// workers, one counter), and take nothing from a job whose key a handshake replaced
+    /// between the steps; a slot with other keys to try is left to `open_frame`.
+    #[test]
+    fn frame_jobs_open_commit_and_refuse_as_open_frame_does() {
+        use crate::relay::frame::MIN_FRAME_MAX;
+        use crate::relay::{Kind, RelayRepr};
+        use crate::tunnel::frame_payload_len;
+        let (mode, alg) = (Mode::Encrypt, AeadAlg::Aes256Gcm);
+        let (a, b) = pair(mode, alg);
+        let (ra, rb) = (a.route(Epoch(3)), b.route(Epoch(3)));
+        let now = UnixTime::from_secs(1_000);
+        let phase = KeyPhase::Zero;
+        let sealer = |k: u8| Sealer::for_session(mode, alg, &[k; 32], phase, addr(A), addr(B));
+        let opener = |k: u8| Opener::for_session(mode, alg, &[k; 32], phase, addr(B), addr(A));
+        let repr = RelayRepr::link_local(Kind::Probe, 20);
+        let sealers = [sealer(1), sealer(2)];
+        let frame = |k: usize| {
+            let mut out = vec![0u8; frame_payload_len(MIN_FRAME_MAX)];
+            let n = sealers[k - 1]
+                .seal_frame(&ra, &repr, &[7; 20], MIN_FRAME_MAX, &mut out)
+                .unwrap();
+            out.truncate(n);
+            out
+        };
+        let mut keys = ReceiveKeys::new();
+        keys.install(opener(1), false, now);
+        // The unconfirmed key's first frame: opened in three steps, it confirms the key.
+        let mut wire = frame(1);
+        let (i, job) = keys.frame_job(now, &rb, &wire).unwrap().unwrap();
+        job.open(&mut wire).unwrap();
+        let opened = keys.commit_frame(now, i, &job, &mut wire).unwrap().unwrap();
+        assert_eq!((opened.len, opened.confirmed), (128, Some(phase)));
+        let at = crate::tunnel::COUNTER_LEN + crate::relay::frame::HEADER_LEN;
+        assert_eq!(&wire[at..at + 20], &[7; 20]);
+        // One datagram through the first step twice (a replay racing the original): one opens.
+        let wire = frame(1);
+        let (mut w1, mut w2) = (wire.clone(), wire);
+        let (i1, j1) = keys.frame_job(now, &rb, &w1).unwrap().unwrap();
+        let (i2, j2) = keys.frame_job(now, &rb, &w2).unwrap().unwrap();
+        j1.open(&mut w1).unwrap();
+        j2.open(&mut w2).unwrap();
+        assert!(keys.commit_frame(now, i1, &j1, &mut w1).unwrap().is_some());
+        assert!(matches!(
+            keys.commit_frame(now, i2, &j2, &mut w2),
+            Err(OpenError::Replay(_))
+        ));
+        // A forged payload fails the AEAD and takes nothing.
+        let mut forged = frame(1);
+        let (_, job) = keys.frame_job(now, &rb, &forged).unwrap().unwrap();
+        forged[20] ^= 1;
+        assert_eq!(job.open(&mut forged), Err(OpenError::BadTag));
+        // A job made before a confirmed handshake replaced the slot's key: nothing taken.
+        let mut wire = frame(1);
+        let (i, job) = keys.frame_job(now, &rb, &wire).unwrap().unwrap();
+        keys.install(opener(2), true, now);
+        job.open(&mut wire).unwrap();
+        assert_eq!(keys.commit_frame(now, i, &job, &mut wire), Ok(None));
+        // An unconfirmed key over a confirmed one: the slot has the retiring key to try, so the
+        // first step leaves it to `open_frame`.
+        keys.install(opener(1), false, now);
+        assert!(keys.frame_job(now, &rb, &frame(2)).unwrap().is_none());
     }
 
     /// In a rekey race (the newest key unconfirmed, the previous one retiring, an earlier answer

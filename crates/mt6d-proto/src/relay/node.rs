@@ -138,6 +138,89 @@ pub enum Received {
     },
 }
 
+/// What [`RelayNode::begin_datagram`] left to do.
+#[derive(Debug)]
+pub enum Step {
+    /// Nothing more: the result.
+    Done(Received),
+    /// The AEAD: [`OpenJob::open`] on the buffer without the node, then
+    /// [`RelayNode::finish_datagram`].
+    Open(OpenJob),
+    /// The rest under the node: [`RelayNode::resume_datagram`].
+    Resume(Resume),
+}
+
+/// A link payload to open without the node ([`RelayNode::begin_datagram`]).
+#[derive(Debug)]
+pub struct OpenJob {
+    link: Neighbour,
+    route: Route,
+    /// The receive key slot whose key made `frame`.
+    slot: usize,
+    frame: crate::FrameJob,
+}
+
+impl OpenJob {
+    /// Verifies and decrypts the link payload in `buf` in place (the buffer
+    /// [`RelayNode::begin_datagram`] saw); touches nothing of the node.
+    pub fn open(&self, buf: &mut [u8]) -> Result<(), OpenError> {
+        self.frame.open(buf)
+    }
+}
+
+/// A link payload whose work goes on under the node ([`RelayNode::resume_datagram`]).
+#[derive(Debug)]
+pub struct Resume {
+    link: Neighbour,
+    route: Route,
+}
+
+/// What [`RelayNode::finish_datagram`] left to do.
+#[derive(Debug)]
+pub enum Finish {
+    /// Nothing more: the result.
+    Done(Received),
+    /// A frame to seal for the next link without the node: [`SealJob::seal`].
+    Seal(SealJob),
+}
+
+/// A forwarded frame to seal for its next link, without the node: the link's sealer (its
+/// counter is atomic), route of the epoch and send set (header protection).
+#[derive(Debug)]
+pub struct SealJob {
+    link: Neighbour,
+    route: Route,
+    sealer: Arc<Sealer>,
+    set: Arc<RouteSet>,
+    flen: usize,
+}
+
+impl SealJob {
+    /// Seals the frame (`buf[FRAME_HEADROOM..]`, `flen` bytes) for the next link in place and
+    /// protects its header: send `buf[..len]` as the [`Transmit`] says.
+    pub fn seal(&self, buf: &mut [u8]) -> Result<Transmit, SealError> {
+        let wire = self
+            .sealer
+            .seal_frame_in_place(&self.route, buf, self.flen)?;
+        protect(&self.set.stream, wire);
+        Ok(Transmit {
+            link: self.link,
+            route: self.route,
+            len: frame_payload_len(self.flen),
+        })
+    }
+}
+
+/// What an opened link payload asks for.
+enum After {
+    Done(Received),
+    /// Seal the frame (`flen` bytes) for link `to`.
+    Forward {
+        to: Neighbour,
+        flen: usize,
+    },
+}
+
 /// What the caller applies or may log.
 // A schedule is 3 routes; events come a few per link and epoch, not per packet: no box.
 #[allow(clippy::large_enum_variant)]
@@ -273,7 +356,8 @@ pub enum NodeError {
 /// later one does.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeCounters {
-    /// Frames forwarded to another link (§10.3 step 5).
+    /// Frames forwarded to another link (§10.3 step 5): handed to its sealer (a seal that then
+    /// fails is also counted, by its reason or by the driver).
     pub forwarded: u64,
     /// Inner packets restored for the protected side.
     pub delivered: u64,
@@ -889,6 +973,10 @@ impl RelayNode {
     /// sent between), with UDP payload `buf` (header protection still on: the node removes it).
     /// The buffer is worked on in place: see [`Received`] for what it holds afterwards.
     /// Malformed, forged or replayed datagrams are counted and [`Received::Consumed`].
+    ///
+    /// The same steps as [`RelayNode::begin_datagram`], [`OpenJob::open`],
+    /// [`RelayNode::finish_datagram`] and [`SealJob::seal`] in a row (or
+    /// [`RelayNode::resume_datagram`]), for a driver with one thread.
     pub fn handle_datagram(
         &mut self,
         now: UnixTime,
@@ -897,10 +985,42 @@ impl RelayNode {
         remote: SocketAddrV6,
         buf: &mut [u8],
     ) -> Received {
+        match self.begin_datagram(now, link, local, remote, buf) {
+            Step::Done(r) => r,
+            Step::Resume(rest) => self.resume_datagram(now, rest, buf),
+            Step::Open(job) => {
+                let opened = job.open(buf);
+                match self.finish_datagram(now, &job, opened, buf) {
+                    Finish::Done(r) => r,
+                    Finish::Seal(seal) => match seal.seal(buf) {
+                        Ok(t) => Received::Forward(t),
+                        Err(e) => {
+                            self.counters.drop(e.reason());
+                            Received::Consumed
+                        }
+                    },
+                }
+            }
+        }
+    }
+
+    /// The first step of [`RelayNode::handle_datagram`], for a driver whose threads share the
+    /// node behind a lock (docs/ARCHITECTURE.md "Relays"): the link's route, header protection,
+    /// handshake-class messages, and the link key's checks before the AEAD. What is left is an
+    /// [`OpenJob`] to run without the node (the common case), or the rest of the work under it
+    /// ([`Step::Resume`]: a keepalive, or keys in a rekey race).
+    pub fn begin_datagram(
+        &mut self,
+        now: UnixTime,
+        link: Neighbour,
+        local: SocketAddrV6,
+        remote: SocketAddrV6,
+        buf: &mut [u8],
+    ) -> Step {
         self.refresh(now);
         let Some(l) = self.links.get_mut(&link) else {
             self.counters.drop("node_unknown_link");
-            return Received::Consumed;
+            return Step::Done(Received::Consumed);
         };
         let Some(at) = l
             .accept
@@ -908,7 +1028,7 @@ impl RelayNode {
             .position(|a| a.route.local == local && a.route.remote == remote)
         else {
             self.counters.drop("node_unknown_route");
-            return Received::Consumed;
+            return Step::Done(Received::Consumed);
         };
         let accept = &l.accept[at];
         let route = accept.route;
@@ -916,30 +1036,132 @@ impl RelayNode {
         if let Some(hk) = accept.set.stream.recv_header_key() {
             if let Err(e) = hk.unprotect(buf) {
                 self.counters.drop(e.reason());
-                return Received::Consumed;
+                return Step::Done(Received::Consumed);
             }
         }
         // Handshake-class messages go to the link (§9.3, §5.2); only data reaches the keys.
         if is_notice(buf) || is_handshake(buf) {
             self.link_message(now, link, at, buf);
-            return Received::Consumed;
+            return Step::Done(Received::Consumed);
         }
-        let opened = match l.recv.open_frame(now, &route, buf) {
+        match l.recv.frame_job(now, &route, buf) {
+            Ok(Some((slot, frame))) => Step::Open(OpenJob {
+                link,
+                route,
+                slot,
+                frame,
+            }),
+            Ok(None) => Step::Resume(Resume { link, route }),
+            Err(e) => {
+                self.open_failed(now, link, e);
+                Step::Done(Received::Consumed)
+            }
+        }
+    }
+
+    /// The rest of [`RelayNode::begin_datagram`]'s work under the node (the keys' full open with
+    /// their fallbacks, then as [`RelayNode::finish_datagram`], sealing included).
+    pub fn resume_datagram(&mut self, now: UnixTime, rest: Resume, buf: &mut [u8]) -> Received {
+        let Some((l, at)) = self.accept_of(rest.link, &rest.route) else {
+            return Received::Consumed;
+        };
+        let opened = match l.recv.open_frame(now, &rest.route, buf) {
             Ok(o) => o,
             Err(e) => {
-                if e == OpenError::NoKey {
-                    l.link.handle_empty_slot(now);
-                }
-                self.counters.drop(e.reason());
-                self.drain_link(now, link);
+                self.open_failed(now, rest.link, e);
                 return Received::Consumed;
             }
         };
+        match self.after_open(now, rest.link, at, opened, buf) {
+            After::Done(r) => r,
+            After::Forward { to, flen } => self.forward(to, buf, flen),
+        }
+    }
+
+    /// The step after [`OpenJob::open`] (whose result is `opened`): the replay window, the
+    /// frame, and what it is for: a probe or routing message (handled), an inner packet for
+    /// this edge gateway ([`Received::Deliver`], restored in place), or a frame for the next
+    /// link, returned as a [`SealJob`] to run without the node.
+    pub fn finish_datagram(
+        &mut self,
+        now: UnixTime,
+        job: &OpenJob,
+        opened: Result<(), OpenError>,
+        buf: &mut [u8],
+    ) -> Finish {
+        if let Err(e) = opened {
+            self.open_failed(now, job.link, e);
+            return Finish::Done(Received::Consumed);
+        }
+        let Some((l, at)) = self.accept_of(job.link, &job.route) else {
+            return Finish::Done(Received::Consumed);
+        };
+        let opened = match l.recv.commit_frame(now, job.slot, &job.frame, buf) {
+            Ok(Some(o)) => (o, true),
+            Ok(None) => {
+                self.counters.drop("node_key_replaced");
+                return Finish::Done(Received::Consumed);
+            }
+            Err(e) => {
+                self.open_failed(now, job.link, e);
+                return Finish::Done(Received::Consumed);
+            }
+        };
+        match self.after_open(now, job.link, at, opened, buf) {
+            After::Done(r) => Finish::Done(r),
+            After::Forward { to, flen } => self.seal_job(to, flen),
+        }
+    }
+
+    /// The link and the index of `route` among its accept routes (they may have been rebuilt
+    /// between the steps of a datagram); a drop counted if it is gone.
+    fn accept_of(&mut self, link: Neighbour, route: &Route) -> Option<(&mut RelayLink, usize)> {
+        let Some(l) = self.links.get_mut(&link) else {
+            self.counters.drop("node_unknown_link");
+            return None;
+        };
+        let Some(at) = l
+            .accept
+            .iter()
+            .position(|a| a.route.local == route.local && a.route.remote == route.remote)
+        else {
+            self.counters.drop("node_unknown_route");
+            return None;
+        };
+        Some((l, at))
+    }
+
+    /// A link payload that did not open: counted by its reason; an empty key slot asks the link
+    /// for a handshake.
+    fn open_failed(&mut self, now: UnixTime, link: Neighbour, e: OpenError) {
+        if e == OpenError::NoKey {
+            if let Some(l) = self.links.get_mut(&link) {
+                l.link.handle_empty_slot(now);
+            }
+        }
+        self.counters.drop(e.reason());
+        self.drain_link(now, link);
+    }
+
+    /// What an opened link payload is for (§10.3 onwards): `opened` what the keys opened and
+    /// whether it is a frame (not a keepalive); the frame is at `buf[FRAME_HEADROOM..]`.
+    fn after_open(
+        &mut self,
+        now: UnixTime,
+        link: Neighbour,
+        at: usize,
+        opened: (crate::handshake::Opened, bool),
+        buf: &mut [u8],
+    ) -> After {
+        let Some(l) = self.links.get_mut(&link) else {
+            return After::Done(Received::Consumed);
+        };
         let accept = &l.accept[at];
+        let route = accept.route;
         // The link set after the session's switch takes handshake-class messages only (§9.8).
         if !accept.data && !l.link.sets().takes_data(&accept.set) {
             self.counters.drop("node_set_closed");
-            return Received::Consumed;
+            return After::Done(Received::Consumed);
         }
         accept.set.opened_on(route.epoch);
         let (opened, frame) = opened;
@@ -949,7 +1171,7 @@ impl RelayNode {
         }
         if !frame {
             self.counters.keepalives += 1;
-            return Received::Consumed;
+            return After::Done(Received::Consumed);
         }
         let end = buf.len() - TAG_LEN;
         let repr = match RelayFrame::new_checked(&buf[FRAME_HEADROOM..end]) {
@@ -957,7 +1179,7 @@ impl RelayNode {
             Err(e) => {
                 // Checked by the open: cannot happen.
                 self.counters.drop(OpenError::BadFrame(e).reason());
-                return Received::Consumed;
+                return After::Done(Received::Consumed);
             }
         };
         // The frame is buf[FRAME_HEADROOM..len - TAG_LEN], checked; its payload follows the header.
@@ -966,7 +1188,7 @@ impl RelayNode {
         match repr.kind {
             Kind::Probe => {
                 self.handle_probe(now, link, &buf[payload]);
-                Received::Consumed
+                After::Done(Received::Consumed)
             }
             Kind::Routing => {
                 match RoutingMessage::new_checked(&buf[payload]) {
@@ -982,24 +1204,27 @@ impl RelayNode {
                     Err(e) => self.counters.drop(e.reason()),
                 }
                 self.pump(now);
-                Received::Consumed
+                After::Done(Received::Consumed)
             }
             Kind::Data | Kind::E2eHandshake => match self.table.forward(&repr, false) {
-                Forward::Deliver => self.deliver(now, repr.kind, buf, payload.end),
+                Forward::Deliver => After::Done(self.deliver(now, repr.kind, buf, payload.end)),
                 Forward::Send { to, hops } => {
                     // §10.5, after the route lookup: no bucket for a destination without a route.
                     if repr.kind == Kind::E2eHandshake
                         && !self.handshake_rate.allow(now, repr.destination)
                     {
                         self.counters.drop("relay_handshake_rate");
-                        return Received::Consumed;
+                        return After::Done(Received::Consumed);
                     }
                     buf[FRAME_HEADROOM + 1] = hops;
-                    self.forward(to, buf, frame_end - FRAME_HEADROOM)
+                    After::Forward {
+                        to,
+                        flen: frame_end - FRAME_HEADROOM,
+                    }
                 }
                 Forward::Drop(d) => {
                     self.counters.drop(d.reason());
-                    Received::Consumed
+                    After::Done(Received::Consumed)
                 }
             },
         }
@@ -1247,32 +1472,40 @@ impl RelayNode {
 
     /// §10.3 step 5: seal the frame (hop limit already lowered) for `to`'s link in the buffer it
     /// arrived in.
+    /// Seals a frame of `flen` bytes in `buf` for link `to` (under the node: the one-thread path).
     fn forward(&mut self, to: Neighbour, buf: &mut [u8], flen: usize) -> Received {
+        match self.seal_job(to, flen) {
+            Finish::Done(r) => r,
+            Finish::Seal(job) => match job.seal(buf) {
+                Ok(t) => Received::Forward(t),
+                Err(e) => {
+                    self.counters.drop(e.reason());
+                    Received::Consumed
+                }
+            },
+        }
+    }
+
+    /// What sealing a frame of `flen` bytes for link `to` needs: its sealer, its route of the
+    /// epoch and its send set's header key. Counts the frame as forwarded.
+    fn seal_job(&mut self, to: Neighbour, flen: usize) -> Finish {
         let Some(l) = self.links.get_mut(&to) else {
             self.counters.drop("relay_no_route");
-            return Received::Consumed;
+            return Finish::Done(Received::Consumed);
         };
         let Some(sealer) = &l.send else {
             l.link.handle_no_send_key();
             self.counters.drop("node_no_key");
-            return Received::Consumed;
+            return Finish::Done(Received::Consumed);
         };
-        let route = l.schedule.send;
-        match sealer.seal_frame_in_place(&route, buf, flen) {
-            Ok(wire) => {
-                protect(&l.send_set.stream, wire);
-                self.counters.forwarded += 1;
-                Received::Forward(Transmit {
-                    link: to,
-                    route,
-                    len: frame_payload_len(flen),
-                })
-            }
-            Err(e) => {
-                self.counters.drop(e.reason());
-                Received::Consumed
-            }
-        }
+        self.counters.forwarded += 1;
+        Finish::Seal(SealJob {
+            link: to,
+            route: l.schedule.send,
+            sealer: sealer.clone(),
+            set: l.send_set.clone(),
+            flen,
+        })
     }
 
     /// §10.3 step 1 and §10.5 "Receiving": find the virtual route by its tag, remove the set's
@@ -1851,6 +2084,76 @@ mod tests {
                 matches!(got, Received::Forward(Transmit { link: OUT, .. }))
             })
             .count()
+    }
+
+    /// The passes a driver with several workers takes (`begin_datagram`, `OpenJob::open`
+    /// without the node, `finish_datagram`, `SealJob::seal` without it) forward what
+    /// `handle_datagram` forwards, byte for byte; one datagram begun twice before either is
+    /// finished (a replay racing its original through another worker) is forwarded once and
+    /// counted as a replay once; a forged one fails its open and is counted as a bad tag.
+    #[test]
+    fn the_passes_forward_as_one_call_and_a_racing_replay_once() {
+        let d = id(1);
+        let t0 = at(1_000);
+        let (mut r, peer, s) = relay_routing(t0, &[d]);
+        let (mut twin, _, _) = relay_routing(t0, &[d]);
+        let route = peer.schedule(t0).send;
+        let datagram = || {
+            let repr = RelayRepr {
+                kind: Kind::Data,
+                hops: HOP_LIMIT,
+                payload_len: 32,
+                destination: d,
+            };
+            let mut buf = vec![0u8; frame_payload_len(MIN_FRAME_MAX)];
+            let n = s
+                .seal_frame(&route, &repr, &[0x11; 32], MIN_FRAME_MAX, &mut buf)
+                .unwrap();
+            protect(&peer, &mut buf[..n]);
+            buf.truncate(n);
+            buf
+        };
+        let (l, rm) = (route.remote, route.local);
+        let original = datagram();
+        let (mut one, mut two) = (original.clone(), original.clone());
+        let begin =
+            |r: &mut RelayNode, buf: &mut Vec<u8>| match r.begin_datagram(t0, IN, l, rm, buf) {
+                Step::Open(job) => job,
+                other => panic!("not an open job: {other:?}"),
+            };
+        let j1 = begin(&mut r, &mut one);
+        let j2 = begin(&mut r, &mut two);
+        let (o1, o2) = (j1.open(&mut one), j2.open(&mut two));
+        assert_eq!((o1, o2), (Ok(()), Ok(())));
+        let Finish::Seal(seal) = r.finish_datagram(t0, &j1, o1, &mut one) else {
+            panic!("the original is not forwarded");
+        };
+        assert!(matches!(
+            r.finish_datagram(t0, &j2, o2, &mut two),
+            Finish::Done(Received::Consumed)
+        ));
+        assert_eq!(r.counters().drops("open_replay"), 1);
+        let sent = seal.seal(&mut one).unwrap();
+        assert_eq!(sent.link, OUT);
+        // The same datagram through one call of a twin relay: the same frame on the link out
+        // (the counter and its sealer start alike), byte for byte.
+        let mut whole = original.clone();
+        match twin.handle_datagram(t0, IN, l, rm, &mut whole) {
+            Received::Forward(t) => assert_eq!(whole[..t.len], one[..sent.len]),
+            other => panic!("not forwarded: {other:?}"),
+        }
+        // A forged datagram (one bit of its ciphertext) opens to nothing and is counted.
+        let mut forged = datagram();
+        forged[40] ^= 1;
+        let job = begin(&mut r, &mut forged);
+        let opened = job.open(&mut forged);
+        assert_eq!(opened, Err(OpenError::BadTag));
+        assert!(matches!(
+            r.finish_datagram(t0, &job, opened, &mut forged),
+            Finish::Done(Received::Consumed)
+        ));
+        assert_eq!(r.counters().drops("open_bad_tag"), 1);
+        assert_eq!(r.counters().forwarded, 1);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use std::net::{Ipv6Addr, SocketAddrV6};
 use std::ops::Range;
+use std::sync::Arc;
 
 use super::{
     aead_key_bytes, fixed_len, outer_aad, AeadKey, CounterSpace, KeyPhase, OpenError, ReplayWindow,
@@ -18,13 +19,60 @@ use crate::{AeadAlg, Mode, Route};
 #[derive(Debug)]
 pub struct Opener {
     mode: Mode,
-    key: Option<AeadKey>,
+    /// Shared with the [`FrameJob`]s it hands out (a relay opens frames outside its node's
+    /// lock); wiped when the last holder drops it.
+    key: Option<Arc<AeadKey>>,
     space: CounterSpace,
     replay: ReplayWindow,
     key_id: Option<u64>,
     local_true: Ipv6Addr,
     remote_true: Ipv6Addr,
     scratch: Vec<u8>,
+}
+
+/// A relay link payload's AEAD step, taken out of its [`Opener`] by [`Opener::frame_job`]: the
+/// key, the counter and the outer AAD. [`FrameJob::open`] needs no access to the opener, so it
+/// runs outside whatever lock guards it.
+#[derive(Clone)]
+pub struct FrameJob {
+    key: Arc<AeadKey>,
+    counter: u64,
+    aad: [u8; OUTER_AAD_LEN],
+    /// The payload's length, checked by `frame_job` (at least a frame's minimum).
+    len: usize,
+}
+
+impl std::fmt::Debug for FrameJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrameJob")
+            .field("counter", &self.counter)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FrameJob {
+    /// Step 8 of §4.2 on `payload`, the same bytes `frame_job` saw: verifies the tag and
+    /// decrypts the frame in place, `payload[8..len - 16]`. On error `payload` is scratch.
+    pub fn open(&self, payload: &mut [u8]) -> Result<(), OpenError> {
+        if payload.len() != self.len {
+            return Err(OpenError::Truncated {
+                have: payload.len(),
+                need: self.len,
+            });
+        }
+        let clear_end = self.len - TAG_LEN;
+        let mut t = [0u8; TAG_LEN];
+        t.copy_from_slice(&payload[clear_end..]);
+        self.key
+            .open(
+                self.counter,
+                &self.aad,
+                &t,
+                &mut payload[COUNTER_LEN..clear_end],
+            )
+            .map_err(|_| OpenError::BadTag)
+    }
 }
 
 impl Opener {
@@ -36,7 +84,7 @@ impl Opener {
     ) -> Self {
         Self {
             mode,
-            key,
+            key: key.map(Arc::new),
             space: CounterSpace::Static,
             replay: ReplayWindow::new(),
             key_id: None,
@@ -57,7 +105,7 @@ impl Opener {
     ) -> Self {
         Self {
             mode,
-            key: Some(aead_key_bytes(mode, alg, key)),
+            key: Some(Arc::new(aead_key_bytes(mode, alg, key))),
             space: CounterSpace::Session(phase),
             replay: ReplayWindow::new(),
             key_id: Some(super::seal::key_id(key)),
@@ -92,7 +140,7 @@ impl Opener {
     ) -> Result<usize, OpenError> {
         let d = Decap {
             mode: self.mode,
-            key: self.key.as_ref(),
+            key: self.key.as_deref(),
             space: self.space,
             outer_src: route.remote,
             outer_dst: route.local,
@@ -144,7 +192,7 @@ impl Opener {
     ) -> Result<Option<RelayFrame<&'b mut [u8]>>, OpenError> {
         let d = Decap {
             mode: self.mode,
-            key: self.key.as_ref(),
+            key: self.key.as_deref(),
             space: self.space,
             outer_src: route.remote,
             outer_dst: route.local,
@@ -186,6 +234,81 @@ impl Opener {
             .map_err(OpenError::BadFrame)
     }
 
+    /// [`Opener::open_frame`] in three steps, so that the AEAD runs without the opener (a relay's
+    /// workers share one node behind a lock; docs/ARCHITECTURE.md "Relays"): this one takes
+    /// steps 0-7 of §4.2 (the mode, the length, the counter's key phase and the replay window,
+    /// checked, not yet updated) and returns what [`FrameJob::open`] needs; then
+    /// [`Opener::commit_frame`]. `None` for a keepalive (open it with `open_frame`).
+    pub fn frame_job(&self, route: &Route, payload: &[u8]) -> Result<Option<FrameJob>, OpenError> {
+        let d = Decap {
+            mode: self.mode,
+            key: self.key.as_deref(),
+            space: self.space,
+            outer_src: route.remote,
+            outer_dst: route.local,
+            inner_src: self.remote_true,
+            inner_dst: self.local_true,
+        };
+        let key = match (&self.key, d.mode) {
+            (Some(key), Mode::Encrypt) => key,
+            _ => return Err(OpenError::NotEncrypt { mode: d.mode }),
+        };
+        let len = payload.len();
+        if len == KEEPALIVE_LEN {
+            return Ok(None);
+        }
+        if len < MIN_FRAME_PAYLOAD {
+            return Err(OpenError::Truncated {
+                have: len,
+                need: MIN_FRAME_PAYLOAD,
+            });
+        }
+        let mut c = [0u8; COUNTER_LEN];
+        c.copy_from_slice(&payload[..COUNTER_LEN]);
+        let c = u64::from_be_bytes(c);
+        check_counter(&d, Some(c), Some(&self.replay))?;
+        Ok(Some(FrameJob {
+            key: key.clone(),
+            counter: c,
+            aad: outer_aad(&d.outer_src, &d.outer_dst, c),
+            len,
+        }))
+    }
+
+    /// The last step of [`Opener::frame_job`]'s open, after [`FrameJob::open`] verified
+    /// `payload`: the counter into the replay window (refused if another packet took it in the
+    /// meantime: a replay that raced the original through another worker), then the frame
+    /// check in place of step 9, as [`Opener::open_frame`]. `Ok(None)`: `job` was not made under
+    /// this opener's key (a handshake replaced it meanwhile), nothing taken.
+    pub fn commit_frame<'b>(
+        &mut self,
+        job: &FrameJob,
+        payload: &'b mut [u8],
+    ) -> Result<Option<RelayFrame<&'b mut [u8]>>, OpenError> {
+        if !self.made(job) {
+            return Ok(None);
+        }
+        if payload.len() != job.len {
+            return Err(OpenError::Truncated {
+                have: payload.len(),
+                need: job.len,
+            });
+        }
+        if !self.replay.check(job.counter) {
+            return Err(OpenError::Replay(job.counter));
+        }
+        self.replay.update(job.counter);
+        let clear_end = job.len - TAG_LEN;
+        RelayFrame::new_checked(&mut payload[COUNTER_LEN..clear_end])
+            .map(Some)
+            .map_err(OpenError::BadFrame)
+    }
+
+    /// Whether `job` was made under this opener's key.
+    pub fn made(&self, job: &FrameJob) -> bool {
+        self.key.as_ref().is_some_and(|k| Arc::ptr_eq(k, &job.key))
+    }
+
     /// [`Opener::open_in_place`], returning where the inner packet is (a range, so that a caller
     /// can try another key on the same buffer after an error).
     pub(crate) fn open_in_place_at(
@@ -196,7 +319,7 @@ impl Opener {
     ) -> Result<Range<usize>, OpenError> {
         let d = Decap {
             mode: self.mode,
-            key: self.key.as_ref(),
+            key: self.key.as_deref(),
             space: self.space,
             outer_src: route.remote,
             outer_dst: route.local,
