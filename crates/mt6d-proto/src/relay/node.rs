@@ -211,6 +211,55 @@ impl SealJob {
     }
 }
 
+/// An inner packet to seal end to end and for the next link, without the node
+/// ([`RelayNode::begin_inner`]): the end-to-end peer's sealer, send set and virtual route of the
+/// epoch, the frame's header, and the next link's [`SealJob`].
+#[derive(Debug)]
+pub struct InnerJob {
+    e2e: Arc<Sealer>,
+    e2e_set: Arc<RouteSet>,
+    via: VirtualRoute,
+    repr: RelayRepr,
+    /// The end-to-end payload's length.
+    len: usize,
+    link: SealJob,
+}
+
+impl InnerJob {
+    /// The bytes [`InnerJob::seal`] writes: the link payload.
+    pub fn wire_len(&self) -> usize {
+        frame_payload_len(self.link.flen)
+    }
+
+    /// Seals `inner` (of the length `begin_inner` was given) into `out`: end to end, framed,
+    /// then for the next link. The caller sends `out[..len]` as the [`Transmit`] says.
+    pub fn seal(&self, inner: &[u8], out: &mut [u8]) -> Result<Transmit, NodeError> {
+        let need = frame_payload_len(self.link.flen);
+        let have = out.len();
+        let Some(buf) = out.get_mut(..need) else {
+            return Err(NodeError::BufferTooSmall { have, need });
+        };
+        let stream = &self.e2e_set.stream;
+        let Some(hk) = stream.send_header_key() else {
+            return Err(NodeError::NotEncrypt {
+                mode: stream.mode(),
+            });
+        };
+        if e2e_relay_payload_len(inner.len()) != self.len {
+            return Err(NodeError::TooLong {
+                len: inner.len(),
+                max: inner.len(),
+            });
+        }
+        let n = seal_e2e(&self.e2e, hk, &self.via, inner, &mut buf[PAYLOAD_AT..])?;
+        debug_assert_eq!(n, self.len);
+        self.repr
+            .emit(&mut buf[FRAME_HEADROOM..FRAME_HEADROOM + self.link.flen])
+            .map_err(SealError::BadFrame)?;
+        Ok(self.link.seal(buf)?)
+    }
+}
+
 /// What an opened link payload asks for.
 enum After {
     Done(Received),
@@ -1233,6 +1282,7 @@ impl RelayNode {
     /// Seals `inner` (an IPv6 packet between end-to-end peer `to`'s two hosts) for the epoch's
     /// virtual route, frames it for the peer's edge gateway and seals the frame for the next
     /// hop's link, into `out`. The caller sends `out[..len]` as the returned [`Transmit`] says.
+    /// [`RelayNode::begin_inner`] and [`InnerJob::seal`] in a row.
     pub fn send_inner(
         &mut self,
         now: UnixTime,
@@ -1240,6 +1290,19 @@ impl RelayNode {
         inner: &[u8],
         out: &mut [u8],
     ) -> Result<Transmit, NodeError> {
+        let job = self.begin_inner(now, to, inner.len())?;
+        job.seal(inner, out)
+    }
+
+    /// What sealing an inner packet of `inner_len` bytes for end-to-end peer `to` needs, for a
+    /// driver that seals without the node ([`InnerJob::seal`]): the route lookup, the peer's and
+    /// the next link's keys, the epoch's routes. Counts the packet as originated.
+    pub fn begin_inner(
+        &mut self,
+        now: UnixTime,
+        to: E2eId,
+        inner_len: usize,
+    ) -> Result<InnerJob, NodeError> {
         self.refresh(now);
         let e = self.e2e.get_mut(&to).ok_or(NodeError::UnknownPeer(to))?;
         let Some(e2e_sealer) = &e.send else {
@@ -1247,20 +1310,15 @@ impl RelayNode {
             self.counters.drop("node_no_key");
             return Err(NodeError::NoE2eKey(to));
         };
-        let len = e2e_relay_payload_len(inner.len());
+        let len = e2e_relay_payload_len(inner_len);
         let max = self.frame_max - HEADER_LEN;
         if len > max {
             return Err(NodeError::TooLong {
-                len: inner.len(),
-                max: inner.len().saturating_sub(len - max),
+                len: inner_len,
+                max: inner_len.saturating_sub(len - max),
             });
         }
         let flen = frame_len(len, self.frame_max);
-        let need = frame_payload_len(flen);
-        let have = out.len();
-        let Some(buf) = out.get_mut(..need) else {
-            return Err(NodeError::BufferTooSmall { have, need });
-        };
         let repr = RelayRepr {
             kind: Kind::Data,
             hops: HOP_LIMIT,
@@ -1285,25 +1343,25 @@ impl RelayNode {
             return Err(NodeError::NoKey(next));
         };
         let stream = &e.send_set.stream;
-        let n = match stream.send_header_key() {
-            Some(hk) => seal_e2e(e2e_sealer, hk, &e.via, inner, &mut buf[PAYLOAD_AT..])?,
-            None => {
-                return Err(NodeError::NotEncrypt {
-                    mode: stream.mode(),
-                })
-            }
-        };
-        debug_assert_eq!(n, len);
-        repr.emit(&mut buf[FRAME_HEADROOM..FRAME_HEADROOM + flen])
-            .map_err(SealError::BadFrame)?;
-        let route = l.schedule.send;
-        let wire = sealer.seal_frame_in_place(&route, buf, flen)?;
-        protect(&l.send_set.stream, wire);
+        if stream.send_header_key().is_none() {
+            return Err(NodeError::NotEncrypt {
+                mode: stream.mode(),
+            });
+        }
         self.counters.originated += 1;
-        Ok(Transmit {
-            link: next,
-            route,
-            len: need,
+        Ok(InnerJob {
+            e2e: e2e_sealer.clone(),
+            e2e_set: e.send_set.clone(),
+            via: e.via,
+            repr,
+            len,
+            link: SealJob {
+                link: next,
+                route: l.schedule.send,
+                sealer: sealer.clone(),
+                set: l.send_set.clone(),
+                flen,
+            },
         })
     }
 

@@ -44,7 +44,8 @@ use mt6d_os::{
 };
 use mt6d_proto::relay::cost::LinkState;
 use mt6d_proto::relay::node::{
-    E2eId, Event, Finish, NodeError, OpenJob, Received, RelayNode, Resume, SealJob, Step, Transmit,
+    E2eId, Event, Finish, InnerJob, NodeError, OpenJob, Received, RelayNode, Resume, SealJob, Step,
+    Transmit,
 };
 use mt6d_proto::relay::table::Neighbour;
 use mt6d_proto::tunnel::frame_payload_len;
@@ -219,6 +220,8 @@ struct Worker<'a> {
     /// The datagrams of a receive batch between its passes: (buffer index, start, end, what is
     /// left to do).
     pending: Vec<(usize, usize, usize, Pending)>,
+    /// A TUN batch's packets to seal without the lock: (packet index, where in `sealed`, job).
+    inner_jobs: Vec<(usize, usize, InnerJob)>,
     tun_out: Vec<Vec<u8>>,
     tun_ready: usize,
     gro: GROTable,
@@ -381,6 +384,7 @@ impl<'a> Worker<'a> {
             bufs: (0..RX_BATCH).map(|_| RecvBuf::new()).collect(),
             spans: Vec::with_capacity(RX_BATCH * 64),
             pending: Vec::with_capacity(RX_BATCH * 64),
+            inner_jobs: Vec::with_capacity(IDEAL_BATCH_SIZE),
             tun_out: (0..IDEAL_BATCH_SIZE)
                 .map(|_| Vec::with_capacity(VIRTIO_NET_HDR_LEN + 65_535))
                 .collect(),
@@ -858,7 +862,9 @@ impl<'a> Worker<'a> {
     }
 
     /// One batch of inner packets from the protected side (edge gateways): read from this
-    /// worker's TUN queue without the node's lock, sealed under it, sent without it.
+    /// worker's TUN queue without the node's lock; under it, each packet's peer, route and keys
+    /// (`begin_inner`); without it, sealed end to end and for the next link (`InnerJob::seal`)
+    /// and sent. With one worker, sealed under the lock in the same pass (`send_inner`).
     fn on_tun(&mut self) {
         let Some(tun) = &self.tun else { return };
         let n = match tun.recv_batch(
@@ -876,6 +882,8 @@ impl<'a> Worker<'a> {
         };
         let shared = self.shared;
         self.spans.clear();
+        let mut jobs = std::mem::take(&mut self.inner_jobs);
+        jobs.clear();
         {
             let t0 = Instant::now();
             let mut core = shared.core.lock();
@@ -895,13 +903,23 @@ impl<'a> Worker<'a> {
                     continue;
                 };
                 // Back to back, so that equal-size datagrams to one destination form a GSO train.
-                let out = &mut self.sealed[cursor..];
-                match core.node.send_inner(now, id, inner, out) {
-                    Ok(t) => {
+                let result = if self.split {
+                    // Sealed below, without the lock.
+                    core.node.begin_inner(now, id, inner.len()).map(|job| {
+                        let at = cursor;
+                        cursor += job.wire_len();
+                        jobs.push((i, at, job));
+                    })
+                } else {
+                    let out = &mut self.sealed[cursor..];
+                    core.node.send_inner(now, id, inner, out).map(|t| {
                         self.spans
                             .push((0, cursor, t.len, t.route.local, t.route.remote));
                         cursor += t.len;
-                    }
+                    })
+                };
+                match result {
+                    Ok(()) => {}
                     Err(NodeError::NoRoute(_)) => self.counters.tun_no_route += 1,
                     Err(NodeError::NoE2eKey(_)) => {
                         let held = core.staged.entry(id).or_default();
@@ -921,6 +939,19 @@ impl<'a> Worker<'a> {
             }
             self.drain(&mut core, now);
         }
+        for (i, at, job) in &jobs {
+            let inner = &self.tun_packets[*i][..self.tun_sizes[*i]];
+            match job.seal(inner, &mut self.sealed[*at..]) {
+                Ok(t) => self
+                    .spans
+                    .push((0, *at, t.len, t.route.local, t.route.remote)),
+                Err(e) => {
+                    self.counters.tun_seal_failed += 1;
+                    log::debug!("seal for an end-to-end peer: {e}");
+                }
+            }
+        }
+        self.inner_jobs = jobs;
         let spans = std::mem::take(&mut self.spans);
         let sealed = std::mem::take(&mut self.sealed);
         self.send_spans(&spans, |_, start, len| &sealed[start..start + len]);
