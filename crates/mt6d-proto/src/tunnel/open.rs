@@ -190,48 +190,22 @@ impl Opener {
         route: &Route,
         payload: &'b mut [u8],
     ) -> Result<Option<RelayFrame<&'b mut [u8]>>, OpenError> {
-        let d = Decap {
-            mode: self.mode,
-            key: self.key.as_deref(),
-            space: self.space,
-            outer_src: route.remote,
-            outer_dst: route.local,
-            inner_src: self.remote_true,
-            inner_dst: self.local_true,
-        };
-        let key = match (d.key, d.mode) {
-            (Some(key), Mode::Encrypt) => key,
-            _ => return Err(OpenError::NotEncrypt { mode: d.mode }),
-        };
-        let len = payload.len();
-        if len == KEEPALIVE_LEN {
+        // Its three steps in a row: the checks, the AEAD, the replay window and the frame.
+        let Some(job) = self.frame_job(route, payload)? else {
+            let d = Decap {
+                mode: self.mode,
+                key: self.key.as_deref(),
+                space: self.space,
+                outer_src: route.remote,
+                outer_dst: route.local,
+                inner_src: self.remote_true,
+                inner_dst: self.local_true,
+            };
             open_keepalive(&d, payload, Some(&mut self.replay))?;
             return Ok(None);
-        }
-        if len < MIN_FRAME_PAYLOAD {
-            return Err(OpenError::Truncated {
-                have: len,
-                need: MIN_FRAME_PAYLOAD,
-            });
-        }
-        let mut c = [0u8; COUNTER_LEN];
-        c.copy_from_slice(&payload[..COUNTER_LEN]);
-        let c = u64::from_be_bytes(c);
-        check_counter(&d, Some(c), Some(&self.replay))?;
-        let clear_end = len - TAG_LEN;
-        let mut t = [0u8; TAG_LEN];
-        t.copy_from_slice(&payload[clear_end..]);
-        key.open(
-            c,
-            &outer_aad(&d.outer_src, &d.outer_dst, c),
-            &t,
-            &mut payload[COUNTER_LEN..clear_end],
-        )
-        .map_err(|_| OpenError::BadTag)?;
-        self.replay.update(c);
-        RelayFrame::new_checked(&mut payload[COUNTER_LEN..clear_end])
-            .map(Some)
-            .map_err(OpenError::BadFrame)
+        };
+        job.open(payload)?;
+        self.commit_frame(&job, payload)
     }
 
     /// [`Opener::open_frame`] in three steps, so that the AEAD runs without the opener (a relay's
