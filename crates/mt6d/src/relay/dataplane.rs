@@ -6,19 +6,19 @@
 //! neighbour responders and the control socket.
 //!
 //! The node is one state machine (routing table, every link's monitor, keys and replay
-//! window), shared by the workers behind one lock ([`Core`]), taken once per batch for the
-//! node's work on the whole batch and released for the system calls: per batch of received
-//! datagrams, `recvmmsg` (UDP GRO: several datagrams of one link in one buffer) without the
-//! lock -> under it, the link named by each datagram's (destination, source) ->
-//! `handle_datagram`, which opens and re-seals a forwarded frame in the buffer it arrived in, or
-//! restores an inner packet there -> without it, forwarded frames leave in one `sendmmsg` from the
-//! next link's hashed address and port (a GRO train re-sealed in place leaves as one UDP GSO
-//! train), inner packets go to the worker's TUN queue in one batched write. Per batch of TUN
-//! packets: the end-to-end peer named by the inner (source, destination) -> under the lock,
-//! `send_inner` seals end to end and for the next hop's link, back to back in one buffer ->
-//! without it, one `sendmmsg` (GSO trains again). So the system calls of several workers run at
-//! once and the node's work (header protection, AEAD, routing) one batch at a time: the
-//! `stage_lock_ns` counter is the time workers waited for it.
+//! window), shared by the workers behind one lock; the AEAD runs outside it. Per batch of
+//! received datagrams: `recvmmsg` (UDP GRO: several datagrams of one link in one buffer)
+//! without the lock -> under it, the link named by each datagram's (destination, source) and
+//! `begin_datagram` (header protection, the key's checks) -> without it, the AEAD opens ->
+//! under it, in arrival order, `finish_datagram` (replay window, probes, routing, deliveries)
+//! -> without it, forwarded frames sealed for the next link in the buffer they arrived in, then
+//! one `sendmmsg` from the next link's hashed address and port (a GRO train re-sealed in place
+//! leaves as one UDP GSO train), inner packets written to the worker's TUN queue in one batch.
+//! Per batch of TUN packets: the end-to-end peer named by the inner (source, destination) ->
+//! under the lock, `begin_inner` (route, keys) -> without it, the end-to-end and link seals,
+//! back to back in one buffer, and one `sendmmsg` (GSO trains again). With one worker each
+//! batch is one pass under the lock (`handle_datagram`, `send_inner`). The `stage_lock_ns`
+//! counter is the time workers waited for the lock.
 //!
 //! Sending sockets: one UDP socket per local port a link sends from this epoch (a bind per link
 //! and epoch, shared by every worker through an atomically swapped map), the raw socket for

@@ -14,8 +14,8 @@
 //! * `workers` threads ([`dataplane`]; one per online CPU by default) each receive on their own
 //!   transparent socket of the node's port (SO_REUSEPORT) and, at an edge, read and write their
 //!   own queue of the TUN device. A relay node is one state machine (its routing table, every
-//!   link's monitor, keys and replay window): the workers share it behind one lock taken once
-//!   per batch, and make their system calls without it.
+//!   link's monitor, keys and replay window): the workers share it behind one lock, and make
+//!   their system calls and the AEAD without it.
 
 pub mod dataplane;
 pub mod status;
