@@ -219,9 +219,8 @@ pub struct InnerJob {
     e2e: Arc<Sealer>,
     e2e_set: Arc<RouteSet>,
     via: VirtualRoute,
+    /// The frame's header; its payload length is the end-to-end payload's.
     repr: RelayRepr,
-    /// The end-to-end payload's length.
-    len: usize,
     link: SealJob,
 }
 
@@ -245,14 +244,17 @@ impl InnerJob {
                 mode: stream.mode(),
             });
         };
-        if e2e_relay_payload_len(inner.len()) != self.len {
-            return Err(NodeError::TooLong {
+        // The frame header says how long the payload is: an inner packet of another length
+        // than `begin_inner` was told would not match it.
+        let len = usize::from(self.repr.payload_len);
+        if e2e_relay_payload_len(inner.len()) != len {
+            return Err(NodeError::JobLength {
                 len: inner.len(),
-                max: inner.len(),
+                job: len.saturating_sub(e2e_relay_payload_len(0)),
             });
         }
         let n = seal_e2e(&self.e2e, hk, &self.via, inner, &mut buf[PAYLOAD_AT..])?;
-        debug_assert_eq!(n, self.len);
+        debug_assert_eq!(n, len);
         self.repr
             .emit(&mut buf[FRAME_HEADROOM..FRAME_HEADROOM + self.link.flen])
             .map_err(SealError::BadFrame)?;
@@ -388,6 +390,15 @@ pub enum NodeError {
     /// more (expired); counted as `node_no_key`.
     #[error("link {0:?} has no key yet")]
     NoKey(Neighbour),
+    /// [`InnerJob::seal`] was given an inner packet of another length than
+    /// [`RelayNode::begin_inner`] (a caller's mistake).
+    #[error("inner packet of {len} bytes for a job made for {job} bytes")]
+    JobLength {
+        /// The inner packet's length.
+        len: usize,
+        /// The length the job was made for.
+        job: usize,
+    },
     /// The caller's buffer is too small.
     #[error("buffer of {have} bytes, need {need}")]
     BufferTooSmall {
@@ -1067,16 +1078,7 @@ impl RelayNode {
         buf: &mut [u8],
     ) -> Step {
         self.refresh(now);
-        let Some(l) = self.links.get_mut(&link) else {
-            self.counters.drop("node_unknown_link");
-            return Step::Done(Received::Consumed);
-        };
-        let Some(at) = l
-            .accept
-            .iter()
-            .position(|a| a.route.local == local && a.route.remote == remote)
-        else {
-            self.counters.drop("node_unknown_route");
+        let Some((l, at)) = self.accept_of(link, local, remote) else {
             return Step::Done(Received::Consumed);
         };
         let accept = &l.accept[at];
@@ -1111,7 +1113,7 @@ impl RelayNode {
     /// The rest of [`RelayNode::begin_datagram`]'s work under the node (the keys' full open with
     /// their fallbacks, then as [`RelayNode::finish_datagram`], sealing included).
     pub fn resume_datagram(&mut self, now: UnixTime, rest: Resume, buf: &mut [u8]) -> Received {
-        let Some((l, at)) = self.accept_of(rest.link, &rest.route) else {
+        let Some((l, at)) = self.accept_of(rest.link, rest.route.local, rest.route.remote) else {
             return Received::Consumed;
         };
         let opened = match l.recv.open_frame(now, &rest.route, buf) {
@@ -1142,7 +1144,7 @@ impl RelayNode {
             self.open_failed(now, job.link, e);
             return Finish::Done(Received::Consumed);
         }
-        let Some((l, at)) = self.accept_of(job.link, &job.route) else {
+        let Some((l, at)) = self.accept_of(job.link, job.route.local, job.route.remote) else {
             return Finish::Done(Received::Consumed);
         };
         let opened = match l.recv.commit_frame(now, job.slot, &job.frame, buf) {
@@ -1162,9 +1164,15 @@ impl RelayNode {
         }
     }
 
-    /// The link and the index of `route` among its accept routes (they may have been rebuilt
-    /// between the steps of a datagram); a drop counted if it is gone.
-    fn accept_of(&mut self, link: Neighbour, route: &Route) -> Option<(&mut RelayLink, usize)> {
+    /// The link and the index of its accept route between `local` and `remote` (looked up again
+    /// at each step of a datagram: the routes may have been rebuilt in between); a drop counted
+    /// if there is none.
+    fn accept_of(
+        &mut self,
+        link: Neighbour,
+        local: SocketAddrV6,
+        remote: SocketAddrV6,
+    ) -> Option<(&mut RelayLink, usize)> {
         let Some(l) = self.links.get_mut(&link) else {
             self.counters.drop("node_unknown_link");
             return None;
@@ -1172,7 +1180,7 @@ impl RelayNode {
         let Some(at) = l
             .accept
             .iter()
-            .position(|a| a.route.local == route.local && a.route.remote == route.remote)
+            .position(|a| a.route.local == local && a.route.remote == remote)
         else {
             self.counters.drop("node_unknown_route");
             return None;
@@ -1354,7 +1362,6 @@ impl RelayNode {
             e2e_set: e.send_set.clone(),
             via: e.via,
             repr,
-            len,
             link: SealJob {
                 link: next,
                 route: l.schedule.send,

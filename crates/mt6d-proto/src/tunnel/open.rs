@@ -33,7 +33,6 @@ pub struct Opener {
 /// A relay link payload's AEAD step, taken out of its [`Opener`] by [`Opener::frame_job`]: the
 /// key, the counter and the outer AAD. [`FrameJob::open`] needs no access to the opener, so it
 /// runs outside whatever lock guards it.
-#[derive(Clone)]
 pub struct FrameJob {
     key: Arc<AeadKey>,
     counter: u64,

@@ -355,8 +355,8 @@ pub fn serve(
         for (index, h) in handles {
             let failure = match h.join() {
                 Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(RelayError::Setup(format!("relay worker {index}: {e}"))),
-                Err(_) => Some(RelayError::Setup(format!(
+                Ok(Err(e)) => Some(RelayError::Worker(format!("relay worker {index}: {e}"))),
+                Err(_) => Some(RelayError::Worker(format!(
                     "relay worker {index} panicked (see the log above); the node stopped"
                 ))),
             };

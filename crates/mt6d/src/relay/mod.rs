@@ -51,6 +51,9 @@ pub enum RelayError {
     Privilege(#[from] crate::privilege::PrivilegeError),
     #[error("{0}")]
     Setup(String),
+    /// A data-plane worker ended with an error or a panic, which stopped the node.
+    #[error("{0}")]
+    Worker(String),
 }
 
 /// The sockets and device the data plane works with.
