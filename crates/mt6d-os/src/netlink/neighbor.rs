@@ -33,6 +33,18 @@ pub struct NeighInfo {
     pub proto: u8,
 }
 
+/// NUD_REACHABLE | NUD_STALE | NUD_DELAY | NUD_PROBE | NUD_PERMANENT (linux/neighbour.h): the
+/// states whose link-layer address the kernel sends to.
+const USABLE: u16 = 0x02 | 0x04 | 0x08 | 0x10 | 0x80;
+
+impl NeighInfo {
+    /// The link-layer address, if the entry is in a state that sends to it (not resolving, not
+    /// failed).
+    pub fn usable_lladdr(&self) -> Option<[u8; 6]> {
+        self.lladdr.filter(|_| self.state & USABLE != 0)
+    }
+}
+
 impl Netlink {
     /// Adds a proxy-NDP entry: interface `index` answers neighbour solicitations for `addr`
     /// (needs `proxy_ndp=1` on it, see [`crate::sysctl`]). Idempotent.
@@ -97,8 +109,6 @@ impl Netlink {
     /// is one in a state that holds a usable address (reachable, stale, delay, probe,
     /// permanent); `None` for no entry, or one still resolving or failed.
     pub fn neighbor_lladdr(&mut self, index: u32, addr: Ipv6Addr) -> Result<Option<[u8; 6]>> {
-        // NUD_REACHABLE | NUD_STALE | NUD_DELAY | NUD_PROBE | NUD_PERMANENT (linux/neighbour.h).
-        const USABLE: u16 = 0x02 | 0x04 | 0x08 | 0x10 | 0x80;
         let mut msg = Message::new(RTM_GETNEIGH, 0);
         msg.push(&ndmsg(index, 0, 0));
         msg.attr(NDA_DST, &addr.octets());

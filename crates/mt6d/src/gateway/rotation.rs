@@ -52,6 +52,9 @@ pub struct Rotator {
     primed: HashSet<(Ipv6Addr, Ipv6Addr)>,
     /// Announcements not yet due: (when, from our address, to the next hop).
     pending: Vec<(UnixTime, Ipv6Addr, Ipv6Addr)>,
+    /// One segment: peer addresses announced to while no address of the peer had a MAC in our
+    /// kernel ([`peer_entry`]); given one as soon as another of the peer's addresses has it.
+    unresolved: HashSet<Ipv6Addr>,
     /// The peers' hashed addresses of the accept window (one segment: our kernel's neighbour
     /// entries for them are removed when they leave it).
     remotes: HashSet<Ipv6Addr>,
@@ -130,19 +133,77 @@ fn move_away(table: &RouteTable, local: Local, what: &str, error: &str, now: Uni
 /// never leave, docs/PROTOCOL.md §5.4) would drop that one. The peer's own announcement (its
 /// MAC in the link-layer option) corrects the entry if the peer's MAC changed (a restart with
 /// `randomize_link`); the solicited advertisement answering ours confirms it.
-fn peer_entry(nl: &mut Netlink, index: u32, target: Ipv6Addr, remotes: &HashSet<Ipv6Addr>) {
+///
+/// Returns true once `target` has an entry with a MAC. False means our kernel resolves it by
+/// neighbour discovery, and [`resolve_from_peer`] tries again every tick: when no address of
+/// the peer had a MAC yet (the peer was not up when we primed, at start-up or after its
+/// restart), the kernel's solicitation went unanswered, and its next try comes only after the
+/// interface's retransmit time (1 s): packets to `target` would wait for it. An entry added over
+/// the unresolved one releases what waits in it at once.
+fn peer_entry(
+    nl: &mut Netlink,
+    index: u32,
+    target: Ipv6Addr,
+    remotes: &HashSet<Ipv6Addr>,
+) -> bool {
     if matches!(nl.neighbor_lladdr(index, target), Ok(Some(_))) {
-        return;
+        return true;
     }
     let mac = remotes
         .iter()
         .filter(|a| **a != target)
         .find_map(|a| nl.neighbor_lladdr(index, *a).ok().flatten());
-    if let Some(mac) = mac {
-        if let Err(e) = nl.add_neighbor(index, target, mac, false) {
+    let Some(mac) = mac else {
+        return false;
+    };
+    match nl.add_neighbor(index, target, mac, false) {
+        Ok(()) => true,
+        Err(e) => {
             log::debug!("neighbour entry for {target}: {e}");
+            false
         }
     }
+}
+
+/// One segment, every tick while some of the peer's addresses were announced to without a MAC
+/// ([`peer_entry`] returned false): once another address of the peer has one (the peer came
+/// up: its handshake or its solicitations taught our kernel), each of them gets an entry with
+/// it. Those that left the accept window, or resolved by themselves, are dropped from the set.
+/// One neighbour table dump per tick, and only while the set is not empty.
+fn resolve_from_peer(
+    nl: &mut Netlink,
+    index: u32,
+    remotes: &HashSet<Ipv6Addr>,
+    unresolved: &mut HashSet<Ipv6Addr>,
+) {
+    let entries = match nl.list_neighbors(index) {
+        Ok(e) => e,
+        Err(e) => {
+            log::debug!("neighbour table of the external interface: {e}");
+            return;
+        }
+    };
+    let usable = |addr: Ipv6Addr| {
+        entries
+            .iter()
+            .find(|e| e.addr == addr)
+            .and_then(mt6d_os::NeighInfo::usable_lladdr)
+    };
+    unresolved.retain(|&t| remotes.contains(&t) && usable(t).is_none());
+    let Some(mac) = remotes
+        .iter()
+        .filter(|a| !unresolved.contains(a))
+        .find_map(|&a| usable(a))
+    else {
+        return;
+    };
+    unresolved.retain(|&target| match nl.add_neighbor(index, target, mac, false) {
+        Ok(()) => false,
+        Err(e) => {
+            log::debug!("neighbour entry for {target}: {e}");
+            true
+        }
+    });
 }
 
 /// When each route of the accept window is to be announced (docs/PROTOCOL.md §5.1): the
@@ -199,6 +260,7 @@ impl Rotator {
             primer: None,
             primed: HashSet::new(),
             pending: Vec::new(),
+            unresolved: HashSet::new(),
             remotes: HashSet::new(),
             watch: None,
             pin_with: None,
@@ -610,12 +672,16 @@ impl Rotator {
             return;
         };
         let (index, remotes) = (self.external_index, &self.remotes);
+        let unresolved = &mut self.unresolved;
+        if primer.on_link() && !unresolved.is_empty() {
+            resolve_from_peer(nl, index, remotes, unresolved);
+        }
         self.pending.retain(|&(due, from, target)| {
             if due > now {
                 return true;
             }
-            if primer.on_link() {
-                peer_entry(nl, index, target, remotes);
+            if primer.on_link() && !peer_entry(nl, index, target, remotes) {
+                unresolved.insert(target);
             }
             match primer.solicit(from, target) {
                 Ok(()) => {
