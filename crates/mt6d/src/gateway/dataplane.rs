@@ -92,19 +92,22 @@ struct Run {
     closed: bool,
 }
 
-/// One data-plane worker: waits in `epoll` (its TUN queue `tun` and its sockets) and serves
-/// whatever is ready, both directions, until shutdown. What it opens it writes into its own
-/// queue while that is light, and into `deliver`, the next worker's queue, while it carries
-/// bulk ([`Delivery`]; docs/ARCHITECTURE.md "Workers": the device sends a flow's answers to
-/// the queue its packets were written into). `index` names its [`WorkerLoad`].
+/// One data-plane worker: waits in `epoll` (its TUN queue, `queues[index]`, and its sockets)
+/// and serves whatever is ready, both directions, until shutdown. What it opens it writes into
+/// its own queue while that is light, and into the next worker's queue while it carries bulk
+/// ([`Delivery`]; docs/ARCHITECTURE.md "Workers": the device sends a flow's answers to the
+/// queue its packets were written into); a SYN-ACK into the queue its SYN was read from
+/// ([`super::syn_queues`]). `index` also names its [`WorkerLoad`].
 pub fn worker_loop(
     shared: &Shared,
     index: usize,
-    (tun, deliver): (&Tun, &Tun),
+    queues: &[Tun],
     epoll: &Epoll,
     tun_mtu: usize,
     path: &PathState,
 ) {
+    let tun = &queues[index];
+    let next = (index + 1) % queues.len();
     let mut events = EpollEvents::with_capacity(64);
     let mut tx = Transmit::new(tun_mtu);
     let mut rx = Receive::new(tun_mtu);
@@ -133,7 +136,7 @@ pub fn worker_loop(
         let mut now = None;
         for token in events.tokens() {
             if token == TUN_TOKEN {
-                let n = tx.on_readable(shared, &table, tun, limits);
+                let n = tx.on_readable(shared, &table, (tun, index), limits);
                 if n > 0 {
                     load.sealed.fetch_add(n, Ordering::Relaxed);
                 }
@@ -146,8 +149,8 @@ pub fn worker_loop(
                 continue;
             };
             let now = *now.get_or_insert_with(super::clock::now);
-            let queue = if delivery.next_queue() { deliver } else { tun };
-            let (n, bytes) = rx.on_readable(shared, &table, socket, queue, limits, now);
+            let queue = if delivery.next_queue() { next } else { index };
+            let (n, bytes) = rx.on_readable(shared, &table, socket, (queues, queue), limits, now);
             if n > 0 {
                 load.opened.fetch_add(n, Ordering::Relaxed);
                 delivery.delivered(now, bytes);
@@ -205,7 +208,7 @@ impl Transmit {
         &mut self,
         shared: &Shared,
         table: &RouteTable,
-        tun: &Tun,
+        (tun, queue): (&Tun, usize),
         limits: Limits,
     ) -> u64 {
         let max_wire = self.max_wire;
@@ -247,6 +250,7 @@ impl Transmit {
                 Verdict::Drop => continue,
             };
             let inner = &packet[..size];
+            shared.syn_queues.note_read(inner, queue);
             let Some((route, _)) = table.send_route(peer) else {
                 p.counters.tx.drop_n(DropReason::UnknownAddress, 1);
                 continue;
@@ -439,18 +443,19 @@ impl Receive {
         }
     }
 
-    /// Reads what `socket` holds (one recvmmsg), opens it and writes it to the TUN queue.
-    /// Handshake messages and notices go to the peer's link. Returns the packets and bytes
-    /// delivered.
+    /// Reads what `socket` holds (one recvmmsg), opens it and writes it to TUN queue
+    /// `queues[deliver]` (a SYN-ACK to its SYN's queue). Handshake messages and notices go to
+    /// the peer's link. Returns the packets and bytes delivered.
     fn on_readable(
         &mut self,
         shared: &Shared,
         table: &RouteTable,
         socket: &UdpSocket6,
-        tun: &Tun,
+        (queues, deliver): (&[Tun], usize),
         limits: Limits,
         now: UnixTime,
     ) -> (u64, u64) {
+        let tun = &queues[deliver];
         // Never blocks: epoll said readable, and a readiness with nothing to read must not
         // park this worker in one socket while the others fill.
         let got = match socket.recv_ready(&mut self.scratch, &mut self.bufs) {
@@ -571,6 +576,22 @@ impl Receive {
                             ready += 1;
                             packets += 1;
                             bytes += len as u64;
+                            // Rare (a SYN-ACK whose SYN another queue read): what precedes it
+                            // goes first, so the batch keeps its order.
+                            if let Some(q) = shared
+                                .syn_queues
+                                .queue_for(&slot[VIRTIO_NET_HDR_LEN..])
+                                .filter(|&q| q != deliver && q < queues.len())
+                            {
+                                flush_to_tun(shared, tun, &mut self.gro, &mut out[..ready - 1]);
+                                flush_to_tun(
+                                    shared,
+                                    &queues[q],
+                                    &mut self.gro,
+                                    &mut out[ready - 1..ready],
+                                );
+                                ready = 0;
+                            }
                         }
                     }
                     Err(e) => {

@@ -44,6 +44,7 @@ pub mod session;
 mod shared;
 pub mod signals;
 pub mod state;
+mod syn_queues;
 mod system;
 pub mod tcp_policy;
 
@@ -176,6 +177,7 @@ fn run_gateway(
         socket_queue_drops: AtomicU64::new(0),
         tun_write_failures: AtomicU64::new(0),
         load: (0..polls.len()).map(|_| WorkerLoad::default()).collect(),
+        syn_queues: Default::default(),
     };
     let path = Arc::new(PathState::new(sys.tun_mtu));
     let mut rotator = Rotator::new(sys.external_index, peers);
@@ -295,14 +297,14 @@ fn serve(
     raise_priority();
     let result = std::thread::scope(|s| {
         let mut workers = Vec::with_capacity(queues.len());
-        for (i, queue) in queues.iter().enumerate() {
+        let queues = &queues[..];
+        for i in 0..queues.len() {
             let epoll = polls.get(i);
-            let deliver = &queues[(i + 1) % queues.len()];
             let worker = std::thread::Builder::new()
                 .name(format!("mt6d-w{i}"))
                 .spawn_scoped(s, move || {
                     dataplane::stop_all_if_it_panics(&shared.shutdown, i, || {
-                        dataplane::worker_loop(shared, i, (queue, deliver), epoll, tun_mtu, path);
+                        dataplane::worker_loop(shared, i, queues, epoll, tun_mtu, path);
                     });
                 })
                 .map_err(|e| {

@@ -140,12 +140,7 @@ fn move_away(table: &RouteTable, local: Local, what: &str, error: &str, now: Uni
 /// restart), the kernel's solicitation went unanswered, and its next try comes only after the
 /// interface's retransmit time (1 s): packets to `target` would wait for it. An entry added over
 /// the unresolved one releases what waits in it at once.
-fn peer_entry(
-    nl: &mut Netlink,
-    index: u32,
-    target: Ipv6Addr,
-    remotes: &HashSet<Ipv6Addr>,
-) -> bool {
+fn peer_entry(nl: &mut Netlink, index: u32, target: Ipv6Addr, remotes: &HashSet<Ipv6Addr>) -> bool {
     if matches!(nl.neighbor_lladdr(index, target), Ok(Some(_))) {
         return true;
     }

@@ -31,4 +31,6 @@ pub struct Shared {
     pub tun_write_failures: AtomicU64,
     /// What each data-plane worker moved, indexed by worker.
     pub load: Box<[WorkerLoad]>,
+    /// Which TUN queue each recent outgoing SYN was read from (its SYN-ACK is written there).
+    pub syn_queues: super::syn_queues::SynQueues,
 }
