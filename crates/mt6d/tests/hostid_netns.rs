@@ -530,23 +530,28 @@ fn identities(options: &[u8]) -> Vec<(HostIdForm, u64)> {
         .collect()
 }
 
-#[test]
-#[ignore = "needs root: network namespaces"]
-fn ack_mode_sends_enabled_in_the_syn_and_the_identity_in_the_first_ack_only() {
+/// The switched lab with Gateway A injecting HOST_ID_BOUCADAIR in ACK mode, and Gateway B
+/// forwarding the options both ways (so the exchange is the server's own).
+fn start_ack_mode() -> Running {
     let a_extra: &'static str = Box::leak(
         format!(
             "{TCP_KINDS}[peer.host_id_out.inject]\noption = \"boucadair\"\ndata = \"prefix\"\nmode = \"ack\"\n"
         )
         .into_boxed_str(),
     );
-    // Gateway B forwards the options both ways, so the exchange is the server's own.
     let b_extra: &'static str = Box::leak(
         format!(
             "{TCP_KINDS}[peer.host_id_in]\naction = \"accept\"\n[peer.host_id_out]\naction = \"accept\"\n"
         )
         .into_boxed_str(),
     );
-    let running = start(Topology::Switched, a_extra, b_extra);
+    start(Topology::Switched, a_extra, b_extra)
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn ack_mode_sends_enabled_in_the_syn_and_the_identity_in_the_first_ack_only() {
+    let running = start_ack_mode();
     let lab = &running.lab;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (echo, legacy) = (PORT, PORT + 1);
@@ -611,19 +616,7 @@ fn ack_mode_sends_enabled_in_the_syn_and_the_identity_in_the_first_ack_only() {
 #[ignore = "needs root: network namespaces"]
 fn ack_mode_identity_leads_each_of_many_connections() {
     const CONNECTIONS: usize = 48;
-    let a_extra: &'static str = Box::leak(
-        format!(
-            "{TCP_KINDS}[peer.host_id_out.inject]\noption = \"boucadair\"\ndata = \"prefix\"\nmode = \"ack\"\n"
-        )
-        .into_boxed_str(),
-    );
-    let b_extra: &'static str = Box::leak(
-        format!(
-            "{TCP_KINDS}[peer.host_id_in]\naction = \"accept\"\n[peer.host_id_out]\naction = \"accept\"\n"
-        )
-        .into_boxed_str(),
-    );
-    let running = start(Topology::Switched, a_extra, b_extra);
+    let running = start_ack_mode();
     let lab = &running.lab;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let srv = ack_mode_server(lab, PORT, stop.clone());
