@@ -6,6 +6,9 @@
 //! *own* queue, a reply comes back to the thread that delivered the request; if the protected
 //! host answers at once (an ICMPv6 echo, a reply produced inside the write), the worker finds
 //! it on its queue as soon as it returns to its poll, with no thread woken: the lowest latency.
+//! (The device records the writer after the write, so an answer made inside it follows the
+//! flow's previous write: the same worker for a ping train; for a new TCP flow see
+//! [`super::syn_queues`].)
 //! Written into the *next* worker's queue, the two directions of a busy peer run on two threads:
 //! in interleaved quick runs 15-38 % more plain TCP, but a round trip wakes one more thread per
 //! gateway (ping 0.03-0.08 ms slower).
