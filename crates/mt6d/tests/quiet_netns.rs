@@ -410,7 +410,7 @@ fn quiet(topology: Topology) {
                 );
                 nd_hashed += usize::from(!seen.is_empty());
                 // Every address of the peer is known before its epoch (rotation.rs
-                // `peer_entry`), so no multicast solicitation resolves one: a switch that drops
+                // `resolve_from_peer`), so no multicast solicitation resolves one: a switch that drops
                 // multicast for unreported groups would drop it.
                 let multicast_resolution = p.payload.first() == Some(&135)
                     && p.dst.segments()[0] == 0xff02

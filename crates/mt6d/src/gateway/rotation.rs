@@ -53,7 +53,7 @@ pub struct Rotator {
     /// Announcements not yet due: (when, from our address, to the next hop).
     pending: Vec<(UnixTime, Ipv6Addr, Ipv6Addr)>,
     /// One segment: peer addresses announced to while no address of the peer had a MAC in our
-    /// kernel ([`peer_entry`]); given one as soon as another of the peer's addresses has it.
+    /// kernel ([`resolve_from_peer`]); given one as soon as another of the peer's addresses has it.
     unresolved: HashSet<Ipv6Addr>,
     /// The peers' hashed addresses of the accept window (one segment: our kernel's neighbour
     /// entries for them are removed when they leave it).
@@ -126,51 +126,31 @@ fn move_away(table: &RouteTable, local: Local, what: &str, error: &str, now: Uni
     moved
 }
 
-/// One segment: gives our kernel a neighbour entry for the peer's address `target` of the epoch
-/// about to start, with the MAC its entry for another of the peer's addresses holds, unless it
-/// has one. The announcement to `target` then leaves unicast at once, without a multicast
-/// solicitation first: a switch that drops multicast for groups nobody reported (MLD reports
-/// never leave, docs/PROTOCOL.md §5.4) would drop that one. The peer's own announcement (its
-/// MAC in the link-layer option) corrects the entry if the peer's MAC changed (a restart with
-/// `randomize_link`); the solicited advertisement answering ours confirms it.
+/// One segment: gives our kernel a neighbour entry for each of the peer's addresses in
+/// `unresolved` (the epoch about to start, announced now), with the MAC its entry for another of
+/// the peer's addresses in the accept window holds, unless it has one. The announcement to it
+/// then leaves unicast at once, without a multicast solicitation first: a switch that drops
+/// multicast for groups nobody reported (MLD reports never leave, docs/PROTOCOL.md §5.4) would
+/// drop that one. The peer's own announcement (its MAC in the link-layer option) corrects the
+/// entry if the peer's MAC changed (a restart with `randomize_link`); the solicited
+/// advertisement answering ours confirms it.
 ///
-/// Returns true once `target` has an entry with a MAC. False means our kernel resolves it by
-/// neighbour discovery, and [`resolve_from_peer`] tries again every tick: when no address of
-/// the peer had a MAC yet (the peer was not up when we primed, at start-up or after its
-/// restart), the kernel's solicitation went unanswered, and its next try comes only after the
-/// interface's retransmit time (1 s): packets to `target` would wait for it. An entry added over
-/// the unresolved one releases what waits in it at once.
-fn peer_entry(nl: &mut Netlink, index: u32, target: Ipv6Addr, remotes: &HashSet<Ipv6Addr>) -> bool {
-    if matches!(nl.neighbor_lladdr(index, target), Ok(Some(_))) {
-        return true;
-    }
-    let mac = remotes
-        .iter()
-        .filter(|a| **a != target)
-        .find_map(|a| nl.neighbor_lladdr(index, *a).ok().flatten());
-    let Some(mac) = mac else {
-        return false;
-    };
-    match nl.add_neighbor(index, target, mac, false) {
-        Ok(()) => true,
-        Err(e) => {
-            log::debug!("neighbour entry for {target}: {e}");
-            false
-        }
-    }
-}
-
-/// One segment, every tick while some of the peer's addresses were announced to without a MAC
-/// ([`peer_entry`] returned false): once another address of the peer has one (the peer came
-/// up: its handshake or its solicitations taught our kernel), each of them gets an entry with
-/// it. Those that left the accept window, or resolved by themselves, are dropped from the set.
-/// One neighbour table dump per tick, and only while the set is not empty.
+/// What no MAC could be found for stays in `unresolved`, and [`Rotator::prime_due`] calls this
+/// again every tick: when no address of the peer had a MAC yet (the peer was not up when we
+/// primed, at start-up or after its restart), our kernel's own solicitation went unanswered and
+/// its next try comes only after the interface's retransmit time (1 s); packets to the address
+/// would wait for it. An entry added over the unresolved one releases what waits in it at once.
+/// Addresses that left the accept window, or resolved by themselves, are dropped from the set.
+/// One neighbour table dump per call, and none while the set is empty.
 fn resolve_from_peer(
     nl: &mut Netlink,
     index: u32,
     remotes: &HashSet<Ipv6Addr>,
     unresolved: &mut HashSet<Ipv6Addr>,
 ) {
+    if unresolved.is_empty() {
+        return;
+    }
     let entries = match nl.list_neighbors(index) {
         Ok(e) => e,
         Err(e) => {
@@ -666,17 +646,15 @@ impl Rotator {
         let Some((primer, path)) = &self.primer else {
             return;
         };
-        let (index, remotes) = (self.external_index, &self.remotes);
-        let unresolved = &mut self.unresolved;
-        if primer.on_link() && !unresolved.is_empty() {
-            resolve_from_peer(nl, index, remotes, unresolved);
+        if primer.on_link() {
+            // Entries first: the announcements below then leave unicast.
+            let due = self.pending.iter().filter(|p| p.0 <= now).map(|p| p.2);
+            self.unresolved.extend(due);
+            resolve_from_peer(nl, self.external_index, &self.remotes, &mut self.unresolved);
         }
         self.pending.retain(|&(due, from, target)| {
             if due > now {
                 return true;
-            }
-            if primer.on_link() && !peer_entry(nl, index, target, remotes) {
-                unresolved.insert(target);
             }
             match primer.solicit(from, target) {
                 Ok(()) => {
