@@ -46,7 +46,8 @@ pub use netlink::{AddrFlags, AddrInfo, LinkDrops, NeighInfo, Netlink};
 pub use netns::{current_cookie, unique_name, Netns};
 pub use raw_udp::{RawSendMsg, RawSendScratch, RawUdp6};
 pub use sys::{
-    effective_uid, peer_credentials, set_thread_nice, thread_nice, wait_readable, PeerCredentials,
+    effective_uid, peer_credentials, set_thread_affinity, set_thread_nice, thread_affinity,
+    thread_nice, wait_readable, CpuSet, PeerCredentials,
 };
 pub use tun::{ExpandBuffer, GROTable, Tun, TunRecvScratch, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN};
 pub use udp::{

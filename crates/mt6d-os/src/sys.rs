@@ -321,6 +321,79 @@ pub fn thread_nice() -> io::Result<i32> {
     Ok(v)
 }
 
+/// A set of CPUs, as `sched_getaffinity(2)` and `sched_setaffinity(2)` take it.
+#[derive(Clone, Copy)]
+pub struct CpuSet(libc::cpu_set_t);
+
+impl std::fmt::Debug for CpuSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.cpus()).finish()
+    }
+}
+
+impl CpuSet {
+    /// The most CPUs a set can name (`CPU_SETSIZE`).
+    pub const CAPACITY: usize = libc::CPU_SETSIZE as usize;
+
+    /// The set of one CPU, or `None` if `cpu` is beyond [`CpuSet::CAPACITY`].
+    pub fn single(cpu: usize) -> Option<CpuSet> {
+        Self::of(&[cpu])
+    }
+
+    /// The set of `cpus`, or `None` if one is beyond [`CpuSet::CAPACITY`].
+    pub fn of(cpus: &[usize]) -> Option<CpuSet> {
+        // SAFETY: cpu_set_t is a plain bit array; all zeroes is the empty set.
+        let mut set: libc::cpu_set_t = unsafe { mem::zeroed() };
+        for &cpu in cpus {
+            if cpu >= Self::CAPACITY {
+                return None;
+            }
+            // SAFETY: `cpu` is below CPU_SETSIZE (checked above), so the bit is inside `set`.
+            unsafe { libc::CPU_SET(cpu, &mut set) };
+        }
+        Some(CpuSet(set))
+    }
+
+    /// Whether `cpu` is in the set.
+    pub fn contains(&self, cpu: usize) -> bool {
+        // SAFETY: `cpu` is below CPU_SETSIZE, so the bit read is inside the set.
+        cpu < Self::CAPACITY && unsafe { libc::CPU_ISSET(cpu, &self.0) }
+    }
+
+    /// The CPUs in the set, lowest first.
+    pub fn cpus(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..Self::CAPACITY).filter(|&c| self.contains(c))
+    }
+
+    /// How many CPUs the set names.
+    pub fn len(&self) -> usize {
+        // SAFETY: counts the bits of a live, fully initialised set.
+        let n = unsafe { libc::CPU_COUNT(&self.0) };
+        usize::try_from(n).unwrap_or(0)
+    }
+
+    /// Whether the set names no CPU.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The CPUs the calling thread may run on.
+pub fn thread_affinity() -> io::Result<CpuSet> {
+    // SAFETY: cpu_set_t is a plain bit array; all zeroes is a valid value for the kernel to fill.
+    let mut set: libc::cpu_set_t = unsafe { mem::zeroed() };
+    // SAFETY: pid 0 names the calling thread; `set` is a live local of the size passed.
+    cvt(unsafe { libc::sched_getaffinity(0, mem::size_of::<libc::cpu_set_t>(), &mut set) })?;
+    Ok(CpuSet(set))
+}
+
+/// Restricts the calling thread to `cpus` (EINVAL if none of them is online and allowed by the
+/// thread's cpuset). If the thread runs elsewhere now, the kernel moves it before returning.
+pub fn set_thread_affinity(cpus: &CpuSet) -> io::Result<()> {
+    // SAFETY: pid 0 names the calling thread; the kernel only reads `cpus`, sized as passed.
+    cvt(unsafe { libc::sched_setaffinity(0, mem::size_of::<libc::cpu_set_t>(), &cpus.0) }).map(drop)
+}
+
 /// Waits until `fd` is readable or `timeout` passes; returns whether it is readable.
 /// EINTR counts as "not readable yet".
 pub fn wait_readable(fd: RawFd, timeout: Option<Duration>) -> io::Result<bool> {
@@ -478,6 +551,35 @@ pub(crate) fn sendmsg6(
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    #[test]
+    fn a_thread_pinned_to_one_cpu_runs_there_and_can_be_released() {
+        std::thread::spawn(|| {
+            let all = thread_affinity().expect("sched_getaffinity");
+            assert!(!all.is_empty());
+            for cpu in all.cpus() {
+                let one = CpuSet::single(cpu).expect("a CPU below CPU_SETSIZE");
+                assert_eq!(one.len(), 1);
+                set_thread_affinity(&one).expect("sched_setaffinity");
+                assert_eq!(
+                    thread_affinity().expect("get").cpus().collect::<Vec<_>>(),
+                    [cpu]
+                );
+                // SAFETY: sched_getcpu takes no arguments.
+                let running = unsafe { libc::sched_getcpu() };
+                assert_eq!(usize::try_from(running).ok(), Some(cpu));
+            }
+            set_thread_affinity(&all).expect("restore");
+            assert_eq!(thread_affinity().expect("get").len(), all.len());
+        })
+        .join()
+        .expect("thread");
+        assert!(CpuSet::single(CpuSet::CAPACITY).is_none());
+        let set = CpuSet::of(&[3, 1, 3]).expect("small numbers");
+        assert_eq!(set.cpus().collect::<Vec<_>>(), [1, 3]);
+        assert_eq!(set.len(), 2);
+        assert!(CpuSet::of(&[]).expect("empty").is_empty());
+    }
 
     #[test]
     fn sockaddr_round_trip() {
