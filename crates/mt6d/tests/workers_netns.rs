@@ -7,6 +7,9 @@
 //! queues by flow hash, one flow on one queue; Gateway B receives the peer's datagrams on the
 //! one worker that owns all of that peer's sockets, so an epoch switch cannot reorder a flow.
 //!
+//! Placement (docs/ARCHITECTURE.md "Workers", placement): a light worker runs on the lowest
+//! CPU the daemon may use, a worker that carries bulk on all of them.
+//!
 //! Run: `cargo test --release -p mt6d --test workers_netns -- --include-ignored --nocapture`.
 
 mod common;
@@ -16,6 +19,7 @@ use std::net::{SocketAddrV6, UdpSocket};
 use std::time::Duration;
 
 use mt6d::lab::topology::{Lab, Side, Topology, HOST_A, HOST_B};
+use mt6d::lab::transfer;
 
 /// Flows (source ports): with 16, the chance that a flow hash puts all on one of two queues is
 /// 2^-15.
@@ -91,6 +95,130 @@ fn flows_spread_over_two_workers_and_none_is_lost_or_reordered_across_rotations_
         drops_before,
         "the daemons dropped packets during the flows"
     );
+}
+
+#[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
+fn light_workers_share_the_lowest_cpu_and_bulk_frees_them() {
+    common::require_root();
+    let allowed: Vec<usize> = mt6d_os::thread_affinity()
+        .expect("sched_getaffinity")
+        .cpus()
+        .collect();
+    let lab = Lab::build_topology(Topology::Switched, "m6p").expect("lab builds");
+    let running = common::start_gateways_with(lab, "encrypt", 1.0, (true, None), |text| {
+        text.replacen("[gateway]\n", "[gateway]\nworkers = 2\n", 1)
+    });
+    let pids: Vec<u32> = running
+        .daemons
+        .iter()
+        .map(|d| d.pid().expect("daemon pid"))
+        .collect();
+    // With one CPU there is nothing to choose: every worker keeps it.
+    let home = if allowed.len() >= 2 {
+        vec![allowed[0]]
+    } else {
+        allowed.clone()
+    };
+
+    let light = common::ping_train(&running.lab, 20, Duration::from_millis(20));
+    assert_eq!(light.received, 20, "{light:?}");
+    for &pid in &pids {
+        let workers = worker_cpus(pid);
+        assert_eq!(workers.len(), 2, "daemon {pid}: {workers:?}");
+        for (name, cpus) in &workers {
+            assert_eq!(
+                cpus, &home,
+                "light: daemon {pid} {name} may run on {cpus:?}"
+            );
+        }
+    }
+
+    // Bulk: a TCP transfer of 3 s; sample where the workers may run while it lasts.
+    let rx = common::tcp_receiver(&running.lab, 5090);
+    let sampler = {
+        let pids = pids.clone();
+        std::thread::spawn(move || {
+            let mut seen: Vec<Vec<(String, Vec<usize>)>> = vec![Vec::new(); pids.len()];
+            let until = std::time::Instant::now() + Duration::from_millis(2_500);
+            while std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(50));
+                for (i, &pid) in pids.iter().enumerate() {
+                    seen[i].extend(worker_cpus(pid));
+                }
+            }
+            seen
+        })
+    };
+    let sent = running
+        .lab
+        .host_a
+        .run(|| transfer::send_for(HOST_B, 5090, Duration::from_secs(3), 11))
+        .expect("enter A")
+        .expect("transfer");
+    rx.join().expect("receiver").expect("received");
+    assert!(sent.sha256_match, "data corrupted");
+    let seen = sampler.join().expect("sampler");
+    for (i, samples) in seen.iter().enumerate() {
+        assert!(
+            samples.iter().any(|(_, cpus)| cpus == &allowed),
+            "bulk: no worker of daemon {} was ever free to use {allowed:?}: {samples:?}",
+            pids[i]
+        );
+    }
+
+    // Light again after a pause longer than a window.
+    std::thread::sleep(Duration::from_millis(300));
+    let light = common::ping_train(&running.lab, 20, Duration::from_millis(20));
+    assert_eq!(light.received, 20, "{light:?}");
+    for &pid in &pids {
+        for (name, cpus) in worker_cpus(pid) {
+            assert_eq!(
+                cpus, home,
+                "light again: daemon {pid} {name} may run on {cpus:?}"
+            );
+        }
+    }
+}
+
+/// The data-plane workers (threads named `mt6d-w<N>`) of process `pid` and the CPUs each may
+/// run on (`Cpus_allowed_list` of /proc).
+fn worker_cpus(pid: u32) -> Vec<(String, Vec<usize>)> {
+    let mut out = Vec::new();
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the daemon's threads");
+    for task in tasks.flatten() {
+        let dir = task.path();
+        let Ok(name) = std::fs::read_to_string(dir.join("comm")) else {
+            continue;
+        };
+        let name = name.trim().to_owned();
+        if !name.starts_with("mt6d-w") {
+            continue;
+        }
+        let Ok(status) = std::fs::read_to_string(dir.join("status")) else {
+            continue;
+        };
+        let list = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .expect("Cpus_allowed_list in /proc status")
+            .trim();
+        out.push((name, cpu_list(list)));
+    }
+    out.sort();
+    out
+}
+
+/// "0-2,5" as [0, 1, 2, 5].
+fn cpu_list(list: &str) -> Vec<usize> {
+    let mut cpus = Vec::new();
+    for part in list.split(',') {
+        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+        let lo: usize = lo.parse().expect("a CPU number");
+        let hi: usize = hi.parse().expect("a CPU number");
+        cpus.extend(lo..=hi);
+    }
+    cpus
 }
 
 /// Every drop counter of every peer of one daemon, by peer and reason.

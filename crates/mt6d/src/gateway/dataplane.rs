@@ -44,6 +44,7 @@ use mt6d_proto::{OpenError, SealError, UnixTime};
 use super::counters::DropReason;
 use super::delivery::Delivery;
 use super::path::PathState;
+use super::placement::{Move, Placement};
 use super::polls::TUN_TOKEN;
 use super::routing::{RouteTable, RxRoute};
 use super::shared::Shared;
@@ -113,6 +114,7 @@ pub fn worker_loop(
     let mut rx = Receive::new(tun_mtu);
     let load = &shared.load[index % shared.load.len()];
     let mut delivery = Delivery::new();
+    let mut placement = Placement::new(mt6d_os::thread_affinity().ok());
     while !shared.shutdown.load(Ordering::Relaxed) {
         match epoll.wait(&mut events, Some(POLL)) {
             Ok(0) => {
@@ -134,11 +136,13 @@ pub fn worker_loop(
         let limits = tcp_limits(path);
         // One clock read per wake-up: key confirmation and expiry need only coarse time.
         let mut now = None;
+        let mut carried = 0;
         for token in events.tokens() {
             if token == TUN_TOKEN {
-                let n = tx.on_readable(shared, &table, (tun, index), limits);
+                let (n, bytes) = tx.on_readable(shared, &table, (tun, index), limits);
                 if n > 0 {
                     load.sealed.fetch_add(n, Ordering::Relaxed);
+                    carried += bytes;
                 }
                 continue;
             }
@@ -154,7 +158,35 @@ pub fn worker_loop(
             if n > 0 {
                 load.opened.fetch_add(n, Ordering::Relaxed);
                 delivery.delivered(now, bytes);
+                carried += bytes;
             }
+        }
+        if carried > 0 && placement.is_on() {
+            let now = *now.get_or_insert_with(super::clock::now);
+            place(&mut placement, index, now, carried);
+        }
+    }
+}
+
+/// Moves the worker where [`Placement`] says, after it carried `bytes` at `now`. If the
+/// kernel refuses (the daemon's CPU set changed under it), placement stops for this worker.
+fn place(placement: &mut Placement, index: usize, now: UnixTime, bytes: u64) {
+    let Some(to) = placement.carried(now, bytes) else {
+        return;
+    };
+    let result = match placement.cpus(to) {
+        Some(cpus) => mt6d_os::set_thread_affinity(cpus).map_err(|e| format!("{cpus:?}: {e}")),
+        None => Err("no CPU to move to".to_owned()),
+    };
+    match result {
+        Ok(()) => placement.moved(to),
+        Err(e) => {
+            log::warn!(
+                "data-plane worker {index}: cannot move to the CPUs of {} traffic ({e}); \
+                 it stays where the kernel puts it",
+                if to == Move::Home { "light" } else { "bulk" }
+            );
+            placement.turn_off();
         }
     }
 }
@@ -203,23 +235,24 @@ impl Transmit {
         }
     }
 
-    /// Reads one batch from the TUN queue, seals it and sends it. Returns the packets sealed.
+    /// Reads one batch from the TUN queue, seals it and sends it. Returns the packets sealed
+    /// and their bytes on the wire.
     fn on_readable(
         &mut self,
         shared: &Shared,
         table: &RouteTable,
         (tun, queue): (&Tun, usize),
         limits: Limits,
-    ) -> u64 {
+    ) -> (u64, u64) {
         let max_wire = self.max_wire;
         let n = match tun.recv_batch(&mut self.scratch, &mut self.packets, &mut self.sizes, 0) {
             Ok(n) => n,
-            Err(e) if e.is_would_block() => return 0,
+            Err(e) if e.is_would_block() => return (0, 0),
             Err(e) => {
                 // A malformed GSO packet from the kernel is reported as an error for that read
                 // only; the device itself stays usable.
                 log::warn!("{e}");
-                return 0;
+                return (0, 0);
             }
         };
         let runs = &mut self.runs;
@@ -313,7 +346,8 @@ impl Transmit {
         }
         let msgs = SendMsg::recycle(std::mem::take(&mut self.msgs_store));
         self.msgs_store = send_runs(table, runs, sealed, &mut self.send_scratch, msgs);
-        runs.iter().map(|r| r.count as u64).sum()
+        let packets = runs.iter().map(|r| r.count as u64).sum();
+        (packets, cursor as u64)
     }
 }
 

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use mt6d_proto::UnixTime;
 
-/// How long the worker counts what it delivered before deciding again.
+/// How long a worker counts what it carried before deciding again.
 pub const WINDOW: Duration = Duration::from_millis(100);
 /// Bulk: at least this many bytes opened in one window (320 Mbit/s).
 pub const BUSY_BYTES: u64 = 4_000_000;
@@ -33,11 +33,7 @@ pub const IDLE_BYTES: u64 = 500_000;
 
 /// One worker's choice of delivery queue. Starts light (its own queue).
 #[derive(Debug, Clone, Copy)]
-pub struct Delivery {
-    window_start: Option<UnixTime>,
-    bytes: u64,
-    next: bool,
-}
+pub struct Delivery(LoadWindow);
 
 impl Default for Delivery {
     fn default() -> Delivery {
@@ -47,37 +43,66 @@ impl Default for Delivery {
 
 impl Delivery {
     pub const fn new() -> Delivery {
-        Delivery {
-            window_start: None,
-            bytes: 0,
-            next: false,
-        }
+        Delivery(LoadWindow::new(BUSY_BYTES, IDLE_BYTES))
     }
 
     /// Whether to write into the next worker's queue now (else the worker's own).
     pub fn next_queue(&self) -> bool {
-        self.next
+        self.0.busy()
     }
 
     /// Counts `bytes` delivered at `now`; at the end of a window, decides for the next one. A
     /// window with no delivery at all counts as light: an idle worker is back on its own queue
     /// after its first delivery following a pause of one window.
     pub fn delivered(&mut self, now: UnixTime, bytes: u64) {
+        self.0.add(now, bytes);
+    }
+}
+
+/// Light or busy, decided once per [`WINDOW`] from an amount counted over it, with
+/// hysteresis: busy from `busy_at` per window, light again below `idle_below`. Starts light.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadWindow {
+    window_start: Option<UnixTime>,
+    amount: u64,
+    busy: bool,
+    busy_at: u64,
+    idle_below: u64,
+}
+
+impl LoadWindow {
+    pub const fn new(busy_at: u64, idle_below: u64) -> LoadWindow {
+        LoadWindow {
+            window_start: None,
+            amount: 0,
+            busy: false,
+            busy_at,
+            idle_below,
+        }
+    }
+
+    /// The decision of the last window that ended.
+    pub fn busy(&self) -> bool {
+        self.busy
+    }
+
+    /// Counts `amount` at `now`; at the end of a window, decides for the next one. Over more
+    /// than one window (a pause), the amount counts as spread over all of them.
+    pub fn add(&mut self, now: UnixTime, amount: u64) {
         let start = *self.window_start.get_or_insert(now);
-        if now.saturating_duration_since(start) >= WINDOW {
-            let elapsed = now.saturating_duration_since(start);
-            // Over more than one window, the bytes were spread over all of them.
+        let elapsed = now.saturating_duration_since(start);
+        if elapsed >= WINDOW {
             let windows = (elapsed.as_nanos() / WINDOW.as_nanos()).max(1) as u64;
-            let per_window = self.bytes / windows;
-            if per_window >= BUSY_BYTES {
-                self.next = true;
-            } else if per_window < IDLE_BYTES {
-                self.next = false;
+            let per_window = self.amount / windows;
+            if per_window >= self.busy_at {
+                self.busy = true;
+            } else if per_window < self.idle_below {
+                self.busy = false;
             }
             self.window_start = Some(now);
-            self.bytes = 0;
+            self.amount = 0;
         }
-        self.bytes = self.bytes.saturating_add(bytes);
+        self.amount = self.amount.saturating_add(amount);
     }
 }
 

@@ -33,6 +33,7 @@ pub(crate) mod neighbor;
 mod path;
 pub mod peer;
 mod peer_link;
+mod placement;
 mod polls;
 mod prefix;
 mod quiet;
