@@ -98,7 +98,8 @@ struct Run {
 /// its own queue while that is light, and into the next worker's queue while it carries bulk
 /// ([`Delivery`]; docs/ARCHITECTURE.md "Workers": the device sends a flow's answers to the
 /// queue its packets were written into); a SYN-ACK into the queue its SYN was read from
-/// ([`super::syn_queues`]). `index` also names its [`WorkerLoad`].
+/// ([`super::syn_queues`]). While what it carries is light it runs on one CPU shared by every
+/// light worker, while bulk on all ([`Placement`]). `index` also names its [`WorkerLoad`].
 pub fn worker_loop(
     shared: &Shared,
     index: usize,
@@ -175,7 +176,7 @@ fn place(placement: &mut Placement, index: usize, now: UnixTime, bytes: u64) {
         return;
     };
     let result = match placement.cpus(to) {
-        Some(cpus) => mt6d_os::set_thread_affinity(cpus).map_err(|e| format!("{cpus:?}: {e}")),
+        Some(cpus) => mt6d_os::set_thread_affinity(&cpus).map_err(|e| format!("{cpus:?}: {e}")),
         None => Err("no CPU to move to".to_owned()),
     };
     match result {

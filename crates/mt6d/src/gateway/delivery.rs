@@ -26,7 +26,8 @@ use mt6d_proto::UnixTime;
 
 /// How long a worker counts what it carried before deciding again.
 pub const WINDOW: Duration = Duration::from_millis(100);
-/// Bulk: at least this many bytes opened in one window (320 Mbit/s).
+/// Bulk: at least this many bytes in one window (320 Mbit/s): opened, for the queue choice;
+/// sealed and opened, for [`super::placement`].
 pub const BUSY_BYTES: u64 = 4_000_000;
 /// Light again: fewer bytes than this in one window (40 Mbit/s).
 pub const IDLE_BYTES: u64 = 500_000;

@@ -33,8 +33,6 @@ pub struct Placement {
     /// The CPUs the worker may use when free (its affinity when it started); `None` when
     /// placement is off (one CPU allowed, or the kernel refused).
     allowed: Option<CpuSet>,
-    /// The CPU of light traffic: the lowest of `allowed`.
-    home: Option<CpuSet>,
     pinned: bool,
     load: LoadWindow,
 }
@@ -52,14 +50,8 @@ impl Placement {
     /// Placement for a worker that may run on `allowed` (its affinity at start). With fewer
     /// than two CPUs there is nothing to choose: placement stays off.
     pub fn new(allowed: Option<CpuSet>) -> Placement {
-        let allowed = allowed.filter(|a| a.len() >= 2);
-        let home = allowed
-            .as_ref()
-            .and_then(|a| a.cpus().next())
-            .and_then(CpuSet::single);
         Placement {
-            allowed,
-            home,
+            allowed: allowed.filter(|a| a.len() >= 2),
             pinned: false,
             load: LoadWindow::new(BUSY_BYTES, IDLE_BYTES),
         }
@@ -82,11 +74,12 @@ impl Placement {
         }
     }
 
-    /// The CPU set for `to`.
-    pub fn cpus(&self, to: Move) -> Option<&CpuSet> {
+    /// The CPU set for `to`: the lowest allowed CPU, or all of them.
+    pub fn cpus(&self, to: Move) -> Option<CpuSet> {
+        let allowed = self.allowed?;
         match to {
-            Move::Home => self.home.as_ref(),
-            Move::Free => self.allowed.as_ref(),
+            Move::Home => allowed.cpus().next().and_then(CpuSet::single),
+            Move::Free => Some(allowed),
         }
     }
 
