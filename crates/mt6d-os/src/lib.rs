@@ -49,7 +49,9 @@ pub use sys::{
     effective_uid, peer_credentials, set_thread_affinity, set_thread_nice, thread_affinity,
     thread_nice, wait_readable, CpuSet, PeerCredentials,
 };
-pub use tun::{ExpandBuffer, GROTable, Tun, TunRecvScratch, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN};
+pub use tun::{
+    ExpandBuffer, GROTable, PacketBuf, Tun, TunRecvScratch, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN,
+};
 pub use udp::{
     grow_socket_buffers, Epoll, EpollEvents, RecvBuf, RecvScratch, SendMsg, SendScratch,
     UdpSocket6, Waker, RECV_BUF_LEN,

@@ -39,6 +39,94 @@ const MAX_READ: usize = VIRTIO_NET_HDR_LEN + 65535;
 /// bound stays.
 pub const TX_QUEUE_LEN: u32 = 10_000;
 
+/// One packet for [`Tun::send_batch`], refilled without zeroing: the packet is the first
+/// `len` bytes of a storage that keeps every byte it held initialized. A `Vec<u8>` truncated to
+/// a short packet (a 72-byte ACK) and grown back to the MTU for the next one zero-fills the
+/// difference each time: about 1.5 KB of memset per packet, 1.4 % of the gateways' CPU in a
+/// TCP transfer (2026-11-27 profile). Bytes between the packet's end and what the next writer
+/// fills may be those of an earlier packet: a writer fills what it claims, and only the first
+/// `len` bytes are ever written to the device.
+#[derive(Debug, Clone, Default)]
+pub struct PacketBuf {
+    storage: Vec<u8>,
+    len: usize,
+}
+
+impl PacketBuf {
+    /// An empty packet with room for `capacity` bytes (coalescing appends up to 64 KiB to
+    /// the first packet of a flow: give `VIRTIO_NET_HDR_LEN + 65535`).
+    pub fn with_capacity(capacity: usize) -> PacketBuf {
+        PacketBuf {
+            storage: Vec::with_capacity(capacity),
+            len: 0,
+        }
+    }
+
+    /// Makes the packet `len` bytes long, to be overwritten: bytes it held before stay as
+    /// they were (zero the first time the storage reaches that length).
+    pub fn prepare(&mut self, len: usize) {
+        if self.storage.len() < len {
+            self.storage.resize(len, 0);
+        }
+        self.len = len;
+    }
+
+    /// Shortens the packet to `len` bytes (no effect if it is shorter).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// The packet's length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the packet is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl AsRef<[u8]> for PacketBuf {
+    fn as_ref(&self) -> &[u8] {
+        &self.storage[..self.len]
+    }
+}
+
+impl AsMut<[u8]> for PacketBuf {
+    fn as_mut(&mut self) -> &mut [u8] {
+        &mut self.storage[..self.len]
+    }
+}
+
+impl ExpandBuffer for PacketBuf {
+    fn buf_capacity(&self) -> usize {
+        self.storage.capacity()
+    }
+
+    fn buf_resize(&mut self, new_len: usize, value: u8) {
+        if new_len > self.len {
+            let kept = new_len.min(self.storage.len());
+            self.storage[self.len..kept].fill(value);
+            if new_len > self.storage.len() {
+                self.storage.resize(new_len, value);
+            }
+        }
+        self.len = new_len;
+    }
+
+    fn buf_extend_from_slice(&mut self, src: &[u8]) {
+        let end = self.len + src.len();
+        if end <= self.storage.len() {
+            self.storage[self.len..end].copy_from_slice(src);
+        } else {
+            self.storage.truncate(self.len);
+            self.storage.extend_from_slice(src);
+        }
+        self.len = end;
+    }
+}
+
 /// An offload-enabled TUN device.
 pub struct Tun {
     dev: tun_rs::SyncDevice,
@@ -239,6 +327,35 @@ mod tests {
     use crate::udp::{RecvBuf, RecvScratch, SendMsg, SendScratch, UdpSocket6};
     use std::net::{Ipv6Addr, SocketAddrV6};
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_packet_buf_reuses_its_storage_and_keeps_the_buffer_contract() {
+        let mut b = PacketBuf::with_capacity(64);
+        assert!(b.is_empty());
+        b.prepare(8);
+        assert_eq!(b.as_ref(), [0; 8], "first use: zeroed");
+        b.as_mut().copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
+        b.truncate(3);
+        assert_eq!(b.as_ref(), [1, 2, 3]);
+        b.truncate(10);
+        assert_eq!(b.len(), 3, "truncate never grows");
+        // Prepared again: the old bytes are there to be overwritten, not zeroed.
+        b.prepare(6);
+        assert_eq!(b.as_ref(), [1, 2, 3, 4, 5, 6]);
+        // buf_resize fills what it adds with the value, in kept and in new storage.
+        b.truncate(2);
+        b.buf_resize(10, 9);
+        assert_eq!(b.as_ref(), [1, 2, 9, 9, 9, 9, 9, 9, 9, 9]);
+        b.buf_resize(4, 0);
+        assert_eq!(b.as_ref(), [1, 2, 9, 9]);
+        // Appending overwrites kept storage, then grows it.
+        b.buf_extend_from_slice(&[7, 7]);
+        assert_eq!(b.as_ref(), [1, 2, 9, 9, 7, 7]);
+        b.buf_extend_from_slice(&[5; 8]);
+        assert_eq!(b.len(), 14);
+        assert_eq!(&b.as_ref()[6..], [5; 8]);
+        assert!(b.buf_capacity() >= 64);
+    }
 
     const _: () = {
         const fn send_sync<T: Send + Sync>() {}

@@ -34,8 +34,8 @@ use std::time::Duration;
 
 use mt6d_os::udp::RecvBuf;
 use mt6d_os::{
-    Epoll, EpollEvents, GROTable, RecvScratch, SendMsg, SendScratch, Tun, TunRecvScratch,
-    UdpSocket6, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN,
+    Epoll, EpollEvents, GROTable, PacketBuf, RecvScratch, SendMsg, SendScratch, Tun,
+    TunRecvScratch, UdpSocket6, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN,
 };
 use mt6d_proto::handshake::is_handshake;
 use mt6d_proto::moves::is_notice;
@@ -457,7 +457,7 @@ struct Receive {
     scratch: RecvScratch,
     bufs: Vec<RecvBuf>,
     inner_cap: usize,
-    out: Vec<Vec<u8>>,
+    out: Vec<PacketBuf>,
     gro: GROTable,
     log_budget: LogBudget,
 }
@@ -471,7 +471,7 @@ impl Receive {
             // GRO coalescing appends to the first packet of a flow: give every buffer room for
             // 64 KiB.
             out: (0..IDEAL_BATCH_SIZE)
-                .map(|_| Vec::with_capacity(VIRTIO_NET_HDR_LEN + 65_535))
+                .map(|_| PacketBuf::with_capacity(VIRTIO_NET_HDR_LEN + 65_535))
                 .collect(),
             gro: GROTable::default(),
             log_budget: LogBudget::default(),
@@ -578,8 +578,13 @@ impl Receive {
                     ready = 0;
                 }
                 let slot = &mut out[ready];
-                slot.resize(VIRTIO_NET_HDR_LEN + inner_cap, 0);
-                match keys.open(now, &route, datagram, &mut slot[VIRTIO_NET_HDR_LEN..]) {
+                slot.prepare(VIRTIO_NET_HDR_LEN + inner_cap);
+                match keys.open(
+                    now,
+                    &route,
+                    datagram,
+                    &mut slot.as_mut()[VIRTIO_NET_HDR_LEN..],
+                ) {
                     // The link set after the session's switch takes handshake-class
                     // messages only (docs/PROTOCOL.md §9.8). The table may predate an answer
                     // just given on it (a restarted peer's keepalive follows at once), so the
@@ -597,7 +602,7 @@ impl Receive {
                         // A keepalive confirms keys and carries nothing to deliver.
                         if opened.len > 0 {
                             let len = match p.tcp.apply(
-                                &mut slot[VIRTIO_NET_HDR_LEN..],
+                                &mut slot.as_mut()[VIRTIO_NET_HDR_LEN..],
                                 opened.len,
                                 Direction::In,
                                 limits,
@@ -615,7 +620,7 @@ impl Receive {
                             // goes first, so the batch keeps its order.
                             if let Some(q) = shared
                                 .syn_queues
-                                .queue_for(&slot[VIRTIO_NET_HDR_LEN..])
+                                .queue_for(&slot.as_ref()[VIRTIO_NET_HDR_LEN..])
                                 .filter(|&q| q != deliver && q < queues.len())
                             {
                                 flush_to_tun(shared, tun, &mut self.gro, &mut out[..ready - 1]);
@@ -648,7 +653,7 @@ impl Receive {
     }
 }
 
-fn flush_to_tun(shared: &Shared, tun: &Tun, gro: &mut GROTable, packets: &mut [Vec<u8>]) {
+fn flush_to_tun(shared: &Shared, tun: &Tun, gro: &mut GROTable, packets: &mut [PacketBuf]) {
     write_to_tun(tun, gro, packets, &shared.tun_write_failures);
 }
 
@@ -659,7 +664,7 @@ fn flush_to_tun(shared: &Shared, tun: &Tun, gro: &mut GROTable, packets: &mut [V
 pub(crate) fn write_to_tun(
     tun: &Tun,
     gro: &mut GROTable,
-    packets: &mut [Vec<u8>],
+    packets: &mut [PacketBuf],
     failures: &std::sync::atomic::AtomicU64,
 ) {
     if packets.is_empty() {

@@ -41,8 +41,8 @@ use mt6d_proto::{OpenError, UnixTime};
 use mt6d_os::raw_udp::{RawSendMsg, RawSendScratch, RawUdp6};
 use mt6d_os::udp::RecvBuf;
 use mt6d_os::{
-    Epoll, EpollEvents, GROTable, RecvScratch, Tun, TunRecvScratch, UdpSocket6, IDEAL_BATCH_SIZE,
-    VIRTIO_NET_HDR_LEN,
+    Epoll, EpollEvents, GROTable, PacketBuf, RecvScratch, Tun, TunRecvScratch, UdpSocket6,
+    IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN,
 };
 use mt6d_proto::handshake::is_handshake;
 use mt6d_proto::moves::is_notice;
@@ -252,7 +252,7 @@ struct Receive {
     scratch: RecvScratch,
     bufs: Vec<RecvBuf>,
     inner_cap: usize,
-    out: Vec<Vec<u8>>,
+    out: Vec<PacketBuf>,
     gro: GROTable,
 }
 
@@ -264,7 +264,7 @@ impl Receive {
             bufs: (0..RX_BATCH).map(|_| RecvBuf::new()).collect(),
             inner_cap: tun_mtu + 64,
             out: (0..IDEAL_BATCH_SIZE)
-                .map(|_| Vec::with_capacity(VIRTIO_NET_HDR_LEN + 65_535))
+                .map(|_| PacketBuf::with_capacity(VIRTIO_NET_HDR_LEN + 65_535))
                 .collect(),
             gro: GROTable::default(),
         }
@@ -406,11 +406,13 @@ impl Receive {
                         ready = 0;
                     }
                     let slot = &mut self.out[ready];
-                    slot.resize(VIRTIO_NET_HDR_LEN + inner_cap, 0);
-                    match session
-                        .recv
-                        .open(now, route, datagram, &mut slot[VIRTIO_NET_HDR_LEN..])
-                    {
+                    slot.prepare(VIRTIO_NET_HDR_LEN + inner_cap);
+                    match session.recv.open(
+                        now,
+                        route,
+                        datagram,
+                        &mut slot.as_mut()[VIRTIO_NET_HDR_LEN..],
+                    ) {
                         // After the switch the link set takes handshake messages only (§9.8).
                         Ok(_) if on.is_link() && !session.link.sets().takes_data(on) => {
                             n.not_current += 1;
@@ -459,8 +461,8 @@ impl Receive {
                         ready = 0;
                     }
                     let slot = &mut self.out[ready];
-                    slot.resize(VIRTIO_NET_HDR_LEN + inner_cap, 0);
-                    match opener.open(route, datagram, &mut slot[VIRTIO_NET_HDR_LEN..]) {
+                    slot.prepare(VIRTIO_NET_HDR_LEN + inner_cap);
+                    match opener.open(route, datagram, &mut slot.as_mut()[VIRTIO_NET_HDR_LEN..]) {
                         // A keepalive: valid, nothing to deliver.
                         Ok(0) => {}
                         Ok(len) => {
@@ -518,7 +520,7 @@ struct RxCounts {
     send_failed: u64,
 }
 
-fn flush_to_tun(shared: &Shared, tun: &Tun, gro: &mut GROTable, packets: &mut [Vec<u8>]) {
+fn flush_to_tun(shared: &Shared, tun: &Tun, gro: &mut GROTable, packets: &mut [PacketBuf]) {
     crate::gateway::write_to_tun(tun, gro, packets, &shared.counters.tun_write_failures);
 }
 
