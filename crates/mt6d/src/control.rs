@@ -473,7 +473,12 @@ pub fn render(status: &Status) -> String {
             .workers
             .iter()
             .enumerate()
-            .map(|(i, w)| format!("#{i} sealed {} opened {}", w.sealed, w.opened))
+            .map(|(i, w)| {
+                format!(
+                    "#{i} sealed {} opened {} ({})",
+                    w.sealed, w.opened, w.placement
+                )
+            })
             .collect();
         let _ = writeln!(
             s,
@@ -704,6 +709,7 @@ mod tests {
                     sealed: 10,
                     opened: 20,
                     wakeups: 5,
+                    placement: crate::status::Placement::Light { cpu: 0 },
                 },
                 crate::status::WorkerStatus::default(),
             ],
@@ -928,7 +934,10 @@ mod tests {
         );
         assert!(text.contains("last packet received 1.2s ago"), "{text}");
         assert!(
-            text.contains("data-plane workers 2: #0 sealed 10 opened 20, #1 sealed 0 opened 0"),
+            text.contains(
+                "data-plane workers 2: #0 sealed 10 opened 20 (light, on CPU 0), \
+                 #1 sealed 0 opened 0 (not placed)"
+            ),
             "{text}"
         );
         assert!(!text.contains("replay 0"), "{text}");

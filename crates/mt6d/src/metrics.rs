@@ -97,6 +97,26 @@ pub fn render(st: &Status) -> String {
                 .inc_by(n);
         }
     }
+    let placement = gauge(
+        &mut registry,
+        "mt6d_worker_placement",
+        "Where each data-plane worker runs, one series per state, 1 for the current one (light: on the one CPU light workers share, bulk: on every CPU, unplaced: one CPU allowed or the kernel refused a move)",
+    );
+    for (i, w) in st.workers.iter().enumerate() {
+        use crate::status::Placement as At;
+        for (state, now) in [
+            ("light", matches!(w.placement, At::Light { .. })),
+            ("bulk", w.placement == At::Bulk),
+            ("unplaced", w.placement == At::Unplaced),
+        ] {
+            placement
+                .get_or_create(&vec![
+                    ("worker", i.to_string()),
+                    ("placement", state.to_string()),
+                ])
+                .set(i64::from(now));
+        }
+    }
 
     let packets = counter(
         &mut registry,
@@ -414,6 +434,7 @@ mod tests {
                 sealed: 7,
                 opened: 9,
                 wakeups: 3,
+                placement: crate::status::Placement::Bulk,
             }],
             ..Default::default()
         }
@@ -432,6 +453,8 @@ mod tests {
             "mt6d_kernel_drops_total{queue=\"tun_write\"} 1",
             "mt6d_worker_packets_total{worker=\"0\",direction=\"tx\"} 7",
             "mt6d_worker_packets_total{worker=\"0\",direction=\"rx\"} 9",
+            "mt6d_worker_placement{worker=\"0\",placement=\"bulk\"} 1",
+            "mt6d_worker_placement{worker=\"0\",placement=\"light\"} 0",
             "mt6d_peer_handshakes_total{peer=\"site-b\"} 3",
             "mt6d_peer_key_age_seconds{peer=\"site-b\"} 61",
             "mt6d_peer_last_receive_age_seconds{peer=\"site-b\"} 2",

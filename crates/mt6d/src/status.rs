@@ -49,6 +49,35 @@ pub struct WorkerStatus {
     pub opened: u64,
     /// Times it woke with something ready.
     pub wakeups: u64,
+    /// Which CPUs it runs on now (absent from older daemons: `unplaced`).
+    #[serde(default)]
+    pub placement: Placement,
+}
+
+/// Where a data-plane worker runs (docs/ARCHITECTURE.md "Workers", placement): on the one CPU
+/// that light workers share while it carries little, on every CPU the daemon may use while it
+/// carries bulk.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Placement {
+    /// Not placed: the daemon may use one CPU only, the kernel refused a move (logged), or the
+    /// worker has carried nothing yet.
+    #[default]
+    Unplaced,
+    /// Light: restricted to this CPU, the lowest the daemon may use.
+    Light { cpu: u32 },
+    /// Bulk: free to run on every CPU the daemon may use.
+    Bulk,
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Placement::Unplaced => f.write_str("not placed"),
+            Placement::Light { cpu } => write!(f, "light, on CPU {cpu}"),
+            Placement::Bulk => f.write_str("bulk, on every CPU"),
+        }
+    }
 }
 
 /// Drops in the kernel's queues in front of the daemon's packet threads, since start. They

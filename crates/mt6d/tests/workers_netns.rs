@@ -179,6 +179,24 @@ fn light_workers_share_the_lowest_cpu_and_bulk_frees_them() {
             );
         }
     }
+    // `mt6d status` says the same: every worker that carried traffic is light, on that CPU.
+    if allowed.len() >= 2 {
+        for side in [Side::A, Side::B] {
+            let st = common::status(&running, side);
+            for (i, w) in st.workers.iter().enumerate() {
+                if w.sealed + w.opened > 0 {
+                    assert_eq!(
+                        w.placement,
+                        mt6d::status::Placement::Light {
+                            cpu: u32::try_from(home[0]).expect("cpu")
+                        },
+                        "{side:?} worker {i}: {:?}",
+                        st.workers
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// The data-plane workers (threads named `mt6d-w<N>`) of process `pid` and the CPUs each may

@@ -45,7 +45,7 @@ use super::counters::DropReason;
 use super::delivery::Delivery;
 use super::path::PathState;
 use super::placement::{Move, Placement};
-use super::polls::TUN_TOKEN;
+use super::polls::{WorkerLoad, TUN_TOKEN};
 use super::routing::{RouteTable, RxRoute};
 use super::shared::Shared;
 use super::tcp_policy::{Direction, Limits, LogBudget, Verdict};
@@ -164,14 +164,15 @@ pub fn worker_loop(
         }
         if carried > 0 && placement.is_on() {
             let now = *now.get_or_insert_with(super::clock::now);
-            place(&mut placement, index, now, carried);
+            place(&mut placement, load, index, now, carried);
         }
     }
 }
 
-/// Moves the worker where [`Placement`] says, after it carried `bytes` at `now`. If the
-/// kernel refuses (the daemon's CPU set changed under it), placement stops for this worker.
-fn place(placement: &mut Placement, index: usize, now: UnixTime, bytes: u64) {
+/// Moves the worker where [`Placement`] says, after it carried `bytes` at `now`, and records
+/// where it is in `load` for `mt6d status`. If the kernel refuses (the daemon's CPU set changed
+/// under it), placement stops for this worker.
+fn place(placement: &mut Placement, load: &WorkerLoad, index: usize, now: UnixTime, bytes: u64) {
     let Some(to) = placement.carried(now, bytes) else {
         return;
     };
@@ -180,7 +181,10 @@ fn place(placement: &mut Placement, index: usize, now: UnixTime, bytes: u64) {
         None => Err("no CPU to move to".to_owned()),
     };
     match result {
-        Ok(()) => placement.moved(to),
+        Ok(()) => {
+            placement.moved(to);
+            load.placed(placement.status());
+        }
         Err(e) => {
             log::warn!(
                 "data-plane worker {index}: cannot move to the CPUs of {} traffic ({e}); \
@@ -188,6 +192,7 @@ fn place(placement: &mut Placement, index: usize, now: UnixTime, bytes: u64) {
                 if to == Move::Home { "light" } else { "bulk" }
             );
             placement.turn_off();
+            load.placed(placement.status());
         }
     }
 }

@@ -851,6 +851,7 @@ fn status(
                 sealed: w.sealed.load(Ordering::Relaxed),
                 opened: w.opened.load(Ordering::Relaxed),
                 wakeups: w.wakeups.load(Ordering::Relaxed),
+                placement: w.placement(),
             })
             .collect(),
     }

@@ -92,6 +92,21 @@ impl Placement {
     pub fn turn_off(&mut self) {
         self.allowed = None;
     }
+
+    /// Where the worker runs, for `mt6d status`.
+    pub fn status(&self) -> crate::status::Placement {
+        use crate::status::Placement as At;
+        match (self.allowed, self.pinned) {
+            (None, _) => At::Unplaced,
+            (Some(_), false) => At::Bulk,
+            (Some(_), true) => match self.cpus(Move::Home).and_then(|c| c.cpus().next()) {
+                Some(cpu) => At::Light {
+                    cpu: u32::try_from(cpu).unwrap_or(u32::MAX),
+                },
+                None => At::Unplaced,
+            },
+        }
+    }
 }
 
 #[cfg(test)]

@@ -4,11 +4,12 @@
 //! Its own file because both the rotation (which owns the sockets) and the workers (which wait
 //! in the epolls) name it, and neither should import the other for it.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use mt6d_os::Epoll;
 
 use super::error::GatewayError;
+use crate::status::Placement;
 
 /// The token a worker's TUN queue is registered with (tunnel sockets use their port, < 2^16).
 pub const TUN_TOKEN: u64 = u64::MAX;
@@ -55,6 +56,35 @@ pub struct WorkerLoad {
     pub opened: AtomicU64,
     /// Wake-ups (epoll returns with something ready).
     pub wakeups: AtomicU64,
+    /// Where it runs now ([`WorkerLoad::placed`]), written at each move (rare).
+    placement: AtomicU64,
+}
+
+/// `placement`'s encoding: 0 not placed, 1 bulk, 2 + n light on CPU n.
+const BULK: u64 = 1;
+const LIGHT: u64 = 2;
+
+impl WorkerLoad {
+    /// Records where the worker runs now.
+    pub fn placed(&self, at: Placement) {
+        let v = match at {
+            Placement::Unplaced => 0,
+            Placement::Bulk => BULK,
+            Placement::Light { cpu } => LIGHT + u64::from(cpu),
+        };
+        self.placement.store(v, Ordering::Relaxed);
+    }
+
+    /// Where the worker runs, as last recorded.
+    pub fn placement(&self) -> Placement {
+        match self.placement.load(Ordering::Relaxed) {
+            0 => Placement::Unplaced,
+            BULK => Placement::Bulk,
+            n => Placement::Light {
+                cpu: u32::try_from(n - LIGHT).unwrap_or(u32::MAX),
+            },
+        }
+    }
 }
 
 #[cfg(test)]
@@ -65,6 +95,21 @@ mod tests {
     fn each_worker_load_sits_on_its_own_cache_lines() {
         assert!(std::mem::align_of::<WorkerLoad>() >= 128);
         assert!(std::mem::size_of::<WorkerLoad>() >= 128);
+    }
+
+    #[test]
+    fn a_worker_placement_reads_back_as_recorded() {
+        let load = WorkerLoad::default();
+        assert_eq!(load.placement(), Placement::Unplaced);
+        for at in [
+            Placement::Light { cpu: 0 },
+            Placement::Bulk,
+            Placement::Light { cpu: 1023 },
+            Placement::Unplaced,
+        ] {
+            load.placed(at);
+            assert_eq!(load.placement(), at);
+        }
     }
 
     #[test]
