@@ -183,8 +183,10 @@ fn light_workers_share_the_lowest_cpu_and_bulk_frees_them() {
     if allowed.len() >= 2 {
         for side in [Side::A, Side::B] {
             let st = common::status(&running, side);
+            let mut carried = 0;
             for (i, w) in st.workers.iter().enumerate() {
                 if w.sealed + w.opened > 0 {
+                    carried += 1;
                     assert_eq!(
                         w.placement,
                         mt6d::status::Placement::Light {
@@ -195,6 +197,11 @@ fn light_workers_share_the_lowest_cpu_and_bulk_frees_them() {
                     );
                 }
             }
+            assert!(
+                carried > 0,
+                "{side:?}: no worker carried the pings: {:?}",
+                st.workers
+            );
         }
     }
 }
