@@ -124,7 +124,7 @@ fn warn_lines(running: &Running, label: &str) -> usize {
 /// Waits (at most 5 s) until both gateways hold a pinned (permanent) neighbour entry for their
 /// peer. The peer's authenticated link-layer announcement arrives within one rotation of start;
 /// until then a forged advertisement can still rewrite the entry for the peer's current
-/// address (README, "What is not done yet"), which is not what these tests measure.
+/// address (docs/STATUS.md), which is not what these tests measure.
 fn wait_for_pins(running: &Running) {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
