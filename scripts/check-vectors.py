@@ -87,10 +87,15 @@ def port(key, role, true, epoch, k):
     return 1024 + int.from_bytes(keyed(pk, data, 8), "big") % 64512
 
 
-def route(key, epoch, k=0):
-    """Role 0's route: (local addr, local port, remote addr, remote port)."""
-    a, _ = search(lambda t: keyed_iid(key, 0, LOW, epoch, t), ip(LOW), k)
-    b, _ = search(lambda t: keyed_iid(key, 1, HIGH, epoch, t), ip(HIGH), k, taken=a)
+def route(key, epoch, k=0, thesis=False):
+    """Role 0's route: (local addr, local port, remote addr, remote port). Thesis derivation
+    (§2.1) changes the addresses only; ports always come from the keyed PRF (§2.5)."""
+    if thesis:
+        a, _ = search(lambda t: thesis_iid(LOW, epoch, t, key), ip(LOW), k)
+        b, _ = search(lambda t: thesis_iid(HIGH, epoch, t, key), ip(HIGH), k, taken=a)
+    else:
+        a, _ = search(lambda t: keyed_iid(key, 0, LOW, epoch, t), ip(LOW), k)
+        b, _ = search(lambda t: keyed_iid(key, 1, HIGH, epoch, t), ip(HIGH), k, taken=a)
     return a, port(key, 0, LOW, epoch, k), b, port(key, 1, HIGH, epoch, k)
 
 
@@ -118,8 +123,8 @@ check("routes of role 0 at attempt offsets 1..4",
        "[2001:db8:a:0:90a8:4686:b09:57ec]:2503 -> [2001:db8:b:0:4a11:21b5:a41b:2af2]:28625"])
 
 
-def thesis_iid(true, epoch, attempt):
-    data = ip(true)[8:] + K + struct.pack(">Q", epoch) + (bytes([attempt]) if attempt else b"")
+def thesis_iid(true, epoch, attempt, key=K):
+    data = ip(true)[8:] + key + struct.pack(">Q", epoch) + (bytes([attempt]) if attempt else b"")
     return hashlib.sha256(data).digest()[:8]
 
 
@@ -235,7 +240,8 @@ def mac(src, sport, dst, dport, msg):
 
 
 def exchange(init_entropy, resp_entropy, timestamp_ns, i_phase, r_phase, ra):
-    """Role 0 initiates, role 1 answers. Returns (initiation, response, k_i2r, k_r2i)."""
+    """Role 0 initiates, role 1 answers. Returns (initiation, response, k_i2r, k_r2i, h), h the
+    handshake hash once message 2 is written (§9.8: what the session route key takes)."""
     a, pa, b, pb = ra
     # Initiator (role 0; responder static = role 1's public key)
     si = Symmetric(NAME, PROLOGUE)
@@ -269,12 +275,12 @@ def exchange(init_entropy, resp_entropy, timestamp_ns, i_phase, r_phase, ra):
     body = bytes([0x82, 0, 0, 0]) + index + repub + enc_r
     response = body + mac(b, pb, a, pa, body)
     k_i2r, k_r2i = hkdf(sr.ck, b"", 2)
-    return initiation, response, k_i2r, k_r2i
+    return initiation, response, k_i2r, k_r2i, sr.h
 
 
 RA = route(LINK, EPOCH)
 T0 = EPOCH * 10_000 * 1_000_000  # start of epoch e (R = 10 s, no jitter) in ns
-init, resp, k_i2r, k_r2i = exchange(bytes([0xE0] * 32), bytes([0xE1] * 32), T0, 0, 0, RA)
+init, resp, k_i2r, k_r2i, HS_HASH = exchange(bytes([0xE0] * 32), bytes([0xE1] * 32), T0, 0, 0, RA)
 HP0, HP1 = hp_key(LINK, 0), hp_key(LINK, 1)
 check("initiation (unprotected)", init.hex(),
       "810000009e0d989ca9a83574cf53197028ce6b5c2daa99bffc104dcdcf80de7adb4af8d828903b0e9f1c872a"
@@ -307,7 +313,7 @@ check("keepalive role 0, phase 0, packet 0",
       keepalive(data_key(k_i2r), HP0, a, pa, b, pb, 0), "dddc500f719754700b34dc85f9d605f9981bfac437e447fc")
 check("keepalive role 1, phase 0, packet 0",
       keepalive(data_key(k_r2i), HP1, b, pb, a, pa, 0), "1f32d40486668ce75be4776b52976ea480c36172c0acb1ad")
-_, _, k2_i2r, _ = exchange(bytes([0xE2] * 32), bytes([0xE3] * 32), T0 + 1_000_000_000, 1, 1, RA)
+_, _, k2_i2r, _, _ = exchange(bytes([0xE2] * 32), bytes([0xE3] * 32), T0 + 1_000_000_000, 1, 1, RA)
 check("rekey: keepalive role 0, phase 1, packet 0 (counter 4000000000000000)",
       keepalive(data_key(k2_i2r), HP0, a, pa, b, pb, 1 << 62),
       "0109f84f4af0a0868e0f50b598f671ba066c8f41b98fba18")
@@ -371,17 +377,53 @@ notice = msg + keyed(nk, a + b + struct.pack(">HH", pa, pb) + msg, 16)
 check("route move notice, offset 1, protected", protect(hp_key(K, 0), notice).hex(),
       "4602b406440259070a21fe8001000000ed20ed8c17b48fb24d70a3a467aa6833")
 
-# ---- §9.8 route sets ----
+# ---- §9.8 route sets, from fixed inputs k_i2r = 00..1f, k_r2i = 20..3f, h = 40..5f (the
+# crate's `session_route_key_and_route` test; the session set of a real handshake follows) ----
 SK_I2R, SK_R2I, SK_H = bytes(range(32)), bytes(range(32, 64)), bytes(range(64, 96))
 RKEY = dk("mt6d-proto 2026-11-24 session route key", SK_I2R + SK_R2I + SK_H)
-check("session route key", RKEY.hex(),
+check("session route key of fixed inputs", RKEY.hex(),
       "3a93f304cb351437bfbdab3a5155bd3578740e35c0daf1e6ded8f147235549ad")
 sa, spa, sb, spb = route(RKEY, EPOCH)
-check("session set route", ("[%s]:%d" % (ipstr(sa), spa), "[%s]:%d" % (ipstr(sb), spb)),
+check("session set route of fixed inputs", ("[%s]:%d" % (ipstr(sa), spa), "[%s]:%d" % (ipstr(sb), spb)),
       ("[2001:db8:a:0:59a0:2892:8c84:4207]:50081", "[2001:db8:b:0:1e47:2c0a:1355:3d29]:4182"))
-check("session set mac key", dk("mt6d-proto 2026-11-21 handshake mac key", RKEY).hex(),
+check("session set mac key of fixed inputs", dk("mt6d-proto 2026-11-21 handshake mac key", RKEY).hex(),
       "ae82aa5c87c9a1c0de8526e3fc2d6db333e1308bd02f4fd31914aa805b9a9576")
-check("session set mask of 24 zero bytes, role 0", protect(hp_key(RKEY, 0), bytes(24)).hex(),
+check("session set mask of 24 zero bytes, role 0, fixed inputs", protect(hp_key(RKEY, 0), bytes(24)).hex(),
       "080d0b17f765be9500000000000000000000000000000000")
+
+
+# ---- §9.8 the session set of §8's first handshake ----
+# K(X) from that handshake's raw split keys and its hash h after message 2; activation
+# a(X) = e_init + 2 (the initiation travelled on the link set's route of epoch e).
+check("handshake hash h (after message 2)", HS_HASH.hex(),
+      "2d0bfc0048004430199c47d3ef7dcd40ecbbccbc552839961178bf2fccbef708")
+KX = dk("mt6d-proto 2026-11-24 session route key", k_i2r + k_r2i + HS_HASH)
+check("session route key K(X)", KX.hex(),
+      "cd6e65ba64a39d27f94056b86892f7befb2d64176404cff035cd3c24cbe1b821")
+ACT = EPOCH + 2
+for thesis, name, want in (
+        (False, "keyed",
+         "[2001:db8:a:0:79b8:b2b:d718:507b]:13515 -> [2001:db8:b:0:517b:1c9d:e41:2a9]:12350"),
+        (True, "thesis",
+         "[2001:db8:a:0:404b:375d:139a:1a27]:13515 -> [2001:db8:b:0:d32b:7617:398d:4563]:12350")):
+    a_, pa_, b_, pb_ = route(KX, ACT, thesis=thesis)
+    check("session set route at a(X), role 0, " + name, "%s -> %s" % (sock(a_, pa_), sock(b_, pb_)),
+          want)
+check("session set mac key", dk("mt6d-proto 2026-11-21 handshake mac key", KX).hex(),
+      "242b07507d59653b9384e912ca4263bb2040d248e105a4b97b44f9ba7af47277")
+check("session set hpKey(role 0)", hp_key(KX, 0).hex(),
+      "7b670b62c17fba3572dc4090d57fabace3ccd083e49ccb8bd0b33855b3b65f2f")
+
+# ---- §5.5 link-layer address announcement (0x84) ----
+a, pa, b, pb = RK
+outer = a + b + struct.pack(">HH", pa, pb)
+LLADDR = bytes.fromhex("00abcd112201")
+pad = keyed(nk, outer + b"mt6d link pad", 8)
+head = bytes([0x84, 0]) + LLADDR + pad
+ann = head + keyed(nk, outer + head, 16)
+check("link-layer announcement, unprotected", ann.hex(),
+      "840000abcd112201c9b36fd2efe8710354b5598f37b95804132bbfbf37745be5")
+check("link-layer announcement, protected", protect(hp_key(K, 0), ann).hex(),
+      "0b26532ebc62ea2bc9b36fd2efe8710354b5598f37b95804132bbfbf37745be5")
 
 sys.exit(1 if FAILED else 0)

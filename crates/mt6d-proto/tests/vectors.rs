@@ -10,12 +10,14 @@ use std::time::Duration;
 
 use mt6d_proto::handshake::{Handshake, HandshakeConfig, Outcome, PrivateKey, Psk, ReceiveKeys};
 use mt6d_proto::moves::RouteMoves;
+use mt6d_proto::route_sets::{RouteSet, SetState};
 use mt6d_proto::tunnel::header::key_bytes;
 use mt6d_proto::tunnel::HeaderKey;
 use mt6d_proto::{
     AeadAlg, Derivation, Endpoint, Epoch, KeyPhase, Mode, PortPolicy, SessionKey, Stream,
     StreamConfig, UnixTime,
 };
+use std::sync::Arc;
 
 fn key() -> SessionKey {
     SessionKey::from_bytes(&(0u8..32).collect::<Vec<_>>()).unwrap()
@@ -79,6 +81,7 @@ fn print_vectors() {
     }
     println!("header keys and mask {:?}", header_vectors());
     println!("notice {}", notice_vector());
+    println!("announcement {:?}", announcement_vector());
     for alg in [AeadAlg::Aes256Gcm, AeadAlg::ChaCha20Poly1305] {
         for mode in [Mode::Encrypt, Mode::Auth] {
             let (out, n) = seal_vector(mode, alg);
@@ -258,6 +261,46 @@ fn header_protection_keys_mask_and_notice() {
     assert_eq!(
         notice_vector(),
         "4602b406440259070a21fe8001000000ed20ed8c17b48fb24d70a3a467aa6833"
+    );
+}
+
+/// Role 0's link-layer address announcement (0x84, docs/PROTOCOL.md §5.5) of external MAC
+/// `00:ab:cd:11:22:01` on its route of epoch e, pre-shared key of §8, encrypt mode: unprotected
+/// and as it leaves (header protection, §4.5). Role 1 reads the MAC back from the wire bytes.
+fn announcement_vector() -> (String, String) {
+    let mut c = StreamConfig::new(low(), high(), key());
+    c.mode = Mode::Encrypt;
+    let s = Stream::new(c).unwrap();
+    let route = s.route(EPOCH);
+    let mac = [0x00, 0xab, 0xcd, 0x11, 0x22, 0x01];
+    let clear = RouteMoves::new(&s).frame_link(&route, mac);
+    let mut wire = clear;
+    s.send_header_key().unwrap().protect(&mut wire).unwrap();
+
+    let mut c = s.config().mirrored();
+    c.mode = Mode::Encrypt;
+    let peer = Stream::new(c).unwrap();
+    let mut got = wire;
+    peer.recv_header_key().unwrap().unprotect(&mut got).unwrap();
+    assert!(mt6d_proto::moves::is_link_announcement(&got));
+    assert_eq!(
+        RouteMoves::new(&peer).handle_link(&peer.route(EPOCH), &got),
+        Ok(mac)
+    );
+    (hex(&clear), hex(&wire))
+}
+
+/// Cross-checked independently by `scripts/check-vectors.py`.
+#[test]
+fn link_layer_address_announcement() {
+    let (clear, wire) = announcement_vector();
+    assert_eq!(
+        clear,
+        "840000abcd112201c9b36fd2efe8710354b5598f37b95804132bbfbf37745be5"
+    );
+    assert_eq!(
+        wire,
+        "0b26532ebc62ea2bc9b36fd2efe8710354b5598f37b95804132bbfbf37745be5"
     );
 }
 
@@ -487,6 +530,19 @@ struct Transcript {
     keepalive_i: String,
     keepalive_r: String,
     rekey_keepalive_i: String,
+    /// The first handshake's session route key K(X) (§9.8), the same on both sides.
+    route_key: String,
+    /// Its session set's activation epoch a(X) = e_init + 2 (§9.8).
+    activation: Epoch,
+    /// Role 0's route of the session set at a(X), keyed derivation (the transcript's), local ->
+    /// remote; role 1's is its mirror.
+    session_route_keyed: String,
+    /// The same with `derivation = "thesis"` (§2.1 with K(X) as the session key): the link key,
+    /// the handshake and K(X) do not depend on the derivation; the ports do not either.
+    session_route_thesis: String,
+    /// The session set's handshake MAC key (§9.3) and role 0's header-protection key (§4.5).
+    session_mac_key: String,
+    session_hp0: String,
 }
 
 fn transcript() -> Transcript {
@@ -544,6 +600,45 @@ fn transcript() -> Transcript {
     let n = ka2.send.seal_keepalive(&ra, &mut buf).unwrap();
     let rekey_keepalive_i = protect(&sa, &buf[..n]);
 
+    // The first handshake's session set, made as the link makes it (§9.8): both sides derive
+    // one route key, and the initiation's epoch (e: it travelled on the link set's route of e)
+    // sets the activation. Each side's set is its link stream with the route key.
+    assert_eq!(hex(ka.route.as_bytes()), hex(kb.route.as_bytes()));
+    assert_eq!((ka.initiation_epoch, kb.initiation_epoch), (EPOCH, EPOCH));
+    let session_set = |base: &Stream| {
+        let mut sets = SetState::new(Arc::new(RouteSet::link(base)));
+        let parent = sets.link().clone();
+        sets.completed(base, &ka.route, ka.initiation_epoch, parent, EPOCH)
+    };
+    let set_a = session_set(&sa);
+    let activation = set_a.activation;
+    let r = set_a.stream.route(activation);
+    let rb = sb.with_route_key(&kb.route).route(activation);
+    assert_eq!(
+        (rb.local, rb.remote),
+        (r.remote, r.local),
+        "role 1 mirrors role 0"
+    );
+    let mut thesis = sa.config().clone();
+    thesis.derivation = Derivation::Thesis;
+    let set_t = session_set(&Stream::new(thesis).unwrap());
+    assert_eq!(set_t.activation, activation);
+    let rt = set_t.stream.route(activation);
+    let session_hp0 = key_bytes(&ka.route, Role::Low);
+    // The set's own header key (§4.5) is the one derived from K(X): the mask of a zeroed
+    // keepalive-sized payload is the mask of sample 00..00 under hpKey(K(X), role 0).
+    let mut masked = [0u8; 24];
+    set_a
+        .stream
+        .send_header_key()
+        .unwrap()
+        .protect(&mut masked)
+        .unwrap();
+    assert_eq!(
+        masked[..8],
+        HeaderKey::from_bytes(&session_hp0).mask(&[0u8; 16])[..]
+    );
+
     Transcript {
         link: hex(link.as_bytes()),
         public: [
@@ -557,6 +652,15 @@ fn transcript() -> Transcript {
         keepalive_i,
         keepalive_r,
         rekey_keepalive_i,
+        route_key: hex(ka.route.as_bytes()),
+        activation,
+        session_route_keyed: format!("{} -> {}", r.local, r.remote),
+        session_route_thesis: format!("{} -> {}", rt.local, rt.remote),
+        session_mac_key: hex(&blake3::derive_key(
+            "mt6d-proto 2026-11-21 handshake mac key",
+            ka.route.as_bytes(),
+        )),
+        session_hp0: hex(&*session_hp0),
     }
 }
 
@@ -615,6 +719,36 @@ fn handshake_transcript() {
     assert_eq!(
         t.rekey_keepalive_i,
         "0109f84f4af0a0868e0f50b598f671ba066c8f41b98fba18"
+    );
+}
+
+/// The session set of the transcript's first handshake (docs/PROTOCOL.md §9.8): route key,
+/// activation epoch, role 0's routes at that epoch under keyed and thesis derivation, the set's
+/// MAC key and role 0's header key. Cross-checked independently by `scripts/check-vectors.py`,
+/// which also prints the Noise handshake hash the route key is derived from.
+#[test]
+fn session_set_of_the_transcript() {
+    let t = transcript();
+    assert_eq!(
+        t.route_key,
+        "cd6e65ba64a39d27f94056b86892f7befb2d64176404cff035cd3c24cbe1b821"
+    );
+    assert_eq!(t.activation, Epoch(EPOCH.0 + 2));
+    assert_eq!(
+        t.session_route_keyed,
+        "[2001:db8:a:0:79b8:b2b:d718:507b]:13515 -> [2001:db8:b:0:517b:1c9d:e41:2a9]:12350"
+    );
+    assert_eq!(
+        t.session_route_thesis,
+        "[2001:db8:a:0:404b:375d:139a:1a27]:13515 -> [2001:db8:b:0:d32b:7617:398d:4563]:12350"
+    );
+    assert_eq!(
+        t.session_mac_key,
+        "242b07507d59653b9384e912ca4263bb2040d248e105a4b97b44f9ba7af47277"
+    );
+    assert_eq!(
+        t.session_hp0,
+        "7b670b62c17fba3572dc4090d57fabace3ccd083e49ccb8bd0b33855b3b65f2f"
     );
 }
 
