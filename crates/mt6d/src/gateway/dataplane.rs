@@ -116,12 +116,22 @@ pub fn worker_loop(
     let load = &shared.load[index % shared.load.len()];
     let mut delivery = Delivery::new();
     let mut placement = Placement::new(mt6d_os::thread_affinity().ok());
+    // A worker starts light, so it starts at home: whether it ever carries anything depends on
+    // where the kernel's flow hash (seeded at boot) puts the protected hosts' flows.
+    if placement.is_on() {
+        place(&mut placement, load, index, super::clock::now(), 0);
+    }
     while !shared.shutdown.load(Ordering::Relaxed) {
         match epoll.wait(&mut events, Some(POLL)) {
             Ok(0) => {
                 // Idle: erase the keys the timer took back from this worker's peers now rather
                 // than at their next packet.
                 erase_expired_keys(shared, index);
+                // A freed worker whose traffic stopped goes home at the end of its window,
+                // not only at its next packet.
+                if placement.is_on() {
+                    place(&mut placement, load, index, super::clock::now(), 0);
+                }
                 continue;
             }
             Ok(_) => {}
