@@ -38,11 +38,12 @@
 //!   [`RelayNode::send_inner`] seals into the caller's buffer. Link-local frames (probes,
 //!   replies, routing messages) are queued as headers and written at
 //!   [`RelayNode::poll_transmit`].
-//! - **The handshake rate limit (§10.5) is a token bucket per destination** (20 frames of burst,
-//!   one more every 50 ms), checked after the route lookup (§10.3 step 4), so only destinations
-//!   the node routes to get a bucket, and at most [`HANDSHAKE_BUCKETS`] of them: a full table
-//!   forgets the buckets that have refilled, and if every one is still in use, the one closest to
-//!   full (the least forgiven by forgetting it).
+//! - **The handshake rate limit (§10.5) is a token bucket per ingress link and destination**
+//!   (20 frames of burst, one more every 50 ms), checked after the route lookup (§10.3 step 4),
+//!   so only destinations the node routes to get a bucket, and at most [`HANDSHAKE_BUCKETS`] of
+//!   them: a full table forgets the buckets that have refilled, and if every one is still in
+//!   use, the one closest to full (the least forgiven by forgetting it). Per ingress link, so
+//!   that a neighbour flooding handshakes for D spends its own share and never another link's.
 //!
 //! # Call order (as quinn-proto's `Connection`)
 //! 1. [`RelayNode::new`] (or [`RelayNode::relay`], [`RelayNode::edge`]); [`RelayNode::add_link`]
@@ -90,12 +91,12 @@ const PAYLOAD_AT: usize = FRAME_HEADROOM + HEADER_LEN;
 const E2E_AT: usize = PAYLOAD_AT + ROUTE_TAG_LEN;
 const _: () = assert!(OPEN_HEADROOM >= E2E_AT && OPEN_HEADROOM - E2E_AT <= TAG_LEN);
 
-/// End-to-end handshake frames (kind `0x02`) a node forwards per second and destination (§10.5,
-/// `relay_handshake_rate`), and the burst its token bucket allows.
+/// End-to-end handshake frames (kind `0x02`) a node forwards per second, ingress link and
+/// destination (§10.5, `relay_handshake_rate`), and the burst its token bucket allows.
 pub const HANDSHAKE_RATE: u32 = 20;
-/// The most destinations a node keeps a handshake bucket for (16 bytes each, allocated once).
-/// More edge gateways than this receiving handshakes through one relay in the same second is
-/// not a network this protocol sizes for; a flood of forged destinations is held to it.
+/// The most (ingress link, destination) pairs a node keeps a handshake bucket for (24 bytes
+/// each, allocated once). More than this receiving handshakes through one relay in the same
+/// second is not a network this protocol sizes for; a flood of forged destinations is held to it.
 pub const HANDSHAKE_BUCKETS: usize = 1024;
 /// One token every 1 s / [`HANDSHAKE_RATE`].
 const HANDSHAKE_INTERVAL: Duration = Duration::from_millis(1000 / HANDSHAKE_RATE as u64);
@@ -675,9 +676,9 @@ impl E2eStream {
 /// Only buckets that are not full are state: a bucket whose time has passed is a fresh one.
 #[derive(Debug)]
 struct HandshakeLimiter {
-    /// (destination, when its bucket is full again), sorted by destination, at most
+    /// ((ingress link, destination), when its bucket is full again), sorted by key, at most
     /// [`HANDSHAKE_BUCKETS`] (the capacity reserved up front: never reallocated).
-    buckets: Vec<(NodeId, UnixTime)>,
+    buckets: Vec<((Neighbour, NodeId), UnixTime)>,
 }
 
 impl HandshakeLimiter {
@@ -689,11 +690,12 @@ impl HandshakeLimiter {
         }
     }
 
-    /// Whether one more handshake frame for `destination` may be forwarded at `now` (and if so,
-    /// takes its token).
-    fn allow(&mut self, now: UnixTime, destination: NodeId) -> bool {
+    /// Whether one more handshake frame that arrived on `ingress` for `destination` may be
+    /// forwarded at `now` (and if so, takes its token).
+    fn allow(&mut self, now: UnixTime, ingress: Neighbour, destination: NodeId) -> bool {
+        let key = (ingress, destination);
         let limit = now.saturating_add(HANDSHAKE_SLACK);
-        let i = match self.buckets.binary_search_by_key(&destination, |b| b.0) {
+        let i = match self.buckets.binary_search_by_key(&key, |b| b.0) {
             Ok(i) => {
                 let full_at = self.buckets[i].1.max(now);
                 if full_at > limit {
@@ -705,13 +707,13 @@ impl HandshakeLimiter {
             Err(i) if self.buckets.len() < HANDSHAKE_BUCKETS => i,
             Err(_) => {
                 self.make_room(now);
-                match self.buckets.binary_search_by_key(&destination, |b| b.0) {
+                match self.buckets.binary_search_by_key(&key, |b| b.0) {
                     Ok(i) | Err(i) => i,
                 }
             }
         };
         self.buckets
-            .insert(i, (destination, now.saturating_add(HANDSHAKE_INTERVAL)));
+            .insert(i, (key, now.saturating_add(HANDSHAKE_INTERVAL)));
         true
     }
 
@@ -1266,9 +1268,10 @@ impl RelayNode {
             Kind::Data | Kind::E2eHandshake => match self.table.forward(&repr, false) {
                 Forward::Deliver => After::Done(self.deliver(now, repr.kind, buf, payload.end)),
                 Forward::Send { to, hops } => {
-                    // §10.5, after the route lookup: no bucket for a destination without a route.
+                    // §10.5, after the route lookup: no bucket for a destination without a route;
+                    // one per ingress link, so that one neighbour's flood starves no other's.
                     if repr.kind == Kind::E2eHandshake
-                        && !self.handshake_rate.allow(now, repr.destination)
+                        && !self.handshake_rate.allow(now, link, repr.destination)
                     {
                         self.counters.drop("relay_handshake_rate");
                         return After::Done(Received::Consumed);
