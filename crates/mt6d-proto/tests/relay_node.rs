@@ -618,7 +618,14 @@ impl Net {
         f.next = f.next.saturating_add(f.every);
         f.sent += 1;
         let (to, link) = (f.to, f.link);
-        self.inject(to, link, route.local, route.remote, buf, Duration::from_millis(1));
+        self.inject(
+            to,
+            link,
+            route.local,
+            route.remote,
+            buf,
+            Duration::from_millis(1),
+        );
     }
 
     fn drops(&self) -> Vec<(&'static str, &'static str, u64)> {
