@@ -1017,6 +1017,15 @@ impl RelayNode {
                 .then_some(n)
         })
     }
+    /// Every link's accept routes (e-1, e, e+1 of every bound route set) with the link: what
+    /// [`RelayNode::link_of`] scans, for a driver whose workers check datagrams against a copy
+    /// before they take the node's lock. The set changes only with an [`Event::LinkSchedule`].
+    pub fn accept_routes(&self) -> impl Iterator<Item = (Neighbour, Route)> + '_ {
+        self.links
+            .iter()
+            .flat_map(|(&n, l)| l.accept.iter().map(move |a| (n, a.route)))
+    }
+
     /// Whether `addr` is this node's address on an accept route of any link's bound sets
     /// (e-1, e, e+1): the addresses a neighbour on a shared segment may resolve now, and the
     /// only ones a Neighbour Solicitation is answered for. A scan, as [`RelayNode::link_of`].
@@ -2062,6 +2071,27 @@ mod tests {
             (Neighbour(4), want.send, 128 + 24)
         );
         assert!(r.poll_transmit(at(0), &mut out).is_none());
+    }
+
+    /// The accept routes a driver copies are exactly what `link_of` answers for, and follow
+    /// the link's epochs.
+    #[test]
+    fn accept_routes_are_what_link_of_answers_for() {
+        let mut r = RelayNode::relay(at(0), MIN_FRAME_MAX).unwrap();
+        let (a, _) = pair(Mode::Encrypt);
+        let sealer = a.sealer(1, u64::MAX);
+        let (stream, _) = pair(Mode::Encrypt);
+        r.add_link(at(0), Neighbour(4), a, sealer).unwrap();
+        for t in [at(0), at(25_000)] {
+            r.handle_timeout(t, || 7);
+            let routes: Vec<(Neighbour, Route)> = r.accept_routes().collect();
+            let want = stream.schedule(t).accept;
+            assert_eq!(routes.len(), want.len());
+            for ((n, route), w) in routes.iter().zip(want) {
+                assert_eq!((*n, *route), (Neighbour(4), w));
+                assert_eq!(r.link_of(route.local, route.remote), Some(Neighbour(4)));
+            }
+        }
     }
 
     #[test]
