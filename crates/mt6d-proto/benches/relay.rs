@@ -17,6 +17,12 @@
 //! `SealJob::seal`), and one thread doing both directions as the baseline. Reported per
 //! datagram of wall time: with two cores free, what the passes buy.
 //!
+//! A third group, `relay-junk`, forwards A -> B in passes on one thread while a second thread
+//! checks junk (UDP to random addresses of the node's /64, a batch of 32 at a time, flat out)
+//! the way the daemon's workers did before they filtered without the node (`link_of` under the
+//! node's mutex, once per batch) and the way they do now (the accept routes' copy behind an
+//! `ArcSwap`, no lock), with no junk as the baseline: the good thread's time per datagram.
+//!
 //! Run: `cargo bench -p mt6d-proto --bench relay -- --warm-up-time 1 --measurement-time 3`
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
@@ -479,5 +485,124 @@ fn relay_threads(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, relay, relay_threads);
+/// How the junk thread of `relay-junk` checks its datagrams.
+#[derive(Clone, Copy, PartialEq)]
+enum Junk {
+    None,
+    /// `RelayNode::link_of` under the node's mutex, once per batch of 32.
+    UnderLock,
+    /// The accept routes' lock-free copy (`RelayNode::accept_routes` behind an `ArcSwap`).
+    LockFree,
+}
+
+/// Junk datagrams' (destination, source): random addresses of the relay's /64 and ports.
+fn junk_pairs(n: usize) -> Vec<(SocketAddrV6, SocketAddrV6)> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    (0..n)
+        .map(|_| {
+            let dst = u128::from(a("2001:db8:ff:2::")) | u128::from(next());
+            let src = u128::from(a("2001:db8:66::")) | u128::from(next());
+            (
+                SocketAddrV6::new(Ipv6Addr::from(dst), next() as u16, 0, 0),
+                SocketAddrV6::new(Ipv6Addr::from(src), next() as u16, 0, 0),
+            )
+        })
+        .collect()
+}
+
+fn relay_junk(c: &mut Criterion) {
+    use arc_swap::ArcSwap;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let mut net = Net::build();
+    let now = at(3000);
+    let there = inner(net.hosts.0, net.hosts.1);
+    let mut out = vec![0u8; frame_payload_len(FRAME_MAX)];
+    let relay = Mutex::new(std::mem::replace(
+        &mut net.nodes[1],
+        RelayNode::relay(at(0), FRAME_MAX).unwrap(),
+    ));
+    type Accepts = Vec<(SocketAddrV6, SocketAddrV6, Neighbour)>;
+    let accepts: ArcSwap<Accepts> = ArcSwap::from_pointee(
+        relay
+            .lock()
+            .unwrap()
+            .accept_routes()
+            .map(|(n, r)| (r.local, r.remote, n))
+            .collect(),
+    );
+    let junk = junk_pairs(BATCH * 64);
+    let checked = AtomicU64::new(0);
+    let mut g = c.benchmark_group(format!("relay-junk/{INNER}"));
+    g.throughput(Throughput::Elements(1));
+    for (name, mode) in [
+        ("no-junk", Junk::None),
+        ("junk-under-lock", Junk::UnderLock),
+        ("junk-lock-free", Junk::LockFree),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut spent = Duration::ZERO;
+                let mut done = 0;
+                while done < iters {
+                    let mut ab = Vec::with_capacity(CHUNK);
+                    let mut r_ab = None;
+                    for _ in 0..CHUNK {
+                        let t = net.originate(now, &there, &mut out);
+                        ab.push(out[..t.len].to_vec());
+                        r_ab = Some((t.route.remote, t.route.local));
+                    }
+                    let stop = AtomicBool::new(false);
+                    let start = Instant::now();
+                    std::thread::scope(|s| {
+                        let (relay, stop, junk, accepts, checked) =
+                            (&relay, &stop, &junk, &accepts, &checked);
+                        if mode != Junk::None {
+                            s.spawn(move || {
+                                while !stop.load(Ordering::Relaxed) {
+                                    for batch in junk.chunks(BATCH) {
+                                        let mut found = 0;
+                                        if mode == Junk::UnderLock {
+                                            let n = relay.lock().unwrap();
+                                            for &(l, r) in batch {
+                                                found += usize::from(n.link_of(l, r).is_some());
+                                            }
+                                        } else {
+                                            let acc = accepts.load();
+                                            for &(l, r) in batch {
+                                                found += usize::from(
+                                                    acc.iter().any(|x| x.0 == l && x.1 == r),
+                                                );
+                                            }
+                                        }
+                                        assert_eq!(found, 0);
+                                        checked.fetch_add(BATCH as u64, Ordering::Relaxed);
+                                    }
+                                }
+                            });
+                        }
+                        let r_ab = r_ab.unwrap();
+                        forward_batches(relay, now, Neighbour(0), r_ab, &mut ab, Sharing::Passes);
+                        stop.store(true, Ordering::Relaxed);
+                    });
+                    spent += start.elapsed();
+                    done += CHUNK as u64;
+                }
+                spent
+            })
+        });
+        eprintln!(
+            "{name}: {} junk datagrams checked alongside",
+            checked.swap(0, Ordering::Relaxed)
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(benches, relay, relay_threads, relay_junk);
 criterion_main!(benches);

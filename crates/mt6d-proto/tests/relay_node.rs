@@ -18,7 +18,9 @@
 //! - (e) 003's topology at 1 % loss on every link (five seeds): traffic flows, a relay-relay cut
 //!   is routed around within 1 s and the detour delivers at its path's loss;
 //! - (f) 003's reliability claim: 20 % loss on one relay-relay link (five seeds), traffic still
-//!   arrives, first at the lossy link's rate, then on the detour once the link's cost has risen.
+//!   arrives, first at the lossy link's rate, then on the detour once the link's cost has risen;
+//! - (g) a neighbour that floods a relay with end-to-end handshake frames for an edge gateway
+//!   does not starve another link's handshakes and rekeys to that edge (§10.5).
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
@@ -33,9 +35,9 @@ use mt6d_proto::relay::cost::HOLD;
 use mt6d_proto::relay::frame::DEFAULT_FRAME_MAX;
 use mt6d_proto::relay::node::{E2eId, Event, NodeError, Received, RelayNode, Transmit};
 use mt6d_proto::relay::table::Neighbour;
-use mt6d_proto::relay::NodeId;
+use mt6d_proto::relay::{Kind, NodeId, RelayRepr, HOP_LIMIT};
 use mt6d_proto::tunnel::frame_payload_len;
-use mt6d_proto::{AeadAlg, Endpoint, Mode, SessionKey, Stream, StreamConfig, UnixTime};
+use mt6d_proto::{AeadAlg, Endpoint, Mode, Sealer, SessionKey, Stream, StreamConfig, UnixTime};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -226,6 +228,21 @@ struct Net {
     /// Inner packets the source edge had no end-to-end key for yet.
     unkeyed: u64,
     keying: Keying,
+    /// A neighbour that is not a node of the simulation, sending end-to-end handshake frames.
+    flood: Option<Flood>,
+}
+
+/// A neighbour's end of a pre-shared link that sends a frame of kind `0x02` for `destination`
+/// every `every` (g): what a busy or hostile neighbour can do with keys it legitimately holds.
+struct Flood {
+    link: u32,
+    to: usize,
+    stream: Stream,
+    sealer: Sealer,
+    destination: NodeId,
+    every: Duration,
+    next: UnixTime,
+    sent: u64,
 }
 
 impl Net {
@@ -304,6 +321,7 @@ impl Net {
             unroutable: 0,
             unkeyed: 0,
             keying,
+            flood: None,
         }
     }
 
@@ -545,7 +563,11 @@ impl Net {
             for n in &self.nodes {
                 t = t.min(n.node.poll_timeout());
             }
+            if let Some(f) = &self.flood {
+                t = t.min(f.next);
+            }
             self.now = t.max(self.now);
+            self.flood_frame();
             while let Some(Reverse((ns, order))) = self.queue.peek().copied() {
                 if ns > self.now.as_nanos() {
                     break;
@@ -569,6 +591,41 @@ impl Net {
                 next_data += every;
             }
         }
+    }
+
+    /// (g): the flooding neighbour's frame, if one is due.
+    fn flood_frame(&mut self) {
+        let now = self.now;
+        let Some(f) = self.flood.as_mut().filter(|f| f.next <= now) else {
+            return;
+        };
+        let route = f.stream.schedule(now).send;
+        let repr = RelayRepr {
+            kind: Kind::E2eHandshake,
+            hops: HOP_LIMIT,
+            payload_len: 148,
+            destination: f.destination,
+        };
+        let mut buf = vec![0u8; frame_payload_len(FRAME_MAX)];
+        let n = f
+            .sealer
+            .seal_frame(&route, &repr, &[0x11; 148], FRAME_MAX, &mut buf)
+            .unwrap();
+        if let Some(hk) = f.stream.send_header_key() {
+            hk.protect(&mut buf[..n]).unwrap();
+        }
+        buf.truncate(n);
+        f.next = f.next.saturating_add(f.every);
+        f.sent += 1;
+        let (to, link) = (f.to, f.link);
+        self.inject(
+            to,
+            link,
+            route.local,
+            route.remote,
+            buf,
+            Duration::from_millis(1),
+        );
     }
 
     fn drops(&self) -> Vec<(&'static str, &'static str, u64)> {
@@ -1080,4 +1137,95 @@ fn keep_delivering_at_twenty_percent_loss(keying: Keying) {
             assert!(lossy >= 0.7, "seed {seed}: {lossy}");
         }
     }
+}
+
+/// A `data_from` for [`Net::run`] that sends no data.
+const NO_DATA: u64 = 10_000_000;
+
+/// (g): edge A - relay R - edge D, and a third neighbour F of R (a pre-shared link) that sends R
+/// 100 end-to-end handshake frames per second for D, four times D's handshake rate (§10.5).
+/// A's end-to-end handshake with D, begun after the flood has emptied D's bucket, completes
+/// within a second, and every rekey after it does too: the flood spends F's share only.
+#[test]
+fn a_neighbour_flooding_handshakes_for_an_edge_does_not_starve_another_links() {
+    let rekey = Duration::from_secs(7);
+    let mut net = Net::keyed(
+        7,
+        &["A", "R", "D", "F"],
+        &[(0, 1), (1, 2)],
+        Duration::from_millis(5),
+        0.0,
+        Keying::Handshake { rekey },
+    );
+    let (a, r, d, f) = (0, 1, 2, 3);
+    // F's link to R: R holds one end, the test the other.
+    let (sr, sf) = stream_pair(node_addr(r), node_addr(f), 99, LINK_ROTATION);
+    let fr = u32::try_from(net.links.len()).unwrap();
+    let sealer = sr.sealer(1, u64::MAX);
+    net.nodes[r]
+        .node
+        .add_link(at(0), Neighbour(fr), sr, sealer)
+        .unwrap();
+    net.links.push(SimLink {
+        ends: [r, f],
+        delay: Duration::from_millis(1),
+        loss: 0.0,
+        up: true,
+    });
+    net.flood = Some(Flood {
+        link: fr,
+        to: r,
+        sealer: sf.sealer(1, u64::MAX),
+        stream: sf,
+        destination: net.id(d),
+        every: Duration::from_millis(10),
+        next: at(0),
+        sent: 0,
+    });
+    net.run(2_000, NO_DATA, 10);
+    assert_eq!(net.next_hop("R", "D"), Some("D"));
+    let refused = net.nodes[r].node.counters().drops("relay_handshake_rate");
+    assert!(refused > 50, "the flood has emptied D's bucket: {refused}");
+
+    // A and D start their end-to-end stream in the middle of the flood.
+    net.add_pair(a, d, 200, 200);
+    net.run(3_000, NO_DATA, 10);
+    for i in [a, d] {
+        let stats = net.nodes[i].node.e2e_handshake(E2eId(0)).unwrap().stats();
+        assert!(
+            stats.completed >= 1,
+            "{}: end to end not keyed a second into the flood ({} handshakes)",
+            net.nodes[i].name,
+            stats.completed
+        );
+    }
+    // Data from then on, across rekeys, all delivered.
+    net.run(25_000, 3_000, 10);
+    net.run(25_100, 25_100, 10);
+    for i in [a, d] {
+        let stats = net.nodes[i].node.e2e_handshake(E2eId(0)).unwrap().stats();
+        assert!(
+            stats.rekeys >= 2,
+            "{} end to end: {} handshakes, {} rekeys",
+            net.nodes[i].name,
+            stats.completed,
+            stats.rekeys
+        );
+    }
+    let sent: usize = net.sent.iter().map(BTreeMap::len).sum();
+    assert_eq!(sent, 0, "every inner packet delivered");
+    assert_eq!(net.unkeyed, 0, "the end-to-end keys came before the data");
+    assert_eq!(net.delivered.len(), 2 * 2_200);
+    let flood = net.flood.as_ref().unwrap();
+    let refused = net.nodes[r].node.counters().drops("relay_handshake_rate");
+    eprintln!(
+        "flood: {} frames for D from F, {refused} refused at R; drops {:?}",
+        flood.sent,
+        net.drops()
+    );
+    // F's frames beyond its own share were refused: at most 20 + 20 t of them passed in the
+    // 25.1 s it flooded (those before R had a route to D are `relay_no_route`).
+    let no_route = net.nodes[r].node.counters().drops("relay_no_route");
+    let passed = flood.sent - refused - no_route;
+    assert!(passed <= 20 + 20 * 26, "{passed} of {}", flood.sent);
 }

@@ -591,3 +591,114 @@ fn on_a_shared_segment_the_daemon_resolves_current_addresses_only() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A client that moves an epoch (docs/PROTOCOL.md §5.2: a port it cannot bind, an address taken
+/// on its link) tells the server with a route move notice; the server follows and acknowledges,
+/// and the epoch is not lost. Client 0 sends a request every 10 ms for about 5 s and, each time
+/// a new epoch starts, moves the next one (once, and the last time twice); every request is
+/// answered, the moved epochs carried requests both ways on their moved routes, and every move
+/// was acknowledged.
+#[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
+fn a_client_that_moves_an_epoch_loses_none_of_it() {
+    common::require_root();
+    let _turn = common::one_at_a_time();
+    let lab = ServerLab::build("m6m").expect("lab");
+    let (server, c1) = (&lab.server, &lab.clients[0]);
+    let dir = std::env::temp_dir().join(unique_name("m6mv"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    peers_file(&dir.join("clients"), 10, &[], &[]);
+    let (mut daemon, stop, echo) = start(
+        server,
+        &dir,
+        &ServerLab::server_config(1.0, 2, &dir.join("state")),
+        20,
+    );
+    let s1 = spec(1);
+    let (sent, on_moved, replies, counters, settled, moves) = c1
+        .run(|| {
+            let _t = ClientSet::install(&s1, "m6m_c1", CLIENT_RX_PORT).expect("client namespace");
+            let mut set = ClientSet::new(&s1, 10, CLIENT_RX_PORT, clock::now()).expect("clients");
+            let mut replies = Vec::new();
+            let (mut sent, mut on_moved, mut moves) = (0u64, 0u64, 0u32);
+            let mut last_epoch = None;
+            let start = Instant::now();
+            let mut round = 0u64;
+            while start.elapsed() < Duration::from_secs(5) {
+                let now = clock::now();
+                set.step(now);
+                let route = set.route(0).expect("route");
+                if last_epoch != Some(route.epoch) {
+                    // Not in the epoch the run starts in: it may be about to end.
+                    let first = last_epoch.is_none();
+                    last_epoch = Some(route.epoch);
+                    // 100 ms into an epoch the next is bound (one interval early, §3): move it.
+                    let times = match start.elapsed() {
+                        _ if first => 0,
+                        t if t > Duration::from_millis(3500) => 2,
+                        _ => 1,
+                    };
+                    for _ in 0..times {
+                        let next = mt6d_proto::Epoch(route.epoch.0 + 1);
+                        let got = set.move_epoch(0, now, next).expect("move");
+                        assert!(
+                            matches!(got, mt6d_proto::moves::CollisionOutcome::Moved(_)),
+                            "{got:?}"
+                        );
+                        moves += 1;
+                    }
+                }
+                set.send_notices(now).expect("notices");
+                on_moved += u64::from(set.offset(0, route.epoch) > 0);
+                let payload = format!("req 0 {round} ................................");
+                set.send(&s1, 0, ECHO_PORT, payload.as_bytes())
+                    .expect("send");
+                sent += 1;
+                round += 1;
+                set.recv(&mut replies).expect("recv");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while (replies.len() as u64) < sent && Instant::now() < deadline {
+                set.step(clock::now());
+                set.send_notices(clock::now()).expect("notices");
+                set.recv(&mut replies).expect("recv");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            (sent, on_moved, replies, set.counters, set.settled(0), moves)
+        })
+        .expect("enter client namespace");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = echo.join();
+    daemon.stop(Duration::from_secs(10)).expect("clean stop");
+    let log = std::fs::read_to_string(&daemon.log).unwrap_or_default();
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("counters:"))
+        .unwrap_or("");
+    println!(
+        "{sent} requests ({on_moved} on moved epochs), {} answers, {moves} moves, {counters:?}\n{line}",
+        replies.len()
+    );
+    let count = |key: &str| {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    assert!(
+        on_moved >= 100,
+        "the moved epochs carried requests: {on_moved}"
+    );
+    assert_eq!(replies.len() as u64, sent, "every request answered");
+    assert_eq!(counters.wrong_route, 0);
+    assert_eq!(counters.rejected, 0);
+    assert!(settled, "every move acknowledged");
+    // One ack per notice the server applied once it served the moved route: fewer than the
+    // moves when two of one epoch came in a row.
+    assert!(counters.acks >= 1, "{counters:?}");
+    let moved = count("routes_moved");
+    assert!((3..=u64::from(moves)).contains(&moved), "{line}");
+    assert_eq!(count("notices_refused"), 0, "{line}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

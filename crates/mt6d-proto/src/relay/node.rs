@@ -38,11 +38,12 @@
 //!   [`RelayNode::send_inner`] seals into the caller's buffer. Link-local frames (probes,
 //!   replies, routing messages) are queued as headers and written at
 //!   [`RelayNode::poll_transmit`].
-//! - **The handshake rate limit (§10.5) is a token bucket per destination** (20 frames of burst,
-//!   one more every 50 ms), checked after the route lookup (§10.3 step 4), so only destinations
-//!   the node routes to get a bucket, and at most [`HANDSHAKE_BUCKETS`] of them: a full table
-//!   forgets the buckets that have refilled, and if every one is still in use, the one closest to
-//!   full (the least forgiven by forgetting it).
+//! - **The handshake rate limit (§10.5) is a token bucket per ingress link and destination**
+//!   (20 frames of burst, one more every 50 ms), checked after the route lookup (§10.3 step 4),
+//!   so only destinations the node routes to get a bucket, and at most [`HANDSHAKE_BUCKETS`] of
+//!   them: a full table forgets the buckets that have refilled, and if every one is still in
+//!   use, the one closest to full (the least forgiven by forgetting it). Per ingress link, so
+//!   that a neighbour flooding handshakes for D spends its own share and never another link's.
 //!
 //! # Call order (as quinn-proto's `Connection`)
 //! 1. [`RelayNode::new`] (or [`RelayNode::relay`], [`RelayNode::edge`]); [`RelayNode::add_link`]
@@ -90,12 +91,12 @@ const PAYLOAD_AT: usize = FRAME_HEADROOM + HEADER_LEN;
 const E2E_AT: usize = PAYLOAD_AT + ROUTE_TAG_LEN;
 const _: () = assert!(OPEN_HEADROOM >= E2E_AT && OPEN_HEADROOM - E2E_AT <= TAG_LEN);
 
-/// End-to-end handshake frames (kind `0x02`) a node forwards per second and destination (§10.5,
-/// `relay_handshake_rate`), and the burst its token bucket allows.
+/// End-to-end handshake frames (kind `0x02`) a node forwards per second, ingress link and
+/// destination (§10.5, `relay_handshake_rate`), and the burst its token bucket allows.
 pub const HANDSHAKE_RATE: u32 = 20;
-/// The most destinations a node keeps a handshake bucket for (16 bytes each, allocated once).
-/// More edge gateways than this receiving handshakes through one relay in the same second is
-/// not a network this protocol sizes for; a flood of forged destinations is held to it.
+/// The most (ingress link, destination) pairs a node keeps a handshake bucket for (24 bytes
+/// each, allocated once). More than this receiving handshakes through one relay in the same
+/// second is not a network this protocol sizes for; a flood of forged destinations is held to it.
 pub const HANDSHAKE_BUCKETS: usize = 1024;
 /// One token every 1 s / [`HANDSHAKE_RATE`].
 const HANDSHAKE_INTERVAL: Duration = Duration::from_millis(1000 / HANDSHAKE_RATE as u64);
@@ -675,9 +676,9 @@ impl E2eStream {
 /// Only buckets that are not full are state: a bucket whose time has passed is a fresh one.
 #[derive(Debug)]
 struct HandshakeLimiter {
-    /// (destination, when its bucket is full again), sorted by destination, at most
+    /// ((ingress link, destination), when its bucket is full again), sorted by key, at most
     /// [`HANDSHAKE_BUCKETS`] (the capacity reserved up front: never reallocated).
-    buckets: Vec<(NodeId, UnixTime)>,
+    buckets: Vec<((Neighbour, NodeId), UnixTime)>,
 }
 
 impl HandshakeLimiter {
@@ -689,11 +690,12 @@ impl HandshakeLimiter {
         }
     }
 
-    /// Whether one more handshake frame for `destination` may be forwarded at `now` (and if so,
-    /// takes its token).
-    fn allow(&mut self, now: UnixTime, destination: NodeId) -> bool {
+    /// Whether one more handshake frame that arrived on `ingress` for `destination` may be
+    /// forwarded at `now` (and if so, takes its token).
+    fn allow(&mut self, now: UnixTime, ingress: Neighbour, destination: NodeId) -> bool {
+        let key = (ingress, destination);
         let limit = now.saturating_add(HANDSHAKE_SLACK);
-        let i = match self.buckets.binary_search_by_key(&destination, |b| b.0) {
+        let i = match self.buckets.binary_search_by_key(&key, |b| b.0) {
             Ok(i) => {
                 let full_at = self.buckets[i].1.max(now);
                 if full_at > limit {
@@ -705,13 +707,13 @@ impl HandshakeLimiter {
             Err(i) if self.buckets.len() < HANDSHAKE_BUCKETS => i,
             Err(_) => {
                 self.make_room(now);
-                match self.buckets.binary_search_by_key(&destination, |b| b.0) {
+                match self.buckets.binary_search_by_key(&key, |b| b.0) {
                     Ok(i) | Err(i) => i,
                 }
             }
         };
         self.buckets
-            .insert(i, (destination, now.saturating_add(HANDSHAKE_INTERVAL)));
+            .insert(i, (key, now.saturating_add(HANDSHAKE_INTERVAL)));
         true
     }
 
@@ -1015,6 +1017,15 @@ impl RelayNode {
                 .then_some(n)
         })
     }
+    /// Every link's accept routes (e-1, e, e+1 of every bound route set) with the link: what
+    /// [`RelayNode::link_of`] scans, for a driver whose workers check datagrams against a copy
+    /// before they take the node's lock. The set changes only with an [`Event::LinkSchedule`].
+    pub fn accept_routes(&self) -> impl Iterator<Item = (Neighbour, Route)> + '_ {
+        self.links
+            .iter()
+            .flat_map(|(&n, l)| l.accept.iter().map(move |a| (n, a.route)))
+    }
+
     /// Whether `addr` is this node's address on an accept route of any link's bound sets
     /// (e-1, e, e+1): the addresses a neighbour on a shared segment may resolve now, and the
     /// only ones a Neighbour Solicitation is answered for. A scan, as [`RelayNode::link_of`].
@@ -1266,9 +1277,10 @@ impl RelayNode {
             Kind::Data | Kind::E2eHandshake => match self.table.forward(&repr, false) {
                 Forward::Deliver => After::Done(self.deliver(now, repr.kind, buf, payload.end)),
                 Forward::Send { to, hops } => {
-                    // §10.5, after the route lookup: no bucket for a destination without a route.
+                    // §10.5, after the route lookup: no bucket for a destination without a route;
+                    // one per ingress link, so that one neighbour's flood starves no other's.
                     if repr.kind == Kind::E2eHandshake
-                        && !self.handshake_rate.allow(now, repr.destination)
+                        && !self.handshake_rate.allow(now, link, repr.destination)
                     {
                         self.counters.drop("relay_handshake_rate");
                         return After::Done(Received::Consumed);
@@ -2059,6 +2071,27 @@ mod tests {
             (Neighbour(4), want.send, 128 + 24)
         );
         assert!(r.poll_transmit(at(0), &mut out).is_none());
+    }
+
+    /// The accept routes a driver copies are exactly what `link_of` answers for, and follow
+    /// the link's epochs.
+    #[test]
+    fn accept_routes_are_what_link_of_answers_for() {
+        let mut r = RelayNode::relay(at(0), MIN_FRAME_MAX).unwrap();
+        let (a, _) = pair(Mode::Encrypt);
+        let sealer = a.sealer(1, u64::MAX);
+        let (stream, _) = pair(Mode::Encrypt);
+        r.add_link(at(0), Neighbour(4), a, sealer).unwrap();
+        for t in [at(0), at(25_000)] {
+            r.handle_timeout(t, || 7);
+            let routes: Vec<(Neighbour, Route)> = r.accept_routes().collect();
+            let want = stream.schedule(t).accept;
+            assert_eq!(routes.len(), want.len());
+            for ((n, route), w) in routes.iter().zip(want) {
+                assert_eq!((*n, *route), (Neighbour(4), w));
+                assert_eq!(r.link_of(route.local, route.remote), Some(Neighbour(4)));
+            }
+        }
     }
 
     #[test]

@@ -9,7 +9,13 @@
 //! from each client's current hashed address and port. A request is an inner IPv6/UDP packet
 //! from the client's true address to the server's echo service; the answer comes back through
 //! the tunnel and is opened with that client's keys.
+//!
+//! A client can move an epoch to its next attempt offset ([`ClientSet::move_epoch`]), as a
+//! gateway does when it cannot bind a port or sees its address taken (docs/PROTOCOL.md §5.2):
+//! its routes of that epoch change, and it tells the server with a route move notice, sent
+//! again every 200 ms ([`ClientSet::send_notices`]) until the server's ack arrives.
 
+use std::collections::HashMap;
 use std::net::{Ipv6Addr, SocketAddrV6};
 use std::time::Duration;
 
@@ -18,9 +24,10 @@ use mt6d_os::raw_udp::{RawSendMsg, RawSendScratch, RawUdp6};
 use mt6d_os::udp::RecvBuf;
 use mt6d_os::{Netlink, RecvScratch, UdpSocket6};
 use mt6d_proto::endpoint::{IndexSeed, PeerId, PeerTable};
+use mt6d_proto::moves::{is_notice, CollisionOutcome, RouteMoves, NOTICE_LEN};
 use mt6d_proto::wire::upper_layer_checksum;
 use mt6d_proto::{
-    AeadAlg, Derivation, Endpoint, Mode, Opener, PortPolicy, Sealer, SessionKey, Stream,
+    AeadAlg, Derivation, Endpoint, Epoch, Mode, Opener, PortPolicy, Sealer, SessionKey, Stream,
     StreamConfig, UnixTime,
 };
 
@@ -120,6 +127,9 @@ pub struct ClientCounters {
     pub wrong_route: u64,
     /// Datagrams that did not open or were not an answer from the echo service.
     pub rejected: u64,
+    /// Route move notices sent (resends included), and the server's acks received.
+    pub notices_sent: u64,
+    pub acks: u64,
 }
 
 /// The clients, their routes and keys, and the two sockets they share.
@@ -130,6 +140,8 @@ pub struct ClientSet {
     sealers: Vec<Option<Box<Sealer>>>,
     openers: Vec<Option<Box<Opener>>>,
     ids: Vec<PeerId>,
+    /// By client index: the route moves of the clients that moved an epoch.
+    moves: HashMap<usize, RouteMoves>,
     socket: UdpSocket6,
     raw: RawUdp6,
     raw_scratch: RawSendScratch,
@@ -189,6 +201,7 @@ impl ClientSet {
             sealers,
             openers,
             ids,
+            moves: HashMap::new(),
             socket,
             raw: RawUdp6::open().map_err(|e| e.to_string())?,
             raw_scratch: RawSendScratch::new(BATCH),
@@ -217,14 +230,78 @@ impl ClientSet {
 
     /// Advances the clients whose boundary passed; how many.
     pub fn step(&mut self, now: UnixTime) -> usize {
-        self.table.handle_timeout(now, |_, _| 0, |_, _| {})
+        let (moves, slots) = (&self.moves, &self.slots);
+        let offset = |id: PeerId, e| offset_of(moves, slots, id, e);
+        self.table.handle_timeout(now, offset, |_, _| {})
     }
 
     /// Advances at most `max` of the clients whose boundary passed; true when one is left.
     pub fn step_at_most(&mut self, now: UnixTime, max: usize) -> bool {
+        let (moves, slots) = (&self.moves, &self.slots);
+        let offset = |id: PeerId, e| offset_of(moves, slots, id, e);
         self.table
-            .handle_timeout_at_most(now, max, |_, _| 0, |_, _| {})
+            .handle_timeout_at_most(now, max, offset, |_, _| {})
             .more
+    }
+
+    /// Client `i` moves `epoch` to its next attempt offset for a local reason (docs/PROTOCOL.md
+    /// §5.2, "Ports and addresses that cannot be bound"): its routes of the epoch change at once
+    /// and its notice leaves ([`ClientSet::send_notices`]).
+    pub fn move_epoch(
+        &mut self,
+        i: usize,
+        now: UnixTime,
+        epoch: Epoch,
+    ) -> Result<CollisionOutcome, String> {
+        let id = self.ids[i];
+        let stream = self.table.stream(id).ok_or("client gone")?;
+        let current = stream.epoch_at(now);
+        let m = self
+            .moves
+            .entry(i)
+            .or_insert_with(|| RouteMoves::new(stream));
+        let outcome = m.move_locally(now, current, epoch);
+        self.table
+            .refresh(id, now, |e| m.offset(e))
+            .map_err(|e| e.to_string())?;
+        self.send_notices(now)?;
+        Ok(outcome)
+    }
+
+    /// Sends the route move notices due at `now` (first sends and the resends every 200 ms until
+    /// the server acknowledges). Returns how many left.
+    pub fn send_notices(&mut self, now: UnixTime) -> Result<usize, String> {
+        let mut sent = 0;
+        for (&i, m) in &mut self.moves {
+            let stream = self.table.stream(self.ids[i]).ok_or("client gone")?;
+            let schedule = stream.schedule_moved(now, m);
+            let mut out = [0u8; NOTICE_LEN];
+            while let Some(route) = m.poll_transmit(now, &schedule, &mut out) {
+                if let Some(hk) = stream.send_header_key() {
+                    hk.protect(&mut out).map_err(|e| e.to_string())?;
+                }
+                let msg = [RawSendMsg {
+                    src: route.local,
+                    dst: route.remote,
+                    payload: &out,
+                }];
+                if matches!(self.raw.send_batch(&mut self.raw_scratch, &msg), Ok(1)) {
+                    sent += 1;
+                }
+            }
+        }
+        self.counters.notices_sent += sent as u64;
+        Ok(sent)
+    }
+
+    /// Client `i`'s attempt offset of epoch `e` (0 unless it moved it).
+    pub fn offset(&self, i: usize, e: Epoch) -> u8 {
+        self.moves.get(&i).map_or(0, |m| m.offset(e))
+    }
+
+    /// Whether every move of client `i` is acknowledged by the server.
+    pub fn settled(&self, i: usize) -> bool {
+        self.moves.get(&i).is_none_or(RouteMoves::settled)
     }
 
     /// When [`ClientSet::step`] must run next.
@@ -365,6 +442,20 @@ impl ClientSet {
                             continue;
                         }
                     }
+                    if is_notice(d) {
+                        // The server's ack of a route move.
+                        let now = crate::gateway::clock::now();
+                        let acked = self.moves.get_mut(&client).is_some_and(|m| {
+                            m.handle_notice(now, stream.epoch_at(now), &route, d)
+                                .is_ok()
+                        });
+                        if acked {
+                            self.counters.acks += 1;
+                        } else {
+                            self.counters.rejected += 1;
+                        }
+                        continue;
+                    }
                     let opener =
                         self.openers[client].get_or_insert_with(|| Box::new(stream.opener()));
                     match opener.open(&route, d, &mut self.opened) {
@@ -378,6 +469,17 @@ impl ClientSet {
             }
         }
     }
+}
+
+/// The attempt offset of table entry `id`'s epoch `e` among the clients' `moves`.
+fn offset_of(moves: &HashMap<usize, RouteMoves>, slots: &[usize], id: PeerId, e: Epoch) -> u8 {
+    if moves.is_empty() {
+        return 0;
+    }
+    slots
+        .get(id.index() as usize)
+        .and_then(|i| moves.get(i))
+        .map_or(0, |m| m.offset(e))
 }
 
 /// Client streams in one `PeerTable` (its hash seed drawn at random), each added with its

@@ -8,8 +8,10 @@
 //! The node is one state machine (routing table, every link's monitor, keys and replay
 //! window), shared by the workers behind one lock; the AEAD runs outside it. Per batch of
 //! received datagrams: `recvmmsg` (UDP GRO: several datagrams of one link in one buffer)
-//! without the lock -> under it, the link named by each datagram's (destination, source) and
-//! `begin_datagram` (header protection, the key's checks) -> without it, the AEAD opens ->
+//! without the lock -> still without it, the link named by each datagram's (destination,
+//! source) in a copy of every link's accept routes the workers read lock-free (a datagram on
+//! none, such as junk sent to any address of the /64, is counted as `rx_no_link` and dropped
+//! there, and a batch of nothing else never takes the lock) -> under it, `begin_datagram` (header protection, the key's checks) -> without it, the AEAD opens ->
 //! under it, in arrival order, `finish_datagram` (replay window, probes, routing, deliveries)
 //! -> without it, forwarded frames sealed for the next link in the buffer they arrived in, then
 //! one `sendmmsg` from the next link's hashed address and port (a GRO train re-sealed in place
@@ -192,6 +194,13 @@ struct Shared<'a> {
     /// destination in one message. Replaced as a whole (under the core lock) when a link's
     /// epoch changes; workers read it without a lock.
     senders: ArcSwap<Senders>,
+    /// Every link's accept routes (e-1, e, e+1 of each bound route set), checked against each
+    /// received datagram's (destination, source) before the node's lock is taken, so that junk
+    /// to the prefix does not serialise the workers. Replaced as a whole (under the core lock)
+    /// at every `LinkSchedule` event, which the node emits whenever a link's accept routes
+    /// change; the node checks the route again under its lock. Routes enter it an epoch before
+    /// they are used (§3), so a worker's copy is never older than a route in use.
+    accepts: ArcSwap<Accepts>,
     /// Sends what has no sender socket (a port another program holds) and the node's own
     /// messages.
     raw: RawUdp6,
@@ -200,6 +209,15 @@ struct Shared<'a> {
     counters: Vec<Mutex<IoCounters>>,
     /// Set when any worker's loop ends (a stop signal, an error, a panic): the others stop.
     stop: AtomicBool,
+}
+
+/// (local, remote) of an accept route, and its link.
+type Accepts = Vec<(SocketAddrV6, SocketAddrV6, Neighbour)>;
+
+fn accepts_of(node: &RelayNode) -> Accepts {
+    node.accept_routes()
+        .map(|(n, r)| (r.local, r.remote, n))
+        .collect()
 }
 
 /// One data-plane thread's sockets, queue and buffers.
@@ -213,6 +231,9 @@ struct Worker<'a> {
     socket: UdpSocket6,
     tun: Option<Tun>,
     counters: IoCounters,
+    /// By receive buffer: the link its (destination, source) names, from the lock-free copy of
+    /// the accept routes (None: dropped before the lock).
+    links: Vec<Option<Neighbour>>,
     rx_scratch: RecvScratch,
     bufs: Vec<RecvBuf>,
     /// Forwarded frames: (buffer index, start in it, length, source, destination).
@@ -274,8 +295,10 @@ pub fn serve(
             cfg.control_socket.display()
         ))
     })?;
+    let accepts = ArcSwap::from_pointee(accepts_of(&node));
     let shared = Shared {
         cfg,
+        accepts,
         core: Mutex::new(Core {
             node,
             staged: HashMap::new(),
@@ -382,6 +405,7 @@ impl<'a> Worker<'a> {
             counters: IoCounters::default(),
             rx_scratch: RecvScratch::new(RX_BATCH),
             bufs: (0..RX_BATCH).map(|_| RecvBuf::new()).collect(),
+            links: vec![None; RX_BATCH],
             spans: Vec::with_capacity(RX_BATCH * 64),
             pending: Vec::with_capacity(RX_BATCH * 64),
             inner_jobs: Vec::with_capacity(IDEAL_BATCH_SIZE),
@@ -620,6 +644,7 @@ impl<'a> Worker<'a> {
                     *p = Some(schedule.send.local);
                 }
                 self.reconcile_senders(core);
+                self.shared.accepts.store(Arc::new(accepts_of(&core.node)));
             }
             Event::LinkCost { link, cost } if !cost.is_finite() => {
                 log::warn!("link {}: dead (no probe answered)", self.link_name(link));
@@ -706,24 +731,44 @@ impl<'a> Worker<'a> {
         let mut pending = std::mem::take(&mut self.pending);
         pending.clear();
         let shared = self.shared;
+        // Without the lock: each buffer's link by its (destination, source), else dropped.
+        let mut admitted = 0;
         {
-            let t = Instant::now();
-            let mut core = shared.core.lock();
-            lock_wait += t.elapsed();
-            let now = clock::now();
-            for (b, buf) in bufs[..got].iter_mut().enumerate() {
+            let accepts = shared.accepts.load();
+            for (b, buf) in bufs[..got].iter().enumerate() {
+                self.links[b] = None;
                 if buf.truncated() {
                     self.counters.rx_truncated += 1;
                     continue;
                 }
                 let local = SocketAddrV6::new(buf.dst(), buf.dst_port(), 0, 0);
                 let remote = buf.src();
-                let len = buf.len();
-                let seg = buf.segment_size().map_or(len, usize::from).max(1);
-                let Some(link) = core.node.link_of(local, remote) else {
-                    self.counters.rx_no_link += len.div_ceil(seg) as u64;
+                match accepts.iter().find(|a| a.0 == local && a.1 == remote) {
+                    Some(a) => {
+                        self.links[b] = Some(a.2);
+                        admitted += 1;
+                    }
+                    None => {
+                        let len = buf.len();
+                        let seg = buf.segment_size().map_or(len, usize::from).max(1);
+                        self.counters.rx_no_link += len.div_ceil(seg) as u64;
+                    }
+                }
+            }
+        }
+        if admitted > 0 {
+            let t = Instant::now();
+            let mut core = shared.core.lock();
+            lock_wait += t.elapsed();
+            let now = clock::now();
+            for (b, buf) in bufs[..got].iter_mut().enumerate() {
+                let Some(link) = self.links[b] else {
                     continue;
                 };
+                let local = SocketAddrV6::new(buf.dst(), buf.dst_port(), 0, 0);
+                let remote = buf.src();
+                let len = buf.len();
+                let seg = buf.segment_size().map_or(len, usize::from).max(1);
                 let data = buf.data_mut();
                 let mut start = 0;
                 while start < len {

@@ -19,6 +19,11 @@
 //! is not a current route of some client, or from the wrong source, is dropped and counted, and
 //! nothing is sent back: a scan of the prefix learns nothing.
 //!
+//! A client's route move notice (docs/PROTOCOL.md §5.2) is handled here too, by the worker that
+//! received it, under that client's own lock (`Registry::handle_notice`, or the handshake
+//! client's link); a move queues the client for the main thread, which re-derives its moved
+//! routes (`Registry::sync_moves`).
+//!
 //! A handshake client's messages are handled here, by the worker that received them: the first
 //! one must carry a valid link MAC before any state is made for the client (one BLAKE3); then the
 //! client's responder-only link answers it (two Diffie-Hellman), the answer leaves at once
@@ -45,7 +50,8 @@ use mt6d_os::{
     IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN,
 };
 use mt6d_proto::handshake::is_handshake;
-use mt6d_proto::moves::is_notice;
+use mt6d_proto::link::Notice;
+use mt6d_proto::moves::{is_link_announcement, is_notice};
 
 use super::registry::{bump, Registry, Session};
 use crate::gateway::clock;
@@ -71,9 +77,15 @@ pub struct ServerCounters {
     pub rx_wrong_source: AtomicU64,
     /// Datagrams that did not open: forged, replayed, damaged, too short.
     pub rx_rejected: AtomicU64,
-    /// Route-move notices and link-layer announcements (the server moves no route), and
-    /// handshake messages for a client with a pre-shared key.
+    /// Link-layer announcements (the server pins no neighbour entry), and handshake messages
+    /// for a client with a pre-shared key.
     pub rx_unsupported: AtomicU64,
+    /// Route move notices and acks from clients that passed every check (docs/PROTOCOL.md §5.2).
+    pub notices_received: AtomicU64,
+    /// Route move notices refused: malformed, a bad MAC, an epoch outside the window.
+    pub notices_refused: AtomicU64,
+    /// Notices that moved a client's route of an epoch to a new attempt offset.
+    pub routes_moved: AtomicU64,
     /// Handshake messages refused: no valid link MAC for a client with no session yet, or
     /// refused by the client's handshake (bad MAC, replay, stale, rate limit, Noise failure).
     pub rx_handshake_rejected: AtomicU64,
@@ -117,6 +129,9 @@ impl ServerCounters {
             ("rx_wrong_source", r(&self.rx_wrong_source)),
             ("rx_rejected", r(&self.rx_rejected)),
             ("rx_unsupported", r(&self.rx_unsupported)),
+            ("notices_received", r(&self.notices_received)),
+            ("notices_refused", r(&self.notices_refused)),
+            ("routes_moved", r(&self.routes_moved)),
             ("rx_handshake_rejected", r(&self.rx_handshake_rejected)),
             ("handshakes_answered", r(&self.handshakes_answered)),
             ("handshakes_confirmed", r(&self.handshakes_confirmed)),
@@ -327,7 +342,31 @@ impl Receive {
                     }
                     let datagram = &*datagram;
                     if is_notice(datagram) {
-                        n.unsupported += 1;
+                        // A route move (§5.2) on the set it arrived on; the link queues the ack.
+                        let Some(session) = guard.as_mut() else {
+                            n.unsupported += 1;
+                            continue;
+                        };
+                        if set.is_none() {
+                            set = set_of(&session.link, set_id);
+                        }
+                        let Some(on) = &set else {
+                            n.not_current += 1;
+                            continue;
+                        };
+                        match session.link.handle_notice(now, on, route, datagram) {
+                            Ok(Notice::Move { moved }) => {
+                                n.notices += 1;
+                                n.moved += u64::from(moved);
+                            }
+                            Ok(_) => n.unsupported += 1,
+                            Err(_) => n.notices_refused += 1,
+                        }
+                        let d = drain(session, Some((&io.raw, &mut self.send_scratch)));
+                        n.send_failed += d.send_failed;
+                        if d.resync {
+                            shared.resync(cid);
+                        }
                         continue;
                     }
                     if is_handshake(datagram) {
@@ -444,6 +483,7 @@ impl Receive {
                 continue;
             }
             let (mut opened, mut bad, mut unsupported, mut opened_bytes) = (0u64, 0u64, 0u64, 0u64);
+            let send_scratch = &mut self.send_scratch;
             client.with_opener(stream, |opener| {
                 for datagram in buf.datagrams_mut() {
                     if let Some(hk) = header_key {
@@ -451,6 +491,33 @@ impl Receive {
                             bad += 1;
                             continue;
                         }
+                    }
+                    if is_notice(datagram) && !is_link_announcement(datagram) {
+                        // A route move (§5.2): applied here, the client's window re-derived by
+                        // the main thread, and answered from this worker once it is.
+                        let mut send = |r: &mt6d_proto::Route, bytes: &[u8]| {
+                            let msg = [RawSendMsg {
+                                src: r.local,
+                                dst: r.remote,
+                                payload: bytes,
+                            }];
+                            if !matches!(io.raw.send_batch(send_scratch, &msg), Ok(1)) {
+                                n.send_failed += 1;
+                            }
+                        };
+                        match reg.handle_notice(id, now, route, datagram, &mut send) {
+                            Ok(handled) => {
+                                n.notices += 1;
+                                n.moved += u64::from(handled.moved);
+                                // Once per move: a resend or replay before the main thread
+                                // synced finds it already asked for.
+                                if handled.moved && handled.pending {
+                                    shared.resync(cid);
+                                }
+                            }
+                            Err(_) => n.notices_refused += 1,
+                        }
+                        continue;
                     }
                     if is_handshake(datagram) || is_notice(datagram) {
                         unsupported += 1;
@@ -489,6 +556,9 @@ impl Receive {
             (&c.rx_wrong_source, n.wrong_source),
             (&c.rx_rejected, n.rejected),
             (&c.rx_unsupported, n.unsupported),
+            (&c.notices_received, n.notices),
+            (&c.notices_refused, n.notices_refused),
+            (&c.routes_moved, n.moved),
             (&c.rx_truncated, n.truncated),
             (&c.rx_handshake_rejected, n.hs_rejected),
             (&c.handshakes_answered, n.answered),
@@ -518,6 +588,9 @@ struct RxCounts {
     confirmed: u64,
     no_key: u64,
     send_failed: u64,
+    notices: u64,
+    notices_refused: u64,
+    moved: u64,
 }
 
 fn flush_to_tun(shared: &Shared, tun: &Tun, gro: &mut GROTable, packets: &mut [PacketBuf]) {

@@ -14,6 +14,15 @@
 //!   events ask. When the keys expire with no rekey the session is dropped and the client is
 //!   back to its link set alone.
 //!
+//! Route moves (docs/PROTOCOL.md §5.2): a client that moves an epoch to another attempt offset
+//! (a collision on its link, a port it cannot bind) tells the server with a route move notice.
+//! The worker that receives it checks and applies it under the client's own lock (a pre-shared
+//! client's `RouteMoves` here, a handshake client's in its link's route set), answers with an ack
+//! at once and asks the main thread to re-derive that entry's window
+//! ([`Registry::sync_moves`]); from then on every rotation step derives the entry's routes at
+//! the agreed offsets. The server never moves a route of its own: its whole prefix is
+//! delivered locally, so no address of it can collide.
+//!
 //! One `RwLock` (parking_lot's) guards it: the workers take the read side once per batch of
 //! datagrams (never per packet), the main thread the write side for a rotation step (at most
 //! `STEP_CHUNK` clients per hold, then a fair hand-over to waiting workers), a set change, an
@@ -32,7 +41,8 @@ use std::time::Duration;
 use mt6d_proto::endpoint::{IndexError, IndexSeed, PeerId, PeerTable, WindowDelta};
 use mt6d_proto::handshake::{Handshake, HandshakeConfig, ReceiveKeys};
 use mt6d_proto::link::Link;
-use mt6d_proto::{Epoch, Opener, Sealer, Stream, UnixTime};
+use mt6d_proto::moves::{NoticeError, RouteMoves, NOTICE_LEN};
+use mt6d_proto::{Epoch, Opener, Route, Sealer, Stream, UnixTime};
 
 use crate::config::{ClientConfig, ClientHandshake};
 
@@ -75,6 +85,8 @@ enum Keys {
         sealer: OnceLock<Box<Sealer>>,
         /// Made on the first packet from the client; its replay window lives in it.
         opener: Mutex<Option<Box<Opener>>>,
+        /// Made on the client's first route move notice (§5.2).
+        moves: Mutex<Option<Box<RouteMoves>>>,
     },
     Handshake {
         peer: ClientHandshake,
@@ -99,6 +111,7 @@ impl Client {
             None => Keys::PreShared {
                 sealer: OnceLock::new(),
                 opener: Mutex::new(None),
+                moves: Mutex::new(None),
             },
             Some(peer) => Keys::Handshake {
                 peer: peer.clone(),
@@ -181,6 +194,37 @@ impl Client {
     }
 }
 
+/// The epochs of one table entry moved to another attempt offset (§5.2): the main thread's
+/// copy of the client's `RouteMoves`, which rotation steps derive the entry's routes with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Moved([Option<(Epoch, u8)>; 4]);
+
+impl Moved {
+    fn of(moves: &RouteMoves) -> Moved {
+        let mut m = Moved::default();
+        for (slot, moved) in m.0.iter_mut().zip(moves.moved()) {
+            *slot = Some(moved);
+        }
+        m
+    }
+
+    fn offset(&self, e: Epoch) -> u8 {
+        self.0
+            .iter()
+            .flatten()
+            .find(|(m, _)| *m == e)
+            .map_or(0, |(_, k)| *k)
+    }
+
+    /// Whether an epoch of the accept window (or a later one) is moved at `current`.
+    fn live(&self, current: Epoch) -> bool {
+        self.0
+            .iter()
+            .flatten()
+            .any(|(e, k)| *k > 0 && e.0.saturating_add(1) >= current.0)
+    }
+}
+
 /// What a table entry belongs to.
 #[derive(Debug)]
 enum Entry {
@@ -207,6 +251,16 @@ pub enum RegistryError {
     },
     #[error("client {name:?} (peers file line {line}) is already served")]
     Duplicate { name: String, line: usize },
+}
+
+/// What [`Registry::handle_notice`] did with a valid notice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoticeHandled {
+    /// A route of the client moved to a new attempt offset.
+    pub moved: bool,
+    /// The table does not serve the client's moved routes yet: the main thread must run
+    /// [`Registry::sync_moves`]; the ack waits for the client's next resend.
+    pub pending: bool,
 }
 
 /// What a rotation step or a change did, for the logs and counters.
@@ -237,6 +291,9 @@ pub struct Registry {
     /// When to announce each entering route's server address to the router (priming,
     /// docs/PROTOCOL.md §5.1); None without priming.
     primes: Option<Primes>,
+    /// Table entries with a moved epoch in or after their accept window (§5.2); empty unless a
+    /// client moved, so a rotation step costs one `is_empty` for everyone else.
+    moved: HashMap<PeerId, Moved>,
 }
 
 /// The priming schedule: one entry per route that entered a window and is not yet announced.
@@ -284,6 +341,7 @@ impl Registry {
             handshake: None,
             sessions: AtomicU64::new(0),
             primes: None,
+            moved: HashMap::new(),
         }
     }
 
@@ -451,6 +509,7 @@ impl Registry {
     }
 
     fn drop_entry(&mut self, id: PeerId) {
+        self.moved.remove(&id);
         if let Some((_, delta)) = self.table.remove(id) {
             apply(self.addresses.as_mut(), &delta);
         }
@@ -461,10 +520,16 @@ impl Registry {
 
     /// Brings client `id`'s secondary entries in line with the route sets its link binds now
     /// (after a handshake was answered or confirmed, a parent released, keys expired), and drops
-    /// its session once its keys expired and nothing but the link set is left. Returns when the
-    /// link next needs a timeout (None: no session). Called by the main thread.
+    /// its session once its keys expired and nothing but the link set is left; then its routes
+    /// in line with its route moves ([`Registry::sync_moves`]). Returns when the link next
+    /// needs a timeout (None: no session). Called by the main thread.
     pub fn sync_sets(&mut self, id: PeerId, now: UnixTime) -> Option<UnixTime> {
         let client = self.client(id)?;
+        if !client.handshakes() {
+            // A pre-shared client has one entry and no session: only its moves can change.
+            self.sync_moves(id, now);
+            return None;
+        }
         let mut guard = client.session()?;
         let session = guard.as_mut()?;
         let wanted: Vec<(u64, Stream)> = session
@@ -520,7 +585,120 @@ impl Registry {
                 session.bound.extend(added);
             }
         }
+        self.sync_moves(id, now);
         next
+    }
+
+    /// A route move notice (or its ack) from pre-shared client `id` arrived on `arrived_on`, one
+    /// of its accept routes (source checked, header protection removed): checks and applies it
+    /// (§5.2) and hands `send` each answer that is due, header protection applied, with the
+    /// route to send it on. Takes the client's moves lock only; callable under the read lock. A
+    /// handshake client's notices go to its link instead (`Link::handle_notice`).
+    ///
+    /// The ack waits until the table serves the moved routes: while [`NoticeHandled::pending`]
+    /// the caller asks the main thread for [`Registry::sync_moves`], and the client's next
+    /// resend of its notice (every 200 ms until answered, §5.2) is answered. An ack therefore
+    /// tells the client that the server receives and sends on the moved route.
+    pub fn handle_notice(
+        &self,
+        id: PeerId,
+        now: UnixTime,
+        arrived_on: &Route,
+        bytes: &[u8],
+        mut send: impl FnMut(&Route, &[u8]),
+    ) -> Result<NoticeHandled, NoticeError> {
+        let (Some(stream), Some((_, client, _))) = (self.table.stream(id), self.resolve(id)) else {
+            return Err(NoticeError::Malformed);
+        };
+        let Keys::PreShared { moves, .. } = &client.keys else {
+            return Err(NoticeError::Malformed);
+        };
+        let mut guard = moves
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let m = guard.get_or_insert_with(|| Box::new(RouteMoves::new(stream)));
+        let outcome = m.handle_notice(now, stream.epoch_at(now), arrived_on, bytes)?;
+        let installed = self.moved.get(&id).copied().unwrap_or_default();
+        if m.moved().any(|(e, k)| installed.offset(e) != k) {
+            return Ok(NoticeHandled {
+                moved: outcome.moved,
+                pending: true,
+            });
+        }
+        let schedule = stream.schedule_moved(now, m);
+        let mut out = [0u8; NOTICE_LEN];
+        while let Some(route) = m.poll_transmit(now, &schedule, &mut out) {
+            if let Some(hk) = stream.send_header_key() {
+                // A notice (32 bytes) is longer than the protected header.
+                if hk.protect(&mut out).is_err() {
+                    continue;
+                }
+            }
+            send(&route, &out);
+        }
+        Ok(NoticeHandled {
+            moved: outcome.moved,
+            pending: false,
+        })
+    }
+
+    /// Re-derives client `id`'s routes whose attempt offset changed (§5.2) from its moves: its
+    /// own entry (pre-shared: its `RouteMoves`; handshake: its link set's) and each route set
+    /// its session binds. Called by the main thread after a worker saw a route move.
+    pub fn sync_moves(&mut self, id: PeerId, now: UnixTime) {
+        let Some(client) = self.client(id) else {
+            return;
+        };
+        let mut wanted: Vec<(PeerId, Moved)> = Vec::new();
+        match &client.keys {
+            Keys::PreShared { moves, .. } => {
+                let guard = moves
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if let Some(m) = guard.as_ref() {
+                    wanted.push((id, Moved::of(m)));
+                }
+            }
+            Keys::Handshake { session, .. } => {
+                let guard = session
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if let Some(s) = guard.as_ref() {
+                    let sets = s.link.sets();
+                    wanted.push((id, Moved::of(&sets.link().lock_moves())));
+                    for (set, entry) in &s.bound {
+                        if let Some(rs) = sets.bound_sets().find(|b| b.id == *set) {
+                            wanted.push((*entry, Moved::of(&rs.lock_moves())));
+                        }
+                    }
+                }
+            }
+        }
+        for (entry, moved) in wanted {
+            self.apply_moved(entry, moved, now);
+        }
+    }
+
+    /// Installs `moved` as entry `id`'s offsets and re-derives the routes it changes.
+    fn apply_moved(&mut self, id: PeerId, moved: Moved, now: UnixTime) {
+        if self.moved.get(&id).copied().unwrap_or_default() == moved {
+            return;
+        }
+        let Some(current) = self.table.stream(id).map(|s| s.epoch_at(now)) else {
+            return;
+        };
+        if moved.live(current) {
+            self.moved.insert(id, moved);
+        } else {
+            self.moved.remove(&id);
+        }
+        match self.table.refresh(id, now, |e| moved.offset(e)) {
+            Ok(delta) => {
+                apply(self.addresses.as_mut(), &delta);
+                self.schedule_primes(id, &delta, now);
+            }
+            Err(e) => log::warn!("cannot re-index a moved route: {e}"),
+        }
     }
 
     /// Removes a client: from this call on, none of its addresses answers.
@@ -566,10 +744,16 @@ impl Registry {
         let mut addresses = self.addresses.as_mut();
         let mut entered = Vec::new();
         let priming = self.primes.is_some();
+        let moved = &self.moved;
         let step = self.table.handle_timeout_at_most(
             now,
             max,
-            |_, _| 0,
+            |id, e| {
+                if moved.is_empty() {
+                    return 0;
+                }
+                moved.get(&id).map_or(0, |m| m.offset(e))
+            },
             |id, delta| {
                 report.advanced += 1;
                 report.contested += delta.contested().count();
@@ -581,6 +765,11 @@ impl Registry {
         );
         for (id, delta) in entered {
             self.schedule_primes(id, &delta, now);
+        }
+        if !self.moved.is_empty() {
+            let table = &self.table;
+            self.moved
+                .retain(|id, m| table.stream(*id).is_some_and(|s| m.live(s.epoch_at(now))));
         }
         step.more
     }
@@ -690,6 +879,140 @@ mod tests {
             },
             true,
         )
+    }
+
+    /// A pre-shared client that moves an epoch (§5.2) tells the server with a notice: the server
+    /// checks it, answers with an ack the client accepts, and from the main thread's
+    /// `sync_moves` on receives and sends on the moved route; an epoch moved before it entered
+    /// the window enters it moved. A forged notice moves nothing.
+    #[test]
+    fn a_client_s_route_move_notice_moves_its_route_on_the_server() {
+        use mt6d_proto::moves::{CollisionOutcome, RouteMoves};
+        let mut r = registry();
+        let cs = clients(2);
+        for c in &cs {
+            r.add(c, UnixTime::from_nanos(1_700_000_000_000_000_000))
+                .unwrap();
+        }
+        let id = r.id_of("c1").unwrap();
+        let client = Stream::new(cs[0].stream.mirrored()).unwrap();
+        let mut moves = RouteMoves::new(&client);
+        let e = client.epoch_at(UnixTime::from_nanos(1_700_000_000_000_000_000));
+        // 100 ms into epoch e: the client moves e (a port it cannot bind) and e+2.
+        let now = client
+            .epoch_start(e)
+            .saturating_add(Duration::from_millis(100));
+        assert_eq!(moves.move_locally(now, e, e), CollisionOutcome::Moved(1));
+        let e2 = e.next().next();
+        assert_eq!(moves.move_locally(now, e, e2), CollisionOutcome::Moved(1));
+        // The server's view of a client route: the same four fields the other way round.
+        let mirror = |c: Route| Route {
+            local: c.remote,
+            remote: c.local,
+            epoch: c.epoch,
+        };
+        let moved_e = mirror(client.route_with_attempt(e, 1));
+        assert_ne!(moved_e, mirror(client.route(e)));
+        let finds = |r: &Registry, route: &Route| {
+            r.table()
+                .lookup_local(*route.local.ip(), route.local.port())
+                .map(|(p, _)| p)
+        };
+        assert_eq!(finds(&r, &moved_e), None, "not before the notice");
+
+        // A forged notice (one bit of its MAC) is refused and moves nothing.
+        let schedule = client.schedule_moved(now, &moves);
+        let mut notices = Vec::new();
+        let mut out = [0u8; NOTICE_LEN];
+        while let Some(route) = moves.poll_transmit(now, &schedule, &mut out) {
+            notices.push((route, out));
+        }
+        assert_eq!(notices.len(), 2);
+        for (route, _) in &notices {
+            // Notices about e travel on e-1, the last agreed route (§5.2).
+            assert_eq!(route.epoch, e.0.checked_sub(1).map(Epoch).unwrap());
+        }
+        let arrived_on = *r.table().index().route(id, Epoch(e.0 - 1)).unwrap();
+        assert_eq!(arrived_on, mirror(notices[0].0));
+        let mut forged = notices[0].1;
+        forged[31] ^= 1;
+        let got = r.handle_notice(id, now, &arrived_on, &forged, |_, _| panic!("answered"));
+        assert_eq!(got, Err(NoticeError::BadMac));
+
+        // The real ones: applied, but not answered before the table serves the moved routes.
+        for (_, bytes) in &notices {
+            let got = r.handle_notice(id, now, &arrived_on, bytes, |_, _| panic!("answered"));
+            assert_eq!(
+                got,
+                Ok(NoticeHandled {
+                    moved: true,
+                    pending: true
+                })
+            );
+        }
+        assert_eq!(
+            finds(&r, &moved_e),
+            None,
+            "not before the main thread's sync"
+        );
+        r.sync_sets(id, now);
+        assert_eq!(finds(&r, &moved_e), Some(id), "the moved route answers");
+        // The client's resends are answered, with acks the client accepts.
+        let mut acks = Vec::new();
+        for (_, bytes) in &notices {
+            let got = r.handle_notice(id, now, &arrived_on, bytes, |route, ack| {
+                acks.push((*route, ack.to_vec()))
+            });
+            assert_eq!(
+                got,
+                Ok(NoticeHandled {
+                    moved: false,
+                    pending: false
+                })
+            );
+        }
+        // The acks owed to the first two notices leave with the first resend, then the second
+        // resend's own.
+        assert_eq!(acks.len(), 3);
+        for (route, mut ack) in acks {
+            // On the last agreed route: the moved one, which both sides now use.
+            assert_eq!(route, moved_e);
+            if let Some(hk) = client.recv_header_key() {
+                hk.unprotect(&mut ack).unwrap();
+            }
+            let outcome = moves.handle_notice(now, e, &mirror(route), &ack);
+            assert!(!outcome.unwrap().moved);
+        }
+        assert!(moves.settled(), "both moves confirmed by the server's acks");
+        assert_eq!(
+            finds(&r, &mirror(client.route(e))),
+            None,
+            "the old one does not"
+        );
+        assert_eq!(r.table().send_route(id), Some(&moved_e));
+        assert!(r.is_current_address(*moved_e.local.ip()));
+
+        // Into e+1: e+2 enters the window at its moved offset, and leaves it at e+4.
+        let moved_e2 = mirror(client.route_with_attempt(e2, 1));
+        let mut t = now;
+        while client.epoch_at(t) < e.next() {
+            t = t.saturating_add(Duration::from_millis(10));
+            r.step(t);
+        }
+        assert_eq!(finds(&r, &moved_e2), Some(id));
+        assert_eq!(finds(&r, &mirror(client.route(e2))), None);
+        while client.epoch_at(t) < e2.next().next() {
+            t = t.saturating_add(Duration::from_millis(10));
+            r.step(t);
+        }
+        assert_eq!(finds(&r, &moved_e2), None);
+        assert!(
+            r.moved.is_empty(),
+            "nothing kept once the moved epochs left"
+        );
+        // The other client never moved.
+        let other = r.id_of("c2").unwrap();
+        assert!(r.table().send_route(other).is_some());
     }
 
     #[test]
