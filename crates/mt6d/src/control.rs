@@ -22,7 +22,7 @@
 use std::cell::RefCell;
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -323,6 +323,54 @@ pub fn refuse_non_socket(path: &Path) -> Result<(), String> {
     }
 }
 
+/// Removes the socket at `path` if nobody answers on it, and nothing else; returns whether one
+/// was removed. The path may come from an instance record written long before: its directory
+/// is opened once (its last component not through a symbolic link), and the file is looked
+/// at, connected to and unlinked relative to that descriptor, so a directory of the path
+/// replaced since (by a link to somewhere else) cannot redirect the removal. Only a process
+/// that may write that very directory could still swap the socket between the look and the
+/// unlink, and it could remove the file itself anyway.
+pub fn remove_stale_socket(path: &Path) -> std::io::Result<bool> {
+    use nix::fcntl::{open, OFlag};
+    use nix::sys::stat::{fstatat, Mode, SFlag};
+    use nix::unistd::{unlinkat, UnlinkatFlags};
+    use std::os::fd::AsRawFd;
+    let Some(name) = path.file_name() else {
+        return Ok(false);
+    };
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let dir = match open(
+        parent,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(nix::errno::Errno::ENOENT) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    let stat = match fstatat(&dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(s) => s,
+        Err(nix::errno::Errno::ENOENT) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFSOCK {
+        return Ok(false);
+    }
+    // Connected through the descriptor (procfs resolves it to that directory): only a refusal
+    // means nobody answers; any other failure (a name too long for an address) keeps it.
+    let mut through = std::path::PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+    through.push(name);
+    match UnixStream::connect(&through) {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+        _ => return Ok(false),
+    }
+    unlinkat(&dir, name, UnlinkatFlags::NoRemoveDir)?;
+    Ok(true)
+}
+
 impl ControlServer {
     /// Binds the socket. A stale socket from a crashed daemon is replaced; a socket that a live
     /// daemon still answers on is not stolen; anything that is not a socket is left alone and
@@ -332,8 +380,12 @@ impl ControlServer {
             path: path.to_path_buf(),
             message,
         };
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            // Created 0700 if missing (an existing directory is the operator's choice).
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(crate::files::DIR_MODE)
+                .create(dir)
                 .map_err(|e| bind_err(format!("cannot create {}: {e}", dir.display())))?;
         }
         match inspect_socket_path(path).map_err(|e| bind_err(e.to_string()))? {
@@ -343,8 +395,10 @@ impl ControlServer {
                     "another mt6d daemon is running with this control socket; stop it or set gateway.control_socket".into(),
                 ))
             }
-            SocketPath::Stale => std::fs::remove_file(path)
-                .map_err(|e| bind_err(format!("cannot remove stale socket: {e}")))?,
+            SocketPath::Stale => {
+                remove_stale_socket(path)
+                    .map_err(|e| bind_err(format!("cannot remove stale socket: {e}")))?;
+            }
             SocketPath::NotASocket(kind) => {
                 return Err(bind_err(format!(
                     "exists and is {kind}; only a socket nobody answers on is replaced: choose another control_socket"
@@ -1118,6 +1172,45 @@ mod tests {
             .expect("timeout");
         let mut rest = Vec::new();
         assert_eq!(silent.read_to_end(&mut rest).expect("end of file"), 0);
+    }
+
+    /// The clean-up of a dead daemon's socket, whose path comes from its record, removes only
+    /// a socket nobody answers on, and does not follow a directory of the path that was
+    /// replaced by a symbolic link since: the socket the link leads to stays.
+    #[test]
+    fn stale_socket_clean_up_does_not_follow_a_replaced_path() {
+        let dir = std::env::temp_dir().join(format!("mt6d-ctl-stale-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (run, elsewhere) = (dir.join("run"), dir.join("elsewhere"));
+        std::fs::create_dir_all(&run).expect("dir");
+        std::fs::create_dir_all(&elsewhere).expect("dir");
+        let dead = |p: &Path| drop(UnixListener::bind(p).expect("bind"));
+        // A stale socket is removed; a live one, a regular file and a link are not.
+        let sock = run.join("ctl.sock");
+        dead(&sock);
+        assert!(remove_stale_socket(&sock).expect("clean-up"));
+        assert!(!sock.exists());
+        let live = UnixListener::bind(&sock).expect("bind");
+        assert!(!remove_stale_socket(&sock).expect("clean-up"));
+        assert!(sock.exists(), "a live socket stays");
+        drop(live);
+        std::fs::remove_file(&sock).expect("rm");
+        std::fs::write(&sock, "not a socket").expect("write");
+        assert!(!remove_stale_socket(&sock).expect("clean-up"));
+        assert!(sock.exists(), "a regular file stays");
+        std::fs::remove_file(&sock).expect("rm");
+        // The record named run/ctl.sock; run was since replaced by a link to a directory with
+        // another dead daemon's socket of that name.
+        let victim = elsewhere.join("ctl.sock");
+        dead(&victim);
+        std::fs::remove_dir(&run).expect("rmdir");
+        std::os::unix::fs::symlink(&elsewhere, &run).expect("symlink");
+        let _ = remove_stale_socket(&sock);
+        assert!(
+            std::fs::symlink_metadata(&victim).is_ok(),
+            "the socket behind the replaced directory was removed"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
