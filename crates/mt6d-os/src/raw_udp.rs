@@ -272,13 +272,15 @@ mod tests {
                 .load(
                     "chain pre {\n\
                      type filter hook prerouting priority -150; policy accept;\n\
-                     ip6 daddr fd00:77::/64 meta l4proto udp tproxy ip6 to :4000\n\
+                     ip6 daddr fd00:77::/64 meta l4proto udp tproxy ip6 to [::1]:4000\n\
                      }",
                 )
                 .expect("tproxy rule");
             let servers = [
-                UdpSocket6::bind_transparent(4000).expect("transparent socket"),
-                UdpSocket6::bind_transparent(4000).expect("second socket on the port"),
+                UdpSocket6::bind_transparent(Ipv6Addr::LOCALHOST, 4000)
+                    .expect("transparent socket"),
+                UdpSocket6::bind_transparent(Ipv6Addr::LOCALHOST, 4000)
+                    .expect("second socket on the port"),
             ];
             for s in &servers {
                 s.set_nonblocking(true).expect("non-blocking");
@@ -345,6 +347,23 @@ mod tests {
                 assert_eq!(n, 1);
                 assert_eq!(bufs[0].src(), asked);
                 assert_eq!(bufs[0].data(), b"answer");
+            }
+            // Bound to ::1, the sockets get what the rule hands them and nothing sent to the
+            // host's own addresses (bound to [::]:4000, they got this one too).
+            let direct = SendMsg {
+                src: client_addr,
+                dst: SocketAddrV6::new(client_addr, 4000, 0, 0),
+                payload: b"direct",
+                segment_size: None,
+            };
+            assert_eq!(client.send_batch(&mut ss, &[direct]).expect("send"), 1);
+            std::thread::sleep(Duration::from_millis(200));
+            for s in &servers {
+                assert_eq!(
+                    s.recv_ready(&mut rs, &mut bufs).unwrap_or(0),
+                    0,
+                    "a datagram to the host's own address reached the transparent socket"
+                );
             }
             // Nothing per address was added for what was served.
             assert_eq!(nl.list_addresses(lo).expect("addresses").len(), before);

@@ -323,12 +323,17 @@ impl UdpSocket6 {
         Self::bind_with(addr, false)
     }
 
-    /// [`UdpSocket6::bind`] for a `tproxy` rule's target: `IPV6_TRANSPARENT` (needs
-    /// CAP_NET_ADMIN), `SO_REUSEPORT` (several sockets, one per worker, share `port`; the
-    /// kernel spreads datagrams over them by a hash of their addresses and ports) and
-    /// `IPV6_RECVORIGDSTADDR` ([`RecvBuf::dst_port`]).
-    pub fn bind_transparent(port: u16) -> Result<UdpSocket6> {
-        Self::bind_with(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0), true)
+    /// [`UdpSocket6::bind`] for a `tproxy` rule's target, `[addr]:port`: `IPV6_TRANSPARENT`
+    /// (needs CAP_NET_ADMIN), `SO_REUSEPORT` (several sockets, one per worker, share the
+    /// address and port; the kernel spreads datagrams over them by a hash of their addresses
+    /// and ports) and `IPV6_RECVORIGDSTADDR` ([`RecvBuf::dst_port`]).
+    ///
+    /// A rule `tproxy ip6 to [addr]:port` hands its datagrams to this socket whatever their
+    /// destination; an ordinary datagram reaches it only if sent to `addr` itself. With
+    /// `addr` `::1` that is nothing from outside the host: bound to `[::]:port` instead, every
+    /// address of the host (its true address, a link-local one) answered on `port`.
+    pub fn bind_transparent(addr: Ipv6Addr, port: u16) -> Result<UdpSocket6> {
+        Self::bind_with(SocketAddrV6::new(addr, port, 0, 0), true)
     }
 
     fn bind_with(addr: SocketAddrV6, transparent: bool) -> Result<UdpSocket6> {

@@ -215,8 +215,13 @@ pub fn finish<E: Into<Box<dyn std::error::Error>>>(
     }
 }
 
+/// Where the tproxy rule hands the prefix's datagrams, and the role's transparent sockets are
+/// bound: loopback, so that nothing sent to the host's own addresses (its true address, a
+/// link-local one) on the port reaches them, only what the rule hands over.
+pub const TPROXY_ADDR: Ipv6Addr = Ipv6Addr::LOCALHOST;
+
 /// The table of a role answering `prefix`/64: UDP to the prefix goes to the role's transparent
-/// sockets on `port` (each datagram keeps its destination, which the sockets read); anything
+/// sockets on `[::1]:port` (each datagram keeps its destination, which the sockets read); anything
 /// else to the prefix is dropped before the kernel could answer it (echo replies, TCP resets,
 /// unreachables).
 ///
@@ -230,7 +235,7 @@ pub fn ruleset(prefix: Ipv6Addr, port: u16) -> String {
         "chain prerouting {{\n\
          \ttype filter hook prerouting priority mangle; policy accept;\n\
          \tip6 daddr {prefix}/64 meta l4proto != udp counter drop\n\
-         \tip6 daddr {prefix}/64 meta l4proto udp tproxy ip6 to :{port} accept\n\
+         \tip6 daddr {prefix}/64 meta l4proto udp tproxy ip6 to [{TPROXY_ADDR}]:{port} accept\n\
          \tip6 daddr {prefix}/64 counter drop\n\
          }}"
     )

@@ -12,21 +12,37 @@
 //!
 //! Requests are served by the daemon's main thread, one at a time, between its housekeeping
 //! steps: a change is applied by the same code as SIGHUP (`gateway::reload`), never while
-//! another runs.
+//! another runs. That thread never waits on a client: connections are non-blocking, their
+//! credentials are checked when they are accepted, and each housekeeping step reads what has
+//! arrived and moves on. A request must be whole within [`REQUEST_TIME`] and [`MAX_REQUEST`]
+//! bytes, and at most [`MAX_CLIENTS`] are read at once, so a client that trickles its request
+//! (or never sends it) costs a slot for a few seconds, never the daemon's rotations or another
+//! client's answer.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::cell::RefCell;
+use std::io::{Read, Write};
 use std::os::fd::AsFd;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use crate::status::Status;
 
 /// Longest request line read: a batch of peer changes fits many times over.
-const MAX_REQUEST: u64 = 1 << 20;
+pub const MAX_REQUEST: usize = 1 << 20;
+
+/// How long a client has, from its connection, to send its whole request line. Every client
+/// writes its line as soon as it is connected; this only bounds what a stalled or hostile one
+/// holds.
+pub const REQUEST_TIME: Duration = Duration::from_secs(5);
+
+/// Connections whose request is being read at once. A new one beyond that first evicts the
+/// oldest refused one (a client that may not ask); if every slot is a permitted client's, the
+/// new connection is closed.
+pub const MAX_CLIENTS: usize = 16;
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -218,6 +234,34 @@ pub struct ControlServer {
     /// The inode of the socket we bound: on exit only that file is removed, never one that
     /// replaced it.
     inode: u64,
+    /// Accepted connections whose request line is not whole yet, oldest first. Only the
+    /// daemon's main thread calls [`ControlServer::next_request`]; the cell keeps its
+    /// signature `&self`.
+    reading: RefCell<Vec<Reading>>,
+}
+
+/// A connection whose request is being read.
+#[derive(Debug)]
+struct Reading {
+    stream: UnixStream,
+    /// What arrived so far (at most [`MAX_REQUEST`] bytes).
+    line: Vec<u8>,
+    /// When it is given up.
+    deadline: Instant,
+    /// A client that may not ask: it was answered with the refusal when accepted, and its
+    /// request is read only so that closing does not reset the connection before the client
+    /// read why (closing a socket with unread data does).
+    refused: bool,
+}
+
+/// What one read step found on a connection.
+enum Step {
+    /// Not whole yet: keep it.
+    Waiting,
+    /// The request line (without its newline), or what came before end of file.
+    Line(Vec<u8>),
+    /// Closed, failed, too long or too late: drop it (the reason, for the log).
+    Gone(String),
 }
 
 /// What is at a control socket path, for the daemon's bind and `mt6d check`.
@@ -279,6 +323,54 @@ pub fn refuse_non_socket(path: &Path) -> Result<(), String> {
     }
 }
 
+/// Removes the socket at `path` if nobody answers on it, and nothing else; returns whether one
+/// was removed. The path may come from an instance record written long before: its directory
+/// is opened once (its last component not through a symbolic link), and the file is looked
+/// at, connected to and unlinked relative to that descriptor, so a directory of the path
+/// replaced since (by a link to somewhere else) cannot redirect the removal. Only a process
+/// that may write that very directory could still swap the socket between the look and the
+/// unlink, and it could remove the file itself anyway.
+pub fn remove_stale_socket(path: &Path) -> std::io::Result<bool> {
+    use nix::fcntl::{open, OFlag};
+    use nix::sys::stat::{fstatat, Mode, SFlag};
+    use nix::unistd::{unlinkat, UnlinkatFlags};
+    use std::os::fd::AsRawFd;
+    let Some(name) = path.file_name() else {
+        return Ok(false);
+    };
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let dir = match open(
+        parent,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(nix::errno::Errno::ENOENT) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    let stat = match fstatat(&dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(s) => s,
+        Err(nix::errno::Errno::ENOENT) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFSOCK {
+        return Ok(false);
+    }
+    // Connected through the descriptor (procfs resolves it to that directory): only a refusal
+    // means nobody answers; any other failure (a name too long for an address) keeps it.
+    let mut through = std::path::PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+    through.push(name);
+    match UnixStream::connect(&through) {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+        _ => return Ok(false),
+    }
+    unlinkat(&dir, name, UnlinkatFlags::NoRemoveDir)?;
+    Ok(true)
+}
+
 impl ControlServer {
     /// Binds the socket. A stale socket from a crashed daemon is replaced; a socket that a live
     /// daemon still answers on is not stolen; anything that is not a socket is left alone and
@@ -288,8 +380,12 @@ impl ControlServer {
             path: path.to_path_buf(),
             message,
         };
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            // Created 0700 if missing (an existing directory is the operator's choice).
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(crate::files::DIR_MODE)
+                .create(dir)
                 .map_err(|e| bind_err(format!("cannot create {}: {e}", dir.display())))?;
         }
         match inspect_socket_path(path).map_err(|e| bind_err(e.to_string()))? {
@@ -299,8 +395,10 @@ impl ControlServer {
                     "another mt6d daemon is running with this control socket; stop it or set gateway.control_socket".into(),
                 ))
             }
-            SocketPath::Stale => std::fs::remove_file(path)
-                .map_err(|e| bind_err(format!("cannot remove stale socket: {e}")))?,
+            SocketPath::Stale => {
+                remove_stale_socket(path)
+                    .map_err(|e| bind_err(format!("cannot remove stale socket: {e}")))?;
+            }
             SocketPath::NotASocket(kind) => {
                 return Err(bind_err(format!(
                     "exists and is {kind}; only a socket nobody answers on is replaced: choose another control_socket"
@@ -320,26 +418,77 @@ impl ControlServer {
             listener,
             path: path.to_path_buf(),
             inode,
+            reading: RefCell::new(Vec::new()),
         })
     }
 
     /// The next request a client is waiting on, or `None` at once when no client is. The
-    /// daemon calls this from its housekeeping loop, so a slow client cannot stall packets; a
-    /// client that is neither root nor the daemon's user is answered with a refusal here and
-    /// never reaches the caller.
+    /// daemon calls this from its housekeeping loop; it never blocks: it accepts waiting
+    /// connections (a client that is neither root nor the daemon's user is answered with a
+    /// refusal there and never reaches the caller), reads what has arrived on each, and
+    /// returns the first whole request. A request still incomplete after [`REQUEST_TIME`], or
+    /// longer than [`MAX_REQUEST`], is dropped.
     pub fn next_request(&self) -> Option<Pending> {
+        let now = Instant::now();
+        let mut reading = self.reading.borrow_mut();
+        self.accept_waiting(&mut reading, now);
+        let mut i = 0;
+        while i < reading.len() {
+            match read_step(&mut reading[i], now) {
+                Step::Waiting => i += 1,
+                Step::Gone(why) => {
+                    let r = reading.remove(i);
+                    if !r.refused {
+                        log::debug!("control client on {}: {why}", self.path.display());
+                    }
+                }
+                Step::Line(line) => {
+                    let r = reading.remove(i);
+                    if r.refused {
+                        continue;
+                    }
+                    match answerable(r.stream) {
+                        Ok(stream) => {
+                            return Some(Pending {
+                                stream,
+                                request: parse_request(&line),
+                            })
+                        }
+                        Err(e) => log::debug!("control client on {}: {e}", self.path.display()),
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Accepts every connection waiting, checking its credentials at once.
+    fn accept_waiting(&self, reading: &mut Vec<Reading>, now: Instant) {
         loop {
             let stream = match self.listener.accept() {
                 Ok((stream, _)) => stream,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return None,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
                 Err(e) => {
                     log::warn!("control socket {}: accept failed: {e}", self.path.display());
-                    return None;
+                    return;
                 }
             };
-            match read_request(&stream) {
-                Ok(Some(request)) => return Some(Pending { stream, request }),
-                Ok(None) => {}
+            match admit(stream, now) {
+                Ok(r) => {
+                    if reading.len() >= MAX_CLIENTS {
+                        match reading.iter().position(|r| r.refused) {
+                            Some(oldest) => drop(reading.remove(oldest)),
+                            None => {
+                                log::debug!(
+                                    "control socket {}: {MAX_CLIENTS} requests already being read; a new connection is closed",
+                                    self.path.display()
+                                );
+                                continue;
+                            }
+                        }
+                    }
+                    reading.push(r);
+                }
                 Err(e) => log::debug!("control client on {}: {e}", self.path.display()),
             }
         }
@@ -380,19 +529,14 @@ fn allowed(uid: u32) -> bool {
     uid == 0 || uid == mt6d_os::effective_uid()
 }
 
-/// Reads one request line; a client that may not ask is answered here: `Ok(None)`.
-fn read_request(stream: &UnixStream) -> std::io::Result<Option<Asked>> {
-    stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(Duration::from_millis(500)))?;
-    stream.set_write_timeout(Some(Duration::from_millis(500)))?;
+/// A new connection: non-blocking from now on, its credentials checked. A client that may not
+/// ask is answered with the refusal here (a few dozen bytes: an empty socket buffer takes them
+/// without blocking) and kept only while its request is drained.
+fn admit(stream: UnixStream, now: Instant) -> std::io::Result<Reading> {
+    stream.set_nonblocking(true)?;
     let cred = mt6d_os::peer_credentials(stream.as_fd())?;
-    // The line is read before any answer, refusals included: closing a socket with unread
-    // data resets the connection, and the client would see the reset instead of the reason.
-    let mut line = String::new();
-    BufReader::new(stream)
-        .take(MAX_REQUEST)
-        .read_line(&mut line)?;
-    if !allowed(cred.uid) {
+    let refused = !allowed(cred.uid);
+    if refused {
         log::warn!(
             "control socket: refused a request of pid {} uid {}: only root and uid {} may use it",
             cred.pid,
@@ -406,12 +550,69 @@ fn read_request(stream: &UnixStream) -> std::io::Result<Option<Asked>> {
             )),
             ..ChangeAnswer::default()
         };
-        let mut out = stream;
+        let mut out = &stream;
         out.write_all(&serde_json::to_vec(&refusal).map_err(std::io::Error::other)?)?;
-        return Ok(None);
+        // End of file after the refusal: the client's read ends there.
+        stream.shutdown(std::net::Shutdown::Write)?;
     }
+    Ok(Reading {
+        stream,
+        line: Vec::new(),
+        deadline: now + REQUEST_TIME,
+        refused,
+    })
+}
+
+/// Reads what has arrived on `r`, without waiting.
+fn read_step(r: &mut Reading, now: Instant) -> Step {
+    let mut buf = [0u8; 4096];
+    loop {
+        match (&r.stream).read(&mut buf) {
+            // End of file: what came is the request (a client may close its writing side
+            // instead of sending the newline).
+            Ok(0) if r.line.is_empty() => return Step::Gone("closed before a request".into()),
+            Ok(0) => return Step::Line(std::mem::take(&mut r.line)),
+            Ok(n) => {
+                let got = &buf[..n];
+                if let Some(end) = got.iter().position(|&b| b == b'\n') {
+                    if r.line.len() + end <= MAX_REQUEST {
+                        r.line.extend_from_slice(&got[..end]);
+                        return Step::Line(std::mem::take(&mut r.line));
+                    }
+                }
+                if r.line.len() + n > MAX_REQUEST {
+                    return Step::Gone(format!("request longer than {MAX_REQUEST} bytes"));
+                }
+                r.line.extend_from_slice(got);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Step::Gone(e.to_string()),
+        }
+    }
+    if now >= r.deadline {
+        return Step::Gone(format!(
+            "request not whole after {} s: connection closed",
+            REQUEST_TIME.as_secs()
+        ));
+    }
+    Step::Waiting
+}
+
+/// A permitted client's connection made ready for its answer: blocking again, writes bounded
+/// (only root and the daemon's user get here, and an answer fits the socket buffer unless the
+/// client stops reading).
+fn answerable(stream: UnixStream) -> std::io::Result<UnixStream> {
+    stream.set_nonblocking(false)?;
+    stream.set_write_timeout(Some(Duration::from_millis(500)))?;
+    Ok(stream)
+}
+
+/// What a request line asks.
+fn parse_request(line: &[u8]) -> Asked {
+    let line = String::from_utf8_lossy(line);
     let line = line.trim();
-    Ok(Some(if line == "status" {
+    if line == "status" {
         Asked::Status
     } else {
         match serde_json::from_str::<Request>(line) {
@@ -421,7 +622,7 @@ fn read_request(stream: &UnixStream) -> std::io::Result<Option<Asked>> {
                 line.chars().take(80).collect::<String>()
             )),
         }
-    }))
+    }
 }
 
 impl Drop for ControlServer {
@@ -861,6 +1062,155 @@ mod tests {
             "{refused:?}"
         );
         assert!(refused.to_string().contains("peer \"c\": bad"), "{refused}");
+    }
+
+    /// A client that trickles its request a byte at a time, as a slow or hostile local client
+    /// can, holds up neither the daemon's loop nor another client's answer. It used to: the
+    /// request was read whole on the main loop, 500 ms allowed per read, so a byte every
+    /// 100 ms kept the loop (and with it the rotations) waiting until the line ended.
+    #[test]
+    fn a_trickling_client_holds_up_no_one() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let path = std::env::temp_dir().join(format!("mt6d-ctl-slow-{}.sock", std::process::id()));
+        let server = ControlServer::bind(&path).expect("bind");
+        let answered = Arc::new(AtomicBool::new(false));
+        // Connected and mid-line before the other client arrives, so that it is accepted first.
+        let mut slow = UnixStream::connect(&path).expect("connect");
+        slow.write_all(b"s").expect("first byte");
+        let trickler = std::thread::spawn({
+            let answered = answered.clone();
+            move || {
+                let start = Instant::now();
+                for b in b"tatus".iter().cycle() {
+                    if answered.load(Ordering::SeqCst) || start.elapsed() > Duration::from_secs(10)
+                    {
+                        break;
+                    }
+                    if slow.write_all(&[*b]).is_err() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                // Whether the line was still unfinished when the other client had its answer.
+                let overtaken = answered.load(Ordering::SeqCst);
+                let _ = slow.write_all(b"\n");
+                overtaken
+            }
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let client = std::thread::spawn({
+            let path = path.clone();
+            move || query_status(&path)
+        });
+        let mut longest = Duration::ZERO;
+        let begun = Instant::now();
+        while begun.elapsed() < Duration::from_secs(20) {
+            let t = Instant::now();
+            if let Some(p) = server.next_request() {
+                p.reply(&sample());
+            }
+            longest = longest.max(t.elapsed());
+            if client.is_finished() {
+                answered.store(true, Ordering::SeqCst);
+            }
+            if client.is_finished() && trickler.is_finished() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let waited = begun.elapsed();
+        println!("longest next_request call {longest:?}; the trickler ran {waited:?}");
+        let got = client.join().expect("client").expect("status answer");
+        assert_eq!(got.pid, 42);
+        assert!(
+            trickler.join().expect("trickler"),
+            "the other client was answered only after the trickled line ended"
+        );
+    }
+
+    /// A request longer than MAX_REQUEST is dropped unread, and a connection that sends nothing
+    /// is closed after REQUEST_TIME, without the daemon waiting on either.
+    #[test]
+    fn oversized_and_silent_requests_are_dropped() {
+        let path = std::env::temp_dir().join(format!("mt6d-ctl-big-{}.sock", std::process::id()));
+        let server = ControlServer::bind(&path).expect("bind");
+        let mut silent = UnixStream::connect(&path).expect("connect");
+        let big = std::thread::spawn({
+            let path = path.clone();
+            move || {
+                let mut s = UnixStream::connect(&path).expect("connect");
+                let chunk = vec![b'x'; 64 * 1024];
+                // Refused part-way once the daemon drops the connection.
+                let sent = (0..MAX_REQUEST / chunk.len() + 2).all(|_| s.write_all(&chunk).is_ok());
+                let mut rest = Vec::new();
+                let _ = s.read_to_end(&mut rest);
+                (sent, rest)
+            }
+        });
+        let begun = Instant::now();
+        while !big.is_finished() && begun.elapsed() < Duration::from_secs(20) {
+            assert!(server.next_request().is_none(), "no request was whole");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let (_, rest) = big.join().expect("big client");
+        assert!(rest.is_empty(), "dropped without an answer");
+        // The silent one is still held; after REQUEST_TIME it is closed (read gives 0).
+        assert_eq!(server.reading.borrow().len(), 1);
+        std::thread::sleep(REQUEST_TIME.saturating_sub(begun.elapsed()));
+        let begun = Instant::now();
+        while !server.reading.borrow().is_empty() && begun.elapsed() < Duration::from_secs(5) {
+            assert!(server.next_request().is_none());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            server.reading.borrow().is_empty(),
+            "the silent client is given up"
+        );
+        silent
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let mut rest = Vec::new();
+        assert_eq!(silent.read_to_end(&mut rest).expect("end of file"), 0);
+    }
+
+    /// The clean-up of a dead daemon's socket, whose path comes from its record, removes only
+    /// a socket nobody answers on, and does not follow a directory of the path that was
+    /// replaced by a symbolic link since: the socket the link leads to stays.
+    #[test]
+    fn stale_socket_clean_up_does_not_follow_a_replaced_path() {
+        let dir = std::env::temp_dir().join(format!("mt6d-ctl-stale-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (run, elsewhere) = (dir.join("run"), dir.join("elsewhere"));
+        std::fs::create_dir_all(&run).expect("dir");
+        std::fs::create_dir_all(&elsewhere).expect("dir");
+        let dead = |p: &Path| drop(UnixListener::bind(p).expect("bind"));
+        // A stale socket is removed; a live one, a regular file and a link are not.
+        let sock = run.join("ctl.sock");
+        dead(&sock);
+        assert!(remove_stale_socket(&sock).expect("clean-up"));
+        assert!(!sock.exists());
+        let live = UnixListener::bind(&sock).expect("bind");
+        assert!(!remove_stale_socket(&sock).expect("clean-up"));
+        assert!(sock.exists(), "a live socket stays");
+        drop(live);
+        std::fs::remove_file(&sock).expect("rm");
+        std::fs::write(&sock, "not a socket").expect("write");
+        assert!(!remove_stale_socket(&sock).expect("clean-up"));
+        assert!(sock.exists(), "a regular file stays");
+        std::fs::remove_file(&sock).expect("rm");
+        // The record named run/ctl.sock; run was since replaced by a link to a directory with
+        // another dead daemon's socket of that name.
+        let victim = elsewhere.join("ctl.sock");
+        dead(&victim);
+        std::fs::remove_dir(&run).expect("rmdir");
+        std::os::unix::fs::symlink(&elsewhere, &run).expect("symlink");
+        let _ = remove_stale_socket(&sock);
+        assert!(
+            std::fs::symlink_metadata(&victim).is_ok(),
+            "the socket behind the replaced directory was removed"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 pub mod anyip;
 pub mod config;
 pub mod control;
+pub mod files;
 pub mod gateway;
 pub mod keys;
 pub mod lab;

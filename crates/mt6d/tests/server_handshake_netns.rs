@@ -323,6 +323,35 @@ fn real_clients_handshake_with_the_server_and_keep_their_sessions_across_rotatio
         .output()
         .expect("run");
     assert!(!refused.status.success(), "a second c1 is refused");
+    // A client under another name with c1's public key, or with c1's true address, is refused
+    // whole, naming c1: added, it would contest c1's routes (or its traffic) and c1 would stop
+    // being served. Nothing changes: c1 carries on and is the only client.
+    let c3_public = keygen(&dir.join("c3.key"));
+    let other_host = Ipv6Addr::new(0x2001, 0xdb8, 0xc2, 1, 0, 0, 0, 3).to_string();
+    let true_host = true_addr(1).to_string();
+    for (public, host, what) in [
+        (&publics[0], &other_host, "public key"),
+        (&c3_public, &true_host, "true address"),
+    ] {
+        let clash = std::process::Command::new(common::MT6D)
+            .args(["peer", "add", "c3", "--socket", &sock])
+            .args(["--public-key", public, "--remote-host", host])
+            .output()
+            .expect("run");
+        let err = String::from_utf8_lossy(&clash.stderr);
+        println!("peer add c3 with c1's {what}: {}", err.trim());
+        assert!(!clash.status.success(), "c3 with c1's {what} is refused");
+        assert!(
+            err.contains(&format!("{what} of the running client \"c1\"")),
+            "{err}"
+        );
+    }
+    let st = mt6d(&["status", "--socket", &sock]);
+    assert!(st.contains("clients 1,"), "nothing was added: {st}");
+    assert!(
+        until_answered(c1, 1, Duration::from_secs(5)).is_some(),
+        "c1 is still served"
+    );
     let out = mt6d(&[
         "peer",
         "add",

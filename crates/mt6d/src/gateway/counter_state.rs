@@ -9,9 +9,9 @@
 //!
 //! Owns the state files; must not be used for handshake keys (fresh keys need no state).
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 /// Counters reserved per write: at 10 million packets per second a block lasts 6.7 s and the
@@ -129,7 +129,8 @@ impl CounterState {
     }
 }
 
-/// Replaces `path` with `text` durably: a temporary file beside it (mode 0600), fsync, rename
+/// Replaces `path` with `text` durably: a temporary file beside it (mode 0600, created with
+/// `O_EXCL | O_NOFOLLOW`: [`crate::files::create_temporary`]), fsync, rename
 /// into place, fsync of the directory. A crash leaves the old or the new contents, never a
 /// mix. Errors name the file and the step.
 pub(crate) fn write_durably(
@@ -146,13 +147,7 @@ pub(crate) fn write_durably(
         let p = p.to_path_buf();
         move |e| (p, what, e)
     }
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(at(&tmp, "create"))?;
+    let mut f = crate::files::create_temporary(&tmp).map_err(at(&tmp, "create"))?;
     f.write_all(text.as_bytes()).map_err(at(&tmp, "write"))?;
     f.sync_all().map_err(at(&tmp, "fsync"))?;
     drop(f);

@@ -28,6 +28,7 @@
 use std::fs::File;
 use std::io::Write as _;
 use std::net::Ipv6Addr;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use mt6d_os::sysctl::Sysctl;
@@ -238,11 +239,7 @@ fn collect_garbage(dir: &Path, found: &[Found], ours: u64) {
             "removing the record of mt6d pid {}: its network namespace is gone",
             r.pid
         );
-        if let Ok(crate::control::SocketPath::Stale) =
-            crate::control::inspect_socket_path(&r.control_socket)
-        {
-            let _ = std::fs::remove_file(&r.control_socket);
-        }
+        let _ = crate::control::remove_stale_socket(&r.control_socket);
         remove_files(dir, &f.key, true);
     }
 }
@@ -263,18 +260,16 @@ struct Registry {
 
 impl Registry {
     fn lock(dir: &Path) -> Result<Registry, GatewayError> {
-        std::fs::create_dir_all(dir).map_err(|e| {
+        // Only the default directory is mt6d's by definition; one named by MT6D_STATE_DIR may
+        // be shared, and is only reported if wider than 0700.
+        crate::files::private_dir(dir, dir == Path::new(STATE_DIR)).map_err(|e| {
             setup(format!(
                 "cannot create state directory {}: {e}",
                 dir.display()
             ))
         })?;
         let path = dir.join("registry.lock");
-        let file = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
+        let file = crate::files::open_private(&path)
             .map_err(|e| setup(format!("{}: {e}", path.display())))?;
         let lock = Flock::lock(file, FlockArg::LockExclusive)
             .map_err(|(_, e)| setup(format!("lock {}: {e}", path.display())))?;
@@ -391,12 +386,7 @@ impl Instance {
         let _registry = Registry::lock(dir)?;
 
         let lock_path = dir.join(format!("{key}.lock"));
-        let file = File::options()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(&lock_path)
+        let file = crate::files::open_private(&lock_path)
             .map_err(|e| setup(format!("{}: {e}", lock_path.display())))?;
         let mut lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(l) => l,
@@ -591,7 +581,8 @@ impl Instance {
         let tmp = self.dir.join(format!("{}.json.tmp", self.key));
         let text = serde_json::to_vec_pretty(&self.record)
             .map_err(|e| setup(format!("encode {}: {e}", path.display())))?;
-        std::fs::write(&tmp, text)
+        crate::files::create_temporary(&tmp)
+            .and_then(|mut f| f.write_all(&text))
             .and_then(|()| std::fs::rename(&tmp, &path))
             .map_err(|e| setup(format!("write {}: {e}", path.display())))
     }
@@ -765,7 +756,12 @@ fn down_in(dir: &Path, cfg: &Config, nl: &mut Netlink) -> Result<DownReport, Gat
     let key = mine.key();
     let _registry = Registry::lock(dir)?;
     let lock_path = dir.join(format!("{key}.lock"));
-    let _lock = match File::options().read(true).write(true).open(&lock_path) {
+    let _lock = match File::options()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&lock_path)
+    {
         Err(_) => None,
         Ok(file) => match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(l) => Some(l),
@@ -807,11 +803,7 @@ fn down_in(dir: &Path, cfg: &Config, nl: &mut Netlink) -> Result<DownReport, Gat
     report.failed = clean_up(nl, &record, dir, &key, |_| false).0;
     remove_files(dir, &key, report.failed.is_empty());
     // The dead daemon's control socket, if it is one that nobody answers on.
-    if let Ok(crate::control::SocketPath::Stale) =
-        crate::control::inspect_socket_path(&record.control_socket)
-    {
-        let _ = std::fs::remove_file(&record.control_socket);
-    }
+    let _ = crate::control::remove_stale_socket(&record.control_socket);
     Ok(report)
 }
 
@@ -968,6 +960,64 @@ mod tests {
             .collect();
         assert!(left.is_empty(), "files left: {left:?}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Whatever the umask, the state directory the daemon creates is 0700 and its records and
+    /// lock files 0600 (a record holds the peers' true addresses); a symbolic link planted at
+    /// the record's temporary path is replaced, not written through.
+    #[test]
+    #[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
+    fn records_are_private_whatever_the_umask() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let ns = mt6d_os::Netns::create(&mt6d_os::unique_name("st")).expect("netns");
+        let base = fresh_dir("mt6d-state-modes");
+        let dir = base.join("run");
+        let victim = base.join("victim");
+        std::fs::write(&victim, "precious").expect("write");
+        let mode = |p: &Path| {
+            std::fs::symlink_metadata(p)
+                .expect("exists")
+                .permissions()
+                .mode()
+                & 0o777
+        };
+        let victim_mode = mode(&victim);
+        // The usual umask of a shell (the daemon run by hand), whatever the test runner's.
+        let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
+        ns.run(|| {
+            let mut nl = Netlink::open().expect("netlink");
+            let cfg = config("tm", "em", "im", "2001:db8:5::b", &base);
+            let mut a = Instance::claim_in(&dir, &cfg, &mut nl).expect("claim");
+            let key = key_of(&dir, "-tm");
+            assert_eq!(mode(&dir), 0o700, "state directory");
+            assert_eq!(mode(&dir.join(format!("{key}.json"))), 0o600, "record");
+            assert_eq!(mode(&dir.join(format!("{key}.lock"))), 0o600, "lock");
+            assert_eq!(mode(&dir.join("registry.lock")), 0o600, "registry lock");
+            std::os::unix::fs::symlink(&victim, dir.join(format!("{key}.json.tmp")))
+                .expect("plant a link");
+            a.set_peers(&[]).expect("rewrite the record");
+            assert_eq!(std::fs::read_to_string(&victim).expect("read"), "precious");
+            assert_eq!(mode(&victim), victim_mode);
+            assert_eq!(mode(&dir.join(format!("{key}.json"))), 0o600, "record");
+            assert!(a.clean_up(&mut nl).is_empty());
+        })
+        .expect("run in namespace");
+        nix::sys::stat::umask(old);
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    /// The key of the record in `dir` whose TUN suffix is `tun`.
+    fn key_of(dir: &Path, tun: &str) -> String {
+        std::fs::read_dir(dir)
+            .expect("dir")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .find_map(|n| {
+                n.strip_suffix(".json")
+                    .filter(|k| k.ends_with(tun))
+                    .map(str::to_string)
+            })
+            .expect("the record")
     }
 
     /// A daemon restarted after a crash takes its predecessor's nftables table over (the load

@@ -193,7 +193,8 @@ impl ClientSet {
         let (table, ids, slots) = index_clients((0..count).map(|i| spec.stream(i)), count, now)?;
         let sealers = (0..count).map(|_| None).collect();
         let openers = (0..count).map(|_| None).collect();
-        let socket = UdpSocket6::bind_transparent(port).map_err(|e| e.to_string())?;
+        let socket = UdpSocket6::bind_transparent(std::net::Ipv6Addr::UNSPECIFIED, port)
+            .map_err(|e| e.to_string())?;
         socket.set_nonblocking(true).map_err(|e| e.to_string())?;
         Ok(ClientSet {
             table,

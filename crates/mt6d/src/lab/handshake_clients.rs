@@ -129,7 +129,8 @@ impl HandshakeClients {
             .map_err(|e| e.to_string())
         });
         let (table, ids, slots) = super::clients::index_clients(streams, count, now)?;
-        let socket = UdpSocket6::bind_transparent(port).map_err(|e| e.to_string())?;
+        let socket = UdpSocket6::bind_transparent(std::net::Ipv6Addr::UNSPECIFIED, port)
+            .map_err(|e| e.to_string())?;
         socket.set_nonblocking(true).map_err(|e| e.to_string())?;
         Ok(HandshakeClients {
             spec: spec.clone(),

@@ -257,11 +257,13 @@ fn set_up(system: &mut PrefixSystem, cfg: &RelayConfig, mtu: usize) -> Result<Re
     system.claim_prefix(&crate::anyip::ruleset(cfg.prefix(), cfg.listen_port))?;
     let sockets = (0..workers)
         .map(|k| {
-            UdpSocket6::bind_transparent(cfg.listen_port).map_err(os(format!(
-                "open transparent socket {} of {workers} on port {}",
-                k + 1,
-                cfg.listen_port
-            )))
+            UdpSocket6::bind_transparent(crate::anyip::TPROXY_ADDR, cfg.listen_port).map_err(os(
+                format!(
+                    "open transparent socket {} of {workers} on port {}",
+                    k + 1,
+                    cfg.listen_port
+                ),
+            ))
         })
         .collect::<Result<Vec<_>, _>>()?;
     let raw = RawUdp6::open().map_err(os("open a raw UDP socket"))?;

@@ -191,7 +191,10 @@ fn apply(cfg: &ServerConfig, shared: &Shared, edits: &[Edit]) -> ChangeAnswer {
         Ok(c) => c,
         Err(e) => return refused(format!("add: {e} (counting the added clients from 1)")),
     };
-    let mut reg = shared.registry.write();
+    // Checked under the read lock (the clash check scans every client; workers keep reading
+    // meanwhile): only this thread, the main one, adds or removes clients, so nothing checked
+    // here changes before the write lock below is taken.
+    let reg = shared.registry.read();
     let mut gone = HashSet::new();
     for name in &removed {
         if reg.id_of(name).is_none() {
@@ -208,7 +211,17 @@ fn apply(cfg: &ServerConfig, shared: &Shared, edits: &[Edit]) -> ChangeAnswer {
                 c.name
             ));
         }
+        // Added beside a running client with the same key, the two would contest every route
+        // and neither would be served: the peers file refuses this, and so does a live add.
+        if let Some((holder, what)) = reg.clash(c, &gone) {
+            return refused(format!(
+                "add: client {:?} has the {what} of the running client {holder:?}; every client needs its own (remove {holder:?} first, in the same command to replace it)",
+                c.name
+            ));
+        }
     }
+    drop(reg);
+    let mut reg = shared.registry.write();
     for name in &removed {
         reg.remove(name);
     }

@@ -230,10 +230,11 @@ fn set_up(
     system.claim_prefix(&ruleset(cfg))?;
     let mut ios = Vec::with_capacity(workers);
     for tun in tuns {
-        let socket = UdpSocket6::bind_transparent(cfg.listen_port).map_err(os(format!(
-            "open a transparent socket on port {}",
-            cfg.listen_port
-        )))?;
+        let socket = UdpSocket6::bind_transparent(crate::anyip::TPROXY_ADDR, cfg.listen_port)
+            .map_err(os(format!(
+                "open a transparent socket on port {}",
+                cfg.listen_port
+            )))?;
         let raw = RawUdp6::open().map_err(os("open a raw UDP socket"))?;
         ios.push(WorkerIo { socket, raw, tun });
     }
@@ -621,7 +622,7 @@ mod tests {
             r.contains("ip6 daddr 2001:db8:5::/64 meta l4proto != udp counter drop"),
             "{r}"
         );
-        assert!(r.contains("tproxy ip6 to :9000 accept"), "{r}");
+        assert!(r.contains("tproxy ip6 to [::1]:9000 accept"), "{r}");
         // A datagram no socket takes (the daemon killed, its table left) is dropped, not
         // answered by the kernel; the drop comes after the tproxy rule.
         let drop = r.find("ip6 daddr 2001:db8:5::/64 counter drop").unwrap();

@@ -453,6 +453,44 @@ impl Registry {
         self.by_name.get(name).copied()
     }
 
+    /// The running client that `cfg` may not be added beside, and why, as the peers file
+    /// refuses two such lines: one keyed by the same key (a pre-shared `key=`, or a link key:
+    /// the same public key and psk), whose routes the two would contest so that neither is
+    /// served; one with the same public key, whose handshakes could answer either; one with
+    /// the same true address, whose traffic could go to either. Clients named in `leaving`
+    /// (removed by the same change) are not counted. Scans every client: called for a
+    /// control-socket change, not per packet.
+    pub fn clash(
+        &self,
+        cfg: &ClientConfig,
+        leaving: &std::collections::HashSet<&str>,
+    ) -> Option<(&str, &'static str)> {
+        let key = cfg.stream.key.as_bytes();
+        let host = cfg.stream.remote.true_addr;
+        let public = cfg.handshake.as_ref().map(|h| h.public_key);
+        self.by_name
+            .iter()
+            .filter(|(name, _)| !leaving.contains(name.as_str()))
+            .find_map(|(name, &id)| {
+                let stream = self.table.stream(id).map(Stream::config);
+                let same_key = stream.is_some_and(|s| s.key.as_bytes() == key);
+                let same_host = stream.is_some_and(|s| s.remote.true_addr == host);
+                let same_public = match (public, self.client(id).map(|c| &c.keys)) {
+                    (Some(p), Some(Keys::Handshake { peer, .. })) => peer.public_key == p,
+                    _ => false,
+                };
+                if same_public {
+                    Some((name.as_str(), "public key"))
+                } else if same_key {
+                    Some((name.as_str(), "session key"))
+                } else if same_host {
+                    Some((name.as_str(), "true address"))
+                } else {
+                    None
+                }
+            })
+    }
+
     pub fn names(&self) -> impl Iterator<Item = &str> + '_ {
         self.by_name.keys().map(String::as_str)
     }
@@ -1053,6 +1091,28 @@ mod tests {
         moved.stream.remote.true_addr = "2001:db8:c1:1::99".parse().unwrap();
         assert!(!r.unchanged(&moved));
         assert!(!r.unchanged(&cs[1]), "removed");
+    }
+
+    /// A client added beside a running one with its key or true address is named as the
+    /// clash, unless the running one leaves in the same change.
+    #[test]
+    fn a_clash_with_a_running_client_is_named() {
+        use std::collections::HashSet;
+        let mut r = registry();
+        let now = UnixTime::from_nanos(1_700_000_000_000_000_000);
+        let cs = clients(3);
+        r.add(&cs[0], now).unwrap();
+        r.add(&cs[1], now).unwrap();
+        let none = HashSet::new();
+        assert_eq!(r.clash(&cs[2], &none), None);
+        let mut same_key = cs[2].clone();
+        same_key.stream.key = cs[1].stream.key.clone();
+        assert_eq!(r.clash(&same_key, &none), Some(("c2", "session key")));
+        let mut same_host = cs[2].clone();
+        same_host.stream.remote.true_addr = cs[0].stream.remote.true_addr;
+        assert_eq!(r.clash(&same_host, &none), Some(("c1", "true address")));
+        let leaving: HashSet<&str> = ["c2"].into();
+        assert_eq!(r.clash(&same_key, &leaving), None);
     }
 
     #[test]
