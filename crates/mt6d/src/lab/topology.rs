@@ -633,6 +633,7 @@ fn unresolved_discards() -> u64 {
             .position(|c| c == "unresolved_discards")
     }) else {
         return 0;
+        accept_clear_payload: s.mode != "encrypt",
     };
     lines
         .filter_map(|l| l.split_whitespace().nth(col))
