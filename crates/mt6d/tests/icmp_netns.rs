@@ -10,7 +10,7 @@
 use std::net::{Ipv6Addr, UdpSocket};
 use std::time::{Duration, Instant};
 
-use mt6d::lab::topology::{Side, Topology, GATEWAY_A, HOST_A, HOST_B, ROUTER_IF_A};
+use mt6d::lab::topology::{Lab, Side, Topology, GATEWAY_A, HOST_A, HOST_B, HOST_IF, ROUTER_IF_A};
 use mt6d_os::capture::PacketCapture;
 use mt6d_proto::wire::router_advertisement;
 
@@ -451,5 +451,109 @@ fn a_traceroute_through_mt6d_answers_at_every_hop_the_baseline_does() {
         b.peers[0].counters.own_errors >= 1,
         "{:?}",
         b.peers[0].counters
+    );
+}
+
+/// The review's second finding: the Packet Too Big, Time Exceeded and neighbour advertisement
+/// for Host B that Gateway A's kernel sends to Host A came from one of the gateway's hashed
+/// addresses, against the rule that a protected host never sees a hashed address: the kernel's
+/// source address selection (RFC 6724) takes candidates from every interface, and a hashed
+/// address on the external one beats the internal interface's own when that has no global
+/// address (scope, rule 2). Host A captures what it receives while it draws each of them, with
+/// the internal interface as the lab builds it and with only its link-local address; every
+/// message must come from the gateway's internal address, a link-local address or Host B.
+#[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
+fn the_gateways_own_messages_reach_its_host_from_no_hashed_address() {
+    common::require_root();
+    for link_local_only in [false, true] {
+        own_messages_from_no_hashed_address(link_local_only);
+    }
+}
+
+fn own_messages_from_no_hashed_address(link_local_only: bool) {
+    let lab = Lab::build_topology(Topology::Switched, "m6").expect("lab builds");
+    if link_local_only {
+        ip_in(
+            &lab.gw_a,
+            &[
+                "-6",
+                "addr",
+                "del",
+                &format!("{GATEWAY_A}/64"),
+                "dev",
+                "int0",
+            ],
+        );
+    }
+    // Without the gateway's Router Advertisements Host A keeps its link MTU of 1500, so a
+    // full-size packet draws the gateway's Packet Too Big.
+    let running = start_gateways_with(lab, "encrypt", 1.0, (true, None), |text| {
+        text.replace("[gateway]\n", "[gateway]\nrouter_advertisements = false\n")
+    });
+    let lab = &running.lab;
+    let seen = std::sync::Mutex::new(Vec::<(u8, Ipv6Addr)>::new());
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let capture = s.spawn(|| {
+            lab.host_a
+                .run(|| {
+                    let cap = PacketCapture::open(HOST_IF, 2048, Duration::from_millis(50))
+                        .expect("capture");
+                    let mut buf = vec![0u8; 2048];
+                    while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                        if let Some(f) = cap.recv(&mut buf).expect("capture") {
+                            let frame = &buf[..f.captured];
+                            // IPv6, next header ICMPv6, to us (not what Host A sends).
+                            if frame.len() > 54
+                                && frame[12..14] == [0x86, 0xdd]
+                                && frame[20] == 58
+                                && frame[22..38] != HOST_A.octets()
+                            {
+                                let src = <[u8; 16]>::try_from(&frame[22..38]).expect("16");
+                                seen.lock().expect("seen").push((frame[54], src.into()));
+                            }
+                        }
+                    }
+                })
+                .expect("enter A")
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        // Several epochs, so that several hashed addresses have been bound.
+        for _ in 0..4 {
+            // A neighbour advertisement for Host B: forget it, then reach it again.
+            ip_in(&lab.host_a, &["-6", "neigh", "flush", "dev", HOST_IF]);
+            wait_for_path(lab, HOST_B, 1);
+            // A Time Exceeded: hop limit 1.
+            let hops = lab.host_a.run(|| trace(1)).expect("enter A");
+            assert_eq!(hops.len(), 1);
+            // A Packet Too Big: a 1500-byte packet does not fit the tunnel.
+            lab.host_a
+                .run(|| {
+                    let sock = UdpSocket::bind((HOST_A, 0)).expect("bind");
+                    let _ = sock.send_to(&[0x5a; 1452], (HOST_B, 9));
+                })
+                .expect("enter A");
+            std::thread::sleep(Duration::from_millis(600));
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        capture.join().expect("capture");
+    });
+    let seen = seen.into_inner().expect("seen");
+    eprintln!("link-local only {link_local_only}: {seen:?}");
+    for t in [2, 3, 136] {
+        assert!(
+            seen.iter().any(|(u, _)| *u == t),
+            "link-local only {link_local_only}: no type {t}: {seen:?}"
+        );
+    }
+    let hashed: Vec<_> = seen
+        .iter()
+        .filter(|(_, a)| *a != GATEWAY_A && *a != HOST_B && a.segments()[0] & 0xffc0 != 0xfe80)
+        .collect();
+    assert!(
+        hashed.is_empty(),
+        "link-local only {link_local_only}: Host A received messages from other addresses \
+         (hashed ones): {hashed:?} of {seen:?}"
     );
 }
