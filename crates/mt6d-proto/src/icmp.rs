@@ -677,6 +677,74 @@ pub fn packet_too_big(
     emit_error(out, gateway, src, repr, quote_len)
 }
 
+/// An ICMPv6 error the gateway's own stack sent into the tunnel about a packet that came out of
+/// it: what [`readdress_own_error`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnError {
+    /// The error's source as the kernel chose it (one of the gateway's addresses, or a router
+    /// between the gateway and its protected host).
+    pub src: Ipv6Addr,
+    /// The error's destination: the source of the quoted packet, the peer's protected host.
+    pub dst: Ipv6Addr,
+    /// The destination of the quoted packet: the local protected host it was going to.
+    pub quoted_dst: Ipv6Addr,
+}
+
+/// The gateway's own errors about packets that came through the tunnel (docs/PROTOCOL.md §5,
+/// "The gateway's own errors"): a Time Exceeded for a hop limit that ran out in this gateway, a
+/// Packet Too Big or Destination Unreachable for the internal link. The kernel sends them from an
+/// address of its choosing to the remote protected host, so they reach the TUN device with a
+/// source that is no stream's local true address and would be dropped as from no peer. If
+/// `packet` is such an error (a whole IPv6 packet, no extension header, ICMPv6 type 1-4 with a
+/// valid checksum, quoting at least an IPv6 header whose source is the error's destination) and
+/// `stream_of(quoted destination, error destination)` says a stream carries that pair, its
+/// source is replaced by the quoted destination (the local protected host: the only source the
+/// tunnel can carry, and the one that hides the gateway) and the checksum written again.
+/// Returns what was found, or `None` (the packet is left untouched).
+pub fn readdress_own_error(
+    packet: &mut [u8],
+    stream_of: impl FnOnce(Ipv6Addr, Ipv6Addr) -> bool,
+) -> Option<OwnError> {
+    let found = {
+        let ip = Ipv6Packet::new_checked(&*packet).ok()?;
+        if ip.next_header() != NEXT_HEADER_ICMPV6 {
+            return None;
+        }
+        let icmp = Icmpv6Packet::new_checked(ip.payload()).ok()?;
+        if !(1..=4).contains(&icmp.msg_type().to_u8())
+            || !icmp.verify_checksum(ip.src_addr(), ip.dst_addr())
+        {
+            return None;
+        }
+        let quoted = Ipv6Packet::new_checked_header(icmp.payload()).ok()?;
+        OwnError {
+            src: ip.src_addr(),
+            dst: ip.dst_addr(),
+            quoted_dst: quoted.dst_addr(),
+        }
+        .into_checked(quoted.src_addr())?
+    };
+    if !stream_of(found.quoted_dst, found.dst) {
+        return None;
+    }
+    let mut ip = Ipv6Packet::new_checked(&mut *packet).ok()?;
+    ip.set_src_addr(found.quoted_dst);
+    let msg = ip.payload_mut();
+    msg[2..4].copy_from_slice(&[0, 0]);
+    let sum =
+        crate::wire::upper_layer_checksum(found.quoted_dst, found.dst, NEXT_HEADER_ICMPV6, msg);
+    msg[2..4].copy_from_slice(&sum.to_be_bytes());
+    Some(found)
+}
+
+impl OwnError {
+    /// Only an error about a packet from its own destination, and not already from the local
+    /// host, is the gateway's.
+    fn into_checked(self, quoted_src: Ipv6Addr) -> Option<OwnError> {
+        (quoted_src == self.dst && self.src != self.quoted_dst).then_some(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1141,5 +1209,75 @@ mod tests {
             Err(IcmpError::BufferTooSmall { .. })
         ));
         assert!(packet_too_big(addr(GATEWAY), 1400, &inner[..20], &mut out).is_err());
+    }
+
+    /// Gateway B's own Time Exceeded about A's packet, as its kernel writes it into the TUN
+    /// device: from one of B's addresses to A.
+    fn own_time_exceeded(gateway: Ipv6Addr, inner: &[u8]) -> Vec<u8> {
+        let mut out = vec![0u8; MIN_MTU];
+        let repr = Icmpv6Repr {
+            msg_type: Icmpv6Type::TimeExceeded,
+            code: 0,
+            data: 0,
+        };
+        out[ERROR_HEADERS..ERROR_HEADERS + inner.len()].copy_from_slice(inner);
+        let len = emit_error(&mut out, gateway, addr(A), repr, inner.len()).unwrap();
+        out.truncate(len);
+        out
+    }
+
+    #[test]
+    fn own_error_is_readdressed_from_the_local_host_with_a_valid_checksum() {
+        let inner = udp(addr(A), addr(B), b"hop limit ran out here");
+        let mut pkt = own_time_exceeded(addr(GATEWAY), &inner);
+        let mut asked = None;
+        let found = readdress_own_error(&mut pkt, |local, remote| {
+            asked = Some((local, remote));
+            true
+        })
+        .expect("an own error");
+        assert_eq!(asked, Some((addr(B), addr(A))));
+        assert_eq!(
+            found,
+            OwnError {
+                src: addr(GATEWAY),
+                dst: addr(A),
+                quoted_dst: addr(B),
+            }
+        );
+        let ip = Ipv6Packet::new_checked(&pkt[..]).unwrap();
+        assert_eq!((ip.src_addr(), ip.dst_addr()), (addr(B), addr(A)));
+        let icmp = Icmpv6Packet::new_checked(ip.payload()).unwrap();
+        assert!(icmp.verify_checksum(addr(B), addr(A)));
+        assert_eq!(icmp.payload(), &inner[..], "the quote is untouched");
+    }
+
+    #[test]
+    fn what_is_not_an_own_error_is_left_untouched() {
+        let inner = udp(addr(A), addr(B), b"x");
+        let check = |mut pkt: Vec<u8>, known: bool| {
+            let before = pkt.clone();
+            assert_eq!(readdress_own_error(&mut pkt, |_, _| known), None);
+            assert_eq!(pkt, before);
+        };
+        // No stream for the pair.
+        check(own_time_exceeded(addr(GATEWAY), &inner), false);
+        // Already from the local host (Host B's own error: an ordinary packet).
+        check(own_time_exceeded(addr(B), &inner), true);
+        // About a packet that did not come from the error's destination.
+        let other = udp(addr(GATEWAY), addr(B), b"x");
+        check(own_time_exceeded(addr(GATEWAY), &other), true);
+        // A bad checksum, an informational type, a quote shorter than a header, truncated.
+        let mut bad = own_time_exceeded(addr(GATEWAY), &inner);
+        bad[IPV6_HEADER_LEN + 2] ^= 1;
+        check(bad, true);
+        let mut echo = own_time_exceeded(addr(GATEWAY), &inner);
+        echo[IPV6_HEADER_LEN] = 128;
+        check(echo, true);
+        check(own_time_exceeded(addr(GATEWAY), &inner[..39]), true);
+        let whole = own_time_exceeded(addr(GATEWAY), &inner);
+        for cut in [0, 20, 40, 47, whole.len() - 1] {
+            check(whole[..cut].to_vec(), true);
+        }
     }
 }

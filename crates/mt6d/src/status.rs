@@ -320,6 +320,11 @@ pub struct CounterSnapshot {
     pub rx_packets: u64,
     pub rx_bytes: u64,
     pub rotations: u64,
+    /// ICMPv6 errors the gateway's own stack sent about this peer's packets (its hop limit ran
+    /// out here), carried to the peer from the local protected host (absent from older
+    /// daemons).
+    #[serde(default)]
+    pub own_errors: u64,
     /// Drops by reason label, both directions added.
     pub drops: std::collections::BTreeMap<String, u64>,
 }

@@ -368,11 +368,45 @@ key = "{KEY}"
 
     #[test]
     fn peer_overrides_gateway_defaults() {
-        let text = example().replace("rotation_secs = 1", "rotation_secs = 1\nmode = \"auth\"")
-            + "mode = \"plain\"\nport = 4500\n";
+        let text = example().replace(
+            "rotation_secs = 1",
+            "rotation_secs = 1\nmode = \"auth\"\naccept_clear_payload = true",
+        ) + "mode = \"plain\"\nport = 4500\n";
         let cfg = parse(&text).expect("parses");
         assert_eq!(cfg.peers[0].stream.mode, Mode::Plain);
         assert_eq!(cfg.peers[0].stream.ports, PortPolicy::Fixed(4500));
+    }
+
+    /// The review found true addresses on the public link in plain mode, inside ICMPv6 error
+    /// quotes and routing headers: plain and auth carry the inner payload in clear. Neither runs
+    /// without the operator's acknowledgement; the error names the mode's line and the setting.
+    #[test]
+    fn clear_payload_modes_are_refused_without_the_acknowledgement() {
+        for (gateway, peer, line) in [
+            ("mode = \"plain\"\n", "", 6),
+            ("mode = \"auth\"\n", "", 6),
+            ("", "mode = \"plain\"\n", 12),
+        ] {
+            let text = example().replace(
+                "rotation_secs = 1\n",
+                &format!("rotation_secs = 1\n{gateway}"),
+            ) + peer;
+            let e = parse(&text).expect_err("refused").to_string();
+            assert!(e.contains("accept_clear_payload = true"), "{e}");
+            assert!(e.contains(&format!("gw.toml:{line}:")), "{e}");
+            let acknowledged = text.replace(
+                "rotation_secs = 1\n",
+                "rotation_secs = 1\naccept_clear_payload = true\n",
+            );
+            parse(&acknowledged).expect("acknowledged");
+        }
+        // Encrypt needs nothing, and the setting must be a boolean.
+        parse(&example()).expect("encrypt");
+        let bad = example().replace(
+            "rotation_secs = 1\n",
+            "rotation_secs = 1\naccept_clear_payload = \"yes\"\n",
+        );
+        assert!(parse(&bad).is_err());
     }
 
     #[test]
@@ -658,9 +692,12 @@ key = "{KEY}"
         );
         let plain = ok.replace(
             "rotation_secs = 1\n",
-            "rotation_secs = 1\nmode = \"plain\"\n",
+            "rotation_secs = 1\nmode = \"plain\"\naccept_clear_payload = true\n",
         );
-        assert!(at(&plain).expect_err("plain").to_string().contains("plain"));
+        assert!(at(&plain)
+            .expect_err("plain")
+            .to_string()
+            .contains("cannot use handshake keys"));
         let both = ok.replace("public_key", &format!("key = \"{KEY}\"\npublic_key"));
         assert!(at(&both)
             .expect_err("both")

@@ -61,6 +61,7 @@ pub(super) fn parse_peer(
         aead: parse_opt(src, &settings.aead, AeadAlg::default())?,
         settings,
     };
+    clear_payload_acknowledged(src, gw, &draft)?;
     let (key, keying) = match &p.public_key {
         None => pre_shared_keying(src, &draft, &mut seen.pre_shared)?,
         Some(public) => handshake_keying(src, gw, section, &draft, public)?,
@@ -77,6 +78,36 @@ pub(super) fn parse_peer(
         stream,
         keying,
         host_id: Default::default(),
+    })
+}
+
+/// `plain` and `auth` carry the inner packet in clear (docs/PROTOCOL.md §9.7): the true
+/// addresses are removed from the inner header only, and those inside the payload (the quote of
+/// an ICMPv6 error, a routing header's segments, what the application writes) reach the public
+/// link. Refused unless `[gateway] accept_clear_payload = true` says the operator knows.
+fn clear_payload_acknowledged(
+    src: &Source,
+    gw: &RawGateway,
+    draft: &PeerDraft,
+) -> Result<(), ConfigError> {
+    let acknowledged = gw
+        .accept_clear_payload
+        .as_ref()
+        .is_some_and(|v| *v.get_ref());
+    if draft.mode == Mode::Encrypt || acknowledged {
+        return Ok(());
+    }
+    let mode = match draft.mode {
+        Mode::Plain => "plain",
+        _ => "auth",
+    };
+    let message = format!(
+        "peer {:?}: mode \"{mode}\" sends the inner packet in clear, and the true addresses inside it (ICMPv6 error quotes, routing headers, application data) with it: an observer of the public link reads them. Use mode \"encrypt\", or set [gateway] accept_clear_payload = true to run it anyway (docs/PROTOCOL.md §9.7)",
+        draft.name
+    );
+    Err(match &draft.settings.mode {
+        Some(m) => src.err(m, message),
+        None => src.err(&draft.raw.get_ref().name, message),
     })
 }
 

@@ -47,6 +47,9 @@ pub(super) struct RawGateway {
     pub(super) log_level: Option<Spanned<String>>,
     pub(super) interface_down_exit_secs: Option<Spanned<f64>>,
     pub(super) randomize_link: Option<Spanned<bool>>,
+    /// The operator's acknowledgement that `plain` and `auth` peers carry the inner packet in
+    /// clear, true addresses inside it included.
+    pub(super) accept_clear_payload: Option<Spanned<bool>>,
     pub(super) state_dir: Option<Spanned<String>>,
     pub(super) metrics_listen: Option<Spanned<String>>,
     pub(super) workers: Option<Spanned<i64>>,

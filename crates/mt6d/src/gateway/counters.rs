@@ -99,6 +99,9 @@ pub struct PeerCounters {
     /// datagram, never per data packet): with `rx` they tell the liveness log the peer is there
     /// without taking its link's lock.
     pub handshakes_rx: AtomicU64,
+    /// ICMPv6 errors this gateway's own stack sent about the peer's packets (a hop limit that
+    /// ran out here), carried back through the tunnel from the local protected host.
+    pub own_errors: AtomicU64,
 }
 
 impl PeerCounters {
@@ -109,6 +112,7 @@ impl PeerCounters {
             rx_packets: self.rx.packets.load(Relaxed),
             rx_bytes: self.rx.bytes.load(Relaxed),
             rotations: self.rotations.load(Relaxed),
+            own_errors: self.own_errors.load(Relaxed),
             drops: DropReason::ALL
                 .iter()
                 .map(|r| (r.label().to_string(), self.tx.drops(*r) + self.rx.drops(*r)))

@@ -277,11 +277,11 @@ impl Transmit {
         let mut cursor = 0;
         let mut unmatched = 0u64;
         for (packet, &size) in self.packets.iter_mut().zip(&self.sizes).take(n) {
-            let Some(peer) = packet[..size]
+            let matched = packet[..size]
                 .get(8..24)
                 .zip(packet[..size].get(24..40))
-                .and_then(|(src, dst)| table.peer_for_inner(src, dst))
-            else {
+                .and_then(|(src, dst)| table.peer_for_inner(src, dst));
+            let Some(peer) = matched.or_else(|| own_error_peer(table, &mut packet[..size])) else {
                 unmatched += 1;
                 continue;
             };
@@ -365,6 +365,25 @@ impl Transmit {
         let packets = runs.iter().map(|r| r.count as u64).sum();
         (packets, cursor as u64)
     }
+}
+
+/// The peer of an ICMPv6 error this gateway's own stack sent about a packet that came out of
+/// the tunnel (a hop limit that ran out here: a traceroute's hop), readdressed from the local
+/// protected host and counted for the peer; `None` for anything else. Only packets that match
+/// no peer by their addresses come here, so the data path pays nothing for it.
+fn own_error_peer(table: &RouteTable, packet: &mut [u8]) -> Option<usize> {
+    let mut peer = None;
+    mt6d_proto::icmp::readdress_own_error(packet, |local, remote| {
+        peer = table.peer_for_inner(&local.octets(), &remote.octets());
+        peer.is_some()
+    })?;
+    let peer = peer?;
+    table
+        .peer(peer)
+        .counters
+        .own_errors
+        .fetch_add(1, Ordering::Relaxed);
+    Some(peer)
 }
 
 /// Sends every run, grouping consecutive runs that leave through the same socket into one

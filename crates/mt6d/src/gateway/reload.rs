@@ -631,7 +631,8 @@ mod tests {
             ],
         )
         .is_err());
-        let set = propose(
+        // A mode that sends the payload in clear needs the file's acknowledgement.
+        let clear = propose(
             &old,
             &[Edit::Set {
                 name: "c".into(),
@@ -641,7 +642,20 @@ mod tests {
                 unset: vec![],
             }],
         )
-        .expect("mode change");
+        .expect_err("auth without accept_clear_payload")
+        .to_string();
+        assert!(clear.contains("accept_clear_payload"), "{clear}");
+        let set = propose(
+            &old,
+            &[Edit::Set {
+                name: "c".into(),
+                fields: [("rotation_secs".to_string(), toml::Value::Float(2.0))]
+                    .into_iter()
+                    .collect(),
+                unset: vec![],
+            }],
+        )
+        .expect("rotation change");
         let plan = Plan::between(&old, &set);
         assert_eq!(
             (plan.changed.as_slice(), plan.added.len()),

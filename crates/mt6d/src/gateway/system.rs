@@ -10,7 +10,8 @@
 //!   decides once the TUN route below is gone (the process died) and keeps the protected
 //!   host's packets off the external interface (docs/ARCHITECTURE.md "Fail closed");
 //! - the TUN device, MTU = external MTU minus the largest tunnel overhead of any peer;
-//! - `net.ipv6.conf.all.forwarding = 1`, `proxy_ndp = 1` on the internal interface;
+//! - `net.ipv6.conf.all.forwarding = 1`, `proxy_ndp = 1`, `proxy_delay = 0` and
+//!   `use_oif_addrs_only = 1` on the internal interface;
 //! - per peer: proxy NDP entry for the remote true address on the internal interface, a /128
 //!   route for it into the TUN device, a /128 route for the local true address on the internal
 //!   interface, and a /64 route for the remote hashed prefix on the external interface (on-link,
@@ -200,6 +201,13 @@ impl System {
             let delay = Sysctl::ipv6_neigh(internal, "proxy_delay")
                 .map_err(os(format!("{internal} proxy_delay")))?;
             self.set_sysctl(&delay, "0")?;
+            // The kernel's own messages to the protected hosts (a proxied neighbour
+            // advertisement, Time Exceeded, Packet Too Big) take their source from every
+            // interface's addresses (RFC 6724), and a hashed address of the external interface
+            // wins over the internal one's link-local address: the host would see it. Only the
+            // internal interface's own addresses are candidates for what it sends
+            // (docs/PROTOCOL.md §5).
+            self.set_sysctl(&ipv6_conf(internal, "use_oif_addrs_only")?, "1")?;
         }
 
         for peer in &cfg.peers {

@@ -29,6 +29,10 @@ pub struct GatewaySection {
     pub control_socket: String,
     pub rotation_secs: f64,
     pub mode: String,
+    /// `accept_clear_payload = true`: written for `plain` and `auth`, which the daemon refuses
+    /// without it (docs/CONFIG.md).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub accept_clear_payload: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub external_next_hop: Option<Ipv6Addr>,
     #[serde(skip_serializing_if = "Option::is_none")]

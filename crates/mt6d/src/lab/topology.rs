@@ -28,6 +28,11 @@
 //! not owned: dropping the lab deletes it once). The baseline without MT6D is Host A as a plain
 //! IPv6 host: `HOST_A` bound on its `ext0`, Host B reached on-link (switched, Gateway B
 //! answering for it) or through the router, with Gateway B forwarding as before.
+//!
+//! **Two host-mode peers** ([`Lab::build_host_pair`]): Host B and Gateway B are one namespace
+//! too (`gw_b` names `host_b`'s), so both ends run `role = "host"` and no gateway is left:
+//! the hosts' mt6d talk to each other directly over the public side. Its baseline is two plain
+//! IPv6 hosts, each with its true address on its `ext0`.
 
 use std::net::Ipv6Addr;
 use std::process::Stdio;
@@ -141,6 +146,8 @@ pub struct Lab {
     pub ext_mtu: u32,
     /// Host A runs mt6d itself (`gw_a` is `host_a`'s namespace): 001's integrated configuration.
     pub host_mode: bool,
+    /// Host B runs mt6d itself too (`gw_b` is `host_b`'s namespace): two host-mode peers.
+    pub host_mode_b: bool,
 }
 
 fn p6(s: &str) -> Ipv6Addr {
@@ -162,31 +169,46 @@ impl Lab {
     /// Builds `topology`; namespace names start with `prefix` (the bench's reaper finds its own
     /// by theirs) and end with [`unique_name`]'s process-unique tail.
     pub fn build_topology(topology: Topology, prefix: &str) -> Result<Lab, LabError> {
-        Lab::build_variant(topology, prefix, false)
+        Lab::build_variant(topology, prefix, false, false)
     }
 
     /// Builds `topology` with Host A in host mode: one namespace for Host A and its mt6d.
     pub fn build_host_mode(topology: Topology, prefix: &str) -> Result<Lab, LabError> {
-        Lab::build_variant(topology, prefix, true)
+        Lab::build_variant(topology, prefix, true, false)
     }
 
-    fn build_variant(topology: Topology, prefix: &str, host_mode: bool) -> Result<Lab, LabError> {
+    /// Builds `topology` with both hosts in host mode: each host runs its own mt6d, and they
+    /// are each other's peer.
+    pub fn build_host_pair(topology: Topology, prefix: &str) -> Result<Lab, LabError> {
+        Lab::build_variant(topology, prefix, true, true)
+    }
+
+    fn build_variant(
+        topology: Topology,
+        prefix: &str,
+        host_mode: bool,
+        host_mode_b: bool,
+    ) -> Result<Lab, LabError> {
         let ns = |role: &str| {
             let name = unique_name(&format!("{prefix}{role}"));
             Netns::create(&name).map_err(os(format!("create namespace {name}")))
         };
+        let same =
+            |n: &Netns| Netns::open(n.name()).map_err(os(format!("open namespace {}", n.name())));
         let host_a = ns("ha")?;
-        let gw_a = if host_mode {
-            Netns::open(host_a.name()).map_err(os(format!("open namespace {}", host_a.name())))?
+        let gw_a = if host_mode { same(&host_a)? } else { ns("ga")? };
+        let host_b = ns("hb")?;
+        let gw_b = if host_mode_b {
+            same(&host_b)?
         } else {
-            ns("ga")?
+            ns("gb")?
         };
         let mut lab = Lab {
             topology,
             host_a,
             gw_a,
-            gw_b: ns("gb")?,
-            host_b: ns("hb")?,
+            gw_b,
+            host_b,
             routers: Vec::new(),
             public_a: Public {
                 addr: p6("2001:db8:ff::a"),
@@ -202,6 +224,7 @@ impl Lab {
             },
             ext_mtu: 1500,
             host_mode,
+            host_mode_b,
         };
         match topology {
             Topology::Switched => {}
@@ -220,9 +243,11 @@ impl Lab {
             addr(&lab.host_a, HOST_IF, HOST_A, 64)?;
             addr(&lab.gw_a, INTERNAL_IF, GATEWAY_A, 64)?;
         }
-        veth(&lab.gw_b, INTERNAL_IF, &lab.host_b, HOST_IF)?;
-        addr(&lab.host_b, HOST_IF, HOST_B, 64)?;
-        addr(&lab.gw_b, INTERNAL_IF, GATEWAY_B, 64)?;
+        if !host_mode_b {
+            veth(&lab.gw_b, INTERNAL_IF, &lab.host_b, HOST_IF)?;
+            addr(&lab.host_b, HOST_IF, HOST_B, 64)?;
+            addr(&lab.gw_b, INTERNAL_IF, GATEWAY_B, 64)?;
+        }
         match topology {
             Topology::Switched => veth(&lab.gw_a, EXTERNAL_IF, &lab.gw_b, EXTERNAL_IF)?,
             Topology::Routed | Topology::Tunneled => lab.build_routed()?,
@@ -305,18 +330,15 @@ impl Lab {
         Ok(())
     }
 
-    /// Every namespace, hosts and gateways first (each once: in host mode `gw_a` is `host_a`).
+    /// Every namespace, hosts and gateways first (each once: in host mode `gw_a` is `host_a`,
+    /// and with two host-mode peers `gw_b` is `host_b`).
     pub fn all(&self) -> impl Iterator<Item = &Netns> {
         let gw_a = (!self.host_mode).then_some(&self.gw_a);
-        [
-            Some(&self.host_a),
-            gw_a,
-            Some(&self.gw_b),
-            Some(&self.host_b),
-        ]
-        .into_iter()
-        .flatten()
-        .chain(self.routers.iter())
+        let gw_b = (!self.host_mode_b).then_some(&self.gw_b);
+        [Some(&self.host_a), gw_a, gw_b, Some(&self.host_b)]
+            .into_iter()
+            .flatten()
+            .chain(self.routers.iter())
     }
 
     /// GRO on every veth of every namespace (`ethtool -K DEV gro on`; a veth's default is off),
@@ -395,14 +417,16 @@ impl Lab {
     fn baseline(&self, up: bool) -> Result<(), LabError> {
         let switched = self.topology == Topology::Switched;
         if self.host_mode {
-            self.host_baseline(up)?;
+            self.host_baseline(Side::A, up)?;
+        }
+        if self.host_mode_b {
+            self.host_baseline(Side::B, up)?;
         }
         let gateways = [
-            (&self.gw_a, HOST_A, HOST_B, &self.public_a),
-            (&self.gw_b, HOST_B, HOST_A, &self.public_b),
+            (!self.host_mode).then_some((&self.gw_a, HOST_A, HOST_B, &self.public_a)),
+            (!self.host_mode_b).then_some((&self.gw_b, HOST_B, HOST_A, &self.public_b)),
         ];
-        let skip = usize::from(self.host_mode);
-        for (gw, local, remote, public) in gateways.into_iter().skip(skip) {
+        for (gw, local, remote, public) in gateways.into_iter().flatten() {
             in_ns(gw, |nl| {
                 let int = nl.link_index(INTERNAL_IF)?;
                 let ext = nl.link_index(EXTERNAL_IF)?;
@@ -436,21 +460,27 @@ impl Lab {
         Ok(())
     }
 
-    /// Host A without MT6D in host mode: a plain IPv6 host with `HOST_A` on its public link.
-    fn host_baseline(&self, up: bool) -> Result<(), LabError> {
-        let via = (self.topology != Topology::Switched).then_some(self.public_a.next_hop);
-        in_ns(&self.host_a, |nl| {
+    /// A host without MT6D in host mode: a plain IPv6 host with its true address on its public
+    /// link.
+    fn host_baseline(&self, side: Side, up: bool) -> Result<(), LabError> {
+        let (host, local, remote) = match side {
+            Side::A => (&self.host_a, HOST_A, HOST_B),
+            Side::B => (&self.host_b, HOST_B, HOST_A),
+        };
+        let via = (self.topology != Topology::Switched).then_some(self.public(side).next_hop);
+        in_ns(host, |nl| {
             let ext = nl.link_index(EXTERNAL_IF)?;
             if up {
-                nl.add_address(ext, HOST_A, 128, NO_DAD)?;
+                nl.add_address(ext, local, 128, NO_DAD)?;
                 match via {
-                    // One segment: Gateway B answers for Host B on it.
-                    None => nl.add_route(HOST_B, 128, ext),
-                    Some(router) => nl.add_route_via(HOST_B, 128, ext, router),
+                    // One segment: the far gateway answers for its host on it (or the far
+                    // host is there itself).
+                    None => nl.add_route(remote, 128, ext),
+                    Some(router) => nl.add_route_via(remote, 128, ext, router),
                 }
             } else {
-                nl.del_route(HOST_B, 128, ext)?;
-                nl.del_address(ext, HOST_A, 128)
+                nl.del_route(remote, 128, ext)?;
+                nl.del_address(ext, local, 128)
             }
         })
     }
@@ -474,7 +504,10 @@ impl Lab {
             remote,
             own,
             far,
-            host_mode: self.host_mode && side == Side::A,
+            host_mode: match side {
+                Side::A => self.host_mode,
+                Side::B => self.host_mode_b,
+            },
         })
     }
 
@@ -600,6 +633,7 @@ pub fn gateway_config_text(c: &ConfigText<'_>) -> String {
         control_socket: c.socket.display().to_string(),
         rotation_secs: s.rotation_secs,
         mode: s.mode.to_string(),
+        accept_clear_payload: s.mode != "encrypt",
         external_next_hop: c.own.router,
         state_dir: None,
         private_key_file: None,

@@ -169,6 +169,7 @@ fn config_text(lab: &Lab, side: Side, args: &LinkRunArgs, dir: &Path) -> String 
         control_socket: lab.control_socket(side).display().to_string(),
         rotation_secs: args.rotation_secs,
         mode: args.mode.clone(),
+        accept_clear_payload: args.mode != "encrypt",
         external_next_hop: own.router,
         state_dir: None,
         private_key_file: None,
