@@ -384,4 +384,15 @@ check("session set mac key", dk("mt6d-proto 2026-11-21 handshake mac key", RKEY)
 check("session set mask of 24 zero bytes, role 0", protect(hp_key(RKEY, 0), bytes(24)).hex(),
       "080d0b17f765be9500000000000000000000000000000000")
 
+# ---- §5.2 link-layer address announcement (0x84) with its freshness stamp ----
+a, pa, b, pb = RK
+ROUTE_BYTES = a + b + struct.pack(">HH", pa, pb)
+LL_MAC = bytes.fromhex("02005e100001")
+LL_STAMP = 1_700_000_001_000_000_000  # one second into epoch e, in nanoseconds
+ll_pad = keyed(nk, ROUTE_BYTES + b"mt6d link pad", 8)
+ll_msg = bytes([0x84, 0]) + LL_MAC + bytes(x ^ y for x, y in zip(struct.pack(">Q", LL_STAMP), ll_pad))
+ll = ll_msg + keyed(nk, ROUTE_BYTES + ll_msg, 16)
+check("link-layer announcement 02:00:5e:10:00:01, stamp e + 1 s, protected",
+      protect(hp_key(K, 0), ll).hex(), "11646ca9867773a1de24f32c9e2cbb035930602c8bd28ec504943402ab604663")
+
 sys.exit(1 if FAILED else 0)

@@ -754,3 +754,28 @@ fn relay_link_and_e2e_payloads() {
         (Kind::Data, HOP_LIMIT, payload)
     );
 }
+
+// ---- Link-layer address announcement (0x84) with its freshness stamp (§5.2) ----
+
+/// Role 0's link-layer address announcement of MAC `02:00:5e:10:00:01` on its route of epoch
+/// e, stamped one second into the epoch, protected.
+fn link_announcement_vector() -> String {
+    let mut c = StreamConfig::new(low(), high(), key());
+    c.mode = Mode::Encrypt;
+    let s = Stream::new(c).unwrap();
+    let stamp = UnixTime::from_nanos(1_700_000_001_000_000_000);
+    assert_eq!(s.epoch_at(stamp), EPOCH);
+    let mac = [0x02, 0x00, 0x5e, 0x10, 0x00, 0x01];
+    let mut n = RouteMoves::new(&s).frame_link(&s.route(EPOCH), mac, stamp);
+    s.send_header_key().unwrap().protect(&mut n).unwrap();
+    hex(&n)
+}
+
+/// Cross-checked by scripts/check-vectors.py (docs/PROTOCOL.md §8).
+#[test]
+fn link_announcement_with_its_stamp() {
+    assert_eq!(
+        link_announcement_vector(),
+        "11646ca9867773a1de24f32c9e2cbb035930602c8bd28ec504943402ab604663"
+    );
+}
