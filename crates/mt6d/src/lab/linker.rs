@@ -763,6 +763,9 @@ fn matching_credit(
         .sum()
 }
 
+/// One flow's control messages: (place, offset) by (kind, sender), see [`control_places`].
+type ControlPlaces = BTreeMap<(ControlKind, [u8; 6]), (f64, f64)>;
+
 /// Each labelled flow's control messages, by (kind, sender): the place of its first one among
 /// the flows of its epoch that got one of that kind from that sender (0 for the first), and its
 /// time from the epoch's anchor (the first packet of any flow of the epoch, about the
@@ -772,7 +775,7 @@ fn control_places(
     labeled: &[(&FlowKey, &Flow, Label)],
     by_epoch: &BTreeMap<u64, Vec<usize>>,
     by_addr: &HashMap<Named, Vec<usize>>,
-) -> HashMap<usize, BTreeMap<(ControlKind, [u8; 6]), (f64, f64)>> {
+) -> HashMap<usize, ControlPlaces> {
     let index: HashMap<&FlowKey, usize> = labeled
         .iter()
         .enumerate()
@@ -788,7 +791,9 @@ fn control_places(
             (*e, first)
         })
         .collect();
-    let mut series: BTreeMap<(u64, ControlKind, [u8; 6]), Vec<(f64, usize)>> = BTreeMap::new();
+    // (epoch, kind, sender) -> (time, flow) of every message.
+    type Series = BTreeMap<(u64, ControlKind, [u8; 6]), Vec<(f64, usize)>>;
+    let mut series = Series::new();
     for (ts, kind, sender, on) in &capture.control {
         let flows: BTreeSet<usize> = match on {
             ControlOn::Flow(k) => index.get(k).copied().into_iter().collect(),
@@ -806,7 +811,7 @@ fn control_places(
                 .push((*ts, f));
         }
     }
-    let mut places: HashMap<usize, BTreeMap<(ControlKind, [u8; 6]), (f64, f64)>> = HashMap::new();
+    let mut places: HashMap<usize, ControlPlaces> = HashMap::new();
     for ((e, kind, sender), mut msgs) in series {
         msgs.sort_by(|a, b| a.0.total_cmp(&b.0));
         let mut place = 0u32;
