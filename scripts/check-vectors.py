@@ -414,16 +414,15 @@ check("session set mac key", dk("mt6d-proto 2026-11-21 handshake mac key", KX).h
 check("session set hpKey(role 0)", hp_key(KX, 0).hex(),
       "7b670b62c17fba3572dc4090d57fabace3ccd083e49ccb8bd0b33855b3b65f2f")
 
-# ---- §5.5 link-layer address announcement (0x84) ----
+# ---- §5.5 link-layer address announcement (0x84) with its freshness stamp ----
 a, pa, b, pb = RK
-outer = a + b + struct.pack(">HH", pa, pb)
-LLADDR = bytes.fromhex("00abcd112201")
-pad = keyed(nk, outer + b"mt6d link pad", 8)
-head = bytes([0x84, 0]) + LLADDR + pad
-ann = head + keyed(nk, outer + head, 16)
-check("link-layer announcement, unprotected", ann.hex(),
-      "840000abcd112201c9b36fd2efe8710354b5598f37b95804132bbfbf37745be5")
-check("link-layer announcement, protected", protect(hp_key(K, 0), ann).hex(),
-      "0b26532ebc62ea2bc9b36fd2efe8710354b5598f37b95804132bbfbf37745be5")
+ROUTE_BYTES = a + b + struct.pack(">HH", pa, pb)
+LL_MAC = bytes.fromhex("02005e100001")
+LL_STAMP = 1_700_000_001_000_000_000  # one second into epoch e, in nanoseconds
+ll_pad = keyed(nk, ROUTE_BYTES + b"mt6d link pad", 8)
+ll_msg = bytes([0x84, 0]) + LL_MAC + bytes(x ^ y for x, y in zip(struct.pack(">Q", LL_STAMP), ll_pad))
+ll = ll_msg + keyed(nk, ROUTE_BYTES + ll_msg, 16)
+check("link-layer announcement 02:00:5e:10:00:01, stamp e + 1 s, protected",
+      protect(hp_key(K, 0), ll).hex(), "11646ca9867773a1de24f32c9e2cbb035930602c8bd28ec504943402ab604663")
 
 sys.exit(1 if FAILED else 0)

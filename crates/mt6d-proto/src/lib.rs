@@ -39,6 +39,7 @@
 pub mod addressing;
 pub mod cluster;
 mod config;
+pub mod control_plan;
 pub mod endpoint;
 mod error;
 pub mod handshake;

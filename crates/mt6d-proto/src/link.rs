@@ -127,6 +127,8 @@ pub struct Link {
     events: VecDeque<Event>,
     /// The `now` of the last [`Link::handle_timeout`].
     last_timeout: Option<UnixTime>,
+    /// The stamp of the last link-layer announcement taken (§5.2): an older one is a replay.
+    link_stamp: Option<UnixTime>,
 }
 
 impl Link {
@@ -152,6 +154,7 @@ impl Link {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             last_timeout: None,
+            link_stamp: None,
         }
     }
 
@@ -422,10 +425,16 @@ impl Link {
         bytes: &[u8],
     ) -> Result<Notice, NoticeError> {
         if crate::moves::is_link_announcement(bytes) {
-            return set
-                .lock_moves()
-                .handle_link(arrived_on, bytes)
-                .map(Notice::LinkAddress);
+            let (mac, stamp) = set.lock_moves().handle_link(arrived_on, bytes)?;
+            // Fresh (§5.2): stamped inside the epoch of the route it travelled on, which the
+            // route MAC binds, and later than the last one taken from this peer on any set.
+            if self.stream.epoch_at(stamp) != arrived_on.epoch
+                || self.link_stamp.is_some_and(|last| stamp <= last)
+            {
+                return Err(NoticeError::Stale);
+            }
+            self.link_stamp = Some(stamp);
+            return Ok(Notice::LinkAddress(mac));
         }
         let current = self.stream.epoch_at(now);
         let outcome = set
@@ -551,6 +560,63 @@ mod tests {
             .unwrap();
         to.handle_handshake(now, &set, &route, &bytes, recv, || Some([7; 32]))
             .unwrap();
+    }
+
+    #[test]
+    fn a_link_announcement_recorded_before_a_restart_cannot_pin_the_dead_mac_again() {
+        const DEAD: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
+        const NEW: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
+        let (ca, cb) = configs(Psk::from_bytes([1; 32]));
+        let link_set = |l: &Link, now: UnixTime| {
+            l.select(now)
+                .bound
+                .iter()
+                .find(|b| b.set.is_link())
+                .map(|b| b.set.clone())
+                .unwrap()
+        };
+        let a = link(ca.clone());
+        let mut b = link(cb.clone());
+        // A announces on its send route of the link set (the link key is static: it outlives
+        // a restart of A, as a pre-shared key does).
+        let set_a = link_set(&a, at(100));
+        let route = Link::schedule_of(&set_a, at(100)).send;
+        let recorded = set_a.lock_moves().frame_link(&route, DEAD, at(100));
+        let set_b = link_set(&b, at(100));
+        let on = Link::schedule_of(&set_b, at(100))
+            .accept
+            .into_iter()
+            .find(|r| r.local == route.remote && r.remote == route.local)
+            .unwrap();
+        assert_eq!(
+            b.handle_notice(at(100), &set_b, &on, &recorded),
+            Ok(Notice::LinkAddress(DEAD))
+        );
+        // A restarts with a new MAC within the same epoch and announces it on the same route.
+        let a = link(ca);
+        let fresh = link_set(&a, at(300))
+            .lock_moves()
+            .frame_link(&route, NEW, at(300));
+        assert_eq!(
+            b.handle_notice(at(300), &set_b, &on, &fresh),
+            Ok(Notice::LinkAddress(NEW))
+        );
+        // The recording, replayed: refused, and so is the fresh one a second time.
+        for replay in [recorded, fresh] {
+            assert_eq!(
+                b.handle_notice(at(400), &set_b, &on, &replay),
+                Err(NoticeError::Stale)
+            );
+        }
+        // A stamp outside the epoch of the route it arrived on (its route MAC is valid):
+        // refused even by a receiver that took nothing yet.
+        let mut b = link(cb);
+        let set_b = link_set(&b, at(100));
+        let elsewhere = set_a.lock_moves().frame_link(&route, DEAD, at(100 + 2_000));
+        assert_eq!(
+            b.handle_notice(at(100), &set_b, &on, &elsewhere),
+            Err(NoticeError::Stale)
+        );
     }
 
     #[test]

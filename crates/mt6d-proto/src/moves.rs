@@ -67,11 +67,11 @@ mod field {
     pub const RESERVED2: Range<usize> = 13..16;
     pub const MAC: Range<usize> = 16..32;
     pub const LLADDR: Range<usize> = 2..8;
-    pub const LINK_PAD: Range<usize> = 8..16;
+    pub const LINK_STAMP: Range<usize> = 8..16;
 }
 
-/// What the announcement's pad is derived from (with the route), distinct from every 16-byte
-/// message prefix a MAC is computed over.
+/// What the pad that hides the announcement's stamp is derived from (with the route), distinct
+/// from every 16-byte message prefix a MAC is computed over.
 const LINK_PAD_LABEL: &[u8] = b"mt6d link pad";
 
 /// Type byte of a link-layer address announcement (docs/PROTOCOL.md §5.2, "Pinned
@@ -91,22 +91,33 @@ pub fn is_link_announcement(payload: &[u8]) -> bool {
 
 /// A link-layer address announcement (32 bytes), authenticated like a notice:
 /// ```text
-/// 0x84 | 00 | lladdr (6) | pad (8) | mac (16), mac over the route as for a notice
-/// pad = BLAKE3-keyed(noticeKey, outerSrc || outerDst || srcPort || dstPort || "mt6d link pad")[0..8]
+/// 0x84 | 00 | lladdr (6) | stamp ^ pad (8) | mac (16), mac over the route as for a notice
+/// stamp = the sender's clock when it sent the message, nanoseconds since the Unix epoch (BE)
+/// pad   = BLAKE3-keyed(noticeKey, outerSrc || outerDst || srcPort || dstPort || "mt6d link pad")[0..8]
 /// ```
 /// The MAC sits in bytes 2..8, all under header protection (docs/PROTOCOL.md §4.5) in auth and
-/// encrypt mode, and the pad is a route-bound pseudorandom value rather than zeros: no byte of
-/// the message is the same in two epochs, so an observer past a router (who does not see the
-/// Ethernet source) cannot follow the announcement from one epoch to the next.
+/// encrypt mode, and the stamp is hidden under a route-bound pseudorandom pad: no byte of the
+/// message is the same in two epochs, so an observer past a router (who does not see the
+/// Ethernet source) cannot follow the announcement from one epoch to the next, nor read the
+/// sender's clock.
 /// The sender's external MAC, told to the peer inside the authenticated channel, so that the
 /// peer can pin its neighbour entries for the sender's hashed addresses (a forged advertisement
-/// on the link then changes nothing).
-pub(crate) fn emit_link(key: &Subkey, route: &Route, lladdr: [u8; 6]) -> [u8; NOTICE_LEN] {
+/// on the link then changes nothing). The stamp makes it fresh (docs/PROTOCOL.md §5.2): the
+/// receiver takes only a stamp inside the epoch of the route it arrived on and later than the
+/// last one it took from the peer, so an announcement recorded before the peer restarted with
+/// a new MAC cannot pin the dead MAC again once the new one has arrived.
+pub(crate) fn emit_link(
+    key: &Subkey,
+    route: &Route,
+    lladdr: [u8; 6],
+    now: UnixTime,
+) -> [u8; NOTICE_LEN] {
     let mut m = [0u8; NOTICE_LEN];
     m[field::TYPE] = TYPE_LINK;
     m[field::LLADDR].copy_from_slice(&lladdr);
     let pad = message_mac(key.as_bytes(), &route.local, &route.remote, LINK_PAD_LABEL);
-    m[field::LINK_PAD].copy_from_slice(&pad[..field::LINK_PAD.len()]);
+    let sealed = now.as_nanos() ^ u64::from_be_bytes(pad[..8].try_into().unwrap_or([0; 8]));
+    m[field::LINK_STAMP].copy_from_slice(&sealed.to_be_bytes());
     let mac = message_mac(
         key.as_bytes(),
         &route.local,
@@ -131,6 +142,10 @@ pub enum NoticeError {
     /// The epoch is not within e-1 ..= e+2 of the receiver's clock.
     #[error("route move notice for epoch {0}, outside the window")]
     OutsideWindow(u64),
+    /// A link-layer announcement whose stamp is not inside the epoch of the route it arrived
+    /// on, or not later than the last one taken from the peer (a replay).
+    #[error("stale link-layer address announcement")]
+    Stale,
 }
 
 impl NoticeError {
@@ -140,6 +155,7 @@ impl NoticeError {
             Self::Malformed => "notice_malformed",
             Self::BadMac => "notice_bad_mac",
             Self::OutsideWindow(_) => "notice_outside_window",
+            Self::Stale => "link_announcement_stale",
         }
     }
 }
@@ -325,17 +341,23 @@ impl RouteMoves {
         emit_notice(&self.key, route, epoch, offset, ack)
     }
 
-    /// Our link-layer address announcement for `route` ([`TYPE_LINK`]).
-    pub fn frame_link(&self, route: &Route, lladdr: [u8; 6]) -> [u8; NOTICE_LEN] {
-        emit_link(&self.key, route, lladdr)
+    /// Our link-layer address announcement for `route` ([`TYPE_LINK`]), stamped `now`.
+    pub fn frame_link(&self, route: &Route, lladdr: [u8; 6], now: UnixTime) -> [u8; NOTICE_LEN] {
+        emit_link(&self.key, route, lladdr, now)
     }
 
     /// Checks a link-layer address announcement that arrived on `arrived_on` (an accept route,
-    /// its source checked by the caller) and returns the peer's MAC. Every check of a notice
-    /// applies: exact length, type, zero flags, MAC for that route in constant time (the pad is
-    /// covered by the MAC and needs no check of its own). A group MAC
-    /// (low bit of the first byte set: multicast, broadcast) is refused: not an interface's.
-    pub fn handle_link(&self, arrived_on: &Route, bytes: &[u8]) -> Result<[u8; 6], NoticeError> {
+    /// its source checked by the caller) and returns the peer's MAC and the message's stamp.
+    /// Every check of a notice applies: exact length, type, zero flags, MAC for that route in
+    /// constant time (the stamp is covered by the MAC). A group MAC (low bit of the first byte
+    /// set: multicast, broadcast) is refused: not an interface's. Freshness (the stamp against
+    /// the route's epoch and the last one taken) is the caller's: it spans the peer's sets
+    /// (`crate::link::Link::handle_notice`).
+    pub fn handle_link(
+        &self,
+        arrived_on: &Route,
+        bytes: &[u8],
+    ) -> Result<([u8; 6], UnixTime), NoticeError> {
         let bytes: &[u8; NOTICE_LEN] = bytes.try_into().map_err(|_| NoticeError::Malformed)?;
         if bytes[field::TYPE] != TYPE_LINK
             || bytes[field::FLAGS] != 0
@@ -354,7 +376,18 @@ impl RouteMoves {
         }
         let mut m = [0u8; 6];
         m.copy_from_slice(&bytes[field::LLADDR]);
-        Ok(m)
+        let pad = message_mac(
+            self.key.as_bytes(),
+            &arrived_on.remote,
+            &arrived_on.local,
+            LINK_PAD_LABEL,
+        );
+        let mut sealed = [0u8; 8];
+        sealed.copy_from_slice(&bytes[field::LINK_STAMP]);
+        let mut p = [0u8; 8];
+        p.copy_from_slice(&pad[..8]);
+        let stamp = u64::from_be_bytes(sealed) ^ u64::from_be_bytes(p);
+        Ok((m, UnixTime::from_nanos(stamp)))
     }
 
     /// The attempt offset of epoch `e` (0 unless moved).
@@ -990,16 +1023,21 @@ mod tests {
         let p = Pair::new(Mode::Plain, 1, 0.0, 0.0);
         let (a, b) = (&p.streams[0], &p.streams[1]);
         let mac = [0x02, 0x11, 0x22, 0x33, 0x44, 0x55];
-        let msg = p.moves[0].frame_link(&a.route(Epoch(100)), mac);
+        let sent = at(100 * R_MS + 10);
+        let msg = p.moves[0].frame_link(&a.route(Epoch(100)), mac, sent);
         assert_eq!(msg[0], TYPE_LINK);
         assert_eq!(msg[2..8], mac);
         // No byte after the header-protected eight is constant across epochs: the pad differs.
-        let next = p.moves[0].frame_link(&a.route(Epoch(101)), mac);
+        let next = p.moves[0].frame_link(&a.route(Epoch(101)), mac, sent);
         assert_ne!(msg[8..16], next[8..16]);
         assert_ne!(msg[8..16], [0u8; 8]);
+        // Nor on one route: the stamp differs, and the clock does not show through the pad.
+        let later = p.moves[0].frame_link(&a.route(Epoch(100)), mac, at(100 * R_MS + 11));
+        assert_ne!(msg, later);
+        assert_ne!(msg[8..16], sent.as_nanos().to_be_bytes());
         assert!(is_notice(&msg) && is_link_announcement(&msg));
         let on = b.route(Epoch(100));
-        assert_eq!(p.moves[1].handle_link(&on, &msg), Ok(mac));
+        assert_eq!(p.moves[1].handle_link(&on, &msg), Ok((mac, sent)));
         // Another route, a flipped byte, a truncation, a multicast MAC: refused.
         assert_eq!(
             p.moves[1].handle_link(&b.route(Epoch(101)), &msg),
@@ -1012,7 +1050,7 @@ mod tests {
             p.moves[1].handle_link(&on, &msg[..31]),
             Err(NoticeError::Malformed)
         );
-        let multicast = p.moves[0].frame_link(&a.route(Epoch(100)), [0x33, 0x33, 0, 0, 0, 1]);
+        let multicast = p.moves[0].frame_link(&a.route(Epoch(100)), [0x33, 0x33, 0, 0, 0, 1], sent);
         assert_eq!(
             p.moves[1].handle_link(&on, &multicast),
             Err(NoticeError::Malformed)

@@ -81,7 +81,7 @@ fn print_vectors() {
     }
     println!("header keys and mask {:?}", header_vectors());
     println!("notice {}", notice_vector());
-    println!("announcement {:?}", announcement_vector());
+    println!("announcement {}", link_announcement_vector());
     for alg in [AeadAlg::Aes256Gcm, AeadAlg::ChaCha20Poly1305] {
         for mode in [Mode::Encrypt, Mode::Auth] {
             let (out, n) = seal_vector(mode, alg);
@@ -261,46 +261,6 @@ fn header_protection_keys_mask_and_notice() {
     assert_eq!(
         notice_vector(),
         "4602b406440259070a21fe8001000000ed20ed8c17b48fb24d70a3a467aa6833"
-    );
-}
-
-/// Role 0's link-layer address announcement (0x84, docs/PROTOCOL.md §5.5) of external MAC
-/// `00:ab:cd:11:22:01` on its route of epoch e, pre-shared key of §8, encrypt mode: unprotected
-/// and as it leaves (header protection, §4.5). Role 1 reads the MAC back from the wire bytes.
-fn announcement_vector() -> (String, String) {
-    let mut c = StreamConfig::new(low(), high(), key());
-    c.mode = Mode::Encrypt;
-    let s = Stream::new(c).unwrap();
-    let route = s.route(EPOCH);
-    let mac = [0x00, 0xab, 0xcd, 0x11, 0x22, 0x01];
-    let clear = RouteMoves::new(&s).frame_link(&route, mac);
-    let mut wire = clear;
-    s.send_header_key().unwrap().protect(&mut wire).unwrap();
-
-    let mut c = s.config().mirrored();
-    c.mode = Mode::Encrypt;
-    let peer = Stream::new(c).unwrap();
-    let mut got = wire;
-    peer.recv_header_key().unwrap().unprotect(&mut got).unwrap();
-    assert!(mt6d_proto::moves::is_link_announcement(&got));
-    assert_eq!(
-        RouteMoves::new(&peer).handle_link(&peer.route(EPOCH), &got),
-        Ok(mac)
-    );
-    (hex(&clear), hex(&wire))
-}
-
-/// Cross-checked independently by `scripts/check-vectors.py`.
-#[test]
-fn link_layer_address_announcement() {
-    let (clear, wire) = announcement_vector();
-    assert_eq!(
-        clear,
-        "840000abcd112201c9b36fd2efe8710354b5598f37b95804132bbfbf37745be5"
-    );
-    assert_eq!(
-        wire,
-        "0b26532ebc62ea2bc9b36fd2efe8710354b5598f37b95804132bbfbf37745be5"
     );
 }
 
@@ -886,5 +846,42 @@ fn relay_link_and_e2e_payloads() {
     assert_eq!(
         (f.kind(), f.hops(), f.payload()),
         (Kind::Data, HOP_LIMIT, payload)
+    );
+}
+
+// ---- Link-layer address announcement (0x84) with its freshness stamp (§5.5) ----
+
+/// Role 0's link-layer address announcement of MAC `02:00:5e:10:00:01` on its route of epoch
+/// e, stamped one second into the epoch, protected.
+fn link_announcement_vector() -> String {
+    let mut c = StreamConfig::new(low(), high(), key());
+    c.mode = Mode::Encrypt;
+    let s = Stream::new(c).unwrap();
+    let stamp = UnixTime::from_nanos(1_700_000_001_000_000_000);
+    assert_eq!(s.epoch_at(stamp), EPOCH);
+    let mac = [0x02, 0x00, 0x5e, 0x10, 0x00, 0x01];
+    let mut n = RouteMoves::new(&s).frame_link(&s.route(EPOCH), mac, stamp);
+    s.send_header_key().unwrap().protect(&mut n).unwrap();
+
+    // Role 1 reads the MAC and the stamp back from the wire bytes.
+    let mut c = s.config().mirrored();
+    c.mode = Mode::Encrypt;
+    let peer = Stream::new(c).unwrap();
+    let mut got = n;
+    peer.recv_header_key().unwrap().unprotect(&mut got).unwrap();
+    assert!(mt6d_proto::moves::is_link_announcement(&got));
+    assert_eq!(
+        RouteMoves::new(&peer).handle_link(&peer.route(EPOCH), &got),
+        Ok((mac, stamp))
+    );
+    hex(&n)
+}
+
+/// Cross-checked by scripts/check-vectors.py (docs/PROTOCOL.md §8).
+#[test]
+fn link_announcement_with_its_stamp() {
+    assert_eq!(
+        link_announcement_vector(),
+        "11646ca9867773a1de24f32c9e2cbb035930602c8bd28ec504943402ab604663"
     );
 }

@@ -5,8 +5,9 @@
 //! * **Detection** ([`CollisionWatch`], main thread). Addresses are bound with `nodad` so that
 //!   they are usable at once (DAD delay was 001's first cause of loss), so the daemon probes
 //!   them itself: one duplicate address probe per new address (a Neighbour Solicitation from
-//!   `::` to the solicited-node group, as DAD sends), [`PROBE_LEAD_MS`] before its epoch starts,
-//!   not earlier ([`probe_due`]). A filtered packet socket receives every Neighbour
+//!   `::` to the solicited-node group, as DAD sends), at an instant drawn from the last
+//!   [`PROBE_LEAD_MS`] to three quarters of it before its epoch starts, not earlier
+//!   ([`probe_window`]). A filtered packet socket receives every Neighbour
 //!   Advertisement and probe on the external link. An advertisement from another node for one
 //!   of our hashed addresses is only a *claim*: anyone on the link can forge one. The watch asks
 //!   the claimant with a unicast confirmation probe; a **collision** is its solicited answer.
@@ -27,6 +28,8 @@ use mt6d_proto::link::Notice;
 use mt6d_proto::moves::{CollisionOutcome, Evidence, MAX_OFFSET};
 use mt6d_proto::wire::{confirmation_probe_frame, dad_probe_frame, NeighborClaim, NeighborFrame};
 use mt6d_proto::{Epoch, Route, UnixTime};
+
+use mt6d_proto::control_plan::SendWindow;
 
 use super::error::GatewayError;
 use super::peer::Peer;
@@ -49,7 +52,10 @@ const MAX_PENDING: usize = 16;
 /// detection needs before use, and no more (see [`probe_due`]).
 pub const PROBE_LEAD_MS: u64 = 1_000;
 
-/// When the duplicate address probe for an address first used at `epoch_start` goes out.
+/// When the duplicate address probe for an address first used at `epoch_start` may go out:
+/// from the lead (below) to three quarters of it before `epoch_start`, at an instant the caller
+/// draws for each address on its own (docs/PROTOCOL.md §5.6), so that the probes of one rotation
+/// leave in a fresh random order at offsets that say nothing about their stream.
 ///
 /// Collision detection needs the probe before use: its answer, the confirmation probe and its
 /// answer (two 20 ms ticks on a link), the move and the notice exchange (one round trip, a few
@@ -57,14 +63,13 @@ pub const PROBE_LEAD_MS: u64 = 1_000;
 /// packet. A probe sent earlier than that only reveals the future address earlier: an observer
 /// on the link who sees the probe and then the traffic learns that this MAC will use that
 /// address, while the previous epoch is still running. One second (half the interval at most,
-/// so at the 1 s minimum interval it still comes after the previous boundary) is the lead.
-pub fn probe_due(epoch_start: UnixTime, rotation_ms: u64) -> UnixTime {
-    let lead_ms = PROBE_LEAD_MS.min(rotation_ms / 2);
-    UnixTime::from_nanos(
-        epoch_start
-            .as_nanos()
-            .saturating_sub(lead_ms.saturating_mul(1_000_000)),
-    )
+/// so at the 1 s minimum interval it still comes after the previous boundary) is the lead; the
+/// shortest lead drawn, three quarters of it (375 ms at R = 1 s), still leaves that exchange
+/// more than a notice resend to spare.
+pub fn probe_window(epoch_start: UnixTime, rotation_ms: u64) -> SendWindow {
+    let lead_ns = PROBE_LEAD_MS.min(rotation_ms / 2).saturating_mul(1_000_000);
+    let before = |ns: u64| UnixTime::from_nanos(epoch_start.as_nanos().saturating_sub(ns));
+    SendWindow::new(before(lead_ns), before(lead_ns / 4 * 3))
 }
 
 /// A confirmation probe awaiting its answer.
@@ -103,7 +108,7 @@ pub struct CollisionWatch {
     /// Source of confirmation probes: the holder answers it, unicast.
     link_local: Ipv6Addr,
     buf: Vec<u8>,
-    /// Duplicate address probes waiting for their time ([`probe_due`]).
+    /// Duplicate address probes waiting for their drawn time ([`probe_window`]).
     queued: Vec<(Ipv6Addr, UnixTime)>,
     pending: Vec<Pending>,
     summary: WatchSummary,
@@ -184,22 +189,26 @@ impl CollisionWatch {
         }
     }
 
-    /// Sends the probes that are due, for addresses still bound (`ours`).
+    /// Sends the probes that are due, for addresses still bound (`ours`), in the order of
+    /// their drawn instants.
     fn send_due(&mut self, now: UnixTime, ours: &impl Fn(Ipv6Addr) -> bool) {
-        let mut i = 0;
-        while i < self.queued.len() {
-            let (addr, due) = self.queued[i];
-            if !ours(addr) {
-                self.queued.swap_remove(i);
-            } else if due <= now {
-                self.queued.swap_remove(i);
-                // A failure costs only the detection of that address; once per address.
-                match self.capture.send(&dad_probe_frame(addr, self.mac)) {
-                    Ok(_) => self.probes += 1,
-                    Err(e) => log::debug!("duplicate address probe for {addr}: {e}"),
-                }
-            } else {
-                i += 1;
+        self.queued.retain(|(addr, _)| ours(*addr));
+        if self.queued.iter().all(|(_, due)| *due > now) {
+            return;
+        }
+        let mut due: Vec<(UnixTime, Ipv6Addr)> = Vec::new();
+        self.queued.retain(|&(addr, at)| {
+            if at <= now {
+                due.push((at, addr));
+            }
+            at > now
+        });
+        due.sort();
+        for (_, addr) in due {
+            // A failure costs only the detection of that address; once per address.
+            match self.capture.send(&dad_probe_frame(addr, self.mac)) {
+                Ok(_) => self.probes += 1,
+                Err(e) => log::debug!("duplicate address probe for {addr}: {e}"),
             }
         }
     }
@@ -378,22 +387,28 @@ pub fn apply_collisions(shared: &Shared, found: &[Collision], now: UnixTime) {
     }
 }
 
-/// Tells every peer our external MAC on its send route (once per rotation: a lost copy is
-/// replaced at the next), so that it can pin its neighbour entries for our hashed addresses.
-pub fn announce_link(table: &RouteTable, mac: [u8; 6]) {
-    for routes in &table.peers {
-        let set = routes.send_set();
-        let route = set.schedule.send;
-        let msg = set.set.lock_moves().frame_link(&route, mac);
-        if let Some(socket) = table.sockets.get(&route.local.port()) {
-            session::send_one(
-                socket,
-                &route.local,
-                route.remote,
-                &msg,
-                set.set.stream.send_header_key(),
-            );
-        }
+/// Tells the peer whose send route is `route` our external MAC on it (once per send route, at
+/// the instant the rotation drew for it: a lost copy is replaced on the next), so that it can
+/// pin its neighbour entries for our hashed addresses. Nothing is sent if no peer of `table`
+/// sends on `route` any more (it moved).
+pub fn announce_link_on(table: &RouteTable, route: &Route, mac: [u8; 6], now: UnixTime) {
+    let Some(set) = table
+        .peers
+        .iter()
+        .map(|r| r.send_set())
+        .find(|s| s.schedule.send == *route)
+    else {
+        return;
+    };
+    let msg = set.set.lock_moves().frame_link(route, mac, now);
+    if let Some(socket) = table.sockets.get(&route.local.port()) {
+        session::send_one(
+            socket,
+            &route.local,
+            route.remote,
+            &msg,
+            set.set.stream.send_header_key(),
+        );
     }
 }
 

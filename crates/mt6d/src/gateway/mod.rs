@@ -455,13 +455,12 @@ fn serve(
                     let kernel = kernel_drops::read(shared, &mut sys.netlink, tun_index);
                     drops.report(shared, kernel_report.rose(kernel));
                     rotator.report_watch();
-                    if let Some(mac) = rotator.announced_mac() {
-                        collision::announce_link(&shared.table.load(), mac);
-                    }
                 }
             }
-            // Announcements of the next epoch's addresses fall due PRIME_LEAD before it.
+            // Priming solicitations and link-layer announcements, each at its drawn instant
+            // (docs/PROTOCOL.md §5.6).
             rotator.prime_due(&mut sys.netlink, now);
+            rotator.announce_due(&shared.table.load(), now);
             // Address collisions (docs/PROTOCOL.md §5.2): ours seen on the link, and moves the
             // peer announced; either rebuilds the table at once, well within the interval.
             let found = rotator.poll_collisions(now);

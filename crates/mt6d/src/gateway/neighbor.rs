@@ -5,8 +5,9 @@
 //! Without this, the first packets to a new hashed address reach a router that must first
 //! resolve it with neighbour discovery; a hardware router queues at most one packet per
 //! unresolved neighbour (Linux: `unres_qlen`) and drops the rest. 001 measured 10.16 % loss across
-//! a router this way. Both ends know every future address in advance, so [`PRIME_LEAD`] before
-//! an epoch starts the gateway sends, *from* its address of that epoch, a Neighbour Solicitation
+//! a router this way. Both ends know every future address in advance, so between
+//! `mt6d_proto::control_plan::PRIME_LEAD_MAX` and [`PRIME_LEAD`] before an epoch starts (at an
+//! instant drawn per message, docs/PROTOCOL.md §5.6) the gateway sends, *from* its address of that epoch, a Neighbour Solicitation
 //! carrying its own link-layer address, to its next hop: `external_next_hop` (routed), or on one
 //! segment the peer gateway's address *of the same epoch* (which the peer has bound an interval
 //! early). RFC 4861 §7.2.3: the target creates a neighbour cache entry for the source in state
@@ -25,11 +26,11 @@ use mt6d_proto::wire::neighbor_solicitation;
 
 use super::error::GatewayError;
 
-/// How long before an epoch starts its address is announced. Must exceed the clock skew
-/// between the gateways (the peer may start sending that much early), the main loop's tick
-/// (20 ms) and the time the neighbour takes to process the solicitation (well under 1 ms);
-/// docs/PROTOCOL.md §5.1 argues the value. Always below R/2, the shortest interval.
-pub const PRIME_LEAD: std::time::Duration = std::time::Duration::from_millis(250);
+/// The shortest time before an epoch starts that its address is announced. Must exceed the
+/// clock skew between the gateways (the peer may start sending that much early), the main
+/// loop's tick (20 ms) and the time the neighbour takes to process the solicitation (well under
+/// 1 ms); docs/PROTOCOL.md §5.1 argues the value. Always below R/2, the shortest interval.
+pub const PRIME_LEAD: std::time::Duration = mt6d_proto::control_plan::PRIME_LEAD_MIN;
 
 /// Sends the solicitations; owned by the rotator (main thread).
 #[derive(Debug)]

@@ -8,9 +8,14 @@
 //! removed only after the table that no longer names them is live. A newly bound address is
 //! probed for a duplicate on the link ([`super::collision`]); a collision moves the epoch and
 //! calls [`Rotator::step`] again, which binds the moved addresses the same way. The on-link
-//! next hop learns a new address only [`PRIME_LEAD`] before its epoch starts
+//! next hop learns a new address only shortly before its epoch starts
 //! ([`super::neighbor`], docs/PROTOCOL.md §5.1): the first packet to it is then not held up by
 //! neighbour discovery (001 §4.2), and nothing names it on the wire any earlier.
+//!
+//! Every per-rotation message (priming solicitation, duplicate address probe, link-layer
+//! announcement) leaves at its own instant, drawn from the window its purpose allows
+//! (`mt6d_proto::control_plan`, docs/PROTOCOL.md §5.6): never as a burst in configuration
+//! order, never at a fixed offset from the boundary.
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::Ipv6Addr;
@@ -18,12 +23,14 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use mt6d_os::{AddrFlags, Netlink, UdpSocket6};
+use mt6d_proto::control_plan::{announcement_window, priming_window, ControlPlan, SendWindow};
 use mt6d_proto::moves::CollisionOutcome;
-use mt6d_proto::{Epoch, UnixTime};
+use mt6d_proto::{Epoch, Route, UnixTime};
+use rand::{RngCore, SeedableRng};
 
 use super::collision::{Collision, CollisionWatch};
 use super::error::GatewayError;
-use super::neighbor::{NeighborPrimer, PRIME_LEAD};
+use super::neighbor::NeighborPrimer;
 use super::path::PathState;
 use super::peer::Peer;
 use super::polls::Polls;
@@ -50,8 +57,16 @@ pub struct Rotator {
     /// (our address, next hop) pairs whose announcement is sent or scheduled, of the published
     /// table's accept windows only.
     primed: HashSet<(Ipv6Addr, Ipv6Addr)>,
-    /// Announcements not yet due: (when, from our address, to the next hop).
-    pending: Vec<(UnixTime, Ipv6Addr, Ipv6Addr)>,
+    /// Priming solicitations not yet due, each at its own drawn instant: (from our address, to
+    /// the next hop).
+    pending: ControlPlan<(Ipv6Addr, Ipv6Addr)>,
+    /// Link-layer address announcements not yet due, by the send route they travel on, and the
+    /// send routes already announced on (of the published table): one per route.
+    announce: ControlPlan<Route>,
+    announced: HashSet<Route>,
+    /// Draws the instants of the control messages (docs/PROTOCOL.md §5.6): a CSPRNG seeded
+    /// from the OS, so that no observer can predict them.
+    rng: rand::rngs::StdRng,
     /// One segment: peer addresses announced to while no address of the peer had a MAC in our
     /// kernel ([`resolve_from_peer`]); given one as soon as another of the peer's addresses has it.
     unresolved: HashSet<Ipv6Addr>,
@@ -181,21 +196,26 @@ fn resolve_from_peer(
     });
 }
 
-/// When each route of the accept window is to be announced (docs/PROTOCOL.md §5.1): the
-/// current epoch's at `now`, the next epoch's [`PRIME_LEAD`] before its boundary, the previous
-/// epoch's never.
+/// How soon the priming of an address already in use (the current epoch's, at start or after
+/// a move) leaves: drawn within this many nanoseconds from now (two main-loop ticks), so that
+/// even the start-up solicitations leave in a random order.
+const AT_ONCE_NS: u64 = 40_000_000;
+
+/// Within what window each route of the accept window is to be primed (docs/PROTOCOL.md §5.1,
+/// §5.6): the current epoch's at once, the next epoch's in [`priming_window`] before its
+/// boundary (never before `now`), the previous epoch's never.
 fn announcements(
     schedule: &mt6d_proto::Schedule,
     now: UnixTime,
-) -> impl Iterator<Item = (UnixTime, &mt6d_proto::Route)> {
+) -> impl Iterator<Item = (SendWindow, &mt6d_proto::Route)> {
     let current = schedule.send.epoch;
-    let lead = u64::try_from(PRIME_LEAD.as_nanos()).unwrap_or(u64::MAX);
-    let next_due = UnixTime::from_nanos(schedule.next_change.as_nanos().saturating_sub(lead));
+    let next = priming_window(schedule.next_change).not_before(now);
+    let at_once = SendWindow::new(now, UnixTime::from_nanos(now.as_nanos() + AT_ONCE_NS));
     schedule
         .accept
         .iter()
         .filter(move |r| r.epoch >= current)
-        .map(move |r| (if r.epoch > current { next_due } else { now }, r))
+        .map(move |r| (if r.epoch > current { next } else { at_once }, r))
 }
 
 /// Brings the announcements to what the published table wants (`wanted`: when, from our
@@ -206,18 +226,48 @@ fn announcements(
 /// solicitation (nor, on one segment, neighbour entry) is made for the address it left.
 fn plan_priming(
     primed: &mut HashSet<(Ipv6Addr, Ipv6Addr)>,
-    pending: &mut Vec<(UnixTime, Ipv6Addr, Ipv6Addr)>,
-    wanted: impl Iterator<Item = (UnixTime, Ipv6Addr, Ipv6Addr)>,
+    pending: &mut ControlPlan<(Ipv6Addr, Ipv6Addr)>,
+    wanted: impl Iterator<Item = (SendWindow, Ipv6Addr, Ipv6Addr)>,
+    random: &mut impl FnMut() -> u64,
 ) {
     let mut keep = HashSet::new();
-    for (due, from, target) in wanted {
+    for (window, from, target) in wanted {
         keep.insert((from, target));
         if primed.insert((from, target)) {
-            pending.push((due, from, target));
+            pending.schedule(window, (from, target), random);
         }
     }
     primed.retain(|pair| keep.contains(pair));
-    pending.retain(|(_, from, target)| keep.contains(&(*from, *target)));
+    pending.retain(|pair| keep.contains(pair));
+}
+
+/// Plans one link-layer address announcement on each send route of `sends` (the route and
+/// the end of its epoch) not announced on yet, at an instant drawn from the first three
+/// quarters of what is left of its epoch (docs/PROTOCOL.md §5.6); `first` (nothing announced
+/// yet: start-up) draws within [`AT_ONCE_NS`] instead, since a peer that just restarted needs
+/// our MAC before it can pin anything. Routes no longer sent on are forgotten, and their
+/// waiting announcements dropped: a route moved away from a collision is announced on the
+/// route it moved to.
+fn plan_announcements(
+    announced: &mut HashSet<Route>,
+    plan: &mut ControlPlan<Route>,
+    sends: &[(Route, UnixTime)],
+    now: UnixTime,
+    random: &mut impl FnMut() -> u64,
+) {
+    let first = announced.is_empty();
+    for &(route, end) in sends {
+        if announced.insert(route) {
+            let window = if first {
+                SendWindow::new(now, UnixTime::from_nanos(now.as_nanos() + AT_ONCE_NS))
+            } else {
+                announcement_window(now, end)
+            };
+            plan.schedule(window, route, random);
+        }
+    }
+    announced.retain(|r| sends.iter().any(|s| s.0 == *r));
+    plan.retain(|r| announced.contains(r));
 }
 
 impl Rotator {
@@ -234,7 +284,10 @@ impl Rotator {
             next_change: UnixTime::from_nanos(0),
             primer: None,
             primed: HashSet::new(),
-            pending: Vec::new(),
+            pending: ControlPlan::default(),
+            announce: ControlPlan::default(),
+            announced: HashSet::new(),
+            rng: rand::rngs::StdRng::from_os_rng(),
             unresolved: HashSet::new(),
             remotes: HashSet::new(),
             watch: None,
@@ -284,11 +337,6 @@ impl Rotator {
     /// On one segment: announce `mac` to the peers and pin theirs.
     pub fn set_pinning(&mut self, mac: [u8; 6]) {
         self.pin_with = Some(mac);
-    }
-
-    /// Our MAC to announce, if pinning is on.
-    pub fn announced_mac(&self) -> Option<[u8; 6]> {
-        self.pin_with
     }
 
     /// Makes every newly bound address known to the on-link next hop; counted in `path`.
@@ -431,9 +479,27 @@ impl Rotator {
         // Bound in a round whose table then moved: removed below with the other stale ones.
         fresh.retain(|a| needed.contains(a));
         self.schedule_priming(&table, now);
+        if self.pin_with.is_some() {
+            let sends: Vec<(Route, UnixTime)> = table
+                .peers
+                .iter()
+                .map(|r| {
+                    let s = &r.send_set().schedule;
+                    (s.send, s.next_change)
+                })
+                .collect();
+            let rng = &mut self.rng;
+            plan_announcements(
+                &mut self.announced,
+                &mut self.announce,
+                &sends,
+                now,
+                &mut || rng.next_u64(),
+            );
+        }
         if let Some(watch) = &mut self.watch {
-            // Each new address is probed shortly before its epoch starts, not when bound
-            // (docs/PROTOCOL.md §5.2, "Probe timing").
+            // Each new address is probed shortly before its epoch starts, not when bound, at
+            // its own drawn instant (docs/PROTOCOL.md §5.2, "Probe timing"; §5.6).
             for routes in &table.peers {
                 let peer = &routes.peer;
                 let rotation_ms = peer.stream.config().rotation.as_millis() as u64;
@@ -441,7 +507,11 @@ impl Rotator {
                     let addr = *route.local.ip();
                     if fresh.contains(&addr) {
                         let start = peer.stream.epoch_start(route.epoch);
-                        watch.probe_at(addr, super::collision::probe_due(start, rotation_ms));
+                        let window = super::collision::probe_window(start, rotation_ms);
+                        watch.probe_at(
+                            addr,
+                            window.not_before(now).draw(&mut || self.rng.next_u64()),
+                        );
                     }
                 }
             }
@@ -614,8 +684,8 @@ impl Rotator {
     }
 
     /// Schedules the announcement of each local address of the accept window not yet announced:
-    /// the current epoch's at once (it is in use), the next epoch's [`PRIME_LEAD`] before its
-    /// boundary; the previous epoch's never (nothing more will be sent to it that needs a new
+    /// the current epoch's at once (it is in use), the next epoch's at an instant drawn from
+    /// [`priming_window`] before its boundary; the previous epoch's never (nothing more will be sent to it that needs a new
     /// neighbour entry). The solicitation goes to the router, or on one segment to the peer's
     /// address *of the same epoch*, so no message names two epochs (docs/PROTOCOL.md §5.1).
     fn schedule_priming(&mut self, table: &RouteTable, now: UnixTime) {
@@ -631,7 +701,10 @@ impl Rotator {
             .filter(|s| s.data)
             .flat_map(|set| announcements(&set.schedule, now))
             .map(|(due, route)| (due, *route.local.ip(), primer.target(*route.remote.ip())));
-        plan_priming(&mut self.primed, &mut self.pending, wanted);
+        let rng = &mut self.rng;
+        plan_priming(&mut self.primed, &mut self.pending, wanted, &mut || {
+            rng.next_u64()
+        });
     }
 
     /// Forgets which hashed addresses are bound, so that the next step binds them all again
@@ -639,6 +712,18 @@ impl Rotator {
     pub fn forget_addresses(&mut self) {
         self.bound.clear();
         self.primed.clear();
+        self.pending.clear();
+    }
+
+    /// Sends the link-layer address announcements that are due (on one segment), each on the
+    /// send route it was planned for; called by the main loop every tick.
+    pub fn announce_due(&mut self, table: &RouteTable, now: UnixTime) {
+        let Some(mac) = self.pin_with else {
+            return;
+        };
+        for route in self.announce.take_due(now) {
+            super::collision::announce_link_on(table, &route, mac, now);
+        }
     }
 
     /// Sends the announcements that are due; called by the main loop every tick (20 ms).
@@ -646,16 +731,20 @@ impl Rotator {
         let Some((primer, path)) = &self.primer else {
             return;
         };
+        if self.pending.next_due().is_none_or(|t| t > now) {
+            if primer.on_link() {
+                resolve_from_peer(nl, self.external_index, &self.remotes, &mut self.unresolved);
+            }
+            return;
+        }
+        // In their drawn order, not the order they were planned in (docs/PROTOCOL.md §5.6).
+        let due = self.pending.take_due(now);
         if primer.on_link() {
             // Entries first: the announcements below then leave unicast.
-            let due = self.pending.iter().filter(|p| p.0 <= now).map(|p| p.2);
-            self.unresolved.extend(due);
+            self.unresolved.extend(due.iter().map(|p| p.1));
             resolve_from_peer(nl, self.external_index, &self.remotes, &mut self.unresolved);
         }
-        self.pending.retain(|&(due, from, target)| {
-            if due > now {
-                return true;
-            }
+        for (from, target) in due {
             match primer.solicit(from, target) {
                 Ok(()) => {
                     path.solicitations
@@ -664,8 +753,7 @@ impl Rotator {
                 // Once per rotation at most, on the main thread.
                 Err(e) => log::debug!("neighbour solicitation from {from} for {target}: {e}"),
             }
-            false
-        });
+        }
     }
 
     /// One segment: our kernel's neighbour entries for peer addresses that left the accept
@@ -815,34 +903,69 @@ mod tests {
         assert_eq!(least_served([Some(0)].into_iter(), 0), 0);
     }
 
+    /// A window of one instant: tests of what is planned, not of when.
+    fn at(t: UnixTime) -> SendWindow {
+        SendWindow::new(t, t)
+    }
+
+    fn pending_of(plan: &ControlPlan<(Ipv6Addr, Ipv6Addr)>) -> Vec<(UnixTime, Ipv6Addr, Ipv6Addr)> {
+        let mut v: Vec<_> = plan.waiting().map(|(t, p)| (t, p.0, p.1)).collect();
+        v.sort();
+        v
+    }
+
     #[test]
     fn a_peer_address_that_moves_is_primed_again_and_the_one_it_left_is_not() {
         let t = |ms: u64| UnixTime::from_nanos(ms * 1_000_000);
         let a = |x: u16| Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, x);
-        let (mut primed, mut pending) = (HashSet::new(), Vec::new());
+        let mut random = || 0u64;
+        let (mut primed, mut pending) = (HashSet::new(), ControlPlan::default());
         // Epoch 7 in use (sent at once), epoch 8 due before its boundary.
         let first = [(t(0), a(7), a(17)), (t(750), a(8), a(18))];
-        plan_priming(&mut primed, &mut pending, first.into_iter());
-        assert_eq!(pending, first.to_vec());
+        let wanted = |w: &[(UnixTime, Ipv6Addr, Ipv6Addr)]| {
+            w.iter().map(|&(d, f, g)| (at(d), f, g)).collect::<Vec<_>>()
+        };
+        plan_priming(
+            &mut primed,
+            &mut pending,
+            wanted(&first).into_iter(),
+            &mut random,
+        );
+        assert_eq!(pending_of(&pending), first.to_vec());
         // The same table again (a step for another peer): nothing scheduled twice.
-        pending.remove(0); // epoch 7's was sent
-        plan_priming(&mut primed, &mut pending, first.into_iter());
-        assert_eq!(pending, vec![first[1]]);
+        assert_eq!(pending.take_due(t(0)), vec![(a(7), a(17))]); // epoch 7's was sent
+        plan_priming(
+            &mut primed,
+            &mut pending,
+            wanted(&first).into_iter(),
+            &mut random,
+        );
+        assert_eq!(pending_of(&pending), vec![first[1]]);
         // The peer moved its address of epoch 8 (ours stays): the new one is primed, the
         // pending solicitation to the one it left is dropped, epoch 7's is not sent again.
         let moved = [(t(0), a(7), a(17)), (t(750), a(8), a(28))];
-        plan_priming(&mut primed, &mut pending, moved.into_iter());
-        assert_eq!(pending, vec![moved[1]]);
+        plan_priming(
+            &mut primed,
+            &mut pending,
+            wanted(&moved).into_iter(),
+            &mut random,
+        );
+        assert_eq!(pending_of(&pending), vec![moved[1]]);
         assert_eq!(primed, HashSet::from([(a(7), a(17)), (a(8), a(28))]));
         // Routed: every target is the router; a pair that left the window is forgotten.
         let routed = [(t(1_000), a(8), a(1)), (t(1_750), a(9), a(1))];
-        plan_priming(&mut primed, &mut pending, routed.into_iter());
+        plan_priming(
+            &mut primed,
+            &mut pending,
+            wanted(&routed).into_iter(),
+            &mut random,
+        );
         assert_eq!(primed, HashSet::from([(a(8), a(1)), (a(9), a(1))]));
-        assert_eq!(pending, routed.to_vec());
+        assert_eq!(pending_of(&pending), routed.to_vec());
     }
 
     #[test]
-    fn the_next_epoch_is_announced_only_the_lead_before_its_boundary() {
+    fn the_next_epoch_is_primed_in_its_window_before_its_boundary() {
         let boundary = UnixTime::from_nanos(10_000_000_000);
         let schedule = Schedule {
             send: route(7),
@@ -850,17 +973,82 @@ mod tests {
             next_change: boundary,
         };
         let now = UnixTime::from_nanos(9_000_000_000);
-        let got: Vec<(u64, u64)> = announcements(&schedule, now)
-            .map(|(due, r)| (r.epoch.0, due.as_nanos()))
+        let got: Vec<(u64, u64, u64)> = announcements(&schedule, now)
+            .map(|(w, r)| (r.epoch.0, w.earliest.as_nanos(), w.latest.as_nanos()))
             .collect();
         assert_eq!(
             got,
-            vec![(7, now.as_nanos()), (8, 10_000_000_000 - 250_000_000)],
-            "current at once, next 250 ms early, previous never"
+            vec![
+                (7, now.as_nanos(), now.as_nanos() + AT_ONCE_NS),
+                (
+                    8,
+                    10_000_000_000 - 450_000_000,
+                    10_000_000_000 - 250_000_000
+                )
+            ],
+            "current at once, next 450 to 250 ms early, previous never"
         );
-        assert!(
-            PRIME_LEAD < std::time::Duration::from_millis(500),
-            "below R/2 for R = 1 s"
-        );
+        // A step inside the window (a route moved late): what is left of it.
+        let late = UnixTime::from_nanos(9_700_000_000);
+        let next = announcements(&schedule, late).nth(1).expect("next epoch").0;
+        assert_eq!(next.earliest, late);
+        assert_eq!(next.latest.as_nanos(), 9_750_000_000);
+    }
+
+    #[test]
+    fn each_send_route_is_announced_once_at_its_own_drawn_instant() {
+        use rand::{RngCore, SeedableRng};
+        let t = |ms: u64| UnixTime::from_nanos(ms * 1_000_000);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        let mut random = || rng.next_u64();
+        let (mut announced, mut plan) = (HashSet::new(), ControlPlan::default());
+        let peer_route = |p: u16, e: u64| {
+            let mut r = route(e);
+            r.local.set_port(2000 + p);
+            r
+        };
+        // Start-up: four peers, all announced within AT_ONCE_NS.
+        let sends: Vec<(Route, UnixTime)> = (0..4).map(|p| (peer_route(p, 7), t(1_000))).collect();
+        plan_announcements(&mut announced, &mut plan, &sends, t(0), &mut random);
+        assert_eq!(plan.take_due(t(40)).len(), 4);
+        // A step for another reason in the same epoch: nothing again (no repeat on a route).
+        plan_announcements(&mut announced, &mut plan, &sends, t(300), &mut random);
+        assert!(plan.is_empty());
+        // The next epochs: one each, within the first three quarters of the epoch, and in an
+        // order that is not the configuration order every time.
+        let mut orders = HashSet::new();
+        for e in 8..40u64 {
+            let start = t(1_000 * (e - 7));
+            let sends: Vec<(Route, UnixTime)> = (0..4)
+                .map(|p| (peer_route(p, e), t(1_000 * (e - 6))))
+                .collect();
+            plan_announcements(&mut announced, &mut plan, &sends, start, &mut random);
+            assert_eq!(announced.len(), 4, "old routes forgotten");
+            assert!(plan
+                .take_due(UnixTime::from_nanos(start.as_nanos() - 1))
+                .is_empty());
+            let mut order = Vec::new();
+            let mut last = start;
+            for (due, _) in plan.waiting() {
+                assert!(due >= start && due <= t(1_000 * (e - 7) + 750), "{due:?}");
+                last = last.max(due);
+            }
+            for r in plan.take_due(last) {
+                order.push(r.local.port());
+            }
+            assert_eq!(order.len(), 4);
+            orders.insert(order);
+        }
+        assert!(orders.len() > 10, "{orders:?}");
+        // A peer whose send route moved mid-epoch: the new route is announced, the old one's
+        // waiting announcement dropped.
+        let sends: Vec<(Route, UnixTime)> =
+            (0..4).map(|p| (peer_route(p, 50), t(50_000))).collect();
+        plan_announcements(&mut announced, &mut plan, &sends, t(49_000), &mut random);
+        let mut moved = sends.clone();
+        moved[2].0.remote.set_port(9);
+        plan_announcements(&mut announced, &mut plan, &moved, t(49_100), &mut random);
+        let waiting: HashSet<Route> = plan.waiting().map(|(_, r)| *r).collect();
+        assert_eq!(waiting, moved.iter().map(|s| s.0).collect());
     }
 }

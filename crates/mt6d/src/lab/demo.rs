@@ -732,12 +732,16 @@ impl Results<'_> {
     }
 }
 
+/// Concurrent conversations `--link-report` runs: enough that the order of the daemon's control
+/// messages within a rotation could tell them apart (chance 1/4).
+const LINK_REPORT_PEERS: usize = 4;
+
 /// `mt6d demo --link-report`: the linker's measurement (docs/PRIVACY.md), printed as tables
 /// or one JSON document.
 fn link_report(args: &DemoArgs, topology: Topology) -> DemoResult<()> {
     if args.host_mode || args.psk || args.rekey.is_some() || args.restart_gateway {
         return Err(
-            "--link-report runs its own two gateway-mode conversations with \
+            "--link-report runs its own four gateway-mode conversations with \
 pre-shared keys: drop --host-mode, --psk, --rekey and --restart-gateway"
                 .into(),
         );
@@ -747,6 +751,7 @@ pre-shared keys: drop --host-mode, --psk, --rekey and --restart-gateway"
         mode: args.mode.clone(),
         rotation_secs: args.rotation,
         rotations: (args.duration / args.rotation).ceil().max(2.0) as u32,
+        peers: LINK_REPORT_PEERS,
         mt6d: std::env::current_exe()?,
         pcap: args.pcap.clone(),
     })?;
@@ -754,7 +759,7 @@ pre-shared keys: drop --host-mode, --psk, --rekey and --restart-gateway"
         println!("{}", serde_json::to_string_pretty(&run)?);
     } else {
         println!(
-            "two conversations, {} mode, {} topology, rotation {} s: {} epochs, {} frames with a true address",
+            "{LINK_REPORT_PEERS} conversations, {} mode, {} topology, rotation {} s: {} epochs, {} frames with a true address",
             run.mode, run.topology, run.rotation_secs, run.epochs, run.frames_with_true_address
         );
         for r in &run.reports {

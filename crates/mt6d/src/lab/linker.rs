@@ -230,10 +230,22 @@ pub enum Method {
     MldReports,
     /// ICMPv6 errors whose outer and quoted addresses belong to both flows.
     IcmpErrors,
+    /// The place of a flow's control message (a tunnel payload of at most
+    /// [`CONTROL_PAYLOAD`] bytes: link-layer announcement, notice, keepalive; or a neighbour
+    /// solicitation or advertisement naming one of its addresses) among its sender's control
+    /// messages of the same kind for that epoch: a daemon that sends them in a fixed order
+    /// gives a stream the same place every epoch.
+    ControlOrder,
+    /// The time of a flow's control message from its epoch's boundary (the first packet of
+    /// any flow of that epoch): a stream whose messages leave at its own offset keeps it.
+    ControlOffset,
+    /// Byte-identical payloads (the first 16 bytes) seen in both flows: a message re-sent
+    /// unchanged across the switch names both epochs.
+    Repeats,
 }
 
 impl Method {
-    pub const ALL: [Method; 15] = [
+    pub const ALL: [Method; 18] = [
         Method::FlowLabel,
         Method::TrafficClass,
         Method::HopLimit,
@@ -249,7 +261,14 @@ impl Method {
         Method::Redirects,
         Method::MldReports,
         Method::IcmpErrors,
+        Method::ControlOrder,
+        Method::ControlOffset,
+        Method::Repeats,
     ];
+
+    /// The methods that read what the daemon itself schedules (its control messages), not the
+    /// traffic it carries.
+    pub const CONTROL: [Method; 3] = [Method::ControlOrder, Method::ControlOffset, Method::Repeats];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -268,12 +287,25 @@ impl Method {
             Method::Redirects => "ICMPv6 redirects",
             Method::MldReports => "MLD reports",
             Method::IcmpErrors => "ICMPv6 errors quoting epochs",
+            Method::ControlOrder => "control message order",
+            Method::ControlOffset => "control message offset from the boundary",
+            Method::Repeats => "byte-identical repeats",
         }
     }
 }
 
 /// Packets kept at each end of a flow for [`Method::PacketSizes`].
 const EDGE_PACKETS: usize = 16;
+
+/// Largest tunnel payload taken for a control message: keepalives (24 bytes), route move
+/// notices and link-layer announcements (32). The smallest data payload is 64 bytes (counter,
+/// inner IPv6 header, tag).
+pub const CONTROL_PAYLOAD: usize = 40;
+
+/// What kind of control message, as an observer tells them apart: a small tunnel payload, or
+/// an ICMPv6 type (neighbour solicitation 135, advertisement 136).
+type ControlKind = u8;
+const KIND_TUNNEL: ControlKind = 0;
 
 /// One direction of a flow: what its sender put in the headers and the payload's first bytes.
 #[derive(Debug, Clone, Default)]
@@ -293,6 +325,8 @@ struct Direction {
     first_ts: f64,
     last_ts: f64,
     last_sizes: std::collections::VecDeque<u32>,
+    /// The first 16 bytes of every payload, for [`Method::Repeats`].
+    heads: BTreeSet<u128>,
 }
 
 /// Who sent a packet, as an observer on the link tells gateways apart: the Ethernet source
@@ -435,8 +469,21 @@ pub struct Capture {
     flows: HashMap<FlowKey, Flow>,
     /// Per side-channel method, the named addresses of each message.
     messages: BTreeMap<Method, Vec<(f64, Vec<Named>)>>,
+    /// Control messages: (time, kind, sender's Ethernet source, the flow it travelled on or
+    /// the addresses it names).
+    control: Vec<(f64, ControlKind, [u8; 6], ControlOn)>,
+    /// First 8 payload bytes seen so far, and how many payloads repeated one byte for byte.
+    seen_headers: std::collections::HashSet<u64>,
+    pub repeated_headers: usize,
     pub frames: usize,
     pub udp_frames: usize,
+}
+
+/// What a control message belongs to.
+#[derive(Debug, Clone)]
+enum ControlOn {
+    Flow(FlowKey),
+    Names(Vec<Named>),
 }
 
 /// Which frames of a capture an observer is taken to see.
@@ -477,6 +524,15 @@ impl Capture {
                     if let Some(method) = method {
                         let mut names = Vec::new();
                         icmp_names(&ip, &mut names);
+                        let t = ip.upper[0];
+                        if matches!(t, 135 | 136) {
+                            c.control.push((
+                                f.ts,
+                                t,
+                                sender_mac(f),
+                                ControlOn::Names(names.clone()),
+                            ));
+                        }
                         c.messages.entry(method).or_default().push((f.ts, names));
                     }
                 }
@@ -493,9 +549,19 @@ impl Capture {
         let dport = u16::from_be_bytes([udp[2], udp[3]]);
         let src = SocketAddrV6::new(ip.src, sport, 0, 0);
         let dst = SocketAddrV6::new(ip.dst, dport, 0, 0);
-        let mut mac = [0u8; 6];
-        // parse_ip6 succeeded, so the frame holds at least the Ethernet and IPv6 headers.
-        mac.copy_from_slice(&f.bytes[6..12]);
+        let mac = sender_mac(f);
+        let payload = &ip.upper[8..];
+        if let Some(h) = payload.get(..8) {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(h);
+            if !self.seen_headers.insert(u64::from_be_bytes(b)) {
+                self.repeated_headers += 1;
+            }
+        }
+        if !payload.is_empty() && payload.len() <= CONTROL_PAYLOAD {
+            self.control
+                .push((f.ts, KIND_TUNNEL, mac, ControlOn::Flow(flow_key(src, dst))));
+        }
         let mut prefix = [0u8; 8];
         prefix.copy_from_slice(&ip.src.octets()[..8]);
         let flow = self
@@ -517,7 +583,11 @@ impl Capture {
         d.traffic_classes.insert(ip.traffic_class);
         d.hop_limits.insert(ip.hop_limit);
         *d.payload_lengths.entry(ip.payload_len).or_default() += 1;
-        let payload = &ip.upper[8..];
+        if let Some(h) = payload.get(..16) {
+            let mut b = [0u8; 16];
+            b.copy_from_slice(h);
+            d.heads.insert(u128::from_be_bytes(b));
+        }
         if let Some(&b) = payload.first() {
             *d.first_bytes.entry(b).or_default() += 1;
         }
@@ -541,6 +611,15 @@ impl Capture {
             d.last_sizes.pop_front();
         }
     }
+}
+
+/// The Ethernet source of a frame `parse_ip6` accepted (so at least 54 bytes long).
+fn sender_mac(f: &Frame) -> [u8; 6] {
+    let mut mac = [0u8; 6];
+    if let Some(m) = f.bytes.get(6..12) {
+        mac.copy_from_slice(m);
+    }
+    mac
 }
 
 fn jaccard<T: Ord>(a: &BTreeSet<T>, b: &BTreeSet<T>) -> f64 {
@@ -613,9 +692,13 @@ fn score_direction(m: Method, a: &Direction, b: &Direction) -> Option<f64> {
         Method::PayloadWords => jaccard(&a.words, &b.words),
         Method::PacketSizes => multiset_overlap(a.last_sizes.iter().copied(), &b.first_sizes),
         Method::Handover => -(b.first_ts - a.last_ts).abs(),
-        Method::NeighborDiscovery | Method::Redirects | Method::MldReports | Method::IcmpErrors => {
-            return None
-        }
+        Method::Repeats => a.heads.intersection(&b.heads).count() as f64,
+        Method::NeighborDiscovery
+        | Method::Redirects
+        | Method::MldReports
+        | Method::IcmpErrors
+        | Method::ControlOrder
+        | Method::ControlOffset => return None,
     })
 }
 
@@ -680,6 +763,69 @@ fn matching_credit(
         .sum()
 }
 
+/// One flow's control messages: (place, offset) by (kind, sender), see [`control_places`].
+type ControlPlaces = BTreeMap<(ControlKind, [u8; 6]), (f64, f64)>;
+
+/// Each labelled flow's control messages, by (kind, sender): the place of its first one among
+/// the flows of its epoch that got one of that kind from that sender (0 for the first), and its
+/// time from the epoch's anchor (the first packet of any flow of the epoch, about the
+/// boundary). Only the first message of a flow counts, so a re-sent one does not move places.
+fn control_places(
+    capture: &Capture,
+    labeled: &[(&FlowKey, &Flow, Label)],
+    by_epoch: &BTreeMap<u64, Vec<usize>>,
+    by_addr: &HashMap<Named, Vec<usize>>,
+) -> HashMap<usize, ControlPlaces> {
+    let index: HashMap<&FlowKey, usize> = labeled
+        .iter()
+        .enumerate()
+        .map(|(i, (k, _, _))| (*k, i))
+        .collect();
+    let anchor: BTreeMap<u64, f64> = by_epoch
+        .iter()
+        .map(|(e, flows)| {
+            let first = flows
+                .iter()
+                .map(|&f| labeled[f].1.first_seen)
+                .fold(f64::INFINITY, f64::min);
+            (*e, first)
+        })
+        .collect();
+    // (epoch, kind, sender) -> (time, flow) of every message.
+    type Series = BTreeMap<(u64, ControlKind, [u8; 6]), Vec<(f64, usize)>>;
+    let mut series = Series::new();
+    for (ts, kind, sender, on) in &capture.control {
+        let flows: BTreeSet<usize> = match on {
+            ControlOn::Flow(k) => index.get(k).copied().into_iter().collect(),
+            ControlOn::Names(names) => names
+                .iter()
+                .filter_map(|n| by_addr.get(n))
+                .flatten()
+                .copied()
+                .collect(),
+        };
+        for f in flows {
+            series
+                .entry((labeled[f].2.epoch, *kind, *sender))
+                .or_default()
+                .push((*ts, f));
+        }
+    }
+    let mut places: HashMap<usize, ControlPlaces> = HashMap::new();
+    for ((e, kind, sender), mut msgs) in series {
+        msgs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut place = 0u32;
+        for (ts, f) in msgs {
+            let entry = places.entry(f).or_default();
+            if let std::collections::btree_map::Entry::Vacant(v) = entry.entry((kind, sender)) {
+                v.insert((f64::from(place), ts - anchor.get(&e).copied().unwrap_or(ts)));
+                place += 1;
+            }
+        }
+    }
+    places
+}
+
 fn flow_addresses(key: &FlowKey) -> [Ipv6Addr; 2] {
     [*key.0.ip(), *key.1.ip()]
 }
@@ -722,6 +868,9 @@ pub struct LinkReport {
     pub flows_named_early: usize,
     /// The longest such lead, in seconds.
     pub longest_lead_secs: f64,
+    /// Tunnel payloads whose first 8 bytes repeat an earlier payload's byte for byte (the
+    /// header-protected bytes of a fresh message never repeat by chance).
+    pub repeated_headers: usize,
     pub results: Vec<MethodResult>,
 }
 
@@ -747,7 +896,8 @@ impl LinkReport {
     pub fn table(&self) -> String {
         let mut t = format!(
             "{}: {} frames ({} UDP), {} flows labelled by the ground truth, {} not; {} flows' \
-addresses named by a side channel before their first packet (up to {:.2} s ahead)\n\n\
+addresses named by a side channel before their first packet (up to {:.2} s ahead); {} tunnel \
+payloads repeat an earlier one's first 8 bytes\n\n\
 | method | links | recovered | jointly | chance | decisive | precision |\n|---|---|---|---|---|---|---|\n",
             self.vantage,
             self.frames,
@@ -755,7 +905,8 @@ addresses named by a side channel before their first packet (up to {:.2} s ahead
             self.labeled_flows,
             self.unlabeled_flows,
             self.flows_named_early,
-            self.longest_lead_secs
+            self.longest_lead_secs,
+            self.repeated_headers
         );
         for r in &self.results {
             t += &format!(
@@ -819,7 +970,22 @@ pub fn link(capture: &Capture, truth: &Truth, vantage: &str) -> LinkReport {
             }
         }
     }
+    let control = control_places(capture, &labeled, &by_epoch, &by_addr);
     let score = |m: Method, a: usize, b: usize| -> Option<f64> {
+        if matches!(m, Method::ControlOrder | Method::ControlOffset) {
+            let (ca, cb) = (control.get(&a)?, control.get(&b)?);
+            let d: Vec<f64> = ca
+                .iter()
+                .filter_map(|(key, pa)| {
+                    let pb = cb.get(key)?;
+                    Some(match m {
+                        Method::ControlOrder => (pa.0 - pb.0).abs(),
+                        _ => (pa.1 - pb.1).abs(),
+                    })
+                })
+                .collect();
+            return (!d.is_empty()).then(|| -d.iter().sum::<f64>());
+        }
         if let Some(n) = pairs.get(&(m, a, b)) {
             return Some(f64::from(*n));
         }
@@ -908,6 +1074,7 @@ pub fn link(capture: &Capture, truth: &Truth, vantage: &str) -> LinkReport {
         unlabeled_flows: capture.flows.len() - labeled.len(),
         flows_named_early: lead.len(),
         longest_lead_secs: lead.values().copied().fold(0.0, f64::max),
+        repeated_headers: capture.repeated_headers,
         side_channel_messages: capture
             .messages
             .iter()
@@ -1043,6 +1210,122 @@ mod tests {
         let r = link(&Capture::new(&frames, Vantage::OnLink), &truth, "test");
         let c = r.result(Method::Counter).expect("counter row");
         assert!(c.recovered < 1.0, "{}", r.table());
+    }
+
+    /// `n` streams over `epochs` epochs of 1 s, each flow with 4 data packets of unique bytes
+    /// from each gateway; `control(stream, epoch)` gives the time (from the epoch's start) and
+    /// payload of a control message Gateway A sends on the flow, if any.
+    fn streams(
+        n: usize,
+        epochs: u64,
+        control: impl Fn(usize, u64) -> Option<(f64, [u8; 32])>,
+    ) -> (Vec<Frame>, Truth) {
+        let mut frames = Vec::new();
+        let mut truth = Truth::default();
+        for e in 0..epochs {
+            for s in 0..n {
+                let tag = (e * n as u64 + s as u64) as u16 + 1;
+                let a = ep(&format!("2001:db8:ff::{tag:x}:a"), 1000 + tag);
+                let b = ep(&format!("2001:db8:ff::{tag:x}:b"), 2000 + tag);
+                truth.add(
+                    a,
+                    b,
+                    Label {
+                        stream: s,
+                        epoch: e,
+                    },
+                );
+                for i in 0..4u64 {
+                    for (mac, from, to) in [(MAC_A, a, b), (MAC_B, b, a)] {
+                        let unique = (u64::from(tag) << 32 | i << 1 | u64::from(mac == MAC_B))
+                            .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                        let mut p = unique.to_be_bytes().to_vec();
+                        p.extend_from_slice(&[0u8; 56]);
+                        let mut frame = udp(mac, from, to, &p);
+                        frame.ts = e as f64 + 0.05 + i as f64 * 0.01;
+                        frames.push(frame);
+                    }
+                }
+                if let Some((at, payload)) = control(s, e) {
+                    let mut frame = udp(MAC_A, a, b, &payload);
+                    frame.ts = e as f64 + at;
+                    frames.push(frame);
+                }
+            }
+        }
+        (frames, truth)
+    }
+
+    /// A payload of 32 distinct bytes for message `i`.
+    fn fresh(i: u64) -> [u8; 32] {
+        let mut p = [0u8; 32];
+        for (k, c) in p.chunks_exact_mut(8).enumerate() {
+            c.copy_from_slice(
+                &(i * 4 + k as u64 + 1)
+                    .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                    .to_be_bytes(),
+            );
+        }
+        p
+    }
+
+    #[test]
+    fn control_messages_in_a_fixed_order_link_and_shuffled_ones_do_not() {
+        const N: usize = 5;
+        const EPOCHS: u64 = 40;
+        // One burst per epoch, in configuration order, 10 ms after the boundary.
+        let (frames, truth) = streams(N, EPOCHS, |s, e| {
+            Some((0.01 + s as f64 * 0.0002, fresh(e * 100 + s as u64)))
+        });
+        let r = link(&Capture::new(&frames, Vantage::OnLink), &truth, "burst");
+        let order = r.result(Method::ControlOrder).expect("row");
+        assert_eq!(order.links, N * (EPOCHS as usize - 1));
+        assert_eq!(order.recovered, 1.0, "{}", r.table());
+        assert!((order.chance - 1.0 / N as f64).abs() < 1e-9);
+        let offset = r.result(Method::ControlOffset).expect("row");
+        assert_eq!(offset.recovered, 1.0, "{}", r.table());
+        // Fresh bytes every time: nothing repeats.
+        assert_eq!(r.repeated_headers, 0);
+        assert_eq!(
+            r.result(Method::Repeats).expect("row").recovered,
+            order.chance
+        );
+
+        // Shuffled and spread over 600 ms, independently each epoch (a fixed pseudorandom
+        // sequence): order and offset fall to about chance.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut times = std::collections::HashMap::new();
+        for e in 0..EPOCHS {
+            for s in 0..N {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                times.insert((s, e), 0.1 + (x % 600_000) as f64 / 1e6);
+            }
+        }
+        let (frames, truth) = streams(N, EPOCHS, |s, e| {
+            Some((times[&(s, e)], fresh(e * 100 + s as u64)))
+        });
+        let r = link(&Capture::new(&frames, Vantage::OnLink), &truth, "spread");
+        for m in [Method::ControlOrder, Method::ControlOffset] {
+            let row = r.result(m).expect("row");
+            assert!(
+                row.recovered < row.chance + 0.15,
+                "{m:?} links a shuffled schedule: {}",
+                r.table()
+            );
+        }
+
+        // The same announcement re-sent byte for byte in the next epoch's flow: linked.
+        let (frames, truth) = streams(N, EPOCHS, |s, e| Some((0.1, fresh(e / 2 * 100 + s as u64))));
+        let r = link(&Capture::new(&frames, Vantage::OnLink), &truth, "repeats");
+        assert_eq!(r.repeated_headers, N * EPOCHS as usize / 2);
+        let rep = r.result(Method::Repeats).expect("row");
+        // The links from an even epoch share a payload (decisive and right); the rest tie.
+        let (shared, total) = (N * EPOCHS as usize / 2, N * (EPOCHS as usize - 1));
+        assert_eq!((rep.decisive, rep.precision), (shared, Some(1.0)));
+        let want = (shared as f64 + (total - shared) as f64 / N as f64) / total as f64;
+        assert!((rep.recovered - want).abs() < 1e-9, "{}", r.table());
     }
 
     #[test]

@@ -1,14 +1,16 @@
-//! Two conversations between the same two gateways, captured on the public link and handed
+//! Several conversations between the same two gateways, captured on the public link and handed
 //! to the [`linker`] with the ground truth: the measurement behind
 //! docs/PRIVACY.md, run by `mt6d demo --link-report` and by `tests/linker_netns.rs`.
 //!
-//! Gateway A serves Host A; Gateway B serves Host B and Host C (a second address on Host B's
-//! link). Two streams (two `[[peer]]`s with their own pre-shared keys, as two customers of one
-//! pair of gateways) carry the same traffic mix at once: a ping train (5/s), a faster ping
+//! Gateway A serves Host A; Gateway B serves Host B and further addresses on Host B's link
+//! (Host C, D, ...). Each stream (a `[[peer]]` with its own pre-shared key, as customers of one
+//! pair of gateways) carries the same traffic mix at once: a ping train (5/s), a faster ping
 //! train (100/s) and a paced TCP stream (1200 bytes every 20 ms). Identical mixes make each
-//! stream the other's decoy: an observer who must tell which of the next epoch's two flows
-//! continues a given one has a 1/2 chance by guessing, and anything better is a leak of the
-//! tunnel, not of the traffic.
+//! stream the others' decoy: an observer who must tell which of the next epoch's `n` flows
+//! continues a given one has a 1/n chance by guessing, and anything better is a leak of the
+//! tunnel, not of the traffic. With four or more streams the daemon's own scheduling (the
+//! order and offset of its control messages in each rotation) is scored against a tighter
+//! goal ([`control_margin`]).
 //!
 //! The ground truth comes from Gateway A's status, polled every 200 ms: each poll lists the
 //! routes of epochs e-1, e and e+1 of every peer (docs/PROTOCOL.md §3), so no epoch is missed.
@@ -43,8 +45,30 @@ pub const MARGIN: f64 = 0.25;
 /// guessing exceeds 0.85 (22 or more of 25) with probability below 10^-3.
 pub const JOINT_MARGIN: f64 = 0.35;
 
-/// Echo exchanges the second conversation has before the capture starts.
+/// Echo exchanges each conversation has before the capture starts, times its index.
 const HISTORY: u64 = 37;
+
+/// The goal for the methods that read the daemon's own scheduling (`Method::CONTROL`): chance
+/// plus 0.05, or plus three standard deviations of guessing over `links` links (binomial, at
+/// `chance`) when that is larger, so that a schedule that is truly random fails the test with
+/// probability about 10^-3 whatever the capture's length, and one that keeps an order fails at
+/// once (it recovers about 1).
+pub fn control_margin(chance: f64, links: usize) -> f64 {
+    let sd = (chance * (1.0 - chance) / links.max(1) as f64).sqrt();
+    0.05f64.max(3.0 * sd)
+}
+
+/// The protected hosts behind Gateway B, one per conversation: Host B, Host C, then further
+/// addresses on Host B's link.
+pub fn far_hosts(n: usize) -> Vec<Ipv6Addr> {
+    (0..n)
+        .map(|i| match i {
+            0 => HOST_B,
+            1 => HOST_C,
+            _ => Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 0xc + i as u16 - 1),
+        })
+        .collect()
+}
 
 /// What a person or a test asks for.
 #[derive(Debug, Clone)]
@@ -55,6 +79,8 @@ pub struct LinkRunArgs {
     pub rotation_secs: f64,
     /// Rotations to capture (the traffic runs `rotations * rotation_secs`).
     pub rotations: u32,
+    /// Concurrent conversations (peers), at least 2.
+    pub peers: usize,
     /// The mt6d executable the gateways run.
     pub mt6d: PathBuf,
     /// Keep the captures here: Gateway A's link, and behind a router `<stem>-far.pcap` too.
@@ -78,18 +104,37 @@ pub struct LinkRun {
 }
 
 impl LinkRun {
-    /// "vantage: method links x (chance c)" for every method above chance plus [`MARGIN`].
+    /// "vantage: method links x (chance c)" for every method above chance plus [`MARGIN`],
+    /// and for every control method above chance plus [`control_margin`] flow by flow.
     pub fn linking(&self) -> Vec<String> {
+        let control: Vec<&str> = linker::Method::CONTROL.iter().map(|m| m.name()).collect();
         self.reports
             .iter()
             .flat_map(|r| {
-                r.linking(MARGIN, JOINT_MARGIN).into_iter().map(move |m| {
+                let general = r.linking(MARGIN, JOINT_MARGIN).into_iter().map(move |m| {
                     format!(
                         "{}: {} links {:.2} of consecutive epochs, {:.2} jointly (chance {:.2}, \
 margins {MARGIN} and {JOINT_MARGIN})",
                         r.vantage, m.method, m.recovered, m.matched, m.chance
                     )
-                })
+                });
+                let tight = r
+                    .results
+                    .iter()
+                    .filter(|m| control.contains(&m.method) && m.links > 0)
+                    .filter(|m| m.recovered > m.chance + control_margin(m.chance, m.links))
+                    .filter(|m| m.recovered <= m.chance + MARGIN && m.matched <= m.chance + JOINT_MARGIN)
+                    .map(move |m| {
+                        format!(
+                            "{}: {} links {:.2} of consecutive epochs (chance {:.2}, goal chance + {:.3})",
+                            r.vantage,
+                            m.method,
+                            m.recovered,
+                            m.chance,
+                            control_margin(m.chance, m.links)
+                        )
+                    });
+                general.chain(tight).collect::<Vec<_>>()
             })
             .collect()
     }
@@ -106,20 +151,28 @@ impl Drop for DirGuard {
 
 /// Builds the lab, runs two conversations for `rotations` epochs while capturing, and links.
 pub fn run(args: &LinkRunArgs) -> Result<LinkRun, String> {
+    if args.peers < 2 {
+        return Err(format!(
+            "{} conversation(s): at least 2 are needed to link",
+            args.peers
+        ));
+    }
     let lab = Lab::build_topology(args.topology, "m6l").map_err(|e| e.to_string())?;
-    in_ns(&lab.host_b, |nl| {
-        let i = nl.link_index(HOST_IF)?;
-        nl.add_address(
-            i,
-            HOST_C,
-            64,
-            mt6d_os::AddrFlags {
-                nodad: true,
-                noprefixroute: false,
-            },
-        )
-    })
-    .map_err(|e| format!("Host C's address: {e}"))?;
+    for host in far_hosts(args.peers).into_iter().skip(1) {
+        in_ns(&lab.host_b, |nl| {
+            let i = nl.link_index(HOST_IF)?;
+            nl.add_address(
+                i,
+                host,
+                64,
+                mt6d_os::AddrFlags {
+                    nodad: true,
+                    noprefixroute: false,
+                },
+            )
+        })
+        .map_err(|e| format!("protected address {host} on Host B's link: {e}"))?;
+    }
     let dir = std::env::temp_dir().join(format!("mt6d-link-{}", lab.gw_a.name()));
     let _guard = DirGuard(dir.clone());
     std::fs::DirBuilder::new()
@@ -127,10 +180,13 @@ pub fn run(args: &LinkRunArgs) -> Result<LinkRun, String> {
         .recursive(true)
         .create(&dir)
         .map_err(|e| format!("{}: {e}", dir.display()))?;
-    for k in ["k0", "k1"] {
+    for i in 0..args.peers {
         let key = crate::keys::random32().map_err(|e| e.to_string())?;
-        crate::keys::write_secret_file(&dir.join(k), &crate::keys::encode(key.as_slice()))
-            .map_err(|e| e.to_string())?;
+        crate::keys::write_secret_file(
+            &dir.join(format!("k{i}")),
+            &crate::keys::encode(key.as_slice()),
+        )
+        .map_err(|e| e.to_string())?;
     }
     let mut daemons = Vec::new();
     for (side, label) in [(Side::A, "A"), (Side::B, "B")] {
@@ -176,7 +232,7 @@ fn config_text(lab: &Lab, side: Side, args: &LinkRunArgs, dir: &Path) -> String 
         rekey_secs: None,
         workers: None,
     };
-    let peers = [HOST_B, HOST_C]
+    let peers = far_hosts(args.peers)
         .into_iter()
         .enumerate()
         .map(|(i, far_host)| {
@@ -197,8 +253,8 @@ fn config_text(lab: &Lab, side: Side, args: &LinkRunArgs, dir: &Path) -> String 
         })
         .collect();
     ConfigFile { gateway, peers }.text(&format!(
-        "Generated for the linker's two conversations (gateway {side:?}, {} topology).",
-        lab.topology
+        "Generated for the linker's {} conversations (gateway {side:?}, {} topology).",
+        args.peers, lab.topology
     ))
 }
 
@@ -215,26 +271,29 @@ fn capture_and_link(
     dir: &Path,
     daemons: &[DaemonProcess],
 ) -> Result<LinkRun, String> {
-    for dst in [HOST_B, HOST_C] {
+    let hosts = far_hosts(args.peers);
+    for &dst in &hosts {
         wait_for(lab, dst)?;
     }
-    // Conversations have histories: give the second one 37 exchanges more before the capture.
-    // Without this, both streams of one daemon start their counters at the same clock reading
-    // and, carrying the same paced traffic, would run in lock step, which hides a running
-    // counter behind a coincidence no real pair of conversations shows.
-    lab.host_a
-        .run(|| {
-            ping(
-                HOST_C,
-                HISTORY,
-                Pace::Flood {
-                    wait: Duration::from_millis(100),
-                },
-                Duration::from_millis(300),
-            )
-        })
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("ping {HOST_C}: {e}"))?;
+    // Conversations have histories: give conversation i 37 * i exchanges more before the
+    // capture. Without this, the streams of one daemon start their counters at the same clock
+    // reading and, carrying the same paced traffic, would run in lock step, which hides a
+    // running counter behind a coincidence no real set of conversations shows.
+    for (i, &dst) in hosts.iter().enumerate().skip(1) {
+        lab.host_a
+            .run(|| {
+                ping(
+                    dst,
+                    HISTORY * i as u64,
+                    Pace::Flood {
+                        wait: Duration::from_millis(100),
+                    },
+                    Duration::from_millis(300),
+                )
+            })
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("ping {dst}: {e}"))?;
+    }
     let near = args
         .pcap
         .clone()
@@ -245,7 +304,8 @@ fn capture_and_link(
             .and_then(|s| s.to_str())
             .unwrap_or("capture")
     ));
-    let watched = vec![HOST_A, HOST_B, HOST_C, GATEWAY_A, GATEWAY_B];
+    let mut watched = vec![HOST_A, GATEWAY_A, GATEWAY_B];
+    watched.extend(&hosts);
     let routed = !lab.routers.is_empty();
     let mut observers = vec![Observer::start(
         &lab.gw_a,
@@ -268,7 +328,7 @@ fn capture_and_link(
         move || poll_truth(&socket, &stop)
     });
     let duration = Duration::from_secs_f64(args.rotation_secs * f64::from(args.rotations));
-    let traffic = conversations(lab, duration);
+    let traffic = conversations(lab, &hosts, duration);
     stop.store(true, Ordering::Relaxed);
     let truth = poller
         .join()
@@ -380,11 +440,11 @@ fn poll_truth(socket: &Path, stop: &AtomicBool) -> Truth {
     truth
 }
 
-/// The same traffic mix to Host B and to Host C at once, for `duration`.
-fn conversations(lab: &Lab, duration: Duration) -> Result<(), String> {
+/// The same traffic mix to each of `hosts` at once, for `duration`.
+fn conversations(lab: &Lab, hosts: &[Ipv6Addr], duration: Duration) -> Result<(), String> {
     std::thread::scope(|s| {
         let mut jobs = Vec::new();
-        for (i, dst) in [HOST_B, HOST_C].into_iter().enumerate() {
+        for (i, &dst) in hosts.iter().enumerate() {
             for interval in [Duration::from_millis(200), Duration::from_millis(10)] {
                 jobs.push(s.spawn(move || -> Result<(), String> {
                     let count = (duration.as_secs_f64() / interval.as_secs_f64()) as u64;

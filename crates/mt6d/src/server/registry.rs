@@ -38,11 +38,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
+use mt6d_proto::control_plan::{priming_window, SendWindow};
 use mt6d_proto::endpoint::{IndexError, IndexSeed, PeerId, PeerTable, WindowDelta};
 use mt6d_proto::handshake::{Handshake, HandshakeConfig, ReceiveKeys};
 use mt6d_proto::link::Link;
 use mt6d_proto::moves::{NoticeError, RouteMoves, NOTICE_LEN};
 use mt6d_proto::{Epoch, Opener, Route, Sealer, Stream, UnixTime};
+
+use rand::{RngCore, SeedableRng};
 
 use crate::config::{ClientConfig, ClientHandshake};
 
@@ -302,23 +305,30 @@ struct Primes {
     heap: BinaryHeap<Reverse<(UnixTime, PeerId, Epoch)>>,
     rotation: Duration,
     jitter: bool,
+    /// Draws each announcement's instant (docs/PROTOCOL.md §5.6).
+    rng: rand::rngs::StdRng,
 }
 
 impl Primes {
-    /// How long before its epoch starts a route is announced. With jitter every client's
-    /// boundaries are its own, so the gateway's 250 ms lead already spreads the announcements
-    /// over the interval. Without jitter every client switches at the same instant: the lead
-    /// is then spread per client over [250 ms, R/2) (by its slot, a keyed order the index
-    /// already made random), so a million clients are never announced in one burst.
-    fn lead(&self, id: PeerId) -> Duration {
-        let base = crate::gateway::neighbor::PRIME_LEAD;
+    /// When a route whose epoch starts at `start` may be announced: from the longest lead to
+    /// 250 ms before it, at an instant drawn for each route on its own (docs/PROTOCOL.md §5.6),
+    /// so that neither the order of the announcements nor a client's offset from the boundary
+    /// repeats from one epoch to the next. Without jitter every client switches at the same
+    /// instant, and the longest lead is R/2, so a million clients are never announced in one
+    /// burst; with jitter every client's boundaries are its own, and the gateway's window
+    /// (`mt6d_proto::control_plan::priming_window`) is used.
+    fn window(&self, start: UnixTime) -> SendWindow {
         if self.jitter {
-            return base;
+            return priming_window(start);
         }
-        let span = (self.rotation / 2).saturating_sub(base).as_millis().max(1) as u64;
-        // A multiplicative hash of the slot: neighbouring slots land far apart.
-        let spread = u64::from(id.index()).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
-        base + Duration::from_millis(spread % span)
+        let before = |d: Duration| {
+            UnixTime::from_nanos(start.as_nanos().saturating_sub(d.as_nanos() as u64))
+        };
+        let longest = (self.rotation / 2).max(crate::gateway::neighbor::PRIME_LEAD);
+        SendWindow::new(
+            before(longest),
+            before(crate::gateway::neighbor::PRIME_LEAD),
+        )
     }
 }
 
@@ -352,6 +362,7 @@ impl Registry {
             heap: BinaryHeap::new(),
             rotation,
             jitter,
+            rng: rand::rngs::StdRng::from_os_rng(),
         });
     }
 
@@ -363,12 +374,9 @@ impl Registry {
         };
         let current = stream.epoch_at(now);
         for r in delta.added().filter(|r| r.epoch >= current) {
-            let start = stream.epoch_start(r.epoch);
-            let at = UnixTime::from_nanos(
-                start
-                    .as_nanos()
-                    .saturating_sub(p.lead(id).as_nanos() as u64),
-            );
+            let window = p.window(stream.epoch_start(r.epoch));
+            let rng = &mut p.rng;
+            let at = window.draw(&mut || rng.next_u64());
             p.heap.push(Reverse((at, id, r.epoch)));
         }
     }
@@ -1264,6 +1272,35 @@ mod tests {
         let distinct: std::collections::HashSet<_> = announced.iter().map(|(a, _)| a).collect();
         assert_eq!(distinct.len(), announced.len(), "each address once");
         assert!(leads.len() >= 5, "leads spread: {leads:?}");
+        // No client keeps its offset from the boundary, nor its place among the others, from
+        // one epoch to the next: both are drawn afresh for every route.
+        let mut by_client: Vec<Vec<Duration>> = Vec::new();
+        for c in &cs {
+            let id = r.id_of(&c.name).unwrap();
+            let stream = r.table().stream(id).unwrap();
+            let mut leads = Vec::new();
+            for (a, at) in &announced {
+                for e in 1..6u64 {
+                    let epoch = mt6d_proto::Epoch(stream.epoch_at(start).0 + e);
+                    if stream.route(epoch).local.ip() == a {
+                        leads.push(stream.epoch_start(epoch).saturating_duration_since(*at));
+                    }
+                }
+            }
+            by_client.push(leads);
+        }
+        let kept = by_client
+            .iter()
+            .filter(|l| {
+                l.len() >= 2
+                    && l.windows(2)
+                        .all(|w| w[0].abs_diff(w[1]) < Duration::from_millis(20))
+            })
+            .count();
+        assert!(
+            kept <= 2,
+            "clients with a fixed offset: {kept} of 20: {by_client:?}"
+        );
     }
 
     #[test]
