@@ -112,7 +112,11 @@ fn light_workers_share_the_lowest_cpu_and_bulk_frees_them() {
         .collect();
     let lab = Lab::build_topology(Topology::Switched, "m6p").expect("lab builds");
     let running = common::start_gateways_with(lab, "encrypt", 1.0, (true, None), |text| {
-        text.replacen("[gateway]\n", &format!("[gateway]\nworkers = {WORKERS}\n"), 1)
+        text.replacen(
+            "[gateway]\n",
+            &format!("[gateway]\nworkers = {WORKERS}\n"),
+            1,
+        )
     });
     let pids: Vec<u32> = running
         .daemons
