@@ -6,7 +6,9 @@
 //! In set-up order: `prohibit` guard routes for the protected side's destinations (from then on
 //! a crash leaves them unreachable, never reachable in clear), the TUN device with its address
 //! and routes, the AnyIP route, the nftables table. [`PrefixSystem::tear_down`] removes them in
-//! reverse order, also after a failed set-up: nothing is left half-applied.
+//! reverse order, also after a failed set-up, except the guards: a stop must not open what a
+//! crash keeps closed, so they stay until the next start replaces them in place or `mt6d down`
+//! lifts them ([`PrefixSystem::lift_guards`]; docs/ARCHITECTURE.md "Fail closed").
 
 pub mod ndp;
 
@@ -52,8 +54,8 @@ pub struct PrefixSystem {
     /// Whether the nftables table is ours to remove.
     pub table_loaded: bool,
     /// Guard routes added (`Netlink::add_guard_route`): they keep the protected side's packets
-    /// for these prefixes off the external interface once the TUN routes are gone with a killed
-    /// process. Removed by a clean stop or `mt6d down`.
+    /// for these prefixes off the external interface once the TUN routes are gone with a
+    /// stopped or killed process. Removed only by `mt6d down` ([`PrefixSystem::lift_guards`]).
     pub guards: Vec<(Ipv6Addr, u8)>,
 }
 
@@ -108,7 +110,8 @@ impl PrefixSystem {
     }
 
     /// Adds a guard route per prefix: first, so that from here on a crash leaves them
-    /// unreachable rather than reachable in clear.
+    /// unreachable rather than reachable in clear. Replaces in place the guard a stopped
+    /// predecessor left (`NLM_F_REPLACE`): there is no moment without it.
     pub fn add_guards(&mut self, routes: &[(Ipv6Addr, u8)]) -> Result<(), SystemError> {
         for &(p, len) in routes {
             self.nl
@@ -161,7 +164,8 @@ impl PrefixSystem {
         Ok(())
     }
 
-    /// Removes what was added (the workers have stopped); returns what could not be removed.
+    /// Removes what was added (the workers have stopped) but the guards; returns what could not
+    /// be removed.
     pub fn tear_down(&mut self) -> Vec<String> {
         let mut left = Vec::new();
         if self.table_loaded {
@@ -179,6 +183,13 @@ impl PrefixSystem {
             }
             self.prefix_added = false;
         }
+        left
+    }
+
+    /// Removes the guard routes (`mt6d down`, once the role is known not to run); returns what
+    /// could not be removed.
+    pub fn lift_guards(&mut self) -> Vec<String> {
+        let mut left = Vec::new();
         for (p, len) in std::mem::take(&mut self.guards) {
             if let Err(e) = self.nl.del_guard_route(p, len) {
                 left.push(format!("guard route {p}/{len}: {e}"));
@@ -193,8 +204,9 @@ impl PrefixSystem {
     }
 }
 
-/// Ends a role's run: removes what it added (logging what could not be), then reports the
-/// run's own error first, else the signal that stopped it (at info), else the leftovers.
+/// Ends a role's run: removes what it added but the guards (logging what could not be), then
+/// reports the run's own error first, else the signal that stopped it (at info), else the
+/// leftovers.
 pub fn finish<E: Into<Box<dyn std::error::Error>>>(
     result: Result<(), E>,
     system: &mut PrefixSystem,
@@ -203,6 +215,17 @@ pub fn finish<E: Into<Box<dyn std::error::Error>>>(
     let leftovers = system.tear_down();
     for l in &leftovers {
         log::error!("clean-up: {l}");
+    }
+    if !system.guards.is_empty() {
+        log::info!(
+            "fail-closed guard routes kept for {} until the next start or `mt6d down -c FILE`",
+            system
+                .guards
+                .iter()
+                .map(|(p, l)| format!("{p}/{l}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
     result.map_err(Into::into)?;
     if let Some(sig) = signals.stopped_by() {

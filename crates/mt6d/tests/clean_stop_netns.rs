@@ -226,7 +226,16 @@ fn gateway_router_stop_restart_and_upgrade_put_nothing_in_clear() {
             let via = lab.public_b.addr.to_string();
             ip_in(
                 &lab.gw_a,
-                &["-6", "route", "add", "default", "via", &via, "dev", EXTERNAL_IF],
+                &[
+                    "-6",
+                    "route",
+                    "add",
+                    "default",
+                    "via",
+                    &via,
+                    "dev",
+                    EXTERNAL_IF,
+                ],
             );
             assert!(
                 routes(&lab.gw_a).contains("default via"),
@@ -265,7 +274,16 @@ fn host_mode_stop_restart_and_upgrade_put_nothing_in_clear() {
     let via = lab.public_b.addr.to_string();
     ip_in(
         &lab.gw_a,
-        &["-6", "route", "add", "default", "via", &via, "dev", EXTERNAL_IF],
+        &[
+            "-6",
+            "route",
+            "add",
+            "default",
+            "via",
+            &via,
+            "dev",
+            EXTERNAL_IF,
+        ],
     );
     let mut running = start_gateways(lab, "encrypt", 1.0, (true, None));
     let host_a = Netns::open(running.lab.host_a.name()).expect("host A");

@@ -14,7 +14,7 @@
 //! a wrong port, pings and TCP connections get no answer of any kind; a client added to the
 //! peers file works after SIGHUP and a removed one gets no answer at once; the kernel's address
 //! and UDP socket counts stay the same when clients are added; the daemon's table and route are
-//! gone after SIGTERM.
+//! gone after SIGTERM (its guards stay until `mt6d down`).
 //!
 //! Run: `cargo test --release -p mt6d --test server_netns -- --include-ignored --nocapture`.
 
@@ -403,9 +403,27 @@ fn ten_thousand_clients_on_their_own_addresses_and_nothing_else_answers() {
         "AnyIP route left"
     );
     assert!(!sh(server, "ip link").contains("mt6ds0"), "TUN device left");
+    // The stop keeps the guards (fail closed until the next start); `mt6d down` lifts them.
+    assert!(
+        sh(server, "ip -6 route show").contains("prohibit 2001:db8:c1:1::/64"),
+        "the stop took the guard routes away"
+    );
+    let down = server
+        .command(common::MT6D)
+        .expect("command")
+        .arg("down")
+        .arg("-c")
+        .arg(dir.join("server.toml"))
+        .output()
+        .expect("mt6d down");
+    assert!(
+        down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
     assert!(
         !sh(server, "ip -6 route show").contains("prohibit"),
-        "guard route left"
+        "guard route left by mt6d down"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

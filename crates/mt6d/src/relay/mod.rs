@@ -176,15 +176,15 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     crate::anyip::finish(result, &mut system, &signals)
 }
 
-/// `mt6d down -c FILE` for a relay node: removes the nftables table, the AnyIP route and the
-/// guard routes a node that died without cleaning up left. Refuses while the node runs (it
+/// `mt6d down -c FILE` for a relay node: removes the guard routes a stopped edge gateway left,
+/// and the nftables table and AnyIP route a node that died without cleaning up left too. Refuses while the node runs (it
 /// answers on its control socket).
 pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = RelayConfig::load(config_path)?;
     crate::privilege::check_run()?;
     if crate::control::query_any_status(&cfg.control_socket).is_ok() {
         return Err(format!(
-            "the relay node for {} is running (it answers on {}); stop it with SIGTERM, which cleans up itself",
+            "the relay node for {} is running (it answers on {}); stop it first (SIGTERM removes all it added but the fail-closed guards, which `mt6d down` lifts)",
             config_path.display(),
             cfg.control_socket.display()
         )
@@ -194,7 +194,8 @@ pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     system.prefix_added = true;
     system.table_loaded = true;
     system.guards = guard_routes(&cfg);
-    let left = system.tear_down();
+    let mut left = system.tear_down();
+    left.extend(system.lift_guards());
     if left.is_empty() {
         println!(
             "nothing of the relay node for {} is left (removed where present: nftables table {}, AnyIP route {}/64{})",

@@ -150,9 +150,9 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     crate::anyip::finish(result, &mut system, &signals)
 }
 
-/// `mt6d down -c FILE` for a server: removes the nftables table, the AnyIP route and the guard
-/// routes a server that died without cleaning up left (they keep its prefix closed and its
-/// answers to clients off the external link until then). Refuses while the
+/// `mt6d down -c FILE` for a server: removes the guard routes a stopped server left, and the
+/// nftables table and AnyIP route a server that died without cleaning up left too (they keep
+/// its prefix closed and its answers to clients off the external link until then). Refuses while the
 /// server runs (its TUN device exists in this namespace): removing them under a live server would
 /// open the prefix.
 pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
@@ -161,7 +161,7 @@ pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let mut system = system(&cfg)?;
     if system.link_exists(&cfg.tun_name) {
         return Err(format!(
-            "{} exists: the server for {} is running; stop it with SIGTERM, which cleans up itself",
+            "{} exists: the server for {} is running; stop it first (SIGTERM removes all it added but the fail-closed guards, which `mt6d down` lifts)",
             cfg.tun_name,
             config_path.display()
         )
@@ -170,7 +170,8 @@ pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     system.prefix_added = true;
     system.table_loaded = true;
     system.guards = cfg.client_routes.clone();
-    let left = system.tear_down();
+    let mut left = system.tear_down();
+    left.extend(system.lift_guards());
     if left.is_empty() {
         println!(
             "nothing of the server for {} is left (removed where present: nftables table {}, AnyIP route {}/64, guard routes for {})",
