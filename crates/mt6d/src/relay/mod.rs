@@ -148,7 +148,8 @@ pub fn e2e_id(j: usize) -> E2eId {
     E2eId(u32::try_from(j).unwrap_or(u32::MAX))
 }
 
-/// Runs the node until SIGTERM or SIGINT, then removes everything it added.
+/// Runs the node until SIGTERM or SIGINT; what keeps it closed (guard routes, table, AnyIP
+/// route) stays until the next start or `mt6d down` (`crate::anyip::finish`).
 pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = RelayConfig::load(config_path)?;
     crate::privilege::check_all()?;
@@ -176,15 +177,15 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     crate::anyip::finish(result, &mut system, &signals)
 }
 
-/// `mt6d down -c FILE` for a relay node: removes the guard routes a stopped edge gateway left,
-/// and the nftables table and AnyIP route a node that died without cleaning up left too. Refuses while the node runs (it
+/// `mt6d down -c FILE` for a relay node: removes the guard routes (an edge gateway's), the
+/// nftables table and the AnyIP route a stopped or dead node left. Refuses while the node runs (it
 /// answers on its control socket).
 pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = RelayConfig::load(config_path)?;
     crate::privilege::check_run()?;
     if crate::control::query_any_status(&cfg.control_socket).is_ok() {
         return Err(format!(
-            "the relay node for {} is running (it answers on {}); stop it first (SIGTERM removes all it added but the fail-closed guards, which `mt6d down` lifts)",
+            "the relay node for {} is running (it answers on {}); stop it first (SIGTERM), then run `mt6d down` again",
             config_path.display(),
             cfg.control_socket.display()
         )
