@@ -1109,10 +1109,14 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// A source address for [`guarded`]: without one the kernel refuses a send before it looks
+    /// at the route (EADDRNOTAVAIL).
+    const SOURCE: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xff, 0, 0, 0, 0, 1);
+
     /// What the kernel does with a datagram to `addr` in a namespace without a default route:
     /// a guard refuses it (EACCES); without one there is no route (ENETUNREACH).
     fn guarded(addr: Ipv6Addr) -> bool {
-        let sock = std::net::UdpSocket::bind("[::]:0").expect("udp");
+        let sock = std::net::UdpSocket::bind((SOURCE, 0)).expect("udp");
         match sock.send_to(b"x", (addr, 9)) {
             Err(e) if e.raw_os_error() == Some(libc::EACCES) => true,
             Err(e) if e.raw_os_error() == Some(libc::ENETUNREACH) => false,
@@ -1132,6 +1136,13 @@ mod tests {
         let dir = fresh_dir("mt6d-state-stop");
         ns.run(|| {
             let mut nl = Netlink::open().expect("netlink");
+            let lo = nl.link_index("lo").expect("lo");
+            nl.link_set_up(lo).expect("lo up");
+            let flags = mt6d_os::AddrFlags {
+                nodad: true,
+                noprefixroute: false,
+            };
+            nl.add_address(lo, SOURCE, 128, flags).expect("source");
             nl.set_marker(MARKER);
             let ours: Ipv6Addr = "2001:db8:5::b".parse().expect("literal");
             let gone: Ipv6Addr = "2001:db8:6::b".parse().expect("literal");
