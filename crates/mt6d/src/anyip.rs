@@ -5,8 +5,16 @@
 //!
 //! In set-up order: `prohibit` guard routes for the protected side's destinations (from then on
 //! a crash leaves them unreachable, never reachable in clear), the TUN device with its address
-//! and routes, the AnyIP route, the nftables table. [`PrefixSystem::tear_down`] removes them in
-//! reverse order, also after a failed set-up: nothing is left half-applied.
+//! and routes, the nftables table, the AnyIP route.
+//!
+//! A stop, clean or not, and a failed set-up leave the guards, the table and the AnyIP route in
+//! place ([`finish`]); only the TUN device goes, with the process. That is the state a crash
+//! leaves, which is closed: the guards refuse the protected side's packets, and the table drops
+//! whatever neighbours keep sending to the /64 (a table deleted at the stop let the kernel
+//! answer with port unreachables, or forward them back, from an address of its choice: an edge
+//! gateway's true address on its hosts' link). The next start replaces each in place; `mt6d
+//! down` removes them ([`PrefixSystem::tear_down`], [`PrefixSystem::lift_guards`];
+//! docs/ARCHITECTURE.md "Fail closed").
 
 pub mod ndp;
 
@@ -52,8 +60,8 @@ pub struct PrefixSystem {
     /// Whether the nftables table is ours to remove.
     pub table_loaded: bool,
     /// Guard routes added (`Netlink::add_guard_route`): they keep the protected side's packets
-    /// for these prefixes off the external interface once the TUN routes are gone with a killed
-    /// process. Removed by a clean stop or `mt6d down`.
+    /// for these prefixes off the external interface once the TUN routes are gone with a
+    /// stopped or killed process. Removed only by `mt6d down` ([`PrefixSystem::lift_guards`]).
     pub guards: Vec<(Ipv6Addr, u8)>,
 }
 
@@ -108,7 +116,8 @@ impl PrefixSystem {
     }
 
     /// Adds a guard route per prefix: first, so that from here on a crash leaves them
-    /// unreachable rather than reachable in clear.
+    /// unreachable rather than reachable in clear. Replaces in place the guard a stopped
+    /// predecessor left (`NLM_F_REPLACE`): there is no moment without it.
     pub fn add_guards(&mut self, routes: &[(Ipv6Addr, u8)]) -> Result<(), SystemError> {
         for &(p, len) in routes {
             self.nl
@@ -142,43 +151,53 @@ impl PrefixSystem {
         Ok(tuns)
     }
 
-    /// Makes the /64 local as a whole (AnyIP route on lo) and loads the table with `rules`.
+    /// Loads the table with `rules` (replacing a predecessor's in one transaction), then makes
+    /// the /64 local as a whole (AnyIP route on lo): the table first, so that nothing sent to
+    /// the /64 is ever local without it.
     pub fn claim_prefix(&mut self, rules: &str) -> Result<(), SystemError> {
         self.nl.link_set_up(self.lo).map_err(os("bring lo up"))?;
-        // A route left by a crashed run is replaced, not an error.
+        self.table_loaded = true;
+        self.table
+            .load(rules)
+            .map_err(os(format!("load nftables table {}", self.table.spec())))?;
+        // A route left by a stopped or crashed run is replaced, not an error.
         let _ = self.nl.del_local_prefix(self.prefix, 64, self.lo);
+        self.prefix_added = true;
         self.nl
             .add_local_prefix(self.prefix, 64, self.lo)
             .map_err(os(format!(
                 "make {}/64 local (AnyIP route on lo)",
                 self.prefix
             )))?;
-        self.prefix_added = true;
-        self.table
-            .load(rules)
-            .map_err(os(format!("load nftables table {}", self.table.spec())))?;
-        self.table_loaded = true;
         Ok(())
     }
 
-    /// Removes what was added (the workers have stopped); returns what could not be removed.
+    /// Removes the AnyIP route, then the table (`mt6d down`, once the role is known not to
+    /// run; the guards are [`PrefixSystem::lift_guards`]'s); returns what could not be removed.
     pub fn tear_down(&mut self) -> Vec<String> {
         let mut left = Vec::new();
+        if self.prefix_added {
+            match self.nl.del_local_prefix(self.prefix, 64, self.lo) {
+                Ok(()) => {}
+                // Already gone: nothing left.
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) => left.push(format!("AnyIP route {}/64: {e}", self.prefix)),
+            }
+            self.prefix_added = false;
+        }
         if self.table_loaded {
             if let Err(e) = self.table.delete() {
                 left.push(format!("nftables table {}: {e}", self.table.spec()));
             }
             self.table_loaded = false;
         }
-        if self.prefix_added {
-            match self.nl.del_local_prefix(self.prefix, 64, self.lo) {
-                Ok(()) => {}
-                // Already gone (mt6d down after a clean stop): nothing left.
-                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-                Err(e) => left.push(format!("AnyIP route {}/64: {e}", self.prefix)),
-            }
-            self.prefix_added = false;
-        }
+        left
+    }
+
+    /// Removes the guard routes (`mt6d down`, once the role is known not to run); returns what
+    /// could not be removed.
+    pub fn lift_guards(&mut self) -> Vec<String> {
+        let mut left = Vec::new();
         for (p, len) in std::mem::take(&mut self.guards) {
             if let Err(e) = self.nl.del_guard_route(p, len) {
                 left.push(format!("guard route {p}/{len}: {e}"));
@@ -193,26 +212,36 @@ impl PrefixSystem {
     }
 }
 
-/// Ends a role's run: removes what it added (logging what could not be), then reports the
-/// run's own error first, else the signal that stopped it (at info), else the leftovers.
+/// Ends a role's run (the workers have stopped): leaves what keeps it closed in place (the
+/// guards, the table, the AnyIP route: see the module documentation) and says so, then reports
+/// the run's own error, else the signal that stopped it (at info).
 pub fn finish<E: Into<Box<dyn std::error::Error>>>(
     result: Result<(), E>,
     system: &mut PrefixSystem,
     signals: &crate::gateway::signals::Signals,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let leftovers = system.tear_down();
-    for l in &leftovers {
-        log::error!("clean-up: {l}");
+    let mut kept: Vec<String> = system
+        .guards
+        .iter()
+        .map(|(p, l)| format!("guard route {p}/{l}"))
+        .collect();
+    if system.table_loaded {
+        kept.push(format!("nftables table {}", system.table_spec()));
+    }
+    if system.prefix_added {
+        kept.push(format!("AnyIP route {}/64", system.prefix));
+    }
+    if !kept.is_empty() {
+        log::info!(
+            "kept until the next start or `mt6d down -c FILE` (fail closed): {}",
+            kept.join(", ")
+        );
     }
     result.map_err(Into::into)?;
     if let Some(sig) = signals.stopped_by() {
         log::info!("stopped by {sig}");
     }
-    if leftovers.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("clean-up left: {}", leftovers.join("; ")).into())
-    }
+    Ok(())
 }
 
 /// Where the tproxy rule hands the prefix's datagrams, and the role's transparent sockets are

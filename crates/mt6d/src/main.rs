@@ -188,14 +188,16 @@ enum Command {
     /// (docs/CONFIG.md "The relay role").
     ///
     /// Stops cleanly on SIGTERM, SIGINT, SIGQUIT, SIGXCPU or SIGPWR, removing every address,
-    /// route, neighbour entry and device it created and restoring the sysctls it changed.
+    /// route, neighbour entry and device it created and restoring the sysctls it changed, but
+    /// the fail-closed guard routes: they keep the protected side's packets off the external
+    /// interface until the next start adopts them or `mt6d down` lifts them.
     /// SIGHUP re-reads the file (as `mt6d reload` does): an invalid one is logged
     /// (file:line:column) and changes nothing; peers added, removed or changed are applied
     /// live, all or nothing; a changed [gateway] section is refused whole and needs a restart.
     /// `mt6d peer` changes peers live without the file. SIGPIPE, SIGUSR1/2, SIGALRM and the other
     /// signals that would end it otherwise are ignored. Fails closed: if the process dies
-    /// without clean-up, guard routes keep the protected hosts' packets off the external
-    /// interface until `mt6d down` or the next start.
+    /// without clean-up, or stops, guard routes keep the protected hosts' packets off the
+    /// external interface until `mt6d down` or the next start.
     Run {
         /// Configuration file (TOML; see docs/CONFIG.md).
         #[arg(short, long, value_name = "FILE")]
@@ -205,13 +207,14 @@ enum Command {
         #[arg(long, value_name = "LEVEL", value_parser = parse_level)]
         log_level: Option<log::LevelFilter>,
     },
-    /// Remove what a dead daemon left (after SIGKILL, a crash or OOM); starts nothing.
+    /// Remove what a stopped daemon (its guard routes) or a dead one (after SIGKILL, a crash or
+    /// OOM) left; starts nothing.
     ///
     /// Removes the guard routes, routes, proxy neighbour entries and hashed addresses the
     /// daemon for this configuration (in this network namespace) left, and its record in
     /// /run/mt6d, and restores the sysctls it changed to the values found before it first
-    /// changed them. Refuses while that daemon is running: stop it with SIGTERM instead, which
-    /// cleans up itself.
+    /// changed them. Lifting the guards lets the protected side's packets take whatever route
+    /// the system has without mt6d. Refuses while that daemon is running: stop it first.
     Down {
         /// Configuration file the dead daemon ran with.
         #[arg(short, long, value_name = "FILE")]

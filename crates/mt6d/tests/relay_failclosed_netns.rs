@@ -13,7 +13,9 @@
 //! killed with SIGKILL puts no true address of the lab (hosts', edge gateways' on their hosts'
 //! links, nodes' configured) on either of its links while the host sends, and `mt6d down`
 //! removes its AnyIP route and its table. Neither dead node answers its neighbour's frames
-//! (no ICMPv6 port unreachable: the table's last rule drops what no socket takes).
+//! (no ICMPv6 port unreachable: the table's last rule drops what no socket takes). An edge
+//! gateway stopped cleanly (SIGTERM), started again and stopped again puts no true address on
+//! its link either: a stop keeps the guard route, the next start adopts it in place.
 //!
 //! Run: `cargo test --release -p mt6d --test relay_failclosed_netns -- --include-ignored
 //! --test-threads=1 --nocapture`.
@@ -710,4 +712,83 @@ fn a_relay_killed_with_sigkill_shows_no_true_address_and_down_removes_what_it_le
     assert!(ok, "second mt6d down: {again}");
     assert_same(&before, &snapshot(&ns), "after a second mt6d down");
     eprintln!("  test took {:?} (lab up in {up_at:?})", t0.elapsed());
+}
+
+/// An edge gateway stopped cleanly (SIGTERM) with a default route out of its link, as after a
+/// crash, puts no frame with a host's true address on that link while h1 keeps sending: the
+/// stop keeps its guard route. Started again, it carries h1's packets to h2 (the start adopts
+/// the guard in place); stopped once more, the guard still refuses; `mt6d down` lifts it.
+#[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
+fn an_edge_gateway_stopped_and_restarted_sends_nothing_in_clear() {
+    common::require_root();
+    let _turn = common::one_at_a_time();
+    let (mut lab, _) = up("m6fs", "eA", |lab| {
+        let (ea, r1) = (
+            lab.node_index("eA").expect("eA"),
+            lab.node_index("r1").expect("r1"),
+        );
+        let via = link_local(&lab.nodes[r1].ns, &interface_towards(lab, "r1", "eA"));
+        let (ok, out) = run_in(
+            &lab.nodes[ea].ns,
+            "ip",
+            &[
+                "-6",
+                "route",
+                "add",
+                "default",
+                "via",
+                &via.to_string(),
+                "dev",
+                &interface_towards(lab, "eA", "r1"),
+            ],
+        );
+        assert!(ok, "eA's default route: {out}");
+    });
+    let (h1, h2) = hosts(&lab);
+    let ea = lab.node_index("eA").expect("eA");
+    let ns = Netns::open(lab.nodes[ea].ns.name()).expect("eA's namespace");
+    let external = interface_towards(&lab, "eA", "r1");
+    let h2_addr = lab.hosts[h2].address;
+    let watched = true_addresses(&lab);
+    let capture = Capture::start(&ns, &external, &watched);
+    let mut bursts = Vec::new();
+    let mut guard_while_stopped = Vec::new();
+    for round in 0..2 {
+        lab.stop_node(ea).expect("eA stops cleanly");
+        guard_while_stopped.push(has_guard(&snapshot(&ns), h2_addr));
+        bursts.push(udp_burst(&lab, h1, h2, 40, Duration::from_millis(25)));
+        if round == 0 {
+            lab.start_node(ea).expect("eA starts again");
+            lab.wait_routes(Duration::from_secs(20))
+                .expect("edge gateways route to each other again");
+            lab.wait_for_path(h1, h2, Duration::from_secs(10))
+                .expect("the path after the restart");
+            bursts.push(udp_burst(&lab, h1, h2, 20, Duration::from_millis(25)));
+        }
+    }
+    let seen = capture.finish();
+    eprintln!(
+        "eA stopped, started, stopped: bursts {bursts:?}; guard while stopped {guard_while_stopped:?}; {external}: {} frames, carrying h1 {}, h2 {} (first: {:?})",
+        seen.frames,
+        seen.carrying("h1"),
+        seen.carrying("h2"),
+        seen.first
+    );
+    assert!(
+        guard_while_stopped.iter().all(|g| *g),
+        "a clean stop took the guard for {h2_addr} away: {guard_while_stopped:?}"
+    );
+    assert!(
+        seen.with.is_empty(),
+        "a stopped edge gateway let a true address onto {external}: {:?}",
+        seen.first
+    );
+    assert!(seen.frames > 0, "the capture saw {external}");
+    let (ok, out) = down(&lab, ea);
+    assert!(ok, "mt6d down: {out}");
+    assert!(
+        !has_guard(&snapshot(&ns), h2_addr),
+        "mt6d down left the guard"
+    );
 }

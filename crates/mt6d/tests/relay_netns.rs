@@ -8,8 +8,8 @@
 //!
 //! Checked: echoes h1 -> h2 across twelve rotations and at least two rekeys of every link and
 //! end-to-end pair (every one keyed by Noise IK handshakes, sending on a session route set),
-//! none lost, both relays count forwarded frames, and every node stopped with SIGTERM leaves
-//! nothing behind; a TCP transfer across
+//! none lost, both relays count forwarded frames, and every node stopped with SIGTERM and then
+//! `mt6d down` leaves nothing behind; a TCP transfer across
 //! rotations arrives intact (SHA-256 at both ends) while a capture on every link sees no true
 //! address (hosts', edge gateways', nodes' configured addresses) and no 8-byte value in two
 //! epochs of a link; random datagrams sent to a relay's current address and port on a link are
@@ -194,11 +194,25 @@ fn echoes_cross_two_relays_across_rotations_and_rekeys_without_loss() {
             );
         }
     }
-    // SIGTERM: every node exits cleanly and takes its AnyIP route, nftables table, guard
-    // routes and TUN device with it.
+    // SIGTERM: every node exits cleanly; its TUN device goes with it, and its guard routes,
+    // AnyIP route and nftables table stay (fail closed) until `mt6d down` removes them.
     for i in 0..lab.nodes.len() {
         lab.stop_node(i).expect("the node exits cleanly");
         let n = &lab.nodes[i];
+        let down =
+            n.ns.command(common::MT6D)
+                .expect("command")
+                .arg("down")
+                .arg("-c")
+                .arg(&n.config)
+                .output()
+                .expect("mt6d down");
+        assert!(
+            down.status.success(),
+            "{}: mt6d down: {}",
+            n.name,
+            String::from_utf8_lossy(&down.stderr)
+        );
         let prefix = format!("{}/64", relays::node_prefix(n.n));
         let local = common::ip_in(&n.ns, &["-6", "route", "show", "table", "local"]);
         assert!(

@@ -16,7 +16,7 @@
 //! observer on the server's public link sees no true address; the server's counters show the
 //! handshakes answered and confirmed and none refused; once the clients are gone, the server
 //! drops their sessions when their keys expire (three rekey intervals) and is back to their link
-//! sets alone; its table, route and TUN device are gone after SIGTERM.
+//! sets alone; its TUN device is gone after SIGTERM, its table and route after `mt6d down`.
 //!
 //! Run: `cargo test --release -p mt6d --test server_handshake_netns -- --include-ignored --nocapture`.
 
@@ -394,7 +394,20 @@ fn real_clients_handshake_with_the_server_and_keep_their_sessions_across_rotatio
         "sessions dropped once the keys expired"
     );
     assert_eq!(counter(&log, "session_route_sets"), 0);
-    // Nothing left behind.
+    // Nothing left behind once `mt6d down` lifted what the stop keeps (guards, table, route).
+    let down = server
+        .command(common::MT6D)
+        .expect("command")
+        .arg("down")
+        .arg("-c")
+        .arg(dir.join("server.toml"))
+        .output()
+        .expect("mt6d down");
+    assert!(
+        down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
     let left = server
         .command("sh")
         .expect("sh")

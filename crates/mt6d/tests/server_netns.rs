@@ -13,8 +13,8 @@
 //! hashed addresses; datagrams to random addresses of the server's /64, to a current address on
 //! a wrong port, pings and TCP connections get no answer of any kind; a client added to the
 //! peers file works after SIGHUP and a removed one gets no answer at once; the kernel's address
-//! and UDP socket counts stay the same when clients are added; the daemon's table and route are
-//! gone after SIGTERM.
+//! and UDP socket counts stay the same when clients are added; after SIGTERM its guards, table
+//! and route stay (fail closed) until `mt6d down` removes them.
 //!
 //! Run: `cargo test --release -p mt6d --test server_netns -- --include-ignored --nocapture`.
 
@@ -387,25 +387,47 @@ fn ten_thousand_clients_on_their_own_addresses_and_nothing_else_answers() {
         "the removed client got answers: {replies:?}"
     );
 
-    // 4. Stop: the table and the route are gone.
+    // 4. Stop: the TUN device is gone; the guards, the table and the route stay (fail closed
+    // until the next start) and `mt6d down` removes them.
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let answered = echo.join().expect("echo");
     assert!(answered >= 2 * 1200);
     daemon.stop(Duration::from_secs(10)).expect("clean stop");
     let log = std::fs::read_to_string(&daemon.log).unwrap_or_default();
     println!("{log}");
+    assert!(!sh(server, "ip link").contains("mt6ds0"), "TUN device left");
+    assert!(
+        sh(server, "ip -6 route show").contains("prohibit 2001:db8:c1:1::/64"),
+        "the stop took the guard routes away"
+    );
+    assert!(
+        !sh(server, "nft list tables").trim().is_empty(),
+        "the stop took the table away"
+    );
+    let down = server
+        .command(common::MT6D)
+        .expect("command")
+        .arg("down")
+        .arg("-c")
+        .arg(dir.join("server.toml"))
+        .output()
+        .expect("mt6d down");
+    assert!(
+        down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    assert!(
+        !sh(server, "ip -6 route show").contains("prohibit"),
+        "guard route left by mt6d down"
+    );
     assert!(
         sh(server, "nft list tables").trim().is_empty(),
-        "nftables table left"
+        "nftables table left by mt6d down"
     );
     assert!(
         !sh(server, "ip -6 route show table local").contains("2001:db8:5::/64"),
-        "AnyIP route left"
-    );
-    assert!(!sh(server, "ip link").contains("mt6ds0"), "TUN device left");
-    assert!(
-        !sh(server, "ip -6 route show").contains("prohibit"),
-        "guard route left"
+        "AnyIP route left by mt6d down"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

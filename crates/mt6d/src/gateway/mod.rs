@@ -15,7 +15,8 @@
 //! running daemon would share anything, clean up after a dead one), bind the control socket,
 //! apply the kernel state (`system`: fail-closed guards first), remove hashed addresses a
 //! crashed earlier run may have left, install the first routes, start the packet threads.
-//! Shutdown runs the same steps backwards, the guards last.
+//! Shutdown runs the same steps backwards and leaves the guards: a stop must not open what a
+//! crash keeps closed (docs/ARCHITECTURE.md "Fail closed"); `mt6d down` lifts them.
 
 pub mod clock;
 mod collision;
@@ -112,8 +113,9 @@ fn protect_secrets() -> Result<(), GatewayError> {
     Ok(())
 }
 
-/// `mt6d down -c FILE`: what a daemon for this configuration left after it died (guards,
-/// routes, proxy entries, addresses, sysctls) is removed or restored; nothing is started.
+/// `mt6d down -c FILE`: what a daemon for this configuration left after it stopped (its
+/// fail-closed guards) or died (guards, routes, proxy entries, addresses, sysctls) is removed or
+/// restored; nothing is started.
 pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = Config::load(config_path)?;
     // The same capabilities as `run` (no TUN device is opened): the daemon's own user can
@@ -121,6 +123,11 @@ pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     crate::privilege::check_run()?;
     let report = state::down(&cfg)?;
     match &report.owner {
+        Some((pid, config)) if report.stopped_cleanly => println!(
+            "removed the fail-closed guards mt6d pid {pid} ({}) left at its stop: {} recorded change(s) undone, hashed addresses swept",
+            config.display(),
+            report.undone
+        ),
         Some((pid, config)) => println!(
             "removed what mt6d pid {pid} ({}) left: {} recorded change(s) undone, hashed addresses swept",
             config.display(),
@@ -255,8 +262,11 @@ fn run_gateway(
         log::warn!("{e}");
     }
     rotator.remove_all(&mut sys.netlink, &polls);
-    sys.teardown();
-    log::info!("mt6d stopped; addresses, routes, neighbour entries and the TUN device removed");
+    let guards = sys.teardown();
+    log::info!(
+        "mt6d stopped; addresses, routes, neighbour entries and the TUN device removed; {guards} fail-closed guard route(s) and the routes to the protected hosts kept until the next start or `mt6d down -c {}`",
+        cfg.path.display()
+    );
     result
 }
 

@@ -14,6 +14,13 @@
 //!   first change, guard routes, routes, proxy neighbour entries, addresses. It is replaced
 //!   atomically (write then rename), so a crash leaves the old or the new record, never half.
 //!
+//! A clean stop undoes everything but what keeps the protected side's packets off the public
+//! link ([`kept_at_stop`]: the fail-closed guards, and the routes to the protected hosts on the
+//! internal interface, by which the guards' "administratively prohibited" goes back to them
+//! rather than out by a default route), and leaves the record with them (and
+//! `stopped_cleanly`): the next start of an instance whose peers they serve adopts them without
+//! a gap, and `mt6d down` removes them (docs/ARCHITECTURE.md "Fail closed").
+//!
 //! Starts and clean-ups take `/run/mt6d/registry.lock` while they read and write records, so
 //! two daemons started at once cannot both pass the conflict check.
 //!
@@ -124,6 +131,11 @@ pub struct Record {
     #[serde(default)]
     pub external_index: u32,
     pub changes: Vec<Change>,
+    /// The daemon stopped cleanly and left what [`kept_at_stop`] selects on record (with
+    /// anything it could not undo): the next start adopts what its peers need, `mt6d down`
+    /// removes it.
+    #[serde(default)]
+    pub stopped_cleanly: bool,
 }
 
 impl Record {
@@ -142,6 +154,7 @@ impl Record {
             peers: cfg.peers.iter().map(PeerRecord::of).collect(),
             external_index: 0,
             changes: Vec::new(),
+            stopped_cleanly: false,
         }
     }
 
@@ -438,23 +451,65 @@ impl Instance {
         // removed addresses repeat, and the start skips the deletion's wait for that repeat
         // (about 1.2 s, the largest part of a restart after a crash).
         let successor_table = super::quiet::table_name(&record.tun);
+        // The guards of the addresses this instance protects are adopted, never lifted: between
+        // the predecessor's stop (or crash) and this start's TUN routes they are all that keeps
+        // the protected side's packets off the public link. Set-up adds them again in place
+        // (`NLM_F_REPLACE`). A guard for an address no peer of ours has goes: nothing protects
+        // that address by configuration any more.
+        let guarded: Vec<Ipv6Addr> = cfg
+            .peers
+            .iter()
+            .map(|p| p.stream.remote.true_addr)
+            .collect();
+        // The routes to our protected hosts on our internal interface: without them, from the
+        // predecessor's clean-up to our own set-up, the guards' ICMPv6 errors to those hosts
+        // would follow a default route onto the public link.
+        let internal = cfg
+            .gateway
+            .internal_interface()
+            .and_then(|n| nl.link_index(n).ok());
+        let protected: Vec<Ipv6Addr> = cfg.peers.iter().map(|p| p.stream.local.true_addr).collect();
         for (k, r) in &dead {
-            log::info!(
-                "cleaning up after mt6d pid {} ({}), which did not stop cleanly",
-                r.pid,
-                r.config.display()
-            );
-            let (left, kept) = clean_up(nl, r, dir, &key, |c| {
-                matches!(c, Change::Firewall { table, external }
-                    if *table == successor_table && *external == record.external)
+            if r.stopped_cleanly {
+                log::info!(
+                    "adopting the fail-closed guards mt6d pid {} ({}) left at its stop",
+                    r.pid,
+                    r.config.display()
+                );
+            } else {
+                log::info!(
+                    "cleaning up after mt6d pid {} ({}), which did not stop cleanly",
+                    r.pid,
+                    r.config.display()
+                );
+            }
+            let (left, mut kept) = clean_up(nl, r, dir, &key, |c| match c {
+                Change::Firewall { table, external } => {
+                    *table == successor_table && *external == record.external
+                }
+                Change::Guard { dst, len: 128 } => guarded.contains(dst),
+                Change::Route {
+                    dst,
+                    len: 128,
+                    oif,
+                    via: None,
+                } => Some(*oif) == internal && protected.contains(dst),
+                _ => false,
             });
+            // Oldest first again (clean-up walks the journal backwards).
+            kept.reverse();
             for c in kept {
                 if !record.changes.contains(&c) {
                     log::debug!("taken over from pid {}: {c:?}", r.pid);
                     record.changes.push(c);
                 }
             }
-            remove_files(dir, k, left.is_empty());
+            // Our own predecessor's files are ours now: the lock file is the one we hold, the
+            // record is rewritten below. Removing them would unlink the lock we hold and hide
+            // this daemon from every other start's conflict check.
+            if *k != key {
+                remove_files(dir, k, left.is_empty());
+            }
         }
 
         // Our lock file says who holds it.
@@ -519,21 +574,44 @@ impl Instance {
             .map_err(os(format!("set sysctl {} = {value}", name.name())))
     }
 
-    /// Undoes every recorded change, newest first, and removes the record, or keeps what
-    /// could not be undone on record for `mt6d down`. Returns the failures.
+    /// A clean stop: undoes every recorded change but what [`kept_at_stop`] selects, newest
+    /// first. That stays, in the kernel and on the record (marked `stopped_cleanly`), for the
+    /// next start to adopt or `mt6d down` to remove; with nothing kept the record is removed
+    /// when the instance is dropped. Returns the failures.
     pub fn clean_up(&mut self, nl: &mut Netlink) -> Vec<String> {
-        let left = {
+        let internal = self
+            .record
+            .internal
+            .as_deref()
+            .and_then(|n| nl.link_index(n).ok());
+        let (left, mut kept) = {
             let _registry = Registry::lock(&self.dir).ok();
-            clean_up(nl, &self.record, &self.dir, &self.key, |_| false).0
+            clean_up(nl, &self.record, &self.dir, &self.key, |c| {
+                kept_at_stop(c, internal)
+            })
         };
-        self.record.changes.clear();
+        kept.reverse();
+        self.record.stopped_cleanly = !kept.is_empty();
+        self.record.changes = kept;
+        if let Err(e) = self.persist() {
+            log::error!("{e}");
+        }
         if !left.is_empty() {
             log::warn!(
-                "could not undo everything; what is left is on record for `mt6d down`: {}",
+                "could not undo everything; run `mt6d down` to retry: {}",
                 left.join("; ")
             );
         }
         left
+    }
+
+    /// The fail-closed guards on record (what a clean stop leaves).
+    pub fn guards(&self) -> usize {
+        self.record
+            .changes
+            .iter()
+            .filter(|c| matches!(c, Change::Guard { .. }))
+            .count()
     }
 
     /// Undoes one change this instance made and takes it off the record (a reload removing a
@@ -596,6 +674,24 @@ impl Drop for Instance {
         } else if let Err(e) = self.persist() {
             log::warn!("{e}");
         }
+    }
+}
+
+/// What a clean stop leaves in place (docs/ARCHITECTURE.md "Fail closed"): the fail-closed
+/// guards, and the /128 routes on the internal interface (index `internal`), which in gateway
+/// mode are the routes to the protected hosts. With only the guards, a protected host's packet
+/// to its peer meets the guard, and the kernel's ICMPv6 "administratively prohibited" back to
+/// the host, with the packet quoted, would follow a default route onto the public link.
+pub fn kept_at_stop(c: &Change, internal: Option<u32>) -> bool {
+    match c {
+        Change::Guard { .. } => true,
+        Change::Route {
+            len: 128,
+            oif,
+            via: None,
+            ..
+        } => Some(*oif) == internal,
+        _ => false,
     }
 }
 
@@ -734,11 +830,13 @@ pub struct DownReport {
     pub owner: Option<(u32, PathBuf)>,
     pub undone: usize,
     pub failed: Vec<String>,
+    /// The daemon had stopped cleanly: what was undone are the guards its stop left.
+    pub stopped_cleanly: bool,
 }
 
-/// `mt6d down -c FILE`: removes what a dead daemon for `cfg` in this namespace left behind,
-/// guards included, and restores its sysctls; starts nothing. Refuses while a daemon for the
-/// instance runs (stop it with SIGTERM, which cleans up itself).
+/// `mt6d down -c FILE`: removes what a daemon for `cfg` in this namespace left behind (after a
+/// clean stop, its fail-closed guards; after a crash, everything), guards included, and
+/// restores its sysctls; starts nothing. Refuses while a daemon for the instance runs.
 pub fn down(cfg: &Config) -> Result<DownReport, GatewayError> {
     let mut nl = Netlink::open().map_err(|source| GatewayError::Os {
         what: "open rtnetlink".into(),
@@ -768,7 +866,7 @@ fn down_in(dir: &Path, cfg: &Config, nl: &mut Netlink) -> Result<DownReport, Gat
             Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
                 let pid = std::fs::read_to_string(&lock_path).unwrap_or_default();
                 return Err(setup(format!(
-                    "mt6d pid {} is running for this configuration (TUN {}); stop it with SIGTERM, which cleans up",
+                    "mt6d pid {} is running for this configuration (TUN {}); stop it first (SIGTERM: it removes all but its fail-closed guards, which `mt6d down` then lifts)",
                     pid.trim(),
                     mine.tun
                 )));
@@ -798,6 +896,7 @@ fn down_in(dir: &Path, cfg: &Config, nl: &mut Netlink) -> Result<DownReport, Gat
     };
     if !record.changes.is_empty() {
         report.owner = Some((record.pid, record.config.clone()));
+        report.stopped_cleanly = record.stopped_cleanly;
     }
     report.undone = record.changes.len();
     report.failed = clean_up(nl, &record, dir, &key, |_| false).0;
@@ -827,6 +926,7 @@ mod tests {
             }],
             external_index: 0,
             changes: Vec::new(),
+            stopped_cleanly: false,
         }
     }
 
@@ -1056,6 +1156,98 @@ mod tests {
             drop(b);
         })
         .expect("run in namespace");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A source address for [`guarded`]: without one the kernel refuses a send before it looks
+    /// at the route (EADDRNOTAVAIL).
+    const SOURCE: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xff, 0, 0, 0, 0, 1);
+
+    /// What the kernel does with a datagram to `addr` in a namespace without a default route:
+    /// a guard refuses it (EACCES); without one there is no route (ENETUNREACH).
+    fn guarded(addr: Ipv6Addr) -> bool {
+        let sock = std::net::UdpSocket::bind((SOURCE, 0)).expect("udp");
+        match sock.send_to(b"x", (addr, 9)) {
+            Err(e) if e.raw_os_error() == Some(libc::EACCES) => true,
+            Err(e) if e.raw_os_error() == Some(libc::ENETUNREACH) => false,
+            r => panic!("send to {addr}: {r:?}"),
+        }
+    }
+
+    /// A clean stop undoes all but the guards and leaves them on record; the next start of the
+    /// same configuration adopts the guard of its peer (never lifted in between) and removes
+    /// the one of an address it has no peer for, and is itself visible to the conflict check
+    /// (adopting its predecessor's record does not unlink the lock file it holds); `mt6d down`
+    /// lifts the rest and removes the files.
+    #[test]
+    #[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
+    fn a_clean_stop_keeps_the_guards_and_the_next_start_adopts_them() {
+        let ns = mt6d_os::Netns::create(&mt6d_os::unique_name("st")).expect("netns");
+        let dir = fresh_dir("mt6d-state-stop");
+        ns.run(|| {
+            let mut nl = Netlink::open().expect("netlink");
+            let lo = nl.link_index("lo").expect("lo");
+            nl.link_set_up(lo).expect("lo up");
+            let flags = mt6d_os::AddrFlags {
+                nodad: true,
+                noprefixroute: false,
+            };
+            nl.add_address(lo, SOURCE, 128, flags).expect("source");
+            nl.set_marker(MARKER);
+            let ours: Ipv6Addr = "2001:db8:5::b".parse().expect("literal");
+            let gone: Ipv6Addr = "2001:db8:6::b".parse().expect("literal");
+            let cfg = config("tg", "eg", "ig", &ours.to_string(), &dir);
+            let fwd = Sysctl::ipv6_conf("all", "forwarding").expect("name");
+            fwd.set("0").expect("start from 0");
+            let mut a = Instance::claim_in(&dir, &cfg, &mut nl).expect("claim");
+            for dst in [ours, gone] {
+                a.record_change(Change::Guard { dst, len: 128 })
+                    .expect("record");
+                nl.add_guard_route(dst, 128).expect("guard");
+            }
+            a.set_sysctl(&fwd, "1").expect("forwarding");
+            assert!(a.clean_up(&mut nl).is_empty());
+            assert_eq!(a.guards(), 2);
+            assert!(a.record().stopped_cleanly);
+            drop(a);
+            assert_eq!(fwd.get().expect("read"), "0", "the stop restores sysctls");
+            assert!(guarded(ours) && guarded(gone), "the stop lifted a guard");
+
+            let b = Instance::claim_in(&dir, &cfg, &mut nl).expect("claim after the stop");
+            assert_eq!(
+                b.record().changes,
+                vec![Change::Guard {
+                    dst: ours,
+                    len: 128
+                }],
+                "the guard of our peer is adopted"
+            );
+            assert!(!b.record().stopped_cleanly);
+            assert!(guarded(ours), "the start lifted the guard of its own peer");
+            assert!(!guarded(gone), "a guard no peer needs any more stays");
+            let twin = Instance::claim_in(&dir, &cfg, &mut nl);
+            assert!(
+                twin.is_err(),
+                "a second daemon of the same instance was admitted"
+            );
+            let mut b = b;
+            assert!(b.clean_up(&mut nl).is_empty());
+            drop(b);
+            assert!(guarded(ours));
+
+            let report = down_in(&dir, &cfg, &mut nl).expect("down");
+            assert!(report.stopped_cleanly && report.undone == 1, "{report:?}");
+            assert!(report.failed.is_empty(), "{report:?}");
+            assert!(!guarded(ours), "down left the guard");
+        })
+        .expect("run in namespace");
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .expect("dir")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "registry.lock")
+            .collect();
+        assert!(left.is_empty(), "files left: {left:?}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -1,14 +1,18 @@
 //! The kernel state a gateway needs besides its hashed addresses, applied through mt6d-os and
 //! written to the instance record ([`super::state`]) before each change is made, so that a
-//! failure half way rolls back what was done, a clean exit removes everything, and after a
-//! crash `mt6d down` or the next start removes exactly what this instance owned.
+//! failure half way rolls back what was done, a clean exit removes everything but the
+//! fail-closed guards and the routes to the protected hosts (which the next start adopts and
+//! `mt6d down` lifts), and after a crash
+//! `mt6d down` or the next start removes exactly what this instance owned.
 //!
 //! What is set up, in this order (000 §3.2.2 binds the remote host's true address to the
 //! internal interface; we answer neighbour discovery for it with a proxy entry instead, and
 //! route it into the TUN device, so the kernel forwards the protected host's packets to us):
 //! - first, per peer, the fail-closed guard: `prohibit REMOTE/128` with the worst metric, which
-//!   decides once the TUN route below is gone (the process died) and keeps the protected
-//!   host's packets off the external interface (docs/ARCHITECTURE.md "Fail closed");
+//!   decides once the TUN route below is gone (the process died or stopped) and keeps the
+//!   protected host's packets off the external interface (docs/ARCHITECTURE.md "Fail closed");
+//!   a stop leaves it, so that nothing the gateway does without mt6d (a default route, with
+//!   forwarding on) can carry them in clear before the next start;
 //! - the TUN device, MTU = external MTU minus the largest tunnel overhead of any peer;
 //! - `net.ipv6.conf.all.forwarding = 1`, `proxy_ndp = 1`, `proxy_delay = 0` and
 //!   `use_oif_addrs_only = 1` on the internal interface;
@@ -48,7 +52,8 @@ const NO_DAD: AddrFlags = AddrFlags {
     noprefixroute: true,
 };
 
-/// The applied state. Dropping it without [`System::teardown`] still reverts (best effort).
+/// The applied state. Dropping it without [`System::teardown`] still reverts (best effort),
+/// the guards excepted.
 #[derive(Debug)]
 pub struct System {
     pub netlink: Netlink,
@@ -572,14 +577,18 @@ impl System {
         }
     }
 
-    /// Reverts every change, newest first (the guards last), and closes the TUN device.
-    /// Continues past errors (logging them) so one stuck entry does not leave the rest behind;
-    /// what could not be undone stays on record for `mt6d down`.
-    pub fn teardown(&mut self) {
+    /// Reverts every change but the fail-closed guards and the routes to the protected hosts
+    /// ([`super::state::kept_at_stop`]), newest first, and closes the TUN device; returns how
+    /// many guards stay (on record, for the next start to adopt or `mt6d down` to lift). Continues past errors (logging them) so one stuck entry does not leave
+    /// the rest behind.
+    pub fn teardown(&mut self) -> usize {
+        let mut kept = 0;
         if let Some(mut instance) = self.instance.take() {
             instance.clean_up(&mut self.netlink);
+            kept = instance.guards();
         }
         self.tun.clear();
+        kept
     }
 }
 

@@ -148,7 +148,8 @@ pub fn e2e_id(j: usize) -> E2eId {
     E2eId(u32::try_from(j).unwrap_or(u32::MAX))
 }
 
-/// Runs the node until SIGTERM or SIGINT, then removes everything it added.
+/// Runs the node until SIGTERM or SIGINT; what keeps it closed (guard routes, table, AnyIP
+/// route) stays until the next start or `mt6d down` (`crate::anyip::finish`).
 pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = RelayConfig::load(config_path)?;
     crate::privilege::check_all()?;
@@ -176,15 +177,15 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     crate::anyip::finish(result, &mut system, &signals)
 }
 
-/// `mt6d down -c FILE` for a relay node: removes the nftables table, the AnyIP route and the
-/// guard routes a node that died without cleaning up left. Refuses while the node runs (it
+/// `mt6d down -c FILE` for a relay node: removes the guard routes (an edge gateway's), the
+/// nftables table and the AnyIP route a stopped or dead node left. Refuses while the node runs (it
 /// answers on its control socket).
 pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = RelayConfig::load(config_path)?;
     crate::privilege::check_run()?;
     if crate::control::query_any_status(&cfg.control_socket).is_ok() {
         return Err(format!(
-            "the relay node for {} is running (it answers on {}); stop it with SIGTERM, which cleans up itself",
+            "the relay node for {} is running (it answers on {}); stop it first (SIGTERM), then run `mt6d down` again",
             config_path.display(),
             cfg.control_socket.display()
         )
@@ -194,7 +195,8 @@ pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     system.prefix_added = true;
     system.table_loaded = true;
     system.guards = guard_routes(&cfg);
-    let left = system.tear_down();
+    let mut left = system.tear_down();
+    left.extend(system.lift_guards());
     if left.is_empty() {
         println!(
             "nothing of the relay node for {} is left (removed where present: nftables table {}, AnyIP route {}/64{})",

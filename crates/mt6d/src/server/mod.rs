@@ -85,7 +85,8 @@ fn os(what: impl Into<String>) -> impl FnOnce(mt6d_os::OsError) -> ServerError {
 
 use crate::anyip::{PrefixSystem, SystemError, TunSpec};
 
-/// Runs the server until SIGTERM or SIGINT, then removes everything it added.
+/// Runs the server until SIGTERM or SIGINT; what keeps it closed (guard routes, table, AnyIP
+/// route) stays until the next start or `mt6d down` (`crate::anyip::finish`).
 pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = ServerConfig::load(config_path)?;
     crate::privilege::check_all()?;
@@ -150,18 +151,17 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     crate::anyip::finish(result, &mut system, &signals)
 }
 
-/// `mt6d down -c FILE` for a server: removes the nftables table, the AnyIP route and the guard
-/// routes a server that died without cleaning up left (they keep its prefix closed and its
-/// answers to clients off the external link until then). Refuses while the
-/// server runs (its TUN device exists in this namespace): removing them under a live server would
-/// open the prefix.
+/// `mt6d down -c FILE` for a server: removes the guard routes, the nftables table and the
+/// AnyIP route a stopped or dead server left (they keep its prefix closed and its answers to
+/// clients off the external link until then). Refuses while the server runs (its TUN device
+/// exists in this namespace): removing them under a live server would open the prefix.
 pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = ServerConfig::load(config_path)?;
     crate::privilege::check_run()?;
     let mut system = system(&cfg)?;
     if system.link_exists(&cfg.tun_name) {
         return Err(format!(
-            "{} exists: the server for {} is running; stop it with SIGTERM, which cleans up itself",
+            "{} exists: the server for {} is running; stop it first (SIGTERM), then run `mt6d down` again",
             cfg.tun_name,
             config_path.display()
         )
@@ -170,7 +170,8 @@ pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     system.prefix_added = true;
     system.table_loaded = true;
     system.guards = cfg.client_routes.clone();
-    let left = system.tear_down();
+    let mut left = system.tear_down();
+    left.extend(system.lift_guards());
     if left.is_empty() {
         println!(
             "nothing of the server for {} is left (removed where present: nftables table {}, AnyIP route {}/64, guard routes for {})",
