@@ -87,7 +87,7 @@ struct Cli {
     /// client and rotation CPU. With --quick: up to 10,000 clients and 30,000 requests/s.
     #[arg(long, conflicts_with_all = ["full", "only", "topology", "ping_std", "soak", "hostid"])]
     server: bool,
-    /// --server: client counts (default 1,1000,10000,100000,1000000).
+    /// --server: client counts (default 1,1000,10000,100000,1000000; 0 skips them).
     #[arg(
         long,
         value_name = "N[,..]",
@@ -194,7 +194,7 @@ impl From<Cli> for Args {
                     server::ServerArgs::full()
                 };
                 if !c.clients.is_empty() {
-                    a.clients = c.clients;
+                    a.clients = c.clients.into_iter().filter(|&n| n > 0).collect();
                 }
                 if !c.rates.is_empty() {
                     a.rates = c.rates;

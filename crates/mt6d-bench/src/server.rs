@@ -19,6 +19,11 @@
 //!   initiator, at most [`IN_FLIGHT`] at a time, until all are up. Measured: the server's start
 //!   (one X25519 per client for its link set), the time until every client is up, the
 //!   handshakes completed per second, and the server's CPU while it answers.
+//! * **Restart storm** (after each handshake run, once every client is up): the server is
+//!   stopped and started again while every client keeps sending; each client starts its
+//!   recovery handshake by the liveness rule (docs/PROTOCOL.md §9.9). Measured: from the new
+//!   process's "serving" line to each client up again (p50, p99, max), the initiations, and the
+//!   server's CPU over the storm and per handshake.
 //!
 //! The generator and the server share the machine's cores, as the goal states.
 
@@ -572,16 +577,34 @@ fn handshake_run(lab: &ServerLab, mt6d: &Path, work: &Path, n: usize) -> Result<
             .and_then(Value::as_f64)
             .unwrap_or(0.0)
     );
+    let cold_initiations = set.counters.initiations;
+    let restart = if all_up {
+        eprintln!("mt6d bench --server: handshakes, {n} clients, the server restarted");
+        Some(restart_storm(
+            &mut daemon,
+            &mut set,
+            lab,
+            mt6d,
+            &config,
+            &dir,
+            n,
+        )?)
+    } else {
+        None
+    };
     daemon.stop(Duration::from_secs(20));
     let server_log = std::fs::read_to_string(&log).unwrap_or_default();
     let mut v = Value::obj();
+    if let Some(r) = restart {
+        v.set("restart", r);
+    }
     v.set("clients", n as u64)
         .set("ready_secs", ready)
         .set("all_up", all_up)
         .set("up", up_at.len() as u64)
         .set("all_up_secs", total)
         .set("handshakes_per_sec", rate)
-        .set("initiations", set.counters.initiations)
+        .set("initiations", cold_initiations)
         .set("rejected", set.counters.rejected)
         .set("wrong_route", set.counters.wrong_route)
         .set("in_flight", IN_FLIGHT as u64)
@@ -601,6 +624,140 @@ fn handshake_run(lab: &ServerLab, mt6d: &Path, work: &Path, n: usize) -> Result<
                 .unwrap_or("")
                 .to_string(),
         );
+    Ok(v)
+}
+
+/// The server of a handshake run, every client up, is stopped (SIGTERM) and started again while
+/// every client keeps sending data: each client notices its first unanswered packet within a
+/// second (uniform), and then starts its recovery handshake by the liveness rule
+/// (docs/PROTOCOL.md §9.9: `LIVENESS_AFTER` plus up to `LIVENESS_JITTER`, on its link set,
+/// retries at most 2 s apart plus jitter). Measured: from the new process's "serving" line to
+/// each client up again (p50, p99, max), and the server's CPU over that storm.
+fn restart_storm(
+    daemon: &mut Guarded,
+    set: &mut HandshakeClients,
+    lab: &ServerLab,
+    mt6d: &Path,
+    config: &Path,
+    dir: &Path,
+    n: usize,
+) -> Result<Value, String> {
+    use mt6d::gateway::clock;
+    use mt6d_proto::liveness::{LIVENESS_AFTER, LIVENESS_JITTER};
+    let initiations_before = set.counters.initiations;
+    let stopped = Instant::now();
+    daemon.stop(Duration::from_secs(20));
+    let down_secs = stopped.elapsed().as_secs_f64();
+    // Each client's instant of failure, from the stop: its notice lag, then its deadline.
+    let mut rng = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0x9e37_79b9, |d| d.as_nanos() as u64)
+        | 1;
+    let mut uniform = |max: f64| {
+        // xorshift64: spread only, not a secret.
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng >> 11) as f64 / (1u64 << 53) as f64 * max
+    };
+    let mut fails_at: Vec<(f64, usize)> = (0..n)
+        .map(|i| {
+            let t = uniform(1.0)
+                + LIVENESS_AFTER.as_secs_f64()
+                + uniform(LIVENESS_JITTER.as_secs_f64());
+            (t, i)
+        })
+        .collect();
+    fails_at.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut cmd = lab.server.command(mt6d).map_err(|e| e.to_string())?;
+    cmd.arg("run").arg("-c").arg(config);
+    let log = dir.join("server-restarted.log");
+    *daemon = Guarded::spawn("server", cmd, Some(&log))?;
+    let mut next_fail = 0;
+    let mut failing: Vec<usize> = Vec::new();
+    let mut up_at: Vec<f64> = Vec::with_capacity(n);
+    // Until the new process serves, the clients fail on their own clocks and initiate into
+    // the void, as real clients do.
+    let tick = |set: &mut HandshakeClients,
+                failing: &mut Vec<usize>,
+                next_fail: &mut usize|
+     -> Result<(), String> {
+        let now = clock::now();
+        set.step(now);
+        let since = stopped.elapsed().as_secs_f64();
+        while *next_fail < fails_at.len() && fails_at[*next_fail].0 <= since {
+            let i = fails_at[*next_fail].1;
+            set.lose_session(i);
+            failing.push(i);
+            *next_fail += 1;
+        }
+        for &i in failing.iter() {
+            set.initiate(i, now)?;
+        }
+        Ok(())
+    };
+    let ready_at = {
+        let mut last_err = None;
+        let r = wait_line(&log, "serving ", Duration::from_secs(300), daemon, || {
+            if let Err(e) = tick(set, &mut failing, &mut next_fail) {
+                last_err = Some(e);
+            }
+            set.recv(clock::now(), |_| {}).ok();
+        });
+        if let Some(e) = last_err {
+            return Err(e);
+        }
+        r?
+    };
+    let back = Instant::now();
+    let pid = daemon.pid().ok_or("server exited")?;
+    let a = ProcSample::read(pid).ok_or("server gone")?;
+    while up_at.len() < n && back.elapsed() < COLD_START_LIMIT {
+        tick(set, &mut failing, &mut next_fail)?;
+        let before = up_at.len();
+        set.recv(clock::now(), |_| up_at.push(back.elapsed().as_secs_f64()))?;
+        if up_at.len() != before {
+            failing.retain(|&i| !set.is_up(i));
+        } else {
+            std::thread::sleep(Duration::from_micros(300));
+        }
+    }
+    let b = ProcSample::read(pid).ok_or("server gone")?;
+    let busy = crate::procs::window(&a, &b);
+    // A client that was up before the server was ready counts as served at 0 (it cannot be).
+    up_at.sort_by(f64::total_cmp);
+    let pct = |p: f64| -> f64 {
+        if up_at.is_empty() {
+            return f64::NAN;
+        }
+        up_at[((up_at.len() as f64 * p).ceil() as usize).clamp(1, up_at.len()) - 1]
+    };
+    let cpu = busy
+        .get("cpu_percent")
+        .and_then(Value::as_f64)
+        .unwrap_or(0.0);
+    let storm_secs = up_at.last().copied().unwrap_or(0.0);
+    let initiations = set.counters.initiations - initiations_before;
+    // The server's CPU per handshake answered and confirmed in the storm: the figure that
+    // travels to another machine or client count.
+    let per_handshake_us = cpu / 100.0 * storm_secs / up_at.len().max(1) as f64 * 1e6;
+    eprintln!(
+        "  restart: stopped in {down_secs:.2} s, ready {ready_at:.2} s after start; {} of {n} served again, p50 {:.2} s, p99 {:.2} s, max {:.2} s after ready; {initiations} initiations; server CPU {cpu:.0} % over {storm_secs:.2} s, {per_handshake_us:.0} us per handshake",
+        up_at.len(),
+        pct(0.5),
+        pct(0.99),
+        pct(1.0),
+    );
+    let mut v = Value::obj();
+    v.set("stop_secs", down_secs)
+        .set("ready_secs", ready_at)
+        .set("served_again", up_at.len() as u64)
+        .set("p50_secs", pct(0.5))
+        .set("p99_secs", pct(0.99))
+        .set("max_secs", pct(1.0))
+        .set("initiations", initiations)
+        .set("server_us_per_handshake", per_handshake_us)
+        .set("server_busy", busy);
     Ok(v)
 }
 

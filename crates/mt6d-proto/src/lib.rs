@@ -46,6 +46,7 @@ pub mod handshake;
 pub mod icmp;
 mod key;
 pub mod link;
+pub mod liveness;
 pub mod moves;
 pub mod peers_file;
 pub mod relay;

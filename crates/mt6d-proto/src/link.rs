@@ -44,6 +44,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::handshake::{Handshake, HandshakeError, Outcome, ReceiveKeys};
+use crate::liveness::{Delays, Liveness, Sample};
 use crate::moves::{CollisionOutcome, Evidence, NoticeError, NOTICE_LEN};
 use crate::route_sets::{Change, RouteSet, SetState};
 use crate::tunnel::KEEPALIVE_LEN;
@@ -58,7 +59,8 @@ pub const PACKET_BUDGET_CHECK: Duration = Duration::from_secs(1);
 pub enum TransmitKind {
     Initiation,
     Response,
-    /// Sent by an initiator on completion, so that the responder confirms without data.
+    /// Sent by an initiator on completion, so that the responder confirms without data, or by
+    /// either side to answer data it had nothing to send back for (liveness, §9.9).
     Keepalive,
     /// A route-move notice or its acknowledgement.
     Notice,
@@ -127,8 +129,17 @@ pub struct Link {
     events: VecDeque<Event>,
     /// The `now` of the last [`Link::handle_timeout`].
     last_timeout: Option<UnixTime>,
-    /// The stamp of the last link-layer announcement taken (§5.2): an older one is a replay.
+    /// The stamp of the last link-layer announcement taken (§5.5): an older one is a replay.
     link_stamp: Option<UnixTime>,
+    /// Liveness timers (§9.9), fed by samples of the packet path's counters.
+    liveness: Liveness,
+    delays: Delays,
+    /// Numbers the sending keys handed out, for the liveness samples.
+    send_key_number: u64,
+    /// Keepalives the link sealed under the current sending key: not data.
+    keepalives_sealed: u64,
+    /// Handshake messages from the peer that were accepted: authenticated packets too.
+    handshakes_heard: u64,
 }
 
 impl Link {
@@ -146,7 +157,6 @@ impl Link {
     fn new(stream: Stream, hs: Option<Handshake>) -> Link {
         let sets = SetState::new(Arc::new(RouteSet::link(&stream)));
         Link {
-            stream,
             hs,
             sets,
             send: None,
@@ -155,6 +165,12 @@ impl Link {
             events: VecDeque::new(),
             last_timeout: None,
             link_stamp: None,
+            liveness: Liveness::default(),
+            delays: Delays::new(&stream.config().key),
+            send_key_number: 0,
+            keepalives_sealed: 0,
+            handshakes_heard: 0,
+            stream,
         }
     }
 
@@ -216,7 +232,11 @@ impl Link {
         let after =
             |d: Duration| UnixTime::from_nanos(last.as_nanos().saturating_add(d.as_nanos() as u64));
         if self.send.is_some() {
+            // Also the liveness samples' period (§9.9).
             take(Some(after(PACKET_BUDGET_CHECK)));
+            if self.hs.is_some() {
+                take(self.liveness.poll_timeout());
+            }
         }
         // Set housekeeping and the moves' windows go by epoch; an answer awaiting confirmation
         // is forgotten after the initiation's lifetime, checked at least once a second.
@@ -249,6 +269,7 @@ impl Link {
             self.events.push_back(Event::KeysExpired);
             self.events.push_back(Event::RoutesChanged);
         }
+        self.check_liveness(now, epoch);
         if let Some(Change::Released { id }) = self.sets.expire(epoch, now) {
             self.events.push_back(Event::SetReleased { id });
             self.events.push_back(Event::RoutesChanged);
@@ -276,9 +297,14 @@ impl Link {
             return;
         }
         // Initiations travel on the set data is sent on (a rekey chains on the session's
-        // routes); after RECOVERY_AFTER unanswered ones, on the link set, which a peer that lost
-        // its session (a restart) still binds (§9.8, "Initiations").
-        let set = self.sets.initiation_set(epoch, hs.attempts()).clone();
+        // routes); after RECOVERY_AFTER unanswered ones, or at once when the peer stopped
+        // answering our data, on the link set, which a peer that lost its session (a restart)
+        // still binds (§9.8, "Initiations"; §9.9).
+        let set = if hs.recovering() {
+            self.sets.link().clone()
+        } else {
+            self.sets.initiation_set(epoch, hs.attempts()).clone()
+        };
         let route = Link::schedule_of(&set, now).send;
         if let Some(init) = hs.poll_on(now, &route, set.mac.as_ref(), sent, entropy) {
             self.queue(&set, &route, TransmitKind::Initiation, &init);
@@ -304,14 +330,17 @@ impl Link {
         };
         let reply_route = Link::schedule_of(set, now).send;
         let epoch = self.stream.epoch_at(now);
-        match hs.handle_on(
+        let outcome = hs.handle_on(
             now,
             arrived_on,
             &reply_route,
             set.mac.as_ref(),
             bytes,
             entropy,
-        )? {
+        )?;
+        // An accepted message is an authenticated packet from the peer (liveness, §9.9).
+        self.handshakes_heard += 1;
+        match outcome {
             Outcome::Responded { reply, keys } => {
                 let id = keys.recv.key_id().unwrap_or(0);
                 self.sets.answered(
@@ -350,10 +379,12 @@ impl Link {
                 let sealer = Arc::new(keys.send);
                 // The keepalive makes the responder confirm the keys even if no data waits.
                 let mut ka = [0u8; KEEPALIVE_LEN];
-                if let Ok(n) = sealer.seal_keepalive(&reply_route, &mut ka) {
+                let sealed = sealer.seal_keepalive(&reply_route, &mut ka);
+                if let Ok(n) = sealed {
                     self.queue(set, &reply_route, TransmitKind::Keepalive, &ka[..n]);
                 }
                 self.established(sealer, true, rekey);
+                self.keepalives_sealed = u64::from(sealed.is_ok());
                 self.pending_send.clear();
             }
         }
@@ -484,8 +515,41 @@ impl Link {
         }
     }
 
+    /// Samples the packet path's counters and sends what liveness made due (§9.9): a keepalive
+    /// on the set data goes on now, or a handshake on the link set at the next check of
+    /// [`Link::handle_timeout`]. Only with a sending key and a handshake.
+    fn check_liveness(&mut self, now: UnixTime, epoch: Epoch) {
+        let (Some(send), Some(hs)) = (&self.send, &mut self.hs) else {
+            self.liveness.reset();
+            return;
+        };
+        let (received, received_data) = self.sets.link().traffic().sample();
+        let sample = Sample {
+            sent_data: send.sealed().saturating_sub(self.keepalives_sealed),
+            send_key: self.send_key_number,
+            received: received.wrapping_add(self.handshakes_heard),
+            received_data,
+        };
+        let due = self.liveness.observe(now, sample, &mut self.delays);
+        if due.handshake {
+            hs.liveness_failed();
+        }
+        if due.keepalive {
+            let sealer = send.clone();
+            let set = self.sets.send_set(epoch).clone();
+            let route = Link::schedule_of(&set, now).send;
+            let mut ka = [0u8; KEEPALIVE_LEN];
+            if let Ok(n) = sealer.seal_keepalive(&route, &mut ka) {
+                self.keepalives_sealed += 1;
+                self.queue(&set, &route, TransmitKind::Keepalive, &ka[..n]);
+            }
+        }
+    }
+
     fn established(&mut self, sealer: Arc<Sealer>, initiator: bool, rekey: bool) {
         let key_id = sealer.key_id().unwrap_or(0);
+        self.send_key_number += 1;
+        self.keepalives_sealed = 0;
         self.send = Some(sealer.clone());
         self.events.push_back(Event::SendKey(Some(sealer)));
         self.events.push_back(Event::Established {

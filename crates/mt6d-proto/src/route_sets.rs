@@ -46,10 +46,48 @@ pub struct RouteSet {
     /// The smallest route epoch at or after `activation` on which a packet from the peer opened:
     /// the peer has switched to this set (u64::MAX: none yet). Written by the rx thread.
     heard: AtomicU64,
+    /// Packets opened on any set of the peer, shared by all its sets (liveness, §9.9).
+    traffic: Arc<Heard>,
+}
+
+/// What the packet path opened from one peer, over all its route sets: two counters the link
+/// samples for liveness (docs/PROTOCOL.md §9.9). Only a change is meaningful, never the value.
+#[derive(Debug, Default)]
+pub struct Heard {
+    /// Every authenticated packet (data and keepalives).
+    packets: AtomicU64,
+    /// Packets with an inner packet (not keepalives).
+    data: AtomicU64,
+}
+
+impl Heard {
+    /// (authenticated packets, data packets) opened so far; compare with an earlier sample.
+    pub fn sample(&self) -> (u64, u64) {
+        (
+            self.packets.load(Ordering::Relaxed),
+            self.data.load(Ordering::Relaxed),
+        )
+    }
+
+    /// A load and a store rather than a read-modify-write: no locked instruction per packet.
+    /// Two workers racing may lose a count, which changes nothing here: the link only asks
+    /// whether the value moved since its last sample.
+    fn bump(counter: &AtomicU64) {
+        counter.store(
+            counter.load(Ordering::Relaxed).wrapping_add(1),
+            Ordering::Relaxed,
+        );
+    }
 }
 
 impl RouteSet {
-    fn new(id: u64, stream: Stream, mac: Option<MacKey>, activation: Epoch) -> RouteSet {
+    fn new(
+        id: u64,
+        stream: Stream,
+        mac: Option<MacKey>,
+        activation: Epoch,
+        traffic: Arc<Heard>,
+    ) -> RouteSet {
         let moves = Mutex::new(RouteMoves::new(&stream));
         RouteSet {
             id,
@@ -58,6 +96,7 @@ impl RouteSet {
             activation,
             moves,
             heard: AtomicU64::new(u64::MAX),
+            traffic,
         }
     }
 
@@ -68,7 +107,13 @@ impl RouteSet {
             stream.with_route_key(&stream.config().key),
             None,
             Epoch(0),
+            Arc::new(Heard::default()),
         )
+    }
+
+    /// What the peer's packets opened on any of its sets so far (shared by all its sets).
+    pub fn traffic(&self) -> &Arc<Heard> {
+        &self.traffic
     }
 
     /// Whether this is the link set.
@@ -84,9 +129,20 @@ impl RouteSet {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The rx thread opened a packet from the peer on this set's route of `epoch`. One relaxed
-    /// load per packet; a store only for a new minimum.
+    /// The rx thread opened a packet from the peer on this set's route of `epoch`, without
+    /// saying whether it carried data: [`RouteSet::opened`] with `len` 0.
     pub fn opened_on(&self, epoch: Epoch) {
+        self.opened(epoch, 0);
+    }
+
+    /// The rx thread opened a packet from the peer on this set's route of `epoch`, with `len`
+    /// bytes of inner packet (0: a keepalive). A relaxed load and store of the peer's liveness
+    /// counters ([`Heard`]), one relaxed load of `heard`, a store only for a new minimum.
+    pub fn opened(&self, epoch: Epoch, len: usize) {
+        Heard::bump(&self.traffic.packets);
+        if len > 0 {
+            Heard::bump(&self.traffic.data);
+        }
         if epoch >= self.activation && epoch.0 < self.heard.load(Ordering::Relaxed) {
             self.heard.fetch_min(epoch.0, Ordering::Relaxed);
         }
@@ -242,6 +298,7 @@ impl SetState {
             base.with_route_key(route),
             Some(MacKey::derive(route)),
             Epoch(initiation.0.saturating_add(2)),
+            self.link.traffic.clone(),
         ))
     }
 

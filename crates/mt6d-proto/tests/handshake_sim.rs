@@ -50,6 +50,19 @@ impl Gateway {
         Gateway::new(self.private.clone(), peer, local, remote, rekey)
     }
 
+    /// A server's side of one client: it answers handshakes and never initiates one.
+    fn server(private: PrivateKey, peer: &PrivateKey, rekey: Duration) -> Self {
+        let cfg = mt6d_proto::handshake::HandshakeConfig {
+            psk: Psk::from_bytes([0x44; 32]),
+            rekey_after: rekey,
+            ..handshake_config(&private, peer, B, A)
+        };
+        Gateway {
+            private,
+            g: SimGateway::responder_only(cfg, Duration::from_secs(2)),
+        }
+    }
+
     fn stats(&self) -> &HandshakeStats {
         self.g.hs_stats()
     }
@@ -96,6 +109,8 @@ struct Sim {
     nonces: HashSet<(u64, u64)>,
     /// Every handshake message sent, for replay tests.
     handshakes_sent: Vec<Datagram>,
+    /// Side B's process is not running: what reaches it is lost, its timer does not run.
+    b_down: bool,
 }
 
 impl Sim {
@@ -112,6 +127,7 @@ impl Sim {
             seq: 0,
             nonces: HashSet::new(),
             handshakes_sent: Vec::new(),
+            b_down: false,
         }
     }
 
@@ -218,6 +234,9 @@ impl Sim {
 
     /// The daemon's timer for side `b`.
     fn tick(&mut self, b: bool) {
+        if b && self.b_down {
+            return;
+        }
         let now = self.now();
         let entropy = self.entropy();
         let out = self.gw(b).g.timeout(now, entropy);
@@ -235,6 +254,9 @@ impl Sim {
     }
 
     fn deliver(&mut self, d: Datagram) {
+        if d.to_b && self.b_down {
+            return;
+        }
         let now = self.now();
         let entropy = self.entropy();
         let out = self.gw(d.to_b).g.receive(now, &d.p, entropy);
@@ -747,4 +769,130 @@ fn a_rekey_race_loses_no_packet() {
         }
         assert!(sim.a.stats().rekeys + sim.b.stats().rekeys >= 20);
     }
+}
+
+/// A client (A, initiator) and its server (B, answers only, as the server role runs it), with
+/// 60 s rekeys. The client sends a request every 100 ms and the server answers each one it
+/// delivers. Returns the sim and the next sequence number, established and serving.
+fn client_and_server(seed: u64, net: Net) -> (Sim, u64) {
+    let rekey = Duration::from_secs(60);
+    let mut sim = Sim::new(seed, net, rekey);
+    let ka = sim.a.private.clone();
+    sim.b = Gateway::server(sim.b.private.clone(), &ka, rekey);
+    let mut seq = 0;
+    for _ in 0..30 {
+        seq = serve_one(&mut sim, seq);
+    }
+    assert!(sim.established());
+    if net.loss == 0.0 {
+        assert_eq!(sim.a.delivered().last(), Some(&(seq - 1)));
+    }
+    (sim, seq)
+}
+
+/// One request from A, answered by B if B delivered it, over 100 ms. Returns the next `seq`.
+fn serve_one(sim: &mut Sim, seq: u64) -> u64 {
+    sim.send_data(false, seq);
+    sim.run_ms(20);
+    if sim.b.delivered().last() == Some(&seq) {
+        sim.send_data(true, seq);
+    }
+    sim.run_ms(80);
+    seq + 1
+}
+
+/// Requests until one is answered; returns how long after `from_ms` the first answer came.
+fn served_after(sim: &mut Sim, mut seq: u64, from_ms: u64, limit_ms: u64) -> (u64, u64) {
+    while sim.now_ms < from_ms + limit_ms {
+        let asked = seq;
+        seq = serve_one(sim, seq);
+        if sim.a.delivered().last() == Some(&asked) {
+            return (sim.now_ms - from_ms, seq);
+        }
+    }
+    panic!("not served within {limit_ms} ms of the server being back");
+}
+
+#[test]
+fn a_restarted_server_serves_its_client_again_within_five_seconds() {
+    // The server restarts at once, or after 2 s and 12 s down; the client never learns of it
+    // but by its unanswered requests, and its rekey is a minute away.
+    for (seed, down_ms) in [(21, 0), (22, 2_000), (23, 12_000)] {
+        let (mut sim, mut seq) = client_and_server(seed, CLEAN);
+        let ka = sim.a.private.clone();
+        let kb = sim.b.private.clone();
+        sim.b_down = true;
+        let down_at = sim.now_ms;
+        while sim.now_ms < down_at + down_ms {
+            seq = serve_one(&mut sim, seq);
+        }
+        sim.b = Gateway::server(kb, &ka, Duration::from_secs(60));
+        sim.b_down = false;
+        let back = sim.now_ms;
+        let (ms, next) = served_after(&mut sim, seq, back, 5_000);
+        seq = next;
+        assert!(ms <= 5_000, "down {down_ms} ms: served {ms} ms after");
+        assert_eq!(sim.a.stats().liveness_failures, 1, "down {down_ms} ms");
+        // The recovery handshake went to the link set, the one a restarted server binds.
+        assert!(sim.b.stats().completed >= 1);
+        // Served from then on, with no further recovery.
+        for _ in 0..50 {
+            let asked = seq;
+            seq = serve_one(&mut sim, seq);
+            assert_eq!(sim.a.delivered().last(), Some(&asked));
+        }
+        assert_eq!(sim.a.stats().liveness_failures, 1);
+    }
+}
+
+#[test]
+fn a_restarted_server_serves_its_client_again_under_loss_and_reordering() {
+    let lossy = Net {
+        loss: 0.05,
+        dup: 0.02,
+        max_delay_ms: 30,
+        min_delay_ms: 5,
+        replay_attack: false,
+    };
+    for seed in 30..40 {
+        let (mut sim, seq) = client_and_server(seed, lossy);
+        let ka = sim.a.private.clone();
+        let kb = sim.b.private.clone();
+        sim.b = Gateway::server(kb, &ka, Duration::from_secs(60));
+        let back = sim.now_ms;
+        // Loss takes retries: the recovery handshake's retry is at most 2.5 s.
+        let (ms, _) = served_after(&mut sim, seq, back, 8_000);
+        assert!(ms <= 8_000, "seed {seed}: served {ms} ms after");
+    }
+}
+
+#[test]
+fn a_one_way_flow_and_an_idle_link_make_no_recovery_handshake() {
+    let (mut sim, mut seq) = client_and_server(40, CLEAN);
+    let completed = sim.a.stats().completed;
+    let sent_by_b = sim.nonces.len();
+    // 30 s of requests the server never answers with data: its keepalives say it is alive.
+    for _ in 0..300 {
+        sim.send_data(false, seq);
+        seq += 1;
+        sim.run_ms(100);
+    }
+    assert_eq!(sim.b.delivered().last(), Some(&(seq - 1)));
+    assert_eq!(sim.a.stats().liveness_failures, 0);
+    assert_eq!(
+        sim.a.stats().completed,
+        completed,
+        "no handshake in a one-way flow"
+    );
+    let keepalives = sim.nonces.len() - sent_by_b - 300;
+    assert!(
+        (10..=45).contains(&keepalives),
+        "keepalives in 30 s: {keepalives}"
+    );
+    // Then 20 s with nothing to send (the rekey is later): nothing is sent at all.
+    sim.run_ms(2_000);
+    let before = sim.nonces.len();
+    sim.run_ms(20_000);
+    assert_eq!(sim.nonces.len(), before, "an idle link sends no keepalive");
+    assert_eq!(sim.a.stats().liveness_failures, 0);
 }

@@ -18,6 +18,10 @@
 //! drops their sessions when their keys expire (three rekey intervals) and is back to their link
 //! sets alone; its TUN device is gone after SIGTERM, its table and route after `mt6d down`.
 //!
+//! A second test restarts the server under a client whose rekey is a minute away: the client
+//! notices that its requests go unanswered and handshakes on the link set (docs/PROTOCOL.md
+//! §9.9), and is answered again within 5 s of the new server process being ready.
+//!
 //! Run: `cargo test --release -p mt6d --test server_handshake_netns -- --include-ignored --nocapture`.
 
 mod common;
@@ -84,13 +88,18 @@ fn counter(log: &str, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// A host-mode client of the server in namespace `n` (1 or 2).
+/// A host-mode client of the server in namespace `n` (1 or 2), rekeying every 3 s.
 fn client_config(n: u16, dir: &Path, server_public: &str) -> String {
+    client_config_rekey(n, dir, server_public, 3)
+}
+
+/// A host-mode client of the server in namespace `n`, rekeying every `rekey` seconds.
+fn client_config_rekey(n: u16, dir: &Path, server_public: &str, rekey: u32) -> String {
     format!(
         "[gateway]\nrole = \"host\"\nexternal_interface = \"c0\"\ntun_name = \"mt6dc{n}\"\n\
          control_socket = \"{dir}/c{n}.sock\"\nrotation_secs = 1\njitter = true\n\
          external_next_hop = \"2001:db8:f{n}::1\"\nstate_dir = \"{dir}/state-c{n}\"\n\
-         private_key_file = \"c{n}.key\"\nrekey_secs = 3\n\n\
+         private_key_file = \"c{n}.key\"\nrekey_secs = {rekey}\n\n\
          [[peer]]\nname = \"server\"\nlocal_host = \"{true_addr}\"\nremote_host = \"{SERVER_TRUE}\"\n\
          local_prefix = \"2001:db8:c{n}::/64\"\nremote_prefix = \"{SERVER_PREFIX}/64\"\n\
          public_key = \"{server_public}\"\n",
@@ -417,4 +426,106 @@ fn real_clients_handshake_with_the_server_and_keep_their_sessions_across_rotatio
     let left = String::from_utf8_lossy(&left.stdout);
     assert!(!left.contains("mt6d_server"), "{left}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Starts the server of `lab` for the clients of `peers` (rekey `rekey` s); `log` names its log.
+fn start_server(lab: &ServerLab, dir: &Path, rekey: u32, log: &str) -> DaemonProcess {
+    let config = format!(
+        "{}private_key_file = \"server.key\"\nrekey_secs = {rekey}\ncontrol_socket = \"{}\"\n",
+        ServerLab::server_config(1.0, 2, &dir.join("state")),
+        dir.join("server.sock").display()
+    );
+    let path = dir.join("server.toml");
+    std::fs::write(&path, config).expect("config");
+    let mut cmd = lab.server.command(common::MT6D).expect("command");
+    cmd.arg("run").arg("-c").arg(&path);
+    DaemonProcess::spawn("server", cmd, &dir.join("none.sock"), &dir.join(log))
+        .expect("start server")
+}
+
+#[test]
+#[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
+fn a_restarted_server_serves_its_client_again_within_five_seconds() {
+    common::require_root();
+    let _turn = common::one_at_a_time();
+    let lab = ServerLab::build("m6r").expect("lab");
+    let c1 = &lab.clients[0];
+    let dir = std::env::temp_dir().join(unique_name("m6rs"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let server_public = keygen(&dir.join("server.key"));
+    let public = keygen(&dir.join("c1.key"));
+    let peers = dir.join("clients");
+    std::fs::write(
+        &peers,
+        format!("c1 {public} {} prefix=2001:db8:c1::/64\n", true_addr(1)),
+    )
+    .expect("peers");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&peers, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    // Rekeys a minute apart on both sides: without liveness the client would be served again
+    // only at its next rekey, up to 60 s plus about 7 s after the restart.
+    let mut daemon = start_server(&lab, &dir, 60, "server.log");
+    wait_log(&daemon, "serving 1 clients", Duration::from_secs(30));
+    let mut stop = Arc::new(AtomicBool::new(false));
+    let mut echo =
+        echo_service(&lab.server, SERVER_TRUE, ECHO_PORT, 10, stop.clone()).expect("echo");
+    let path = dir.join("c1.toml");
+    std::fs::write(&path, client_config_rekey(1, &dir, &server_public, 60)).expect("config");
+    let mut cmd = c1.command(common::MT6D).expect("command");
+    cmd.arg("run").arg("-c").arg(&path);
+    let mut client = DaemonProcess::spawn("c1", cmd, &dir.join("c1.sock"), &dir.join("c1.log"))
+        .expect("start client");
+    client.wait_ready(Duration::from_secs(20)).expect("client");
+    let first = until_answered(c1, 1, Duration::from_secs(20)).expect("first answer");
+    println!("first answer {first:.2} s after the client was ready");
+
+    let mut results = Vec::new();
+    for (round, down) in [(1, Duration::ZERO), (2, Duration::from_secs(8))] {
+        // Stop the server (and its echo service, whose address goes with the TUN device),
+        // while the client keeps asking every 200 ms.
+        stop.store(true, Ordering::Relaxed);
+        let requests = std::thread::scope(|t| {
+            let asking = t.spawn(|| {
+                let started = Instant::now();
+                (started, until_answered(c1, 1, Duration::from_secs(40)))
+            });
+            daemon.stop(Duration::from_secs(10)).expect("server stops");
+            std::thread::sleep(down);
+            daemon = start_server(&lab, &dir, 60, &format!("server-{round}.log"));
+            wait_log(&daemon, "serving 1 clients", Duration::from_secs(30));
+            let back = Instant::now();
+            // The echo service again: its address went with the old TUN device.
+            let _ = std::mem::replace(&mut echo, std::thread::spawn(|| 0)).join();
+            stop = Arc::new(AtomicBool::new(false));
+            echo =
+                echo_service(&lab.server, SERVER_TRUE, ECHO_PORT, 10, stop.clone()).expect("echo");
+            let (started, answered) = asking.join().expect("client thread");
+            (back, started, answered)
+        });
+        let (back, started, answered) = requests;
+        let answered = answered.unwrap_or_else(|| {
+            panic!(
+                "round {round}: no answer within 40 s\n--- server\n{}\n--- client\n{}",
+                log_of(&daemon),
+                client.log_tail(60)
+            )
+        });
+        let after = (started + Duration::from_secs_f64(answered))
+            .saturating_duration_since(back)
+            .as_secs_f64();
+        println!("round {round}: server down {down:?}, client answered again {after:.2} s after the server was ready");
+        results.push(after);
+    }
+    client.stop(Duration::from_secs(10)).expect("client stops");
+    stop.store(true, Ordering::Relaxed);
+    let _ = echo.join();
+    daemon.stop(Duration::from_secs(10)).expect("server stops");
+    let _ = std::fs::remove_dir_all(&dir);
+    for (i, after) in results.iter().enumerate() {
+        assert!(
+            *after < 5.0,
+            "round {}: served again {after:.2} s after the server was back",
+            i + 1
+        );
+    }
 }

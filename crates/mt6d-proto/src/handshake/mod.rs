@@ -52,6 +52,10 @@ pub const NOISE_PARAMS: &str = "Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s";
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// The longest wait between two initiations of one handshake.
 pub const RETRY_MAX: Duration = Duration::from_secs(4);
+/// The longest wait between two initiations of a handshake started because the peer stopped
+/// answering our data ([`Handshake::liveness_failed`], docs/PROTOCOL.md §9.9): a restarted peer
+/// is answered again within this (plus the quarter of jitter) of being back.
+pub const RECOVERY_RETRY_MAX: Duration = Duration::from_secs(2);
 /// An initiation stays answerable this long after it was sent, whatever newer ones followed, so a
 /// round trip longer than the retry interval still completes (with the first answer that
 /// arrives).
@@ -220,6 +224,8 @@ pub struct HandshakeStats {
     pub responses_sent: u64,
     /// When the newest keys were established.
     pub last_completed: Option<UnixTime>,
+    /// Handshakes started because the peer answered none of our data (§9.9).
+    pub liveness_failures: u64,
     /// Rejected messages per [`HandshakeError::ALL`] entry.
     pub failures: [u64; HandshakeError::ALL.len()],
 }
@@ -373,6 +379,9 @@ pub struct Handshake {
     want: bool,
     /// Never initiates ([`Handshake::set_responder_only`]).
     responder_only: bool,
+    /// The handshake under way was started because the peer stopped answering
+    /// ([`Handshake::liveness_failed`]): its initiations go on the link set, retried sooner.
+    recovering: bool,
     bucket: Bucket,
     stats: HandshakeStats,
 }
@@ -449,6 +458,7 @@ impl Handshake {
             established: None,
             want: true,
             responder_only: false,
+            recovering: false,
             bucket: Bucket {
                 milli: Bucket::FULL,
                 at: UnixTime::from_nanos(0),
@@ -531,6 +541,27 @@ impl Handshake {
     /// Whether [`Handshake::set_responder_only`] was called.
     pub fn is_responder_only(&self) -> bool {
         self.responder_only
+    }
+
+    /// The peer answered none of our data for the liveness bound (docs/PROTOCOL.md §9.9): it
+    /// probably lost our session (a restart). An initiation is due at once, and this handshake's
+    /// initiations go on the link set ([`Handshake::recovering`]) with retries at most
+    /// [`RECOVERY_RETRY_MAX`] apart, until one completes. Returns whether it started one (not
+    /// when answering only, nor while such a handshake is already under way).
+    pub fn liveness_failed(&mut self) -> bool {
+        if self.responder_only || self.recovering {
+            return false;
+        }
+        self.recovering = true;
+        self.want = true;
+        self.retry_at = None;
+        self.stats.liveness_failures += 1;
+        true
+    }
+
+    /// Whether the handshake under way was started by [`Handshake::liveness_failed`].
+    pub fn recovering(&self) -> bool {
+        self.recovering
     }
 
     /// Ask for a handshake at the next [`Handshake::poll`] (no send key). Retries of a handshake
@@ -746,9 +777,14 @@ impl Handshake {
             sent_at: now,
         });
         self.attempts = self.attempts.saturating_add(1);
+        let cap = if self.recovering {
+            RECOVERY_RETRY_MAX
+        } else {
+            RETRY_MAX
+        };
         let base = RETRY_AFTER
             .saturating_mul(1 << self.attempts.saturating_sub(1).min(8))
-            .min(RETRY_MAX);
+            .min(cap);
         // Jitter: up to a quarter of the interval, so two gateways that failed together do not
         // retry in lockstep.
         let extra_ns = (base.as_nanos() as u64 / 4).saturating_mul(jitter) / 65_536;
@@ -765,6 +801,7 @@ impl Handshake {
     /// The handshake is done (completed, or the peer's won): no more retries.
     fn settle(&mut self) {
         self.pending.clear();
+        self.recovering = false;
         self.attempts = 0;
         self.retry_at = None;
         self.want = false;

@@ -628,7 +628,7 @@ impl Receive {
                         counters.drop_n(DropReason::UnknownAddress, 1);
                     }
                     Ok(opened) => {
-                        bound.set.opened_on(route.epoch);
+                        bound.set.opened(route.epoch, opened.len);
                         if let Some(phase) = opened.confirmed {
                             session::on_confirmed(p, table, phase, opened.confirmed_key, now);
                             shared.attention.push(table.generation, peer);

@@ -50,6 +50,9 @@ pub struct HandshakeClients {
     /// The handshake of each client with one under way.
     pending: Vec<Option<Box<Handshake>>>,
     up: Vec<bool>,
+    /// The client lost its session ([`HandshakeClients::lose_session`]): its next handshake is a
+    /// recovery one (docs/PROTOCOL.md §9.9).
+    recovering: Vec<bool>,
     socket: UdpSocket6,
     raw: RawUdp6,
     raw_scratch: RawSendScratch,
@@ -141,6 +144,7 @@ impl HandshakeClients {
             privates,
             pending: (0..count).map(|_| None).collect(),
             up: vec![false; count],
+            recovering: vec![false; count],
             socket,
             raw: RawUdp6::open().map_err(|e| e.to_string())?,
             raw_scratch: RawSendScratch::new(1),
@@ -161,6 +165,15 @@ impl HandshakeClients {
     /// Whether client `i` completed its handshake.
     pub fn is_up(&self, i: usize) -> bool {
         self.up[i]
+    }
+
+    /// Client `i`'s server lost its session (a restart) and the client noticed, by its liveness
+    /// rule (docs/PROTOCOL.md §9.9): it is down again, and its next handshake is a recovery one
+    /// (on its link set, retries at most 2 s apart plus jitter), as a real client's would be.
+    pub fn lose_session(&mut self, i: usize) {
+        self.up[i] = false;
+        self.pending[i] = None;
+        self.recovering[i] = true;
     }
 
     /// Advances the clients whose boundary passed.
@@ -189,8 +202,11 @@ impl HandshakeClients {
                 rekey_after: Duration::from_secs(120),
                 rekey_after_packets: 1 << 23,
             };
-            let hs = Handshake::with_link_key(cfg, stream.config().key.clone())
+            let mut hs = Handshake::with_link_key(cfg, stream.config().key.clone())
                 .map_err(|e| e.to_string())?;
+            if self.recovering[i] {
+                hs.liveness_failed();
+            }
             self.pending[i] = Some(Box::new(hs));
         }
         let Some(hs) = self.pending[i].as_mut() else {
@@ -280,6 +296,7 @@ impl HandshakeClients {
                     self.send(route.local, route.remote, &ka[..n]);
                     self.pending[client] = None;
                     self.up[client] = true;
+                    self.recovering[client] = false;
                     self.counters.completed += 1;
                     on_up(client);
                 }

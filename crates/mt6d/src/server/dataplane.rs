@@ -197,8 +197,7 @@ pub fn drain(session: &mut Session, mut raw: Option<(&RawUdp6, &mut RawSendScrat
                     d.send_failed += 1;
                 }
             }
-            // The main thread has no socket; a responder-only link that moves no route queues
-            // nothing on a timeout.
+            // Only tests drain without a socket.
             None => log::debug!("dropped a {:?} queued on a timeout", t.kind),
         }
     }
@@ -457,7 +456,7 @@ impl Receive {
                             n.not_current += 1;
                         }
                         Ok(opened) => {
-                            on.opened_on(route.epoch);
+                            on.opened(route.epoch, opened.len);
                             if let Some(phase) = opened.confirmed {
                                 session
                                     .link

@@ -344,7 +344,14 @@ fn serve(
     }
     let mut last_report = Instant::now();
     let mut last_rx = 0;
-    let mut links = LinkTimers::default();
+    // The links' timeouts send liveness keepalives (docs/PROTOCOL.md §9.9) from this thread.
+    let mut links = LinkTimers {
+        raw: Some((
+            RawUdp6::open().map_err(os("open the link timers' raw UDP socket"))?,
+            mt6d_os::RawSendScratch::new(1),
+        )),
+        ..LinkTimers::default()
+    };
     let result = loop {
         if signals.stop_requested() || shared.shutdown.load(Ordering::Relaxed) {
             break Ok(());
@@ -484,6 +491,9 @@ struct LinkTimers {
     /// (in `at`) is skipped when it pops.
     heap: std::collections::BinaryHeap<std::cmp::Reverse<(UnixTime, PeerId)>>,
     at: HashMap<PeerId, UnixTime>,
+    /// Where a timeout's datagrams leave (a keepalive answering a client's data, §9.9); None
+    /// in tests without a socket.
+    raw: Option<(RawUdp6, mt6d_os::RawSendScratch)>,
 }
 
 impl LinkTimers {
@@ -520,7 +530,8 @@ impl LinkTimers {
             if let Some(mut guard) = reg.client(id).and_then(registry::Client::session) {
                 if let Some(session) = guard.as_mut() {
                     session.link.handle_timeout(now, || None);
-                    dataplane::drain(session, None);
+                    let raw = self.raw.as_mut().map(|(r, s)| (&*r, s));
+                    dataplane::drain(session, raw);
                 }
             }
             todo.push(id);
