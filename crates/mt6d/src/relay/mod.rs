@@ -46,7 +46,7 @@ pub enum RelayError {
     #[error(transparent)]
     System(#[from] SystemError),
     #[error(transparent)]
-    Generation(#[from] crate::server::generation::GenerationError),
+    Generation(#[from] crate::psk_counters::GenerationError),
     #[error(transparent)]
     Privilege(#[from] crate::privilege::PrivilegeError),
     #[error("{0}")]
@@ -83,7 +83,7 @@ pub fn inner_mtu(frame_max: usize) -> usize {
 /// only: it is no routing destination.
 pub fn build_node(
     cfg: &RelayConfig,
-    counters: crate::server::registry::CounterRange,
+    counters: crate::psk_counters::CounterRange,
 ) -> Result<RelayNode, RelayError> {
     let now = clock::now();
     let mut seed = [0u8; 16];
@@ -112,7 +112,7 @@ pub fn build_node(
                 node.add_link_handshake(now, neighbour(i), stream, hs)
             }
             None => {
-                let sealer = stream.sealer(counters.first, counters.end);
+                let sealer = run_sealer(&stream, counters);
                 node.add_link(now, neighbour(i), stream, sealer)
             }
         }
@@ -129,13 +129,22 @@ pub fn build_node(
                 node.add_e2e_handshake(now, e2e_id(j), e.destination, stream, hs)
             }
             None => {
-                let sealer = stream.sealer(counters.first, counters.end);
+                let sealer = run_sealer(&stream, counters);
                 node.add_e2e(now, e2e_id(j), e.destination, stream, sealer)
             }
         }
         .map_err(|err| setup(&err))?;
     }
     Ok(node)
+}
+
+/// A pre-shared link's or end-to-end peer's sealer: this run's counters, at most the key's
+/// packet limit of them (docs/PROTOCOL.md §4.3).
+fn run_sealer(stream: &Stream, counters: crate::psk_counters::CounterRange) -> mt6d_proto::Sealer {
+    let limit = crate::psk_counters::packet_limit(stream.config().aead);
+    stream
+        .sealer(counters.first, counters.end)
+        .with_key_limit(counters.first.saturating_add(limit).min(counters.end))
 }
 
 /// Link `i` of the file.
@@ -164,10 +173,7 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     }
     mt6d_os::secrets::set_non_dumpable()
         .map_err(|e| RelayError::Setup(format!("mark the process non-dumpable: {e}")))?;
-    let counters = crate::server::generation::reserve_named(
-        &cfg.state_dir,
-        &format!("relay-{}", cfg.tun_name),
-    )?;
+    let counters = crate::psk_counters::reserve_run(&cfg.state_dir)?;
     let started = Instant::now();
     let node = build_node(&cfg, counters)?;
     let mut system = system(&cfg)?;
