@@ -191,7 +191,19 @@ pub fn tick(peer: &Peer, table: &RouteTable, now: UnixTime) -> (Option<UnixTime>
         reserve_counters(peer, counter);
         next = Some(after(now, COUNTER_CHECK));
     }
+    // What the peer sealed under its newest key, read before the link is locked (a worker
+    // holds the receive keys, then the link, for a handshake message): the packet budget holds
+    // against both directions, so a peer that never initiates (a server) is rekeyed by us.
+    let seen = peer.keys.handshake.then(|| {
+        peer.recv
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .newest_packets_seen()
+    });
     let mut link = peer.link.lock();
+    if let Some(seen) = seen {
+        link.note_received(seen);
+    }
     if peer.keys.want.swap(false, Ordering::Relaxed) {
         link.handle_no_send_key();
     }
