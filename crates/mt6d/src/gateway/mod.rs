@@ -251,6 +251,10 @@ fn run_gateway(
         )
     });
     shared.shutdown.store(true, Ordering::Relaxed);
+    // Every packet thread has ended: the pre-shared counters reserved and not used go back.
+    for r in shared.table.load().peers.iter() {
+        session::release_counters(&r.peer);
+    }
     if let Err(e) = mt6d_os::service::stopping() {
         log::warn!("{e}");
     }

@@ -280,6 +280,25 @@ fn reserve_counters(peer: &Peer, counter: &Mutex<CounterState>) {
     }
 }
 
+/// A clean stop, after every packet thread ended: retires a pre-shared sealer and gives back the
+/// counters it reserved and did not use (docs/PROTOCOL.md §4.3), so a restart does not charge
+/// the key's packet limit with them.
+pub fn release_counters(peer: &Peer) {
+    let (Some(counter), Some(sealer)) = (&peer.keys.counter, peer.keys.send.load_full()) else {
+        return;
+    };
+    let next = sealer.retire();
+    let mut state = counter
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Err(e) = state.release(next) {
+        log::warn!(
+            "peer {}: cannot give back its unused send counters ({e}); they stay spent",
+            peer.name
+        );
+    }
+}
+
 /// The receiving worker's handling of a handshake message from `peer` on `arrived_on`, a route of its
 /// set `set`. The message's MAC and header protection are the set's, and so are the reply's,
 /// which travels on the same set's current route (docs/PROTOCOL.md §9.8). Returns false if it
