@@ -294,3 +294,41 @@ fn set_up(system: &mut PrefixSystem, cfg: &RelayConfig, mtu: usize) -> Result<Re
         ndp,
     })
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+mod tests {
+    use super::*;
+    use mt6d_proto::{AeadAlg, Endpoint, Epoch, SealError, SessionKey, StreamConfig};
+
+    #[test]
+    fn a_pre_shared_link_seals_within_its_run_and_its_key_limit() {
+        let mut cfg = StreamConfig::new(
+            Endpoint::new("2001:db8:a::1".parse().unwrap()),
+            Endpoint::new("2001:db8:b::2".parse().unwrap()),
+            SessionKey::from_bytes(&[9; 32]).unwrap(),
+        );
+        cfg.aead = AeadAlg::Aes256Gcm;
+        let stream = Stream::new(cfg).unwrap();
+        let run = crate::psk_counters::CounterRange {
+            first: 3 << 40,
+            end: 4 << 40,
+        };
+        let sealer = run_sealer(&stream, run);
+        let route = stream.route(Epoch(1));
+        let mut out = [0u8; 64];
+        sealer.seal_keepalive(&route, &mut out).unwrap();
+        assert_eq!(u64::from_be_bytes(out[..8].try_into().unwrap()), 3 << 40);
+        // RFC 9001 §6.6: 2^23 packets under one AES-GCM key in this run, then refusals.
+        for i in 1..1u64 << 23 {
+            assert!(
+                sealer.seal_keepalive(&route, &mut out).is_ok(),
+                "packet {i}"
+            );
+        }
+        assert_eq!(
+            sealer.seal_keepalive(&route, &mut out),
+            Err(SealError::KeyLimit)
+        );
+    }
+}
