@@ -13,11 +13,11 @@
 //!   instance that uses the directory, whatever its TUN device is called, under the exclusive
 //!   `flock` of `<state_dir>/psk.lock`, and writes it back durably before any key is used.
 //!
-//! So, for any key, two daemons on the machine (two servers sharing a client key, a relay and a
-//! server, a server and a gateway) and two runs of one daemon never draw the same counter; the
-//! key's own fingerprint needs no file of its own on a server with a million clients. Within a
-//! run a server that removes a client and adds it again continues it above the counters its
-//! earlier incarnation used (`server::registry`, the in-run retirement).
+//! So, for any key, two daemons on the machine that use the same state directory (two servers
+//! sharing a client key, a relay and a server, a server and a gateway) and two runs of one
+//! daemon never draw the same counter, and a server with a million clients needs no file per
+//! key. Within a run a server that removes a client and adds it again continues it above the
+//! counters its earlier incarnation used (`server::registry`, the in-run retirement).
 //!
 //! Owns `psk.generation` and `psk.lock`; must not be used for handshake keys (fresh keys need no
 //! state). Today's generation files, `server-<tun>.generation` and `relay-<tun>.generation`

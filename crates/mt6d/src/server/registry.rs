@@ -315,7 +315,7 @@ pub struct Registry {
     /// The in-run retirement of pre-shared keys: for each key a removed client sealed with (by
     /// its counter state id, a one-way function of the send data key), the first counter it
     /// never used. A client added later with the same key, under any name or prefix, starts
-    /// there. One entry per removed key for the run's life: 40 bytes each.
+    /// there. One entry per key removed in the run, kept for the run's life (under 100 bytes each).
     retired: HashMap<String, u64>,
     /// When to announce each entering route's server address to the router (priming,
     /// docs/PROTOCOL.md §5.1); None without priming.
