@@ -23,9 +23,8 @@
 //! state). Today's generation files, `server-<tun>.generation` and `relay-<tun>.generation`
 //! (before the shared file), are read at every draw and honoured: no upgrade restarts lower.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use mt6d_proto::AeadAlg;
@@ -92,19 +91,10 @@ impl std::fmt::Debug for CounterLock {
 /// Takes the exclusive lock of `dir` (made with mode 0700 if missing), waiting for another
 /// daemon that holds it (it holds it for one read and one durable write).
 pub fn lock(dir: &Path) -> Result<CounterLock, (PathBuf, &'static str, io::Error)> {
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
+    crate::files::private_dir(dir, false)
         .map_err(|e| (dir.to_path_buf(), "create the state directory", e))?;
     let path = dir.join(LOCK_FILE);
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|e| (path.clone(), "open", e))?;
+    let file = crate::files::open_private(&path).map_err(|e| (path.clone(), "open", e))?;
     let lock = Flock::lock(file, FlockArg::LockExclusive)
         .map_err(|(_, errno)| (path, "lock", io::Error::from(errno)))?;
     Ok(CounterLock { _lock: lock })
@@ -143,9 +133,10 @@ pub fn reserve_run(dir: &Path) -> Result<CounterRange, GenerationError> {
     })
 }
 
-/// Replaces `path` with `text` durably: a temporary file beside it (mode 0600), fsync, rename
-/// into place, fsync of the directory. A crash leaves the old or the new contents, never a
-/// mix. Errors name the file and the step.
+/// Replaces `path` with `text` durably: a temporary file beside it (mode 0600, created with
+/// `O_EXCL | O_NOFOLLOW`: [`crate::files::create_temporary`]), fsync, rename into place, fsync
+/// of the directory. A crash leaves the old or the new contents, never a mix. Errors name the
+/// file and the step.
 pub(crate) fn write_durably(
     path: &Path,
     text: &str,
@@ -161,13 +152,7 @@ pub(crate) fn write_durably(
         let p = p.to_path_buf();
         move |e| (p, what, e)
     }
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(at(&tmp, "create"))?;
+    let mut f = crate::files::create_temporary(&tmp).map_err(at(&tmp, "create"))?;
     f.write_all(text.as_bytes()).map_err(at(&tmp, "write"))?;
     f.sync_all().map_err(at(&tmp, "fsync"))?;
     drop(f);
