@@ -140,6 +140,9 @@ pub struct Link {
     keepalives_sealed: u64,
     /// Handshake messages from the peer that were accepted: authenticated packets too.
     handshakes_heard: u64,
+    /// Packets the peer sealed under its newest key, as the driver last told
+    /// ([`Link::note_received`]).
+    received: u64,
 }
 
 impl Link {
@@ -171,6 +174,7 @@ impl Link {
             keepalives_sealed: 0,
             handshakes_heard: 0,
             stream,
+            received: 0,
         }
     }
 
@@ -254,6 +258,15 @@ impl Link {
         next
     }
 
+    /// How many packets the peer has sealed under its newest confirmed key as far as the
+    /// packets opened show ([`ReceiveKeys::newest_packets_seen`]); call it before
+    /// [`Link::handle_timeout`]. The packet budget (`rekey_after_packets`) is then held against
+    /// both directions: a peer that never initiates (a responder-only server) is rekeyed by this
+    /// side when it has sent that many packets, and never seals far past its AEAD's limit.
+    pub fn note_received(&mut self, packets: u64) {
+        self.received = packets;
+    }
+
     /// Time passed: expire keys that outlived their rekeys, release sets the peer left, resend
     /// notices, and start an initiation when one is due (first contact, a wanted handshake, a
     /// rekey, a retry). `entropy` is asked only if an initiation is made.
@@ -292,7 +305,12 @@ impl Link {
         let Some(hs) = &mut self.hs else {
             return;
         };
-        let sent = self.send.as_ref().map_or(0, |s| s.sealed());
+        // The budget counts both directions under the current keys (see `note_received`).
+        let sent = self
+            .send
+            .as_ref()
+            .map_or(0, |s| s.sealed())
+            .max(self.received);
         if !hs.initiation_due(now, sent) {
             return;
         }
@@ -550,6 +568,8 @@ impl Link {
         let key_id = sealer.key_id().unwrap_or(0);
         self.send_key_number += 1;
         self.keepalives_sealed = 0;
+        // New keys both ways: the peer's count under the old ones no longer applies.
+        self.received = 0;
         self.send = Some(sealer.clone());
         self.events.push_back(Event::SendKey(Some(sealer)));
         self.events.push_back(Event::Established {

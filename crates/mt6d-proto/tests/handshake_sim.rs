@@ -528,6 +528,52 @@ fn rekeying_during_a_packet_stream_loses_nothing() {
 }
 
 #[test]
+fn a_responder_that_never_initiates_is_rekeyed_when_it_has_sent_the_budget() {
+    // The server role: its sessions only answer, and a download is one-way. Its client, the
+    // initiator, holds the packet budget against what the server sealed too, so the server's
+    // send key is replaced near `rekey_after_packets` instead of sealing on to the AEAD's limit.
+    let budget = 500;
+    let ka = PrivateKey::generate([0xa1; 32]);
+    let kb = PrivateKey::generate([0xb2; 32]);
+    let cfg = |own: &PrivateKey, peer: &PrivateKey, local, remote| {
+        mt6d_proto::handshake::HandshakeConfig {
+            rekey_after_packets: budget,
+            ..handshake_config(own, peer, local, remote)
+        }
+    };
+    let mut sim = Sim::new(9, CLEAN, Duration::from_secs(120));
+    sim.a.g = SimGateway::new(cfg(&ka, &kb, A, B), Duration::from_secs(2));
+    sim.b.g = SimGateway::responder_only(cfg(&kb, &ka, B, A), Duration::from_secs(2));
+    sim.run_ms(200);
+    assert!(sim.established());
+    let n = 2_000u64; // 200 packets a second from B for 10 s: four budgets
+    for i in 0..n {
+        assert!(sim.send_data(true, i), "B had no send key at {i}");
+        sim.run_ms(5);
+    }
+    sim.run_ms(100);
+    assert!(
+        sim.a.stats().rekeys >= 3,
+        "rekeys: {} (A's stats {:?})",
+        sim.a.stats().rekeys,
+        sim.a.stats()
+    );
+    let got: HashSet<u64> = sim.a.delivered().iter().copied().collect();
+    assert_eq!(got.len() as u64, n, "A lost packets: {:?}", sim.a.g.drops);
+    // No key of B's sealed far past the budget: the check runs every 10 ms here (every second
+    // in the daemon) and the new key takes over a round trip later.
+    let mut per_key: BTreeMap<u64, u64> = BTreeMap::new();
+    for (key, _) in &sim.nonces {
+        *per_key.entry(*key).or_default() += 1;
+    }
+    let most = per_key.values().max().copied().unwrap_or(0);
+    assert!(
+        most <= budget + 10,
+        "a key sealed {most} packets: {per_key:?}"
+    );
+}
+
+#[test]
 fn nonces_never_repeat_across_restarts_and_traffic_recovers() {
     let rekey = Duration::from_secs(120);
     let mut sim = Sim::new(5, CLEAN, rekey);

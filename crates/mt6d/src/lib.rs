@@ -11,6 +11,7 @@ pub mod keys;
 pub mod lab;
 pub mod metrics;
 pub mod privilege;
+pub mod psk_counters;
 pub mod relay;
 pub mod server;
 pub mod status;

@@ -134,6 +134,20 @@ impl ReceiveKeys {
         }
     }
 
+    /// How many packets the peer has sealed under its newest confirmed key as far as the
+    /// packets opened show (0 with none): what an initiator holds against the packet budget
+    /// besides its own count, so that a responder that never initiates (a server) is rekeyed by
+    /// its client when it has sent `rekey_after_packets` (docs/PROTOCOL.md §4.3).
+    pub fn newest_packets_seen(&self) -> u64 {
+        self.slots
+            .iter()
+            .flatten()
+            .filter(|s| s.confirmed && s.retire_at.is_none())
+            .map(|s| s.opener.packets_seen())
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Opens `payload` (arrived on `route`) with the key of its phase.
     pub fn open(
         &mut self,

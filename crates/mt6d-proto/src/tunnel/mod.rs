@@ -222,6 +222,10 @@ pub enum SealError {
     /// file). docs/PROTOCOL.md §4.3.
     #[error("send counter not yet reserved on stable storage")]
     CounterNotReserved,
+    /// Pre-shared key: it has protected as many packets as its AEAD allows (docs/PROTOCOL.md
+    /// §4.3, RFC 9001 §6.6); the operator must give the peer a new key.
+    #[error("the pre-shared key reached its packet limit: give the peer a new key")]
+    KeyLimit,
     /// Plain mode has no counter or tag, so it has no keepalive.
     #[error("plain mode has no keepalive")]
     NoKeepaliveInPlain,
@@ -251,6 +255,7 @@ impl SealError {
             Self::BufferTooSmall { .. } => "seal_buffer_too_small",
             Self::CounterExhausted => "seal_counter_exhausted",
             Self::CounterNotReserved => "seal_counter_not_reserved",
+            Self::KeyLimit => "seal_key_limit",
             Self::NoKeepaliveInPlain => "seal_no_keepalive_in_plain",
             Self::NotEncrypt { .. } => "seal_not_encrypt",
             Self::BadFrame(_) => "seal_bad_frame",

@@ -120,6 +120,14 @@ impl Opener {
         self.key_id
     }
 
+    /// How many packets the peer has sealed under this key as far as the packets opened show:
+    /// the highest packet number accepted plus one (the phase bit left out), 0 before the first.
+    pub fn packets_seen(&self) -> u64 {
+        self.replay
+            .top()
+            .map_or(0, |top| (top & (super::SESSION_COUNTER_LIMIT - 1)) + 1)
+    }
+
     /// The key phase it opens (None for a static key).
     pub fn phase(&self) -> Option<KeyPhase> {
         match self.space {

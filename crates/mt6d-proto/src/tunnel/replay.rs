@@ -42,6 +42,11 @@ impl ReplayWindow {
         )
     }
 
+    /// The highest counter accepted so far (None before the first).
+    pub fn top(&self) -> Option<u64> {
+        self.any.then_some(self.top)
+    }
+
     /// True if `counter` would be accepted now. Does not change the window (call before decrypting).
     pub fn check(&self, counter: u64) -> bool {
         if !self.any || counter > self.top {

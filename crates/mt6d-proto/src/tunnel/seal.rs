@@ -2,7 +2,7 @@
 
 use std::cell::RefCell;
 use std::net::Ipv6Addr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 use super::{
     aead_key_bytes, frame_payload_len, outer_aad, payload_len, AeadKey, CounterSpace, KeyPhase,
@@ -36,6 +36,10 @@ pub struct Sealer {
     counter: AtomicU64,
     /// Counters at or above this are not reserved (persisted) yet: refused, never used.
     reserved: AtomicU64,
+    /// Counters at or above this are past the key's packet limit ([`Sealer::with_key_limit`]).
+    key_end: u64,
+    /// 0: the key limit was not reached; 1: reached; 2: reached and reported.
+    key_limit_state: AtomicU8,
     first: u64,
     key_id: Option<u64>,
     local_true: Ipv6Addr,
@@ -57,6 +61,8 @@ impl Sealer {
             space: CounterSpace::Static,
             counter: AtomicU64::new(first),
             reserved: AtomicU64::new(reserved_until),
+            key_end: u64::MAX,
+            key_limit_state: AtomicU8::new(0),
             first,
             key_id: None,
             local_true,
@@ -81,11 +87,39 @@ impl Sealer {
             counter: AtomicU64::new(0),
             // A fresh key: every packet number is free (the phase space ends at 2^62).
             reserved: AtomicU64::new(u64::MAX),
+            key_end: u64::MAX,
+            key_limit_state: AtomicU8::new(0),
             first: 0,
             key_id: Some(key_id(key)),
             local_true,
             remote_true,
         }
+    }
+
+    /// Refuses every counter at or past `end` ([`SealError::KeyLimit`]): a pre-shared key has
+    /// then protected as many packets as its AEAD allows (docs/PROTOCOL.md §4.3). The caller
+    /// computes `end` from the counters the key has used before, in this run and earlier ones.
+    #[must_use]
+    pub fn with_key_limit(mut self, end: u64) -> Self {
+        self.key_end = end;
+        self
+    }
+
+    /// True exactly once, at the first call after a packet was refused at the key limit
+    /// ([`Sealer::with_key_limit`]): lets the caller log it once, off the packet path.
+    pub fn take_key_limit_notice(&self) -> bool {
+        self.key_limit_state
+            .compare_exchange(1, 2, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Ends this sealer's use of its key and returns the first counter it never used: every
+    /// later seal is refused, so a caller that makes a new sealer for the same key from the
+    /// returned counter on (a server client removed and added again, docs/PROTOCOL.md §4.3)
+    /// cannot meet a counter this one sealed, even with a seal racing this call (one atomic
+    /// swap orders them).
+    pub fn retire(&self) -> u64 {
+        self.counter.swap(COUNTER_LIMIT, Ordering::SeqCst)
     }
 
     /// The stream's payload format.
@@ -330,6 +364,18 @@ impl Sealer {
 
     fn next(&self) -> Result<u64, SealError> {
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        if n >= self.key_end {
+            // A retired sealer's numbers (>= COUNTER_LIMIT) are no key limit to report.
+            if n < COUNTER_LIMIT {
+                let _ = self.key_limit_state.compare_exchange(
+                    0,
+                    1,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+            }
+            return Err(SealError::KeyLimit);
+        }
         if n >= self.reserved.load(Ordering::Acquire) {
             // The number is burnt, not used: the caller's reservation fell behind the traffic.
             return Err(SealError::CounterNotReserved);
@@ -434,6 +480,39 @@ mod tests {
         assert!(n > 0);
         let c = u64::from_be_bytes(out[..8].try_into().unwrap());
         assert!((102..200).contains(&c), "{c}");
+    }
+
+    #[test]
+    fn a_key_limit_refuses_and_is_reported_once() {
+        let (a, _) = pair(Mode::Encrypt, AeadAlg::Aes256Gcm);
+        let s = a.sealer(10, u64::MAX).with_key_limit(12);
+        let r = a.route(Epoch(1));
+        let mut out = [0u8; 64];
+        assert!(!s.take_key_limit_notice(), "not reached yet");
+        assert_eq!(s.seal_keepalive(&r, &mut out), Ok(KEEPALIVE_LEN));
+        assert_eq!(s.seal_keepalive(&r, &mut out), Ok(KEEPALIVE_LEN));
+        assert_eq!(s.seal_keepalive(&r, &mut out), Err(SealError::KeyLimit));
+        assert_eq!(s.seal_keepalive(&r, &mut out), Err(SealError::KeyLimit));
+        assert!(s.take_key_limit_notice());
+        assert!(!s.take_key_limit_notice(), "once");
+        assert_eq!(SealError::KeyLimit.reason(), "seal_key_limit");
+    }
+
+    #[test]
+    fn a_retired_sealer_seals_nothing_more() {
+        let (a, _) = pair(Mode::Encrypt, AeadAlg::Aes256Gcm);
+        let s = a.sealer(7, u64::MAX).with_key_limit(1 << 23);
+        let r = a.route(Epoch(1));
+        let mut out = [0u8; 64];
+        s.seal_keepalive(&r, &mut out).unwrap();
+        s.seal_keepalive(&r, &mut out).unwrap();
+        assert_eq!(s.retire(), 9, "the first counter never used");
+        assert!(s.seal_keepalive(&r, &mut out).is_err());
+        assert!(!s.take_key_limit_notice(), "retiring is no key limit");
+        // Its successor starts there and never meets a counter the retired one used.
+        let next = a.sealer(9, u64::MAX);
+        next.seal_keepalive(&r, &mut out).unwrap();
+        assert_eq!(u64::from_be_bytes(out[..8].try_into().unwrap()), 9);
     }
 
     #[test]

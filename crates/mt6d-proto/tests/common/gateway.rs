@@ -81,7 +81,23 @@ impl SimGateway {
 
     /// A gateway with identity keys whose link stream's configuration `adjust` changes.
     pub fn configured(cfg: HandshakeConfig, adjust: impl FnOnce(&mut StreamConfig)) -> SimGateway {
-        let hs = Handshake::new(cfg.clone()).unwrap();
+        SimGateway::build(cfg, adjust, false)
+    }
+
+    /// A side that only answers handshakes, never initiates: a server's session.
+    pub fn responder_only(cfg: HandshakeConfig, rotation: Duration) -> SimGateway {
+        SimGateway::build(cfg, |sc| sc.rotation = rotation, true)
+    }
+
+    fn build(
+        cfg: HandshakeConfig,
+        adjust: impl FnOnce(&mut StreamConfig),
+        responder_only: bool,
+    ) -> SimGateway {
+        let mut hs = Handshake::new(cfg.clone()).unwrap();
+        if responder_only {
+            hs.set_responder_only();
+        }
         let mut sc = StreamConfig::new(
             Endpoint::new(cfg.local_true),
             Endpoint::new(cfg.remote_true),
@@ -150,6 +166,8 @@ impl SimGateway {
     /// The timer fired (or the simulation just ticks): the link's timeout, then its output.
     pub fn timeout(&mut self, now: UnixTime, entropy: [u8; 32]) -> Vec<Packet> {
         self.recv.expire(now);
+        // As the daemon's timer: the packet budget counts what the peer sent too.
+        self.link.note_received(self.recv.newest_packets_seen());
         self.link.handle_timeout(now, || Some(entropy));
         // With randomness at hand, a timeout leaves nothing due at the same instant: a driver
         // that sleeps until `poll_timeout` never spins.

@@ -31,10 +31,13 @@ pub enum DropReason {
     NoKey = 7,
     /// A handshake message that was rejected (the reason is in the peer's handshake failures).
     Handshake = 8,
+    /// A pre-shared key that has protected as many packets as its AEAD allows
+    /// (docs/PROTOCOL.md §4.3): the operator must give the peer a new key.
+    KeyLimit = 9,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 9] = [
+    pub const ALL: [DropReason; 10] = [
         DropReason::BadLength,
         DropReason::BadTag,
         DropReason::Replay,
@@ -44,6 +47,7 @@ impl DropReason {
         DropReason::Io,
         DropReason::NoKey,
         DropReason::Handshake,
+        DropReason::KeyLimit,
     ];
 
     pub fn label(self) -> &'static str {
@@ -57,6 +61,7 @@ impl DropReason {
             DropReason::Io => "io",
             DropReason::NoKey => "no_key",
             DropReason::Handshake => "handshake",
+            DropReason::KeyLimit => "key_limit",
         }
     }
 }

@@ -65,6 +65,7 @@ fn seal_drop_reason(e: &SealError) -> DropReason {
         SealError::Malformed(_) => DropReason::BadLength,
         SealError::WrongSource | SealError::WrongDestination => DropReason::NoPeer,
         SealError::BufferTooSmall { .. } => DropReason::TooBig,
+        SealError::KeyLimit => DropReason::KeyLimit,
         _ => DropReason::Io,
     }
 }

@@ -258,6 +258,10 @@ fn run_gateway(
         )
     });
     shared.shutdown.store(true, Ordering::Relaxed);
+    // Every packet thread has ended: the pre-shared counters reserved and not used go back.
+    for r in shared.table.load().peers.iter() {
+        session::release_counters(&r.peer);
+    }
     if let Err(e) = mt6d_os::service::stopping() {
         log::warn!("{e}");
     }
@@ -555,12 +559,18 @@ fn build_peer(
             PeerKeys::pre_shared(stream.sealer(0, 0), None)
         }
         Keying::PreShared => {
-            let (state, first) = counter_state::CounterState::open(
-                &cfg.gateway.state_dir,
-                &stream.counter_state_id(),
-            )
-            .map_err(|e| GatewayError::Setup(format!("peer {}: send counter: {e}", p.name)))?;
-            let sealer = stream.sealer(first, state.reserved());
+            let (state, sealer) =
+                counter_state::CounterState::open(&cfg.gateway.state_dir, &stream).map_err(
+                    |e| GatewayError::Setup(format!("peer {}: send counter: {e}", p.name)),
+                )?;
+            if sealer.next_counter().is_some_and(|n| n >= state.limit()) {
+                log::error!(
+                    "peer {}: its pre-shared key has protected its limit of {} packets ({}, docs/PROTOCOL.md §4.3); nothing is sent to it until it has a new key",
+                    p.name,
+                    state.limit(),
+                    stream.config().aead
+                );
+            }
             PeerKeys::pre_shared(sealer, Some(state))
         }
         Keying::Handshake(_) => PeerKeys::handshake(),

@@ -29,7 +29,7 @@ use mt6d_proto::route_sets::RouteSet;
 use mt6d_proto::tunnel::HeaderKey;
 use mt6d_proto::{KeyPhase, Route, UnixTime};
 
-use super::counter_state::CounterState;
+use super::counter_state::{CounterState, Reserved};
 use super::peer::Peer;
 use super::routing::RouteTable;
 
@@ -177,8 +177,9 @@ fn apply(peer: &Peer, e: Event) {
 }
 
 /// How often a pre-shared key's counter reservation is looked at: it is renewed once half a
-/// block (2^25 packets) remains, seconds ahead at any packet rate a gateway reaches.
-const COUNTER_CHECK: Duration = Duration::from_millis(100);
+/// block remains (2^16 packets with AES-256-GCM, 2^25 with ChaCha20-Poly1305): 3 million and
+/// 1.6 billion packets per second of headroom, for one look per pre-shared peer every 20 ms.
+const COUNTER_CHECK: Duration = Duration::from_millis(20);
 
 /// The main thread's visit of one peer (due by its link's deadline, or flagged by a packet
 /// thread): reserve a pre-shared sealer's next counter block, pass the packet threads' requests
@@ -190,7 +191,19 @@ pub fn tick(peer: &Peer, table: &RouteTable, now: UnixTime) -> (Option<UnixTime>
         reserve_counters(peer, counter);
         next = Some(after(now, COUNTER_CHECK));
     }
+    // What the peer sealed under its newest key, read before the link is locked (a worker
+    // holds the receive keys, then the link, for a handshake message): the packet budget holds
+    // against both directions, so a peer that never initiates (a server) is rekeyed by us.
+    let seen = peer.keys.handshake.then(|| {
+        peer.recv
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .newest_packets_seen()
+    });
     let mut link = peer.link.lock();
+    if let Some(seen) = seen {
+        link.note_received(seen);
+    }
     if peer.keys.want.swap(false, Ordering::Relaxed) {
         link.handle_no_send_key();
     }
@@ -230,13 +243,32 @@ fn reserve_counters(peer: &Peer, counter: &Mutex<CounterState>) {
     let mut state = counter
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if sealer.take_key_limit_notice() {
+        log::error!(
+            "peer {}: its pre-shared key has protected its limit of {} packets ({}, docs/PROTOCOL.md §4.3); packets to it are dropped (key_limit): give the peer a new key",
+            peer.name,
+            state.limit(),
+            peer.stream.config().aead
+        );
+    }
     let was_failing = state.failing();
     match state.reserve_ahead(next) {
-        Ok(Some(limit)) => {
+        Ok(Some(Reserved::Until(limit))) => {
             sealer.reserve_until(limit);
             if was_failing {
                 log::info!("peer {}: send counter state written again", peer.name);
             }
+        }
+        Ok(Some(Reserved::Restart { first, end })) => {
+            log::warn!(
+                "peer {}: another daemon on this machine reserved send counters of the same pre-shared key; continuing above its reservation (two daemons must not hold one key)",
+                peer.name
+            );
+            let fresh = peer
+                .stream
+                .sealer(first, end)
+                .with_key_limit(state.limit());
+            peer.keys.send.store(Some(Arc::new(fresh)));
         }
         Ok(None) => {}
         // Logged once per outage: the tick retries every 20 ms.
@@ -245,6 +277,25 @@ fn reserve_counters(peer: &Peer, counter: &Mutex<CounterState>) {
             peer.name
         ),
         Err(_) => {}
+    }
+}
+
+/// A clean stop, after every packet thread ended: retires a pre-shared sealer and gives back the
+/// counters it reserved and did not use (docs/PROTOCOL.md §4.3), so a restart does not charge
+/// the key's packet limit with them.
+pub fn release_counters(peer: &Peer) {
+    let (Some(counter), Some(sealer)) = (&peer.keys.counter, peer.keys.send.load_full()) else {
+        return;
+    };
+    let next = sealer.retire();
+    let mut state = counter
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Err(e) = state.release(next) {
+        log::warn!(
+            "peer {}: cannot give back its unused send counters ({e}); they stay spent",
+            peer.name
+        );
     }
 }
 

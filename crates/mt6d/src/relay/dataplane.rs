@@ -839,6 +839,7 @@ impl<'a> Worker<'a> {
                     }
                     Err(e) => {
                         self.counters.tx_seal_failed += 1;
+                        note_key_limit(&e);
                         log::debug!("seal a forwarded frame: {e}");
                     }
                 }
@@ -992,6 +993,9 @@ impl<'a> Worker<'a> {
                     .push((0, *at, t.len, t.route.local, t.route.remote)),
                 Err(e) => {
                     self.counters.tun_seal_failed += 1;
+                    if let NodeError::Seal(e) = &e {
+                        note_key_limit(e);
+                    }
                     log::debug!("seal for an end-to-end peer: {e}");
                 }
             }
@@ -1317,4 +1321,16 @@ fn keys_label(handshake: bool, keyed: bool) -> String {
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Logs, once per process, that a pre-shared link or end-to-end key reached its packet limit
+/// (docs/PROTOCOL.md §4.3): its packets are refused from then on (counted in `tx_seal_failed`
+/// or `tun_seal_failed`) until it has a new key. One flag, flipped on the refusal path only.
+fn note_key_limit(e: &mt6d_proto::SealError) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if matches!(e, mt6d_proto::SealError::KeyLimit) && !SAID.swap(true, Ordering::Relaxed) {
+        log::error!(
+            "a pre-shared key of this node has protected its limit of packets in this run (2^23 with aes256-gcm, docs/PROTOCOL.md §4.3); what it would seal is dropped: give that link or end-to-end peer a new key, or use handshake keys"
+        );
+    }
 }

@@ -46,7 +46,7 @@ pub enum RelayError {
     #[error(transparent)]
     System(#[from] SystemError),
     #[error(transparent)]
-    Generation(#[from] crate::server::generation::GenerationError),
+    Generation(#[from] crate::psk_counters::GenerationError),
     #[error(transparent)]
     Privilege(#[from] crate::privilege::PrivilegeError),
     #[error("{0}")]
@@ -83,7 +83,7 @@ pub fn inner_mtu(frame_max: usize) -> usize {
 /// only: it is no routing destination.
 pub fn build_node(
     cfg: &RelayConfig,
-    counters: crate::server::registry::CounterRange,
+    counters: crate::psk_counters::CounterRange,
 ) -> Result<RelayNode, RelayError> {
     let now = clock::now();
     let mut seed = [0u8; 16];
@@ -112,7 +112,7 @@ pub fn build_node(
                 node.add_link_handshake(now, neighbour(i), stream, hs)
             }
             None => {
-                let sealer = stream.sealer(counters.first, counters.end);
+                let sealer = run_sealer(&stream, counters);
                 node.add_link(now, neighbour(i), stream, sealer)
             }
         }
@@ -129,13 +129,22 @@ pub fn build_node(
                 node.add_e2e_handshake(now, e2e_id(j), e.destination, stream, hs)
             }
             None => {
-                let sealer = stream.sealer(counters.first, counters.end);
+                let sealer = run_sealer(&stream, counters);
                 node.add_e2e(now, e2e_id(j), e.destination, stream, sealer)
             }
         }
         .map_err(|err| setup(&err))?;
     }
     Ok(node)
+}
+
+/// A pre-shared link's or end-to-end peer's sealer: this run's counters, at most the key's
+/// packet limit of them (docs/PROTOCOL.md §4.3).
+fn run_sealer(stream: &Stream, counters: crate::psk_counters::CounterRange) -> mt6d_proto::Sealer {
+    let limit = crate::psk_counters::packet_limit(stream.config().aead);
+    stream
+        .sealer(counters.first, counters.end)
+        .with_key_limit(counters.first.saturating_add(limit).min(counters.end))
 }
 
 /// Link `i` of the file.
@@ -165,10 +174,7 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     }
     mt6d_os::secrets::set_non_dumpable()
         .map_err(|e| RelayError::Setup(format!("mark the process non-dumpable: {e}")))?;
-    let counters = crate::server::generation::reserve_named(
-        &cfg.state_dir,
-        &format!("relay-{}", cfg.tun_name),
-    )?;
+    let counters = crate::psk_counters::reserve_run(&cfg.state_dir)?;
     let started = Instant::now();
     let node = build_node(&cfg, counters)?;
     let mut system = system(&cfg)?;
@@ -289,4 +295,42 @@ fn set_up(system: &mut PrefixSystem, cfg: &RelayConfig, mtu: usize) -> Result<Re
         tuns,
         ndp,
     })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+mod tests {
+    use super::*;
+    use mt6d_proto::{AeadAlg, Endpoint, Epoch, SealError, SessionKey, StreamConfig};
+
+    #[test]
+    fn a_pre_shared_link_seals_within_its_run_and_its_key_limit() {
+        let mut cfg = StreamConfig::new(
+            Endpoint::new("2001:db8:a::1".parse().unwrap()),
+            Endpoint::new("2001:db8:b::2".parse().unwrap()),
+            SessionKey::from_bytes(&[9; 32]).unwrap(),
+        );
+        cfg.aead = AeadAlg::Aes256Gcm;
+        let stream = Stream::new(cfg).unwrap();
+        let run = crate::psk_counters::CounterRange {
+            first: 3 << 40,
+            end: 4 << 40,
+        };
+        let sealer = run_sealer(&stream, run);
+        let route = stream.route(Epoch(1));
+        let mut out = [0u8; 64];
+        sealer.seal_keepalive(&route, &mut out).unwrap();
+        assert_eq!(u64::from_be_bytes(out[..8].try_into().unwrap()), 3 << 40);
+        // RFC 9001 §6.6: 2^23 packets under one AES-GCM key in this run, then refusals.
+        for i in 1..1u64 << 23 {
+            assert!(
+                sealer.seal_keepalive(&route, &mut out).is_ok(),
+                "packet {i}"
+            );
+        }
+        assert_eq!(
+            sealer.seal_keepalive(&route, &mut out),
+            Err(SealError::KeyLimit)
+        );
+    }
 }

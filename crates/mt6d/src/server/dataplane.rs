@@ -41,7 +41,7 @@ use mt6d_proto::endpoint::PeerId;
 use mt6d_proto::handshake::verify_link_mac;
 use mt6d_proto::link::{Event, Link};
 use mt6d_proto::route_sets::RouteSet;
-use mt6d_proto::{OpenError, UnixTime};
+use mt6d_proto::{OpenError, SealError, UnixTime};
 
 use mt6d_os::raw_udp::{RawSendMsg, RawSendScratch, RawUdp6};
 use mt6d_os::udp::RecvBuf;
@@ -101,6 +101,9 @@ pub struct ServerCounters {
     pub tx_no_client: AtomicU64,
     /// Inner packets that could not be sealed (too big, counter range used up, malformed).
     pub tx_seal_failed: AtomicU64,
+    /// Inner packets to a pre-shared client whose key has protected as many packets as its AEAD
+    /// allows in this run (docs/PROTOCOL.md §4.3): logged once per client; it needs a new key.
+    pub tx_key_limit: AtomicU64,
     /// Inner packets to a handshake client with no send key (it has not handshaken, or its keys
     /// expired): the server never initiates, so they are dropped until the client does.
     pub tx_no_key: AtomicU64,
@@ -139,6 +142,7 @@ impl ServerCounters {
             ("rx_truncated", r(&self.rx_truncated)),
             ("tx_no_client", r(&self.tx_no_client)),
             ("tx_seal_failed", r(&self.tx_seal_failed)),
+            ("tx_key_limit", r(&self.tx_key_limit)),
             ("tx_no_key", r(&self.tx_no_key)),
             ("tx_send_failed", r(&self.tx_send_failed)),
             ("tun_write_failures", r(&self.tun_write_failures)),
@@ -637,6 +641,7 @@ impl Transmit {
         };
         let c = &shared.counters;
         let (mut no_client, mut seal_failed, mut no_key, mut bytes) = (0u64, 0u64, 0u64, 0u64);
+        let mut key_limit = 0u64;
         // Read once per batch, and only for a handshake client (which set data goes on).
         let mut now: Option<UnixTime> = None;
         self.spans.clear();
@@ -694,10 +699,27 @@ impl Transmit {
                         no_client += 1;
                         continue;
                     };
-                    client
-                        .sealer(stream, counters)
-                        .and_then(|s| s.seal(route, inner, out).ok())
-                        .map(|len| (len, *route, stream.send_header_key()))
+                    let Some(sealer) = client.sealer(stream, counters) else {
+                        seal_failed += 1;
+                        continue;
+                    };
+                    match sealer.seal(route, inner, out) {
+                        Ok(len) => Some((len, *route, stream.send_header_key())),
+                        Err(SealError::KeyLimit) => {
+                            key_limit += 1;
+                            // Once per client and run: a flag flips, no line per packet.
+                            if sealer.take_key_limit_notice() {
+                                log::error!(
+                                    "client {}: its pre-shared key has protected its limit of {} packets in this run ({}, docs/PROTOCOL.md §4.3); packets to it are dropped (tx_key_limit): give the client a new key",
+                                    client.name,
+                                    crate::psk_counters::packet_limit(stream.config().aead),
+                                    stream.config().aead
+                                );
+                            }
+                            continue;
+                        }
+                        Err(_) => None,
+                    }
                 };
                 let Some((len, route, header_key)) = sealed else {
                     seal_failed += 1;
@@ -745,6 +767,7 @@ impl Transmit {
             (&c.tx_bytes, bytes),
             (&c.tx_no_client, no_client),
             (&c.tx_seal_failed, seal_failed),
+            (&c.tx_key_limit, key_limit),
             (&c.tx_no_key, no_key),
             (&c.tx_send_failed, failed),
         ] {

@@ -17,7 +17,6 @@
 
 pub mod control;
 pub mod dataplane;
-pub mod generation;
 pub use crate::anyip::ndp;
 pub mod registry;
 
@@ -67,7 +66,7 @@ pub enum ServerError {
         source: mt6d_os::OsError,
     },
     #[error(transparent)]
-    Generation(#[from] generation::GenerationError),
+    Generation(#[from] crate::psk_counters::GenerationError),
     #[error(transparent)]
     Registry(#[from] registry::RegistryError),
     #[error(transparent)]
@@ -95,7 +94,7 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let clients = cfg.clients()?;
     mt6d_os::secrets::set_non_dumpable()
         .map_err(|e| ServerError::Setup(format!("mark the process non-dumpable: {e}")))?;
-    let counters = generation::reserve(&cfg.state_dir, &cfg.tun_name)?;
+    let counters = crate::psk_counters::reserve_run(&cfg.state_dir)?;
     let mut seed = [0u8; 16];
     getrandom::fill(&mut seed)
         .map_err(|e| ServerError::Setup(format!("draw the index seed from the OS: {e}")))?;

@@ -49,13 +49,10 @@ use rand::{RngCore, SeedableRng};
 
 use crate::config::{ClientConfig, ClientHandshake};
 
-/// Send counters every client's sealer may use in this run: `[first, end)`, from the persisted
-/// generation (`generation.rs`), so that no restart repeats a nonce under a pre-shared key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CounterRange {
-    pub first: u64,
-    pub end: u64,
-}
+/// Send counters every client's sealer may use in this run: `[first, end)`, from the machine's
+/// run generation (`crate::psk_counters`), so that no restart repeats a nonce under a
+/// pre-shared key.
+pub use crate::psk_counters::CounterRange;
 
 /// A handshake client's live protocol state, made by its first authenticated handshake message.
 #[derive(Debug)]
@@ -84,6 +81,9 @@ impl Session {
 #[derive(Debug)]
 enum Keys {
     PreShared {
+        /// The counter its sealer starts at when above the run's first: where an earlier
+        /// incarnation of the same key in this run stopped ([`Registry::remove`]).
+        first: u64,
         /// Made on the first packet to the client (derives its data key once).
         sealer: OnceLock<Box<Sealer>>,
         /// Made on the first packet from the client; its replay window lives in it.
@@ -109,9 +109,15 @@ pub struct Client {
 }
 
 impl Client {
-    fn new(name: String, fingerprint: [u8; 32], handshake: Option<&ClientHandshake>) -> Client {
+    fn new(
+        name: String,
+        fingerprint: [u8; 32],
+        handshake: Option<&ClientHandshake>,
+        first: u64,
+    ) -> Client {
         let keys = match handshake {
             None => Keys::PreShared {
+                first,
                 sealer: OnceLock::new(),
                 opener: Mutex::new(None),
                 moves: Mutex::new(None),
@@ -133,12 +139,30 @@ impl Client {
         matches!(self.keys, Keys::Handshake { .. })
     }
 
-    /// The client's sealer, made from `stream` on first use (None for a handshake client).
+    /// The client's sealer, made from `stream` on first use (None for a handshake client). It
+    /// numbers from the run's first counter, or from where an earlier incarnation of the key
+    /// stopped in this run, and refuses past the key's packet limit counted from the run's first
+    /// counter: the key's counters in this run are one contiguous run from `counters.first`,
+    /// whatever removals and additions came between (docs/PROTOCOL.md §4.3).
     pub fn sealer(&self, stream: &Stream, counters: CounterRange) -> Option<&Sealer> {
         match &self.keys {
-            Keys::PreShared { sealer, .. } => {
-                Some(sealer.get_or_init(|| Box::new(stream.sealer(counters.first, counters.end))))
-            }
+            Keys::PreShared { sealer, first, .. } => Some(sealer.get_or_init(|| {
+                let limit = crate::psk_counters::packet_limit(stream.config().aead);
+                Box::new(
+                    stream
+                        .sealer((*first).max(counters.first), counters.end)
+                        .with_key_limit(counters.first.saturating_add(limit).min(counters.end)),
+                )
+            })),
+            Keys::Handshake { .. } => None,
+        }
+    }
+
+    /// Ends a pre-shared client's sealing (it is being removed) and returns the first counter
+    /// its sealer never used (None: it never sealed, or a handshake client).
+    fn retire(&self) -> Option<u64> {
+        match &self.keys {
+            Keys::PreShared { sealer, .. } => sealer.get().map(|s| s.retire()),
             Keys::Handshake { .. } => None,
         }
     }
@@ -291,6 +315,11 @@ pub struct Registry {
     handshake: Option<HandshakeConfig>,
     /// Handshake clients with a live session (made by the workers, dropped by the main thread).
     sessions: AtomicU64,
+    /// The in-run retirement of pre-shared keys: for each key a removed client sealed with (by
+    /// its counter state id, a one-way function of the send data key), the first counter it
+    /// never used. A client added later with the same key, under any name or prefix, starts
+    /// there. One entry per key removed in the run, kept for the run's life (under 100 bytes each).
+    retired: HashMap<String, u64>,
     /// When to announce each entering route's server address to the router (priming,
     /// docs/PROTOCOL.md §5.1); None without priming.
     primes: Option<Primes>,
@@ -350,6 +379,7 @@ impl Registry {
             counters,
             handshake: None,
             sessions: AtomicU64::new(0),
+            retired: HashMap::new(),
             primes: None,
             moved: HashMap::new(),
         }
@@ -530,6 +560,16 @@ impl Registry {
             line: cfg.line,
             source,
         })?;
+        // Only after a removal in this run is there anything to look up: a start with a
+        // million clients derives no extra key.
+        let first = if cfg.handshake.is_none() && !self.retired.is_empty() {
+            self.retired
+                .get(&stream.counter_state_id())
+                .copied()
+                .unwrap_or(0)
+        } else {
+            0
+        };
         let (id, delta) =
             self.table
                 .add(stream, now, |_| 0)
@@ -538,7 +578,12 @@ impl Registry {
                     line: cfg.line,
                     source,
                 })?;
-        let client = Client::new(cfg.name.clone(), fingerprint(cfg), cfg.handshake.as_ref());
+        let client = Client::new(
+            cfg.name.clone(),
+            fingerprint(cfg),
+            cfg.handshake.as_ref(),
+            first,
+        );
         self.put(id, Entry::Client(client));
         self.by_name.insert(cfg.name.clone(), id);
         apply(self.addresses.as_mut(), &delta);
@@ -752,6 +797,18 @@ impl Registry {
         let Some(id) = self.by_name.remove(name) else {
             return false;
         };
+        // Retired under the write lock: no worker seals with it any more, and a client added
+        // later with the same key continues above every counter it used.
+        if let (Some(next), Some(stream)) = (
+            self.client(id).and_then(Client::retire),
+            self.table.stream(id),
+        ) {
+            let next = next.min(self.counters.end);
+            self.retired
+                .entry(stream.counter_state_id())
+                .and_modify(|n| *n = (*n).max(next))
+                .or_insert(next);
+        }
         let sets: Option<Vec<PeerId>> = self.client(id).and_then(|c| {
             c.session().and_then(|s| {
                 s.as_ref()
@@ -1300,6 +1357,89 @@ mod tests {
         assert!(
             kept <= 2,
             "clients with a fixed offset: {kept} of 20: {by_client:?}"
+        );
+    }
+
+    /// The counter field of a sealed payload (before header protection).
+    fn counter_of(out: &[u8]) -> u64 {
+        u64::from_be_bytes(out[..8].try_into().unwrap())
+    }
+
+    /// Seals `n` keepalives to client `name` and returns their counters.
+    fn seal_to(r: &Registry, name: &str, n: usize) -> Vec<u64> {
+        let id = r.id_of(name).unwrap();
+        let (client, stream) = (r.client(id).unwrap(), r.table().stream(id).unwrap());
+        let route = *r.table().send_route(id).unwrap();
+        let sealer = client.sealer(stream, r.counters()).unwrap();
+        let mut out = [0u8; 64];
+        (0..n)
+            .map(|_| {
+                sealer.seal_keepalive(&route, &mut out).unwrap();
+                counter_of(&out)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_client_removed_and_added_again_never_seals_a_counter_it_used() {
+        // `mt6d peer remove` + `mt6d peer add`, a reload that changed its prefix, or one that
+        // renamed it: the key is the same, so its counters must go on rising.
+        let mut r = registry();
+        let now = UnixTime::from_nanos(1_700_000_000_000_000_000);
+        let c = clients(2).remove(0);
+        let mut renamed = c.clone();
+        renamed.name = "renamed".into();
+        let mut moved = c.clone();
+        moved.stream.remote.external_prefix = Some("2001:db8:c2::".parse().unwrap());
+        let mut used = Vec::new();
+        for incarnation in [&c, &moved, &renamed, &c] {
+            r.add(incarnation, now).unwrap();
+            used.extend(seal_to(&r, &incarnation.name, 3));
+            assert!(r.remove(&incarnation.name));
+        }
+        assert!(
+            used.windows(2).all(|w| w[0] < w[1]),
+            "counters repeat or go back under one key: {used:x?}"
+        );
+    }
+
+    #[test]
+    fn a_pre_shared_key_stops_at_the_aes_gcm_limit() {
+        // RFC 9001 §6.6: 2^23 packets under one AES-GCM key (docs/PROTOCOL.md §4.3).
+        let mut r = registry();
+        let now = UnixTime::from_nanos(1_700_000_000_000_000_000);
+        let c = &clients(1)[0];
+        assert_eq!(c.stream.aead, mt6d_proto::AeadAlg::Aes256Gcm);
+        let id = r.add(c, now).unwrap();
+        let (client, stream) = (r.client(id).unwrap(), r.table().stream(id).unwrap());
+        let route = *r.table().send_route(id).unwrap();
+        let sealer = client.sealer(stream, r.counters()).unwrap();
+        let mut out = [0u8; 64];
+        let limit = 1u64 << 23;
+        for i in 0..limit - 1 {
+            assert!(
+                sealer.seal_keepalive(&route, &mut out).is_ok(),
+                "packet {i}"
+            );
+        }
+        // Removed and added again, the key keeps its count.
+        assert!(r.remove(&c.name));
+        r.add(c, now).unwrap();
+        assert_eq!(
+            seal_to(&r, &c.name, 1).len(),
+            1,
+            "the last packet of the budget"
+        );
+        let id = r.id_of(&c.name).unwrap();
+        let (client, stream) = (r.client(id).unwrap(), r.table().stream(id).unwrap());
+        let route = *r.table().send_route(id).unwrap();
+        assert!(
+            client
+                .sealer(stream, r.counters())
+                .unwrap()
+                .seal_keepalive(&route, &mut out)
+                .is_err(),
+            "sealed past the limit"
         );
     }
 
