@@ -58,33 +58,13 @@ impl SimGateway {
         SimGateway::configured(cfg, |sc| sc.rotation = rotation)
     }
 
-    /// A server's view of one client: a link whose handshake only answers (it never initiates),
-    /// as the server role makes it (docs/ARCHITECTURE.md, "The server role").
-    pub fn responder_only(cfg: HandshakeConfig, rotation: Duration) -> SimGateway {
-        let mut hs = Handshake::new(cfg.clone()).unwrap();
-        hs.set_responder_only();
-        let mut sc = StreamConfig::new(
-            Endpoint::new(cfg.local_true),
-            Endpoint::new(cfg.remote_true),
-            hs.link_key().clone(),
-        );
-        sc.rotation = rotation;
-        SimGateway {
-            link: Link::with_handshake(Stream::new(sc).unwrap(), hs),
-            recv: ReceiveKeys::new(),
-            send: None,
-            delivered: Vec::new(),
-            drops: HashMap::new(),
-            nonces: Vec::new(),
-        }
-    }
-
     /// A gateway with identity keys whose link stream's configuration `adjust` changes.
     pub fn configured(cfg: HandshakeConfig, adjust: impl FnOnce(&mut StreamConfig)) -> SimGateway {
         SimGateway::build(cfg, adjust, false)
     }
 
-    /// A side that only answers handshakes, never initiates: a server's session.
+    /// A server's view of one client: a link whose handshake only answers (it never initiates),
+    /// as the server role makes it (docs/ARCHITECTURE.md, "The server role").
     pub fn responder_only(cfg: HandshakeConfig, rotation: Duration) -> SimGateway {
         SimGateway::build(cfg, |sc| sc.rotation = rotation, true)
     }
