@@ -39,9 +39,11 @@ fuzz_target!(|data: &[u8]| {
     }
     assert!(rx.handle_link(&on, data).is_err());
     let mac = [data.first().copied().unwrap_or(0) & 0xfe, 1, 2, 3, 4, 5];
+    // Stamped one millisecond into the route's epoch (§5.5: a stamp outside it is stale).
+    let stamp = UnixTime::from_nanos(a.epoch_start(current).as_nanos() + 1_000_000);
     assert_eq!(
-        rx.handle_link(&on, &sender.frame_link(&a.route(current), mac)),
-        Ok(mac)
+        rx.handle_link(&on, &sender.frame_link(&a.route(current), mac, stamp)),
+        Ok((mac, stamp))
     );
     for e in 998..=1_003 {
         assert_eq!(rx.offset(Epoch(e)), 0);
