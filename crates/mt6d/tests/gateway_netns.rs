@@ -229,8 +229,11 @@ fn two_peers_in_one_daemon_each_with_its_own_key() {
     .expect("second address on host B");
     let dir = std::env::temp_dir().join(format!("mt6d-e2e-2p-{}", lab.gw_a.name()));
     std::fs::create_dir_all(&dir).expect("dir");
-    for (name, byte) in [("k1", 1u8), ("k2", 2u8)] {
-        mt6d::keys::write_secret_file(&dir.join(name), &mt6d::keys::encode(&[byte; 32]))
+    // Fresh keys each run: a pre-shared key's packet budget is counted over its life in the
+    // machine's state directory, so a fixed key would carry this machine's history.
+    for name in ["k1", "k2"] {
+        let key = mt6d::keys::random32().expect("random key");
+        mt6d::keys::write_secret_file(&dir.join(name), &mt6d::keys::encode(&key[..]))
             .expect("key file");
     }
     let mut running = Running {
@@ -1398,7 +1401,18 @@ fn host_mode_peer_talks_to_a_gateway_mode_peer() {
             left.is_empty(),
             "{topology}: addresses left on {EXTERNAL_IF}: {left:?}"
         );
-        let routes = ip_in(host_a, &["-6", "route", "show"]);
+        // A clean stop keeps the fail-closed guard for the peer (only `mt6d down` lifts it).
+        let all_routes = ip_in(host_a, &["-6", "route", "show"]);
+        let guard = format!("prohibit {HOST_B} ");
+        assert!(
+            all_routes.lines().any(|l| l.starts_with(&guard)),
+            "{topology}: the stop did not keep {guard:?}:\n{all_routes}"
+        );
+        let routes: String = all_routes
+            .lines()
+            .filter(|l| !l.starts_with(&guard))
+            .collect::<Vec<_>>()
+            .join("\n");
         for gone in [
             HOST_A.to_string(),
             HOST_B.to_string(),
