@@ -304,6 +304,16 @@ fn control_socket_refuses_other_users_whatever_its_mode() {
         & 0o777;
     assert_eq!(mode, 0o600, "created for its owner only");
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    // The daemon keeps its directory 0700, which alone keeps other users out; open it too, so
+    // that what refuses them below is the daemon's own credential check.
+    let dir = socket.parent().expect("socket directory").to_path_buf();
+    let dir_mode = std::fs::metadata(&dir)
+        .expect("directory")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(dir_mode & 0o077, 0, "{}: mode {dir_mode:o}", dir.display());
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).expect("chmod dir");
     for args in [
         vec!["status", "-s", socket.to_str().expect("utf-8")],
         vec![
@@ -327,5 +337,6 @@ fn control_socket_refuses_other_users_whatever_its_mode() {
             "{args:?}: {text}"
         );
     }
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(dir_mode)).expect("chmod dir");
     assert_eq!(status(&running, Side::A).peers.len(), 1);
 }
