@@ -17,7 +17,9 @@
 //! So that a loss explains itself, the report places every lost RTP packet on the epoch clock
 //! (ms after its epoch began and before the next, computed from Gateway A's config) and next to
 //! the nearest handshake Gateway A completed, and lists every kernel drop counter (IPv6/UDP
-//! discards and errors, interface drops) that rose in any namespace of the lab.
+//! discards and errors, interface drops) that rose in any namespace of the lab. Those counters
+//! are also read every second: `kernel-timeline.csv` holds each rise with its Unix time, so a
+//! drop is placed next to the gateways' logs.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -291,6 +293,11 @@ fn soak(args: &SoakArgs, mt6d: &Path, out: &Path, work: &Path) -> Result<(), Str
     let mut samples = Vec::new();
     let mut restarts = 0u64;
     let mut failure = None;
+    // Every second, each kernel counter that rose since the last second, so a drop can be
+    // placed in time next to the gateways' logs (unix seconds, elapsed seconds, counter, rise).
+    let mut kernel_last = kernel_before.clone();
+    let mut kernel_timeline = String::from("unix_s,elapsed_s,counter,increase\n");
+    let mut next_kernel = Duration::from_secs(1);
 
     std::thread::scope(|s| {
         s.spawn(|| tcp_receiver(&tcp_listener, &meters, &stop));
@@ -339,6 +346,18 @@ fn soak(args: &SoakArgs, mt6d: &Path, out: &Path, work: &Path) -> Result<(), Str
                     handshake_times.push(unix_us());
                 }
             }
+            if started.elapsed() >= next_kernel {
+                next_kernel += Duration::from_secs(1);
+                let now = kernel_drops(&net);
+                let (unix_s, elapsed_s) = (unix_us() / 1_000_000, started.elapsed().as_secs());
+                for (k, v) in &now {
+                    let rise = v.saturating_sub(kernel_last.get(k).copied().unwrap_or(0));
+                    if rise > 0 {
+                        let _ = writeln!(kernel_timeline, "{unix_s},{elapsed_s},{k},{rise}");
+                    }
+                }
+                kernel_last = now;
+            }
             if next_restart.is_some_and(|t| started.elapsed() >= t) {
                 let g = &mut gateways[1];
                 if let Some(mut p) = g.process.take() {
@@ -379,6 +398,7 @@ fn soak(args: &SoakArgs, mt6d: &Path, out: &Path, work: &Path) -> Result<(), Str
                     smp.restarts
                 );
                 let _ = std::fs::write(out.join("samples.csv"), &csv);
+                let _ = std::fs::write(out.join("kernel-timeline.csv"), &kernel_timeline);
                 eprintln!(
                     "soak: {:>6} s  rss {}/{} kB  fds {}/{}  rotations {}  tcp breaks {}  rtp lost {}/{}  pings lost {}/{}",
                     smp.elapsed_s,
@@ -416,6 +436,8 @@ fn soak(args: &SoakArgs, mt6d: &Path, out: &Path, work: &Path) -> Result<(), Str
     let losses = attribute_losses(&meters, &stream, &handshake_times);
     let mut report = report(args, &samples, &meters, &lost, failure.as_deref());
     report.push_str(&losses_report(&losses, &kernel));
+    std::fs::write(out.join("kernel-timeline.csv"), &kernel_timeline)
+        .map_err(|e| format!("{}: {e}", out.display()))?;
     std::fs::write(out.join("report.md"), &report)
         .map_err(|e| format!("{}: {e}", out.display()))?;
     println!("{report}");
