@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 cargo fmt --all -- --check
+scripts/check-layout.sh
 cargo clippy --workspace --all-targets --locked -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 (cd fuzz && cargo fmt --all -- --check && cargo clippy --all-targets --locked -- -D warnings)

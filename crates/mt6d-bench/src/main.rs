@@ -5,6 +5,8 @@
 //! figures (SVG and PNG).
 //! docs/BENCH.md documents the profiles and how to read the results.
 
+#![forbid(unsafe_code)]
+
 mod hostid;
 mod hostid_report;
 mod json;

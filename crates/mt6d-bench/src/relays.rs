@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use mt6d::lab::relays::{Flow, RelayLab, RelaySettings, Shape, Size};
-use mt6d::relay::status::RelayStatus;
+use mt6d::status::relay::RelayStatus;
 
 use crate::json::{Value, ValueExt};
 

@@ -349,7 +349,7 @@ fn server_run(
     // The generator's side first (its own build is not the server's start-up).
     let t = Instant::now();
     let mut set = client_ns
-        .run(|| ClientSet::new(&spec, n, GEN_PORT, mt6d::gateway::clock::now()))
+        .run(|| ClientSet::new(&spec, n, GEN_PORT, mt6d::daemon::clock::now()))
         .map_err(|e| e.to_string())??;
     eprintln!(
         "  generator: {n} clients in {:.2} s",
@@ -368,7 +368,7 @@ fn server_run(
         Duration::from_secs(300),
         &mut daemon,
         || {
-            set.step(mt6d::gateway::clock::now());
+            set.step(mt6d::daemon::clock::now());
         },
     )?;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -398,7 +398,7 @@ fn server_run(
     let idle = Instant::now();
     while idle.elapsed() < Duration::from_secs_f64(ROTATION_SECS + 1.0) {
         std::thread::sleep(Duration::from_millis(20));
-        set.step(mt6d::gateway::clock::now());
+        set.step(mt6d::daemon::clock::now());
     }
     let b = ProcSample::read(pid).ok_or("server gone")?;
     let idle = crate::procs::window(&a, &b);
@@ -470,7 +470,7 @@ fn server_run(
 /// generator initiates for all of them, at most [`IN_FLIGHT`] under way, retrying on the
 /// handshake's own backoff, until each has completed (response opened, keepalive sent).
 fn handshake_run(lab: &ServerLab, mt6d: &Path, work: &Path, n: usize) -> Result<Value, String> {
-    use mt6d::gateway::clock;
+    use mt6d::daemon::clock;
     let spec = ServerLab::spec(1, Duration::from_secs_f64(ROTATION_SECS), true);
     let dir = work.join(format!("hs{n}"));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
@@ -642,7 +642,7 @@ fn restart_storm(
     dir: &Path,
     n: usize,
 ) -> Result<Value, String> {
-    use mt6d::gateway::clock;
+    use mt6d::daemon::clock;
     use mt6d_proto::liveness::{LIVENESS_AFTER, LIVENESS_JITTER};
     let initiations_before = set.counters.initiations;
     let stopped = Instant::now();
@@ -1056,11 +1056,11 @@ impl Load for Tunnelled<'_> {
         self.set.socket_fd()
     }
     fn tick(&mut self) -> usize {
-        self.set.step(mt6d::gateway::clock::now())
+        self.set.step(mt6d::daemon::clock::now())
     }
     fn tick_some(&mut self) {
         let until = Instant::now() + GENERATOR_BUDGET;
-        let now = mt6d::gateway::clock::now();
+        let now = mt6d::daemon::clock::now();
         while self.set.step_at_most(now, GENERATOR_STEP) && Instant::now() < until {}
     }
     fn send(

@@ -126,13 +126,13 @@ pub fn query_status(path: &Path) -> Result<Status, ControlError> {
 }
 
 /// What the daemon at `path` answers to `status`: a gateway's [`Status`], a server's
-/// [`crate::server::control::ServerStatus`] (its `role` is `server`) or a relay node's
-/// [`crate::relay::status::RelayStatus`] (`relay`).
+/// [`crate::status::server::ServerStatus`] (its `role` is `server`) or a relay node's
+/// [`crate::status::relay::RelayStatus`] (`relay`).
 #[derive(Debug, Clone)]
 pub enum AnyStatus {
     Gateway(Box<Status>),
-    Server(crate::server::control::ServerStatus),
-    Relay(crate::relay::status::RelayStatus),
+    Server(crate::status::server::ServerStatus),
+    Relay(crate::status::relay::RelayStatus),
 }
 
 /// Asks the daemon at `path` for its status, a gateway's or a server's.
@@ -280,47 +280,12 @@ pub enum SocketPath {
 /// Looks at `path` without following a symbolic link (a link to a key file must not be
 /// taken for the file, nor removed).
 pub fn inspect_socket_path(path: &Path) -> std::io::Result<SocketPath> {
-    Ok(match file_kind(path)? {
+    Ok(match crate::daemon::files::file_kind(path)? {
         None => SocketPath::Absent,
         Some(Ok(())) if UnixStream::connect(path).is_ok() => SocketPath::Live,
         Some(Ok(())) => SocketPath::Stale,
         Some(Err(kind)) => SocketPath::NotASocket(kind),
     })
-}
-
-/// None: nothing at `path`; Ok: a socket; Err: what else is there. Does not connect.
-fn file_kind(path: &Path) -> std::io::Result<Option<Result<(), &'static str>>> {
-    use std::os::unix::fs::FileTypeExt;
-    let meta = match std::fs::symlink_metadata(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        r => r?,
-    };
-    let ty = meta.file_type();
-    Ok(Some(if ty.is_socket() {
-        Ok(())
-    } else if ty.is_symlink() {
-        Err("a symbolic link")
-    } else if ty.is_dir() {
-        Err("a directory")
-    } else if ty.is_file() {
-        Err("a regular file")
-    } else {
-        Err("not a socket")
-    }))
-}
-
-/// Why `path` cannot be the control socket, if it cannot: it exists and is not a socket. A
-/// live socket is not refused here (`mt6d check` next to a running daemon); the bind refuses
-/// it. Looks only at the file type: validating a config never connects anywhere.
-pub fn refuse_non_socket(path: &Path) -> Result<(), String> {
-    match file_kind(path) {
-        Ok(Some(Err(kind))) => Err(format!(
-            "control_socket {} exists and is {kind}; mt6d replaces only a socket nobody answers on and never deletes anything else: choose another path",
-            path.display()
-        )),
-        Ok(_) => Ok(()),
-        Err(e) => Err(format!("control_socket {}: {e}", path.display())),
-    }
 }
 
 /// Removes the socket at `path` if nobody answers on it, and nothing else; returns whether one
@@ -384,7 +349,7 @@ impl ControlServer {
             // Created 0700 if missing (an existing directory is the operator's choice).
             std::fs::DirBuilder::new()
                 .recursive(true)
-                .mode(crate::files::DIR_MODE)
+                .mode(crate::daemon::files::DIR_MODE)
                 .create(dir)
                 .map_err(|e| bind_err(format!("cannot create {}: {e}", dir.display())))?;
         }
@@ -941,7 +906,7 @@ mod tests {
             );
             let e = ControlServer::bind(path).expect_err("refused");
             assert!(e.to_string().contains(kind), "{e}");
-            assert!(refuse_non_socket(path).is_err());
+            assert!(crate::daemon::files::refuse_non_socket(path).is_err());
         }
         assert_eq!(std::fs::read_to_string(&file).expect("intact"), "precious");
         assert!(subdir.is_dir());

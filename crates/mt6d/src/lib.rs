@@ -2,16 +2,15 @@
 //! lab that `mt6d demo`, the end-to-end tests and `mt6d-bench` build their networks with.
 //! The binary (`src/main.rs`) is a thin command-line layer over these modules.
 
-pub mod anyip;
+#![forbid(unsafe_code)]
+
 pub mod config;
 pub mod control;
-pub mod files;
+pub mod daemon;
 pub mod gateway;
 pub mod keys;
 pub mod lab;
 pub mod metrics;
-pub mod privilege;
-pub mod psk_counters;
 pub mod relay;
 pub mod server;
 pub mod status;

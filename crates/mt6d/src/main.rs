@@ -4,6 +4,9 @@
 //! client (`status`), the zero-configuration lab (`demo`), and helpers for keys and debugging.
 //! Protocol rules live in `mt6d-proto`; every kernel interaction lives in `mt6d-os`.
 
+#![forbid(unsafe_code)]
+
+use mt6d::daemon::Role;
 use mt6d::{config, control, gateway, keys, lab};
 
 use std::path::PathBuf;
@@ -323,13 +326,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.command);
     let result = match cli.command {
-        Command::Run { config, .. } if is_server_file(&config) => mt6d::server::run(&config),
-        Command::Run { config, .. } if is_relay_file(&config) => mt6d::relay::run(&config),
-        Command::Run { config, .. } => gateway::run(&config),
-        Command::Down { config } if is_server_file(&config) => mt6d::server::down(&config),
-        Command::Down { config } if is_relay_file(&config) => mt6d::relay::down(&config),
-        Command::Down { config } => gateway::down(&config),
-        Command::Check { config } => check(&config),
+        Command::Run { config, .. } => role_of(&config).run(&config),
+        Command::Down { config } => role_of(&config).down(&config),
+        Command::Check { config } => role_of(&config).check(&config).map(|text| print!("{text}")),
         Command::Reload { target } => reload(&target),
         Command::Peer { action } => peer(*action),
         Command::Status { target, json } => match status(target, json) {
@@ -403,6 +402,19 @@ fn init_logging(command: &Command) {
 /// Errors of the command-line layer: each wraps the layer below with what was being done.
 type CliResult = Result<(), Box<dyn std::error::Error>>;
 
+/// The role a configuration file is for: a `[server]` table makes it a server's, a `[relay]`
+/// table a relay node's, anything else a gateway's or host's (whose loader reports a file it
+/// cannot read).
+fn role_of(path: &std::path::Path) -> &'static dyn Role {
+    if is_server_file(path) {
+        &mt6d::server::Server
+    } else if is_relay_file(path) {
+        &mt6d::relay::Relay
+    } else {
+        &gateway::Gateway
+    }
+}
+
 /// Whether `path` holds a server role configuration (a `[server]` table). An unreadable file
 /// is not: the gateway's loader then reports why it cannot be read.
 fn is_server_file(path: &std::path::Path) -> bool {
@@ -412,128 +424,6 @@ fn is_server_file(path: &std::path::Path) -> bool {
 /// Whether `path` holds a relay node's configuration (a `[relay]` table).
 fn is_relay_file(path: &std::path::Path) -> bool {
     std::fs::read_to_string(path).is_ok_and(|t| config::RelayConfig::is_relay_file(&t))
-}
-
-/// `mt6d check` of a relay node's file: the file and every key file, as `run` validates them.
-fn check_relay(path: &std::path::Path) -> CliResult {
-    let cfg = config::RelayConfig::load(path)?;
-    println!("{}: OK", path.display());
-    let role = match (cfg.is_edge(), cfg.transit) {
-        (true, true) => "edge gateway and relay",
-        (true, false) => "edge gateway",
-        (false, _) => "relay",
-    };
-    println!(
-        "  {role}: node id {}, prefix {}/64, external {}, frame_max {}, links rotate every {:?}{}",
-        cfg.node_id
-            .map_or_else(|| "(none)".to_string(), |n| n.to_string()),
-        cfg.prefix(),
-        cfg.external_interface,
-        cfg.frame_max,
-        cfg.rotation,
-        if cfg.jitter { " with jitter" } else { "" }
-    );
-    for l in &cfg.links {
-        println!(
-            "  link {}: neighbour at {} (its /64 must be routed towards it)",
-            l.name, l.address
-        );
-    }
-    for e in &cfg.e2e {
-        println!(
-            "  end-to-end {}: {} -> {} behind {} (routed into {})",
-            e.name,
-            e.stream.local.true_addr,
-            e.stream.remote.true_addr,
-            e.destination,
-            cfg.tun_name
-        );
-    }
-    println!("  control socket {}", cfg.control_socket.display());
-    Ok(())
-}
-
-/// `mt6d check` of a server role file: the file and its peers file, as `run` validates them.
-fn check_server(path: &std::path::Path) -> CliResult {
-    let cfg = config::ServerConfig::load(path)?;
-    let clients = cfg.clients()?;
-    println!("{}: OK", path.display());
-    println!(
-        "  server: prefix {}/64  true address {} on {}  external {}  {} workers",
-        cfg.prefix,
-        cfg.true_address,
-        cfg.tun_name,
-        cfg.external_interface,
-        cfg.worker_count()
-    );
-    let handshaking = clients.iter().filter(|c| c.handshake.is_some()).count();
-    println!(
-        "  {} clients from {} ({handshaking} with handshakes, {} with pre-shared session keys), rotation {:?}, mode {:?}",
-        clients.len(),
-        cfg.peers_file.display(),
-        clients.len() - handshaking,
-        cfg.rotation,
-        cfg.mode
-    );
-    if let Some(k) = &cfg.private_key {
-        println!(
-            "  identity: public key {} (the clients' public_key), rekey {:?}",
-            keys::public_key_text(&k.public_key()),
-            cfg.rekey_after
-        );
-    }
-    println!("  control socket {}", cfg.control_socket.display());
-    Ok(())
-}
-
-fn check(path: &std::path::Path) -> CliResult {
-    if is_server_file(path) {
-        return check_server(path);
-    }
-    if is_relay_file(path) {
-        return check_relay(path);
-    }
-    let cfg = config::Config::load(path)?;
-    let g = &cfg.gateway;
-    println!("{}: OK", path.display());
-    let role = match &g.role {
-        config::Role::Gateway { internal_interface } => {
-            format!("gateway: internal {internal_interface}")
-        }
-        config::Role::Host { local_host } => {
-            format!("host: {local_host} on the TUN device")
-        }
-    };
-    println!(
-        "  {role}  external {}  tun {}  control socket {}",
-        g.external_interface,
-        g.tun_name,
-        g.control_socket.display()
-    );
-    for p in &cfg.peers {
-        let s = &p.stream;
-        let keying = match &p.keying {
-            config::Keying::Handshake(h) => format!(
-                "handshake with {} (rekey every {:?})",
-                keys::public_key_text(&h.remote_public),
-                h.rekey_after
-            ),
-            config::Keying::PreShared => "pre-shared session key".to_string(),
-        };
-        println!(
-            "  peer {}: {} <-> {}  mode {}  aead {}  derivation {}  ports {:?}  rotation {:?}{}  keys: {keying}",
-            p.name,
-            s.local.true_addr,
-            s.remote.true_addr,
-            s.mode,
-            s.aead,
-            s.derivation,
-            s.ports,
-            s.rotation,
-            if s.jitter { " (jittered)" } else { "" }
-        );
-    }
-    Ok(())
 }
 
 /// The control socket `target` names, if it names one.
@@ -595,11 +485,11 @@ fn status(target: Target, json: bool) -> CliResult {
             control::AnyStatus::Server(st) if json => {
                 println!("{}", serde_json::to_string_pretty(&st)?)
             }
-            control::AnyStatus::Server(st) => print!("{}", mt6d::server::control::render(&st)),
+            control::AnyStatus::Server(st) => print!("{}", mt6d::status::server::render(&st)),
             control::AnyStatus::Relay(st) if json => {
                 println!("{}", serde_json::to_string_pretty(&st)?)
             }
-            control::AnyStatus::Relay(st) => print!("{}", mt6d::relay::status::render(&st)),
+            control::AnyStatus::Relay(st) => print!("{}", mt6d::status::relay::render(&st)),
         }
         return Ok(());
     }
@@ -787,7 +677,7 @@ fn bench(args: Vec<std::ffi::OsString>) -> CliResult {
 
 fn routes(path: &std::path::Path, around: u64) -> CliResult {
     let cfg = config::Config::load(path)?;
-    let now = gateway::clock::now();
+    let now = mt6d::daemon::clock::now();
     for p in &cfg.peers {
         let stream = p.build_stream()?;
         let current = stream.epoch_at(now);

@@ -65,7 +65,7 @@ fn streams(running: &Running) -> [Stream; 2] {
 }
 
 fn now() -> mt6d_proto::UnixTime {
-    mt6d::gateway::clock::now()
+    mt6d::daemon::clock::now()
 }
 
 /// Every hashed address of both gateways in epochs `epochs` (relative to now), at attempt

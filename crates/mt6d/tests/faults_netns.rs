@@ -8,7 +8,7 @@ use std::net::{SocketAddrV6, UdpSocket};
 use std::time::{Duration, Instant};
 
 use common::{start, start_daemon, wait_for_path, Running};
-use mt6d::gateway::clock::now;
+use mt6d::daemon::clock::now;
 use mt6d::lab::ping::{ping, Pace};
 use mt6d::lab::topology::{GatewaySettings, Lab, LabKeys, Side, Topology, HOST_B};
 use mt6d_proto::{Epoch, Stream};

@@ -1701,7 +1701,7 @@ fn forced_collision_on_the_link_is_survived() {
     // The gateway's own stream, from its own configuration and keys: the addresses it will use.
     let cfg = mt6d::config::Config::load(&running.dir.join("gw-A.toml")).expect("config A");
     let stream = cfg.peers[0].build_stream().expect("stream");
-    let now = mt6d::gateway::clock::now;
+    let now = mt6d::daemon::clock::now;
     let current = stream.epoch_at(now());
     // Gateway A binds epoch E one interval early, at the start of E - 1 = current + 2: at
     // least one interval from now, time enough to place the squatter.

@@ -16,7 +16,7 @@ use std::net::{SocketAddrV6, UdpSocket};
 use std::time::Duration;
 
 use mt6d::lab::relays::{self, RelayLab, Shape};
-use mt6d::relay::status::RelayStatus;
+use mt6d::status::relay::RelayStatus;
 
 /// Flows (source ports): with 16, the chance that the flow hash puts all on one of two TUN
 /// queues is 2^-15.
@@ -67,7 +67,7 @@ fn two_workers_per_node_share_the_flows_and_none_is_lost_or_reordered_across_rot
         .iter()
         .map(|n| lab.status(index(n)).expect("status"))
         .collect();
-    let share = |i: usize, f: fn(&mt6d::relay::status::WorkerStatus) -> u64| -> Vec<u64> {
+    let share = |i: usize, f: fn(&mt6d::status::relay::WorkerStatus) -> u64| -> Vec<u64> {
         after[i]
             .workers
             .iter()

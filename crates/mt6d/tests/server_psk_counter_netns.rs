@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mt6d::gateway::clock;
+use mt6d::daemon::clock;
 use mt6d::lab::clients::{echo_service, ClientSet, ClientSpec, Reply};
 use mt6d::lab::daemon::DaemonProcess;
 use mt6d::lab::server_lab::{ServerLab, ECHO_PORT, SERVER_TRUE};

@@ -421,7 +421,7 @@ impl RelayConfig {
             Some(p) => PathBuf::from(p.get_ref()),
             None => super::default_control_socket(&tun_name),
         };
-        if let Err(why) = crate::control::refuse_non_socket(&control_socket) {
+        if let Err(why) = crate::daemon::files::refuse_non_socket(&control_socket) {
             return Err(match &r.control_socket {
                 Some(p) => src.err(p, why),
                 None => src.err(&raw.relay, why),

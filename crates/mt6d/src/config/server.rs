@@ -238,7 +238,7 @@ impl ServerConfig {
         };
         // The daemon replaces a dead socket at this path; anything else there is someone's
         // file and is refused now rather than deleted at start-up.
-        if let Err(why) = crate::control::refuse_non_socket(&control_socket) {
+        if let Err(why) = crate::daemon::files::refuse_non_socket(&control_socket) {
             return Err(match &s.control_socket {
                 Some(p) => src.err(p, why),
                 None => src.err(&raw.server, why),

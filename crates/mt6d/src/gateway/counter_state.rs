@@ -8,7 +8,7 @@
 //! (`seal_counter_not_reserved`) rather than use an unreserved counter.
 //!
 //! The file is named by a one-way function of the send data key, never by a peer or device
-//! name, and every read and write holds the machine's counter lock (`crate::psk_counters`):
+//! name, and every read and write holds the machine's counter lock (`crate::daemon::psk_counters`):
 //! a reload that builds the peer again starts above what the old object reserved, and a second
 //! daemon holding the same key on this state directory is noticed at the next reservation (the
 //! mark moved under us) and answered by a sealer that continues above the other's mark. The
@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 
 use mt6d_proto::{AeadAlg, Sealer, Stream};
 
-use crate::psk_counters::{self, packet_limit};
+use crate::daemon::psk_counters::{self, packet_limit};
 
 /// The most counters reserved per write: at 10 million packets per second a block lasts 6.7 s
 /// and the next one is written 3.3 s ahead. Smaller for a key whose limit is small.

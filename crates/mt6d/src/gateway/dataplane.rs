@@ -28,7 +28,7 @@
 //! [`crate::status::KernelDrops`]), which a thread kept waiting for a core would otherwise lose
 //! silently.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
@@ -50,13 +50,10 @@ use super::routing::{RouteTable, RxRoute};
 use super::shared::Shared;
 use super::tcp_policy::{Direction, Limits, LogBudget, Verdict};
 use super::{collision, session};
+use crate::daemon::worker::{MAX_GSO_BYTES, MAX_GSO_SEGMENTS};
 
 /// How often an idle worker looks at the shutdown flag (and erases expired keys).
 const POLL: Duration = Duration::from_millis(100);
-/// Most datagrams in one UDP GSO send (the kernel's UDP_MAX_SEGMENTS is 64 on older kernels).
-pub(crate) const MAX_GSO_SEGMENTS: usize = 64;
-/// Most bytes in one UDP GSO send (an IPv6 datagram's payload length is 16 bits).
-pub(crate) const MAX_GSO_BYTES: usize = 65_000;
 /// Buffers in one recvmmsg.
 const RX_BATCH: usize = 32;
 
@@ -120,7 +117,7 @@ pub fn worker_loop(
     // A worker starts light, so it starts at home: whether it ever carries anything depends on
     // where the kernel's flow hash (seeded at boot) puts the protected hosts' flows.
     if placement.is_on() {
-        place(&mut placement, load, index, super::clock::now(), 0);
+        place(&mut placement, load, index, crate::daemon::clock::now(), 0);
     }
     while !shared.shutdown.load(Ordering::Relaxed) {
         match epoll.wait(&mut events, Some(POLL)) {
@@ -131,7 +128,7 @@ pub fn worker_loop(
                 // A freed worker whose traffic stopped goes home at the end of its window,
                 // not only at its next packet.
                 if placement.is_on() {
-                    place(&mut placement, load, index, super::clock::now(), 0);
+                    place(&mut placement, load, index, crate::daemon::clock::now(), 0);
                 }
                 continue;
             }
@@ -164,7 +161,7 @@ pub fn worker_loop(
             else {
                 continue;
             };
-            let now = *now.get_or_insert_with(super::clock::now);
+            let now = *now.get_or_insert_with(crate::daemon::clock::now);
             let queue = if delivery.next_queue() { next } else { index };
             let (n, bytes) = rx.on_readable(shared, &table, socket, (queues, queue), limits, now);
             if n > 0 {
@@ -174,7 +171,7 @@ pub fn worker_loop(
             }
         }
         if carried > 0 && placement.is_on() {
-            let now = *now.get_or_insert_with(super::clock::now);
+            let now = *now.get_or_insert_with(crate::daemon::clock::now);
             place(&mut placement, load, index, now, carried);
         }
     }
@@ -689,52 +686,12 @@ impl Receive {
 }
 
 fn flush_to_tun(shared: &Shared, tun: &Tun, gro: &mut GROTable, packets: &mut [PacketBuf]) {
-    write_to_tun(tun, gro, packets, &shared.tun_write_failures);
-}
-
-/// Writes opened packets (each after a virtio header's room) to a TUN queue. The kernel
-/// refusing one inner packet (e.g. no route on the protected side) is not a reason to stop: the
-/// batch writes the others and reports one error, so `failures` counts at least one refused
-/// packet; the device's rx_dropped counts the rest it refused. Shared with the server role.
-pub(crate) fn write_to_tun(
-    tun: &Tun,
-    gro: &mut GROTable,
-    packets: &mut [PacketBuf],
-    failures: &std::sync::atomic::AtomicU64,
-) {
-    if packets.is_empty() {
-        return;
-    }
-    if let Err(e) = tun.send_batch(gro, packets, VIRTIO_NET_HDR_LEN) {
-        failures.fetch_add(1, Ordering::Relaxed);
-        log::debug!("{e}");
-    }
-}
-
-/// Runs `work` (worker `index`'s loop). A panic in it is caught and logged, and the daemon is
-/// told to stop (it then cleans up and exits non-zero for its supervisor): a worker never dies
-/// alone and silently, leaving its TUN queue and its peers unserved.
-pub fn stop_all_if_it_panics(shutdown: &AtomicBool, index: usize, work: impl FnOnce()) {
-    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).is_err() {
-        log::error!(
-            "data-plane worker {index} panicked (the message is above); stopping the daemon"
-        );
-        shutdown.store(true, Ordering::Relaxed);
-    }
+    crate::daemon::worker::write_to_tun(tun, gro, packets, &shared.tun_write_failures);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_panicking_worker_stops_the_daemon_and_a_returning_one_does_not() {
-        let shutdown = AtomicBool::new(false);
-        stop_all_if_it_panics(&shutdown, 0, || {});
-        assert!(!shutdown.load(Ordering::Relaxed));
-        stop_all_if_it_panics(&shutdown, 1, || panic!("injected"));
-        assert!(shutdown.load(Ordering::Relaxed));
-    }
 
     #[test]
     fn drop_reasons_name_what_happened() {

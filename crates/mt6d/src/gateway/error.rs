@@ -15,6 +15,8 @@ pub enum GatewayError {
         #[source]
         source: mt6d_os::OsError,
     },
+    #[error(transparent)]
+    Kit(#[from] crate::daemon::SetupError),
     #[error("{0}")]
     Setup(String),
 }

@@ -219,7 +219,7 @@ impl IcmpTranslator {
             self.follow_peers(&table);
             if self.pmtu[peer]
                 .1
-                .on_packet_too_big(super::clock::now(), inner)
+                .on_packet_too_big(crate::daemon::clock::now(), inner)
             {
                 self.apply(shared, path);
             }
@@ -288,7 +288,7 @@ impl IcmpTranslator {
     }
 
     fn apply_peer_routes(&mut self, shared: &Shared, path: &PathState, link: u32) {
-        let now = super::clock::now();
+        let now = crate::daemon::clock::now();
         let table = shared.table.load();
         self.follow_peers(&table);
         // A peer a reload removed is no longer shown.

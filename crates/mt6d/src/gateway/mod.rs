@@ -18,7 +18,6 @@
 //! Shutdown runs the same steps backwards and leaves the guards: a stop must not open what a
 //! crash keeps closed (docs/ARCHITECTURE.md "Fail closed"); `mt6d down` lifts them.
 
-pub mod clock;
 mod collision;
 pub mod counter_state;
 pub mod counters;
@@ -30,7 +29,6 @@ mod kernel_drops;
 mod link_timers;
 mod links;
 mod liveness;
-pub(crate) mod neighbor;
 mod path;
 pub mod peer;
 mod peer_link;
@@ -44,12 +42,12 @@ mod router;
 pub mod routing;
 pub mod session;
 mod shared;
-pub mod signals;
 pub mod state;
 mod syn_queues;
 mod system;
 pub mod tcp_policy;
 
+use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -59,18 +57,17 @@ use arc_swap::ArcSwap;
 
 use crate::config::{Config, Keying, Role};
 use crate::control::{Asked, ChangeAnswer, ControlServer, Request};
+use crate::daemon::neighbor::NeighborPrimer;
+use crate::daemon::{clock, signals};
 use crate::status::{
     HandshakeStatus, KernelDrops, MoveStatus, PeerStatus, RouteSetStatus, RouteStatus, Status,
     WorkerStatus,
 };
 use collision::CollisionWatch;
 use counters::{DirectionCounters, DropReason};
-pub use dataplane::stop_all_if_it_panics;
-pub(crate) use dataplane::{write_to_tun, MAX_GSO_BYTES, MAX_GSO_SEGMENTS};
 pub use error::GatewayError;
 use icmp::IcmpTranslator;
 use liveness::Liveness;
-use neighbor::NeighborPrimer;
 use path::PathState;
 use peer::{Peer, PeerKeys};
 use polls::{Polls, WorkerLoad};
@@ -81,10 +78,75 @@ use shared::Shared;
 use system::System;
 
 /// Runs the daemon until a stop signal ([`signals`]).
+/// `mt6d check` of a gateway's or host's file: the file and every key file, as `run` validates
+/// them; what would run, for people.
+pub fn check(path: &Path) -> Result<String, Box<dyn std::error::Error>> {
+    let mut out = String::new();
+    let cfg = Config::load(path)?;
+    let g = &cfg.gateway;
+    let _ = writeln!(out, "{}: OK", path.display());
+    let role = match &g.role {
+        Role::Gateway { internal_interface } => {
+            format!("gateway: internal {internal_interface}")
+        }
+        Role::Host { local_host } => {
+            format!("host: {local_host} on the TUN device")
+        }
+    };
+    let _ = writeln!(
+        out,
+        "  {role}  external {}  tun {}  control socket {}",
+        g.external_interface,
+        g.tun_name,
+        g.control_socket.display()
+    );
+    for p in &cfg.peers {
+        let s = &p.stream;
+        let keying = match &p.keying {
+            Keying::Handshake(h) => format!(
+                "handshake with {} (rekey every {:?})",
+                crate::keys::public_key_text(&h.remote_public),
+                h.rekey_after
+            ),
+            Keying::PreShared => "pre-shared session key".to_string(),
+        };
+        let _ = writeln!(
+        out,
+            "  peer {}: {} <-> {}  mode {}  aead {}  derivation {}  ports {:?}  rotation {:?}{}  keys: {keying}",
+            p.name,
+            s.local.true_addr,
+            s.remote.true_addr,
+            s.mode,
+            s.aead,
+            s.derivation,
+            s.ports,
+            s.rotation,
+            if s.jitter { " (jittered)" } else { "" }
+        );
+    }
+    Ok(out)
+}
+
+/// The gateway role, and host mode (`role = "host"`).
+#[derive(Debug, Clone, Copy)]
+pub struct Gateway;
+
+impl crate::daemon::Role for Gateway {
+    fn check(&self, config: &Path) -> Result<String, Box<dyn std::error::Error>> {
+        check(config)
+    }
+    fn run(&self, config: &Path) -> Result<(), Box<dyn std::error::Error>> {
+        run(config)
+    }
+    fn down(&self, config: &Path) -> Result<(), Box<dyn std::error::Error>> {
+        down(config)
+    }
+}
+
 pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let (cfg, doc) = Config::load_document(config_path)?;
     // Capabilities, not uid 0: a dedicated user with CAP_NET_ADMIN and CAP_NET_RAW is enough.
-    crate::privilege::check_all()?;
+    crate::daemon::privilege::check_all()?;
     // Handlers first: a signal during set-up then stops the daemon after set-up, through the
     // same clean-up, instead of killing it half way.
     let signals = signals::Signals::install()?;
@@ -120,7 +182,7 @@ pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = Config::load(config_path)?;
     // The same capabilities as `run` (no TUN device is opened): the daemon's own user can
     // clean up after it.
-    crate::privilege::check_run()?;
+    crate::daemon::privilege::check_run()?;
     let report = state::down(&cfg)?;
     match &report.owner {
         Some((pid, config)) if report.stopped_cleanly => println!(
@@ -318,7 +380,7 @@ fn serve(
             let worker = std::thread::Builder::new()
                 .name(format!("mt6d-w{i}"))
                 .spawn_scoped(s, move || {
-                    dataplane::stop_all_if_it_panics(&shared.shutdown, i, || {
+                    crate::daemon::worker::stop_all_if_it_panics(&shared.shutdown, i, || {
                         dataplane::worker_loop(shared, i, queues, epoll, tun_mtu, path);
                     });
                 })

@@ -41,6 +41,7 @@ use serde::Serialize;
 use crate::config::{Config, ConfigError, PeerConfig};
 use crate::control::Edit;
 
+use super::build_peer;
 use super::error::GatewayError;
 use super::peer::Peer;
 use super::polls::Polls;
@@ -48,7 +49,7 @@ use super::rotation::Rotator;
 use super::shared::Shared;
 use super::state::error_chain;
 use super::system::System;
-use super::{build_peer, clock};
+use crate::daemon::clock;
 
 /// The running configuration, and the TOML document it was validated from (the file's, with
 /// the live edits made since).

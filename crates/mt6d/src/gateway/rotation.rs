@@ -9,7 +9,7 @@
 //! probed for a duplicate on the link ([`super::collision`]); a collision moves the epoch and
 //! calls [`Rotator::step`] again, which binds the moved addresses the same way. The on-link
 //! next hop learns a new address only shortly before its epoch starts
-//! ([`super::neighbor`], docs/PROTOCOL.md §5.1): the first packet to it is then not held up by
+//! ([`crate::daemon::neighbor`], docs/PROTOCOL.md §5.1): the first packet to it is then not held up by
 //! neighbour discovery (001 §4.2), and nothing names it on the wire any earlier.
 //!
 //! Every per-rotation message (priming solicitation, duplicate address probe, link-layer
@@ -30,12 +30,12 @@ use rand::{RngCore, SeedableRng};
 
 use super::collision::{Collision, CollisionWatch};
 use super::error::GatewayError;
-use super::neighbor::NeighborPrimer;
 use super::path::PathState;
 use super::peer::Peer;
 use super::polls::Polls;
 use super::routing::{carry_over, RouteTable};
 use super::shared::Shared;
+use crate::daemon::neighbor::NeighborPrimer;
 
 /// How far back start-up looks for hashed addresses a crashed run may have left behind.
 const STALE_WINDOW_SECS: u64 = 24 * 3600;

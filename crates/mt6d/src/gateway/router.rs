@@ -35,10 +35,10 @@ use mt6d_proto::wire::{
     ROUTER_SOLICITATION,
 };
 
-use super::clock;
 use super::error::GatewayError;
 use super::path::{PathState, RouterCounters};
 use super::shared::Shared;
+use crate::daemon::clock;
 
 /// All-nodes and all-routers link-local multicast groups.
 const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);

@@ -32,20 +32,7 @@ use mt6d_proto::{KeyPhase, Route, UnixTime};
 use super::counter_state::{CounterState, Reserved};
 use super::peer::Peer;
 use super::routing::RouteTable;
-
-/// 32 bytes from the OS for one handshake message, asked for only once a message is due or has
-/// passed the MAC (a flood of bogus messages costs no syscall). If the OS has none to give, no
-/// handshake message is produced.
-pub(crate) fn entropy() -> Option<[u8; 32]> {
-    let mut e = [0u8; 32];
-    match getrandom::fill(&mut e) {
-        Ok(()) => Some(e),
-        Err(err) => {
-            log::error!("no randomness from the OS for a handshake: {err}");
-            None
-        }
-    }
-}
+use crate::daemon::entropy::entropy;
 
 /// Largest control message [`send_one`] protects on its stack (handshake messages are 129 and 73
 /// bytes, notices 32, keepalives 24).

@@ -275,14 +275,14 @@ impl Registry {
     fn lock(dir: &Path) -> Result<Registry, GatewayError> {
         // Only the default directory is mt6d's by definition; one named by MT6D_STATE_DIR may
         // be shared, and is only reported if wider than 0700.
-        crate::files::private_dir(dir, dir == Path::new(STATE_DIR)).map_err(|e| {
+        crate::daemon::files::private_dir(dir, dir == Path::new(STATE_DIR)).map_err(|e| {
             setup(format!(
                 "cannot create state directory {}: {e}",
                 dir.display()
             ))
         })?;
         let path = dir.join("registry.lock");
-        let file = crate::files::open_private(&path)
+        let file = crate::daemon::files::open_private(&path)
             .map_err(|e| setup(format!("{}: {e}", path.display())))?;
         let lock = Flock::lock(file, FlockArg::LockExclusive)
             .map_err(|(_, e)| setup(format!("lock {}: {e}", path.display())))?;
@@ -399,7 +399,7 @@ impl Instance {
         let _registry = Registry::lock(dir)?;
 
         let lock_path = dir.join(format!("{key}.lock"));
-        let file = crate::files::open_private(&lock_path)
+        let file = crate::daemon::files::open_private(&lock_path)
             .map_err(|e| setup(format!("{}: {e}", lock_path.display())))?;
         let mut lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(l) => l,
@@ -659,7 +659,7 @@ impl Instance {
         let tmp = self.dir.join(format!("{}.json.tmp", self.key));
         let text = serde_json::to_vec_pretty(&self.record)
             .map_err(|e| setup(format!("encode {}: {e}", path.display())))?;
-        crate::files::create_temporary(&tmp)
+        crate::daemon::files::create_temporary(&tmp)
             .and_then(|mut f| f.write_all(&text))
             .and_then(|()| std::fs::rename(&tmp, &path))
             .map_err(|e| setup(format!("write {}: {e}", path.display())))

@@ -43,7 +43,7 @@ use super::topology::{dad_settled, in_ns, prepare_namespace, veth, LabError};
 use super::transfer::{self, TransferReport};
 use crate::control::AnyStatus;
 use crate::keys;
-use crate::relay::status::RelayStatus;
+use crate::status::relay::RelayStatus;
 
 pub mod demo;
 mod faults;

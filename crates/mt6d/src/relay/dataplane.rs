@@ -54,15 +54,15 @@ use mt6d_proto::tunnel::frame_payload_len;
 use mt6d_proto::{OpenError, UnixTime};
 use rand::Rng;
 
-use super::status::{E2eStatus, LinkStatus, RelayStatus, RouteStatus, WorkerStatus};
 use super::{e2e_id, neighbour, RelayError, RelayIo};
-use crate::anyip::ndp::NdpResponder;
-use crate::anyip::os;
 use crate::config::RelayConfig;
 use crate::control::{Asked, ChangeAnswer, ControlServer};
-use crate::gateway::clock;
-use crate::gateway::signals::Signals;
-use crate::gateway::{MAX_GSO_BYTES, MAX_GSO_SEGMENTS};
+use crate::daemon::anyip::ndp::NdpResponder;
+use crate::daemon::anyip::os;
+use crate::daemon::clock;
+use crate::daemon::signals::Signals;
+use crate::daemon::worker::{MAX_GSO_BYTES, MAX_GSO_SEGMENTS};
+use crate::status::relay::{E2eStatus, LinkStatus, RelayStatus, RouteStatus, WorkerStatus};
 
 /// Longest the loop sleeps: it also watches the stop flag and answers the control socket (a
 /// request waits at most this long).

@@ -4,7 +4,7 @@
 //!
 //! * The node's hashed /64 is local as a whole (one AnyIP route) and one nftables rule hands
 //!   every UDP datagram to it to one transparent socket, as the server role does
-//!   ([`crate::anyip`]); the datagram's (source, destination) names its link
+//!   ([`crate::daemon::anyip`]); the datagram's (source, destination) names its link
 //!   ([`RelayNode::link_of`]). Whatever the node sends leaves through one raw UDP socket from
 //!   exactly the link's hashed address and port of the epoch. Nothing per address or port is
 //!   added to the kernel at rotation.
@@ -18,8 +18,8 @@
 //!   their system calls and the AEAD without it.
 
 pub mod dataplane;
-pub mod status;
 
+use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Instant;
 
@@ -32,11 +32,11 @@ use mt6d_proto::relay::node::{E2eId, RelayNode};
 use mt6d_proto::relay::table::Neighbour;
 use mt6d_proto::Stream;
 
-use crate::anyip::ndp::NdpResponder;
-use crate::anyip::{os, PrefixSystem, SystemError, TunSpec};
 use crate::config::RelayConfig;
-use crate::gateway::clock;
-use crate::gateway::signals::Signals;
+use crate::daemon::anyip::ndp::NdpResponder;
+use crate::daemon::anyip::{os, PrefixSystem, SystemError, TunSpec};
+use crate::daemon::clock;
+use crate::daemon::signals::Signals;
 
 /// A relay start-up or run failure, with what was being done.
 #[derive(Debug, thiserror::Error)]
@@ -46,9 +46,9 @@ pub enum RelayError {
     #[error(transparent)]
     System(#[from] SystemError),
     #[error(transparent)]
-    Generation(#[from] crate::psk_counters::GenerationError),
+    Generation(#[from] crate::daemon::psk_counters::GenerationError),
     #[error(transparent)]
-    Privilege(#[from] crate::privilege::PrivilegeError),
+    Privilege(#[from] crate::daemon::privilege::PrivilegeError),
     #[error("{0}")]
     Setup(String),
     /// A data-plane worker ended with an error or a panic, which stopped the node.
@@ -83,7 +83,7 @@ pub fn inner_mtu(frame_max: usize) -> usize {
 /// only: it is no routing destination.
 pub fn build_node(
     cfg: &RelayConfig,
-    counters: crate::psk_counters::CounterRange,
+    counters: crate::daemon::psk_counters::CounterRange,
 ) -> Result<RelayNode, RelayError> {
     let now = clock::now();
     let mut seed = [0u8; 16];
@@ -140,8 +140,11 @@ pub fn build_node(
 
 /// A pre-shared link's or end-to-end peer's sealer: this run's counters, at most the key's
 /// packet limit of them (docs/PROTOCOL.md §4.3).
-fn run_sealer(stream: &Stream, counters: crate::psk_counters::CounterRange) -> mt6d_proto::Sealer {
-    let limit = crate::psk_counters::packet_limit(stream.config().aead);
+fn run_sealer(
+    stream: &Stream,
+    counters: crate::daemon::psk_counters::CounterRange,
+) -> mt6d_proto::Sealer {
+    let limit = crate::daemon::psk_counters::packet_limit(stream.config().aead);
     stream
         .sealer(counters.first, counters.end)
         .with_key_limit(counters.first.saturating_add(limit).min(counters.end))
@@ -158,10 +161,70 @@ pub fn e2e_id(j: usize) -> E2eId {
 }
 
 /// Runs the node until SIGTERM or SIGINT; what keeps it closed (guard routes, table, AnyIP
-/// route) stays until the next start or `mt6d down` (`crate::anyip::finish`).
+/// route) stays until the next start or `mt6d down` (`crate::daemon::anyip::finish`).
+/// `mt6d check` of a relay node's file: the file and every key file, as `run` validates them;
+/// what would run, for people.
+pub fn check(path: &Path) -> Result<String, Box<dyn std::error::Error>> {
+    let mut out = String::new();
+    let cfg = RelayConfig::load(path)?;
+    let _ = writeln!(out, "{}: OK", path.display());
+    let role = match (cfg.is_edge(), cfg.transit) {
+        (true, true) => "edge gateway and relay",
+        (true, false) => "edge gateway",
+        (false, _) => "relay",
+    };
+    let _ = writeln!(
+        out,
+        "  {role}: node id {}, prefix {}/64, external {}, frame_max {}, links rotate every {:?}{}",
+        cfg.node_id
+            .map_or_else(|| "(none)".to_string(), |n| n.to_string()),
+        cfg.prefix(),
+        cfg.external_interface,
+        cfg.frame_max,
+        cfg.rotation,
+        if cfg.jitter { " with jitter" } else { "" }
+    );
+    for l in &cfg.links {
+        let _ = writeln!(
+            out,
+            "  link {}: neighbour at {} (its /64 must be routed towards it)",
+            l.name, l.address
+        );
+    }
+    for e in &cfg.e2e {
+        let _ = writeln!(
+            out,
+            "  end-to-end {}: {} -> {} behind {} (routed into {})",
+            e.name,
+            e.stream.local.true_addr,
+            e.stream.remote.true_addr,
+            e.destination,
+            cfg.tun_name
+        );
+    }
+    let _ = writeln!(out, "  control socket {}", cfg.control_socket.display());
+    Ok(out)
+}
+
+/// The relay role (a relay network node, an edge gateway, or both).
+#[derive(Debug, Clone, Copy)]
+pub struct Relay;
+
+impl crate::daemon::Role for Relay {
+    fn check(&self, config: &Path) -> Result<String, Box<dyn std::error::Error>> {
+        check(config)
+    }
+    fn run(&self, config: &Path) -> Result<(), Box<dyn std::error::Error>> {
+        run(config)
+    }
+    fn down(&self, config: &Path) -> Result<(), Box<dyn std::error::Error>> {
+        down(config)
+    }
+}
+
 pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = RelayConfig::load(config_path)?;
-    crate::privilege::check_all()?;
+    crate::daemon::privilege::check_all()?;
     let signals = Signals::install()?;
     let mtu = inner_mtu(cfg.frame_max);
     if cfg.is_edge() && mtu < 1280 {
@@ -174,13 +237,13 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     }
     mt6d_os::secrets::set_non_dumpable()
         .map_err(|e| RelayError::Setup(format!("mark the process non-dumpable: {e}")))?;
-    let counters = crate::psk_counters::reserve_run(&cfg.state_dir)?;
+    let counters = crate::daemon::psk_counters::reserve_run(&cfg.state_dir)?;
     let started = Instant::now();
     let node = build_node(&cfg, counters)?;
     let mut system = system(&cfg)?;
     let result = set_up(&mut system, &cfg, mtu)
         .and_then(|io| dataplane::serve(&cfg, node, io, &signals, started));
-    crate::anyip::finish(result, &mut system, &signals)
+    crate::daemon::anyip::finish(result, &mut system, &signals)
 }
 
 /// `mt6d down -c FILE` for a relay node: removes the guard routes (an edge gateway's), the
@@ -188,7 +251,7 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
 /// answers on its control socket).
 pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = RelayConfig::load(config_path)?;
-    crate::privilege::check_run()?;
+    crate::daemon::privilege::check_run()?;
     if crate::control::query_any_status(&cfg.control_socket).is_ok() {
         return Err(format!(
             "the relay node for {} is running (it answers on {}); stop it first (SIGTERM), then run `mt6d down` again",
@@ -262,16 +325,18 @@ fn set_up(system: &mut PrefixSystem, cfg: &RelayConfig, mtu: usize) -> Result<Re
     } else {
         Vec::new()
     };
-    system.claim_prefix(&crate::anyip::ruleset(cfg.prefix(), cfg.listen_port))?;
+    system.claim_prefix(&crate::daemon::anyip::ruleset(
+        cfg.prefix(),
+        cfg.listen_port,
+    ))?;
     let sockets = (0..workers)
         .map(|k| {
-            UdpSocket6::bind_transparent(crate::anyip::TPROXY_ADDR, cfg.listen_port).map_err(os(
-                format!(
+            UdpSocket6::bind_transparent(crate::daemon::anyip::TPROXY_ADDR, cfg.listen_port)
+                .map_err(os(format!(
                     "open transparent socket {} of {workers} on port {}",
                     k + 1,
                     cfg.listen_port
-                ),
-            ))
+                )))
         })
         .collect::<Result<Vec<_>, _>>()?;
     let raw = RawUdp6::open().map_err(os("open a raw UDP socket"))?;
@@ -312,7 +377,7 @@ mod tests {
         );
         cfg.aead = AeadAlg::Aes256Gcm;
         let stream = Stream::new(cfg).unwrap();
-        let run = crate::psk_counters::CounterRange {
+        let run = crate::daemon::psk_counters::CounterRange {
             first: 3 << 40,
             end: 4 << 40,
         };

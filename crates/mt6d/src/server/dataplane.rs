@@ -54,7 +54,7 @@ use mt6d_proto::link::Notice;
 use mt6d_proto::moves::{is_link_announcement, is_notice};
 
 use super::registry::{bump, Registry, Session};
-use crate::gateway::clock;
+use crate::daemon::clock;
 
 /// How often an idle worker looks at the shutdown flag.
 const POLL: Duration = Duration::from_millis(100);
@@ -413,7 +413,7 @@ impl Receive {
                             route,
                             datagram,
                             &mut session.recv,
-                            crate::gateway::session::entropy,
+                            crate::daemon::entropy::entropy,
                         );
                         let d = drain(session, Some((&io.raw, &mut self.send_scratch)));
                         n.send_failed += d.send_failed;
@@ -597,7 +597,7 @@ struct RxCounts {
 }
 
 fn flush_to_tun(shared: &Shared, tun: &Tun, gro: &mut GROTable, packets: &mut [PacketBuf]) {
-    crate::gateway::write_to_tun(tun, gro, packets, &shared.counters.tun_write_failures);
+    crate::daemon::worker::write_to_tun(tun, gro, packets, &shared.counters.tun_write_failures);
 }
 
 struct Transmit {
@@ -712,7 +712,7 @@ impl Transmit {
                                 log::error!(
                                     "client {}: its pre-shared key has protected its limit of {} packets in this run ({}, docs/PROTOCOL.md §4.3); packets to it are dropped (tx_key_limit): give the client a new key",
                                     client.name,
-                                    crate::psk_counters::packet_limit(stream.config().aead),
+                                    crate::daemon::psk_counters::packet_limit(stream.config().aead),
                                     stream.config().aead
                                 );
                             }

@@ -17,10 +17,11 @@
 
 pub mod control;
 pub mod dataplane;
-pub use crate::anyip::ndp;
+pub use crate::daemon::anyip::ndp;
 pub mod registry;
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
@@ -33,8 +34,8 @@ use mt6d_proto::endpoint::{IndexSeed, PeerId};
 use mt6d_proto::{Stream, UnixTime};
 
 use crate::config::{ClientConfig, ServerConfig};
-use crate::gateway::clock;
-use crate::gateway::signals::Signals;
+use crate::daemon::clock;
+use crate::daemon::signals::Signals;
 use dataplane::{ServerCounters, Shared, WorkerIo};
 use ndp::NdpResponder;
 use registry::{Registry, StepReport};
@@ -66,11 +67,11 @@ pub enum ServerError {
         source: mt6d_os::OsError,
     },
     #[error(transparent)]
-    Generation(#[from] crate::psk_counters::GenerationError),
+    Generation(#[from] crate::daemon::psk_counters::GenerationError),
     #[error(transparent)]
     Registry(#[from] registry::RegistryError),
     #[error(transparent)]
-    Privilege(#[from] crate::privilege::PrivilegeError),
+    Privilege(#[from] crate::daemon::privilege::PrivilegeError),
     #[error(transparent)]
     System(#[from] SystemError),
     #[error("{0}")]
@@ -82,19 +83,73 @@ fn os(what: impl Into<String>) -> impl FnOnce(mt6d_os::OsError) -> ServerError {
     move |source| ServerError::Os { what, source }
 }
 
-use crate::anyip::{PrefixSystem, SystemError, TunSpec};
+use crate::daemon::anyip::{PrefixSystem, SystemError, TunSpec};
 
 /// Runs the server until SIGTERM or SIGINT; what keeps it closed (guard routes, table, AnyIP
-/// route) stays until the next start or `mt6d down` (`crate::anyip::finish`).
+/// route) stays until the next start or `mt6d down` (`crate::daemon::anyip::finish`).
+/// `mt6d check` of a server role file: the file and its peers file, as `run` validates them;
+/// what would run, for people.
+pub fn check(path: &Path) -> Result<String, Box<dyn std::error::Error>> {
+    let mut out = String::new();
+    let cfg = ServerConfig::load(path)?;
+    let clients = cfg.clients()?;
+    let _ = writeln!(out, "{}: OK", path.display());
+    let _ = writeln!(
+        out,
+        "  server: prefix {}/64  true address {} on {}  external {}  {} workers",
+        cfg.prefix,
+        cfg.true_address,
+        cfg.tun_name,
+        cfg.external_interface,
+        cfg.worker_count()
+    );
+    let handshaking = clients.iter().filter(|c| c.handshake.is_some()).count();
+    let _ = writeln!(
+        out,
+        "  {} clients from {} ({handshaking} with handshakes, {} with pre-shared session keys), rotation {:?}, mode {:?}",
+        clients.len(),
+        cfg.peers_file.display(),
+        clients.len() - handshaking,
+        cfg.rotation,
+        cfg.mode
+    );
+    if let Some(k) = &cfg.private_key {
+        let _ = writeln!(
+            out,
+            "  identity: public key {} (the clients' public_key), rekey {:?}",
+            crate::keys::public_key_text(&k.public_key()),
+            cfg.rekey_after
+        );
+    }
+    let _ = writeln!(out, "  control socket {}", cfg.control_socket.display());
+    Ok(out)
+}
+
+/// The server role (one server for many clients).
+#[derive(Debug, Clone, Copy)]
+pub struct Server;
+
+impl crate::daemon::Role for Server {
+    fn check(&self, config: &Path) -> Result<String, Box<dyn std::error::Error>> {
+        check(config)
+    }
+    fn run(&self, config: &Path) -> Result<(), Box<dyn std::error::Error>> {
+        run(config)
+    }
+    fn down(&self, config: &Path) -> Result<(), Box<dyn std::error::Error>> {
+        down(config)
+    }
+}
+
 pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = ServerConfig::load(config_path)?;
-    crate::privilege::check_all()?;
+    crate::daemon::privilege::check_all()?;
     let signals = Signals::install()?;
     // Everything is validated before the system is touched.
     let clients = cfg.clients()?;
     mt6d_os::secrets::set_non_dumpable()
         .map_err(|e| ServerError::Setup(format!("mark the process non-dumpable: {e}")))?;
-    let counters = crate::psk_counters::reserve_run(&cfg.state_dir)?;
+    let counters = crate::daemon::psk_counters::reserve_run(&cfg.state_dir)?;
     let mut seed = [0u8; 16];
     getrandom::fill(&mut seed)
         .map_err(|e| ServerError::Setup(format!("draw the index seed from the OS: {e}")))?;
@@ -147,7 +202,7 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let result = set_up(&mut system, &cfg, mtu)
         .and_then(|ios| serve(&cfg, &shared, ios, &signals, mtu, served, started));
     shared.shutdown.store(true, Ordering::Relaxed);
-    crate::anyip::finish(result, &mut system, &signals)
+    crate::daemon::anyip::finish(result, &mut system, &signals)
 }
 
 /// `mt6d down -c FILE` for a server: removes the guard routes, the nftables table and the
@@ -156,7 +211,7 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
 /// exists in this namespace): removing them under a live server would open the prefix.
 pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = ServerConfig::load(config_path)?;
-    crate::privilege::check_run()?;
+    crate::daemon::privilege::check_run()?;
     let mut system = system(&cfg)?;
     if system.link_exists(&cfg.tun_name) {
         return Err(format!(
@@ -204,7 +259,7 @@ fn tun_mtu(cfg: &ServerConfig, clients: &[ClientConfig]) -> Result<u16, ServerEr
 
 /// What the server adds to the system: guard routes for `client_routes`, the TUN device with the
 /// true address and the client routes, the AnyIP route, the nftables table
-/// ([`crate::anyip::PrefixSystem`]), then one transparent and one raw socket per worker.
+/// ([`crate::daemon::anyip::PrefixSystem`]), then one transparent and one raw socket per worker.
 fn system(cfg: &ServerConfig) -> Result<PrefixSystem, ServerError> {
     Ok(PrefixSystem::new(
         &format!("mt6d_server_{}", cfg.tun_name),
@@ -230,20 +285,21 @@ fn set_up(
     system.claim_prefix(&ruleset(cfg))?;
     let mut ios = Vec::with_capacity(workers);
     for tun in tuns {
-        let socket = UdpSocket6::bind_transparent(crate::anyip::TPROXY_ADDR, cfg.listen_port)
-            .map_err(os(format!(
-                "open a transparent socket on port {}",
-                cfg.listen_port
-            )))?;
+        let socket =
+            UdpSocket6::bind_transparent(crate::daemon::anyip::TPROXY_ADDR, cfg.listen_port)
+                .map_err(os(format!(
+                    "open a transparent socket on port {}",
+                    cfg.listen_port
+                )))?;
         let raw = RawUdp6::open().map_err(os("open a raw UDP socket"))?;
         ios.push(WorkerIo { socket, raw, tun });
     }
     Ok(ios)
 }
 
-/// The server's nftables table ([`crate::anyip::ruleset`] for its prefix and port).
+/// The server's nftables table ([`crate::daemon::anyip::ruleset`] for its prefix and port).
 pub fn ruleset(cfg: &ServerConfig) -> String {
-    crate::anyip::ruleset(cfg.prefix, cfg.listen_port)
+    crate::daemon::anyip::ruleset(cfg.prefix, cfg.listen_port)
 }
 
 fn serve(
@@ -261,7 +317,7 @@ fn serve(
         let h = std::thread::Builder::new()
             .name(format!("mt6d-s{i}"))
             .spawn(move || {
-                crate::gateway::stop_all_if_it_panics(&s.shutdown, i, || {
+                crate::daemon::worker::stop_all_if_it_panics(&s.shutdown, i, || {
                     if let Err(e) = dataplane::worker_loop(&s, &io, usize::from(mtu)) {
                         log::error!("server worker {i}: {e}; stopping");
                         s.shutdown.store(true, Ordering::Relaxed);
@@ -310,7 +366,7 @@ fn serve(
     })?;
     let primer = match (cfg.external_next_hop, external) {
         (Some(hop), Some((ext, mac))) => {
-            let p = crate::gateway::neighbor::NeighborPrimer::open(ext, mac, Some(hop))
+            let p = crate::daemon::neighbor::NeighborPrimer::open(ext, mac, Some(hop))
                 .map_err(|e| ServerError::Setup(format!("priming towards {hop}: {e}")))?;
             // The announcements leave from addresses of the AnyIP prefix, bound to nothing.
             p.allow_routed_sources()
@@ -446,7 +502,7 @@ const PRIME_BUDGET: usize = 4096;
 /// Announces the server addresses due now to the router (docs/PROTOCOL.md §5.1): one unicast
 /// solicitation from each, carrying the server's MAC, so the router has a neighbour entry
 /// before the client's first packet to it.
-fn prime(p: &crate::gateway::neighbor::NeighborPrimer, shared: &Shared, cfg: &ServerConfig) {
+fn prime(p: &crate::daemon::neighbor::NeighborPrimer, shared: &Shared, cfg: &ServerConfig) {
     let Some(hop) = cfg.external_next_hop else {
         return;
     };

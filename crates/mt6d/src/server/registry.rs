@@ -50,9 +50,9 @@ use rand::{RngCore, SeedableRng};
 use crate::config::{ClientConfig, ClientHandshake};
 
 /// Send counters every client's sealer may use in this run: `[first, end)`, from the machine's
-/// run generation (`crate::psk_counters`), so that no restart repeats a nonce under a
+/// run generation (`crate::daemon::psk_counters`), so that no restart repeats a nonce under a
 /// pre-shared key.
-pub use crate::psk_counters::CounterRange;
+pub use crate::daemon::psk_counters::CounterRange;
 
 /// A handshake client's live protocol state, made by its first authenticated handshake message.
 #[derive(Debug)]
@@ -147,7 +147,7 @@ impl Client {
     pub fn sealer(&self, stream: &Stream, counters: CounterRange) -> Option<&Sealer> {
         match &self.keys {
             Keys::PreShared { sealer, first, .. } => Some(sealer.get_or_init(|| {
-                let limit = crate::psk_counters::packet_limit(stream.config().aead);
+                let limit = crate::daemon::psk_counters::packet_limit(stream.config().aead);
                 Box::new(
                     stream
                         .sealer((*first).max(counters.first), counters.end)
@@ -353,10 +353,10 @@ impl Primes {
         let before = |d: Duration| {
             UnixTime::from_nanos(start.as_nanos().saturating_sub(d.as_nanos() as u64))
         };
-        let longest = (self.rotation / 2).max(crate::gateway::neighbor::PRIME_LEAD);
+        let longest = (self.rotation / 2).max(crate::daemon::neighbor::PRIME_LEAD);
         SendWindow::new(
             before(longest),
-            before(crate::gateway::neighbor::PRIME_LEAD),
+            before(crate::daemon::neighbor::PRIME_LEAD),
         )
     }
 }

@@ -91,10 +91,10 @@ impl std::fmt::Debug for CounterLock {
 /// Takes the exclusive lock of `dir` (made with mode 0700 if missing), waiting for another
 /// daemon that holds it (it holds it for one read and one durable write).
 pub fn lock(dir: &Path) -> Result<CounterLock, (PathBuf, &'static str, io::Error)> {
-    crate::files::private_dir(dir, false)
+    crate::daemon::files::private_dir(dir, false)
         .map_err(|e| (dir.to_path_buf(), "create the state directory", e))?;
     let path = dir.join(LOCK_FILE);
-    let file = crate::files::open_private(&path).map_err(|e| (path.clone(), "open", e))?;
+    let file = crate::daemon::files::open_private(&path).map_err(|e| (path.clone(), "open", e))?;
     let lock = Flock::lock(file, FlockArg::LockExclusive)
         .map_err(|(_, errno)| (path, "lock", io::Error::from(errno)))?;
     Ok(CounterLock { _lock: lock })
@@ -134,7 +134,7 @@ pub fn reserve_run(dir: &Path) -> Result<CounterRange, GenerationError> {
 }
 
 /// Replaces `path` with `text` durably: a temporary file beside it (mode 0600, created with
-/// `O_EXCL | O_NOFOLLOW`: [`crate::files::create_temporary`]), fsync, rename into place, fsync
+/// `O_EXCL | O_NOFOLLOW`: [`crate::daemon::files::create_temporary`]), fsync, rename into place, fsync
 /// of the directory. A crash leaves the old or the new contents, never a mix. Errors name the
 /// file and the step.
 pub(crate) fn write_durably(
@@ -152,7 +152,7 @@ pub(crate) fn write_durably(
         let p = p.to_path_buf();
         move |e| (p, what, e)
     }
-    let mut f = crate::files::create_temporary(&tmp).map_err(at(&tmp, "create"))?;
+    let mut f = crate::daemon::files::create_temporary(&tmp).map_err(at(&tmp, "create"))?;
     f.write_all(text.as_bytes()).map_err(at(&tmp, "write"))?;
     f.sync_all().map_err(at(&tmp, "fsync"))?;
     drop(f);

@@ -1,9 +1,13 @@
 //! The status schema: what `mt6d status` (and `--json`, the demo, the tests and the bench) read
-//! from a running daemon. The daemon (`gateway`) fills it in and the control socket (`control`)
-//! carries it; both import it from here, so neither imports the other for it.
+//! from a running daemon, one schema per role (a gateway's here, [`server`], [`relay`]). The
+//! roles fill it in and the control socket (`control`) carries it; both import it from here, so
+//! the control socket imports no role.
 //!
 //! Fields added later carry `#[serde(default)]`, so a newer `mt6d status` still reads an older
 //! daemon's answer.
+
+pub mod relay;
+pub mod server;
 
 use serde::{Deserialize, Serialize};
 

@@ -24,7 +24,7 @@ use std::net::Ipv6Addr;
 use mt6d_os::Icmp6Socket;
 use mt6d_proto::wire::neighbor_solicitation;
 
-use super::error::GatewayError;
+use super::SetupError;
 
 /// The shortest time before an epoch starts that its address is announced. Must exceed the
 /// clock skew between the gateways (the peer may start sending that much early), the main
@@ -47,10 +47,10 @@ impl NeighborPrimer {
         external_index: u32,
         mac: [u8; 6],
         next_hop: Option<Ipv6Addr>,
-    ) -> Result<NeighborPrimer, GatewayError> {
+    ) -> Result<NeighborPrimer, SetupError> {
         let os = |what: &str| {
             let what = what.to_string();
-            move |source| GatewayError::Os { what, source }
+            move |source| SetupError { what, source }
         };
         let socket = Icmp6Socket::open().map_err(os("open neighbour discovery socket"))?;
         // Send only: a raw ICMPv6 socket would otherwise queue a copy of every message received.

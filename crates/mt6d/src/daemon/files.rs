@@ -82,6 +82,41 @@ pub fn open_private(path: &Path) -> io::Result<File> {
     Ok(file)
 }
 
+/// None: nothing at `path`; Ok: a socket; Err: what else is there. Does not connect.
+pub fn file_kind(path: &Path) -> std::io::Result<Option<Result<(), &'static str>>> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        r => r?,
+    };
+    let ty = meta.file_type();
+    Ok(Some(if ty.is_socket() {
+        Ok(())
+    } else if ty.is_symlink() {
+        Err("a symbolic link")
+    } else if ty.is_dir() {
+        Err("a directory")
+    } else if ty.is_file() {
+        Err("a regular file")
+    } else {
+        Err("not a socket")
+    }))
+}
+
+/// Why `path` cannot be the control socket, if it cannot: it exists and is not a socket. A
+/// live socket is not refused here (`mt6d check` next to a running daemon); the bind refuses
+/// it. Looks only at the file type: validating a config never connects anywhere.
+pub fn refuse_non_socket(path: &Path) -> Result<(), String> {
+    match file_kind(path) {
+        Ok(Some(Err(kind))) => Err(format!(
+            "control_socket {} exists and is {kind}; mt6d replaces only a socket nobody answers on and never deletes anything else: choose another path",
+            path.display()
+        )),
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!("control_socket {}: {e}", path.display())),
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 mod tests {

@@ -218,7 +218,7 @@ impl PrefixSystem {
 pub fn finish<E: Into<Box<dyn std::error::Error>>>(
     result: Result<(), E>,
     system: &mut PrefixSystem,
-    signals: &crate::gateway::signals::Signals,
+    signals: &crate::daemon::signals::Signals,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let mut kept: Vec<String> = system
         .guards

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The layout rules of docs/ARCHITECTURE.md ("The map"), checked from the imports:
+#   - a role (gateway/, server/, relay/) never names another role;
+#   - the daemon kit (daemon/), the configuration (config/), the status schema (status/) and the
+#     control socket (control.rs) name no role, and the configuration not the control socket;
+#   - product code never names the lab (only main.rs, for `mt6d demo`, and test modules do);
+#   - the product crates hold no `unsafe` (all of it lives in mt6d-os), and say so with
+#     `#![forbid(unsafe_code)]`.
+# A name counts when it appears as a path (`crate::server`, `mt6d::relay::`, `super::super::`)
+# outside comments and before the file's `#[cfg(test)]` module.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+src=crates/mt6d/src
+failed=0
+
+# Product lines of a file: no comment lines, nothing from the first `#[cfg(test)]` on.
+product_lines() {
+    awk '/^#\[cfg\(test\)\]/ { exit } { print FILENAME ":" FNR ": " $0 }' "$1" |
+        grep -Ev '^[^:]+:[0-9]+: *//' || true
+}
+
+# refuse DIR PATTERN WHY: no product line under DIR may match PATTERN.
+refuse() {
+    local dir=$1 pattern=$2 why=$3 hits
+    hits=$(find "$dir" -name '*.rs' -print0 | sort -z | while IFS= read -r -d '' f; do
+        product_lines "$f"
+    done | grep -E "$pattern" || true)
+    if [[ -n $hits ]]; then
+        echo "check-layout: $why:" >&2
+        echo "$hits" >&2
+        failed=1
+    fi
+}
+
+roles=(gateway server relay)
+for role in "${roles[@]}"; do
+    others=$(printf '%s\n' "${roles[@]}" | grep -vx "$role" | paste -sd'|')
+    refuse "$src/$role" "(crate|mt6d)::($others)\\b|super::super::" \
+        "the $role role names another role (move what both need into daemon/)"
+done
+for shared in daemon config status; do
+    refuse "$src/$shared" '(crate|mt6d)::(gateway|server|relay|lab)\b' \
+        "$shared/ names a role or the lab"
+done
+refuse "$src/control.rs" '(crate|mt6d)::(gateway|server|relay|lab)\b' \
+    "the control socket names a role or the lab"
+refuse "$src/config" '(crate|mt6d)::control\b' "the configuration names the control socket"
+for f in $(find "$src" -name '*.rs' ! -path "$src/lab/*" ! -name main.rs | sort); do
+    refuse "$f" '(crate|mt6d)::lab\b' "product code names the lab"
+done
+
+for crate in mt6d-proto mt6d mt6d-bench; do
+    for root in crates/$crate/src/lib.rs crates/$crate/src/main.rs; do
+        [[ -f $root ]] || continue
+        if ! grep -q '^#!\[forbid(unsafe_code)\]' "$root"; then
+            echo "check-layout: $root lacks #![forbid(unsafe_code)] (unsafe code lives in mt6d-os)" >&2
+            failed=1
+        fi
+    done
+done
+
+if [[ $failed -ne 0 ]]; then
+    exit 1
+fi
+echo "check-layout: roles, kit, configuration, control socket and lab apart; no unsafe outside mt6d-os"
