@@ -24,6 +24,7 @@ pub fn ping_tests_of(rows: &[&Value]) -> Vec<&'static str> {
         .collect()
 }
 
+/// Writes `results.json` and `report.md` (the figures: [`crate::plot::write_figures`]).
 pub fn write_all(doc: &Value, out: &Path) -> Result<(), String> {
     let w = |name: &str, text: String| {
         std::fs::write(out.join(name), text)
@@ -31,7 +32,6 @@ pub fn write_all(doc: &Value, out: &Path) -> Result<(), String> {
     };
     w("results.json", doc.pretty())?;
     w("report.md", markdown(doc))?;
-    crate::plot::write_figures(doc, out)?;
     Ok(())
 }
 
@@ -613,6 +613,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&out);
         std::fs::create_dir_all(&out).expect("temp dir");
         write_all(&doc, &out).expect("writes");
+        crate::plot::write_figures(&doc, &out).expect("figures");
         let written = std::fs::read_to_string(out.join("results.json")).expect("results.json");
         assert_eq!(Value::parse(&written).expect("parses"), doc);
         assert!(out.join("report.md").exists());

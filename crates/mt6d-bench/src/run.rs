@@ -114,6 +114,7 @@ pub fn run(args: &Args) -> Result<PathBuf, String> {
         doc.set("duration_secs", progress.start.elapsed().as_secs_f64())
             .set("rows", Value::Array(rows.clone()));
         crate::report::write_all(&doc, &out)?;
+        crate::plot::write_figures(&doc, &out)?;
     }
     eprintln!(
         "mt6d bench: done in {}; results in {}",

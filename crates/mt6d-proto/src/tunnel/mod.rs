@@ -155,7 +155,7 @@ pub const OPEN_HEADROOM: usize = OUTER_AAD_LEN - COUNTER_LEN;
 pub const FRAME_HEADROOM: usize = COUNTER_LEN;
 
 /// The shortest relay link payload that is not a keepalive: counter, relay header, tag (§10.2).
-pub const MIN_FRAME_PAYLOAD: usize = COUNTER_LEN + crate::relay::frame::HEADER_LEN + TAG_LEN;
+pub const MIN_FRAME_PAYLOAD: usize = COUNTER_LEN + crate::wire::relay::frame::HEADER_LEN + TAG_LEN;
 
 /// Bytes of the relay link payload that carries a frame of `frame_len` bytes (counter and tag
 /// around it, §10.2).
@@ -242,7 +242,7 @@ pub enum SealError {
     /// The bytes to seal as a relay frame are not a valid frame (or the frame to write does not
     /// fit), so a relay link never carries anything but frames.
     #[error("not a valid relay frame: {0}")]
-    BadFrame(crate::relay::RelayError),
+    BadFrame(crate::wire::relay::RelayError),
 }
 
 impl SealError {
@@ -309,7 +309,7 @@ pub enum OpenError {
     /// refusals, labelled as there (`relay_bad_kind` for an inner packet sealed by a peer that
     /// takes the link for a direct stream).
     #[error("opened payload is not a relay frame: {0}")]
-    BadFrame(crate::relay::RelayError),
+    BadFrame(crate::wire::relay::RelayError),
 }
 
 impl OpenError {
@@ -468,7 +468,7 @@ mod tests {
             OpenError::BadInner,
             OpenError::BufferTooSmall { have: 0, need: 1 },
             OpenError::NotEncrypt { mode: Mode::Auth },
-            OpenError::BadFrame(crate::relay::RelayError::BadKind(0x60)),
+            OpenError::BadFrame(crate::wire::relay::RelayError::BadKind(0x60)),
         ];
         let s: std::collections::HashSet<_> = o.iter().map(|e| e.reason()).collect();
         assert_eq!(s.len(), o.len());

@@ -10,7 +10,7 @@ use super::{
     TunnelPayload, COUNTER_LEN, INNER_HEADER_CARRIED, KEEPALIVE_LEN, MIN_FRAME_PAYLOAD,
     OPEN_HEADROOM, OUTER_AAD_LEN, TAG_LEN,
 };
-use crate::relay::RelayFrame;
+use crate::wire::relay::frame::RelayFrame;
 use crate::wire::IPV6_HEADER_LEN;
 use crate::{AeadAlg, Mode, Route};
 
@@ -870,7 +870,7 @@ mod tests {
                     &mut [0u8; 256]
                 ),
                 Err(crate::SealError::BadFrame(
-                    crate::relay::RelayError::LengthMismatch {
+                    crate::wire::relay::RelayError::LengthMismatch {
                         field: 33,
                         payload: 32
                     }
@@ -915,8 +915,8 @@ mod tests {
     #[test]
     fn a_link_relay_at_one_end_and_direct_at_the_other_fails_closed() {
         use crate::relay::frame::DEFAULT_FRAME_MAX;
-        use crate::relay::RelayError;
         use crate::tunnel::FRAME_HEADROOM;
+        use crate::wire::relay::RelayError;
         for alg in [AeadAlg::Aes256Gcm, AeadAlg::ChaCha20Poly1305] {
             let (a, b) = pair(Mode::Encrypt, alg);
             let (ra, rb) = (a.route(Epoch(8)), b.route(Epoch(8)));

@@ -9,7 +9,7 @@ use super::{
     SealError, COUNTER_LEN, COUNTER_LIMIT, FRAME_HEADROOM, INNER_HEADER_CARRIED, KEEPALIVE_LEN,
     OUTER_AAD_LEN, SEAL_HEADROOM, TAG_LEN,
 };
-use crate::relay::{frame_len, RelayFrame, RelayRepr};
+use crate::wire::relay::frame::{frame_len, RelayFrame, RelayRepr};
 use crate::wire::{Ipv6Packet, IPV6_HEADER_LEN};
 use crate::{AeadAlg, Mode, Route};
 

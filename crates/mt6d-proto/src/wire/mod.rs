@@ -6,6 +6,7 @@ mod checksum;
 mod icmpv6;
 mod ipv6;
 mod ndisc;
+pub mod relay;
 mod router;
 mod tcp;
 mod udp;

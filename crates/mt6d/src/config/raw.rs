@@ -11,6 +11,7 @@ use mt6d_proto::PortPolicy;
 use serde::Deserialize;
 use toml::Spanned;
 
+pub(super) use super::source::Source;
 use super::ConfigError;
 
 /// Longest interface name Linux accepts (IFNAMSIZ - 1).
@@ -89,35 +90,6 @@ pub(super) struct RawPeer {
     pub(super) port: Option<Spanned<toml::Value>>,
     pub(super) host_id_out: Option<Spanned<super::tcp::RawHostId>>,
     pub(super) host_id_in: Option<Spanned<super::tcp::RawHostId>>,
-}
-
-/// Turns byte offsets into the `file:line:column` a person can open.
-pub(super) struct Source<'a> {
-    pub(super) path: &'a Path,
-    pub(super) text: &'a str,
-}
-
-impl Source<'_> {
-    pub(super) fn err_at(
-        &self,
-        span: std::ops::Range<usize>,
-        message: impl fmt::Display,
-    ) -> ConfigError {
-        let start = span.start.min(self.text.len());
-        let before = &self.text[..start];
-        let line = before.matches('\n').count() + 1;
-        let column = start - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-        ConfigError::At {
-            path: self.path.to_path_buf(),
-            line,
-            column,
-            message: message.to_string(),
-        }
-    }
-
-    pub(super) fn err<T>(&self, item: &Spanned<T>, message: impl fmt::Display) -> ConfigError {
-        self.err_at(item.span(), message)
-    }
 }
 
 pub(super) fn gateway_settings(g: &RawGateway) -> RawStreamSettings {

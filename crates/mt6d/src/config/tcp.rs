@@ -10,7 +10,7 @@ use mt6d_proto::scrub::{
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::raw::Source;
+use super::source::Source;
 use super::ConfigError;
 
 #[derive(Deserialize, Default)]

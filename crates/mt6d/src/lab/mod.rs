@@ -5,6 +5,7 @@ pub mod clients;
 pub mod config_file;
 pub mod daemon;
 pub mod demo;
+pub mod demo_args;
 pub mod handshake_clients;
 pub mod kernel_counters;
 pub mod linker;

@@ -354,10 +354,7 @@ impl Primes {
             UnixTime::from_nanos(start.as_nanos().saturating_sub(d.as_nanos() as u64))
         };
         let longest = (self.rotation / 2).max(crate::daemon::neighbor::PRIME_LEAD);
-        SendWindow::new(
-            before(longest),
-            before(crate::daemon::neighbor::PRIME_LEAD),
-        )
+        SendWindow::new(before(longest), before(crate::daemon::neighbor::PRIME_LEAD))
     }
 }
 

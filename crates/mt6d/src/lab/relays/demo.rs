@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::{Flow, LinkWire, RelayLab, RelaySettings, Reroute, Shape, Size};
-use crate::lab::demo::{DemoArgs, Say};
+use crate::lab::demo_args::{DemoArgs, Say};
 use crate::lab::ping::Pace;
 use crate::lab::transfer::TransferReport;
 

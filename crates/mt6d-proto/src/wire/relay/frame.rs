@@ -213,7 +213,7 @@ impl<'a> RelayFrame<&'a [u8]> {
 pub struct RelayRepr {
     /// What the frame carries.
     pub kind: Kind,
-    /// Hop limit: [`super::HOP_LIMIT`] from an edge gateway; 1 on link-local kinds.
+    /// Hop limit: [`crate::relay::HOP_LIMIT`] from an edge gateway; 1 on link-local kinds.
     pub hops: u8,
     /// Bytes of relay payload.
     pub payload_len: u16,
@@ -299,8 +299,8 @@ impl RelayRepr {
 
 #[cfg(test)]
 mod tests {
-    use super::super::hex;
     use super::*;
+    use crate::relay::hex;
 
     const DEST: [u8; 8] = [0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88];
 
