@@ -97,7 +97,10 @@ for f in /usr/bin/mt6d /lib/systemd/system/mt6d@.service /usr/lib/sysusers.d/mt6
     /usr/share/bash-completion/completions/mt6d /usr/share/zsh/vendor-completions/_mt6d \
     /usr/share/fish/vendor_completions.d/mt6d.fish /usr/share/doc/mt6d/copyright \
     /usr/share/doc/mt6d/examples/gateway-a.toml /usr/share/doc/mt6d/examples/gateway-b.toml \
-    /usr/share/doc/mt6d/examples/host-a.toml; do
+    /usr/share/doc/mt6d/examples/host-a.toml /usr/share/doc/mt6d/examples/server.toml \
+    /usr/share/doc/mt6d/examples/server-clients /usr/share/doc/mt6d/examples/client-c1.toml \
+    /usr/share/doc/mt6d/examples/relay.toml /usr/share/doc/mt6d/examples/edge-a.toml \
+    /usr/share/doc/mt6d/examples/gateway-tcp-policy.toml; do
     if ! grep -qx "$f" <<<"$files"; then
         echo "$files"
         echo "check-deb: the package does not carry $f" >&2
@@ -108,11 +111,17 @@ in_root getent passwd mt6d >/dev/null || {
     echo "check-deb: installing did not create the mt6d user" >&2
     exit 1
 }
-# The examples name key files beside them: make them in a copy, then check every example.
+# The examples name key files beside them: make them in a copy, then check every example. The
+# peers file holds keys, so the server wants it 0600 (the package installs documents 0644); the
+# relay role checks that its interface exists, so the copy uses lo for eth0.
 in_root sh -ec '
     cp -r /usr/share/doc/mt6d/examples /tmp/examples
     cd /tmp/examples
-    for k in gateway-a gateway-b host-a; do mt6d keygen "$k.key" >/dev/null 2>&1; done
+    for k in gateway-a gateway-b host-a server client-c1 relay edge-a; do
+        mt6d keygen "$k.key" >/dev/null 2>&1
+    done
+    chmod 600 server-clients
+    sed -i "s/\"eth0\"/\"lo\"/" *.toml
     for c in *.toml; do mt6d check -c "$c"; done
 '
 echo "check-deb: $(basename "$deb") installs with dpkg -i in a clean $suite chroot; mt6d --version and mt6d check on the examples pass"

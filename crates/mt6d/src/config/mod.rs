@@ -16,6 +16,7 @@ mod peer;
 mod raw;
 mod relay;
 mod server;
+mod source;
 mod tcp;
 
 pub use relay::{
@@ -662,7 +663,6 @@ key = "{KEY}"
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 
-    /// The examples shipped in examples/ stay valid.
     #[test]
     fn handshake_keys_are_checked_with_their_line() {
         let dir = std::env::temp_dir().join(format!("mt6d-hs-{}", std::process::id()));
@@ -777,6 +777,7 @@ key = "{KEY}"
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 
+    /// The examples shipped in examples/ stay valid.
     #[test]
     fn shipped_examples_parse() {
         let dir = std::env::temp_dir().join(format!("mt6d-examples-{}", std::process::id()));
@@ -817,6 +818,90 @@ key = "{KEY}"
             assert_eq!(cfg.peers.len(), 1, "{name}");
             assert_eq!(cfg.gateway.is_host(), name.starts_with("host"), "{name}");
         }
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    /// Every role has a shipped example (examples/), and each loads as `mt6d check` loads it,
+    /// with the key files its comments say to make: the server with its peers file, its
+    /// host-mode client, a relay and an edge gateway, a gateway with a TCP identity policy. The
+    /// examples name each other's public keys; these private keys match them. The relay
+    /// checks that its interface exists, so `eth0` becomes `lo` here.
+    #[test]
+    fn every_role_has_an_example_that_loads() {
+        use crate::config::{RelayConfig, ServerConfig};
+        let dir = std::env::temp_dir().join(format!("mt6d-role-examples-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("tmp dir");
+        let private = |byte: u8| crate::keys::encode(&[byte; 32]).to_string();
+        let write = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).expect("write");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+            path
+        };
+        for (file, byte) in [
+            ("server.key", 0x5e),
+            ("client-c1.key", 0xc1),
+            ("relay.key", 0x71),
+            ("edge-a.key", 0xea),
+            ("gateway-a.key", 0xa1),
+        ] {
+            write(file, &private(byte));
+        }
+        let on_lo = |text: &str| text.replace("\"eth0\"", "\"lo\"");
+        write(
+            "server-clients",
+            include_str!("../../../../examples/server-clients"),
+        );
+        let server = write(
+            "server.toml",
+            &on_lo(include_str!("../../../../examples/server.toml")),
+        );
+        let server = ServerConfig::load(&server).expect("server.toml");
+        let clients = server.clients().expect("server-clients");
+        assert_eq!(clients.len(), 2);
+        assert!(clients.iter().all(|c| c.handshake.is_some()));
+        let server_public = crate::keys::public_key_text(
+            &server.private_key.as_ref().expect("identity").public_key(),
+        );
+
+        let client = write(
+            "client-c1.toml",
+            include_str!("../../../../examples/client-c1.toml"),
+        );
+        let client = Config::load(&client).expect("client-c1.toml");
+        assert!(client.gateway.is_host());
+        let Keying::Handshake(h) = &client.peers[0].keying else {
+            panic!("client-c1 handshakes");
+        };
+        assert_eq!(
+            crate::keys::public_key_text(&h.remote_public),
+            server_public
+        );
+        assert_eq!(client.peers[0].stream.remote.true_addr, server.true_address);
+
+        let relay = write(
+            "relay.toml",
+            &on_lo(include_str!("../../../../examples/relay.toml")),
+        );
+        let relay = RelayConfig::load(&relay).expect("relay.toml");
+        assert!(!relay.is_edge() && relay.transit && relay.links.len() == 2);
+        let edge = write(
+            "edge-a.toml",
+            &on_lo(include_str!("../../../../examples/edge-a.toml")),
+        );
+        let edge = RelayConfig::load(&edge).expect("edge-a.toml");
+        assert!(edge.is_edge() && edge.e2e.len() == 1);
+        assert_eq!(
+            edge.links[0].address, relay.address,
+            "edge-a's link is the relay"
+        );
+
+        let policy = write(
+            "gateway-tcp-policy.toml",
+            include_str!("../../../../examples/gateway-tcp-policy.toml"),
+        );
+        let policy = Config::load(&policy).expect("gateway-tcp-policy.toml");
+        assert!(policy.gateway.tcp.normalize.is_some());
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 
