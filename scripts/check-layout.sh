@@ -3,14 +3,16 @@
 #   - a role (gateway/, server/, relay/) never names another role;
 #   - the daemon kit (daemon/), the configuration (config/), the status schema (status/) and the
 #     control socket (control.rs) name no role, and the configuration not the control socket;
-#   - product code never names the lab (only main.rs, for `mt6d demo`, and test modules do);
+#   - the daemon library never names the lab (crates/mt6d-lab; only the binary, for `mt6d demo`,
+#     the tests and the bench do; cargo already refuses it outside test modules, where the lab is
+#     a dev-dependency);
 #   - the product crates hold no `unsafe` (all of it lives in mt6d-os), and say so with
 #     `#![forbid(unsafe_code)]`.
 # A name counts when it appears as a path (`crate::server`, `mt6d::relay::`, `super::super::`)
 # outside comments and before the file's `#[cfg(test)]` module.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-src=crates/mt6d/src
+src=crates/mt6d-daemon/src
 failed=0
 
 # Product lines of a file: no comment lines, nothing from the first `#[cfg(test)]` on.
@@ -39,17 +41,15 @@ for role in "${roles[@]}"; do
         "the $role role names another role (move what both need into daemon/)"
 done
 for shared in daemon config status; do
-    refuse "$src/$shared" '(crate|mt6d)::(gateway|server|relay|lab)\b' \
-        "$shared/ names a role or the lab"
+    refuse "$src/$shared" '(crate|mt6d)::(gateway|server|relay)\b' \
+        "$shared/ names a role"
 done
-refuse "$src/control.rs" '(crate|mt6d)::(gateway|server|relay|lab)\b' \
-    "the control socket names a role or the lab"
+refuse "$src/control.rs" '(crate|mt6d)::(gateway|server|relay)\b' \
+    "the control socket names a role"
 refuse "$src/config" '(crate|mt6d)::control\b' "the configuration names the control socket"
-for f in $(find "$src" -name '*.rs' ! -path "$src/lab/*" ! -name main.rs | sort); do
-    refuse "$f" '(crate|mt6d)::lab\b' "product code names the lab"
-done
+refuse "$src" '\bmt6d_lab\b' "the daemon library names the lab outside its tests"
 
-for crate in mt6d-proto mt6d mt6d-bench; do
+for crate in mt6d-proto mt6d-daemon mt6d-lab mt6d mt6d-bench; do
     for root in crates/$crate/src/lib.rs crates/$crate/src/main.rs; do
         [[ -f $root ]] || continue
         if ! grep -q '^#!\[forbid(unsafe_code)\]' "$root"; then

@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use mt6d::lab::topology::{HOST_A, HOST_B, HOST_IF};
+use mt6d_lab::topology::{HOST_A, HOST_B, HOST_IF};
 use mt6d_os::capture::PacketCapture;
 use mt6d_proto::wire::upper_layer_checksum;
 

@@ -285,7 +285,7 @@ fn main() -> ExitCode {
         };
     }
     let args = Args::from(cli);
-    if !mt6d::lab::is_root() {
+    if !mt6d_lab::is_root() {
         eprintln!("mt6d bench: needs root (network namespaces, raw sockets, TUN devices)");
         return ExitCode::from(2);
     }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use mt6d::lab::topology::{
+use mt6d_lab::topology::{
     gateway_config_text, in_ns, ConfigText, GatewaySettings, LabKeys, Side, HOST_A, HOST_B,
 };
 use mt6d_os::{sysctl, unique_name, Netns};
@@ -136,7 +136,7 @@ pub fn start(
                         VXLAN_IF,
                     ],
                 ] {
-                    mt6d::lab::topology::ip(gw, args).map_err(|e| e.to_string())?;
+                    mt6d_lab::topology::ip(gw, args).map_err(|e| e.to_string())?;
                 }
             }
         }

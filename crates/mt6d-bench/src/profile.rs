@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-pub use mt6d::lab::topology::Topology;
+pub use mt6d_lab::topology::Topology;
 
 /// What carries the hosts' traffic between the gateways (000 Table 4.2, with today's peers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

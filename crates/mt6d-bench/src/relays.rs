@@ -2,7 +2,7 @@
 //! --relays`.
 //!
 //! 1. **Throughput through one relay and through two**, encrypt mode, on the lab's mesh
-//!    (`mt6d::lab::relays`, three meshed relays, two edge gateways behind each) with no loss:
+//!    (`mt6d_lab::relays`, three meshed relays, two edge gateways behind each) with no loss:
 //!    TCP from the host behind e1 to the one behind e2 (both behind r1) and to the one behind e3
 //!    (behind r2), each for `secs` seconds, `runs` times. The relays' per-stage clocks
 //!    (`stage_*_ns`, `rx_datagrams` in their status) before and after each run give the
@@ -20,8 +20,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use mt6d::lab::relays::{Flow, RelayLab, RelaySettings, Shape, Size};
 use mt6d::status::relay::RelayStatus;
+use mt6d_lab::relays::{Flow, RelayLab, RelaySettings, Shape, Size};
 
 use crate::json::{Value, ValueExt};
 
@@ -366,10 +366,10 @@ fn kernel_path(lab: &RelayLab, nodes: &[&str], from: u16, to: u16) -> Result<(),
         run_in(lab, i, "sysctl", &["-qw", "net.ipv6.conf.all.forwarding=1"])?;
     }
     for (hops, far) in [
-        (idx.clone(), mt6d::lab::relays::host_address(to)),
+        (idx.clone(), mt6d_lab::relays::host_address(to)),
         (
             idx.iter().rev().copied().collect(),
-            mt6d::lab::relays::host_address(from),
+            mt6d_lab::relays::host_address(from),
         ),
     ] {
         let prefix = format!("{}/64", mt6d::config::prefix_of(far));

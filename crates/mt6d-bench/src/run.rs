@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use mt6d::lab::topology::HOST_B;
+use mt6d_lab::topology::HOST_B;
 
 use crate::json::{Value, ValueExt};
 use crate::peers::{self, Running};

@@ -6,7 +6,7 @@
 //!   server role: `mt6d run` with n clients in its peers file, timed from the start of the
 //!   process to its "serving" line and to the first answer to a random client.
 //! * **Fig. 2, response time over requests/s and clients.** A many-client generator
-//!   ([`mt6d::lab::clients::ClientSet`], one process playing every client with its own keys
+//!   ([`mt6d_lab::clients::ClientSet`], one process playing every client with its own keys
 //!   and hashed addresses in the client namespace's /64) sends requests to the echo service
 //!   behind the server (002's: port 3540, answers ten times the request) at a set rate, each
 //!   from a random client, and measures every round trip, loss and answers from a wrong
@@ -15,7 +15,7 @@
 //! * Beside them: the daemon's memory per client, the CPU its rotation takes while idle (10 s
 //!   interval), and its start-up time.
 //! * **Handshakes.** A server with n clients that all handshake (no pre-shared key), started
-//!   cold; a generator ([`mt6d::lab::handshake_clients::HandshakeClients`]) plays every client's
+//!   cold; a generator ([`mt6d_lab::handshake_clients::HandshakeClients`]) plays every client's
 //!   initiator, at most [`IN_FLIGHT`] at a time, until all are up. Measured: the server's start
 //!   (one X25519 per client for its link set), the time until every client is up, the
 //!   handshakes completed per second, and the server's CPU while it answers.
@@ -30,9 +30,9 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use mt6d::lab::clients::{echo_service, ClientSet, ClientSpec};
-use mt6d::lab::handshake_clients::{self, HandshakeClients};
-use mt6d::lab::server_lab::{ServerLab, ECHO_PORT, SERVER_TRUE};
+use mt6d_lab::clients::{echo_service, ClientSet, ClientSpec};
+use mt6d_lab::handshake_clients::{self, HandshakeClients};
+use mt6d_lab::server_lab::{ServerLab, ECHO_PORT, SERVER_TRUE};
 use mt6d_os::{Epoll, EpollEvents, Netns};
 
 use crate::json::{Value, ValueExt};

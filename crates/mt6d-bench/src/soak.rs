@@ -30,8 +30,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use mt6d::lab::ping::{ping, Pace};
-use mt6d::lab::topology::{
+use mt6d_lab::ping::{ping, Pace};
+use mt6d_lab::topology::{
     gateway_config_text, ConfigText, GatewaySettings, LabKeys, Side, Topology, HOST_A, HOST_B,
 };
 use mt6d_os::Netns;
@@ -712,13 +712,13 @@ fn ping_train(m: &Meters, stop: &AtomicBool, lost: &Mutex<Vec<f64>>) {
 /// UDP discards and errors (`/proc/thread-self/net/snmp6`, read from a thread inside the
 /// namespace) and each interface's receive/transmit drops and errors (`net/dev`).
 fn kernel_drops(net: &crate::topo::Net) -> BTreeMap<String, u64> {
-    use mt6d::lab::kernel_counters::DROP_NAMES;
+    use mt6d_lab::kernel_counters::DROP_NAMES;
     // The soak also counts unreachable errors: a route gap at a rotation shows there.
     let mut drops = DROP_NAMES.to_vec();
     drops.push("DestUnreachs");
     let mut all = BTreeMap::new();
     for ns in net.all() {
-        let Ok(counters) = mt6d::lab::kernel_counters::kernel_drops(ns, &drops) else {
+        let Ok(counters) = mt6d_lab::kernel_counters::kernel_drops(ns, &drops) else {
             continue;
         };
         for (k, v) in counters {

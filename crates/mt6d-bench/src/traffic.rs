@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use mt6d::lab::ping::{Pace as LabPace, PingReport};
-use mt6d::lab::topology::HOST_B;
+use mt6d_lab::ping::{Pace as LabPace, PingReport};
+use mt6d_lab::topology::HOST_B;
 use mt6d_os::Netns;
 
 use crate::json::{Value, ValueExt};
@@ -32,7 +32,7 @@ pub fn ping(dst: Ipv6Addr, count: u64, pace: Pace, linger: Duration) -> Result<P
         Pace::Train(interval) => LabPace::Train { interval },
         Pace::Flood => LabPace::Flood { wait: FLOOD_GAP },
     };
-    mt6d::lab::ping::ping(dst, count, pace, linger).map_err(|e| e.to_string())
+    mt6d_lab::ping::ping(dst, count, pace, linger).map_err(|e| e.to_string())
 }
 
 /// An echo slower than this is a stall (issue 19: mt6d's worst echo at most 10 ms).

@@ -7,7 +7,8 @@
 #![forbid(unsafe_code)]
 
 use mt6d::daemon::Role;
-use mt6d::{config, control, gateway, keys, lab};
+use mt6d::{config, control, gateway, keys};
+use mt6d_lab as lab;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

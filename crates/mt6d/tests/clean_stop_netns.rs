@@ -21,9 +21,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use mt6d::lab::daemon::DaemonProcess;
-use mt6d::lab::server_lab::{ServerLab, SERVER_IF, SERVER_TRUE};
-use mt6d::lab::topology::{Lab, Side, Topology, EXTERNAL_IF, HOST_A, HOST_B};
+use mt6d_lab::daemon::DaemonProcess;
+use mt6d_lab::server_lab::{ServerLab, SERVER_IF, SERVER_TRUE};
+use mt6d_lab::topology::{Lab, Side, Topology, EXTERNAL_IF, HOST_A, HOST_B};
 use mt6d_os::capture::PacketCapture;
 use mt6d_os::{unique_name, Netns};
 

@@ -13,8 +13,8 @@ use std::net::Ipv6Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use mt6d::lab::ping::{ping, Pace};
-use mt6d::lab::topology::{Side, Topology, EXTERNAL_IF, HOST_B};
+use mt6d_lab::ping::{ping, Pace};
+use mt6d_lab::topology::{Side, Topology, EXTERNAL_IF, HOST_B};
 use mt6d_os::capture::PacketCapture;
 use mt6d_proto::wire::{dad_probe_frame, upper_layer_checksum, Ipv6Repr, NEXT_HEADER_ICMPV6};
 use mt6d_proto::{Epoch, Stream};

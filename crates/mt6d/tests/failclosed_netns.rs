@@ -9,9 +9,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use mt6d::lab::observer::Observer;
-use mt6d::lab::ping::{ping, Pace, PingReport};
-use mt6d::lab::topology::{Lab, Side, Topology, EXTERNAL_IF, HOST_A, HOST_B, INTERNAL_IF};
+use mt6d_lab::observer::Observer;
+use mt6d_lab::ping::{ping, Pace, PingReport};
+use mt6d_lab::topology::{Lab, Side, Topology, EXTERNAL_IF, HOST_A, HOST_B, INTERNAL_IF};
 use mt6d_os::capture::PacketCapture;
 use mt6d_os::Netns;
 use nix::sys::signal::{kill, Signal};
@@ -661,7 +661,7 @@ fn wait_hashed_count(ns: &Netns, want: usize) {
 #[test]
 #[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn sighup_adds_and_removes_a_peer_without_losing_a_packet_of_the_other() {
-    use mt6d::lab::unlinkability::HOST_C;
+    use mt6d_lab::unlinkability::HOST_C;
     common::require_root();
     let (running, _) = start_with_snapshot();
     let lab = &running.lab;

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::{start, start_daemon, wait_for_path, Running};
 use mt6d::daemon::clock::now;
-use mt6d::lab::ping::{ping, Pace};
-use mt6d::lab::topology::{GatewaySettings, Lab, LabKeys, Side, Topology, HOST_B};
+use mt6d_lab::ping::{ping, Pace};
+use mt6d_lab::topology::{GatewaySettings, Lab, LabKeys, Side, Topology, HOST_B};
 use mt6d_proto::{Epoch, Stream};
 
 /// Gateway A's own stream, from its configuration and keys: the routes it will use.
@@ -348,7 +348,7 @@ fn external_interface_deleted_and_recreated_is_followed_and_traffic_resumes() {
     );
 
     // The public link goes away (the veth pair: both gateways lose their external interface).
-    mt6d::lab::topology::ip(&running.lab.gw_a, &["link", "del", "ext0"]).expect("delete ext0");
+    mt6d_lab::topology::ip(&running.lab.gw_a, &["link", "del", "ext0"]).expect("delete ext0");
     let deleted = Instant::now();
     let mut seen_missing = false;
     while deleted.elapsed() < Duration::from_millis(1_500) && !seen_missing {
@@ -393,17 +393,17 @@ fn external_interface_deleted_and_recreated_is_followed_and_traffic_resumes() {
     // The interface comes back under the same name; the supervisor (here, the test) restarts.
     let b_ns = running.lab.gw_b.name().to_string();
     let lab = &running.lab;
-    mt6d::lab::topology::ip(
+    mt6d_lab::topology::ip(
         &lab.gw_a,
         &[
             "link", "add", "ext0", "type", "veth", "peer", "name", "m6tmp0",
         ],
     )
     .expect("recreate ext0");
-    mt6d::lab::topology::ip(&lab.gw_a, &["link", "set", "m6tmp0", "netns", &b_ns]).expect("move");
-    mt6d::lab::topology::ip(&lab.gw_b, &["link", "set", "m6tmp0", "name", "ext0"]).expect("rename");
-    mt6d::lab::topology::ip(&lab.gw_a, &["link", "set", "ext0", "up"]).expect("up A");
-    mt6d::lab::topology::ip(&lab.gw_b, &["link", "set", "ext0", "up"]).expect("up B");
+    mt6d_lab::topology::ip(&lab.gw_a, &["link", "set", "m6tmp0", "netns", &b_ns]).expect("move");
+    mt6d_lab::topology::ip(&lab.gw_b, &["link", "set", "m6tmp0", "name", "ext0"]).expect("rename");
+    mt6d_lab::topology::ip(&lab.gw_a, &["link", "set", "ext0", "up"]).expect("up A");
+    mt6d_lab::topology::ip(&lab.gw_b, &["link", "set", "ext0", "up"]).expect("up B");
     let recreated = Instant::now();
     running.daemons.clear();
     launch(&mut running);
@@ -435,7 +435,7 @@ fn external_interface_down_for_a_second_is_used_again_in_place() {
     common::require_root();
     let running = start("encrypt", 2.0);
     let lab = &running.lab;
-    mt6d::lab::topology::ip(&lab.gw_a, &["link", "set", "ext0", "down"]).expect("down");
+    mt6d_lab::topology::ip(&lab.gw_a, &["link", "set", "ext0", "down"]).expect("down");
     let deadline = Instant::now() + Duration::from_millis(1_500);
     let mut seen_down = false;
     while Instant::now() < deadline && !seen_down {
@@ -447,7 +447,7 @@ fn external_interface_down_for_a_second_is_used_again_in_place() {
     }
     assert!(seen_down, "status showed ext0 down");
     std::thread::sleep(Duration::from_secs(1));
-    mt6d::lab::topology::ip(&lab.gw_a, &["link", "set", "ext0", "up"]).expect("up");
+    mt6d_lab::topology::ip(&lab.gw_a, &["link", "set", "ext0", "up"]).expect("up");
     let up = Instant::now();
     // The same daemons carry traffic again (addresses and routes re-added in place).
     wait_for_path(lab, HOST_B, 1);

@@ -8,14 +8,14 @@
 use std::net::Ipv6Addr;
 use std::time::{Duration, Instant};
 
-use mt6d::lab::observer::Observer;
-use mt6d::lab::ping::{ping, Pace};
-use mt6d::lab::topology::{
+use mt6d::status::Status;
+use mt6d_lab::observer::Observer;
+use mt6d_lab::ping::{ping, Pace};
+use mt6d_lab::topology::{
     in_ns, Lab, Side, Topology, EXTERNAL_IF, GATEWAY_A, HOST_A, HOST_B, INTERNAL_IF, ROUTER_IF_A,
     ROUTER_IF_B, TUNNEL_MTU,
 };
-use mt6d::lab::transfer;
-use mt6d::status::Status;
+use mt6d_lab::transfer;
 use mt6d_os::capture::PacketCapture;
 use mt6d_os::Netns;
 
@@ -665,7 +665,7 @@ fn router_errors_during_pings(
             "metric",
             "1",
         ];
-        mt6d::lab::topology::ip(router, &unreachable).expect("unreachable route");
+        mt6d_lab::topology::ip(router, &unreachable).expect("unreachable route");
         let _ = lab.host_a.run(|| {
             ping(
                 HOST_B,
@@ -963,7 +963,7 @@ fn transfer_and_pings<T: Send>(
     secs: u64,
     pings: u64,
     during: impl FnOnce() -> T + Send,
-) -> (transfer::TransferReport, mt6d::lab::ping::PingReport, T) {
+) -> (transfer::TransferReport, mt6d_lab::ping::PingReport, T) {
     let listener = lab
         .host_b
         .run(|| transfer::listen(HOST_B, port))
@@ -1491,7 +1491,7 @@ fn host_mode_delivers_path_errors_to_its_own_stack() {
 /// The IPv6 MTU Host A uses on its link (what Router Advertisements set).
 fn host_a_link_mtu(lab: &Lab) -> u32 {
     lab.host_a
-        .run(|| mt6d_os::sysctl::get_ipv6_conf(mt6d::lab::topology::HOST_IF, "mtu"))
+        .run(|| mt6d_os::sysctl::get_ipv6_conf(mt6d_lab::topology::HOST_IF, "mtu"))
         .expect("enter host A")
         .expect("read mtu")
         .trim()
@@ -1527,7 +1527,7 @@ fn router_advertisements_tell_hosts_the_tunnel_mtu_and_leak_nothing() {
         .host_a
         .run(|| {
             let mut nl = mt6d_os::Netlink::open()?;
-            let i = nl.link_index(mt6d::lab::topology::HOST_IF)?;
+            let i = nl.link_index(mt6d_lab::topology::HOST_IF)?;
             nl.link_mac(i)
         })
         .expect("enter host A")
@@ -1583,9 +1583,7 @@ fn router_advertisements_tell_hosts_the_tunnel_mtu_and_leak_nothing() {
             s.set_read_timeout(Some(Duration::from_millis(200)))
                 .expect("timeout");
             let mut nl = mt6d_os::Netlink::open().expect("netlink");
-            let i = nl
-                .link_index(mt6d::lab::topology::HOST_IF)
-                .expect("host if");
+            let i = nl.link_index(mt6d_lab::topology::HOST_IF).expect("host if");
             let mut rs = router_solicitation().to_vec();
             rs.extend_from_slice(&[1, 1]);
             rs.extend_from_slice(&host_mac);

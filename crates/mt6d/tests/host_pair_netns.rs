@@ -5,11 +5,11 @@
 
 use std::time::{Duration, Instant};
 
-use mt6d::lab::observer::Observer;
-use mt6d::lab::ping::{ping, Pace};
-use mt6d::lab::topology::{Lab, Side, Topology, EXTERNAL_IF, HOST_A, HOST_B};
-use mt6d::lab::transfer;
 use mt6d::status::Status;
+use mt6d_lab::observer::Observer;
+use mt6d_lab::ping::{ping, Pace};
+use mt6d_lab::topology::{Lab, Side, Topology, EXTERNAL_IF, HOST_A, HOST_B};
+use mt6d_lab::transfer;
 
 mod common;
 use common::*;
@@ -54,7 +54,7 @@ fn traffic(
     port: u16,
     secs: u64,
     pings: u64,
-) -> (transfer::TransferReport, mt6d::lab::ping::PingReport) {
+) -> (transfer::TransferReport, mt6d_lab::ping::PingReport) {
     let lab = &running.lab;
     let server = tcp_receiver(lab, port);
     let (tcp, p) = std::thread::scope(|s| {

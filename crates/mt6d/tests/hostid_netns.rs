@@ -18,7 +18,7 @@ use std::net::{Ipv6Addr, TcpListener};
 use std::time::{Duration, Instant};
 
 use common::{require_root, start_gateways_with, status, Running};
-use mt6d::lab::topology::{Lab, Side, Topology, HOST_A, HOST_B, HOST_IF};
+use mt6d_lab::topology::{Lab, Side, Topology, HOST_A, HOST_B, HOST_IF};
 use mt6d_os::capture::PacketCapture;
 use mt6d_proto::scrub::{identity_value, HostIdForm, HostIdKinds, TcpOption, TcpOptions};
 use mt6d_proto::wire::upper_layer_checksum;
@@ -432,7 +432,7 @@ fn injected_options_are_well_formed_and_read_back_on_the_far_side() {
     let rx = common::tcp_receiver(lab, PORT);
     let sent = lab
         .host_a
-        .run(|| mt6d::lab::transfer::send_for(HOST_B, PORT, Duration::from_millis(300), 7))
+        .run(|| mt6d_lab::transfer::send_for(HOST_B, PORT, Duration::from_millis(300), 7))
         .expect("enter A")
         .expect("transfer completes");
     let received = rx.join().expect("receiver").expect("received");
@@ -685,7 +685,7 @@ fn mss_is_clamped_to_the_tunnel_over_the_reduced_mtu_topology() {
     let rx = common::tcp_receiver(lab, PORT);
     let sent = lab
         .host_a
-        .run(|| mt6d::lab::transfer::send_for(HOST_B, PORT, Duration::from_secs(1), 3))
+        .run(|| mt6d_lab::transfer::send_for(HOST_B, PORT, Duration::from_secs(1), 3))
         .expect("enter A")
         .expect("transfer completes");
     let received = rx.join().expect("receiver").expect("received");

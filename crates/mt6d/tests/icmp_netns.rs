@@ -10,7 +10,7 @@
 use std::net::{Ipv6Addr, UdpSocket};
 use std::time::{Duration, Instant};
 
-use mt6d::lab::topology::{Lab, Side, Topology, GATEWAY_A, HOST_A, HOST_B, HOST_IF, ROUTER_IF_A};
+use mt6d_lab::topology::{Lab, Side, Topology, GATEWAY_A, HOST_A, HOST_B, HOST_IF, ROUTER_IF_A};
 use mt6d_os::capture::PacketCapture;
 use mt6d_proto::wire::router_advertisement;
 

@@ -1,6 +1,6 @@
 //! An observer on the public link tries to link consecutive epochs (issue: unlinkable on the
 //! wire). Four conversations with the same traffic mix run between the same two gateways in
-//! encrypt mode across 30 rotations of 1 s; the linker (`mt6d::lab::linker`) scores every
+//! encrypt mode across 30 rotations of 1 s; the linker (`mt6d_lab::linker`) scores every
 //! header field, the payload's first bytes as a counter, packet sizes, the neighbour
 //! discovery, MLD and ICMPv6 side channels, and the daemon's own control messages (their order
 //! within each rotation, their offset from the boundary, byte-identical repeats) against the
@@ -15,8 +15,8 @@
 
 mod common;
 
-use mt6d::lab::topology::Topology;
-use mt6d::lab::unlinkability::{run, LinkRunArgs, JOINT_MARGIN, MARGIN};
+use mt6d_lab::topology::Topology;
+use mt6d_lab::unlinkability::{run, LinkRunArgs, JOINT_MARGIN, MARGIN};
 
 const ROTATIONS: u32 = 30;
 const PEERS: usize = 4;

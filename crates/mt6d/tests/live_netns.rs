@@ -11,9 +11,9 @@ use std::net::Ipv6Addr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use mt6d::lab::ping::{ping, Pace, PingReport};
-use mt6d::lab::topology::{Lab, Side, EXTERNAL_IF, HOST_A, HOST_B};
-use mt6d::lab::unlinkability::HOST_C;
+use mt6d_lab::ping::{ping, Pace, PingReport};
+use mt6d_lab::topology::{Lab, Side, EXTERNAL_IF, HOST_A, HOST_B};
+use mt6d_lab::unlinkability::HOST_C;
 
 mod common;
 use common::*;

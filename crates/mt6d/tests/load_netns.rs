@@ -21,9 +21,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::status;
-use mt6d::lab::ping::{ping, Pace};
-use mt6d::lab::topology::{Side, HOST_A, HOST_B};
 use mt6d::status::Status;
+use mt6d_lab::ping::{ping, Pace};
+use mt6d_lab::topology::{Side, HOST_A, HOST_B};
 use mt6d_os::Netns;
 
 /// Busy loops beside the lab, two per core, at the lab's own priority: together with the lab
@@ -161,7 +161,7 @@ fn force_rcvbuf(sock: &UdpSocket, bytes: libc::c_int) {
 /// Every kernel drop counter of one namespace: snmp6 discards and errors, and each
 /// interface's receive and transmit drops and errors.
 fn kernel_drops(ns: &Netns) -> BTreeMap<String, u64> {
-    use mt6d::lab::kernel_counters::{kernel_drops, DROP_NAMES};
+    use mt6d_lab::kernel_counters::{kernel_drops, DROP_NAMES};
     kernel_drops(ns, &DROP_NAMES).expect("enter namespace")
 }
 

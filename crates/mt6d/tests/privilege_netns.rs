@@ -6,9 +6,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
-use mt6d::lab::daemon::DaemonProcess;
-use mt6d::lab::ping::{ping, Pace};
-use mt6d::lab::topology::{GatewaySettings, Lab, LabKeys, Side, Topology, HOST_B};
+use mt6d_lab::daemon::DaemonProcess;
+use mt6d_lab::ping::{ping, Pace};
+use mt6d_lab::topology::{GatewaySettings, Lab, LabKeys, Side, Topology, HOST_B};
 
 mod common;
 use common::*;

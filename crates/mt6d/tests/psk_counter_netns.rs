@@ -5,15 +5,15 @@
 
 use std::time::{Duration, Instant};
 
-use mt6d::lab::ping::{ping, Pace};
-use mt6d::lab::topology::{Side, EXTERNAL_IF, HOST_B};
+use mt6d_lab::ping::{ping, Pace};
+use mt6d_lab::topology::{Side, EXTERNAL_IF, HOST_B};
 use mt6d_os::capture::PacketCapture;
 
 mod common;
 use common::*;
 
 /// Counters reserved per state-file write for Gateway A's key (a 64th of its packet limit,
-/// crates/mt6d/src/gateway/counter_state.rs).
+/// crates/mt6d-daemon/src/gateway/counter_state.rs).
 fn block(running: &Running) -> u64 {
     let cfg = mt6d::config::Config::load(&running.dir.join("gw-A.toml")).expect("config");
     mt6d::gateway::counter_state::block(cfg.peers[0].stream.aead)

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{start_gateways_with, status, Running};
-use mt6d::lab::ping::{ping, Pace};
-use mt6d::lab::topology::{Lab, Side, Topology, EXTERNAL_IF, HOST_B, ROUTER_IF_A};
+use mt6d_lab::ping::{ping, Pace};
+use mt6d_lab::topology::{Lab, Side, Topology, EXTERNAL_IF, HOST_B, ROUTER_IF_A};
 use mt6d_os::capture::PacketCapture;
 use mt6d_os::nftables::NftTable;
 use mt6d_os::{sysctl, AddrInfo, Netlink, Netns};

@@ -1,6 +1,6 @@
 //! The relay role fails closed (tracker issue 13; docs/CONFIG.md "The relay role", as
 //! `failclosed_netns.rs` for the gateway role), end to end on the lab's chain
-//! `h1 - eA == r1 == r2 == eB - h2` (`mt6d::lab::relays`), every node a real `mt6d run`.
+//! `h1 - eA == r1 == r2 == eB - h2` (`mt6d_lab::relays`), every node a real `mt6d run`.
 //!
 //! Checked: an edge gateway killed with SIGKILL while its host keeps sending (UDP datagrams that
 //! carry both hosts' addresses, and echo requests) puts no frame with either host's true address
@@ -29,8 +29,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use mt6d::lab::ping::{Pace, PingReport};
-use mt6d::lab::relays::{self, RelayLab, RelaySettings, Shape};
+use mt6d_lab::ping::{Pace, PingReport};
+use mt6d_lab::relays::{self, RelayLab, RelaySettings, Shape};
 use mt6d_os::capture::PacketCapture;
 use mt6d_os::Netns;
 

@@ -20,8 +20,8 @@ mod common;
 use std::net::Ipv6Addr;
 use std::time::{Duration, Instant};
 
-use mt6d::lab::ping::Pace;
-use mt6d::lab::relays::{node_prefix, RelayLab, Shape};
+use mt6d_lab::ping::Pace;
+use mt6d_lab::relays::{node_prefix, RelayLab, Shape};
 
 fn counter(lab: &RelayLab, i: usize, name: &str) -> u64 {
     lab.status(i)

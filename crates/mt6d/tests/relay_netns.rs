@@ -1,5 +1,5 @@
 //! The relay role end to end (tracker issue 13): `mt6d run` on every node of a relay network
-//! built in network namespaces by `mt6d::lab::relays`, real hosts behind the edge gateways.
+//! built in network namespaces by `mt6d_lab::relays`, real hosts behind the edge gateways.
 //!
 //! ```text
 //! chain:  h1 - eA == r1 == r2 == eB - h2            (one-second rotations with jitter)
@@ -24,8 +24,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use mt6d::lab::ping::Pace;
-use mt6d::lab::relays::{self, Flow, RelayLab, RelaySettings, Shape, Size};
+use mt6d_lab::ping::Pace;
+use mt6d_lab::relays::{self, Flow, RelayLab, RelaySettings, Shape, Size};
 
 fn settings(rotation_secs: f64) -> RelaySettings {
     common::relay_settings(rotation_secs)

@@ -1,5 +1,5 @@
 //! The relay role across a relay's restart, and what a relay's memory holds (tracker issue 13),
-//! on the lab's chain `h1 - eA == r1 == r2 == eB - h2` (`mt6d::lab::relays`), every node a real
+//! on the lab's chain `h1 - eA == r1 == r2 == eB - h2` (`mt6d_lab::relays`), every node a real
 //! `mt6d run`.
 //!
 //! Checked: a relay stopped and started again in the middle of a TCP transfer forwards again
@@ -17,8 +17,8 @@ use std::io::{Read, Seek, SeekFrom};
 use std::net::Ipv6Addr;
 use std::time::{Duration, Instant};
 
-use mt6d::lab::relays::{Flow, RelayLab, RelaySettings, Shape, Size};
-use mt6d::lab::transfer;
+use mt6d_lab::relays::{Flow, RelayLab, RelaySettings, Shape, Size};
+use mt6d_lab::transfer;
 use mt6d_os::Netns;
 
 fn settings() -> RelaySettings {

@@ -15,8 +15,8 @@ use std::collections::BTreeMap;
 use std::net::{SocketAddrV6, UdpSocket};
 use std::time::Duration;
 
-use mt6d::lab::relays::{self, RelayLab, Shape};
 use mt6d::status::relay::RelayStatus;
+use mt6d_lab::relays::{self, RelayLab, Shape};
 
 /// Flows (source ports): with 16, the chance that the flow hash puts all on one of two TUN
 /// queues is 2^-15.

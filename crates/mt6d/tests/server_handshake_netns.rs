@@ -32,9 +32,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mt6d::lab::clients::echo_service;
-use mt6d::lab::daemon::DaemonProcess;
-use mt6d::lab::server_lab::{ServerLab, ECHO_PORT, SERVER_PREFIX, SERVER_TRUE};
+use mt6d_lab::clients::echo_service;
+use mt6d_lab::daemon::DaemonProcess;
+use mt6d_lab::server_lab::{ServerLab, ECHO_PORT, SERVER_PREFIX, SERVER_TRUE};
 use mt6d_os::{unique_name, Netns};
 
 const ROUNDS: usize = 60;
@@ -268,7 +268,7 @@ fn real_clients_handshake_with_the_server_and_keep_their_sessions_across_rotatio
 
     let watched = vec![true_addr(1), true_addr(2), SERVER_TRUE];
     let observer =
-        mt6d::lab::observer::Observer::start(&lab.router, "rs", watched, None).expect("observer");
+        mt6d_lab::observer::Observer::start(&lab.router, "rs", watched, None).expect("observer");
     let (a, b) = std::thread::scope(|t| {
         let h1 = t.spawn(|| exchange(c1, 1));
         let h2 = t.spawn(|| exchange(c2, 2));

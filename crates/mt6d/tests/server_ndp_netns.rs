@@ -16,8 +16,8 @@ use std::net::Ipv6Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use mt6d::lab::topology;
 use mt6d::server::ndp::{NdpCounters, NdpResponder};
+use mt6d_lab::topology;
 use mt6d_os::capture::PacketCapture;
 use mt6d_os::{unique_name, AddrFlags, Netlink, Netns};
 use mt6d_proto::wire::{dad_probe_frame, NeighborClaim, NeighborFrame};

@@ -28,10 +28,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mt6d::daemon::clock;
-use mt6d::lab::clients::{echo_service, ClientSet, ClientSpec, Reply};
-use mt6d::lab::daemon::DaemonProcess;
-use mt6d::lab::server_lab::{ServerLab, ECHO_PORT, SERVER_TRUE};
-use mt6d::lab::topology::resolved;
+use mt6d_lab::clients::{echo_service, ClientSet, ClientSpec, Reply};
+use mt6d_lab::daemon::DaemonProcess;
+use mt6d_lab::server_lab::{ServerLab, ECHO_PORT, SERVER_TRUE};
+use mt6d_lab::topology::resolved;
 use mt6d_os::{unique_name, Netns};
 
 const CLIENT_RX_PORT: u16 = 7420;
@@ -139,7 +139,7 @@ fn exchange(
     per_client: usize,
     pace: Duration,
     table: &str,
-) -> (u64, Vec<Reply>, usize, mt6d::lab::clients::ClientCounters) {
+) -> (u64, Vec<Reply>, usize, mt6d_lab::clients::ClientCounters) {
     ns.run(|| {
         let _t = ClientSet::install(spec, table, CLIENT_RX_PORT).expect("client namespace");
         let mut set = ClientSet::new(spec, PER_NAMESPACE + 10, CLIENT_RX_PORT, clock::now())
@@ -201,7 +201,7 @@ fn ten_thousand_clients_on_their_own_addresses_and_nothing_else_answers() {
         .collect();
     watched.push(SERVER_TRUE);
     let observer =
-        mt6d::lab::observer::Observer::start(&lab.router, "rs", watched, None).expect("observer");
+        mt6d_lab::observer::Observer::start(&lab.router, "rs", watched, None).expect("observer");
     let (a, b) = std::thread::scope(|t| {
         let h1 = t.spawn(|| {
             exchange(
@@ -331,10 +331,10 @@ fn ten_thousand_clients_on_their_own_addresses_and_nothing_else_answers() {
                 *current.ip(),
                 Ipv6Addr::new(0x2001, 0xdb8, 5, 0, 1, 2, 3, 4),
             ] {
-                let ping = mt6d::lab::ping::ping(
+                let ping = mt6d_lab::ping::ping(
                     addr,
                     3,
-                    mt6d::lab::ping::Pace::Train {
+                    mt6d_lab::ping::Pace::Train {
                         interval: Duration::from_millis(100),
                     },
                     Duration::from_millis(500),

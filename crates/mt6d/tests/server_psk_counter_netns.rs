@@ -18,9 +18,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mt6d::daemon::clock;
-use mt6d::lab::clients::{echo_service, ClientSet, ClientSpec, Reply};
-use mt6d::lab::daemon::DaemonProcess;
-use mt6d::lab::server_lab::{ServerLab, ECHO_PORT, SERVER_TRUE};
+use mt6d_lab::clients::{echo_service, ClientSet, ClientSpec, Reply};
+use mt6d_lab::daemon::DaemonProcess;
+use mt6d_lab::server_lab::{ServerLab, ECHO_PORT, SERVER_TRUE};
 use mt6d_os::{unique_name, Netns};
 
 const CLIENT_RX_PORT: u16 = 7421;

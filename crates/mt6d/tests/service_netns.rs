@@ -11,8 +11,8 @@ use std::os::unix::net::UnixDatagram;
 use std::time::Duration;
 
 use common::*;
-use mt6d::lab::daemon::DaemonProcess;
-use mt6d::lab::topology::{Side, HOST_B};
+use mt6d_lab::daemon::DaemonProcess;
+use mt6d_lab::topology::{Side, HOST_B};
 
 #[test]
 #[ignore = "needs root: network namespaces, TUN devices and raw sockets (run with --include-ignored as root)"]
@@ -67,9 +67,8 @@ fn ready_once_the_current_address_is_bound_and_stopping_on_sigterm() {
 #[ignore = "needs root (network namespaces) and promtool (scripts/install-deps.sh installs both tools)"]
 fn metrics_are_scraped_and_pass_promtool() {
     require_root();
-    let lab =
-        mt6d::lab::topology::Lab::build_topology(mt6d::lab::topology::Topology::Switched, "m6")
-            .expect("lab builds");
+    let lab = mt6d_lab::topology::Lab::build_topology(mt6d_lab::topology::Topology::Switched, "m6")
+        .expect("lab builds");
     let running = start_gateways_with(lab, "encrypt", 2.0, (true, None), |text| {
         text.replacen(
             "[gateway]\n",
@@ -113,7 +112,7 @@ fn metrics_are_scraped_and_pass_promtool() {
         count(&after, tx)
     );
     let body = after.split("\r\n\r\n").nth(1).expect("body");
-    mt6d::lab::promtool_check(body).unwrap_or_else(|e| panic!("{e}\n{body}"));
+    mt6d_lab::promtool_check(body).unwrap_or_else(|e| panic!("{e}\n{body}"));
     eprintln!(
         "scrape ({} bytes), promtool check metrics passed:\n{body}",
         body.len()

@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 
 use common::{start_keyed, status, Running};
 use mt6d::config::Config;
-use mt6d::lab::observer::Observer;
-use mt6d::lab::ping::{ping, Pace};
-use mt6d::lab::topology::{Side, EXTERNAL_IF, GATEWAY_A, GATEWAY_B, HOST_A, HOST_B};
 use mt6d::status::Status;
+use mt6d_lab::observer::Observer;
+use mt6d_lab::ping::{ping, Pace};
+use mt6d_lab::topology::{Side, EXTERNAL_IF, GATEWAY_A, GATEWAY_B, HOST_A, HOST_B};
 use mt6d_proto::Epoch;
 
 const ROTATIONS: u64 = 16;

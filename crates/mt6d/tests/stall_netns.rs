@@ -22,7 +22,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::status;
-use mt6d::lab::topology::{Side, Topology};
+use mt6d_lab::topology::{Side, Topology};
 
 /// Bench conditions: echoes over this count as slow. A stall of the kind issue 19 reported
 /// (0.08-0.76 s, one per train) is far above it; what a loaded shared 2-core machine adds to an

@@ -18,8 +18,8 @@ use std::collections::BTreeMap;
 use std::net::{SocketAddrV6, UdpSocket};
 use std::time::Duration;
 
-use mt6d::lab::topology::{Lab, Side, Topology, HOST_A, HOST_B};
-use mt6d::lab::transfer;
+use mt6d_lab::topology::{Lab, Side, Topology, HOST_A, HOST_B};
+use mt6d_lab::transfer;
 
 /// Flows (source ports): with 16, the chance that a flow hash puts all on one of two queues is
 /// 2^-15.

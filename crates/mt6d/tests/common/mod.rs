@@ -7,11 +7,11 @@ use std::net::Ipv6Addr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use mt6d::lab::daemon::DaemonProcess;
-use mt6d::lab::ping::{ping, Pace};
-use mt6d::lab::topology::{GatewaySettings, Lab, LabKeys, Side, Topology, HOST_B};
-use mt6d::lab::transfer;
 use mt6d::status::Status;
+use mt6d_lab::daemon::DaemonProcess;
+use mt6d_lab::ping::{ping, Pace};
+use mt6d_lab::topology::{GatewaySettings, Lab, LabKeys, Side, Topology, HOST_B};
+use mt6d_lab::transfer;
 use mt6d_os::Netns;
 
 pub const MT6D: &str = env!("CARGO_BIN_EXE_mt6d");
@@ -46,7 +46,7 @@ impl Drop for Running {
 
 /// A train of `count` echoes from Host A to Host B, one every `interval`, each waited for up to
 /// 2 s.
-pub fn ping_train(lab: &Lab, count: u64, interval: Duration) -> mt6d::lab::ping::PingReport {
+pub fn ping_train(lab: &Lab, count: u64, interval: Duration) -> mt6d_lab::ping::PingReport {
     lab.host_a
         .run(|| {
             ping(
@@ -65,7 +65,7 @@ pub fn ping_train(lab: &Lab, count: u64, interval: Duration) -> mt6d::lab::ping:
 /// `--include-ignored`. Run without root, they fail here and say why.
 pub fn require_root() {
     assert!(
-        mt6d::lab::is_root(),
+        mt6d_lab::is_root(),
         "this test needs root (network namespaces, TUN devices, raw sockets): run it as root"
     );
 }
@@ -250,8 +250,8 @@ pub fn ip_in(ns: &Netns, args: &[&str]) -> String {
 
 /// The relay lab's settings for the namespace tests: this build of `mt6d`, rotations every
 /// `rotation_secs` with jitter, info logs.
-pub fn relay_settings(rotation_secs: f64) -> mt6d::lab::relays::RelaySettings {
-    mt6d::lab::relays::RelaySettings {
+pub fn relay_settings(rotation_secs: f64) -> mt6d_lab::relays::RelaySettings {
+    mt6d_lab::relays::RelaySettings {
         rotation_secs,
         jitter: true,
         mt6d: PathBuf::from(MT6D),

@@ -445,7 +445,7 @@ impl ClientSet {
                     }
                     if is_notice(d) {
                         // The server's ack of a route move.
-                        let now = crate::daemon::clock::now();
+                        let now = mt6d::daemon::clock::now();
                         let acked = self.moves.get_mut(&client).is_some_and(|m| {
                             m.handle_notice(now, stream.epoch_at(now), &route, d)
                                 .is_ok()

@@ -41,9 +41,9 @@ use super::daemon::DaemonProcess;
 use super::ping::{ping, Pace, PingReport};
 use super::topology::{dad_settled, in_ns, prepare_namespace, veth, LabError};
 use super::transfer::{self, TransferReport};
-use crate::control::AnyStatus;
-use crate::keys;
-use crate::status::relay::RelayStatus;
+use mt6d::control::AnyStatus;
+use mt6d::keys;
+use mt6d::status::relay::RelayStatus;
 
 pub mod demo;
 mod faults;
@@ -898,7 +898,7 @@ pub enum Size {
 
 /// Asks the daemon at `socket` for its status, which must be a relay node's.
 pub fn relay_status(socket: &Path) -> Result<RelayStatus, String> {
-    match crate::control::query_any_status(socket).map_err(|e| e.to_string())? {
+    match mt6d::control::query_any_status(socket).map_err(|e| e.to_string())? {
         AnyStatus::Relay(st) => Ok(st),
         _ => Err(format!("{}: not a relay node's status", socket.display())),
     }

@@ -12,9 +12,9 @@ use mt6d_os::Netns;
 use serde::Serialize;
 
 use super::{cmd_err, ms, os_err, unix_now, Flow, RelayLab};
-use crate::lab::ping::Pace;
-use crate::lab::topology::LabError;
-use crate::lab::transfer::TransferReport;
+use crate::ping::Pace;
+use crate::topology::LabError;
+use crate::transfer::TransferReport;
 
 impl RelayLab {
     /// `percent` random loss on link `l`, each direction (0: none; 100: the link is cut).

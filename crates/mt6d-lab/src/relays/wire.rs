@@ -11,9 +11,9 @@ use mt6d_os::unique_name;
 use serde::Serialize;
 
 use super::RelayLab;
-use crate::lab::linker;
-use crate::lab::observer::{Observer, ObserverReport};
-use crate::lab::transfer;
+use crate::linker;
+use crate::observer::{Observer, ObserverReport};
+use crate::transfer;
 
 /// Frames at least this long on the wire carry data: probes, replies and routing messages are
 /// padded to the smaller size classes (docs/PROTOCOL.md §10.4), a full TCP segment to the

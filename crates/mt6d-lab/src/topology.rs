@@ -548,8 +548,8 @@ impl LabKeys {
         dir: &std::path::Path,
         handshake: bool,
         rekey_secs: Option<f64>,
-    ) -> Result<LabKeys, crate::keys::KeyError> {
-        use crate::keys;
+    ) -> Result<LabKeys, mt6d::keys::KeyError> {
+        use mt6d::keys;
         if !handshake {
             let key_file = dir.join("session.key");
             keys::write_secret_file(&key_file, &keys::encode(keys::random32()?.as_slice()))?;

@@ -9,8 +9,8 @@ use mt6d_os::Netns;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use crate::control::query_status;
-use crate::status::Status;
+use mt6d::control::query_status;
+use mt6d::status::Status;
 
 #[derive(Debug)]
 pub struct DaemonProcess {

@@ -498,7 +498,7 @@ mod tests {
     #[test]
     #[ignore = "needs promtool (Debian's prometheus package; scripts/install-deps.sh installs it)"]
     fn promtool_accepts_the_rendering() {
-        crate::lab::promtool_check(&render(&sample())).unwrap();
+        mt6d_lab::promtool_check(&render(&sample())).unwrap();
     }
 
     /// The example dashboard queries only metrics the endpoint exposes.

@@ -181,10 +181,10 @@ pub fn run(args: &LinkRunArgs) -> Result<LinkRun, String> {
         .create(&dir)
         .map_err(|e| format!("{}: {e}", dir.display()))?;
     for i in 0..args.peers {
-        let key = crate::keys::random32().map_err(|e| e.to_string())?;
-        crate::keys::write_secret_file(
+        let key = mt6d::keys::random32().map_err(|e| e.to_string())?;
+        mt6d::keys::write_secret_file(
             &dir.join(format!("k{i}")),
-            &crate::keys::encode(key.as_slice()),
+            &mt6d::keys::encode(key.as_slice()),
         )
         .map_err(|e| e.to_string())?;
     }
@@ -419,7 +419,7 @@ fn poll_truth(socket: &Path, stop: &AtomicBool) -> Truth {
     let mut truth = Truth::default();
     let endpoint = |s: &str| s.parse::<SocketAddrV6>().ok();
     while !stop.load(Ordering::Relaxed) {
-        if let Ok(st) = crate::control::query_status(socket) {
+        if let Ok(st) = mt6d::control::query_status(socket) {
             for (stream, peer) in st.peers.iter().enumerate() {
                 for route in peer.accept.iter().chain([&peer.send]) {
                     if let (Some(l), Some(r)) = (endpoint(&route.local), endpoint(&route.remote)) {

@@ -26,7 +26,7 @@ use super::topology::{
     HOST_B,
 };
 use super::transfer::{self, TransferReport};
-use crate::status::{HandshakeStatus, Status};
+use mt6d::status::{HandshakeStatus, Status};
 
 const TCP_PORT: u16 = 5001;
 /// Pace of the ping trains, with and without the tunnel.
@@ -271,7 +271,7 @@ fn announce_gateways(args: &DemoArgs, say: &Say, mode: mt6d_proto::Mode, handsha
             format!(
                 "identity keys and Noise IK handshakes (rekey every {} s)",
                 args.rekey
-                    .unwrap_or(crate::config::DEFAULT_REKEY_SECS as f64)
+                    .unwrap_or(mt6d::config::DEFAULT_REKEY_SECS as f64)
             )
         } else {
             "one pre-shared session key".to_string()
@@ -720,7 +720,7 @@ impl RotationMonitor {
                 let mut seen = 0u64;
                 let started = Instant::now();
                 while !stop.load(Ordering::Relaxed) {
-                    if let Ok(st) = crate::control::query_status(&socket) {
+                    if let Ok(st) = mt6d::control::query_status(&socket) {
                         if let Some(p) = st.peers.first() {
                             if last != Some(p.send.epoch) {
                                 last = Some(p.send.epoch);

@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::{Flow, LinkWire, RelayLab, RelaySettings, Reroute, Shape, Size};
-use crate::lab::demo_args::{DemoArgs, Say};
-use crate::lab::ping::Pace;
-use crate::lab::transfer::TransferReport;
+use crate::demo_args::{DemoArgs, Say};
+use crate::ping::Pace;
+use crate::transfer::TransferReport;
 
 type DemoResult<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -35,7 +35,7 @@ const BIG: u64 = 100_000_000;
 
 pub fn run(args: &DemoArgs) -> DemoResult<()> {
     refuse_gateway_options(args)?;
-    if !crate::lab::is_root() {
+    if !crate::is_root() {
         return Err("mt6d demo builds network namespaces and needs root: run it with sudo".into());
     }
     let check = interruption()?;

@@ -88,7 +88,7 @@ mod tests {
     use super::super::topology::{
         gateway_config_text, ConfigText, GatewaySettings, LabKeys, Public, Side, HOST_A, HOST_B,
     };
-    use crate::config::{Config, Keying, Role};
+    use mt6d::config::{Config, Keying, Role};
     use std::os::unix::fs::DirBuilderExt;
 
     /// What the lab writes is what the daemon reads: every kind of lab file parses, with the
@@ -162,7 +162,7 @@ mod tests {
                 match (&peer.keying, handshake) {
                     (Keying::Handshake(hs), true) => assert_eq!(
                         hs.rekey_after.as_secs(),
-                        rekey.map_or(crate::config::DEFAULT_REKEY_SECS, |r| r as u64)
+                        rekey.map_or(mt6d::config::DEFAULT_REKEY_SECS, |r| r as u64)
                     ),
                     (Keying::PreShared, false) => {}
                     _ => panic!("keying does not match handshake = {handshake}"),

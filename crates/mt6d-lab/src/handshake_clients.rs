@@ -105,7 +105,7 @@ impl HandshakeClients {
         now: UnixTime,
     ) -> Result<HandshakeClients, String> {
         let privates: Vec<PrivateKey> = (0..count).map(|i| identity(spec, i)).collect();
-        let links = crate::keys::par_map(&privates, |p| {
+        let links = mt6d::keys::par_map(&privates, |p| {
             link_key(p, &server_public, &Psk::none()).map_err(|e| e.to_string())
         });
         let streams = links.into_iter().enumerate().map(|(i, key)| {

@@ -1,6 +1,8 @@
 //! The lab: network namespaces, real traffic and an observer on the public link, built by the
 //! program itself. `mt6d demo` and the end-to-end tests use it; it is never part of a gateway.
 
+#![forbid(unsafe_code)]
+
 pub mod clients;
 pub mod config_file;
 pub mod daemon;

@@ -1215,7 +1215,7 @@ mod tests {
 
     #[test]
     fn what_a_client_sends_to_is_in_the_address_set() {
-        use crate::lab::server_lab::ServerLab;
+        use mt6d_lab::server_lab::ServerLab;
         let spec = ServerLab::spec(1, Duration::from_secs(1), true);
         let cfg = ServerConfig::parse(
             Path::new("s.toml"),
