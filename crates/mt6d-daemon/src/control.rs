@@ -125,15 +125,7 @@ pub fn query_status(path: &Path) -> Result<Status, ControlError> {
     })
 }
 
-/// What the daemon at `path` answers to `status`: a gateway's [`Status`], a server's
-/// [`crate::status::server::ServerStatus`] (its `role` is `server`) or a relay node's
-/// [`crate::status::relay::RelayStatus`] (`relay`).
-#[derive(Debug, Clone)]
-pub enum AnyStatus {
-    Gateway(Box<Status>),
-    Server(crate::status::server::ServerStatus),
-    Relay(crate::status::relay::RelayStatus),
-}
+pub use crate::status::AnyStatus;
 
 /// Asks the daemon at `path` for its status, a gateway's or a server's.
 pub fn query_any_status(path: &Path) -> Result<AnyStatus, ControlError> {

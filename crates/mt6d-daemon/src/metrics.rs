@@ -1,8 +1,10 @@
-//! The optional Prometheus endpoint (`metrics_listen` in `[gateway]`, off by default).
+//! The optional Prometheus endpoint (`metrics_listen` in `[gateway]`, `[server]` or `[relay]`,
+//! off by default).
 //!
-//! What it exposes is the `mt6d status` snapshot, rendered in the Prometheus text format by the
-//! `prometheus-client` crate: the daemon's housekeeping loop publishes a fresh [`Status`] about
-//! once a second ([`Published`]), and a thread of its own answers scrapes from the newest one.
+//! What it exposes is the `mt6d status` snapshot of any role ([`AnyStatus`]), rendered in the
+//! Prometheus text format by the `prometheus-client` crate: the daemon's housekeeping loop
+//! publishes a fresh status about once a second ([`Published`]), and a thread of its own
+//! answers scrapes from the newest one.
 //! So a slow or hostile client on the metrics address can hold up only that thread, never a
 //! rotation or a packet, and scraping costs the packet threads nothing.
 //!
@@ -12,7 +14,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -22,12 +24,198 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::status::Status;
+use crate::status::relay::RelayStatus;
+use crate::status::server::ServerStatus;
+use crate::status::{AnyStatus, Status};
 
 type Labels = Vec<(&'static str, String)>;
 
 /// The newest status snapshot, shared between the housekeeping loop and the metrics thread.
-pub type Published = ArcSwapOption<Status>;
+pub type Published = ArcSwapOption<AnyStatus>;
+
+/// Renders the status of a daemon of any role.
+pub fn render_any(st: &AnyStatus) -> String {
+    match st {
+        AnyStatus::Gateway(g) => render(g),
+        AnyStatus::Server(s) => render_server(s),
+        AnyStatus::Relay(r) => render_relay(r),
+    }
+}
+
+/// A page being built: its registry and the two kinds of family every role uses.
+#[derive(Default)]
+struct Page {
+    registry: Registry,
+}
+
+impl Page {
+    fn counter(&mut self, name: &str, help: &str) -> Family<Labels, Counter> {
+        let f = Family::<Labels, Counter>::default();
+        self.registry.register(name, help, f.clone());
+        f
+    }
+    fn gauge(&mut self, name: &str, help: &str) -> Family<Labels, Gauge> {
+        let f = Family::<Labels, Gauge>::default();
+        self.registry.register(name, help, f.clone());
+        f
+    }
+    fn float_gauge(&mut self, name: &str, help: &str) -> Family<Labels, Gauge<f64, AtomicU64>> {
+        let f = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        self.registry.register(name, help, f.clone());
+        f
+    }
+    /// `mt6d_build_info` and `mt6d_uptime_seconds`, as every role has them.
+    fn identity(&mut self, version: &str, role: &str, tun: &str, uptime_secs: u64) {
+        self.gauge(
+            "mt6d_build_info",
+            "Always 1: the version and role of this daemon",
+        )
+        .get_or_create(&vec![
+            ("version", version.to_string()),
+            ("role", role.to_string()),
+            ("tun", tun.to_string()),
+        ])
+        .set(1);
+        self.gauge("mt6d_uptime_seconds", "Seconds since the daemon started")
+            .get_or_create(&vec![])
+            .set(clamp(uptime_secs));
+    }
+    /// A role's named counters as one family with the counter's name as the `event` label
+    /// (their meanings: docs/CONFIG.md, per role).
+    fn events(
+        &mut self,
+        name: &str,
+        help: &str,
+        counters: &std::collections::BTreeMap<String, u64>,
+    ) {
+        let f = self.counter(name, help);
+        for (event, n) in counters {
+            f.get_or_create(&vec![("event", event.clone())]).inc_by(*n);
+        }
+    }
+    fn finish(self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        text_format(&out)
+    }
+}
+
+/// Renders a server's status: its clients and live sessions, and every counter of its workers.
+pub fn render_server(st: &ServerStatus) -> String {
+    let mut page = Page::default();
+    page.identity(&st.version, "server", &st.tun, st.uptime_secs);
+    for (name, help, v) in [
+        (
+            "mt6d_server_clients",
+            "Clients configured (peers file and live additions)",
+            st.clients,
+        ),
+        (
+            "mt6d_server_sessions",
+            "Handshake clients with live keys",
+            st.sessions,
+        ),
+        (
+            "mt6d_server_session_route_sets",
+            "Session route sets indexed besides the clients' link sets",
+            st.session_route_sets,
+        ),
+    ] {
+        page.gauge(name, help).get_or_create(&vec![]).set(clamp(v));
+    }
+    page.events(
+        "mt6d_server_events",
+        "The server's counters by name (docs/CONFIG.md, the server role: rx_packets, rx_rejected, handshakes_answered, tx_key_limit, ...)",
+        &st.counters,
+    );
+    page.finish()
+}
+
+/// Renders a relay node's status: each link's state, cost, round-trip time and probe loss, the
+/// routes and end-to-end peers, each worker's share and every counter of the node.
+pub fn render_relay(st: &RelayStatus) -> String {
+    let mut page = Page::default();
+    page.identity(
+        &st.version,
+        "relay",
+        st.tun.as_deref().unwrap_or(""),
+        st.uptime_secs,
+    );
+    let up = page.gauge(
+        "mt6d_relay_link_up",
+        "1 while the link is up, 0 while it is down or on probation, by link and state",
+    );
+    let cost = page.gauge(
+        "mt6d_relay_link_cost",
+        "The link's published cost (65535: dead)",
+    );
+    let rtt = page.float_gauge(
+        "mt6d_relay_link_rtt_seconds",
+        "Smoothed round-trip time of the link's probes",
+    );
+    let sent = page.gauge(
+        "mt6d_relay_link_probes_sent",
+        "Probes sent over the link monitor's window",
+    );
+    let lost = page.gauge(
+        "mt6d_relay_link_probes_lost",
+        "Probes lost of those sent, over the link monitor's window",
+    );
+    let handshakes = page.counter(
+        "mt6d_relay_link_handshakes",
+        "Handshakes completed on the link",
+    );
+    for l in &st.links {
+        let link = vec![("link", l.name.clone())];
+        up.get_or_create(&vec![("link", l.name.clone()), ("state", l.state.clone())])
+            .set(i64::from(l.state == "up"));
+        cost.get_or_create(&link).set(i64::from(l.cost));
+        if let Some(ms) = l.rtt_ms {
+            rtt.get_or_create(&link).set(ms / 1000.0);
+        }
+        sent.get_or_create(&link).set(i64::from(l.probes_sent));
+        lost.get_or_create(&link).set(i64::from(l.probes_lost));
+        handshakes.get_or_create(&link).inc_by(l.handshakes);
+    }
+    page.gauge("mt6d_relay_routes", "Destinations in the routing table")
+        .get_or_create(&vec![])
+        .set(clamp(st.routes.len() as u64));
+    let e2e = page.gauge(
+        "mt6d_relay_e2e_routed",
+        "1 while the end-to-end peer has a route (a next hop), by peer",
+    );
+    let e2e_hs = page.counter(
+        "mt6d_relay_e2e_handshakes",
+        "Handshakes completed with the other edge gateway, by end-to-end peer",
+    );
+    for e in &st.e2e {
+        let peer = vec![("peer", e.name.clone())];
+        e2e.get_or_create(&peer)
+            .set(i64::from(e.next_hop.is_some()));
+        e2e_hs.get_or_create(&peer).inc_by(e.handshakes);
+    }
+    let worker = page.counter(
+        "mt6d_relay_worker_datagrams",
+        "Datagrams each data-plane worker received and sent, by worker and direction",
+    );
+    for (i, w) in st.workers.iter().enumerate() {
+        for (direction, n) in [("rx", w.rx_datagrams), ("tx", w.tx_datagrams)] {
+            worker
+                .get_or_create(&vec![
+                    ("worker", i.to_string()),
+                    ("direction", direction.to_string()),
+                ])
+                .inc_by(n);
+        }
+    }
+    page.events(
+        "mt6d_relay_events",
+        "The node's counters and drops by name (docs/PROTOCOL.md §10.11, docs/CONFIG.md, the relay role)",
+        &st.counters,
+    );
+    page.finish()
+}
 
 /// Renders `st` in the Prometheus text exposition format.
 pub fn render(st: &Status) -> String {
@@ -364,7 +552,7 @@ fn answer(stream: TcpStream, published: &Published) -> std::io::Result<()> {
         (Some("GET"), Some("/metrics"), Some(st)) => (
             "200 OK",
             "text/plain; version=0.0.4; charset=utf-8",
-            render(&st),
+            render_any(&st),
         ),
         (Some("GET"), Some("/metrics"), None) => (
             "503 Service Unavailable",
@@ -485,7 +673,7 @@ mod tests {
                 reply
             };
             assert!(get("GET /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 503"));
-            published.store(Some(Arc::new(sample())));
+            published.store(Some(Arc::new(AnyStatus::Gateway(Box::new(sample())))));
             let ok = get("GET /metrics HTTP/1.1\r\n\r\n");
             assert!(ok.starts_with("HTTP/1.1 200 OK"), "{ok}");
             assert!(ok.contains("mt6d_peer_rotations_total{peer=\"site-b\"} 42"));
@@ -499,6 +687,95 @@ mod tests {
     #[ignore = "needs promtool (Debian's prometheus package; scripts/install-deps.sh installs it)"]
     fn promtool_accepts_the_rendering() {
         mt6d_lab::promtool_check(&render(&sample())).unwrap();
+        mt6d_lab::promtool_check(&render_server(&server_sample())).unwrap();
+        mt6d_lab::promtool_check(&render_relay(&relay_sample())).unwrap();
+    }
+
+    fn server_sample() -> ServerStatus {
+        ServerStatus {
+            role: "server".into(),
+            version: "0.1.0".into(),
+            pid: 7,
+            uptime_secs: 30,
+            config: "/etc/mt6d/server.toml".into(),
+            prefix: "2001:db8:5::".into(),
+            tun: "mt6ds0".into(),
+            clients: 10_000,
+            sessions: 9_998,
+            session_route_sets: 9_998,
+            counters: [
+                ("rx_packets".to_string(), 5),
+                ("tx_key_limit".to_string(), 0),
+            ]
+            .into_iter()
+            .collect(),
+        }
+    }
+
+    fn relay_sample() -> RelayStatus {
+        use crate::status::relay::{E2eStatus, LinkStatus, WorkerStatus};
+        RelayStatus {
+            role: "relay".into(),
+            version: "0.1.0".into(),
+            uptime_secs: 12,
+            node_id: Some("12b954673e1016c8".into()),
+            prefix: "2001:db8:ff:1::".into(),
+            tun: Some("mt6dr0".into()),
+            workers: vec![WorkerStatus {
+                rx_datagrams: 40,
+                tun_rx_packets: 3,
+                tx_datagrams: 41,
+            }],
+            links: vec![LinkStatus {
+                name: "relay".into(),
+                state: "up".into(),
+                cost: 12,
+                rtt_ms: Some(1.5),
+                probes_sent: 20,
+                probes_lost: 1,
+                handshakes: 2,
+                ..Default::default()
+            }],
+            e2e: vec![E2eStatus {
+                name: "a-to-b".into(),
+                next_hop: Some("relay".into()),
+                handshakes: 1,
+                ..Default::default()
+            }],
+            counters: [("drop_bad_tag".to_string(), 4)].into_iter().collect(),
+            ..Default::default()
+        }
+    }
+
+    /// A server's and a relay's pages carry what an operator alerts on, with the role's
+    /// counters under their names; every role's page comes out of `render_any`.
+    #[test]
+    fn every_role_has_a_page() {
+        let s = render_any(&AnyStatus::Server(server_sample()));
+        for want in [
+            "mt6d_build_info{version=\"0.1.0\",role=\"server\",tun=\"mt6ds0\"} 1",
+            "mt6d_server_clients 10000",
+            "mt6d_server_sessions 9998",
+            "mt6d_server_events_total{event=\"rx_packets\"} 5",
+            "mt6d_server_events_total{event=\"tx_key_limit\"} 0",
+        ] {
+            assert!(s.contains(want), "{want} missing from\n{s}");
+        }
+        let r = render_any(&AnyStatus::Relay(relay_sample()));
+        for want in [
+            "role=\"relay\"",
+            "mt6d_relay_link_up{link=\"relay\",state=\"up\"} 1",
+            "mt6d_relay_link_cost{link=\"relay\"} 12",
+            "mt6d_relay_link_rtt_seconds{link=\"relay\"} 0.0015",
+            "mt6d_relay_link_probes_lost{link=\"relay\"} 1",
+            "mt6d_relay_e2e_routed{peer=\"a-to-b\"} 1",
+            "mt6d_relay_worker_datagrams_total{worker=\"0\",direction=\"tx\"} 41",
+            "mt6d_relay_events_total{event=\"drop_bad_tag\"} 4",
+        ] {
+            assert!(r.contains(want), "{want} missing from\n{r}");
+        }
+        let g = render_any(&AnyStatus::Gateway(Box::new(sample())));
+        assert!(g.contains("role=\"gateway\""), "{g}");
     }
 
     /// The example dashboard queries only metrics the endpoint exposes.

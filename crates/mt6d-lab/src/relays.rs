@@ -527,6 +527,7 @@ impl RelayLab {
                 workers: self.settings.workers,
                 state_dir: state.display().to_string(),
                 control_socket: node.socket.display().to_string(),
+                metrics_listen: METRICS_LISTEN.to_string(),
                 log_level: self.settings.log_level.clone(),
                 link: links
                     .iter()
@@ -688,6 +689,26 @@ impl RelayLab {
     }
 
     /// Node `i`'s status.
+    /// Node `i`'s metrics page (the body of `GET /metrics` on [`METRICS_LISTEN`]).
+    pub fn metrics(&self, i: usize) -> Result<String, String> {
+        let reply = self.nodes[i]
+            .ns
+            .run(|| {
+                use std::io::{Read, Write};
+                let mut c = std::net::TcpStream::connect(METRICS_LISTEN)?;
+                c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")?;
+                let mut reply = String::new();
+                c.read_to_string(&mut reply)?;
+                Ok::<_, std::io::Error>(reply)
+            })
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("{}: metrics: {e}", self.nodes[i].name))?;
+        match reply.split_once("\r\n\r\n") {
+            Some((head, body)) if head.starts_with("HTTP/1.1 200 OK") => Ok(body.to_string()),
+            _ => Err(format!("{}: metrics answered {reply}", self.nodes[i].name)),
+        }
+    }
+
     pub fn status(&self, i: usize) -> Result<RelayStatus, String> {
         relay_status(&self.nodes[i].socket)
             .map_err(|e| format!("status of {}: {e}", self.nodes[i].name))
@@ -998,6 +1019,7 @@ struct RelaySection {
     workers: Option<usize>,
     state_dir: String,
     control_socket: String,
+    metrics_listen: String,
     log_level: String,
     link: Vec<LinkSection>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -1011,6 +1033,9 @@ struct LinkSection {
     interface: String,
     public_key: String,
 }
+
+/// Where every node of the lab serves its metrics page, inside its own namespace.
+pub const METRICS_LISTEN: &str = "[::1]:9588";
 
 /// The links' rekey interval in the lab: five rotations, at least 5 s, so that a test of a few
 /// tens of seconds crosses several rekeys of every link (production: `rekey_secs`, 120 s).

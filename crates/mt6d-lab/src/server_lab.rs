@@ -58,6 +58,8 @@ impl ServerLab {
             server: ns("s")?,
             clients: [ns("a")?, ns("b")?],
         };
+        // `lo` up in the server's namespace: its metrics endpoint listens on [::1].
+        ip(&lab.server, &["link", "set", "lo", "up"])?;
         veth(&lab.router, "rs", &lab.server, SERVER_IF)?;
         veth(&lab.router, "r1", &lab.clients[0], "c0")?;
         veth(&lab.router, "r2", &lab.clients[1], "c0")?;

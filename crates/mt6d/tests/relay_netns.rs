@@ -194,6 +194,20 @@ fn echoes_cross_two_relays_across_rotations_and_rekeys_without_loss() {
             );
         }
     }
+    // Every node's metrics page shows its links up and keyed, in a format promtool reads.
+    for name in ["eA", "r1"] {
+        let body = lab.metrics(node(&lab, name)).expect("metrics");
+        let up = body
+            .lines()
+            .filter(|l| l.starts_with("mt6d_relay_link_up{") && l.ends_with(" 1"))
+            .count();
+        assert!(up >= 1, "{name}: no link up in\n{body}");
+        assert!(
+            body.contains("mt6d_relay_link_handshakes_total{"),
+            "{name}: {body}"
+        );
+        mt6d_lab::promtool_check(&body).unwrap_or_else(|e| panic!("{name}: {e}\n{body}"));
+    }
     // SIGTERM: every node exits cleanly; its TUN device goes with it, and its guard routes,
     // AnyIP route and nftables table stay (fail closed) until `mt6d down` removes them.
     for i in 0..lab.nodes.len() {

@@ -224,7 +224,7 @@ fn real_clients_handshake_with_the_server_and_keep_their_sessions_across_rotatio
     std::fs::set_permissions(&peers, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let socket = dir.join("server.sock");
     let config = format!(
-        "{}private_key_file = \"server.key\"\nrekey_secs = 3\ncontrol_socket = \"{}\"\n",
+        "{}private_key_file = \"server.key\"\nrekey_secs = 3\ncontrol_socket = \"{}\"\nmetrics_listen = \"[::1]:9587\"\n",
         ServerLab::server_config(1.0, 2, &dir.join("state")),
         socket.display()
     );
@@ -308,6 +308,32 @@ fn real_clients_handshake_with_the_server_and_keep_their_sessions_across_rotatio
     let st = mt6d(&["status", "--socket", &sock]);
     println!("{st}");
     assert!(st.contains("clients 2, live sessions 2"), "{st}");
+    // The metrics page says the same, with the workers' counters, in a format promtool reads
+    // (its snapshot is at most a second old: wait for one taken after the last exchange).
+    std::thread::sleep(Duration::from_millis(1200));
+    let page = server
+        .run(|| {
+            use std::io::{Read, Write};
+            let mut c = std::net::TcpStream::connect("[::1]:9587")?;
+            c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")?;
+            let mut reply = String::new();
+            c.read_to_string(&mut reply)?;
+            Ok::<_, std::io::Error>(reply)
+        })
+        .expect("enter the server's namespace")
+        .expect("scrape the server's metrics");
+    assert!(page.starts_with("HTTP/1.1 200 OK"), "{page}");
+    let body = page.split("\r\n\r\n").nth(1).expect("body");
+    for want in ["mt6d_server_clients 2", "mt6d_server_sessions 2"] {
+        assert!(body.contains(want), "{want} missing from\n{body}");
+    }
+    let opened = body
+        .lines()
+        .find_map(|l| l.strip_prefix("mt6d_server_events_total{event=\"rx_packets\"} "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no rx_packets in\n{body}"));
+    assert!(opened >= 2 * ROUNDS as u64, "{opened} packets opened");
+    mt6d_lab::promtool_check(body).unwrap_or_else(|e| panic!("{e}\n{body}"));
     let json = mt6d(&["status", "--socket", &sock, "--json"]);
     assert!(json.contains("\"role\": \"server\""), "{json}");
     let out = mt6d(&["peer", "remove", "c2", "--socket", &sock]);

@@ -82,18 +82,7 @@ impl GatewaySection {
             Some(d) => relative_to(src.path, d.get_ref()),
             None => PathBuf::from(DEFAULT_STATE_DIR),
         };
-        let metrics_listen = match &gw.metrics_listen {
-            None => None,
-            Some(v) => Some(v.get_ref().parse::<std::net::SocketAddr>().map_err(|_| {
-                src.err(
-                    v,
-                    format!(
-                        "metrics_listen {:?} is not an address and port, e.g. \"[::1]:9586\"",
-                        v.get_ref()
-                    ),
-                )
-            })?),
-        };
+        let metrics_listen = super::raw::metrics_listen(src, gw.metrics_listen.as_ref())?;
         let workers = super::raw::workers(src, gw.workers.as_ref())?;
         Ok(GatewaySection {
             host_role,

@@ -287,3 +287,22 @@ pub(super) fn relative_to(config: &Path, file: &str) -> PathBuf {
         _ => file,
     }
 }
+
+/// `metrics_listen`: the address and port of the Prometheus endpoint, in every role's table.
+pub(super) fn metrics_listen(
+    src: &Source,
+    v: Option<&Spanned<String>>,
+) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+    let Some(v) = v else {
+        return Ok(None);
+    };
+    v.get_ref().parse().map(Some).map_err(|_| {
+        src.err(
+            v,
+            format!(
+                "metrics_listen {:?} is not an address and port, e.g. \"[::1]:9586\"",
+                v.get_ref()
+            ),
+        )
+    })
+}

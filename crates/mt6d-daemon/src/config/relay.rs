@@ -54,6 +54,7 @@ struct RawRelay {
     mtu: Option<Spanned<i64>>,
     state_dir: Option<Spanned<String>>,
     control_socket: Option<Spanned<String>>,
+    metrics_listen: Option<Spanned<String>>,
     log_level: Option<Spanned<String>>,
     #[serde(default)]
     link: Vec<Spanned<RawLink>>,
@@ -110,6 +111,9 @@ pub struct RelayConfig {
     pub mtu: u16,
     pub state_dir: PathBuf,
     pub control_socket: PathBuf,
+    /// `metrics_listen`: address and port of the Prometheus endpoint (`GET /metrics`); off
+    /// when unset.
+    pub metrics_listen: Option<std::net::SocketAddr>,
     pub log_level: Option<log::LevelFilter>,
     pub links: Vec<LinkConfig>,
     pub e2e: Vec<E2eConfig>,
@@ -417,6 +421,7 @@ impl RelayConfig {
                 )
             })?),
         };
+        let metrics_listen = super::raw::metrics_listen(&src, r.metrics_listen.as_ref())?;
         let control_socket = match &r.control_socket {
             Some(p) => PathBuf::from(p.get_ref()),
             None => super::default_control_socket(&tun_name),
@@ -447,6 +452,7 @@ impl RelayConfig {
                 |d| PathBuf::from(d.get_ref()),
             ),
             control_socket,
+            metrics_listen,
             log_level,
             links,
             e2e,

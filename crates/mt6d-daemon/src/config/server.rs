@@ -60,6 +60,7 @@ struct RawServer {
     private_key_file: Option<Spanned<String>>,
     rekey_secs: Option<Spanned<f64>>,
     control_socket: Option<Spanned<String>>,
+    metrics_listen: Option<Spanned<String>>,
     external_next_hop: Option<Spanned<String>>,
 }
 
@@ -100,6 +101,9 @@ pub struct ServerConfig {
     pub rekey_after: Duration,
     /// `mt6d status`, `reload` and `peer` reach the server here.
     pub control_socket: PathBuf,
+    /// `metrics_listen`: address and port of the Prometheus endpoint (`GET /metrics`); off
+    /// when unset.
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// The router on the shared segment, primed with each client's next server address
     /// shortly before the client uses it (docs/PROTOCOL.md §5.1); None: no priming.
     pub external_next_hop: Option<Ipv6Addr>,
@@ -232,6 +236,7 @@ impl ServerConfig {
                 Some(a)
             }
         };
+        let metrics_listen = super::raw::metrics_listen(&src, s.metrics_listen.as_ref())?;
         let control_socket = match &s.control_socket {
             Some(p) => PathBuf::from(p.get_ref()),
             None => super::default_control_socket(&tun_name),
@@ -277,6 +282,7 @@ impl ServerConfig {
             private_key,
             rekey_after,
             control_socket,
+            metrics_listen,
             external_next_hop,
         })
     }

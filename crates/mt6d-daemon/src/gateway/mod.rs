@@ -571,9 +571,11 @@ fn serve(
                 && published_at.is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
             {
                 let kernel = kernel_drops::read(shared, &mut sys.netlink, tun_index);
-                published.store(Some(std::sync::Arc::new(full_status(
-                    &live.cfg, shared, path, started, rotator, &links, &liveness, kernel,
-                ))));
+                published.store(Some(std::sync::Arc::new(
+                    crate::status::AnyStatus::Gateway(Box::new(full_status(
+                        &live.cfg, shared, path, started, rotator, &links, &liveness, kernel,
+                    ))),
+                )));
                 published_at = Some(Instant::now());
             }
             if let Some(i) = workers

@@ -295,6 +295,12 @@ pub fn serve(
             cfg.control_socket.display()
         ))
     })?;
+    let metrics = cfg
+        .metrics_listen
+        .map(crate::metrics::MetricsServer::bind)
+        .transpose()
+        .map_err(|e| RelayError::Setup(e.to_string()))?;
+    let published = crate::metrics::Published::empty();
     let accepts = ArcSwap::from_pointee(accepts_of(&node));
     let shared = Shared {
         cfg,
@@ -363,6 +369,17 @@ pub fn serve(
                 }
             }
         }
+        if let Some(m) = &metrics {
+            let published = &published;
+            if let Err(e) = std::thread::Builder::new()
+                .name("mt6d-metrics".into())
+                .spawn_scoped(scope, move || m.run(published, &shared.stop))
+            {
+                shared.stop.store(true, Ordering::Release);
+                return Err(RelayError::Setup(format!("start metrics thread: {e}")));
+            }
+            log::info!("metrics on http://{}/metrics", m.local_addr());
+        }
         if let Err(e) = mt6d_os::service::ready(&format!(
             "relay node, {} links, {workers} workers",
             cfg.links.len()
@@ -371,7 +388,8 @@ pub fn serve(
         }
         let result = {
             let _stop = StopOnExit(&shared.stop);
-            main.serve_main(signals, &ctl, ndp, started)
+            let published = metrics.as_ref().map(|_| &published);
+            main.serve_main(signals, &ctl, ndp, started, published)
         };
         // The first failure is the one to report: a worker's error or panic, else this loop's.
         let mut first = result.err();
@@ -484,6 +502,7 @@ impl<'a> Worker<'a> {
         ctl: &ControlServer,
         mut ndp: Vec<NdpResponder>,
         started: Instant,
+        published: Option<&crate::metrics::Published>,
     ) -> Result<(), RelayError> {
         let epoll = self.epoll()?;
         for (k, r) in ndp.iter().enumerate() {
@@ -496,6 +515,7 @@ impl<'a> Worker<'a> {
         let mut rng = rand::rng();
         let mut last_report = Instant::now();
         let mut last_rx = 0;
+        let mut published_at: Option<Instant> = None;
         self.housekeeping(&mut rng);
         loop {
             if self.stopping(signals) {
@@ -521,6 +541,14 @@ impl<'a> Worker<'a> {
             }
             self.housekeeping(&mut rng);
             self.publish();
+            // The metrics thread serves the newest status; once a second is enough.
+            if let Some(p) = published {
+                if published_at.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                    let st = crate::status::AnyStatus::Relay(self.status(started, &ndp));
+                    p.store(Some(std::sync::Arc::new(st)));
+                    published_at = Some(Instant::now());
+                }
+            }
             while let Some(pending) = ctl.next_request() {
                 match pending.request.clone() {
                     Asked::Status => pending.reply(&self.status(started, &ndp)),

@@ -47,7 +47,7 @@ fn refused(message: String) -> ChangeAnswer {
     }
 }
 
-fn status(cfg: &ServerConfig, shared: &Shared, started: Instant) -> ServerStatus {
+pub(super) fn status(cfg: &ServerConfig, shared: &Shared, started: Instant) -> ServerStatus {
     let (clients, (sessions, sets)) = {
         let reg = shared.registry.read();
         (reg.len() as u64, reg.session_counts())

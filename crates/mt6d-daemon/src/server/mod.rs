@@ -198,9 +198,23 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let served = clients.len();
     // The registry holds what it needs of each client; the parsed file is not kept.
     drop(clients);
+    // Bound before any kernel state changes: a taken port stops the start with nothing to undo.
+    let metrics = cfg
+        .metrics_listen
+        .map(crate::metrics::MetricsServer::bind)
+        .transpose()
+        .map_err(|e| ServerError::Setup(e.to_string()))?;
     let mut system = system(&cfg)?;
-    let result = set_up(&mut system, &cfg, mtu)
-        .and_then(|ios| serve(&cfg, &shared, ios, &signals, mtu, served, started));
+    let result = set_up(&mut system, &cfg, mtu).and_then(|ios| {
+        let run = Run {
+            signals: &signals,
+            mtu,
+            served,
+            started,
+            metrics,
+        };
+        serve(&cfg, &shared, ios, run)
+    });
     shared.shutdown.store(true, Ordering::Relaxed);
     crate::daemon::anyip::finish(result, &mut system, &signals)
 }
@@ -302,16 +316,29 @@ pub fn ruleset(cfg: &ServerConfig) -> String {
     crate::daemon::anyip::ruleset(cfg.prefix, cfg.listen_port)
 }
 
+/// What a run of the server was started with, besides its configuration and state.
+struct Run<'a> {
+    signals: &'a Signals,
+    mtu: u16,
+    served: usize,
+    started: Instant,
+    metrics: Option<crate::metrics::MetricsServer>,
+}
+
 fn serve(
     cfg: &ServerConfig,
     shared: &Arc<Shared>,
     ios: Vec<WorkerIo>,
-    signals: &Signals,
-    mtu: u16,
-    served: usize,
-    started: Instant,
+    run: Run,
 ) -> Result<(), ServerError> {
-    let mut handles = Vec::with_capacity(ios.len());
+    let Run {
+        signals,
+        mtu,
+        served,
+        started,
+        metrics,
+    } = run;
+    let mut handles = Vec::with_capacity(ios.len() + 1);
     for (i, io) in ios.into_iter().enumerate() {
         let s = Arc::clone(shared);
         let h = std::thread::Builder::new()
@@ -407,6 +434,18 @@ fn serve(
         )),
         ..LinkTimers::default()
     };
+    // The metrics thread serves the newest status, published below once a second.
+    let published = Arc::new(crate::metrics::Published::empty());
+    if let Some(m) = metrics {
+        let (s, p) = (Arc::clone(shared), Arc::clone(&published));
+        log::info!("metrics on http://{}/metrics", m.local_addr());
+        let h = std::thread::Builder::new()
+            .name("mt6d-metrics".into())
+            .spawn(move || m.run(&p, &s.shutdown))
+            .map_err(|e| ServerError::Setup(format!("start metrics thread: {e}")))?;
+        handles.push(h);
+    }
+    let mut published_at: Option<Instant> = None;
     let result = loop {
         if signals.stop_requested() || shared.shutdown.load(Ordering::Relaxed) {
             break Ok(());
@@ -415,6 +454,13 @@ fn serve(
             reload(cfg, shared);
         }
         control::serve(&ctl, cfg, shared, started);
+        if cfg.metrics_listen.is_some()
+            && published_at.is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+        {
+            let st = control::status(cfg, shared, started);
+            published.store(Some(Arc::new(crate::status::AnyStatus::Server(st))));
+            published_at = Some(Instant::now());
+        }
         let now = clock::now();
         let due = {
             let reg = shared.registry.read();

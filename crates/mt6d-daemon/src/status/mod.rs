@@ -12,6 +12,16 @@ pub mod server;
 use serde::{Deserialize, Serialize};
 
 /// What the daemon reports about itself.
+/// The status of a daemon of any role: a gateway's [`Status`], a server's
+/// [`server::ServerStatus`] (its `role` is `server`) or a relay node's
+/// [`relay::RelayStatus`] (`relay`). What `mt6d status` reads and the metrics page renders.
+#[derive(Debug, Clone)]
+pub enum AnyStatus {
+    Gateway(Box<Status>),
+    Server(server::ServerStatus),
+    Relay(relay::RelayStatus),
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Status {
     pub version: String,
