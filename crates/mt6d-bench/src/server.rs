@@ -1,4 +1,4 @@
-//! `mt6d bench --server`: tracker issue 12's experiments, 002's two figures side by side.
+//! `mt6d bench --server`: the server role's experiments, 002's two figures side by side.
 //!
 //! * **Fig. 1, time to make n addresses answerable.** The netlink-per-address method (002's,
 //!   and the gateway role's): n /128s added to an interface with one `ip -batch` in a fresh
@@ -1196,7 +1196,7 @@ fn cell(
 }
 
 fn markdown(doc: &Value) -> String {
-    let mut s = String::from("# Server role against 002 (tracker issue 12)\n\n");
+    let mut s = String::from("# Server role against 002\n\n");
     s.push_str(&format!(
         "{} {} UTC; {} requests per cell of {} bytes, answers {}x; rotation {} s.\n\n",
         doc.get("date").and_then(Value::as_str).unwrap_or(""),

@@ -882,7 +882,7 @@ mod tests {
         }
     }
 
-    /// Issue 16 item 4: only a socket nobody answers on is replaced; a regular file, a
+    /// One owner per object: only a socket nobody answers on is replaced; a regular file, a
     /// directory or a symbolic link to a file is refused and left intact.
     #[test]
     fn bind_replaces_only_a_dead_socket() {
