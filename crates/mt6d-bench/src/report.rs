@@ -216,7 +216,7 @@ fn scrub_table(s: &mut String, doc: &Value) {
         "scrub_cost",
         [
             "## TCP identity scrubbing: its cost on throughput\n",
-            "iperf3 TCP, 1 stream, through mt6d-encrypt with the TCP policy off (`[tcp] host_id = false`, `mss_clamp = false`: the packet threads do not look at TCP) and on (the default policy: strip both ways, MSS clamping; iperf3's segments carry timestamps, so each takes the option walk), alternating on freshly started gateways. Medians of the rounds; the issue's goal is at most 2 % lower with it on. One round is one sample each: on a shared 2-core machine a single pair differs by more than 2 % by chance.\n",
+            "iperf3 TCP, 1 stream, through mt6d-encrypt with the TCP policy off (`[tcp] host_id = false`, `mss_clamp = false`: the packet threads do not look at TCP) and on (the default policy: strip both ways, MSS clamping; iperf3's segments carry timestamps, so each takes the option walk), alternating on freshly started gateways. Medians of the rounds; the goal is at most 2 % lower with it on. One round is one sample each: on a shared 2-core machine a single pair differs by more than 2 % by chance.\n",
             "| Topology | Rounds x s | Off Mbit/s (each run) | On Mbit/s (each run) | On vs off |",
             "|---|---:|---:|---:|---:|",
         ],

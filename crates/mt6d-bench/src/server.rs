@@ -25,7 +25,7 @@
 //!   process's "serving" line to each client up again (p50, p99, max), the initiations, and the
 //!   server's CPU over the storm and per handshake.
 //!
-//! The generator and the server share the machine's cores, as the goal states.
+//! The generator and the server share the machine's cores, as the goal states.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -44,7 +44,7 @@ const GEN_PORT: u16 = 7421;
 const REQUEST: usize = 64;
 /// The echo's answer factor (002).
 const FACTOR: usize = 10;
-/// Rotation interval of the server role runs (the 10 s).
+/// Rotation interval of the server role runs (the goal's 10 s).
 const ROTATION_SECS: f64 = 10.0;
 /// Handshakes the generator keeps under way at once.
 pub const IN_FLIGHT: usize = 256;

@@ -339,7 +339,7 @@ pub fn remove_stale_socket(path: &Path) -> std::io::Result<bool> {
 impl ControlServer {
     /// Binds the socket. A stale socket from a crashed daemon is replaced; a socket that a live
     /// daemon still answers on is not stolen; anything that is not a socket is left alone and
-    /// refused (issue: a control_socket naming the config file must not delete it).
+    /// refused (a control_socket naming the config file must not delete it).
     pub fn bind(path: &Path) -> Result<ControlServer, ControlError> {
         let bind_err = |message: String| ControlError::Bind {
             path: path.to_path_buf(),

@@ -240,7 +240,7 @@ fn sigkill_during_a_ping_train_leaks_nothing_and_down_restores_everything() {
         "a running daemon has its record under /run/mt6d"
     );
     // An attacker on the public link answers neighbour solicitations for Host B (here Gateway
-    // B's kernel, with a proxy entry on its external interface), as in the report: a
+    // B's kernel, with a proxy entry on its external interface), as in the original report: a
     // gateway that failed open would then send Host A's echo requests to it in clear.
     let gw_b = &running.lab.gw_b;
     answer_for_host_b(gw_b);

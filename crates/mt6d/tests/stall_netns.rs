@@ -1,4 +1,4 @@
-//! A lead of the stall hunt (issue: latency with no stalls, item 1): an independent peer that
+//! A lead of the stall hunt (the goal: latency with no stalls): an independent peer that
 //! sent no priming solicitation (docs/PROTOCOL.md §5.1) saw this daemon hold its outgoing packets
 //! for up to 1 s at many rotations, its neighbour entry for the peer's new address reachable only
 //! at the kernel's 1 s retransmit. Here Gateway B behaves like that peer: an nftables table in its
