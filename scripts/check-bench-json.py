@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks that a `mt6d bench` results.json has a row for every scenario on every topology
-(tracker issue 4: CI runs `mt6d bench --quick` and checks the JSON is complete).
+(CI runs `mt6d bench --quick` and checks the JSON is complete).
 
 A row is complete when it was measured (available, no error, a tests object; mt6d-encrypt also the
 TCP policy's cost off and on, `scrub_cost`, and one data-plane worker against the default,
@@ -28,7 +28,7 @@ for t in TOPOLOGIES:
             elif not isinstance(r.get("tests"), dict) or not r["tests"]:
                 problems.append(f"{t}/{s}: no tests measured")
             elif s == "mt6d-encrypt":
-                # Tracker issue 14 item 4: the TCP policy's cost, off and on, in the same run.
+                # The TCP policy's cost, off and on, in the same run.
                 c = r.get("scrub_cost")
                 if not isinstance(c, dict):
                     problems.append(f"{t}/{s}: no scrub_cost")
@@ -37,7 +37,7 @@ for t in TOPOLOGIES:
                 elif not all(isinstance(c.get(k), (int, float)) and c[k] > 0
                              for k in ("off_median", "on_median")):
                     problems.append(f"{t}/{s}: scrub_cost without off and on throughput")
-                # Tracker issue 19: one worker against the default, in the same run.
+                # One worker against the default, in the same run.
                 w = r.get("workers_scaling")
                 if not isinstance(w, dict):
                     problems.append(f"{t}/{s}: no workers_scaling")

@@ -7,7 +7,11 @@
 #     the tests and the bench do; cargo already refuses it outside test modules, where the lab is
 #     a dev-dependency);
 #   - the product crates hold no `unsafe` (all of it lives in mt6d-os), and say so with
-#     `#![forbid(unsafe_code)]`.
+#     `#![forbid(unsafe_code)]`;
+#   - code, scripts and documents point at nothing a reader of the repository cannot follow:
+#     no pointer into the issue tracker ("issue" and a number), which is not in the repository;
+#     say what the requirement, finding or figure is. docs/results/ and CHANGELOG.md are
+#     records and keep their words.
 # A name counts when it appears as a path (`crate::server`, `mt6d::relay::`, `super::super::`)
 # outside comments and before the file's `#[cfg(test)]` module.
 set -euo pipefail
@@ -59,7 +63,23 @@ for crate in mt6d-proto mt6d-daemon mt6d-lab mt6d mt6d-bench; do
     done
 done
 
+# Pointers into the issue tracker, in every text file a reader of the repository meets.
+readable=(crates scripts docs README.md CONTRIBUTING.md examples packaging fuzz)
+existing=()
+for path in "${readable[@]}"; do
+    [[ -e $path ]] && existing+=("$path")
+done
+pointers=$(grep -rInE '[Tt]racker [Ii]ssue|[Ii]ssue [0-9]+' --exclude-dir=target \
+    --exclude-dir=corpus --exclude-dir=artifacts "${existing[@]}" | grep -v '^docs/results/' || true)
+if [[ -n $pointers ]]; then
+    echo "check-layout: a pointer into the issue tracker, which readers of the repository" \
+        "cannot follow (say what the requirement, finding or figure is):" >&2
+    echo "$pointers" >&2
+    failed=1
+fi
+
 if [[ $failed -ne 0 ]]; then
     exit 1
 fi
-echo "check-layout: roles, kit, configuration, control socket and lab apart; no unsafe outside mt6d-os"
+echo "check-layout: roles, kit, configuration, control socket and lab apart; no unsafe outside mt6d-os;" \
+    "no issue tracker pointers"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The long run (issue: "soak, as 001 did"): two gateways in the switched lab, rotation every
+# The long run ("soak, as 001 did"): two gateways in the switched lab, rotation every
 # second, rekey every two minutes, carrying a long-lived TCP transfer, a 50 packets/s RTP-like
 # UDP stream and a ping train for HOURS; reports session breaks, loss, jitter and the daemons'
 # memory and open descriptors over time. Root. Results go to docs/results/DATE-soak/ unless

@@ -17,7 +17,7 @@ cargo test --workspace --locked --release -- --include-ignored
 scripts/check-systemd.sh
 scripts/check-deb.sh
 fuzz/run-short.sh "${MT6D_FUZZ_SECS:-10}"
-# The lab bench's quick profile (issue 4): every scenario on every topology, checked complete.
+# The lab bench's quick profile: every scenario on every topology, checked complete.
 scripts/install-bench-deps.sh
 cargo build --release --locked -p mt6d -p mt6d-bench
 bench_out=$(mktemp -d /tmp/mt6d-bench-ci.XXXXXX)

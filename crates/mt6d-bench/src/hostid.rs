@@ -1,5 +1,5 @@
 //! `mt6d bench --hostid`: seed 004's experiment (§5.2, §6.1, Fig. 10-12) rebuilt in the lab,
-//! for tracker issue 14 item 5: does a HOST_ID option in a SYN cost connections or time, and
+//! to answer: does a HOST_ID option in a SYN cost connections or time, and
 //! what does the gateway's policy change?
 //!
 //! 004 sent SYNs with each option from a modified kernel to the Alexa top sites and compared
@@ -558,7 +558,7 @@ pub fn run(out: Option<PathBuf>, mt6d: &Path) -> Result<PathBuf, String> {
     doc.set("tool", "mt6d bench --hostid")
         .set(
             "issue",
-            "tracker issue 14 item 5: seed 004's experiment (§5.2, §6.1, Fig. 10-12) in the lab",
+            "seed 004's experiment (§5.2, §6.1, Fig. 10-12) in the lab",
         )
         .set("date_utc", format!("{date} {time}"))
         .set("machine", crate::machine::describe(mt6d))

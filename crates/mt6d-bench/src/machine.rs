@@ -1,4 +1,4 @@
-//! The machine a run happened on, recorded with every result (issue 4: "the machine it ran on").
+//! The machine a run happened on, recorded with every result ("the machine it ran on").
 
 use std::path::Path;
 

@@ -78,12 +78,12 @@ struct Cli {
     /// Soak: restart Gateway B this often (default never).
     #[arg(long, value_name = "MINUTES", requires = "soak", value_parser = positive)]
     restart_every: Option<f64>,
-    /// Seed 004's HOST_ID experiment instead (tracker issue 14 item 5): every HOST_ID option in
+    /// Seed 004's HOST_ID experiment instead: every HOST_ID option in
     /// a SYN to 1,000 local servers through mt6d, policy pass and strip, open and strict path;
     /// success ratio and connection delay in 004's layout.
     #[arg(long, conflicts_with_all = ["quick", "full", "only", "topology", "ping_std", "soak"])]
     hostid: bool,
-    /// The server role's experiment instead (tracker issue 12): 002's Fig. 1 (time to make n
+    /// The server role's experiment instead: 002's Fig. 1 (time to make n
     /// addresses answerable, netlink per address against the server role) and Fig. 2
     /// (response time over requests/s and clients, from a many-client generator), memory per
     /// client and rotation CPU. With --quick: up to 10,000 clients and 30,000 requests/s.
@@ -129,7 +129,7 @@ struct Cli {
         requires = "server"
     )]
     netlink_fig2: Vec<usize>,
-    /// The relay network's experiment instead (tracker issue 13): TCP through one relay and
+    /// The relay network's experiment instead (003): TCP through one relay and
     /// through two against the kernel's forwarding over the same namespaces, the relays' cost
     /// per datagram by stage, and 003's experiments (`mt6d demo --topology relays`). With
     /// --quick: one 4 s transfer per path and method.

@@ -13,7 +13,7 @@ pub enum Scenario {
     /// Kernel UDP encapsulation between the gateways (a VXLAN device over their public
     /// addresses, routed like the WireGuard peers): what a tunnel that never leaves the kernel
     /// moves through the same namespaces, the measured estimate for an in-kernel (tc/XDP eBPF)
-    /// plain mode (tracker issue 19 item 4).
+    /// plain mode.
     KernelVxlan,
     /// MT6D in one of its three modes.
     Mt6d(Mode),
@@ -94,14 +94,14 @@ pub struct Profile {
     /// The extra MT6D pass at a fast rotation (1 s): which floods it repeats.
     pub fast_rotation_secs: f64,
     pub fast_flood: (&'static str, u64),
-    /// The TCP policy's cost (issue 14): rounds of iperf3 TCP through mt6d encrypt with the
-    /// policy off and on, and the seconds of each.
+    /// The TCP policy's cost (goal: at most 2 % lower throughput): rounds of iperf3 TCP through
+    /// mt6d encrypt with the policy off and on, and the seconds of each.
     pub scrub_rounds: u32,
     pub scrub_secs: u64,
-    /// Many small flows (issue 19): HTTP requests of 1 kB, each on a connection of its own,
+    /// Many small flows: HTTP requests of 1 kB, each on a connection of its own,
     /// and how many run at once.
     pub small_flows: (u64, u64),
-    /// `--workers 1` against the default (issue 19): rounds of TCP 1 and 4 streams and the
+    /// `--workers 1` against the default: rounds of TCP 1 and 4 streams and the
     /// small flows through mt6d encrypt, each state on freshly started gateways.
     pub workers_rounds: u32,
     /// `--workers`: the mt6d gateways' data-plane workers (None: the daemon's default, one per
@@ -140,7 +140,7 @@ impl Profile {
     }
 
     /// The thesis's tests (000 Table 4.1), with ping_std at 10/s instead of 1/s: 1,000 echoes
-    /// per train (issue 19's figure for p50, p99 and the worst echo), 100 s each, about 45
+    /// per train (the size p50, p99 and the worst echo are judged by), 100 s each, about 45
     /// minutes of trains for the 18 pairs; `--ping-std 30` shortens them.
     pub fn full() -> Profile {
         Profile {

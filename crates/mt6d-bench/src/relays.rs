@@ -1,4 +1,4 @@
-//! The relay network's experiment (tracker issue 13), against 003's figures: `mt6d bench
+//! The relay network's experiment, against 003's figures: `mt6d bench
 //! --relays`.
 //!
 //! 1. **Throughput through one relay and through two**, encrypt mode, on the lab's mesh
@@ -25,7 +25,7 @@ use mt6d_lab::relays::{Flow, RelayLab, RelaySettings, Shape, Size};
 
 use crate::json::{Value, ValueExt};
 
-/// 003's figures (tracker issue 13): Mbit/s measured through its router with DES per hop, the
+/// 003's figures: Mbit/s measured through its router with DES per hop, the
 /// nanoseconds per 1,024-byte segment at the router with -O2 and 4 OpenMP threads, its
 /// concurrent-transfer time (3 hosts x 2 files of 10 MiB) and the least its failover can take
 /// (one probe cycle).
@@ -495,7 +495,7 @@ pub fn markdown(doc: &Value) -> String {
     let mut m = String::new();
     let s = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or("?").to_string();
     m.push_str(&format!(
-        "# Relays (tracker issue 13) against 003\n\n{} {} UTC, `mt6d bench --relays`; {} s transfers, {} runs each (medians).\n\n",
+        "# Relays against 003\n\n{} {} UTC, `mt6d bench --relays`; {} s transfers, {} runs each (medians).\n\n",
         s(doc.get("date")),
         s(doc.get("time_utc")),
         doc.get("transfer_secs").and_then(Value::as_u64).unwrap_or(0),

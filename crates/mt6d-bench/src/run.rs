@@ -68,7 +68,7 @@ pub fn run(args: &Args) -> Result<PathBuf, String> {
 
     let mut doc = Value::obj();
     doc.set("tool", "mt6d bench")
-        .set("issue", "tracker issue 4: the evaluation of 000 Ch. 4-5")
+        .set("issue", "the evaluation of 000 Ch. 4-5")
         .set("date_utc", format!("{date} {time}"))
         .set("profile", profile_json(p))
         .set("machine", crate::machine::describe(&mt6d));
@@ -234,7 +234,7 @@ fn run_pair(
     }
     drop(gw);
 
-    // MT6D again at the fast rotation, for loss at rotations (001 §4; issue 4's 1 s target).
+    // MT6D again at the fast rotation, for loss at rotations (001 §4; the target: no loss at 1 s).
     if matches!(scenario, Scenario::Mt6d(_)) {
         progress.say("restart at fast rotation");
         let mut gw = peers::start(
@@ -268,7 +268,7 @@ fn run_pair(
         });
         row.set("fast_rotation_secs", p.fast_rotation_secs);
     }
-    // Tracker issue 14 item 4: what the TCP policy costs the daemon's throughput, off and on
+    // What the TCP policy costs the daemon's throughput, off and on
     // in turn on the same namespaces (encrypt only: the mode deployments run).
     if scenario == Scenario::Mt6d(Mode::Encrypt) {
         row.set("scrub_cost", scrub_cost(&net, p, mt6d, dir, progress));
@@ -351,7 +351,7 @@ fn scrub_cost(net: &Net, p: &Profile, mt6d: &Path, dir: &Path, progress: &Progre
     v
 }
 
-/// Tracker issue 19: mt6d encrypt with one data-plane worker against the default (one per
+/// mt6d encrypt with one data-plane worker against the default (one per
 /// online CPU, or `--workers`), alternating the order per round on freshly started gateways:
 /// iperf3 TCP with 1 and 4 streams and the many small flows, each with Gateway A's CPU, so CPU
 /// per gigabit comes out of the same run. On this machine the hosts, iperf3 and nginx share

@@ -1,4 +1,4 @@
-//! `mt6d bench --server`: tracker issue 12's experiments, 002's two figures side by side.
+//! `mt6d bench --server`: the server role's experiments, 002's two figures side by side.
 //!
 //! * **Fig. 1, time to make n addresses answerable.** The netlink-per-address method (002's,
 //!   and the gateway role's): n /128s added to an interface with one `ip -batch` in a fresh
@@ -25,7 +25,7 @@
 //!   process's "serving" line to each client up again (p50, p99, max), the initiations, and the
 //!   server's CPU over the storm and per handshake.
 //!
-//! The generator and the server share the machine's cores, as the issue's goal states.
+//! The generator and the server share the machine's cores, as the goal states.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -44,7 +44,7 @@ const GEN_PORT: u16 = 7421;
 const REQUEST: usize = 64;
 /// The echo's answer factor (002).
 const FACTOR: usize = 10;
-/// Rotation interval of the server role runs (the issue's 10 s).
+/// Rotation interval of the server role runs (the goal's 10 s).
 const ROTATION_SECS: f64 = 10.0;
 /// Handshakes the generator keeps under way at once.
 pub const IN_FLIGHT: usize = 256;
@@ -1196,7 +1196,7 @@ fn cell(
 }
 
 fn markdown(doc: &Value) -> String {
-    let mut s = String::from("# Server role against 002 (tracker issue 12)\n\n");
+    let mut s = String::from("# Server role against 002\n\n");
     s.push_str(&format!(
         "{} {} UTC; {} requests per cell of {} bytes, answers {}x; rotation {} s.\n\n",
         doc.get("date").and_then(Value::as_str).unwrap_or(""),

@@ -9,7 +9,7 @@ pub use mt6d_lab::topology::{Lab as Net, Topology, EXTERNAL_IF as EXT_IF, INTERN
 pub fn build(topology: Topology) -> Result<Net, String> {
     let net = Net::build_topology(topology, "mb").map_err(|e| e.to_string())?;
     net.add_public_addresses().map_err(|e| e.to_string())?;
-    // GRO on every veth, alike for every scenario (issue 4).
+    // GRO on every veth, alike for every scenario.
     net.enable_gro();
     Ok(net)
 }

@@ -35,7 +35,7 @@ pub fn ping(dst: Ipv6Addr, count: u64, pace: Pace, linger: Duration) -> Result<P
     mt6d_lab::ping::ping(dst, count, pace, linger).map_err(|e| e.to_string())
 }
 
-/// An echo slower than this is a stall (issue 19: mt6d's worst echo at most 10 ms).
+/// An echo slower than this is a stall (the goal: mt6d's worst echo at most 10 ms).
 pub const SLOW_MS: f64 = 10.0;
 /// Slow echoes listed one by one in results.json; the count covers them all.
 const SLOW_LISTED: usize = 20;
@@ -357,7 +357,7 @@ pub fn tcp(host_a: &Netns, streams: u32, secs: u64, scratch: &Path) -> Result<Va
 /// The file that every small flow fetches (made with the downloads).
 pub const SMALL_FLOW_FILE: (&str, u64) = ("flow_1k", 1000);
 
-/// Many small flows (tracker issue 19): ApacheBench from Host A fetches [`SMALL_FLOW_FILE`]
+/// Many small flows: ApacheBench from Host A fetches [`SMALL_FLOW_FILE`]
 /// from Host B's nginx `requests` times, `concurrency` at once, each request on a TCP
 /// connection of its own (no keep-alive), so every request is a new flow with its own source
 /// port: the kernel spreads them over the TUN queues, hence over the workers. Flows per second,

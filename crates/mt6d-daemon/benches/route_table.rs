@@ -1,4 +1,4 @@
-//! What a rotation costs the daemon's route table (tracker issue 11, item 2: "rotation applies
+//! What a rotation costs the daemon's route table (the goal: "rotation applies
 //! a delta per peer, not a rebuild of every peer's routes"), at 1, 1,000 and 100,000 peers with
 //! boundaries of their own (jittered, intervals of 1-3 s): `rebuild` derives every peer's
 //! routes again, as every step did before; `delta` is what a step does now when one peer's

@@ -331,7 +331,7 @@ pub fn remove_stale_socket(path: &Path) -> std::io::Result<bool> {
 impl ControlServer {
     /// Binds the socket. A stale socket from a crashed daemon is replaced; a socket that a live
     /// daemon still answers on is not stolen; anything that is not a socket is left alone and
-    /// refused (issue: a control_socket naming the config file must not delete it).
+    /// refused (a control_socket naming the config file must not delete it).
     pub fn bind(path: &Path) -> Result<ControlServer, ControlError> {
         let bind_err = |message: String| ControlError::Bind {
             path: path.to_path_buf(),
@@ -874,7 +874,7 @@ mod tests {
         }
     }
 
-    /// Issue 16 item 4: only a socket nobody answers on is replaced; a regular file, a
+    /// One owner per object: only a socket nobody answers on is replaced; a regular file, a
     /// directory or a symbolic link to a file is refused and left intact.
     #[test]
     fn bind_replaces_only_a_dead_socket() {

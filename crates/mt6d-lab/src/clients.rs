@@ -1,4 +1,4 @@
-//! Many MT6D clients played by one process (tracker issue 12, item 5): each client has its own
+//! Many MT6D clients played by one process: each client has its own
 //! pre-shared session key, its own true address and its own hashed addresses and ports in the
 //! client namespace's /64, and speaks to a server role daemon with the protocol crate, exactly
 //! as a client gateway in host mode would. Used by the server's netns test and its load bench.

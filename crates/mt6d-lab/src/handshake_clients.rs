@@ -1,4 +1,4 @@
-//! Many clients handshaking with a server role daemon from one process (tracker issue 12:
+//! Many clients handshaking with a server role daemon from one process (to measure:
 //! "handshakes per second the server completes, and how long 100,000 clients take to come up
 //! from cold"). Each client has its own identity key (derived from its index: a lab key), its
 //! link set's hashed addresses and ports in the client namespace's /64 (local there through one

@@ -19,7 +19,7 @@
 //! variance from tie-breaking. [`MethodResult::recovered`] is the fraction of true links
 //! recovered this way; [`MethodResult::chance`] what guessing recovers.
 //!
-//! The methods are those of the issue that prompted this observer: every outer header field,
+//! The methods, as docs/PRIVACY.md lists them: every outer header field,
 //! the first 8 bytes of the tunnel payload read as a counter (continuation across the switch),
 //! the first payload byte, packet sizes at the switch, and four side channels that name
 //! addresses of two epochs in one message: neighbour discovery (001 §4.2's "oracle"),

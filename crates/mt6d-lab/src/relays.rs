@@ -1,4 +1,4 @@
-//! Relay networks in network namespaces (tracker issue 13; docs/CONFIG.md "The relay role"):
+//! Relay networks in network namespaces (seed 003; docs/CONFIG.md "The relay role"):
 //! every node a namespace running `mt6d run -c FILE` with a `[relay]` table, every link a veth
 //! pair, every protected host a namespace behind its edge gateway. `mt6d demo --topology
 //! relays` ([`demo`]) and `tests/relay_netns.rs` are built from it.

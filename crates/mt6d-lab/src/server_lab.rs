@@ -1,4 +1,4 @@
-//! The lab of the server role (tracker issue 12): a router that routes the server's hashed /64
+//! The lab of the server role (seed 002): a router that routes the server's hashed /64
 //! to the server and each client namespace's hashed /64 to that namespace.
 //!
 //! ```text
@@ -46,8 +46,8 @@ impl ServerLab {
 
     /// [`ServerLab::build`], or with `on_link` the server's prefix on-link on the router's
     /// segment with the server: the router resolves every hashed address with a Neighbour
-    /// Solicitation, which only the server's responder can answer (issue 12 item 3's shared
-    /// segment).
+    /// Solicitation, which only the server's responder can answer (a segment shared with the
+    /// server).
     pub fn build_with(prefix: &str, on_link: bool) -> Result<ServerLab, LabError> {
         let ns = |tag: &str| {
             Netns::create(&unique_name(&format!("{prefix}{tag}")))

@@ -1,4 +1,4 @@
-//! Criterion benches of the endpoint indexes (tracker issue 11, item 2) at 1, 1,000 and
+//! Criterion benches of the endpoint indexes (many peers on one endpoint) at 1, 1,000 and
 //! 1,000,000 peers, each peer a real [`Stream`] with its own session key and remote true
 //! address, its routes derived by [`Stream::route_with_attempt`]:
 //!

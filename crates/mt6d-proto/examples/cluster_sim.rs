@@ -1,4 +1,4 @@
-//! The arithmetic of several servers sharing one client population (issue 12 item 7;
+//! The arithmetic of several servers sharing one client population (design only;
 //! docs/ARCHITECTURE.md "Beyond one server"): 10 servers and 10,000,000 clients by default.
 //! Synthetic public keys (BLAKE3 of the index); `mt6d_proto::cluster::owner` decides.
 //!

@@ -1,6 +1,6 @@
-//! How long a server takes to load its peers file (tracker issue 12: a million clients "in
-//! seconds"): parsing N lines with `mt6d_proto::peers_file`, then building the `PeerTable` (a
-//! `Stream` per client, its accept window derived and indexed, its deadline scheduled).
+//! How long a server takes to load its peers file (the goal: a million clients "in seconds"):
+//! parsing N lines with `mt6d_proto::peers_file`, then building the `PeerTable` (a `Stream` per
+//! client, its accept window derived and indexed, its deadline scheduled).
 //!
 //! As in `benches/endpoint.rs`, each stream gets a pre-shared session key (here the client's
 //! public key bytes stand in for it), so the figure leaves out the X25519 of a real link key

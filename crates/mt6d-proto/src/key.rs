@@ -173,7 +173,7 @@ mod tests {
             data_key(&k, chacha, Mode::Encrypt, 1, b, a),
             data_key(&k, aes, Mode::Auth, 0, a, b),
             // One key file, two peers: A talks to B and to C under the same key and role. Before
-            // the stream was bound these two were the same key (issue: shared key files).
+            // the stream was bound these two were the same key (shared key files).
             data_key(&k, aes, Mode::Encrypt, 0, a, c),
         ];
         for (i, a) in all.iter().enumerate() {

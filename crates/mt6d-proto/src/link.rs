@@ -1,4 +1,4 @@
-//! One peer's protocol state in one object (tracker issue 11, item 1), sans-IO in the shape of
+//! One peer's protocol state in one object, sans-IO in the shape of
 //! quinn-proto's `Connection`: the handshake (§9), the data keys' life (answer, confirmation,
 //! switch, expiry), the route sets (§9.8) and the route moves' notices (§5.2).
 //!

@@ -903,7 +903,7 @@ mod tests {
         fits(&a.send, &b) && fits(&b.send, &a)
     }
 
-    /// Issue finding "two frames per epoch from a node on the link": a forged advertisement or
+    /// Two frames per epoch from a node on the link: a forged advertisement or
     /// probe for e-1 and one for e, every epoch. e-1 is never moved, e not without a confirmed
     /// probe, so nothing moves, nothing is sent, and the send routes keep matching.
     #[test]

@@ -1,4 +1,4 @@
-//! The server role's peers file (tracker issue 12; docs/CONFIG.md, "server role peers file"): one
+//! The server role's peers file (seed 002; docs/CONFIG.md, "server role peers file"): one
 //! client per line, for a server with up to a million of them, where a `[[peer]]` table per
 //! client would be too slow to read and too long to write.
 //!

@@ -653,10 +653,10 @@ fn bogus_initiations_are_rejected_by_the_mac_before_any_diffie_hellman() {
     assert_eq!(sim.b.delivered(), [1]);
 }
 
-/// Issue findings 3 and 4: at 1 s and 2 s round trips (each longer than the first retry interval)
-/// with an attacker replaying every handshake message it saw, to the same route and others,
-/// handshakes complete, rekeys happen, data flows both ways without loss, and no replay earns a
-/// response (no Diffie-Hellman for the attacker).
+/// Long round trips and replays: at 1 s and 2 s round trips (each longer than the first retry
+/// interval) with an attacker replaying every handshake message it saw, to the same route and
+/// others, handshakes complete, rekeys happen, data flows both ways without loss, and no replay
+/// earns a response (no Diffie-Hellman for the attacker).
 #[test]
 fn handshakes_complete_at_long_round_trips_under_a_replaying_attacker() {
     for rtt in [1000u64, 2000] {
@@ -715,7 +715,7 @@ fn handshakes_complete_at_long_round_trips_under_a_replaying_attacker() {
     }
 }
 
-/// Issue finding 5: forged 32-byte packets naming the empty key slot, 100 a second for 20 s,
+/// No handshake storm: forged 32-byte packets naming the empty key slot, 100 a second for 20 s,
 /// start no handshake while a fresh confirmed key exists, and at most one per
 /// `EMPTY_SLOT_HOLDOFF` once the keys are older than the rekey interval.
 #[test]
@@ -776,7 +776,7 @@ fn forged_empty_slot_packets_cause_no_handshake_storm() {
     assert!(made <= 20, "{made} initiations in 20 s");
 }
 
-/// Issue finding 7: both gateways initiate at the same moment during a stream (a rekey race),
+/// Both gateways initiate at the same moment during a stream (a rekey race),
 /// many times over: not one packet is lost.
 #[test]
 fn a_rekey_race_loses_no_packet() {

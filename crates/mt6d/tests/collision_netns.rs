@@ -184,7 +184,7 @@ fn train_during(
     })
 }
 
-/// Issue finding "two frames per epoch from a node on the link deadlock route moves": every
+/// Two frames per epoch from a node on the link used to deadlock route moves: every
 /// epoch, a forged advertisement and a forged probe for each gateway's addresses of e-1 and e.
 /// Before: the gateway moved both epochs, its notices went on routes the peer had not bound,
 /// and nothing converged until e ended. Now e-1 is never moved and e only when the claimant
@@ -235,14 +235,15 @@ fn two_forged_frames_per_epoch_lose_nothing() {
     assert_eq!(received, sent, "lost {} pings", sent - received);
 }
 
-/// Issue: "a host on the external segment flooding forged NAs (override flag) and DAD probes
+/// The attack: "a host on the external segment flooding forged NAs (override flag) and DAD probes
 /// for every hashed address of both gateways, at 5/s and at 3,600/s": ping loss at most 1 %,
 /// both gateways agree on every moved epoch, at most one log line per rotation.
 ///
 /// Rates: 5 rounds per second, each one advertisement and one probe for every hashed address
 /// of both gateways (epochs e-1 ..= e+2, offsets 0 and 1: 16 addresses), then 3,600
 /// advertisements and 3,600 probes per second round-robin over the same addresses, from each
-/// end. Each rate lasts `MT6D_FLOOD_SECS` seconds (default 10 for CI time; 30 in the issue).
+/// end. Each rate lasts `MT6D_FLOOD_SECS` seconds (default 10 for CI time; 30 as the attack was
+/// first described).
 #[test]
 #[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn forged_advertisement_and_probe_flood_costs_at_most_one_percent() {

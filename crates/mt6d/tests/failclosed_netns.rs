@@ -1,4 +1,4 @@
-//! Fail closed and one owner per object (issue 16 items 1-4), end to end in network namespaces
+//! Fail closed and one owner per object, end to end in network namespaces
 //! (root; CI runs as root): a daemon killed with SIGKILL leaks nothing onto the public link,
 //! `mt6d down` leaves the gateway as it was before the first start, a second daemon that would
 //! share anything is refused without disturbing the first, signals never kill the daemon
@@ -223,7 +223,7 @@ fn netns_cookie(ns: &Netns) -> u64 {
         .expect("cookie")
 }
 
-/// Issue 16 item 1: Gateway A is killed with SIGKILL during a ping train and Host A keeps
+/// Fail closed after a crash: Gateway A is killed with SIGKILL during a ping train and Host A keeps
 /// sending for 5 s. The public link carries no frame with either true address (no neighbour
 /// solicitation for Host B, no forwarded packet) and no echo in clear: the guard route,
 /// kernel state that outlived the process, refuses the packets. Then `mt6d down` leaves the
@@ -240,7 +240,7 @@ fn sigkill_during_a_ping_train_leaks_nothing_and_down_restores_everything() {
         "a running daemon has its record under /run/mt6d"
     );
     // An attacker on the public link answers neighbour solicitations for Host B (here Gateway
-    // B's kernel, with a proxy entry on its external interface), as in the issue's report: a
+    // B's kernel, with a proxy entry on its external interface), as in the original report: a
     // gateway that failed open would then send Host A's echo requests to it in clear.
     let gw_b = &running.lab.gw_b;
     answer_for_host_b(gw_b);
@@ -300,7 +300,7 @@ fn sigkill_during_a_ping_train_leaks_nothing_and_down_restores_everything() {
     eprintln!("{lab_gw_a}: mt6d down restored addresses, routes, proxies and sysctls");
 }
 
-/// Issue 16 item 2: a restart after a crash cleans up the dead instance first, so it records
+/// One owner per object: a restart after a crash cleans up the dead instance first, so it records
 /// the sysctls' true originals, not the `forwarding=1` its predecessor set; killed again and
 /// cleaned with `mt6d down`, the namespace is as before the first start, and after a clean stop
 /// it is too but for the guard, which `mt6d down` then lifts.
@@ -384,7 +384,7 @@ fn stop_kept_only_the_guard(before: &Snapshot, ns: &Netns, config: &Path, when: 
     assert_same(before, &snapshot(ns), &format!("{when}, then mt6d down"));
 }
 
-/// Issue 16 item 2: a second daemon with the running one's configuration but its own TUN name
+/// One owner per object: a second daemon with the running one's configuration but its own TUN name
 /// and control socket (the copy that used to remove the live daemon's addresses and routes),
 /// and one with the very same configuration, are both refused before touching anything,
 /// naming the running daemon's pid and what they share; the first carries a ping train
@@ -468,7 +468,7 @@ fn signal(pid: u32, sig: Signal) {
     kill(Pid::from_raw(pid as i32), sig).expect("send signal");
 }
 
-/// Issue 16 item 3: SIGHUP with a broken file logs file:line:column and changes nothing;
+/// Signals: SIGHUP with a broken file logs file:line:column and changes nothing;
 /// SIGHUP with a valid file that adds a peer but also changes `[gateway]` applies nothing (all
 /// or nothing: the gateway section needs a restart); every signal whose default action would kill the daemon without clean-up is
 /// ignored; the existing peer's ping train loses nothing through all of it. SIGQUIT then stops
@@ -653,7 +653,7 @@ fn wait_hashed_count(ns: &Netns, want: usize) {
     }
 }
 
-/// Issue 16 item 3: SIGHUP applies a peer added on both gateways (Host C behind Gateway B, a
+/// Signals: SIGHUP applies a peer added on both gateways (Host C behind Gateway B, a
 /// second conversation with Host A) while a ping train runs on the existing peer: the new
 /// peer's hosts ping each other, the train loses nothing. SIGHUP with the original files
 /// removes it: its routes, proxy entry, guard and hashed addresses are gone and the instance
@@ -817,7 +817,7 @@ fn wait_log(log: &Path, needle: &str) {
     }
 }
 
-/// Issue 16 item 4: `control_socket` naming a regular file (here the configuration itself) is
+/// The control socket: `control_socket` naming a regular file (here the configuration itself) is
 /// refused by `check` and by `run` with file:line:column of the key, and the file is intact.
 #[test]
 fn control_socket_naming_a_regular_file_is_refused_and_the_file_intact() {

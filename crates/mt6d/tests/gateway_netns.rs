@@ -353,7 +353,7 @@ fn malformed_replayed_and_forged_packets_are_counted_and_dropped() {
     );
     // Each kind of attack reached the daemon and was counted under its reason. (Not every
     // injected frame reaches the socket: on this kernel about a fifth of them disappear between
-    // the veth and UDP without a counter; see the closing note of issue 3. So the bound is half.)
+    // the veth and UDP without any counter showing them. So the bound is half.)
     assert!(
         drops(&st, "replay") >= sent.replayed / 2,
         "replays counted {} for {} sent",
@@ -515,7 +515,7 @@ fn fix_udp_checksum(f: &mut [u8]) {
     f[54 + 6..54 + 8].copy_from_slice(&c.to_be_bytes());
 }
 
-// ---- Issue 6: a transparent wire -------------------------------------------------------------
+// ---- A transparent wire ----------------------------------------------------------------------
 
 /// Whether `bytes` contain the first 64 bits of a hashed prefix of the routed lab
 /// (2001:db8:a::/64, 2001:db8:b::/64): what the protected host must never see.
@@ -953,7 +953,7 @@ fn ping_std_and_flood_lose_nothing(topology: Topology, rotation_secs: u64, rotat
     }
 }
 
-// ---- Key exchange (tracker issue 5) ----
+// ---- Key exchange (docs/PROTOCOL.md §9) ----
 
 /// Runs a TCP transfer of `secs` from Host A to Host B (port `port`) and, at the same time, a
 /// ping train of `pings` echoes every 100 ms; `during` runs on the test thread meanwhile.
@@ -1157,7 +1157,7 @@ fn gateway_b_killed_mid_transfer_rehandshakes_and_the_transfer_completes() {
         restarted_after.as_secs_f64() * 1000.0,
         tcp.longest_stall_ms
     );
-    // Issue 5 aims for a gap under 2 s: TCP's own retransmission timer (200 ms, doubling) adds
+    // The goal is a gap under 2 s: TCP's own retransmission timer (200 ms, doubling) adds
     // to the daemon's start-up and the handshake round trip.
     assert!(
         tcp.longest_stall_ms < 2000.0,
@@ -1511,7 +1511,7 @@ fn eventually(secs: u64, mut f: impl FnMut() -> bool) -> bool {
     f()
 }
 
-/// Issue 6 item 2 (000 §3.2.3): Gateway A advertises the tunnel MTU on its internal link, so
+/// RA MTU (000 §3.2.3): Gateway A advertises the tunnel MTU on its internal link, so
 /// Host A's link MTU is the external MTU minus the overhead without any Packet Too Big; a Router
 /// Solicitation from Host A (with its MAC) is answered with that MTU; an MTU advertised by the
 /// external link's router lowers the tunnel MTU and the advertised one. Nothing Gateway A sends
@@ -1673,7 +1673,7 @@ fn router_advertisements_tell_hosts_the_tunnel_mtu_and_leak_nothing() {
     }
 }
 
-// ---- Address collisions (tracker issue 6, item 4; docs/PROTOCOL.md §5.2) ----
+// ---- Address collisions (docs/PROTOCOL.md §5.2) ----
 
 /// Another host on Gateway A's link (a "squatter", a macvlan on the router's side of the link
 /// in its own namespace) holds the hashed address Gateway A will use in a future epoch, before

@@ -1,4 +1,4 @@
-//! Tracker issue 14 end to end: TCP identity options (seed 004's HOST_ID forms, RFC 7974, TOA)
+//! End to end: TCP identity options (seed 004's HOST_ID forms, RFC 7974, TOA)
 //! sent by Host A through a gateway pair, what Host B's link sees of them, injection in 004's
 //! SYN mode and ACK mode (§3.2.2, with Host B a hand-made server that returns HOST_ID_ENABLED),
 //! MSS clamping over the reduced-MTU tunneled topology, and SYN fingerprint normalisation read

@@ -111,7 +111,7 @@ fn route_to_b(running: &Running) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Issue 18 finding 7: forged Packet Too Big and errors about packets never sent change
+/// Path MTU from ICMPv6: forged Packet Too Big and errors about packets never sent change
 /// nothing; a plausible one about a real packet lowers only that peer's path MTU (a locked /128
 /// route MTU, the TUN device keeping the link MTU), once: repeating it is refused.
 #[test]
@@ -259,7 +259,7 @@ fn forged_packet_too_big_and_errors_about_unsent_packets_change_nothing() {
     drop(sink);
 }
 
-/// Issue 18 finding 7: any link-local node could set the tunnel MTU with a Router
+/// Router Advertisement MTU: any link-local node could once set the tunnel MTU with a Router
 /// Advertisement, and it stuck. One from a node that is not a default router (router lifetime
 /// 0) sets nothing; a default router's MTU holds for its router lifetime, then lapses.
 #[test]

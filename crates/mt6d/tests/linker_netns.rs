@@ -1,4 +1,4 @@
-//! An observer on the public link tries to link consecutive epochs (issue: unlinkable on the
+//! An observer on the public link tries to link consecutive epochs (the promise: unlinkable on the
 //! wire). Four conversations with the same traffic mix run between the same two gateways in
 //! encrypt mode across 30 rotations of 1 s; the linker (`mt6d_lab::linker`) scores every
 //! header field, the payload's first bytes as a counter, packet sizes, the neighbour

@@ -1,4 +1,4 @@
-//! Live configuration over the control socket (issue 15 item 1), end to end in network
+//! Live configuration over the control socket, end to end in network
 //! namespaces (root; CI runs as root): `mt6d peer add` on both gateways opens a second
 //! conversation (Host A with Host C behind Gateway B) that carries traffic, `mt6d peer remove`
 //! closes it again, and the first conversation's ping train loses nothing throughout; invalid

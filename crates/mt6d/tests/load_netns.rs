@@ -1,4 +1,4 @@
-//! No loss under load (issue 19 item 5): floods through the gateway pair while CPU hogs keep
+//! No loss under load: floods through the gateway pair while CPU hogs keep
 //! every core busy beside the lab, as other namespace labs do on the 2-core CI machine. Every
 //! echo and every datagram of a sequence-numbered UDP flow must arrive, and no drop counter of
 //! the daemons (their per-peer drops and their kernel queue drops) or of the kernel in any of
@@ -247,7 +247,7 @@ fn assert_loaded(load: Load) {
     assert!(load.busy > 0.8, "{load}: no load beside the lab");
 }
 
-/// Issue 19 item 5: a 50,000-echo flood lost 1 or 2 echoes while other labs loaded the cores.
+/// A 50,000-echo flood once lost 1 or 2 echoes while other labs loaded the cores.
 #[test]
 #[ignore = "needs root (network namespaces): run as root with --include-ignored, as scripts/test.sh does"]
 fn echo_flood_beside_cpu_hogs_loses_nothing() {

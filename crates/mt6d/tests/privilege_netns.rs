@@ -1,4 +1,4 @@
-//! Least privilege (issue 16 item 9), end to end in network namespaces (root; CI runs as root):
+//! Least privilege, end to end in network namespaces (root; CI runs as root):
 //! `mt6d run` as an ordinary user holding exactly CAP_NET_ADMIN and CAP_NET_RAW carries
 //! traffic, and without them refuses before touching anything.
 

@@ -1,4 +1,4 @@
-//! The relay role fails closed (tracker issue 13; docs/CONFIG.md "The relay role", as
+//! The relay role fails closed (docs/CONFIG.md "The relay role", as
 //! `failclosed_netns.rs` for the gateway role), end to end on the lab's chain
 //! `h1 - eA == r1 == r2 == eB - h2` (`mt6d_lab::relays`), every node a real `mt6d run`.
 //!

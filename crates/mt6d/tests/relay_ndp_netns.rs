@@ -1,4 +1,4 @@
-//! A relay network node on a shared segment (tracker issue 13; docs/CONFIG.md "The relay role",
+//! A relay network node on a shared segment (docs/CONFIG.md "The relay role",
 //! `neighbor_discovery`): its /64 is local as a whole and bound to no interface, so a neighbour
 //! that has the /64 on-link (a router on a segment shared with the node) resolves each hashed
 //! address by a Neighbour Solicitation, and the node answers for its links' current addresses

@@ -1,4 +1,4 @@
-//! The relay role end to end (tracker issue 13): `mt6d run` on every node of a relay network
+//! The relay role end to end (seed 003): `mt6d run` on every node of a relay network
 //! built in network namespaces by `mt6d_lab::relays`, real hosts behind the edge gateways.
 //!
 //! ```text

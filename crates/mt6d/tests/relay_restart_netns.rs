@@ -1,4 +1,4 @@
-//! The relay role across a relay's restart, and what a relay's memory holds (tracker issue 13),
+//! The relay role across a relay's restart, and what a relay's memory holds,
 //! on the lab's chain `h1 - eA == r1 == r2 == eB - h2` (`mt6d_lab::relays`), every node a real
 //! `mt6d run`.
 //!

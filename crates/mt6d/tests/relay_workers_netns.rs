@@ -1,5 +1,5 @@
-//! The relay data plane on two workers per node (tracker issue 13 item 4, the worker plane of
-//! issue 19): on the chain h1 - eA == r1 == r2 == eB - h2, every node with `workers = 2`,
+//! The relay data plane on two workers per node (the gateway's worker plane, in every
+//! node): on the chain h1 - eA == r1 == r2 == eB - h2, every node with `workers = 2`,
 //! sixteen sequence-numbered UDP flows from h1 to h2 across one-second rotations and 5 s rekeys
 //! of every link arrive complete, each in order and without duplicates; both of eA's workers
 //! seal a share of them (its TUN device spreads the flows over its queues); both workers of

@@ -1,4 +1,4 @@
-//! The server role with handshakes (tracker issue 12: "each client is an ordinary mt6d peer with
+//! The server role with handshakes (the requirement: "each client is an ordinary mt6d peer with
 //! its own identity key"): two real `mt6d run` clients in host mode, one per client namespace,
 //! each with its own identity key, reach the server's echo service through Noise handshakes,
 //! across one-second jittered rotations and three-second rekeys.

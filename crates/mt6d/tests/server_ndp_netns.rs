@@ -1,4 +1,4 @@
-//! The server role's neighbour discovery (issue 12 item 3): on a segment shared with its
+//! The server role's neighbour discovery: on a segment shared with its
 //! router, a server whose hashed prefix is local as a whole (an AnyIP route, no address bound
 //! on the link) is resolvable for its currently valid addresses and for nothing else.
 //!

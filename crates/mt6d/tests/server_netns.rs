@@ -1,4 +1,4 @@
-//! The server role end to end (tracker issue 12, tests): one `mt6d run` with a `[server]` file
+//! The server role end to end (seed 002): one `mt6d run` with a `[server]` file
 //! serving 10,000 clients from two client namespaces, each client on hashed addresses and ports
 //! of its own, through a router that routes the server's hashed /64 to it.
 //!

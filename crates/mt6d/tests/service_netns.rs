@@ -1,4 +1,4 @@
-//! Issue 15 item 3: under a service manager (`Type=notify` in packaging/systemd/mt6d@.service)
+//! Under a service manager (`Type=notify` in packaging/systemd/mt6d@.service)
 //! the daemon reports ready only once the current epoch's hashed address is bound, and reports
 //! stopping when SIGTERM starts its clean-up. The manager's side is a datagram socket at
 //! `NOTIFY_SOCKET`, as systemd passes it.
@@ -61,7 +61,7 @@ fn ready_once_the_current_address_is_bound_and_stopping_on_sigterm() {
     assert_eq!(&buf[..n], b"STOPPING=1\n");
 }
 
-/// Issue 15 item 2: `metrics_listen` serves the status counters to a Prometheus scraper, in a
+/// Metrics: `metrics_listen` serves the status counters to a Prometheus scraper, in a
 /// format `promtool check metrics` accepts, and they move with the traffic.
 #[test]
 #[ignore = "needs root (network namespaces) and promtool (scripts/install-deps.sh installs both tools)"]

@@ -1,4 +1,4 @@
-//! Hiding that survives a stolen key (issue: unlinkable on the wire, item 7; docs/PROTOCOL.md
+//! Hiding that survives a stolen key (the promise: unlinkable on the wire; docs/PROTOCOL.md
 //! §9.8). Two gateways with identity keys rekey every 3 s while Host A pings Host B across 16
 //! rotations of 1 s. An observer captures the public link; a thief holds Gateway A's key file and
 //! config, so it computes every route of the link set (each epoch, each attempt offset). Once the

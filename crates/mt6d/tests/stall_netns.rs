@@ -1,4 +1,4 @@
-//! A lead of the stall hunt (issue: latency with no stalls, item 1): an independent peer that
+//! A lead of the stall hunt (the goal: latency with no stalls): an independent peer that
 //! sent no priming solicitation (docs/PROTOCOL.md §5.1) saw this daemon hold its outgoing packets
 //! for up to 1 s at many rotations, its neighbour entry for the peer's new address reachable only
 //! at the kernel's 1 s retransmit. Here Gateway B behaves like that peer: an nftables table in its
@@ -9,7 +9,7 @@
 //! wait anywhere near the 1 s retransmit.
 //!
 //!
-//! The second test runs the bench's conditions (issue 19 item 1, second lead): GRO on every
+//! The second test runs the bench's conditions (the stall hunt's second lead): GRO on every
 //! veth, as `mt6d bench` has it, ping trains at 10/s across 60 rotations of 1 s on the switched
 //! and the routed topology.
 //!
@@ -24,7 +24,7 @@ use std::time::Duration;
 use common::status;
 use mt6d_lab::topology::{Side, Topology};
 
-/// Bench conditions: echoes over this count as slow. A stall of the kind issue 19 reported
+/// Bench conditions: echoes over this count as slow. A stall of the kind the bench once showed
 /// (0.08-0.76 s, one per train) is far above it; what a loaded shared 2-core machine adds to an
 /// echo now and then is mostly below it.
 const SLOW_MS: f64 = 50.0;

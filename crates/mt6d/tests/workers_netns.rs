@@ -1,4 +1,4 @@
-//! The worker data plane (issue 19 item 2): with two workers on each gateway, many UDP flows
+//! The worker data plane: with two workers on each gateway, many UDP flows
 //! from Host A to Host B across rotations (1 s) and rekeys (every 2 s) arrive complete and each
 //! in order, every worker of Gateway A seals a share of them, and the status says which
 //! worker did what.

@@ -711,8 +711,8 @@ key = "{KEY}"
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 
-    /// Issue finding 1: two peers sharing a key file shared a data key. Data keys now bind the
-    /// stream; a key is refused only where its streams share a true address (their hashed
+    /// Shared key files: two peers sharing a key file once shared a data key. Data keys now bind
+    /// the stream; a key is refused only where its streams share a true address (their hashed
     /// addresses and ports for that address would be the same).
     #[test]
     fn a_pre_shared_key_shared_by_streams_with_a_common_address_is_refused() {
@@ -740,7 +740,7 @@ key = "{KEY}"
         assert_eq!(cfg.gateway.state_dir, PathBuf::from("/etc/mt6d/state"));
     }
 
-    /// Issue finding 7: the default packet budget stays within the AEAD's limit (RFC 9001 §6.6).
+    /// The default packet budget stays within the AEAD's limit (RFC 9001 §6.6).
     #[test]
     fn rekey_packets_defaults_to_the_aead_limit() {
         let dir = std::env::temp_dir().join(format!("mt6d-rp-{}", std::process::id()));

@@ -1,4 +1,4 @@
-//! `[relay]`: one node of a relay network (tracker issue 13; docs/CONFIG.md "The relay role"):
+//! `[relay]`: one node of a relay network (seed 003; docs/CONFIG.md "The relay role"):
 //! a relay, an edge gateway, or both. Validated here, before the daemon touches the OS; every
 //! error names the file, line and column.
 

@@ -1,4 +1,4 @@
-//! `[server]`: the server role (tracker issue 12; docs/CONFIG.md "The server role"). One daemon
+//! `[server]`: the server role (seed 002; docs/CONFIG.md "The server role"). One daemon
 //! serves every client listed in a peers file, each on hashed addresses of its own, from one
 //! AnyIP /64: nothing per client in the kernel.
 //!

@@ -14,7 +14,7 @@
 //! STALE, which it uses at once when the first packet arrives (and confirms later with a
 //! unicast probe, which the bound address answers); the peer does the same towards us.
 //!
-//! Linking (issue "unlinkable on the wire"): the solicitation and its answer name one epoch's
+//! Linking (the promise "unlinkable on the wire"): the solicitation and its answer name one epoch's
 //! addresses and the router's, never two epochs; it is sent when the data is about to name the
 //! address anyway. The solicitation carries the gateway's own external MAC and a hashed address:
 //! nothing about a protected host (000 §3.2.3).

@@ -1,6 +1,6 @@
 //! What each signal does to the daemon. A signal whose default action would end the process
 //! without clean-up either stops it cleanly or is ignored, so that a stray `kill -USR1` or
-//! `systemctl reload` never leaves the kernel state of a dead daemon behind (issue: SIGHUP used
+//! `systemctl reload` never leaves the kernel state of a dead daemon behind (SIGHUP used
 //! to kill it, leaving routes, proxy entries and `forwarding=1`).
 //!
 //! | signals | action |

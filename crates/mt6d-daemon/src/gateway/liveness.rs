@@ -1,4 +1,4 @@
-//! What a person on call needs to hear about each peer, once per change of state (issue: "logs
+//! What a person on call needs to hear about each peer, once per change of state (the goal: "logs
 //! that help at 3 a.m."): that nothing has arrived from it for [`PEER_SILENT_SECS`], that
 //! packets arrive again, and that a handshake got no answer for [`NO_RESPONSE_SECS`], with the
 //! likely cause. The handshake coming up is logged where it completes ([`super::session`]).

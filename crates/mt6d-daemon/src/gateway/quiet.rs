@@ -1,5 +1,5 @@
 //! Nothing the gateway's kernel says on the public link ties epochs together (docs/PROTOCOL.md
-//! §5.4; issue "unlinkable on the wire"): the mt6d-owned nftables table and the random link
+//! §5.4; the promise "unlinkable on the wire"): the mt6d-owned nftables table and the random link
 //! identity of the external interface. [`super::system`] applies both and records how to undo
 //! them; this module says what they are.
 //!

@@ -1,4 +1,4 @@
-//! What the packet threads do to the TCP segments they forward (tracker issue 14): each peer's
+//! What the packet threads do to the TCP segments they forward (seed 004's HOST_ID): each peer's
 //! identity option policy per direction (`host_id_out` on a sealing worker before sealing,
 //! `host_id_in` on the receiving worker after opening), injection (004 §3.2.1 SYN mode, §3.2.2 ACK
 //! mode) and MSS clamping to the tunnel MTU, with counters per event and per rule.

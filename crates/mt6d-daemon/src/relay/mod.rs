@@ -1,4 +1,4 @@
-//! The relay role (tracker issue 13; docs/CONFIG.md "The relay role", docs/ARCHITECTURE.md
+//! The relay role (seed 003; docs/CONFIG.md "The relay role", docs/ARCHITECTURE.md
 //! "Relays"): one node of a relay network, driving the protocol crate's sans-IO
 //! [`mt6d_proto::relay::node::RelayNode`] with real sockets.
 //!

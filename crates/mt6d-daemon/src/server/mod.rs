@@ -1,4 +1,4 @@
-//! The server role (tracker issue 12; docs/ARCHITECTURE.md, "The server role"): one daemon for
+//! The server role (seed 002's one server; docs/ARCHITECTURE.md, "The server role"): one daemon for
 //! many clients, each on hashed addresses of its own, with no per-client state in the kernel.
 //!
 //! * one AnyIP route makes the server's hashed /64 local as a whole;

@@ -1,4 +1,4 @@
-//! Many peers on one endpoint (tracker issue 11, item 2): compact peer ids ([`PeerSlab`]), the
+//! Many peers on one endpoint, up to a million: compact peer ids ([`PeerSlab`]), the
 //! two indexes that route packets to peers ([`RouteIndex`]: local (hashed address, port) ->
 //! (peer, epoch), inner (source, destination) -> peer), and one rotation deadline per peer
 //! ([`Timers`]). [`PeerTable`] joins them to [`Stream`]s.
@@ -6,7 +6,7 @@
 //! A lookup is one keyed hash and one probe, a rotation touches one peer and changes its window
 //! by a delta (one route derived, one key inserted, one removed), and a tick pops only the peers
 //! whose epoch boundary has passed; measured to 1,000,000 peers (docs/ARCHITECTURE.md,
-//! "Endpoint indexes"). This is the server role's index (tracker issue 12); the gateway role's
+//! "Endpoint indexes"). This is the server role's index (seed 002); the gateway role's
 //! daemon keeps an immutable, lock-free snapshot per rotation that it also changes by a delta.
 //!
 //! Sans-IO like the rest of the crate: `now` comes in, the hash key comes in as an

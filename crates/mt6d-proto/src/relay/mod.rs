@@ -1,4 +1,4 @@
-//! Relays (tracker issue 13; docs/PROTOCOL.md §10, rationale in docs/RELAYS.md): the sans-IO parts
+//! Relays (seed 003; docs/PROTOCOL.md §10, rationale in docs/RELAYS.md): the sans-IO parts
 //! of carrying edge-to-edge MT6D traffic through relay nodes, after 003 (per-link keys, header and
 //! payload hidden on every link, routing by probed link cost with failover).
 //!

@@ -1,4 +1,4 @@
-//! Identity scrubbing and MSS clamping of TCP segments a gateway forwards (issue 14 items 1-3).
+//! Identity scrubbing and MSS clamping of TCP segments a gateway forwards (after seed 004).
 //!
 //! Owns the rewriting of one IPv6+TCP packet in the caller's buffer: removing the options that
 //! name a host behind the sender (004's HOST_ID forms, RFC 7974's HOST_ID, TOA) and lowering the

@@ -1,4 +1,4 @@
-//! Normalising what a protected host's packets say about its stack (issue 14 item 3), so that
+//! Normalising what a protected host's packets say about its stack (SYN fingerprints), so that
 //! the hosts behind one gateway show one passive fingerprint (p0f's `ver:ittl:olen:mss:wsize,
 //! scale:olayout:quirks:pclass`) instead of one per operating system and configuration.
 //!

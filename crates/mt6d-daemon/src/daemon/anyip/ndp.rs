@@ -1,5 +1,5 @@
-//! Neighbour discovery for a role whose hashed prefix is local as a whole (issue 12 item 3: the
-//! server; issue 13: a relay network node).
+//! Neighbour discovery for a role whose hashed prefix is local as a whole (the server role on a
+//! segment shared with its router; a relay network node).
 //!
 //! An AnyIP route (`local PREFIX/64 dev lo`) makes every address of the prefix local to the
 //! kernel, but the kernel resolves none of them on the external link: it answers a Neighbour
