@@ -14,8 +14,9 @@
 //!   a stop leaves it, so that nothing the gateway does without mt6d (a default route, with
 //!   forwarding on) can carry them in clear before the next start;
 //! - the TUN device, MTU = external MTU minus the largest tunnel overhead of any peer;
-//! - `net.ipv6.conf.all.forwarding = 1`, `proxy_ndp = 1`, `proxy_delay = 0` and
-//!   `use_oif_addrs_only = 1` on the internal interface;
+//! - `net.ipv6.conf.all.forwarding = 1` and `all.proxy_ndp = 1` (the protected hosts'
+//!   unicast neighbour probes of a proxied address arrive on the forwarding path), and
+//!   `proxy_ndp = 1`, `proxy_delay = 0` and `use_oif_addrs_only = 1` on the internal interface;
 //! - per peer: proxy NDP entry for the remote true address on the internal interface, a /128
 //!   route for it into the TUN device, a /128 route for the local true address on the internal
 //!   interface, and a /64 route for the remote hashed prefix on the external interface (on-link,
@@ -201,6 +202,13 @@ impl System {
         if let Some(internal) = internal {
             self.set_sysctl(&ipv6_conf("all", "forwarding")?, "1")?;
             self.set_sysctl(&ipv6_conf(internal, "proxy_ndp")?, "1")?;
+            // The protected hosts check the far host's address again with unicast
+            // solicitations to it (neighbour unreachability detection). Its route points into
+            // the TUN device, so they arrive on the forwarding path, where the kernel looks for
+            // a proxy entry only if `all.proxy_ndp` is set; without it the probes are refused
+            // ("beyond scope of source address") and after three the host's entry fails. The
+            // proxy entries are per interface: this answers for no other interface.
+            self.set_sysctl(&ipv6_conf("all", "proxy_ndp")?, "1")?;
             // The kernel delays proxied neighbour advertisements by up to 0.8 s (RFC 4861
             // §7.2.8, meant for anycast); the protected host's first packet would wait that long.
             let delay = Sysctl::ipv6_neigh(internal, "proxy_delay")
