@@ -720,6 +720,41 @@ mod tests {
         Cli::command().debug_assert();
     }
 
+    /// Every option of `mt6d peer add` and `peer set` is the `[[peer]]` key of the same name:
+    /// a flag the configuration does not know would be refused by the daemon at run time.
+    #[test]
+    fn every_peer_option_is_a_peer_key() {
+        let cli = Cli::command();
+        let peer = cli.find_subcommand("peer").unwrap();
+        let example = include_str!("../../../examples/gateway-a.toml");
+        let mut checked = 0;
+        for action in ["add", "set"] {
+            let sub = peer.find_subcommand(action).unwrap();
+            for arg in sub.get_arguments() {
+                let Some(long) = arg.get_long() else {
+                    continue;
+                };
+                // Which daemon to ask, and `set`'s own instruction: not peer settings.
+                if ["socket", "config", "unset", "help"].contains(&long) {
+                    continue;
+                }
+                let key = long.replace('-', "_");
+                // The example's [[peer]] is its last table: the key joins it. Its value may
+                // be of the wrong type; only an unknown key is what this test looks for.
+                let text = format!("{example}\n{key} = \"x\"\n");
+                if let Err(e) = config::Config::parse(std::path::Path::new("t.toml"), &text) {
+                    let e = e.to_string();
+                    assert!(
+                        !e.contains("unknown field"),
+                        "`mt6d peer {action} --{long}` names no [[peer]] key: {e}"
+                    );
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked >= 2 * 15, "{checked} options checked");
+    }
+
     #[test]
     fn completion_scripts_name_every_subcommand() {
         for shell in [
