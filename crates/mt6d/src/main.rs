@@ -482,7 +482,7 @@ fn status(target: Target, json: bool) -> CliResult {
             control::AnyStatus::Gateway(st) if json => {
                 println!("{}", serde_json::to_string_pretty(&st)?)
             }
-            control::AnyStatus::Gateway(st) => print!("{}", control::render(&st)),
+            control::AnyStatus::Gateway(st) => print!("{}", mt6d::status::text::render(&st)),
             control::AnyStatus::Server(st) if json => {
                 println!("{}", serde_json::to_string_pretty(&st)?)
             }
@@ -531,7 +531,7 @@ fn status(target: Target, json: bool) -> CliResult {
             record.control_socket.display()
         );
         match answer {
-            Ok(st) => print!("{}", control::render(&st)),
+            Ok(st) => print!("{}", mt6d::status::text::render(&st)),
             Err(e) => println!("no answer: {e}"),
         }
     }

@@ -8,6 +8,7 @@
 
 pub mod relay;
 pub mod server;
+pub mod text;
 
 use serde::{Deserialize, Serialize};
 
