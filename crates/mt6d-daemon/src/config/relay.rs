@@ -234,84 +234,20 @@ impl RelayConfig {
         let mut names = HashSet::new();
         let mut links = Vec::with_capacity(r.link.len());
         let mut link_keys: Vec<(zeroize::Zeroizing<Vec<u8>>, String)> = Vec::new();
+        let ctx = Ctx {
+            src: &src,
+            own,
+            external_interface: &external_interface,
+            private_key: &private_key,
+            private_key_file: &r.private_key_file,
+            node_id,
+            rekey_after,
+            link_rotation,
+            jitter,
+        };
         for l in &r.link {
-            let raw_link = l.get_ref();
-            let name = raw_link.name.get_ref().clone();
-            if name.is_empty() || !names.insert(name.clone()) {
-                return Err(src.err(
-                    &raw_link.name,
-                    format!("link name {name:?} is empty or used twice"),
-                ));
-            }
-            let addr = address(&src, &raw_link.address)?;
-            if same64(addr, own) {
-                return Err(src.err(&raw_link.address, format!("link {name:?}: {addr} is in this node's own /64 {}; every node needs a /64 of its own", prefix_of(own))));
-            }
-            if let Some(other) = links.iter().find(|o: &&LinkConfig| same64(o.address, addr)) {
-                return Err(src.err(&raw_link.address, format!("link {name:?}: {addr} shares a /64 with link {:?}; every node needs a /64 of its own", other.name)));
-            }
-            let secret = raw_link
-                .key_file
-                .as_ref()
-                .map(|f| key_file(&src, f).map(|k| (k, f)))
-                .transpose()?;
-            let (key, handshake) = match (&raw_link.public_key, secret) {
-                (None, None) => {
-                    return Err(src.err(l, format!("link {name:?}: give public_key (the neighbour's, `mt6d pubkey` there: Noise IK handshakes) or key_file (a pre-shared key, `mt6d genpsk`)")));
-                }
-                (None, Some((key, f))) => {
-                    if let Some((_, other)) =
-                        link_keys.iter().find(|(k, _)| k[..] == *key.as_bytes())
-                    {
-                        return Err(src.err(f, format!("link {name:?} uses the same key as {other:?}: give every link its own key (`mt6d genpsk`)")));
-                    }
-                    link_keys.push((
-                        zeroize::Zeroizing::new(key.as_bytes().to_vec()),
-                        name.clone(),
-                    ));
-                    (key, None)
-                }
-                (Some(public), secret) => {
-                    let (Some(private), Some(_)) = (&private_key, &r.private_key_file) else {
-                        return Err(src.err(public, format!("link {name:?}: a handshake needs this node's identity: set private_key_file (`mt6d keygen FILE`)")));
-                    };
-                    let remote_public = keys::public_key(public.get_ref(), "public_key")
-                        .map_err(|e| src.err(public, e))?;
-                    if remote_public == private.public_key() {
-                        return Err(src.err(public, format!("link {name:?}: this is the node's own public key: give the neighbour's (`mt6d pubkey FILE` there)")));
-                    }
-                    if let Some(other) = links.iter().find(|o: &&LinkConfig| {
-                        o.handshake
-                            .as_ref()
-                            .is_some_and(|h| h.remote_public == remote_public)
-                    }) {
-                        return Err(src.err(public, format!("link {name:?} has the same public key as link {:?}: one link per neighbour", other.name)));
-                    }
-                    let psk = match secret {
-                        Some((k, f)) => psk_of(&src, f, &k)?,
-                        None => Psk::none(),
-                    };
-                    let (key, hs) =
-                        handshake(private, remote_public, psk, (own, addr), rekey_after)
-                            .map_err(|e| src.err(public, format!("link {name:?}: {e}")))?;
-                    (key, Some(hs))
-                }
-            };
-            let mut stream = StreamConfig::new(Endpoint::new(own), Endpoint::new(addr), key);
-            stream.mode = Mode::Encrypt;
-            stream.rotation = link_rotation;
-            stream.jitter = jitter;
-            let interface = match &raw_link.interface {
-                Some(i) => interface_name(&src, i)?,
-                None => external_interface.clone(),
-            };
-            links.push(LinkConfig {
-                name,
-                address: addr,
-                interface,
-                stream,
-                handshake,
-            });
+            let link = parse_link(&ctx, l, &mut names, &links, &mut link_keys)?;
+            links.push(link);
         }
         if links.is_empty() {
             return Err(src.err(
@@ -322,77 +258,8 @@ impl RelayConfig {
         let mut e2e = Vec::with_capacity(r.e2e.len());
         let mut pairs = HashSet::new();
         for e in &r.e2e {
-            let raw_e = e.get_ref();
-            let name = raw_e.name.get_ref().clone();
-            if name.is_empty() || !names.insert(name.clone()) {
-                return Err(src.err(&raw_e.name, format!("name {name:?} is empty or used twice (links and end-to-end peers share names)")));
-            }
-            if node_id.is_none() {
-                return Err(src.err(e, "an end-to-end peer needs this node's identity: set private_key_file (`mt6d keygen FILE`)"));
-            }
-            let public = keys::public_key(raw_e.public_key.get_ref(), "public_key")
-                .map_err(|err| src.err(&raw_e.public_key, err))?;
-            let destination = NodeId::from_public_key(&public)
-                .ok_or_else(|| src.err(&raw_e.public_key, "this key's node id is reserved"))?;
-            if Some(destination) == node_id {
-                return Err(src.err(&raw_e.public_key, "this is the node's own public key: give the other edge gateway's (`mt6d pubkey FILE` there)"));
-            }
-            let local = address(&src, &raw_e.local_host)?;
-            let remote = address(&src, &raw_e.remote_host)?;
-            for (a, at) in [(local, &raw_e.local_host), (remote, &raw_e.remote_host)] {
-                if same64(a, own) || links.iter().any(|l| same64(l.address, a)) {
-                    return Err(src.err(
-                        at,
-                        format!(
-                            "{a} is inside a relay node's /64: hosts need addresses of their own"
-                        ),
-                    ));
-                }
-            }
-            if local == remote || !pairs.insert((local, remote)) {
-                return Err(src.err(
-                    &raw_e.remote_host,
-                    format!("{local} -> {remote} is given twice, or one address twice"),
-                ));
-            }
-            let psk = match &raw_e.key_file {
-                None => Psk::none(),
-                Some(f) => {
-                    let key = key_file(&src, f)?;
-                    if link_keys.iter().any(|(k, _)| k[..] == *key.as_bytes()) {
-                        return Err(src.err(f, format!("end-to-end peer {name:?} uses a key that is already used: give every link and pair its own key")));
-                    }
-                    link_keys.push((
-                        zeroize::Zeroizing::new(key.as_bytes().to_vec()),
-                        name.clone(),
-                    ));
-                    psk_of(&src, f, &key)?
-                }
-            };
-            // node_id is set (checked above), so the identity is there.
-            let Some(private) = &private_key else {
-                return Err(src.err(e, "an end-to-end peer needs this node's identity: set private_key_file (`mt6d keygen FILE`)"));
-            };
-            let (key, handshake) = handshake(private, public, psk, (local, remote), rekey_after)
-                .map_err(|err| {
-                    src.err(
-                        &raw_e.public_key,
-                        format!("end-to-end peer {name:?}: {err}"),
-                    )
-                })?;
-            let mut stream = StreamConfig::new(Endpoint::new(local), Endpoint::new(remote), key);
-            stream.mode = Mode::Encrypt;
-            stream.rotation = match &raw_e.rotation_secs {
-                Some(_) => rotation(&src, &raw_e.rotation_secs)?,
-                None => link_rotation,
-            };
-            stream.jitter = jitter;
-            e2e.push(E2eConfig {
-                name,
-                destination,
-                stream,
-                handshake: Some(handshake),
-            });
+            let peer = parse_e2e(&ctx, e, &mut names, (&links, &mut pairs), &mut link_keys)?;
+            e2e.push(peer);
         }
         let transit = match &r.transit {
             Some(t) => *t.get_ref(),
@@ -478,6 +345,196 @@ impl RelayConfig {
 /// The /64 holding `a`.
 pub fn prefix_of(a: Ipv6Addr) -> Ipv6Addr {
     Ipv6Addr::from(u128::from(a) & !((1u128 << 64) - 1))
+}
+
+/// What every `[[relay.link]]` and `[[relay.e2e]]` is checked and built with.
+struct Ctx<'a> {
+    src: &'a Source<'a>,
+    own: Ipv6Addr,
+    external_interface: &'a str,
+    private_key: &'a Option<PrivateKey>,
+    private_key_file: &'a Option<Spanned<String>>,
+    node_id: Option<NodeId>,
+    rekey_after: Duration,
+    link_rotation: Duration,
+    jitter: bool,
+}
+
+/// One `[[relay.link]]`, checked against the links before it (`links`) and the keys every link
+/// and pair uses (`keys`, which it joins).
+fn parse_link(
+    ctx: &Ctx,
+    l: &Spanned<RawLink>,
+    names: &mut HashSet<String>,
+    links: &[LinkConfig],
+    link_keys: &mut Vec<(zeroize::Zeroizing<Vec<u8>>, String)>,
+) -> Result<LinkConfig, ConfigError> {
+    let raw_link = l.get_ref();
+    let name = raw_link.name.get_ref().clone();
+    if name.is_empty() || !names.insert(name.clone()) {
+        return Err(ctx.src.err(
+            &raw_link.name,
+            format!("link name {name:?} is empty or used twice"),
+        ));
+    }
+    let addr = address(ctx.src, &raw_link.address)?;
+    if same64(addr, ctx.own) {
+        return Err(ctx.src.err(&raw_link.address, format!("link {name:?}: {addr} is in this node's own /64 {}; every node needs a /64 of its own", prefix_of(ctx.own))));
+    }
+    if let Some(other) = links.iter().find(|o: &&LinkConfig| same64(o.address, addr)) {
+        return Err(ctx.src.err(&raw_link.address, format!("link {name:?}: {addr} shares a /64 with link {:?}; every node needs a /64 of its own", other.name)));
+    }
+    let secret = raw_link
+        .key_file
+        .as_ref()
+        .map(|f| key_file(ctx.src, f).map(|k| (k, f)))
+        .transpose()?;
+    let (key, handshake) = match (&raw_link.public_key, secret) {
+        (None, None) => {
+            return Err(ctx.src.err(l, format!("link {name:?}: give public_key (the neighbour's, `mt6d pubkey` there: Noise IK handshakes) or key_file (a pre-shared key, `mt6d genpsk`)")));
+        }
+        (None, Some((key, f))) => {
+            if let Some((_, other)) = link_keys.iter().find(|(k, _)| k[..] == *key.as_bytes()) {
+                return Err(ctx.src.err(f, format!("link {name:?} uses the same key as {other:?}: give every link its own key (`mt6d genpsk`)")));
+            }
+            link_keys.push((
+                zeroize::Zeroizing::new(key.as_bytes().to_vec()),
+                name.clone(),
+            ));
+            (key, None)
+        }
+        (Some(public), secret) => {
+            let (Some(private), Some(_)) = (ctx.private_key, ctx.private_key_file) else {
+                return Err(ctx.src.err(public, format!("link {name:?}: a handshake needs this node's identity: set private_key_file (`mt6d keygen FILE`)")));
+            };
+            let remote_public = keys::public_key(public.get_ref(), "public_key")
+                .map_err(|e| ctx.src.err(public, e))?;
+            if remote_public == private.public_key() {
+                return Err(ctx.src.err(public, format!("link {name:?}: this is the node's own public key: give the neighbour's (`mt6d pubkey FILE` there)")));
+            }
+            if let Some(other) = links.iter().find(|o: &&LinkConfig| {
+                o.handshake
+                    .as_ref()
+                    .is_some_and(|h| h.remote_public == remote_public)
+            }) {
+                return Err(ctx.src.err(public, format!("link {name:?} has the same public key as link {:?}: one link per neighbour", other.name)));
+            }
+            let psk = match secret {
+                Some((k, f)) => psk_of(ctx.src, f, &k)?,
+                None => Psk::none(),
+            };
+            let (key, hs) = handshake(
+                private,
+                remote_public,
+                psk,
+                (ctx.own, addr),
+                ctx.rekey_after,
+            )
+            .map_err(|e| ctx.src.err(public, format!("link {name:?}: {e}")))?;
+            (key, Some(hs))
+        }
+    };
+    let mut stream = StreamConfig::new(Endpoint::new(ctx.own), Endpoint::new(addr), key);
+    stream.mode = Mode::Encrypt;
+    stream.rotation = ctx.link_rotation;
+    stream.jitter = ctx.jitter;
+    let interface = match &raw_link.interface {
+        Some(i) => interface_name(ctx.src, i)?,
+        None => ctx.external_interface.to_string(),
+    };
+    Ok(LinkConfig {
+        name,
+        address: addr,
+        interface,
+        stream,
+        handshake,
+    })
+}
+
+/// One `[[relay.e2e]]`, checked against the links, the pairs before it and every key in use.
+fn parse_e2e(
+    ctx: &Ctx,
+    e: &Spanned<RawE2e>,
+    names: &mut HashSet<String>,
+    (links, pairs): (&[LinkConfig], &mut HashSet<(Ipv6Addr, Ipv6Addr)>),
+    link_keys: &mut Vec<(zeroize::Zeroizing<Vec<u8>>, String)>,
+) -> Result<E2eConfig, ConfigError> {
+    let raw_e = e.get_ref();
+    let name = raw_e.name.get_ref().clone();
+    if name.is_empty() || !names.insert(name.clone()) {
+        return Err(ctx.src.err(
+            &raw_e.name,
+            format!(
+                "name {name:?} is empty or used twice (links and end-to-end peers share names)"
+            ),
+        ));
+    }
+    if ctx.node_id.is_none() {
+        return Err(ctx.src.err(e, "an end-to-end peer needs this node's identity: set private_key_file (`mt6d keygen FILE`)"));
+    }
+    let public = keys::public_key(raw_e.public_key.get_ref(), "public_key")
+        .map_err(|err| ctx.src.err(&raw_e.public_key, err))?;
+    let destination = NodeId::from_public_key(&public).ok_or_else(|| {
+        ctx.src
+            .err(&raw_e.public_key, "this key's node id is reserved")
+    })?;
+    if Some(destination) == ctx.node_id {
+        return Err(ctx.src.err(&raw_e.public_key, "this is the node's own public key: give the other edge gateway's (`mt6d pubkey FILE` there)"));
+    }
+    let local = address(ctx.src, &raw_e.local_host)?;
+    let remote = address(ctx.src, &raw_e.remote_host)?;
+    for (a, at) in [(local, &raw_e.local_host), (remote, &raw_e.remote_host)] {
+        if same64(a, ctx.own) || links.iter().any(|l| same64(l.address, a)) {
+            return Err(ctx.src.err(
+                at,
+                format!("{a} is inside a relay node's /64: hosts need addresses of their own"),
+            ));
+        }
+    }
+    if local == remote || !pairs.insert((local, remote)) {
+        return Err(ctx.src.err(
+            &raw_e.remote_host,
+            format!("{local} -> {remote} is given twice, or one address twice"),
+        ));
+    }
+    let psk = match &raw_e.key_file {
+        None => Psk::none(),
+        Some(f) => {
+            let key = key_file(ctx.src, f)?;
+            if link_keys.iter().any(|(k, _)| k[..] == *key.as_bytes()) {
+                return Err(ctx.src.err(f, format!("end-to-end peer {name:?} uses a key that is already used: give every link and pair its own key")));
+            }
+            link_keys.push((
+                zeroize::Zeroizing::new(key.as_bytes().to_vec()),
+                name.clone(),
+            ));
+            psk_of(ctx.src, f, &key)?
+        }
+    };
+    // node_id is set (checked above), so the identity is there.
+    let Some(private) = ctx.private_key else {
+        return Err(ctx.src.err(e, "an end-to-end peer needs this node's identity: set private_key_file (`mt6d keygen FILE`)"));
+    };
+    let (key, handshake) = handshake(private, public, psk, (local, remote), ctx.rekey_after)
+        .map_err(|err| {
+            ctx.src.err(
+                &raw_e.public_key,
+                format!("end-to-end peer {name:?}: {err}"),
+            )
+        })?;
+    let mut stream = StreamConfig::new(Endpoint::new(local), Endpoint::new(remote), key);
+    stream.mode = Mode::Encrypt;
+    stream.rotation = match &raw_e.rotation_secs {
+        Some(_) => rotation(ctx.src, &raw_e.rotation_secs)?,
+        None => ctx.link_rotation,
+    };
+    stream.jitter = ctx.jitter;
+    Ok(E2eConfig {
+        name,
+        destination,
+        stream,
+        handshake: Some(handshake),
+    })
 }
 
 /// A pre-shared key from a file (mode 0600, base64).
