@@ -39,6 +39,7 @@
 pub mod cost;
 pub mod e2e;
 pub mod frame;
+pub mod gate;
 pub mod node;
 pub mod probe;
 pub mod routing;
