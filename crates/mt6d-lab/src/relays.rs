@@ -950,7 +950,8 @@ pub fn is_drop_label(name: &str) -> bool {
         "routing_received",
         "keepalives",
     ];
-    !name.starts_with("stage_") && !ACTIVITY.contains(&name)
+    // `rx_refused` is the sum of the receive gate's refusals, each also in its `drop_<reason>`.
+    !name.starts_with("stage_") && name != "rx_refused" && !ACTIVITY.contains(&name)
 }
 
 /// The counters of `after` that rose since `before`, with how much.

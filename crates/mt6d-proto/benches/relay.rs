@@ -17,11 +17,20 @@
 //! `SealJob::seal`), and one thread doing both directions as the baseline. Reported per
 //! datagram of wall time: with two cores free, what the passes buy.
 //!
-//! A third group, `relay-junk`, forwards A -> B in passes on one thread while a second thread
-//! checks junk (UDP to random addresses of the node's /64, a batch of 32 at a time, flat out)
-//! the way the daemon's workers did before they filtered without the node (`link_of` under the
-//! node's mutex, once per batch) and the way they do now (the accept routes' copy behind an
-//! `ArcSwap`, no lock), with no junk as the baseline: the good thread's time per datagram.
+//! A third group, `relay-junk`, forwards A -> B on one thread while a second thread checks junk
+//! flat out, a batch of 32 at a time: UDP to random addresses of the node's /64 (`link_of` under
+//! the node's mutex, once per batch, as the daemon's workers did first; the accept routes' copy
+//! behind an `ArcSwap`, no lock, as they did next; the receive gate's `link_of`), and forgeries
+//! on the live route (`begin_datagram` under the mutex and `finish_datagram` under it again, as
+//! the workers did before the receive gate; `RxGate::admit`, no lock, as they do now). The good
+//! thread forwards in passes (`begin_datagram` under the lock) in the first four, through the
+//! gate (`RxGate::admit`, then `finish_datagram` under the lock) in the three whose name ends in
+//! `gate`; no junk is each one's baseline. Reported: the good thread's time per datagram; the
+//! junk thread's count of datagrams checked is printed after each.
+//!
+//! A fourth group, `edge-lock`, is the time an edge gateway holds the node's lock per delivered
+//! datagram (batches of 32, after the gate): with the end-to-end open under it, and outside it.
+//! A fifth, `gate`, is the receive gate's cost per datagram it rejects, on one thread.
 //!
 //! Run: `cargo bench -p mt6d-proto --bench relay -- --warm-up-time 1 --measurement-time 3`
 
@@ -35,6 +44,7 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use mt6d_proto::endpoint::IndexSeed;
 use mt6d_proto::handshake::PrivateKey;
 use mt6d_proto::relay::frame::{RelayRepr, DEFAULT_FRAME_MAX, HEADER_LEN};
+use mt6d_proto::relay::gate::{Admit, RxGate};
 use mt6d_proto::relay::node::{E2eId, Finish, Received, RelayNode, Step, Transmit};
 use mt6d_proto::relay::table::Neighbour;
 use mt6d_proto::relay::{Kind, NodeId, HOP_LIMIT};
@@ -412,7 +422,7 @@ fn forward_batches(
                     for ((job, d), o) in steps.iter().zip(batch.iter_mut()).zip(opened) {
                         match n.finish_datagram(now, job, o, d) {
                             Finish::Seal(seal) => seals.push(seal),
-                            Finish::Done(r) => panic!("not forwarded: {r:?}"),
+                            other => panic!("not forwarded: {other:?}"),
                         }
                     }
                 }
@@ -489,10 +499,30 @@ fn relay_threads(c: &mut Criterion) {
 #[derive(Clone, Copy, PartialEq)]
 enum Junk {
     None,
-    /// `RelayNode::link_of` under the node's mutex, once per batch of 32.
+    /// Junk to random addresses of the /64: `RelayNode::link_of` under the node's mutex, once
+    /// per batch of 32 (the daemon before it filtered without the node).
     UnderLock,
-    /// The accept routes' lock-free copy (`RelayNode::accept_routes` behind an `ArcSwap`).
+    /// The same junk against the accept routes' lock-free copy (`RelayNode::accept_routes`
+    /// behind an `ArcSwap`, no lock).
     LockFree,
+    /// Forgeries on the live route (a real datagram with one bit of its ciphertext changed):
+    /// `begin_datagram` under the mutex, the AEAD without it, `finish_datagram` under it again,
+    /// once per batch (the daemon before the receive gate).
+    ForgedUnderLock,
+    /// The same forgeries through the receive gate (`RxGate::admit`, no lock).
+    ForgedGate,
+    /// Junk to random addresses of the /64 through the receive gate.
+    Gate,
+}
+
+/// Adds the time since `.0` to `.1` when dropped (the junk thread's wall time, however it ends).
+struct Spent<'a>(Instant, &'a std::sync::atomic::AtomicU64);
+
+impl Drop for Spent<'_> {
+    fn drop(&mut self) {
+        let ns = u64::try_from(self.0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.1.fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Junk datagrams' (destination, source): random addresses of the relay's /64 and ports.
@@ -516,6 +546,119 @@ fn junk_pairs(n: usize) -> Vec<(SocketAddrV6, SocketAddrV6)> {
         .collect()
 }
 
+/// Forgeries on A's live route to R, the worst case for a receiver: A's header key (so they
+/// unmask to data frames), counters far ahead of any replay window (a forger picks them; they
+/// stay fresh, as nothing forged is ever taken), one bit of ciphertext changed (the tag fails,
+/// after the whole AEAD). Returns them and their (local, remote) at R.
+fn forgeries(now: UnixTime) -> (Vec<Vec<u8>>, (SocketAddrV6, SocketAddrV6)) {
+    let (s, _) = stream_pair(a("2001:db8:ff:1::1"), a("2001:db8:ff:2::1"), 1);
+    let sealer = s.sealer(1 << 40, u64::MAX);
+    let route = s.schedule(now).send;
+    let repr = RelayRepr {
+        kind: Kind::Data,
+        hops: HOP_LIMIT,
+        payload_len: u16::try_from(FRAME_MAX - HEADER_LEN).unwrap(),
+        destination: NodeId::from_bytes([7; 8]),
+    };
+    let payload = vec![0x42u8; FRAME_MAX - HEADER_LEN];
+    let forged = (0..BATCH)
+        .map(|_| {
+            let mut d = vec![0u8; frame_payload_len(FRAME_MAX)];
+            let n = sealer
+                .seal_frame(&route, &repr, &payload, FRAME_MAX, &mut d)
+                .unwrap();
+            d.truncate(n);
+            s.send_header_key().unwrap().protect(&mut d).unwrap();
+            d[100] ^= 1;
+            d
+        })
+        .collect();
+    (forged, (route.remote, route.local))
+}
+
+/// Forwards `datagrams` as the daemon's workers do with the receive gate: each through
+/// `RxGate::admit` without the lock, `finish_datagram` under it once per batch, the seals without
+/// it.
+fn forward_gated(
+    node: &Mutex<RelayNode>,
+    gate: &RxGate,
+    now: UnixTime,
+    (local, remote): (SocketAddrV6, SocketAddrV6),
+    datagrams: &mut [Vec<u8>],
+) {
+    let mut jobs = Vec::with_capacity(BATCH);
+    let mut seals = Vec::with_capacity(BATCH);
+    for batch in datagrams.chunks_mut(BATCH) {
+        jobs.clear();
+        seals.clear();
+        for d in batch.iter_mut() {
+            match gate.admit(local, remote, d) {
+                Admit::Opened(job) => jobs.push(job),
+                other => panic!("not opened at the gate: {other:?}"),
+            }
+        }
+        {
+            let mut n = node.lock().unwrap();
+            for (job, d) in jobs.iter().zip(batch.iter_mut()) {
+                match n.finish_datagram(now, job, Ok(()), d) {
+                    Finish::Seal(seal) => seals.push(seal),
+                    _ => panic!("not forwarded"),
+                }
+            }
+        }
+        for (seal, d) in seals.iter().zip(batch.iter_mut()) {
+            black_box(seal.seal(d).unwrap());
+        }
+    }
+}
+
+/// One batch of forgeries checked the way `mode` says; returns how many passed (none should).
+fn check_forged(
+    node: &Mutex<RelayNode>,
+    gate: &RxGate,
+    now: UnixTime,
+    (local, remote): (SocketAddrV6, SocketAddrV6),
+    forged: &[Vec<u8>],
+    scratch: &mut [Vec<u8>],
+    mode: Junk,
+) -> usize {
+    for (s, f) in scratch.iter_mut().zip(forged) {
+        s.clear();
+        s.extend_from_slice(f);
+    }
+    let mut passed = 0;
+    if mode == Junk::ForgedGate {
+        for s in scratch.iter_mut() {
+            passed += usize::from(!matches!(gate.admit(local, remote, s), Admit::Refused(..)));
+        }
+        return passed;
+    }
+    let mut jobs = Vec::with_capacity(scratch.len());
+    {
+        let mut n = node.lock().unwrap();
+        for s in scratch.iter_mut() {
+            match n.begin_datagram(now, Neighbour(0), local, remote, s) {
+                Step::Open(job) => jobs.push(job),
+                Step::Done(Received::Consumed) => {}
+                _ => passed += 1,
+            }
+        }
+    }
+    let opened: Vec<_> = jobs
+        .iter()
+        .zip(scratch.iter_mut())
+        .map(|(j, s)| j.open(s))
+        .collect();
+    let mut n = node.lock().unwrap();
+    for ((job, s), o) in jobs.iter().zip(scratch.iter_mut()).zip(opened) {
+        passed += usize::from(!matches!(
+            n.finish_datagram(now, job, o, s),
+            Finish::Done(Received::Consumed)
+        ));
+    }
+    passed
+}
+
 fn relay_junk(c: &mut Criterion) {
     use arc_swap::ArcSwap;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -536,15 +679,25 @@ fn relay_junk(c: &mut Criterion) {
             .map(|(n, r)| (r.local, r.remote, n))
             .collect(),
     );
+    let gate = relay.lock().unwrap().rx_gate();
     let junk = junk_pairs(BATCH * 64);
+    let (forged, r_forged) = forgeries(now);
     let checked = AtomicU64::new(0);
+    let junk_ns = AtomicU64::new(0);
+    let good = AtomicU64::new(0);
     let mut g = c.benchmark_group(format!("relay-junk/{INNER}"));
     g.throughput(Throughput::Elements(1));
     for (name, mode) in [
         ("no-junk", Junk::None),
         ("junk-under-lock", Junk::UnderLock),
         ("junk-lock-free", Junk::LockFree),
+        ("forged-under-lock", Junk::ForgedUnderLock),
+        ("no-junk-gate", Junk::None),
+        ("junk-gate", Junk::Gate),
+        ("forged-gate", Junk::ForgedGate),
     ] {
+        // The good thread as the daemon's workers were (passes) or are (the gate).
+        let gated = name.ends_with("gate");
         g.bench_function(name, |b| {
             b.iter_custom(|iters| {
                 let mut spent = Duration::ZERO;
@@ -560,24 +713,51 @@ fn relay_junk(c: &mut Criterion) {
                     let stop = AtomicBool::new(false);
                     let start = Instant::now();
                     std::thread::scope(|s| {
-                        let (relay, stop, junk, accepts, checked) =
-                            (&relay, &stop, &junk, &accepts, &checked);
+                        let (relay, stop, junk, accepts, checked, gate, forged, junk_ns) = (
+                            &relay, &stop, &junk, &accepts, &checked, &gate, &forged, &junk_ns,
+                        );
                         if mode != Junk::None {
                             s.spawn(move || {
+                                let began = Instant::now();
+                                let _spent = Spent(began, junk_ns);
+                                let mut scratch = forged.clone();
                                 while !stop.load(Ordering::Relaxed) {
+                                    if matches!(mode, Junk::ForgedUnderLock | Junk::ForgedGate) {
+                                        let passed = check_forged(
+                                            relay,
+                                            gate,
+                                            now,
+                                            r_forged,
+                                            forged,
+                                            &mut scratch,
+                                            mode,
+                                        );
+                                        assert_eq!(passed, 0);
+                                        checked.fetch_add(BATCH as u64, Ordering::Relaxed);
+                                        continue;
+                                    }
                                     for batch in junk.chunks(BATCH) {
                                         let mut found = 0;
-                                        if mode == Junk::UnderLock {
-                                            let n = relay.lock().unwrap();
-                                            for &(l, r) in batch {
-                                                found += usize::from(n.link_of(l, r).is_some());
+                                        match mode {
+                                            Junk::UnderLock => {
+                                                let n = relay.lock().unwrap();
+                                                for &(l, r) in batch {
+                                                    found += usize::from(n.link_of(l, r).is_some());
+                                                }
                                             }
-                                        } else {
-                                            let acc = accepts.load();
-                                            for &(l, r) in batch {
-                                                found += usize::from(
-                                                    acc.iter().any(|x| x.0 == l && x.1 == r),
-                                                );
+                                            Junk::Gate => {
+                                                for &(l, r) in batch {
+                                                    found +=
+                                                        usize::from(gate.link_of(l, r).is_some());
+                                                }
+                                            }
+                                            _ => {
+                                                let acc = accepts.load();
+                                                for &(l, r) in batch {
+                                                    found += usize::from(
+                                                        acc.iter().any(|x| x.0 == l && x.1 == r),
+                                                    );
+                                                }
                                             }
                                         }
                                         assert_eq!(found, 0);
@@ -587,22 +767,171 @@ fn relay_junk(c: &mut Criterion) {
                             });
                         }
                         let r_ab = r_ab.unwrap();
-                        forward_batches(relay, now, Neighbour(0), r_ab, &mut ab, Sharing::Passes);
+                        if gated {
+                            forward_gated(relay, gate, now, r_ab, &mut ab);
+                        } else {
+                            forward_batches(
+                                relay,
+                                now,
+                                Neighbour(0),
+                                r_ab,
+                                &mut ab,
+                                Sharing::Passes,
+                            );
+                        }
                         stop.store(true, Ordering::Relaxed);
                     });
                     spent += start.elapsed();
                     done += CHUNK as u64;
+                    good.fetch_add(CHUNK as u64, Ordering::Relaxed);
                 }
                 spent
             })
         });
+        let n = checked.swap(0, Ordering::Relaxed);
+        let ns = junk_ns.swap(0, Ordering::Relaxed);
+        let forwarded = good.swap(0, Ordering::Relaxed).max(1);
         eprintln!(
-            "{name}: {} junk datagrams checked alongside",
-            checked.swap(0, Ordering::Relaxed)
+            "{name}: {n} junk datagrams checked alongside ({:.1} per good datagram), {:.1} ns of the junk thread's wall time each",
+            n as f64 / forwarded as f64,
+            ns as f64 / n.max(1) as f64
         );
     }
     g.finish();
 }
 
-criterion_group!(benches, relay, relay_threads, relay_junk);
+/// The receive gate's cost per datagram it rejects, on one thread: junk to a random address of
+/// the /64 (no route), a forgery on the live route (the AEAD fails), and a random payload on the
+/// live route (refused by its unmasked first byte or its tag). Each copied from a template
+/// first, as a received datagram would be in its buffer (`baseline-memcpy` of the `relay`
+/// group is that copy's cost).
+fn gate(c: &mut Criterion) {
+    let net = Net::build();
+    let now = at(3000);
+    let gate = net.nodes[1].rx_gate();
+    let (forged, route) = forgeries(now);
+    let forged = forged[0].clone();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let random: Vec<u8> = (0..forged.len())
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let junk = junk_pairs(BATCH);
+    let mut buf = forged.clone();
+    let mut g = c.benchmark_group(format!("gate/{INNER}"));
+    g.throughput(Throughput::Elements(1));
+    let mut k = 0;
+    g.bench_function("no-route", |b| {
+        b.iter(|| {
+            k = (k + 1) % junk.len();
+            buf.copy_from_slice(&random);
+            let (l, r) = junk[k];
+            assert!(matches!(gate.admit(l, r, &mut buf), Admit::NoRoute));
+        })
+    });
+    g.bench_function("forged-on-route", |b| {
+        b.iter(|| {
+            buf.copy_from_slice(&forged);
+            let got = gate.admit(route.0, route.1, black_box(&mut buf));
+            assert!(matches!(got, Admit::Refused(_, "open_bad_tag")));
+        })
+    });
+    g.bench_function("random-on-route", |b| {
+        b.iter(|| {
+            buf.copy_from_slice(&random);
+            let got = gate.admit(route.0, route.1, black_box(&mut buf));
+            assert!(matches!(got, Admit::Refused(..)));
+        })
+    });
+    g.finish();
+}
+
+/// At an edge gateway (B), the time spent under the node's lock per delivered datagram, in
+/// batches of 32 as the daemon's workers take them: the end-to-end open under the lock (as it
+/// was: `finish_datagram`, then the `DeliverJob` opened and finished in the same hold) against
+/// outside it (`DeliverJob::open` between two holds), both after the receive gate. What the
+/// other workers wait for.
+fn edge_lock(c: &mut Criterion) {
+    let mut net = Net::build();
+    let now = at(3000);
+    let packet = inner(net.hosts.0, net.hosts.1);
+    let wire = frame_payload_len(FRAME_MAX);
+    let mut out = vec![0u8; wire];
+    let mut g = c.benchmark_group(format!("edge-lock/{INNER}"));
+    g.throughput(Throughput::Elements(1));
+    for (name, outside) in [("e2e-open-under-lock", false), ("e2e-open-outside", true)] {
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut held = Duration::ZERO;
+                let mut done = 0;
+                while done < iters {
+                    // Fresh datagrams for B: sealed by A, forwarded by R, outside the timing.
+                    let mut forwarded: Vec<(Vec<u8>, SocketAddrV6, SocketAddrV6)> =
+                        Vec::with_capacity(CHUNK);
+                    for _ in 0..CHUNK {
+                        let t = net.originate(now, &packet, &mut out);
+                        let mut d = out[..t.len].to_vec();
+                        if let Received::Forward(f) = net.nodes[1].handle_datagram(
+                            now,
+                            Neighbour(0),
+                            t.route.remote,
+                            t.route.local,
+                            &mut d,
+                        ) {
+                            d.truncate(f.len);
+                            forwarded.push((d, f.route.remote, f.route.local));
+                        }
+                    }
+                    let gate = net.nodes[2].rx_gate();
+                    let b_node = &mut net.nodes[2];
+                    for batch in forwarded.chunks_mut(BATCH) {
+                        let jobs: Vec<_> = batch
+                            .iter_mut()
+                            .map(|(d, l, r)| match gate.admit(*l, *r, d) {
+                                Admit::Opened(job) => job,
+                                other => panic!("not opened: {other:?}"),
+                            })
+                            .collect();
+                        let mut deliveries = Vec::with_capacity(BATCH);
+                        let start = Instant::now();
+                        for (job, (d, _, _)) in jobs.iter().zip(batch.iter_mut()) {
+                            match b_node.finish_datagram(now, job, Ok(()), d) {
+                                Finish::Deliver(dj) if outside => deliveries.push(dj),
+                                Finish::Deliver(dj) => {
+                                    let opened = dj.open(d);
+                                    let r = b_node.finish_delivery(now, &dj, opened);
+                                    assert!(matches!(r, Received::Deliver { .. }));
+                                }
+                                _ => panic!("not a delivery"),
+                            }
+                        }
+                        held += start.elapsed();
+                        if outside {
+                            let opened: Vec<_> = deliveries
+                                .iter()
+                                .zip(batch.iter_mut())
+                                .map(|(dj, (d, _, _))| dj.open(d))
+                                .collect();
+                            let start = Instant::now();
+                            for (dj, o) in deliveries.iter().zip(opened) {
+                                let r = b_node.finish_delivery(now, dj, o);
+                                assert!(matches!(r, Received::Deliver { .. }));
+                            }
+                            held += start.elapsed();
+                        }
+                    }
+                    done += forwarded.len() as u64;
+                }
+                held
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, relay, relay_threads, relay_junk, edge_lock, gate);
 criterion_main!(benches);

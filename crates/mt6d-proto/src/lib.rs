@@ -68,4 +68,4 @@ pub use key::SessionKey;
 pub use schedule::{Epoch, EpochClock, Route, Schedule};
 pub use stream::Stream;
 pub use time::UnixTime;
-pub use tunnel::{FrameJob, KeyPhase, OpenError, Opener, SealError, Sealer};
+pub use tunnel::{FrameJob, FrameKey, KeyPhase, OpenError, Opener, PacketJob, SealError, Sealer};

@@ -334,7 +334,14 @@ fn a_transfer_across_rotations_is_intact_and_no_link_shows_anything_true_or_repe
 fn forged_datagrams_to_a_relays_current_address_are_counted_drops_and_nothing_breaks() {
     common::require_root();
     let _turn = common::one_at_a_time();
-    let mut lab = up(Shape::Chain, "m6rf", 1.0);
+    // Two workers whatever the machine: the receive gate refuses forgeries before the node's
+    // lock only when several workers share it (one worker takes it uncontended).
+    let mut settings = settings(1.0);
+    settings.workers = Some(2);
+    let mut lab = RelayLab::up(Shape::Chain, "m6rf", settings).expect("relay lab comes up");
+    let (first, last) = (0, lab.hosts.len() - 1);
+    lab.wait_for_path(first, last, Duration::from_secs(10))
+        .expect("first path");
     let (h1, h2) = (host(&lab, 1), host(&lab, 2));
     let (r1, r1r2) = (node(&lab, "r1"), link(&lab, "r1", "r2"));
     let before = lab.status(r1).expect("status");
@@ -358,6 +365,15 @@ fn forged_datagrams_to_a_relays_current_address_are_counted_drops_and_nothing_br
     assert!(
         drops >= 5,
         "5 forged datagrams to {to}, counted drops {rose:?}"
+    );
+    // Each refused by the receive gate, before the node's lock: none reached the node.
+    let refused = rose
+        .iter()
+        .find(|(k, _)| k == "rx_refused")
+        .map_or(0, |(_, v)| *v);
+    assert!(
+        refused >= 5,
+        "5 forged datagrams to {to}, refused before the node's lock: {refused} ({rose:?})"
     );
     let r = lab
         .ping(

@@ -6,21 +6,28 @@
 //! neighbour responders and the control socket.
 //!
 //! The node is one state machine (routing table, every link's monitor, keys and replay
-//! window), shared by the workers behind one lock; the AEAD runs outside it. Per batch of
-//! received datagrams: `recvmmsg` (UDP GRO: several datagrams of one link in one buffer)
-//! without the lock -> still without it, the link named by each datagram's (destination,
-//! source) in a copy of every link's accept routes the workers read lock-free (a datagram on
-//! none, such as junk sent to any address of the /64, is counted as `rx_no_link` and dropped
-//! there, and a batch of nothing else never takes the lock) -> under it, `begin_datagram` (header protection, the key's checks) -> without it, the AEAD opens ->
-//! under it, in arrival order, `finish_datagram` (replay window, probes, routing, deliveries)
-//! -> without it, forwarded frames sealed for the next link in the buffer they arrived in, then
-//! one `sendmmsg` from the next link's hashed address and port (a GRO train re-sealed in place
-//! leaves as one UDP GSO train), inner packets written to the worker's TUN queue in one batch.
-//! Per batch of TUN packets: the end-to-end peer named by the inner (source, destination) ->
-//! under the lock, `begin_inner` (route, keys) -> without it, the end-to-end and link seals,
-//! back to back in one buffer, and one `sendmmsg` (GSO trains again). With one worker each
-//! batch is one pass under the lock (`handle_datagram`, `send_inner`). The `stage_lock_ns`
-//! counter is the time workers waited for the lock.
+//! window), shared by the workers behind one lock; what a datagram's first steps need of it is
+//! copied out for them (the receive gate, [`RxGate`]), and the AEAD runs outside it. Per batch
+//! of received datagrams: `recvmmsg` (UDP GRO: several datagrams of one link in one buffer)
+//! without the lock -> still without it, each datagram through the gate: its link named by its
+//! (destination, source) (none, such as junk sent to any address of the /64: `rx_no_link`),
+//! header protection removed and the frame opened (a forgery on a live route: `rx_refused`,
+//! and the node's label in `mt6d status`); a batch of nothing else never takes the lock, but
+//! for one short hold when it named a link's empty key slot -> under it, in arrival order,
+//! `finish_datagram` (replay window, probes, routing, deliveries; handshake messages,
+//! keepalives and rekey races whole, `handle_datagram`) -> without it, forwarded frames
+//! sealed for the next link in the buffer they arrived in and, at an edge, the end-to-end
+//! payloads opened (`DeliverJob::open`) -> under it again (edges), the end-to-end replay
+//! windows (`finish_delivery`) -> one `sendmmsg` from the next link's hashed address and port
+//! (a GRO train re-sealed in place leaves as one UDP GSO train), inner packets written to the
+//! worker's TUN queue in one batch. The gate is republished under the lock whenever the node's
+//! routes or keys change, before anything the node queued is sent (docs/ARCHITECTURE.md
+//! "Relays" says why a copy never weakens a check). Per batch of TUN packets: the end-to-end
+//! peer named by the inner (source, destination) -> under the lock, `begin_inner` (route,
+//! keys) -> without it, the end-to-end and link seals, back to back in one buffer, and one
+//! `sendmmsg` (GSO trains again). With one worker each batch is one pass under the lock
+//! (`handle_datagram`, `send_inner`). The `stage_lock_ns` counter is the time workers waited
+//! for the lock.
 //!
 //! Sending sockets: one UDP socket per local port a link sends from this epoch (a bind per link
 //! and epoch, shared by every worker through an atomically swapped map), the raw socket for
@@ -29,6 +36,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv6Addr, SocketAddrV6};
+use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -45,8 +53,9 @@ use mt6d_os::{
     VIRTIO_NET_HDR_LEN,
 };
 use mt6d_proto::relay::cost::LinkState;
+use mt6d_proto::relay::gate::{Admit, RxGate};
 use mt6d_proto::relay::node::{
-    E2eId, Event, Finish, InnerJob, NodeError, OpenJob, Received, RelayNode, Resume, SealJob, Step,
+    DeliverJob, E2eId, Event, Finish, InnerJob, NodeError, OpenJob, Received, RelayNode, SealJob,
     Transmit,
 };
 use mt6d_proto::relay::table::Neighbour;
@@ -87,6 +96,11 @@ pub struct IoCounters {
     /// Datagrams to the prefix on no current route of any link (a scan, an old epoch's
     /// straggler, a forgery): dropped before any key is used.
     pub rx_no_link: u64,
+    /// Datagrams on a link's route refused by the receive gate, before the node's lock (a
+    /// forgery's tag, a truncated payload, a counter out of its space); by reason in
+    /// `gate_drops`, which `mt6d status` adds to the node's `drop_<reason>` counters.
+    pub rx_refused: u64,
+    pub gate_drops: Vec<(&'static str, u64)>,
     /// Datagrams the kernel took, and the ones it refused (a full queue, a GSO error).
     pub tx_datagrams: u64,
     pub tx_send_failed: u64,
@@ -124,11 +138,12 @@ pub struct IoCounters {
 
 impl IoCounters {
     /// Every counter by its status name.
-    fn pairs(&self) -> [(&'static str, u64); 21] {
+    fn pairs(&self) -> [(&'static str, u64); 22] {
         [
             ("rx_datagrams", self.rx_datagrams),
             ("rx_truncated", self.rx_truncated),
             ("rx_no_link", self.rx_no_link),
+            ("rx_refused", self.rx_refused),
             ("tx_datagrams", self.tx_datagrams),
             ("tx_send_failed", self.tx_send_failed),
             ("socket_queue_drops", self.socket_queue_drops),
@@ -149,18 +164,31 @@ impl IoCounters {
             ("stage_lock_ns", self.stage_lock_ns),
         ]
     }
+
+    /// A datagram the receive gate refused, by the node's label for it.
+    fn refused(&mut self, reason: &'static str) {
+        self.rx_refused += 1;
+        match self.gate_drops.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, n)) => *n += 1,
+            // A handful of labels, each pushed once per worker.
+            None => self.gate_drops.push((reason, 1)),
+        }
+    }
 }
 
 /// A received datagram between the passes of [`Worker::on_socket`].
 enum Pending {
-    /// Its AEAD to run without the lock.
-    Open(OpenJob),
-    /// Opened (or not): to finish under the lock.
-    Opened(OpenJob, Result<(), OpenError>),
-    /// Its whole work under the lock (a keepalive, keys in a rekey race).
-    Resume(Resume),
+    /// Opened by the receive gate: to finish under the lock.
+    Opened(OpenJob),
+    /// Its whole work under the lock (`handle_datagram`): a handshake message, a keepalive,
+    /// keys in a rekey race, a link with no key to open it.
+    Whole(Neighbour),
     /// A forwarded frame to seal without the lock.
     Seal(SealJob),
+    /// An end-to-end payload for this edge gateway to open without the lock.
+    Deliver(DeliverJob),
+    /// Opened (or not): to finish under the lock.
+    Delivered(DeliverJob, Result<Range<usize>, OpenError>),
     /// Nothing more to do.
     Done,
 }
@@ -194,13 +222,16 @@ struct Shared<'a> {
     /// destination in one message. Replaced as a whole (under the core lock) when a link's
     /// epoch changes; workers read it without a lock.
     senders: ArcSwap<Senders>,
-    /// Every link's accept routes (e-1, e, e+1 of each bound route set), checked against each
-    /// received datagram's (destination, source) before the node's lock is taken, so that junk
-    /// to the prefix does not serialise the workers. Replaced as a whole (under the core lock)
-    /// at every `LinkSchedule` event, which the node emits whenever a link's accept routes
-    /// change; the node checks the route again under its lock. Routes enter it an epoch before
-    /// they are used (§3), so a worker's copy is never older than a route in use.
-    accepts: ArcSwap<Accepts>,
+    /// The node's receive gate ([`RxGate`]): every link's accept routes (e-1, e, e+1 of each
+    /// bound route set), their header keys and the link keys that alone open a payload, so
+    /// that each received datagram is matched to its link, and refused (junk to the prefix, a
+    /// forgery on a live route) or opened, before the node's lock is taken. Replaced as a whole
+    /// under the core lock whenever `RelayNode::rx_version` moves on (routes recomputed, keys
+    /// changed), at the start of [`Worker::drain`]: before the node's queued handshake messages
+    /// are sent, so before a peer can use a key the copy lacks. Routes enter it an epoch
+    /// before they are used (§3), so a worker's copy is never older than a route in use; the
+    /// node checks the route, the key and the replay window again under its lock.
+    gate: ArcSwap<RxGate>,
     /// Sends what has no sender socket (a port another program holds) and the node's own
     /// messages.
     raw: RawUdp6,
@@ -209,15 +240,6 @@ struct Shared<'a> {
     counters: Vec<Mutex<IoCounters>>,
     /// Set when any worker's loop ends (a stop signal, an error, a panic): the others stop.
     stop: AtomicBool,
-}
-
-/// (local, remote) of an accept route, and its link.
-type Accepts = Vec<(SocketAddrV6, SocketAddrV6, Neighbour)>;
-
-fn accepts_of(node: &RelayNode) -> Accepts {
-    node.accept_routes()
-        .map(|(n, r)| (r.local, r.remote, n))
-        .collect()
 }
 
 /// One data-plane thread's sockets, queue and buffers.
@@ -234,6 +256,8 @@ struct Worker<'a> {
     /// By receive buffer: the link its (destination, source) names, from the lock-free copy of
     /// the accept routes (None: dropped before the lock).
     links: Vec<Option<Neighbour>>,
+    /// The links a receive batch named an empty key slot of (the node is told once per batch).
+    empty_slots: Vec<Neighbour>,
     rx_scratch: RecvScratch,
     bufs: Vec<RecvBuf>,
     /// Forwarded frames: (buffer index, start in it, length, source, destination).
@@ -301,10 +325,10 @@ pub fn serve(
         .transpose()
         .map_err(|e| RelayError::Setup(e.to_string()))?;
     let published = crate::metrics::Published::empty();
-    let accepts = ArcSwap::from_pointee(accepts_of(&node));
+    let gate = ArcSwap::from_pointee(node.rx_gate());
     let shared = Shared {
         cfg,
-        accepts,
+        gate,
         core: Mutex::new(Core {
             node,
             staged: HashMap::new(),
@@ -424,6 +448,7 @@ impl<'a> Worker<'a> {
             rx_scratch: RecvScratch::new(RX_BATCH),
             bufs: (0..RX_BATCH).map(|_| RecvBuf::new()).collect(),
             links: vec![None; RX_BATCH],
+            empty_slots: Vec::with_capacity(4),
             spans: Vec::with_capacity(RX_BATCH * 64),
             pending: Vec::with_capacity(RX_BATCH * 64),
             inner_jobs: Vec::with_capacity(IDEAL_BATCH_SIZE),
@@ -607,6 +632,7 @@ impl<'a> Worker<'a> {
     /// Sends what the node queued (probes, replies, routing and handshake messages), applies
     /// and logs its events, and sends the packets held for peers that just got keys.
     fn drain(&mut self, core: &mut Core, now: UnixTime) {
+        self.publish_gate(core);
         self.send_control(core, now);
         let mut keyed = Vec::new();
         while let Some(ev) = core.node.poll_event() {
@@ -618,7 +644,16 @@ impl<'a> Worker<'a> {
         for peer in keyed {
             self.send_staged(core, now, peer);
         }
+        self.publish_gate(core);
         self.send_control(core, now);
+    }
+
+    /// A new receive gate for every worker if the node's routes or keys changed since the last
+    /// (one comparison per link; a rebuild a few times per link and epoch). Under the core lock.
+    fn publish_gate(&self, core: &Core) {
+        if core.node.rx_version() != self.shared.gate.load().version() {
+            self.shared.gate.store(Arc::new(core.node.rx_gate()));
+        }
     }
 
     /// The packets held for `peer` while its handshake was under way, now that it has keys.
@@ -672,7 +707,6 @@ impl<'a> Worker<'a> {
                     *p = Some(schedule.send.local);
                 }
                 self.reconcile_senders(core);
-                self.shared.accepts.store(Arc::new(accepts_of(&core.node)));
             }
             Event::LinkCost { link, cost } if !cost.is_finite() => {
                 log::warn!("link {}: dead (no probe answered)", self.link_name(link));
@@ -730,13 +764,18 @@ impl<'a> Worker<'a> {
         }
     }
 
-    /// One batch of datagrams from the links, in four passes: (1) under the node's lock, each
-    /// datagram's link, header protection and key checks (`begin_datagram`); (2) without it,
-    /// the AEAD opens; (3) under it again, in arrival order, the replay windows, probes, routing
-    /// and deliveries (`finish_datagram`; the few datagrams in a rekey race or keepalives are
-    /// done whole here); (4) without it, the forwarded frames sealed for their next link. Then
-    /// the sends and the TUN write, without it. With one worker, one pass under the lock
-    /// (`handle_datagram`: the same steps in a row).
+    /// One batch of datagrams from the links. Several workers, in passes: (1) without the
+    /// node's lock, each datagram through the receive gate ([`RxGate::admit`]): on no link's
+    /// route, or refused (a forgery's tag), it is counted and dropped there; opened, it waits
+    /// for the node; a handshake message, a keepalive or a rekey race waits for the node's own
+    /// path; (2) under the lock, in arrival order, the replay windows, probes, routing and
+    /// forwarding decisions (`finish_datagram`), the node's path whole for the rest
+    /// (`handle_datagram`); (3) without it, the forwarded frames sealed for their next link and,
+    /// at an edge gateway, the end-to-end payloads opened (`DeliverJob::open`); (4) at an edge
+    /// gateway, under it again, the end-to-end replay windows (`finish_delivery`). Then the
+    /// sends and the TUN write, without it. A batch of junk and forgeries never takes the lock.
+    /// With one worker, one pass under the lock (`handle_datagram`: the same steps in a row)
+    /// for every datagram on a link's route.
     fn on_socket(&mut self) {
         let t0 = Instant::now();
         let got = match self.socket.recv_ready(&mut self.rx_scratch, &mut self.bufs) {
@@ -759,11 +798,12 @@ impl<'a> Worker<'a> {
         let mut pending = std::mem::take(&mut self.pending);
         pending.clear();
         let shared = self.shared;
-        // Without the lock: each buffer's link by its (destination, source), else dropped.
+        // Pass 1, without the lock: each buffer's link by its (destination, source), else
+        // dropped; with several workers, each datagram through the gate.
         let mut admitted = 0;
         {
-            let accepts = shared.accepts.load();
-            for (b, buf) in bufs[..got].iter().enumerate() {
+            let gate = shared.gate.load();
+            for (b, buf) in bufs[..got].iter_mut().enumerate() {
                 self.links[b] = None;
                 if buf.truncated() {
                     self.counters.rx_truncated += 1;
@@ -771,20 +811,40 @@ impl<'a> Worker<'a> {
                 }
                 let local = SocketAddrV6::new(buf.dst(), buf.dst_port(), 0, 0);
                 let remote = buf.src();
-                match accepts.iter().find(|a| a.0 == local && a.1 == remote) {
-                    Some(a) => {
-                        self.links[b] = Some(a.2);
-                        admitted += 1;
+                let len = buf.len();
+                let seg = buf.segment_size().map_or(len, usize::from).max(1);
+                let Some(link) = gate.link_of(local, remote) else {
+                    self.counters.rx_no_link += len.div_ceil(seg) as u64;
+                    continue;
+                };
+                self.links[b] = Some(link);
+                if !self.split {
+                    admitted += 1;
+                    continue;
+                }
+                let data = buf.data_mut();
+                let mut start = 0;
+                while start < len {
+                    let end = (start + seg).min(len);
+                    self.counters.rx_datagrams += 1;
+                    match gate.admit(local, remote, &mut data[start..end]) {
+                        Admit::NoRoute => self.counters.rx_no_link += 1,
+                        Admit::Refused(_, reason) => self.counters.refused(reason),
+                        Admit::Node(link) => pending.push((b, start, end, Pending::Whole(link))),
+                        Admit::NoKey(link) => {
+                            self.counters.refused(OpenError::NoKey.reason());
+                            if !self.empty_slots.contains(&link) {
+                                self.empty_slots.push(link);
+                            }
+                        }
+                        Admit::Opened(job) => pending.push((b, start, end, Pending::Opened(job))),
                     }
-                    None => {
-                        let len = buf.len();
-                        let seg = buf.segment_size().map_or(len, usize::from).max(1);
-                        self.counters.rx_no_link += len.div_ceil(seg) as u64;
-                    }
+                    start = end;
                 }
             }
         }
         if admitted > 0 {
+            // One worker: every datagram whole under the (uncontended) lock.
             let t = Instant::now();
             let mut core = shared.core.lock();
             lock_wait += t.elapsed();
@@ -803,63 +863,62 @@ impl<'a> Worker<'a> {
                     let end = (start + seg).min(len);
                     self.counters.rx_datagrams += 1;
                     let datagram = &mut data[start..end];
-                    if !self.split {
-                        let r = core
-                            .node
-                            .handle_datagram(now, link, local, remote, datagram);
-                        tun_write += self.take_received(b, start, r, datagram);
-                    } else {
-                        match core.node.begin_datagram(now, link, local, remote, datagram) {
-                            Step::Done(_) => {}
-                            Step::Open(job) => pending.push((b, start, end, Pending::Open(job))),
-                            Step::Resume(rest) => {
-                                pending.push((b, start, end, Pending::Resume(rest)));
-                            }
-                        }
-                    }
+                    let r = core
+                        .node
+                        .handle_datagram(now, link, local, remote, datagram);
+                    tun_write += self.take_received(b, start, r, datagram);
                     start = end;
                 }
             }
-            if pending.is_empty() {
-                self.drain(&mut core, now);
-            }
+            self.drain(&mut core, now);
         }
-        for (b, start, end, p) in &mut pending {
-            if let Pending::Open(job) = p {
-                let opened = job.open(&mut bufs[*b].data_mut()[*start..*end]);
-                if let Pending::Open(job) = std::mem::replace(p, Pending::Done) {
-                    *p = Pending::Opened(job, opened);
-                }
-            }
-        }
-        if !pending.is_empty() {
+        // Pass 2, under the lock, in arrival order.
+        let mut deliveries = false;
+        if !pending.is_empty() || !self.empty_slots.is_empty() {
             let t = Instant::now();
             let mut core = shared.core.lock();
             lock_wait += t.elapsed();
             let now = clock::now();
+            for link in self.empty_slots.drain(..) {
+                core.node.note_empty_slot(now, link);
+            }
             for (b, start, end, p) in &mut pending {
-                let data = &mut bufs[*b].data_mut()[*start..*end];
+                let buf = &mut bufs[*b];
+                let (local, remote) = (
+                    SocketAddrV6::new(buf.dst(), buf.dst_port(), 0, 0),
+                    buf.src(),
+                );
+                let data = &mut buf.data_mut()[*start..*end];
                 let received = match std::mem::replace(p, Pending::Done) {
-                    Pending::Opened(job, opened) => {
-                        match core.node.finish_datagram(now, &job, opened, data) {
+                    Pending::Opened(job) => {
+                        match core.node.finish_datagram(now, &job, Ok(()), data) {
                             Finish::Done(r) => r,
                             Finish::Seal(seal) => {
                                 *p = Pending::Seal(seal);
                                 continue;
                             }
+                            Finish::Deliver(d) => {
+                                *p = Pending::Deliver(d);
+                                deliveries = true;
+                                continue;
+                            }
                         }
                     }
-                    Pending::Resume(rest) => core.node.resume_datagram(now, rest, data),
-                    Pending::Open(_) | Pending::Seal(_) | Pending::Done => continue,
+                    Pending::Whole(link) => {
+                        core.node.handle_datagram(now, link, local, remote, data)
+                    }
+                    _ => continue,
                 };
                 tun_write += self.take_received(*b, *start, received, data);
             }
             self.drain(&mut core, now);
         }
+        // Pass 3, without the lock: seals for the next link, end-to-end opens.
         let mut sealed_here = false;
-        for (b, start, end, p) in &pending {
-            if let Pending::Seal(seal) = p {
-                match seal.seal(&mut bufs[*b].data_mut()[*start..*end]) {
+        for (b, start, end, p) in &mut pending {
+            let data = &mut bufs[*b].data_mut()[*start..*end];
+            match p {
+                Pending::Seal(seal) => match seal.seal(data) {
                     Ok(t) => {
                         self.spans
                             .push((*b, *start, t.len, t.route.local, t.route.remote));
@@ -870,8 +929,30 @@ impl<'a> Worker<'a> {
                         note_key_limit(&e);
                         log::debug!("seal a forwarded frame: {e}");
                     }
+                },
+                Pending::Deliver(d) => {
+                    let opened = d.open(data);
+                    if let Pending::Deliver(d) = std::mem::replace(p, Pending::Done) {
+                        *p = Pending::Delivered(d, opened);
+                    }
+                }
+                _ => {}
+            }
+        }
+        // Pass 4, under the lock: the end-to-end replay windows.
+        if deliveries {
+            let t = Instant::now();
+            let mut core = shared.core.lock();
+            lock_wait += t.elapsed();
+            let now = clock::now();
+            for (b, start, end, p) in &mut pending {
+                if let Pending::Delivered(d, opened) = std::mem::replace(p, Pending::Done) {
+                    let received = core.node.finish_delivery(now, &d, opened);
+                    let data = &bufs[*b].data()[*start..*end];
+                    tun_write += self.take_received(*b, *start, received, data);
                 }
             }
+            self.drain(&mut core, now);
         }
         if sealed_here {
             // Back in arrival order, so that a GRO train forwarded whole leaves as one GSO train.
@@ -1208,6 +1289,12 @@ impl<'a> Worker<'a> {
         }
         for (label, v) in n.drop_labels() {
             m.insert(format!("drop_{label}"), v);
+        }
+        // What the receive gate refused before the node saw it, under the node's labels.
+        for w in &self.shared.counters {
+            for (label, v) in &w.lock().gate_drops {
+                *m.entry(format!("drop_{label}")).or_insert(0) += v;
+            }
         }
         for r in ndp {
             let d = r.counters();

@@ -3,8 +3,9 @@
 //! (docs/PROTOCOL.md §9.5).
 
 use super::OLD_KEY_GRACE;
+use crate::tunnel::FrameKey;
 use crate::tunnel::{KeyPhase, COUNTER_LEN, OPEN_HEADROOM, TAG_LEN};
-use crate::{FrameJob, OpenError, Opener, Route, UnixTime};
+use crate::{FrameJob, OpenError, Opener, PacketJob, Route, UnixTime};
 
 impl Slot {
     /// Whether a failed open has other keys to try (a spare, or the retiring key in its grace).
@@ -69,6 +70,42 @@ fn grace_end(now: UnixTime) -> UnixTime {
 pub struct ReceiveKeys {
     slots: [Option<Slot>; 2],
     single: bool,
+    /// Moves on at every change of which key opens what (installed, confirmed, a spare won,
+    /// retired, erased): a copy made by [`ReceiveKeys::frame_keys`] is current while it holds.
+    version: u64,
+}
+
+/// The keys [`ReceiveKeys::frame_job`] would use, copied out for a driver that opens relay link
+/// payloads before it takes the lock guarding the receive keys: per key phase, the slot's key if
+/// it is the only one to try (no spare, no retiring key), else none (the payload takes the
+/// locked path, which tries them all).
+#[derive(Debug, Clone)]
+pub struct FrameKeys {
+    slots: [Result<FrameKey, SlotState>; 2],
+    single: bool,
+}
+
+/// Why [`FrameKeys`] has no key for a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SlotState {
+    /// No key: `open` would refuse the payload as [`OpenError::NoKey`].
+    #[default]
+    Empty,
+    /// Other keys to try (a spare, a retiring key), or a key that opens no relay frame.
+    Others,
+}
+
+impl FrameKeys {
+    /// The slot a payload (header protection removed) names and its key, if that key alone
+    /// decides whether the payload opens.
+    pub fn for_payload(&self, payload: &[u8]) -> Result<(usize, &FrameKey), SlotState> {
+        let i = if self.single {
+            0
+        } else {
+            KeyPhase::of_payload(payload).map_or(0, KeyPhase::index)
+        };
+        self.slots[i].as_ref().map(|k| (i, k)).map_err(|s| *s)
+    }
 }
 
 impl ReceiveKeys {
@@ -91,6 +128,30 @@ impl ReceiveKeys {
                 None,
             ],
             single: true,
+            version: 0,
+        }
+    }
+
+    /// Moves on at every change of the keys ([`ReceiveKeys::frame_keys`] copies them).
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// The keys that alone decide whether a relay link payload opens, by slot: what
+    /// [`ReceiveKeys::frame_job`] would use where it does not answer `Ok(None)`. A slot with
+    /// other keys to try (spares, a retiring key, whatever the time) has none. Current until
+    /// [`ReceiveKeys::version`] moves on.
+    pub fn frame_keys(&self) -> FrameKeys {
+        let key = |s: &Option<Slot>| match s {
+            None => Err(SlotState::Empty),
+            Some(s) if s.spares.is_empty() && s.retiring.is_none() => {
+                s.opener.frame_key().ok_or(SlotState::Others)
+            }
+            Some(_) => Err(SlotState::Others),
+        };
+        FrameKeys {
+            slots: [key(&self.slots[0]), key(&self.slots[1])],
+            single: self.single,
         }
     }
 
@@ -100,6 +161,7 @@ impl ReceiveKeys {
     /// An unconfirmed key replacing an unconfirmed key of the same slot keeps the older one as a
     /// spare until one of them is confirmed.
     pub fn install(&mut self, opener: Opener, confirmed: bool, now: UnixTime) {
+        self.version += 1;
         let i = opener.phase().map_or(0, KeyPhase::index);
         let mut spares = Vec::new();
         let mut retiring = None;
@@ -199,6 +261,7 @@ impl ReceiveKeys {
         let mut confirmed_key = None;
         if let Some(slot) = &mut self.slots[i] {
             if !slot.confirmed {
+                self.version += 1;
                 slot.confirmed = true;
                 slot.spares.clear();
                 slot.retiring = None;
@@ -389,6 +452,61 @@ impl ReceiveKeys {
         Ok(None)
     }
 
+    /// [`ReceiveKeys::open_in_place`] in three steps, for a driver that opens outside the lock
+    /// guarding these keys ([`Opener::packet_job`]): the AEAD job of the payload's slot and the
+    /// slot's index. `Ok(None)` where the slot has other keys to try (a rekey race, §9.5: rare
+    /// and brief) or the payload is a keepalive: open it with `open_in_place` instead.
+    pub fn packet_job(
+        &self,
+        now: UnixTime,
+        route: &Route,
+        buf: &[u8],
+        payload_len: usize,
+    ) -> Result<Option<(usize, PacketJob)>, OpenError> {
+        let payload = OPEN_HEADROOM..OPEN_HEADROOM.saturating_add(payload_len);
+        let i = self.slot_of(buf.get(payload).unwrap_or_default());
+        let Some(slot) = &self.slots[i] else {
+            return Err(OpenError::NoKey);
+        };
+        if slot.has_others(now) {
+            return Ok(None);
+        }
+        Ok(slot
+            .opener
+            .packet_job(route, buf, payload_len)?
+            .map(|j| (i, j)))
+    }
+
+    /// The last step, after [`PacketJob::open`] verified the tag: the replay window of the key
+    /// that made `job` ([`Opener::commit_packet`]): slot `i`'s key, which the first packet
+    /// confirms as `open_in_place` does, or the key a handshake retired from the slot in the
+    /// meantime (within its grace). `len` is the inner packet's. `Ok(None)`: neither made it
+    /// (the key is gone), nothing taken.
+    pub fn commit_packet(
+        &mut self,
+        now: UnixTime,
+        i: usize,
+        job: &PacketJob,
+        len: usize,
+    ) -> Result<Option<Opened>, OpenError> {
+        let Some(slot) = self.slots.get_mut(i).and_then(Option::as_mut) else {
+            return Ok(None);
+        };
+        if slot.opener.commit_packet(job)? {
+            return Ok(Some(self.confirm(i, now, len)));
+        }
+        if let Some((old, until)) = &mut slot.retiring {
+            if now < *until && old.commit_packet(job)? {
+                return Ok(Some(Opened {
+                    len,
+                    confirmed: None,
+                    confirmed_key: None,
+                }));
+            }
+        }
+        Ok(None)
+    }
+
     /// The slot a payload's key phase names (slot 0 for a static key).
     fn slot_of(&self, payload: &[u8]) -> usize {
         if self.single {
@@ -403,6 +521,7 @@ impl ReceiveKeys {
         for s in self.slots.iter_mut().flatten() {
             if s.retiring.as_ref().is_some_and(|(_, until)| now >= *until) {
                 s.retiring = None;
+                self.version += 1;
             }
         }
         for s in &mut self.slots {
@@ -411,6 +530,7 @@ impl ReceiveKeys {
                 .is_some_and(|at| now >= at)
             {
                 *s = None;
+                self.version += 1;
             }
         }
     }
@@ -418,6 +538,7 @@ impl ReceiveKeys {
     /// Erases every key (keys expired without a rekey).
     pub fn clear(&mut self) {
         self.slots = [None, None];
+        self.version += 1;
     }
 }
 
@@ -483,6 +604,59 @@ mod tests {
     /// confirm a new key as it does, refuse a replay that passed the first step twice (two
     /// workers, one counter), and take nothing from a job whose key a handshake replaced
     /// between the steps; a slot with other keys to try is left to `open_frame`.
+    /// The keys copied for a receive gate: none for an empty phase, the key alone where it
+    /// decides (its jobs commit under the slot's opener), none while the slot has a spare to
+    /// try; every change of the keys moves the version on.
+    #[test]
+    fn frame_keys_are_the_keys_that_alone_decide_and_follow_the_version() {
+        use crate::relay::frame::MIN_FRAME_MAX;
+        use crate::relay::{Kind, RelayRepr};
+        use crate::tunnel::frame_payload_len;
+        let (mode, alg) = (Mode::Encrypt, AeadAlg::Aes256Gcm);
+        let (a, b) = pair(mode, alg);
+        let (ra, rb) = (a.route(Epoch(3)), b.route(Epoch(3)));
+        let now = UnixTime::from_secs(1_000);
+        let phase = KeyPhase::Zero;
+        let opener = |k: u8| Opener::for_session(mode, alg, &[k; 32], phase, addr(B), addr(A));
+        let sealer = Sealer::for_session(mode, alg, &[1; 32], phase, addr(A), addr(B));
+        let mut wire = vec![0u8; frame_payload_len(MIN_FRAME_MAX)];
+        let repr = RelayRepr::link_local(Kind::Probe, 20);
+        let n = sealer
+            .seal_frame(&ra, &repr, &[7; 20], MIN_FRAME_MAX, &mut wire)
+            .unwrap();
+        wire.truncate(n);
+        let mut keys = ReceiveKeys::new();
+        assert_eq!(
+            keys.frame_keys().for_payload(&wire).err(),
+            Some(SlotState::Empty)
+        );
+        let v0 = keys.version();
+        keys.install(opener(1), false, now);
+        assert_ne!(keys.version(), v0);
+        let copy = keys.frame_keys();
+        let (i, key) = copy.for_payload(&wire).unwrap();
+        let job = key.frame_job(&rb, &wire).unwrap().unwrap();
+        job.open(&mut wire).unwrap();
+        let v1 = keys.version();
+        assert!(keys
+            .commit_frame(now, i, &job, &mut wire)
+            .unwrap()
+            .is_some());
+        // The first frame confirmed the key: a change.
+        assert_ne!(keys.version(), v1);
+        // An unconfirmed key over an unconfirmed one keeps a spare: the locked path's.
+        let mut race = ReceiveKeys::new();
+        race.install(opener(1), false, now);
+        race.install(opener(2), false, now);
+        assert_eq!(
+            race.frame_keys().for_payload(&wire).err(),
+            Some(SlotState::Others)
+        );
+        let v = race.version();
+        race.clear();
+        assert_ne!(race.version(), v);
+    }
+
     #[test]
     fn frame_jobs_open_commit_and_refuse_as_open_frame_does() {
         use crate::relay::frame::MIN_FRAME_MAX;

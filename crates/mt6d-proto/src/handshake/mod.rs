@@ -37,7 +37,7 @@ use state::NoiseState;
 pub use identity::{
     link_key, link_key_with_public, session_route_key, PrivateKey, Psk, PublicKey, KEY_LEN,
 };
-pub use keys::{Opened, ReceiveKeys};
+pub use keys::{FrameKeys, Opened, ReceiveKeys, SlotState};
 pub(crate) use message::mac as message_mac;
 pub use message::{is_handshake, Kind, Message, INITIATION_LEN, RESPONSE_LEN};
 

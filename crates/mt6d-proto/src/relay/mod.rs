@@ -38,6 +38,7 @@
 
 pub mod cost;
 pub mod e2e;
+pub mod gate;
 pub mod node;
 pub mod probe;
 pub mod routing;

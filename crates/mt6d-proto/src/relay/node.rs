@@ -50,6 +50,13 @@
 //!    per neighbour, [`RelayNode::add_e2e`] per end-to-end peer (edge gateways).
 //! 2. Per datagram received on a link: [`RelayNode::handle_datagram`], then act on its
 //!    [`Received`] (send the buffer, deliver the inner packet, or nothing).
+//!    A driver whose threads share the node behind a lock takes the same steps in passes:
+//!    [`super::gate::RxGate::admit`] without the node (refuses junk and forgeries, opens the
+//!    rest; [`RelayNode::begin_datagram`] for what it leaves to the node), then
+//!    [`RelayNode::finish_datagram`] under it, [`SealJob::seal`] or [`DeliverJob::open`]
+//!    without it, and [`RelayNode::finish_delivery`] under it for a delivery. It makes a new
+//!    gate ([`RelayNode::rx_gate`]) whenever [`RelayNode::rx_version`] moves on, before it sends
+//!    anything [`RelayNode::poll_transmit`] gives.
 //! 3. Per inner packet from the protected side: [`RelayNode::send_inner`], send what it wrote.
 //! 4. At [`RelayNode::poll_timeout`]: [`RelayNode::handle_timeout`] (with the caller's RNG).
 //!    A node with handshake-keyed links needs [`RelayNode::set_entropy`] first: 32 fresh bytes
@@ -154,11 +161,11 @@ pub enum Step {
 /// A link payload to open without the node ([`RelayNode::begin_datagram`]).
 #[derive(Debug)]
 pub struct OpenJob {
-    link: Neighbour,
-    route: Route,
+    pub(super) link: Neighbour,
+    pub(super) route: Route,
     /// The receive key slot whose key made `frame`.
-    slot: usize,
-    frame: crate::FrameJob,
+    pub(super) slot: usize,
+    pub(super) frame: crate::FrameJob,
 }
 
 impl OpenJob {
@@ -183,6 +190,35 @@ pub enum Finish {
     Done(Received),
     /// A frame to seal for the next link without the node: [`SealJob::seal`].
     Seal(SealJob),
+    /// An end-to-end payload for this edge gateway to open without the node
+    /// ([`DeliverJob::open`]), then [`RelayNode::finish_delivery`].
+    Deliver(DeliverJob),
+}
+
+/// An end-to-end payload for this edge gateway, to open without the node: its end-to-end
+/// stream and route set (slot), the virtual route it arrived on, and the AEAD step
+/// ([`crate::PacketJob`]). Made by [`RelayNode::finish_datagram`] after the route tag, the set's
+/// header protection and the counter's replay check; the counter is taken into the replay
+/// window by [`RelayNode::finish_delivery`] once the tag verified.
+#[derive(Debug)]
+pub struct DeliverJob {
+    from: E2eId,
+    /// The stream's slot the set is in, and the set's index id (checked again at the finish).
+    slot: usize,
+    set: PeerId,
+    route: Route,
+    /// The receive key slot whose key made `job`.
+    key_slot: usize,
+    job: crate::PacketJob,
+}
+
+impl DeliverJob {
+    /// Verifies and decrypts the end-to-end payload and restores the inner packet in `buf` (the
+    /// buffer [`RelayNode::finish_datagram`] saw); returns where the packet is. Touches nothing
+    /// of the node.
+    pub fn open(&self, buf: &mut [u8]) -> Result<Range<usize>, OpenError> {
+        self.job.open(buf)
+    }
 }
 
 /// A forwarded frame to seal for its next link, without the node: the link's sealer (its
@@ -266,6 +302,8 @@ impl InnerJob {
 /// What an opened link payload asks for.
 enum After {
     Done(Received),
+    /// Open the end-to-end payload without the node ([`DeliverJob::open`]).
+    Deliver(DeliverJob),
     /// Seal the frame (`flen` bytes) for link `to`.
     Forward {
         to: Neighbour,
@@ -470,6 +508,8 @@ struct RelayLink {
     accept: Vec<Accept>,
     /// When any bound set's routes change next.
     next_change: UnixTime,
+    /// Moves on at every [`RelayLink::recompute`] (part of [`RelayNode::rx_version`]).
+    routes_version: u64,
 }
 
 /// One accept route of a link and the set it belongs to.
@@ -493,6 +533,7 @@ impl RelayLink {
             send_set,
             accept: Vec::with_capacity(12),
             next_change: now,
+            routes_version: 0,
         };
         l.recompute(now);
         l
@@ -500,6 +541,7 @@ impl RelayLink {
 
     /// Rebuilds the send set, its schedule and the accept routes from the link's route sets.
     fn recompute(&mut self, now: UnixTime) {
+        self.routes_version += 1;
         let selection = self.link.select(now);
         self.schedule = Link::schedule_of(&selection.send, now);
         self.next_change = self.schedule.next_change;
@@ -1063,6 +1105,10 @@ impl RelayNode {
                 let opened = job.open(buf);
                 match self.finish_datagram(now, &job, opened, buf) {
                     Finish::Done(r) => r,
+                    Finish::Deliver(d) => {
+                        let opened = d.open(buf);
+                        self.finish_delivery(now, &d, opened)
+                    }
                     Finish::Seal(seal) => match seal.seal(buf) {
                         Ok(t) => Received::Forward(t),
                         Err(e) => {
@@ -1137,6 +1183,10 @@ impl RelayNode {
         match self.after_open(now, rest.link, at, opened, buf) {
             After::Done(r) => r,
             After::Forward { to, flen } => self.forward(to, buf, flen),
+            After::Deliver(job) => {
+                let opened = job.open(buf);
+                self.finish_delivery(now, &job, opened)
+            }
         }
     }
 
@@ -1172,6 +1222,7 @@ impl RelayNode {
         match self.after_open(now, job.link, at, opened, buf) {
             After::Done(r) => Finish::Done(r),
             After::Forward { to, flen } => self.seal_job(to, flen),
+            After::Deliver(job) => Finish::Deliver(job),
         }
     }
 
@@ -1197,6 +1248,16 @@ impl RelayNode {
             return None;
         };
         Some((l, at))
+    }
+
+    /// Datagrams on `link` named a key phase it holds no key for, refused (and counted) before
+    /// the node by its receive gate ([`super::gate::Admit::NoKey`]): the link asks for a
+    /// handshake, at most once per holdoff, as for one such datagram here. Once per batch.
+    pub fn note_empty_slot(&mut self, now: UnixTime, link: Neighbour) {
+        if let Some(l) = self.links.get_mut(&link) {
+            l.link.handle_empty_slot(now);
+        }
+        self.drain_link(now, link);
     }
 
     /// A link payload that did not open: counted by its reason; an empty key slot asks the link
@@ -1275,7 +1336,7 @@ impl RelayNode {
                 After::Done(Received::Consumed)
             }
             Kind::Data | Kind::E2eHandshake => match self.table.forward(&repr, false) {
-                Forward::Deliver => After::Done(self.deliver(now, repr.kind, buf, payload.end)),
+                Forward::Deliver => self.deliver(now, repr.kind, buf, payload.end),
                 Forward::Send { to, hops } => {
                     // §10.5, after the route lookup: no bucket for a destination without a route;
                     // one per ingress link, so that one neighbour's flood starves no other's.
@@ -1560,6 +1621,8 @@ impl RelayNode {
                     Received::Consumed
                 }
             },
+            // `seal_job` makes none.
+            Finish::Deliver(_) => Received::Consumed,
         }
     }
 
@@ -1587,14 +1650,10 @@ impl RelayNode {
 
     /// §10.3 step 1 and §10.5 "Receiving": find the virtual route by its tag, remove the set's
     /// header protection and open the e2e payload as if it had arrived on that route. The inner
-    /// packet is restored in place (see [`E2E_AT`]).
-    fn deliver(
-        &mut self,
-        now: UnixTime,
-        kind: Kind,
-        buf: &mut [u8],
-        payload_end: usize,
-    ) -> Received {
+    /// packet is restored in place (see [`E2E_AT`]). The AEAD is left to a [`DeliverJob`]
+    /// (without the node), but in a rekey race or for a keepalive, opened here.
+    fn deliver(&mut self, now: UnixTime, kind: Kind, buf: &mut [u8], payload_end: usize) -> After {
+        let consumed = After::Done(Received::Consumed);
         let tagged = &buf[PAYLOAD_AT..payload_end];
         let found = super::e2e::E2ePayload::new_checked(tagged)
             .and_then(|p| self.tags.find(&p).map(|(set, route)| (set, *route)));
@@ -1602,7 +1661,7 @@ impl RelayNode {
             Ok(f) => f,
             Err(e) => {
                 self.counters.drop(e.reason());
-                return Received::Consumed;
+                return consumed;
             }
         };
         let index = set.index() as usize;
@@ -1612,27 +1671,27 @@ impl RelayNode {
         );
         let Some(e) = self.e2e.get_mut(&from) else {
             self.counters.drop(RelayError::UnknownTag([0; 8]).reason());
-            return Received::Consumed;
+            return consumed;
         };
         let Some(slot) = e.slots[k]
             .as_ref()
             .filter(|s| e2e_slot(from, k, s.set.id) == set)
         else {
             self.counters.drop(RelayError::UnknownTag([0; 8]).reason());
-            return Received::Consumed;
+            return consumed;
         };
         let n = payload_end - E2E_AT;
         if buf.len() < OPEN_HEADROOM + n {
             // Cannot happen (const assertion above): a link payload ends 16 bytes after it.
             self.counters.drop("open_buffer_too_small");
-            return Received::Consumed;
+            return consumed;
         }
         buf.copy_within(E2E_AT..payload_end, OPEN_HEADROOM);
         let body = &mut buf[OPEN_HEADROOM..OPEN_HEADROOM + n];
         if let Some(hk) = slot.set.stream.recv_header_key() {
             if let Err(err) = hk.unprotect(body) {
                 self.counters.drop(err.reason());
-                return Received::Consumed;
+                return consumed;
             }
         }
         // The kind is not trusted (§10.5): the payload's own first byte classifies it.
@@ -1646,34 +1705,127 @@ impl RelayNode {
                 self.counters.drop(err.reason());
             }
             self.drain_e2e(now, from);
-            return Received::Consumed;
+            return consumed;
         }
         // Virtual routes never move (§10.5): a notice, or a data-kind claim on a frame the
         // sender marked as a handshake, is refused.
         if kind == Kind::E2eHandshake || is_notice(body) {
             self.counters.drop("node_e2e_handshake");
-            return Received::Consumed;
+            return consumed;
         }
-        let base = buf.as_ptr() as usize;
-        let (opened, inner) = match e.recv.open_in_place(now, &route, buf, n) {
-            Ok(o) => o,
+        let opened = match e.recv.packet_job(now, &route, buf, n) {
+            Ok(Some((key_slot, job))) => {
+                return After::Deliver(DeliverJob {
+                    from,
+                    slot: k,
+                    set,
+                    route,
+                    key_slot,
+                    job,
+                })
+            }
+            Ok(None) => {
+                let base = buf.as_ptr() as usize;
+                e.recv
+                    .open_in_place(now, &route, buf, n)
+                    .map(|(o, inner)| (o, inner.as_ptr() as usize - base, inner.len()))
+            }
+            Err(err) => Err(err),
+        };
+        match opened {
+            Ok((opened, start, len)) => {
+                After::Done(self.delivered(now, from, k, route.epoch, opened, start..start + len))
+            }
             Err(err) => {
                 if err == OpenError::NoKey {
                     e.link.handle_empty_slot(now);
                     self.drain_e2e(now, from);
                 }
                 self.counters.drop(err.reason());
+                consumed
+            }
+        }
+    }
+
+    /// The step after [`DeliverJob::open`] (whose result is `opened`), for a driver whose
+    /// threads share the node behind a lock: the end-to-end replay window of the key that made
+    /// the job (a replay, or a packet whose original another thread delivered meanwhile, is
+    /// refused as `open_replay`), then what [`RelayNode::handle_datagram`] does with an opened
+    /// inner packet: [`Received::Deliver`] with it restored in the caller's buffer, or a drop
+    /// counted under its reason.
+    pub fn finish_delivery(
+        &mut self,
+        now: UnixTime,
+        job: &DeliverJob,
+        opened: Result<Range<usize>, OpenError>,
+    ) -> Received {
+        // BadInner comes after the tag verified: the counter is taken, as in `open_in_place`.
+        let (range, inner_ok) = match opened {
+            Ok(r) => (r, Ok(())),
+            Err(e @ OpenError::BadInner) => (0..0, Err(e)),
+            Err(e) => {
+                self.counters.drop(e.reason());
                 return Received::Consumed;
             }
         };
-        let start = inner.as_ptr() as usize - base;
-        let range = start..start + inner.len();
+        let Some(e) = self.e2e.get_mut(&job.from) else {
+            self.counters.drop(RelayError::UnknownTag([0; 8]).reason());
+            return Received::Consumed;
+        };
+        // The set left the stream's slot meanwhile (a handshake released it): as if its tag
+        // had not been found.
+        if e.slots[job.slot]
+            .as_ref()
+            .is_none_or(|s| e2e_slot(job.from, job.slot, s.set.id) != job.set)
+        {
+            self.counters.drop(RelayError::UnknownTag([0; 8]).reason());
+            return Received::Consumed;
+        }
+        let opened = match e
+            .recv
+            .commit_packet(now, job.key_slot, &job.job, range.len())
+        {
+            Ok(Some(o)) => o,
+            Ok(None) => {
+                self.counters.drop("node_key_replaced");
+                return Received::Consumed;
+            }
+            Err(err) => {
+                self.counters.drop(err.reason());
+                return Received::Consumed;
+            }
+        };
+        if let Err(err) = inner_ok {
+            self.counters.drop(err.reason());
+            return Received::Consumed;
+        }
+        self.delivered(now, job.from, job.slot, job.route.epoch, opened, range)
+    }
+
+    /// An end-to-end payload of stream `from` opened under the set in its slot `k` (its inner
+    /// packet at `range` of the buffer, empty for a keepalive): the set's data check, its key
+    /// confirmation, the count.
+    fn delivered(
+        &mut self,
+        now: UnixTime,
+        from: E2eId,
+        k: usize,
+        epoch: crate::Epoch,
+        opened: crate::handshake::Opened,
+        range: Range<usize>,
+    ) -> Received {
+        let Some(e) = self.e2e.get_mut(&from) else {
+            return Received::Consumed;
+        };
+        let Some(slot) = e.slots[k].as_ref() else {
+            return Received::Consumed;
+        };
         // The link set after the session's switch takes handshake-class messages only (§9.8).
         if !slot.data && !e.link.sets().takes_data(&slot.set) {
             self.counters.drop("node_set_closed");
             return Received::Consumed;
         }
-        slot.set.opened_on(route.epoch);
+        slot.set.opened_on(epoch);
         if let Some(phase) = opened.confirmed {
             e.link.handle_confirmed(now, phase, opened.confirmed_key);
             self.drain_e2e(now, from);
@@ -1758,6 +1910,35 @@ impl RelayNode {
 }
 
 impl RelayNode {
+    /// The sum of every link's routes and receive keys versions ([`RelayNode::rx_version`]).
+    pub(super) fn links_rx_versions(&self) -> u64 {
+        self.links
+            .values()
+            .map(|l| l.routes_version.wrapping_add(l.recv.version()))
+            .fold(0, u64::wrapping_add)
+    }
+
+    /// Per link: its keys that alone open a payload, and its accept routes with their sets
+    /// (what [`super::gate::RxGate`] copies).
+    #[allow(clippy::type_complexity)]
+    pub(super) fn gate_links(
+        &self,
+    ) -> impl Iterator<
+        Item = (
+            Neighbour,
+            crate::handshake::FrameKeys,
+            Vec<(Route, Arc<RouteSet>)>,
+        ),
+    > + '_ {
+        self.links.iter().map(|(&n, l)| {
+            (
+                n,
+                l.recv.frame_keys(),
+                l.accept.iter().map(|a| (a.route, a.set.clone())).collect(),
+            )
+        })
+    }
+
     /// A handshake message or route-move notice arrived on accept route `at` of `link` (header
     /// protection removed): the link handles it; a refusal is counted under its reason.
     fn link_message(&mut self, now: UnixTime, link: Neighbour, at: usize, bytes: &[u8]) {
@@ -1948,7 +2129,7 @@ fn encrypt_only(stream: &Stream) -> Result<(), NodeError> {
 }
 
 /// §4.5 on a sealed link payload (at least 36 bytes, more than header protection needs).
-fn protect(stream: &Stream, payload: &mut [u8]) {
+pub(super) fn protect(stream: &Stream, payload: &mut [u8]) {
     if let Some(hk) = stream.send_header_key() {
         let masked = hk.protect(payload);
         debug_assert!(masked.is_ok());
@@ -1956,18 +2137,18 @@ fn protect(stream: &Stream, payload: &mut [u8]) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::relay::routing::UpdateEntry;
     use crate::relay::Seqno;
     use crate::testutil::addr;
     use crate::{Endpoint, SessionKey, StreamConfig};
 
-    fn at(ms: u64) -> UnixTime {
+    pub(in crate::relay) fn at(ms: u64) -> UnixTime {
         UnixTime::from_millis(1_700_000_000_000 + ms)
     }
 
-    fn pair(mode: Mode) -> (Stream, Stream) {
+    pub(in crate::relay) fn pair(mode: Mode) -> (Stream, Stream) {
         let mut c = StreamConfig::new(
             Endpoint::new(addr("2001:db8:ff:1::1")),
             Endpoint::new(addr("2001:db8:ff:2::1")),
@@ -2114,12 +2295,15 @@ mod tests {
         assert_eq!(c.dropped(), 3, "{:?}", c.drop_labels().collect::<Vec<_>>());
     }
 
-    const IN: Neighbour = Neighbour(1);
-    const OUT: Neighbour = Neighbour(2);
+    pub(in crate::relay) const IN: Neighbour = Neighbour(1);
+    pub(in crate::relay) const OUT: Neighbour = Neighbour(2);
 
     /// A relay with a link from a neighbour (whose stream and sealer are returned, to send it
     /// frames) and a link out, over which `dests` are routed.
-    fn relay_routing(now: UnixTime, dests: &[NodeId]) -> (RelayNode, Stream, Sealer) {
+    pub(in crate::relay) fn relay_routing(
+        now: UnixTime,
+        dests: &[NodeId],
+    ) -> (RelayNode, Stream, Sealer) {
         let mut r = RelayNode::relay(now, MIN_FRAME_MAX).unwrap();
         let (a, peer) = pair(Mode::Encrypt);
         let sealer = a.sealer(1, u64::MAX);
@@ -2162,7 +2346,7 @@ mod tests {
         r.handle_datagram(now, IN, route.remote, route.local, &mut buf[..n])
     }
 
-    fn id(n: u64) -> NodeId {
+    pub(in crate::relay) fn id(n: u64) -> NodeId {
         NodeId::from_bytes((n + 1).to_be_bytes())
     }
 
@@ -2252,6 +2436,136 @@ mod tests {
         ));
         assert_eq!(r.counters().drops("open_bad_tag"), 1);
         assert_eq!(r.counters().forwarded, 1);
+    }
+
+    /// Edge gateways A and B over one pre-shared link (IN at both ends), with an end-to-end
+    /// stream between hosts fd00:1::10 (behind A) and fd00:2::10 (behind B); A routes to B.
+    fn edges(now: UnixTime) -> (RelayNode, RelayNode) {
+        let (ida, idb) = (id(10), id(11));
+        let seed = IndexSeed::from_bytes([3; 16]);
+        let frame_max = super::super::frame::DEFAULT_FRAME_MAX;
+        let mut ea = RelayNode::edge(now, ida, frame_max, seed).unwrap();
+        let mut eb = RelayNode::edge(now, idb, frame_max, seed).unwrap();
+        let (la, lb) = pair(Mode::Encrypt);
+        let (sa, sb) = (la.sealer(1, u64::MAX), lb.sealer(1, u64::MAX));
+        ea.add_link(now, IN, la, sa).unwrap();
+        eb.add_link(now, IN, lb, sb).unwrap();
+        ea.table.handle_link_cost(now, IN, Metric(20));
+        let entry = UpdateEntry {
+            destination: idb,
+            seqno: Seqno(1),
+            metric: Metric(0),
+        };
+        ea.table.handle_update(now, IN, [entry]);
+        let mut c = StreamConfig::new(
+            Endpoint::new(addr("fd00:1::10")),
+            Endpoint::new(addr("fd00:2::10")),
+            SessionKey::from_bytes(&[5; 32]).unwrap(),
+        );
+        c.mode = Mode::Encrypt;
+        let (ua, ub) = (
+            Stream::new(c.clone()).unwrap(),
+            Stream::new(c.mirrored()).unwrap(),
+        );
+        let (sa, sb) = (ua.sealer(1, u64::MAX), ub.sealer(1, u64::MAX));
+        ea.add_e2e(now, E2eId(0), idb, ua, sa).unwrap();
+        eb.add_e2e(now, E2eId(0), ida, ub, sb).unwrap();
+        (ea, eb)
+    }
+
+    /// An inner packet from fd00:1::10 to fd00:2::10 with `len` bytes of payload.
+    fn inner(len: usize) -> Vec<u8> {
+        let mut p = vec![0x5au8; 40 + len];
+        p[..8].copy_from_slice(&[0x60, 0, 0, 0, 0, 0, 59, 64]);
+        p[4..6].copy_from_slice(&u16::try_from(len).unwrap().to_be_bytes());
+        p[8..24].copy_from_slice(&addr("fd00:1::10").octets());
+        p[24..40].copy_from_slice(&addr("fd00:2::10").octets());
+        p
+    }
+
+    /// At an edge gateway, the passes (`begin_datagram`, `OpenJob::open`, `finish_datagram`,
+    /// then the end-to-end open without the node, `DeliverJob::open`, and
+    /// `finish_delivery`) deliver what `handle_datagram` delivers, byte for byte; one
+    /// end-to-end payload opened twice before either is finished (a replay racing its original
+    /// through another worker, in another link frame) is delivered once and counted as a replay
+    /// once; an end-to-end payload whose tag fails is counted and never delivered.
+    #[test]
+    fn the_passes_deliver_as_one_call_and_a_racing_end_to_end_replay_once() {
+        let t0 = at(1_000);
+        let (mut a, mut b) = edges(t0);
+        let (_, mut twin) = edges(t0);
+        let packet = inner(200);
+        let mut wire = vec![0u8; frame_payload_len(a.frame_max())];
+        let sent = a.send_inner(t0, E2eId(0), &packet, &mut wire).unwrap();
+        let original = wire[..sent.len].to_vec();
+        let (l, rm) = (sent.route.remote, sent.route.local);
+        // One call, on a twin of B.
+        let mut whole = original.clone();
+        let want = match twin.handle_datagram(t0, IN, l, rm, &mut whole) {
+            Received::Deliver { from, range } => {
+                assert_eq!(from, E2eId(0));
+                whole[range].to_vec()
+            }
+            other => panic!("not delivered: {other:?}"),
+        };
+        assert_eq!(want, packet);
+        // The passes on B, with the link layer opened and its frame copied before the finish:
+        // the copy's end-to-end payload is what a second link frame would carry.
+        let mut one = original.clone();
+        let job = match b.begin_datagram(t0, IN, l, rm, &mut one) {
+            Step::Open(job) => job,
+            other => panic!("not an open job: {other:?}"),
+        };
+        job.open(&mut one).unwrap();
+        let mut two = one.clone();
+        let mut late = one.clone();
+        let payload_end = PAYLOAD_AT
+            + usize::from(u16::from_be_bytes([
+                two[FRAME_HEADROOM + 2],
+                two[FRAME_HEADROOM + 3],
+            ]));
+        let d1 = match b.finish_datagram(t0, &job, Ok(()), &mut one) {
+            Finish::Deliver(d) => d,
+            other => panic!("not a delivery: {other:?}"),
+        };
+        let After::Deliver(d2) = b.deliver(t0, Kind::Data, &mut two, payload_end) else {
+            panic!("the copy is not a delivery");
+        };
+        let (o1, o2) = (d1.open(&mut one), d2.open(&mut two));
+        assert!(o1.is_ok() && o2.is_ok());
+        match b.finish_delivery(t0, &d1, o1) {
+            Received::Deliver { from, range } => {
+                assert_eq!(from, E2eId(0));
+                assert_eq!(one[range], want[..]);
+            }
+            other => panic!("not delivered: {other:?}"),
+        }
+        assert_eq!(b.finish_delivery(t0, &d2, o2), Received::Consumed);
+        assert_eq!(b.counters().drops("open_replay"), 1);
+        assert_eq!(b.counters().delivered, 1);
+        // Once the original is in the window, a copy is refused before any AEAD.
+        assert!(matches!(
+            b.deliver(t0, Kind::Data, &mut late, payload_end),
+            After::Done(Received::Consumed)
+        ));
+        assert_eq!(b.counters().drops("open_replay"), 2);
+        // A fresh packet whose end-to-end ciphertext was changed after the link seal.
+        let sent = a.send_inner(t0, E2eId(0), &packet, &mut wire).unwrap();
+        let mut forged = wire[..sent.len].to_vec();
+        let job = match b.begin_datagram(t0, IN, l, rm, &mut forged) {
+            Step::Open(job) => job,
+            other => panic!("not an open job: {other:?}"),
+        };
+        job.open(&mut forged).unwrap();
+        forged[payload_end - 20] ^= 1;
+        let Finish::Deliver(d) = b.finish_datagram(t0, &job, Ok(()), &mut forged) else {
+            panic!("not a delivery");
+        };
+        let opened = d.open(&mut forged);
+        assert_eq!(opened, Err(OpenError::BadTag));
+        assert_eq!(b.finish_delivery(t0, &d, opened), Received::Consumed);
+        assert_eq!(b.counters().drops("open_bad_tag"), 1);
+        assert_eq!(b.counters().delivered, 1);
     }
 
     #[test]

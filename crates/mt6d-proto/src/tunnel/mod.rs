@@ -28,7 +28,7 @@ mod seal;
 use std::net::SocketAddrV6;
 
 pub use header::{HeaderError, HeaderKey};
-pub use open::{FrameJob, Opener};
+pub use open::{FrameJob, FrameKey, Opener, PacketJob};
 pub use replay::ReplayWindow;
 pub use seal::Sealer;
 

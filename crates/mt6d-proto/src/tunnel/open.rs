@@ -74,6 +74,149 @@ impl FrameJob {
     }
 }
 
+/// A tunnel payload's AEAD step and the restoration of its inner packet (steps 8-9 of §4.2),
+/// taken out of its [`Opener`] by [`Opener::packet_job`]: the key, the counter, the outer AAD and
+/// the true addresses. [`PacketJob::open`] needs no access to the opener, so it runs outside
+/// whatever lock guards it (an edge gateway's end-to-end layer, docs/ARCHITECTURE.md "Relays").
+pub struct PacketJob {
+    key: Arc<AeadKey>,
+    counter: u64,
+    aad: [u8; OUTER_AAD_LEN],
+    /// The payload's length (at [`OPEN_HEADROOM`] of the buffer) and its inner payload's,
+    /// checked by `packet_job`.
+    len: usize,
+    inner_len: usize,
+    inner_src: Ipv6Addr,
+    inner_dst: Ipv6Addr,
+}
+
+impl std::fmt::Debug for PacketJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PacketJob")
+            .field("counter", &self.counter)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PacketJob {
+    /// Steps 8 and 9 of §4.2 on `buf`, the bytes `packet_job` saw ([`OPEN_HEADROOM`] free bytes,
+    /// then the payload): verifies the tag, decrypts in place and restores the inner packet as
+    /// [`Opener::open_in_place`] does; returns where it is in `buf`. `Err(BadInner)` comes after
+    /// the tag verified (the counter is then still taken, as `open_in_place` takes it); on any
+    /// other error the tag did not verify. On error `buf` is scratch.
+    pub fn open(&self, buf: &mut [u8]) -> Result<Range<usize>, OpenError> {
+        let h = OPEN_HEADROOM;
+        let end = h + self.len;
+        if buf.len() < end {
+            return Err(OpenError::BufferTooSmall {
+                have: buf.len(),
+                need: end,
+            });
+        }
+        let body = h + COUNTER_LEN;
+        let payload_at = body + INNER_HEADER_CARRIED;
+        let mut t = [0u8; TAG_LEN];
+        t.copy_from_slice(&buf[end - TAG_LEN..end]);
+        self.key
+            .open(self.counter, &self.aad, &t, &mut buf[body..end - TAG_LEN])
+            .map_err(|_| OpenError::BadTag)?;
+        let m = self.inner_len;
+        let start = payload_at - IPV6_HEADER_LEN;
+        buf.copy_within(body..payload_at, start);
+        let out = &mut buf[start..payload_at + m];
+        out[8..24].copy_from_slice(&self.inner_src.octets());
+        out[24..40].copy_from_slice(&self.inner_dst.octets());
+        if out[0] >> 4 != 6 || usize::from(u16::from_be_bytes([out[4], out[5]])) != m {
+            return Err(OpenError::BadInner);
+        }
+        Ok(start..payload_at + m)
+    }
+}
+
+/// What a relay link payload's AEAD step needs of an [`Opener`], without its replay window:
+/// the key and the counter space. Taken out by [`Opener::frame_key`] for a driver that opens
+/// payloads before it takes the lock guarding the opener (docs/ARCHITECTURE.md "Relays"); the
+/// replay window stays with the opener, and [`Opener::commit_frame`] takes the counter.
+#[derive(Clone)]
+pub struct FrameKey {
+    key: Arc<AeadKey>,
+    space: CounterSpace,
+}
+
+impl std::fmt::Debug for FrameKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrameKey")
+            .field("space", &self.space)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FrameKey {
+    /// Steps 0-7 of §4.2 as [`Opener::frame_job`] takes them, but for the replay window (left
+    /// to [`Opener::commit_frame`]): the length and the counter's space. `None` for a keepalive.
+    pub fn frame_job(&self, route: &Route, payload: &[u8]) -> Result<Option<FrameJob>, OpenError> {
+        frame_job_of(&self.key, self.space, route, payload, None)
+    }
+
+    /// Whether a keepalive's tag verifies (its counter's space and tag, not the replay window,
+    /// which its opener checks and takes).
+    pub fn verify_keepalive(&self, route: &Route, payload: &[u8]) -> Result<(), OpenError> {
+        if payload.len() != KEEPALIVE_LEN {
+            return Err(OpenError::Truncated {
+                have: payload.len(),
+                need: KEEPALIVE_LEN,
+            });
+        }
+        let d = Decap {
+            mode: Mode::Encrypt,
+            key: Some(&self.key),
+            space: self.space,
+            outer_src: route.remote,
+            outer_dst: route.local,
+            inner_src: Ipv6Addr::UNSPECIFIED,
+            inner_dst: Ipv6Addr::UNSPECIFIED,
+        };
+        open_keepalive(&d, payload, None).map(|_| ())
+    }
+}
+
+/// [`Opener::frame_job`] and [`FrameKey::frame_job`]: the length, the counter's space and, with
+/// a window, its replay check (not its update).
+fn frame_job_of(
+    key: &Arc<AeadKey>,
+    space: CounterSpace,
+    route: &Route,
+    payload: &[u8],
+    replay: Option<&ReplayWindow>,
+) -> Result<Option<FrameJob>, OpenError> {
+    let len = payload.len();
+    if len == KEEPALIVE_LEN {
+        return Ok(None);
+    }
+    if len < MIN_FRAME_PAYLOAD {
+        return Err(OpenError::Truncated {
+            have: len,
+            need: MIN_FRAME_PAYLOAD,
+        });
+    }
+    let mut c = [0u8; COUNTER_LEN];
+    c.copy_from_slice(&payload[..COUNTER_LEN]);
+    let c = u64::from_be_bytes(c);
+    if !space.accepts(c) {
+        return Err(OpenError::BadCounter(c));
+    }
+    if replay.is_some_and(|w| !w.check(c)) {
+        return Err(OpenError::Replay(c));
+    }
+    Ok(Some(FrameJob {
+        key: key.clone(),
+        counter: c,
+        aad: outer_aad(&route.remote, &route.local, c),
+        len,
+    }))
+}
+
 impl Opener {
     pub(crate) fn new(
         mode: Mode,
@@ -221,39 +364,25 @@ impl Opener {
     /// checked, not yet updated) and returns what [`FrameJob::open`] needs; then
     /// [`Opener::commit_frame`]. `None` for a keepalive (open it with `open_frame`).
     pub fn frame_job(&self, route: &Route, payload: &[u8]) -> Result<Option<FrameJob>, OpenError> {
-        let d = Decap {
-            mode: self.mode,
-            key: self.key.as_deref(),
-            space: self.space,
-            outer_src: route.remote,
-            outer_dst: route.local,
-            inner_src: self.remote_true,
-            inner_dst: self.local_true,
-        };
-        let key = match (&self.key, d.mode) {
-            (Some(key), Mode::Encrypt) => key,
-            _ => return Err(OpenError::NotEncrypt { mode: d.mode }),
-        };
-        let len = payload.len();
-        if len == KEEPALIVE_LEN {
-            return Ok(None);
+        match (&self.key, self.mode) {
+            (Some(key), Mode::Encrypt) => {
+                frame_job_of(key, self.space, route, payload, Some(&self.replay))
+            }
+            (_, mode) => Err(OpenError::NotEncrypt { mode }),
         }
-        if len < MIN_FRAME_PAYLOAD {
-            return Err(OpenError::Truncated {
-                have: len,
-                need: MIN_FRAME_PAYLOAD,
-            });
+    }
+
+    /// The key and counter space [`Opener::frame_job`] uses, for a driver that opens relay link
+    /// payloads before it takes the lock guarding this opener ([`FrameKey::frame_job`]; the
+    /// jobs it makes pass [`Opener::made`]). None but in encrypt mode with a key.
+    pub fn frame_key(&self) -> Option<FrameKey> {
+        match (&self.key, self.mode) {
+            (Some(key), Mode::Encrypt) => Some(FrameKey {
+                key: key.clone(),
+                space: self.space,
+            }),
+            _ => None,
         }
-        let mut c = [0u8; COUNTER_LEN];
-        c.copy_from_slice(&payload[..COUNTER_LEN]);
-        let c = u64::from_be_bytes(c);
-        check_counter(&d, Some(c), Some(&self.replay))?;
-        Ok(Some(FrameJob {
-            key: key.clone(),
-            counter: c,
-            aad: outer_aad(&d.outer_src, &d.outer_dst, c),
-            len,
-        }))
     }
 
     /// The last step of [`Opener::frame_job`]'s open, after [`FrameJob::open`] verified
@@ -283,6 +412,71 @@ impl Opener {
         RelayFrame::new_checked(&mut payload[COUNTER_LEN..clear_end])
             .map(Some)
             .map_err(OpenError::BadFrame)
+    }
+
+    /// [`Opener::open_in_place`] in three steps, so that the AEAD runs without the opener (an edge
+    /// gateway's end-to-end layer, whose opener its relay node holds behind a lock): this one
+    /// takes steps 0-7 of §4.2 on the payload at [`OPEN_HEADROOM`] of `buf` (`payload_len`
+    /// bytes: the mode, the length, the counter's space and the replay window, checked, not yet
+    /// updated) and returns what [`PacketJob::open`] needs; then [`Opener::commit_packet`].
+    /// `None` for a keepalive (open it with `open_in_place`). Encrypt mode only.
+    pub fn packet_job(
+        &self,
+        route: &Route,
+        buf: &[u8],
+        payload_len: usize,
+    ) -> Result<Option<PacketJob>, OpenError> {
+        let key = match (&self.key, self.mode) {
+            (Some(key), Mode::Encrypt) => key,
+            (_, mode) => return Err(OpenError::NotEncrypt { mode }),
+        };
+        let h = OPEN_HEADROOM;
+        let end = h.saturating_add(payload_len);
+        let Some(payload) = buf.get(h..end) else {
+            return Err(OpenError::BufferTooSmall {
+                have: buf.len(),
+                need: end,
+            });
+        };
+        if payload_len == KEEPALIVE_LEN {
+            return Ok(None);
+        }
+        let view = TunnelPayload::new_checked(payload, self.mode)?;
+        let Some(c) = view.counter() else {
+            // Encrypt mode always carries one: cannot happen, never panics.
+            return Err(OpenError::BadTag);
+        };
+        if !self.space.accepts(c) {
+            return Err(OpenError::BadCounter(c));
+        }
+        if !self.replay.check(c) {
+            return Err(OpenError::Replay(c));
+        }
+        Ok(Some(PacketJob {
+            key: key.clone(),
+            counter: c,
+            aad: outer_aad(&route.remote, &route.local, c),
+            len: payload_len,
+            inner_len: view.inner_payload_len(),
+            inner_src: self.remote_true,
+            inner_dst: self.local_true,
+        }))
+    }
+
+    /// The last step of [`Opener::packet_job`]'s open, after [`PacketJob::open`] verified the
+    /// tag (returned the inner packet or `BadInner`): the counter into the replay window,
+    /// refused if another packet took it in the meantime (a replay that raced the original
+    /// through another worker). `Ok(false)`: `job` was not made under this opener's key (a
+    /// handshake replaced it meanwhile), nothing taken.
+    pub fn commit_packet(&mut self, job: &PacketJob) -> Result<bool, OpenError> {
+        if !self.key.as_ref().is_some_and(|k| Arc::ptr_eq(k, &job.key)) {
+            return Ok(false);
+        }
+        if !self.replay.check(job.counter) {
+            return Err(OpenError::Replay(job.counter));
+        }
+        self.replay.update(job.counter);
+        Ok(true)
     }
 
     /// Whether `job` was made under this opener's key.
