@@ -6,6 +6,7 @@
 #   - the daemon library never names the lab (crates/mt6d-lab; only the binary, for `mt6d demo`,
 #     the tests and the bench do; cargo already refuses it outside test modules, where the lab is
 #     a dev-dependency);
+#   - no raw IPv6 address offsets outside mt6d-proto's wire/ views;
 #   - the product crates hold no `unsafe` (all of it lives in mt6d-os), and say so with
 #     `#![forbid(unsafe_code)]`;
 #   - code, scripts and documents point at nothing a reader of the repository cannot follow:
@@ -52,6 +53,12 @@ refuse "$src/control.rs" '(crate|mt6d)::(gateway|server|relay)\b' \
     "the control socket names a role"
 refuse "$src/config" '(crate|mt6d)::control\b' "the configuration names the control socket"
 refuse "$src" '\bmt6d_lab\b' "the daemon library names the lab outside its tests"
+# Packet layouts live in the protocol crate's wire/ views: no raw IPv6 address offsets elsewhere
+# in the product (the lab and the bench may build and read packets by hand).
+refuse "$src" '\b(8\.\.24|24\.\.40)\b' "raw IPv6 address offsets outside mt6d-proto's wire/ (use wire::address_bytes, IPV6_SRC_ADDR, IPV6_DST_ADDR)"
+for f in $(find crates/mt6d-proto/src -name '*.rs' ! -path '*/wire/*' | sort); do
+    refuse "$f" '\b(8\.\.24|24\.\.40)\b' "raw IPv6 address offsets outside wire/"
+done
 
 for crate in mt6d-proto mt6d-daemon mt6d-lab mt6d mt6d-bench; do
     for root in crates/$crate/src/lib.rs crates/$crate/src/main.rs; do

@@ -34,7 +34,8 @@ use crate::tunnel::{
 };
 use crate::wire::{
     Icmpv6Packet, Icmpv6Repr, Icmpv6Type, Ipv6Packet, Ipv6Repr, UdpPacket, WireError,
-    IPV6_HEADER_LEN, NEXT_HEADER_ICMPV6, NEXT_HEADER_NONE, NEXT_HEADER_UDP, UDP_HEADER_LEN,
+    IPV6_DST_ADDR, IPV6_HEADER_LEN, IPV6_SRC_ADDR, NEXT_HEADER_ICMPV6, NEXT_HEADER_NONE,
+    NEXT_HEADER_UDP, UDP_HEADER_LEN,
 };
 use crate::{Mode, Route, Sealer, Stream, UnixTime};
 
@@ -577,8 +578,8 @@ fn restore_clear(
         ));
     }
     body[..INNER_HEADER_CARRIED].copy_from_slice(&clear[..INNER_HEADER_CARRIED]);
-    body[8..24].copy_from_slice(&stream.local_true().octets());
-    body[24..40].copy_from_slice(&stream.remote_true().octets());
+    body[IPV6_SRC_ADDR].copy_from_slice(&stream.local_true().octets());
+    body[IPV6_DST_ADDR].copy_from_slice(&stream.remote_true().octets());
     let rest = inner_len - IPV6_HEADER_LEN;
     body[IPV6_HEADER_LEN..inner_len]
         .copy_from_slice(&clear[INNER_HEADER_CARRIED..INNER_HEADER_CARRIED + rest]);

@@ -275,9 +275,7 @@ impl Transmit {
         let mut cursor = 0;
         let mut unmatched = 0u64;
         for (packet, &size) in self.packets.iter_mut().zip(&self.sizes).take(n) {
-            let matched = packet[..size]
-                .get(8..24)
-                .zip(packet[..size].get(24..40))
+            let matched = mt6d_proto::wire::address_bytes(&packet[..size])
                 .and_then(|(src, dst)| table.peer_for_inner(src, dst));
             let Some(peer) = matched.or_else(|| own_error_peer(table, &mut packet[..size])) else {
                 unmatched += 1;

@@ -17,6 +17,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use mt6d_proto::wire::{IPV6_DST_ADDR, IPV6_SRC_ADDR};
+
 const SLOTS: usize = 256;
 /// The low byte of a slot holds the queue; bit 8 is set in every key (0 is a free slot).
 const QUEUE_BITS: u64 = 0xff;
@@ -77,9 +79,9 @@ impl SynQueues {
     pub fn note_read(&self, packet: &[u8], queue: usize) {
         if tcp_flags(packet).is_some_and(|f| f & (SYN | ACK) == SYN) {
             let k = key(
-                &packet[8..24],
+                &packet[IPV6_SRC_ADDR],
                 &packet[40..42],
-                &packet[24..40],
+                &packet[IPV6_DST_ADDR],
                 &packet[42..44],
             );
             let queue = u64::try_from(queue).unwrap_or(QUEUE_BITS) & QUEUE_BITS;
@@ -96,9 +98,9 @@ impl SynQueues {
         }
         // The SYN-ACK goes remote -> host: the host's side is its destination.
         let k = key(
-            &packet[24..40],
+            &packet[IPV6_DST_ADDR],
             &packet[42..44],
-            &packet[8..24],
+            &packet[IPV6_SRC_ADDR],
             &packet[40..42],
         );
         let slot = self.slot(k);

@@ -30,7 +30,7 @@ use mt6d_proto::scrub::{
     ChecksumField, ClampOutcome, HostIdForm, HostIdKinds, HostIdRule, InjectForm, InjectOutcome,
     NormalizeOutcome, RuleAction, StripOutcome,
 };
-use mt6d_proto::wire::tcp_flags;
+use mt6d_proto::wire::{tcp_flags, IPV6_DST_ADDR, IPV6_SRC_ADDR};
 
 use crate::config::{
     HostIdPolicies, HostIdPolicy, InjectMode, Normalize, TcpConfig, NORMAL_WINDOW_SEGMENTS,
@@ -667,8 +667,8 @@ fn addresses(buf: &[u8]) -> (Ipv6Addr, Ipv6Addr, u16, u16) {
         Ipv6Addr::from(o)
     };
     (
-        a(8..24),
-        a(24..40),
+        a(IPV6_SRC_ADDR),
+        a(IPV6_DST_ADDR),
         u16::from_be_bytes([buf[IP], buf[IP + 1]]),
         u16::from_be_bytes([buf[IP + 2], buf[IP + 3]]),
     )

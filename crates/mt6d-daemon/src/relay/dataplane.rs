@@ -1048,11 +1048,8 @@ impl<'a> Worker<'a> {
             for i in 0..n {
                 self.counters.tun_rx_packets += 1;
                 let inner = &self.tun_packets[i][..self.tun_sizes[i]];
-                let pair = inner.get(8..24).zip(inner.get(24..40)).and_then(|(s, d)| {
-                    let s: [u8; 16] = s.try_into().ok()?;
-                    let d: [u8; 16] = d.try_into().ok()?;
-                    Some((Ipv6Addr::from(s), Ipv6Addr::from(d)))
-                });
+                let pair = mt6d_proto::wire::address_bytes(inner)
+                    .map(|(s, d)| (Ipv6Addr::from(*s), Ipv6Addr::from(*d)));
                 let Some(&id) = pair.and_then(|p| shared.by_pair.get(&p)) else {
                     self.counters.tun_no_peer += 1;
                     continue;

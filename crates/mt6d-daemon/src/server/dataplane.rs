@@ -651,11 +651,9 @@ impl Transmit {
             let counters = reg.counters();
             for (packet, &size) in self.packets.iter().zip(&self.sizes).take(n) {
                 let inner = &packet[..size];
-                let Some(id) = inner.get(8..24).zip(inner.get(24..40)).and_then(|(s, d)| {
-                    let s: [u8; 16] = s.try_into().ok()?;
-                    let d: [u8; 16] = d.try_into().ok()?;
-                    reg.table().lookup_inner(s.into(), d.into())
-                }) else {
+                let Some(id) = mt6d_proto::wire::address_bytes(inner)
+                    .and_then(|(s, d)| reg.table().lookup_inner((*s).into(), (*d).into()))
+                else {
                     no_client += 1;
                     continue;
                 };

@@ -11,7 +11,7 @@ use super::{
     OPEN_HEADROOM, OUTER_AAD_LEN, TAG_LEN,
 };
 use crate::wire::relay::frame::RelayFrame;
-use crate::wire::IPV6_HEADER_LEN;
+use crate::wire::{IPV6_DST_ADDR, IPV6_HEADER_LEN, IPV6_SRC_ADDR};
 use crate::{AeadAlg, Mode, Route};
 
 /// Opens tunnel payloads of one stream, one direction. Owned by the receiving thread (`&mut self`:
@@ -125,8 +125,8 @@ impl PacketJob {
         let start = payload_at - IPV6_HEADER_LEN;
         buf.copy_within(body..payload_at, start);
         let out = &mut buf[start..payload_at + m];
-        out[8..24].copy_from_slice(&self.inner_src.octets());
-        out[24..40].copy_from_slice(&self.inner_dst.octets());
+        out[IPV6_SRC_ADDR].copy_from_slice(&self.inner_src.octets());
+        out[IPV6_DST_ADDR].copy_from_slice(&self.inner_dst.octets());
         if out[0] >> 4 != 6 || usize::from(u16::from_be_bytes([out[4], out[5]])) != m {
             return Err(OpenError::BadInner);
         }
@@ -648,8 +648,8 @@ fn check_counter(
 /// Step 9 of §4.2: puts the true addresses back into `out` (the inner packet, header bytes 0..8
 /// and payload of `m` bytes already in place) and validates the restored header.
 fn restore(d: &Decap<'_>, out: &mut [u8], m: usize) -> Result<(), OpenError> {
-    out[8..24].copy_from_slice(&d.inner_src.octets());
-    out[24..40].copy_from_slice(&d.inner_dst.octets());
+    out[IPV6_SRC_ADDR].copy_from_slice(&d.inner_src.octets());
+    out[IPV6_DST_ADDR].copy_from_slice(&d.inner_dst.octets());
     if out[0] >> 4 != 6 || usize::from(u16::from_be_bytes([out[4], out[5]])) != m {
         return Err(OpenError::BadInner);
     }

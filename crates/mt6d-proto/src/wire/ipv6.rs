@@ -30,6 +30,20 @@ mod field {
 
 /// Length of the fixed IPv6 header.
 pub const IPV6_HEADER_LEN: usize = 40;
+/// Where an IPv6 header's source address lies, for code that looks at a packet's addresses
+/// before (or without) checking the rest of it; [`Ipv6Packet`] is the checked view.
+pub const IPV6_SRC_ADDR: std::ops::Range<usize> = field::SRC;
+/// Where an IPv6 header's destination address lies (see [`IPV6_SRC_ADDR`]).
+pub const IPV6_DST_ADDR: std::ops::Range<usize> = field::DST;
+
+/// The source and destination address bytes of an IPv6 packet, checking only that the header's
+/// addresses are there: what a data plane keys its peers by before parsing anything else.
+#[inline]
+pub fn address_bytes(packet: &[u8]) -> Option<(&[u8; 16], &[u8; 16])> {
+    let src = packet.get(field::SRC)?.try_into().ok()?;
+    let dst = packet.get(field::DST)?.try_into().ok()?;
+    Some((src, dst))
+}
 /// Next Header value for TCP.
 pub const NEXT_HEADER_TCP: u8 = 6;
 /// Next Header value for UDP.

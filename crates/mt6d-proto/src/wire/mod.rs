@@ -14,8 +14,8 @@ mod udp;
 pub use checksum::{checksum, combine, pseudo_header_sum, upper_layer_checksum};
 pub use icmpv6::{Icmpv6Packet, Icmpv6Repr, Icmpv6Type};
 pub use ipv6::{
-    Ipv6Packet, Ipv6Repr, IPV6_HEADER_LEN, NEXT_HEADER_ICMPV6, NEXT_HEADER_NONE, NEXT_HEADER_TCP,
-    NEXT_HEADER_UDP,
+    address_bytes, Ipv6Packet, Ipv6Repr, IPV6_DST_ADDR, IPV6_HEADER_LEN, IPV6_SRC_ADDR,
+    NEXT_HEADER_ICMPV6, NEXT_HEADER_NONE, NEXT_HEADER_TCP, NEXT_HEADER_UDP,
 };
 pub use ndisc::{
     advertisement_frame, confirmation_probe_frame, dad_probe_frame, neighbor_solicitation,
