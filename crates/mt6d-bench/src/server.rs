@@ -523,6 +523,8 @@ struct ShardRun {
     first_initiation: Vec<f64>,
     /// CPU seconds the thread used in the phase.
     cpu_secs: f64,
+    /// The longest turn of the thread's loop, in seconds: how long its clients went unattended.
+    longest_turn: f64,
 }
 
 /// Cold start of one generator thread's clients: initiates for all of them, at most
@@ -595,25 +597,29 @@ fn recover(
         served: Vec::with_capacity(n),
         waited: Vec::with_capacity(n),
         first_initiation: Vec::with_capacity(n),
-        cpu_secs: 0.0,
+        ..ShardRun::default()
     };
     let mut first = vec![f64::NAN; n];
     let mut failing: Vec<usize> = Vec::with_capacity(n);
     let mut next_fail = 0;
     let mut scanned = Instant::now();
+    let mut turn = Instant::now();
     while run.served.len() < n && stopped.elapsed() < STORM_LIMIT {
         if abort.load(Ordering::Relaxed) {
             return Err("stopped".into());
         }
+        run.longest_turn = run.longest_turn.max(turn.elapsed().as_secs_f64());
+        turn = Instant::now();
         let now = clock::now();
         set.step(now);
         let since = stopped.elapsed().as_secs_f64();
         while next_fail < fails_at.len() && fails_at[next_fail].0 <= since {
             let i = fails_at[next_fail].1;
             set.lose_session(i);
-            set.initiate(i, now)?;
-            first[i] = since;
-            run.first_initiation.push(since);
+            set.initiate(i, clock::now())?;
+            let t = stopped.elapsed().as_secs_f64();
+            first[i] = t;
+            run.first_initiation.push(t);
             failing.push(i);
             next_fail += 1;
         }
@@ -1064,6 +1070,7 @@ fn restart_storm(
     let server_us = cpu / 100.0 * storm_secs / served * 1e6;
     let gen_cpu: f64 = runs.iter().map(|r| r.cpu_secs).sum();
     let gen_us = gen_cpu / served * 1e6;
+    let longest_turn = runs.iter().map(|r| r.longest_turn).fold(0.0, f64::max);
     let machine_cores = {
         let (busy_j, all_j) = (m_b.0.saturating_sub(m_a.0), m_b.1.saturating_sub(m_a.1));
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
@@ -1074,7 +1081,7 @@ fn restart_storm(
         }
     };
     eprintln!(
-        "  restart: stopped in {down_secs:.2} s, ready {ready_at:.2} s after start; {} of {n} served again, p50 {:.2} s, p99 {:.2} s, max {:.2} s after ready (first recovery initiation p50 {:.2} s, max {:.2} s; from it to served p50 {:.2} s, p99 {:.2} s, max {:.2} s); {initiations} initiations, {requests} requests ({late} answers after the first), {rejected} rejected, {wrong_route} to no route; over {storm_secs:.2} s server CPU {cpu:.0} % ({server_us:.0} us per handshake), generator {gen_us:.0} us per handshake on {} threads, machine {machine_cores:.2} cores busy",
+        "  restart: stopped in {down_secs:.2} s, ready {ready_at:.2} s after start; {} of {n} served again, p50 {:.2} s, p99 {:.2} s, max {:.2} s after ready (first recovery initiation p50 {:.2} s, max {:.2} s; from it to served p50 {:.2} s, p99 {:.2} s, max {:.2} s); {initiations} initiations, {requests} requests ({late} answers after the first), {rejected} rejected, {wrong_route} to no route; over {storm_secs:.2} s server CPU {cpu:.0} % ({server_us:.0} us per handshake), generator {gen_us:.0} us per handshake on {} threads (longest turn {longest_turn:.3} s), machine {machine_cores:.2} cores busy",
         up_at.len(),
         quantile(&up_at, 0.5),
         quantile(&up_at, 0.99),
@@ -1112,6 +1119,7 @@ fn restart_storm(
         .set("server_us_per_handshake", server_us)
         .set("generator_us_per_handshake", gen_us)
         .set("generator_threads", shards.len() as u64)
+        .set("generator_longest_turn_secs", longest_turn)
         .set("machine_busy_cores", machine_cores)
         .set("server_busy", busy)
         .set("udp_drops_before_clients", drops_before.0)
