@@ -853,6 +853,7 @@ fn handshake_phases(
                 t.requests += c.requests;
                 t.served += c.served;
                 t.late += c.late;
+                t.lost += c.lost;
                 t.wrong_route += c.wrong_route;
                 t.rejected += c.rejected;
                 t
@@ -945,10 +946,10 @@ fn restart_storm(
         })
     };
     let (initiations_before, requests_before) = sum(shards);
-    let refused = |shards: &[Shard]| -> (u64, u64, u64) {
-        shards.iter().fold((0, 0, 0), |(r, w, l), sh| {
+    let refused = |shards: &[Shard]| -> (u64, u64, u64, u64) {
+        shards.iter().fold((0, 0, 0, 0), |(r, w, l, x), sh| {
             let c = &sh.set.counters;
-            (r + c.rejected, w + c.wrong_route, l + c.late)
+            (r + c.rejected, w + c.wrong_route, l + c.late, x + c.lost)
         })
     };
     let refused_before = refused(shards);
@@ -1044,12 +1045,13 @@ fn restart_storm(
         let (i, r) = sum(shards);
         (i - initiations_before, r - requests_before)
     };
-    let (rejected, wrong_route, late) = {
-        let (r, w, l) = refused(shards);
+    let (rejected, wrong_route, late, lost) = {
+        let (r, w, l, x) = refused(shards);
         (
             r - refused_before.0,
             w - refused_before.1,
             l - refused_before.2,
+            x - refused_before.3,
         )
     };
     // Per quarter second from the "serving" line: first recovery initiations and clients
@@ -1081,7 +1083,7 @@ fn restart_storm(
         }
     };
     eprintln!(
-        "  restart: stopped in {down_secs:.2} s, ready {ready_at:.2} s after start; {} of {n} served again, p50 {:.2} s, p99 {:.2} s, max {:.2} s after ready (first recovery initiation p50 {:.2} s, max {:.2} s; from it to served p50 {:.2} s, p99 {:.2} s, max {:.2} s); {initiations} initiations, {requests} requests ({late} answers after the first), {rejected} rejected, {wrong_route} to no route; over {storm_secs:.2} s server CPU {cpu:.0} % ({server_us:.0} us per handshake), generator {gen_us:.0} us per handshake on {} threads (longest turn {longest_turn:.3} s), machine {machine_cores:.2} cores busy",
+        "  restart: stopped in {down_secs:.2} s, ready {ready_at:.2} s after start; {} of {n} served again, p50 {:.2} s, p99 {:.2} s, max {:.2} s after ready (first recovery initiation p50 {:.2} s, max {:.2} s; from it to served p50 {:.2} s, p99 {:.2} s, max {:.2} s); {initiations} initiations, {requests} requests ({late} answers after the first, {lost} sessions given up unanswered), {rejected} rejected, {wrong_route} to no route; over {storm_secs:.2} s server CPU {cpu:.0} % ({server_us:.0} us per handshake), generator {gen_us:.0} us per handshake on {} threads (longest turn {longest_turn:.3} s), machine {machine_cores:.2} cores busy",
         up_at.len(),
         quantile(&up_at, 0.5),
         quantile(&up_at, 0.99),
@@ -1110,6 +1112,7 @@ fn restart_storm(
         .set("initiations", initiations)
         .set("requests", requests)
         .set("late_answers", late)
+        .set("sessions_given_up", lost)
         .set("rejected", rejected)
         .set("wrong_route", wrong_route)
         .set("timeline_bin_secs", 0.25)

@@ -27,6 +27,7 @@ use mt6d_proto::endpoint::{PeerId, PeerTable};
 use mt6d_proto::handshake::{
     is_handshake, link_key, Handshake, HandshakeConfig, Outcome, PrivateKey, Psk, PublicKey,
 };
+use mt6d_proto::liveness::{LIVENESS_AFTER, LIVENESS_JITTER};
 use mt6d_proto::{
     AeadAlg, Derivation, Endpoint, Opener, PortPolicy, Sealer, Stream, StreamConfig, UnixTime,
 };
@@ -55,6 +56,8 @@ pub struct HandshakeCounters {
     pub requests: u64,
     /// Clients served: the echo's answer opened under the new session's key.
     pub served: u64,
+    /// Sessions given up by the liveness rule (requests unanswered), handshaken again.
+    pub lost: u64,
     /// Data for a client already served (the answers to its earlier tries of the request),
     /// not opened.
     pub late: u64,
@@ -73,6 +76,10 @@ struct Session {
     set: PeerId,
     activation: mt6d_proto::Epoch,
     asked_at: UnixTime,
+    /// The first try: with no answer `LIVENESS_AFTER` (plus jitter) later, the session is
+    /// taken for lost (docs/PROTOCOL.md §9.9 rule 2: the server may have forgotten an answer
+    /// it saw no data for), and the client handshakes again.
+    first_asked: UnixTime,
     /// The wait before the next try, in [`REQUEST_RETRY`]s.
     backoff: u64,
 }
@@ -349,8 +356,10 @@ impl HandshakeClients {
         Ok(())
     }
 
-    /// Sends again the requests whose wait ran out (1, 2, then every 4 [`REQUEST_RETRY`]s).
-    /// Returns how many left.
+    /// Sends again the requests whose wait ran out (1, 2, then every 4 [`REQUEST_RETRY`]s);
+    /// a client whose first request went unanswered for the liveness rule's deadline loses
+    /// its session, and its next [`HandshakeClients::initiate`] starts a recovery handshake.
+    /// Returns how many requests left.
     pub fn retry_requests(&mut self, now: UnixTime) -> Result<usize, String> {
         let mut sent = 0;
         let mut k = 0;
@@ -361,6 +370,19 @@ impl HandshakeClients {
                 self.awaiting.swap_remove(k);
                 continue;
             };
+            // §9.9 rule 2's deadline, its random part from the client and the instant.
+            let jitter = (i as u64)
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                .wrapping_add(session.first_asked.as_millis())
+                % (LIVENESS_JITTER.as_millis() as u64);
+            if now.as_millis()
+                >= session.first_asked.as_millis() + LIVENESS_AFTER.as_millis() as u64 + jitter
+            {
+                self.lose_session(i);
+                self.awaiting.swap_remove(k);
+                self.counters.lost += 1;
+                continue;
+            }
             let wait = REQUEST_RETRY.as_millis() as u64 * session.backoff;
             if now.as_millis() >= session.asked_at.as_millis() + wait {
                 session.backoff = (session.backoff * 2).min(REQUEST_RETRY_MAX);
@@ -476,6 +498,7 @@ impl HandshakeClients {
                         set,
                         activation: keys.initiation_epoch.next().next(),
                         asked_at: now,
+                        first_asked: now,
                         backoff: 1,
                     }));
                     self.awaiting.push(client);
