@@ -350,8 +350,12 @@ impl HandshakeClients {
             hk.protect(&mut self.sealed[..n])
                 .map_err(|e| e.to_string())?;
         }
-        session.asked_at = now;
         self.send(route.local, route.remote, n);
+        // When it left, not when the caller's turn began: a starved generator's turn can
+        // last seconds, and the liveness deadline runs from the send.
+        if let Some(session) = self.sessions[i].as_mut() {
+            session.asked_at = crate::gateway::clock::now().max(now);
+        }
         self.counters.requests += 1;
         Ok(())
     }
@@ -504,6 +508,9 @@ impl HandshakeClients {
                     self.awaiting.push(client);
                     self.counters.completed += 1;
                     self.ask(client, now)?;
+                    if let Some(session) = self.sessions[client].as_mut() {
+                        session.first_asked = session.asked_at;
+                    }
                 }
                 if served && self.sessions[client].take().is_some() {
                     self.up[client] = true;
