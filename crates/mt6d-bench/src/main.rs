@@ -120,6 +120,10 @@ struct Cli {
         requires = "server"
     )]
     handshakes: Vec<usize>,
+    /// --server: threads of the handshake runs' client generator, each playing its share of
+    /// the clients on its own hashed /64 and sockets (default: one per online CPU).
+    #[arg(long, value_name = "N", requires = "server")]
+    generator_threads: Option<usize>,
     /// --server: address counts of the netlink method's Fig. 2 (default 1,1000,10000,20000;
     /// with --quick 1,1000; 0 skips it).
     #[arg(
@@ -212,6 +216,9 @@ impl From<Cli> for Args {
                 }
                 if !c.handshakes.is_empty() {
                     a.handshakes = c.handshakes.into_iter().filter(|&n| n > 0).collect();
+                }
+                if let Some(t) = c.generator_threads {
+                    a.generator_threads = t.max(1);
                 }
                 a
             }),

@@ -213,6 +213,17 @@ impl ProcSample {
     }
 }
 
+/// CPU seconds (user and kernel) the calling thread has used so far, from
+/// /proc/thread-self/stat (in 1/100 s).
+pub fn thread_cpu_secs() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+    // Fields after the command name, which may contain spaces: field 3 is the first.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let num = |field: usize| f.get(field - 3).and_then(|s| s.parse::<u64>().ok());
+    Some((num(14)? + num(15)?) as f64 / HZ)
+}
+
 /// The whole machine's CPU time from /proc/stat's `cpu` line, in jiffies: (busy, all). Busy is
 /// user, nice, system, irq, softirq and steal; all adds idle and iowait.
 pub fn machine_jiffies() -> Option<(u64, u64)> {

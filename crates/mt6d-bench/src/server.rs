@@ -15,15 +15,20 @@
 //! * Beside them: the daemon's memory per client, the CPU its rotation takes while idle (10 s
 //!   interval), and its start-up time.
 //! * **Handshakes.** A server with n clients that all handshake (no pre-shared key), started
-//!   cold; a generator ([`mt6d_lab::handshake_clients::HandshakeClients`]) plays every client's
-//!   initiator, at most [`IN_FLIGHT`] at a time, until all are up. Measured: the server's start
-//!   (one X25519 per client for its link set), the time until every client is up, the
-//!   handshakes completed per second, and the server's CPU while it answers.
-//! * **Restart storm** (after each handshake run, once every client is up): the server is
+//!   cold; a generator ([`mt6d_lab::handshake_clients::HandshakeClients`], on
+//!   `--generator-threads` threads, each owning a share of the clients on its own hashed /64
+//!   and sockets) plays every client's initiator, at most [`IN_FLIGHT`] at a time, until each
+//!   is served: its handshake completed and the answer of the echo service behind the server
+//!   to its first request opened under the new keys. Measured: the server's start (one X25519
+//!   per client for its link set), the time until every client is served, the handshakes
+//!   completed per second, and the server's and the generator's CPU.
+//! * **Restart storm** (after each handshake run, once every client is served): the server is
 //!   stopped and started again while every client keeps sending; each client starts its
 //!   recovery handshake by the liveness rule (docs/PROTOCOL.md §9.9). Measured: from the new
-//!   process's "serving" line to each client up again (p50, p99, max), the initiations, and the
-//!   server's CPU over the storm and per handshake.
+//!   process's "serving" line to each client served again (p50, p99, max), and apart from it
+//!   the liveness rule's own delay (to each client's first recovery initiation) and the queue
+//!   (from it to served); the initiations and requests; the server's and the generator's CPU
+//!   per handshake over the storm, the machine's busy cores, and the kernel's UDP drops.
 //!
 //! The generator and the server share the machine's cores, as the goal states.
 
@@ -50,6 +55,8 @@ const ROTATION_SECS: f64 = 10.0;
 pub const IN_FLIGHT: usize = 256;
 /// Longest a cold start may take before the run gives up.
 const COLD_START_LIMIT: Duration = Duration::from_secs(600);
+/// Longest a restart storm may take, from the stop, before the run reports what it has.
+const STORM_LIMIT: Duration = Duration::from_secs(120);
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -68,6 +75,13 @@ pub struct ServerArgs {
     pub handshakes: Vec<usize>,
     /// Address counts of the netlink method's Fig. 2.
     pub netlink_fig2: Vec<usize>,
+    /// Threads of the handshake runs' generator.
+    pub generator_threads: usize,
+}
+
+/// One per online CPU.
+fn default_generator_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }
 
 impl ServerArgs {
@@ -82,6 +96,7 @@ impl ServerArgs {
             netlink_limit: Duration::from_secs(600),
             handshakes: vec![1_000, 10_000, 100_000],
             netlink_fig2: vec![1, 1_000, 10_000, 20_000],
+            generator_threads: default_generator_threads(),
         }
     }
 
@@ -94,6 +109,7 @@ impl ServerArgs {
             netlink_limit: Duration::from_secs(60),
             handshakes: vec![1_000],
             netlink_fig2: vec![1, 1_000],
+            generator_threads: default_generator_threads(),
         }
     }
 }
@@ -130,7 +146,7 @@ pub fn run(out: Option<PathBuf>, mt6d: &Path, args: &ServerArgs) -> Result<PathB
     let mut hs_runs = Vec::new();
     for &n in &args.handshakes {
         eprintln!("mt6d bench --server: handshakes, {n} clients from cold");
-        hs_runs.push(handshake_run(&lab, mt6d, &work, n)?);
+        hs_runs.push(handshake_run(&lab, mt6d, &work, n, args.generator_threads)?);
         std::fs::write(out.join("results.json"), {
             let mut d = doc.clone();
             d.set("handshakes", Value::Array(hs_runs.clone()));
@@ -466,12 +482,220 @@ fn server_run(
     Ok(v)
 }
 
-/// A server with `n` handshake clients started cold, and every client brought up: the
-/// generator initiates for all of them, at most [`IN_FLIGHT`] under way, retrying on the
-/// handshake's own backoff, until each has completed (response opened, keepalive sent).
-fn handshake_run(lab: &ServerLab, mt6d: &Path, work: &Path, n: usize) -> Result<Value, String> {
+/// One generator thread's share of a handshake run's clients: its own hashed /64 (routed to
+/// the client namespace), receiving port and sockets, so no thread waits for another.
+struct Shard {
+    set: HandshakeClients,
+}
+
+/// The hashed /64 of generator thread `s` in the client namespace: 2001:db8:c1:1ss::/64 (the
+/// lab routes only 2001:db8:c1::/64 there; the run adds these).
+fn shard_prefix(s: usize) -> std::net::Ipv6Addr {
+    std::net::Ipv6Addr::new(0x2001, 0xdb8, 0xc1, 0x100 + s as u16, 0, 0, 0, 0)
+}
+
+/// The receiving port of generator thread `s`.
+fn shard_port(s: usize) -> u16 {
+    GEN_PORT + 10 + s as u16
+}
+
+/// How often a generator thread looks through its clients under way for a retry that is due
+/// (the handshake's backoff is 1 s or more, a request's 1 s): not on every turn of its loop,
+/// where it would cost O(clients under way) each time.
+const RETRY_SCAN: Duration = Duration::from_millis(10);
+
+/// The `p` quantile (0-1) of sorted `v`, NaN for none.
+fn quantile(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1]
+}
+
+/// What one generator thread measured in one phase.
+#[derive(Debug, Default)]
+struct ShardRun {
+    /// Seconds from the phase's origin to each client served, in order.
+    served: Vec<f64>,
+    /// Storm only: seconds from each served client's first recovery initiation to its service.
+    waited: Vec<f64>,
+    /// Storm only: seconds from the phase's origin to each client's first recovery initiation.
+    first_initiation: Vec<f64>,
+    /// CPU seconds the thread used in the phase.
+    cpu_secs: f64,
+    /// The longest turn of the thread's loop, in seconds: how long its clients went unattended.
+    longest_turn: f64,
+}
+
+/// Cold start of one generator thread's clients: initiates for all of them, at most
+/// `in_flight_max` under way, retrying on the handshake's own backoff and each unanswered
+/// request every [`handshake_clients::REQUEST_RETRY`], until each is served. Times are from
+/// `start`.
+fn bring_up(
+    set: &mut HandshakeClients,
+    start: Instant,
+    in_flight_max: usize,
+    abort: &std::sync::atomic::AtomicBool,
+) -> Result<ShardRun, String> {
     use mt6d::daemon::clock;
-    let spec = ServerLab::spec(1, Duration::from_secs_f64(ROTATION_SECS), true);
+    use std::sync::atomic::Ordering;
+    let cpu0 = crate::procs::thread_cpu_secs().unwrap_or(0.0);
+    let n = set.len();
+    let mut run = ShardRun {
+        served: Vec::with_capacity(n),
+        ..ShardRun::default()
+    };
+    let mut in_flight: Vec<usize> = Vec::with_capacity(in_flight_max);
+    let mut next = 0;
+    let mut scanned = Instant::now();
+    while run.served.len() < n && start.elapsed() < COLD_START_LIMIT {
+        if abort.load(Ordering::Relaxed) {
+            return Err("stopped".into());
+        }
+        let now = clock::now();
+        set.step(now);
+        while in_flight.len() < in_flight_max && next < n {
+            set.initiate(next, now)?;
+            in_flight.push(next);
+            next += 1;
+        }
+        let before = run.served.len();
+        set.recv(now, |_| run.served.push(start.elapsed().as_secs_f64()))?;
+        if run.served.len() != before {
+            in_flight.retain(|&i| !set.is_up(i));
+        }
+        if scanned.elapsed() >= RETRY_SCAN {
+            for &i in &in_flight {
+                set.initiate(i, now)?;
+            }
+            set.retry_requests(now)?;
+            scanned = Instant::now();
+        }
+        if run.served.len() == before {
+            std::thread::sleep(Duration::from_micros(300));
+        }
+    }
+    run.cpu_secs = crate::procs::thread_cpu_secs().unwrap_or(0.0) - cpu0;
+    Ok(run)
+}
+
+/// One generator thread's clients through a server restart: from `stopped`, client `i` of
+/// `fails_at` loses its session at its instant (seconds from `stopped`) and initiates its
+/// recovery handshake, retrying on the handshake's backoff (into the void while the server is
+/// down, as a real client does), until every one is served again. Times are from `stopped`.
+fn recover(
+    set: &mut HandshakeClients,
+    stopped: Instant,
+    fails_at: &[(f64, usize)],
+    abort: &std::sync::atomic::AtomicBool,
+) -> Result<ShardRun, String> {
+    use mt6d::daemon::clock;
+    use std::sync::atomic::Ordering;
+    let cpu0 = crate::procs::thread_cpu_secs().unwrap_or(0.0);
+    let n = set.len();
+    let mut run = ShardRun {
+        served: Vec::with_capacity(n),
+        waited: Vec::with_capacity(n),
+        first_initiation: Vec::with_capacity(n),
+        ..ShardRun::default()
+    };
+    let mut first = vec![f64::NAN; n];
+    let mut failing: Vec<usize> = Vec::with_capacity(n);
+    let mut next_fail = 0;
+    let mut scanned = Instant::now();
+    let mut turn = Instant::now();
+    while run.served.len() < n && stopped.elapsed() < STORM_LIMIT {
+        if abort.load(Ordering::Relaxed) {
+            return Err("stopped".into());
+        }
+        run.longest_turn = run.longest_turn.max(turn.elapsed().as_secs_f64());
+        turn = Instant::now();
+        let now = clock::now();
+        set.step(now);
+        let since = stopped.elapsed().as_secs_f64();
+        while next_fail < fails_at.len() && fails_at[next_fail].0 <= since {
+            let i = fails_at[next_fail].1;
+            set.lose_session(i);
+            set.initiate(i, clock::now())?;
+            let t = stopped.elapsed().as_secs_f64();
+            first[i] = t;
+            run.first_initiation.push(t);
+            failing.push(i);
+            next_fail += 1;
+        }
+        let before = run.served.len();
+        set.recv(now, |i| {
+            let t = stopped.elapsed().as_secs_f64();
+            run.served.push(t);
+            run.waited.push(t - first[i]);
+        })?;
+        if scanned.elapsed() >= RETRY_SCAN {
+            failing.retain(|&i| !set.is_up(i));
+            for &i in &failing {
+                set.initiate(i, now)?;
+            }
+            set.retry_requests(now)?;
+            scanned = Instant::now();
+        }
+        if run.served.len() == before {
+            std::thread::sleep(Duration::from_micros(300));
+        }
+    }
+    run.cpu_secs = crate::procs::thread_cpu_secs().unwrap_or(0.0) - cpu0;
+    Ok(run)
+}
+
+/// Runs `f` on every shard, one scoped thread each, while the calling thread runs `main`
+/// (which may control the server); `abort` is set if `main` fails, so the shards give up.
+fn on_shards<M>(
+    shards: &mut [Shard],
+    abort: &std::sync::atomic::AtomicBool,
+    main: impl FnOnce() -> Result<M, String>,
+    f: impl Fn(usize, &mut HandshakeClients) -> Result<ShardRun, String> + Sync,
+) -> Result<(M, Vec<ShardRun>), String> {
+    use std::sync::atomic::Ordering;
+    std::thread::scope(|scope| {
+        let f = &f;
+        let handles: Vec<_> = shards
+            .iter_mut()
+            .enumerate()
+            .map(|(k, sh)| scope.spawn(move || f(k, &mut sh.set)))
+            .collect();
+        let m = main();
+        if m.is_err() {
+            abort.store(true, Ordering::Relaxed);
+        }
+        let runs: Vec<Result<ShardRun, String>> = handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect();
+        let m = m?;
+        Ok((m, runs.into_iter().collect::<Result<Vec<_>, _>>()?))
+    })
+}
+
+/// A server with `n` handshake clients started cold, and every client served: the generator
+/// (`threads` threads, each with its share of the clients) initiates for all of them, at most
+/// [`IN_FLIGHT`] under way in all, retrying on the handshake's own backoff, until each has
+/// completed its handshake and had its first request answered by the echo service behind the
+/// server (authenticated data from the server, under the new keys).
+fn handshake_run(
+    lab: &ServerLab,
+    mt6d: &Path,
+    work: &Path,
+    n: usize,
+    threads: usize,
+) -> Result<Value, String> {
+    use mt6d::daemon::clock;
+    let threads = threads.clamp(1, n.max(1));
+    let base = ServerLab::spec(1, Duration::from_secs_f64(ROTATION_SECS), true);
+    let shares: Vec<(ClientSpec, std::ops::Range<usize>)> = (0..threads)
+        .map(|s| {
+            let mut spec = base.clone();
+            spec.client_prefix = shard_prefix(s);
+            (spec, n * s / threads..n * (s + 1) / threads)
+        })
+        .collect();
     let dir = work.join(format!("hs{n}"));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     // The server's identity (a lab key, fixed: not a secret).
@@ -493,9 +717,11 @@ fn handshake_run(lab: &ServerLab, mt6d: &Path, work: &Path, n: usize) -> Result<
             .open(&path)
             .map_err(|e| format!("{}: {e}", path.display()))?;
         let mut w = std::io::BufWriter::new(f);
-        for i in 0..n {
-            w.write_all(handshake_clients::peers_line(&spec, &format!("c{i}"), i).as_bytes())
-                .map_err(|e| e.to_string())?;
+        for (spec, range) in &shares {
+            for i in range.clone() {
+                w.write_all(handshake_clients::peers_line(spec, &format!("c{i}"), i).as_bytes())
+                    .map_err(|e| e.to_string())?;
+            }
         }
         w.flush().map_err(|e| e.to_string())?;
     }
@@ -509,15 +735,34 @@ fn handshake_run(lab: &ServerLab, mt6d: &Path, work: &Path, n: usize) -> Result<
     )
     .map_err(|e| e.to_string())?;
     let client_ns = &lab.clients[0];
-    client_ns
-        .run(|| ClientSet::install(&spec, "mt6d_bench_hs", GEN_PORT))
-        .map_err(|e| e.to_string())??;
     let t = Instant::now();
-    let mut set = client_ns
-        .run(|| HandshakeClients::new(&spec, server_key.public_key(), n, GEN_PORT, clock::now()))
-        .map_err(|e| e.to_string())??;
+    let mut shards = Vec::with_capacity(threads);
+    for (s, (spec, range)) in shares.iter().enumerate() {
+        let prefix = format!("{}/64", spec.client_prefix);
+        mt6d_lab::topology::ip(
+            &lab.router,
+            &["-6", "route", "replace", &prefix, "via", "2001:db8:f1::2"],
+        )
+        .map_err(|e| e.to_string())?;
+        client_ns
+            .run(|| ClientSet::install(spec, &format!("mt6d_bench_hs{s}"), shard_port(s)))
+            .map_err(|e| e.to_string())??;
+        let set = client_ns
+            .run(|| {
+                HandshakeClients::new(
+                    spec,
+                    server_key.public_key(),
+                    range.clone(),
+                    ECHO_PORT,
+                    shard_port(s),
+                    clock::now(),
+                )
+            })
+            .map_err(|e| e.to_string())??;
+        shards.push(Shard { set });
+    }
     eprintln!(
-        "  generator: {n} clients in {:.2} s",
+        "  generator: {n} clients on {threads} threads in {:.2} s",
         t.elapsed().as_secs_f64()
     );
     let mut cmd = lab.server.command(mt6d).map_err(|e| e.to_string())?;
@@ -529,37 +774,66 @@ fn handshake_run(lab: &ServerLab, mt6d: &Path, work: &Path, n: usize) -> Result<
         "serving ",
         Duration::from_secs(300),
         &mut daemon,
-        || set.step(clock::now()),
+        || {
+            let now = clock::now();
+            for sh in shards.iter_mut() {
+                sh.set.step(now);
+            }
+        },
     )?;
+    // 002's echo service behind the server, answering each request once: a client is served
+    // when its answer comes back. Its socket stays bound across the restart (the address
+    // comes back with the new process's TUN device).
+    let stop_echo = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let echo = echo_service(&lab.server, SERVER_TRUE, ECHO_PORT, 1, stop_echo.clone())?;
+    let result = handshake_phases(
+        lab,
+        mt6d,
+        &config,
+        &dir,
+        &log,
+        n,
+        threads,
+        ready,
+        &mut daemon,
+        &mut shards,
+    );
+    stop_echo.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = echo.join();
+    daemon.stop(Duration::from_secs(20));
+    result
+}
+
+/// The cold start and the restart storm of [`handshake_run`], with the server started.
+#[allow(clippy::too_many_arguments)]
+fn handshake_phases(
+    lab: &ServerLab,
+    mt6d: &Path,
+    config: &Path,
+    dir: &Path,
+    log: &Path,
+    n: usize,
+    threads: usize,
+    ready: f64,
+    daemon: &mut Guarded,
+    shards: &mut [Shard],
+) -> Result<Value, String> {
     let pid = daemon.pid().ok_or("server exited")?;
     let a = ProcSample::read(pid).ok_or("server gone")?;
+    let abort = std::sync::atomic::AtomicBool::new(false);
     let start = Instant::now();
-    let mut up_at: Vec<f64> = Vec::with_capacity(n);
-    let mut in_flight: Vec<usize> = Vec::with_capacity(IN_FLIGHT);
-    let mut next = 0;
-    while up_at.len() < n && start.elapsed() < COLD_START_LIMIT {
-        let now = clock::now();
-        set.step(now);
-        while in_flight.len() < IN_FLIGHT && next < n {
-            set.initiate(next, now)?;
-            in_flight.push(next);
-            next += 1;
-        }
-        let before = up_at.len();
-        set.recv(now, |_| up_at.push(start.elapsed().as_secs_f64()))?;
-        if up_at.len() != before {
-            in_flight.retain(|&i| !set.is_up(i));
-        }
-        // Retries, on each handshake's own backoff.
-        for &i in &in_flight {
-            set.initiate(i, now)?;
-        }
-        if up_at.len() == before {
-            std::thread::sleep(Duration::from_micros(300));
-        }
-    }
+    let per_thread = (IN_FLIGHT / threads).max(1);
+    let ((), runs) = on_shards(
+        shards,
+        &abort,
+        || Ok(()),
+        |_, set| bring_up(set, start, per_thread, &abort),
+    )?;
     let b = ProcSample::read(pid).ok_or("server gone")?;
     let busy = crate::procs::window(&a, &b);
+    let mut up_at: Vec<f64> = runs.iter().flat_map(|r| r.served.iter().copied()).collect();
+    up_at.sort_by(f64::total_cmp);
+    let gen_cpu: f64 = runs.iter().map(|r| r.cpu_secs).sum();
     let all_up = up_at.len() == n;
     let total = up_at.last().copied().unwrap_or(0.0);
     // The steady rate: between the 10th and the 90th percentile of completions.
@@ -569,45 +843,61 @@ fn handshake_run(lab: &ServerLab, mt6d: &Path, work: &Path, n: usize) -> Result<
     } else {
         up_at.len() as f64 / total.max(1e-9)
     };
+    let counters = |shards: &[Shard]| {
+        shards.iter().fold(
+            mt6d_lab::handshake_clients::HandshakeCounters::default(),
+            |mut t, sh| {
+                let c = sh.set.counters;
+                t.initiations += c.initiations;
+                t.completed += c.completed;
+                t.requests += c.requests;
+                t.served += c.served;
+                t.late += c.late;
+                t.lost += c.lost;
+                t.wrong_route += c.wrong_route;
+                t.rejected += c.rejected;
+                t
+            },
+        )
+    };
+    let cold = counters(shards);
     eprintln!(
-        "  ready {ready:.2} s; {} of {n} up in {total:.2} s, {rate:.0} handshakes/s, {} initiations, server CPU {:.0} %",
+        "  ready {ready:.2} s; {} of {n} served in {total:.2} s, {rate:.0} handshakes/s, {} initiations, {} requests, server CPU {:.0} %, generator {:.0} us per handshake on {threads} threads",
         up_at.len(),
-        set.counters.initiations,
+        cold.initiations,
+        cold.requests,
         busy.get("cpu_percent")
             .and_then(Value::as_f64)
-            .unwrap_or(0.0)
+            .unwrap_or(0.0),
+        gen_cpu / up_at.len().max(1) as f64 * 1e6,
     );
-    let cold_initiations = set.counters.initiations;
     let restart = if all_up {
         eprintln!("mt6d bench --server: handshakes, {n} clients, the server restarted");
-        Some(restart_storm(
-            &mut daemon,
-            &mut set,
-            lab,
-            mt6d,
-            &config,
-            &dir,
-            n,
-        )?)
+        Some(restart_storm(daemon, shards, lab, mt6d, config, dir, n)?)
     } else {
         None
     };
-    daemon.stop(Duration::from_secs(20));
-    let server_log = std::fs::read_to_string(&log).unwrap_or_default();
+    let server_log = std::fs::read_to_string(log).unwrap_or_default();
     let mut v = Value::obj();
     if let Some(r) = restart {
         v.set("restart", r);
     }
     v.set("clients", n as u64)
+        .set("generator_threads", threads as u64)
         .set("ready_secs", ready)
         .set("all_up", all_up)
         .set("up", up_at.len() as u64)
         .set("all_up_secs", total)
         .set("handshakes_per_sec", rate)
-        .set("initiations", cold_initiations)
-        .set("rejected", set.counters.rejected)
-        .set("wrong_route", set.counters.wrong_route)
+        .set("initiations", cold.initiations)
+        .set("requests", cold.requests)
+        .set("rejected", cold.rejected)
+        .set("wrong_route", cold.wrong_route)
         .set("in_flight", IN_FLIGHT as u64)
+        .set(
+            "generator_us_per_handshake",
+            gen_cpu / up_at.len().max(1) as f64 * 1e6,
+        )
         .set("rss_before_kb", a.rss_kb)
         .set("rss_all_up_kb", b.rss_kb)
         .set(
@@ -627,27 +917,58 @@ fn handshake_run(lab: &ServerLab, mt6d: &Path, work: &Path, n: usize) -> Result<
     Ok(v)
 }
 
-/// The server of a handshake run, every client up, is stopped (SIGTERM) and started again while
-/// every client keeps sending data: each client notices its first unanswered packet within a
-/// second (uniform), and then starts its recovery handshake by the liveness rule
+/// The server of a handshake run, every client served, is stopped (SIGTERM) and started again
+/// while every client keeps sending data: each client notices its first unanswered packet
+/// within a second (uniform), and then starts its recovery handshake by the liveness rule
 /// (docs/PROTOCOL.md §9.9: `LIVENESS_AFTER` plus up to `LIVENESS_JITTER`, on its link set,
-/// retries at most 2 s apart plus jitter). Measured: from the new process's "serving" line to
-/// each client up again (p50, p99, max), and the server's CPU over that storm.
+/// retries at most 2 s apart plus jitter). A client is served again when the echo's answer to
+/// its first request under the new keys came back. Measured: from the new process's "serving"
+/// line to each client served again (p50, p99, max); from each client's first recovery
+/// initiation to its service (the part a faster server or generator can shorten); the server's
+/// and the generator's CPU per handshake over the same storm; the machine's busy cores; the
+/// kernel's UDP drops in both namespaces.
 fn restart_storm(
     daemon: &mut Guarded,
-    set: &mut HandshakeClients,
+    shards: &mut [Shard],
     lab: &ServerLab,
     mt6d: &Path,
     config: &Path,
     dir: &Path,
     n: usize,
 ) -> Result<Value, String> {
-    use mt6d::daemon::clock;
     use mt6d_proto::liveness::{LIVENESS_AFTER, LIVENESS_JITTER};
-    let initiations_before = set.counters.initiations;
-    let stopped = Instant::now();
-    daemon.stop(Duration::from_secs(20));
-    let down_secs = stopped.elapsed().as_secs_f64();
+    let sum = |shards: &[Shard]| -> (u64, u64) {
+        shards.iter().fold((0, 0), |(i, r), sh| {
+            (
+                i + sh.set.counters.initiations,
+                r + sh.set.counters.requests,
+            )
+        })
+    };
+    let (initiations_before, requests_before) = sum(shards);
+    let refused = |shards: &[Shard]| -> (u64, u64, u64, u64) {
+        shards.iter().fold((0, 0, 0, 0), |(r, w, l, x), sh| {
+            let c = &sh.set.counters;
+            (r + c.rejected, w + c.wrong_route, l + c.late, x + c.lost)
+        })
+    };
+    let refused_before = refused(shards);
+    let drops = || -> Result<(Value, Value), String> {
+        let names = ["RcvbufErrors", "InErrors", "SndbufErrors"];
+        let read = |ns: &mt6d_os::Netns| -> Result<Value, String> {
+            let mut v = Value::obj();
+            for (k, c) in
+                mt6d_lab::kernel_counters::kernel_drops(ns, &names).map_err(|e| e.to_string())?
+            {
+                if k.starts_with("Udp6") {
+                    v.set(&k, c);
+                }
+            }
+            Ok(v)
+        };
+        Ok((read(&lab.clients[0])?, read(&lab.server)?))
+    };
+    let drops_before = drops()?;
     // Each client's instant of failure, from the stop: its notice lag, then its deadline.
     let mut rng = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -660,104 +981,163 @@ fn restart_storm(
         rng ^= rng << 17;
         (rng >> 11) as f64 / (1u64 << 53) as f64 * max
     };
-    let mut fails_at: Vec<(f64, usize)> = (0..n)
-        .map(|i| {
-            let t = uniform(1.0)
-                + LIVENESS_AFTER.as_secs_f64()
-                + uniform(LIVENESS_JITTER.as_secs_f64());
-            (t, i)
+    let fails: Vec<Vec<(f64, usize)>> = shards
+        .iter()
+        .map(|sh| {
+            let mut f: Vec<(f64, usize)> = (0..sh.set.len())
+                .map(|i| {
+                    let t = uniform(1.0)
+                        + LIVENESS_AFTER.as_secs_f64()
+                        + uniform(LIVENESS_JITTER.as_secs_f64());
+                    (t, i)
+                })
+                .collect();
+            f.sort_by(|a, b| a.0.total_cmp(&b.0));
+            f
         })
         .collect();
-    fails_at.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let mut cmd = lab.server.command(mt6d).map_err(|e| e.to_string())?;
-    cmd.arg("run").arg("-c").arg(config);
     let log = dir.join("server-restarted.log");
-    *daemon = Guarded::spawn("server", cmd, Some(&log))?;
-    let mut next_fail = 0;
-    let mut failing: Vec<usize> = Vec::new();
-    let mut up_at: Vec<f64> = Vec::with_capacity(n);
-    // Until the new process serves, the clients fail on their own clocks and initiate into
-    // the void, as real clients do.
-    let tick = |set: &mut HandshakeClients,
-                failing: &mut Vec<usize>,
-                next_fail: &mut usize|
-     -> Result<(), String> {
-        let now = clock::now();
-        set.step(now);
-        let since = stopped.elapsed().as_secs_f64();
-        while *next_fail < fails_at.len() && fails_at[*next_fail].0 <= since {
-            let i = fails_at[*next_fail].1;
-            set.lose_session(i);
-            failing.push(i);
-            *next_fail += 1;
-        }
-        for &i in failing.iter() {
-            set.initiate(i, now)?;
-        }
-        Ok(())
-    };
-    let ready_at = {
-        let mut last_err = None;
-        let r = wait_line(&log, "serving ", Duration::from_secs(300), daemon, || {
-            if let Err(e) = tick(set, &mut failing, &mut next_fail) {
-                last_err = Some(e);
-            }
-            set.recv(clock::now(), |_| {}).ok();
-        });
-        if let Some(e) = last_err {
-            return Err(e);
-        }
-        r?
-    };
-    let back = Instant::now();
-    let pid = daemon.pid().ok_or("server exited")?;
-    let a = ProcSample::read(pid).ok_or("server gone")?;
-    while up_at.len() < n && back.elapsed() < COLD_START_LIMIT {
-        tick(set, &mut failing, &mut next_fail)?;
-        let before = up_at.len();
-        set.recv(clock::now(), |_| up_at.push(back.elapsed().as_secs_f64()))?;
-        if up_at.len() != before {
-            failing.retain(|&i| !set.is_up(i));
-        } else {
-            std::thread::sleep(Duration::from_micros(300));
-        }
-    }
+    let abort = std::sync::atomic::AtomicBool::new(false);
+    let stopped = Instant::now();
+    let ((down_secs, ready_at, back, pid, a, m_a), runs) = on_shards(
+        shards,
+        &abort,
+        || {
+            daemon.stop(Duration::from_secs(20));
+            let down_secs = stopped.elapsed().as_secs_f64();
+            let mut cmd = lab.server.command(mt6d).map_err(|e| e.to_string())?;
+            cmd.arg("run").arg("-c").arg(config);
+            *daemon = Guarded::spawn("server", cmd, Some(&log))?;
+            // The generator threads tick on their own; this thread only watches the log.
+            let ready_at = wait_line(&log, "serving ", Duration::from_secs(300), daemon, || {})?;
+            let back = stopped.elapsed().as_secs_f64();
+            let pid = daemon.pid().ok_or("server exited")?;
+            let a = ProcSample::read(pid).ok_or("server gone")?;
+            let m_a = crate::procs::machine_jiffies().unwrap_or((0, 0));
+            Ok((down_secs, ready_at, back, pid, a, m_a))
+        },
+        |k, set| recover(set, stopped, &fails[k], &abort),
+    )?;
     let b = ProcSample::read(pid).ok_or("server gone")?;
+    let m_b = crate::procs::machine_jiffies().unwrap_or((0, 0));
+    let drops_after = drops()?;
     let busy = crate::procs::window(&a, &b);
-    // A client that was up before the server was ready counts as served at 0 (it cannot be).
+    // From the server's "serving" line. A client served before that cannot be.
+    let mut up_at: Vec<f64> = runs
+        .iter()
+        .flat_map(|r| r.served.iter().map(|t| t - back))
+        .collect();
     up_at.sort_by(f64::total_cmp);
-    let pct = |p: f64| -> f64 {
-        if up_at.is_empty() {
-            return f64::NAN;
-        }
-        up_at[((up_at.len() as f64 * p).ceil() as usize).clamp(1, up_at.len()) - 1]
-    };
+    let mut waited: Vec<f64> = runs.iter().flat_map(|r| r.waited.iter().copied()).collect();
+    waited.sort_by(f64::total_cmp);
+    let mut first_init: Vec<f64> = runs
+        .iter()
+        .flat_map(|r| r.first_initiation.iter().map(|t| t - back))
+        .collect();
+    first_init.sort_by(f64::total_cmp);
     let cpu = busy
         .get("cpu_percent")
         .and_then(Value::as_f64)
         .unwrap_or(0.0);
-    let storm_secs = up_at.last().copied().unwrap_or(0.0);
-    let initiations = set.counters.initiations - initiations_before;
-    // The server's CPU per handshake answered and confirmed in the storm: the figure that
-    // travels to another machine or client count.
-    let per_handshake_us = cpu / 100.0 * storm_secs / up_at.len().max(1) as f64 * 1e6;
+    let storm_secs = b.uptime - a.uptime;
+    let served = up_at.len().max(1) as f64;
+    let (initiations, requests) = {
+        let (i, r) = sum(shards);
+        (i - initiations_before, r - requests_before)
+    };
+    let (rejected, wrong_route, late, lost) = {
+        let (r, w, l, x) = refused(shards);
+        (
+            r - refused_before.0,
+            w - refused_before.1,
+            l - refused_before.2,
+            x - refused_before.3,
+        )
+    };
+    // Per quarter second from the "serving" line: first recovery initiations and clients
+    // served (where the time goes: the liveness rule's delay, then the queue).
+    let timeline = |v: &[f64]| -> Value {
+        let mut bins: Vec<u64> = Vec::new();
+        for &t in v {
+            let k = (t.max(0.0) * 4.0) as usize;
+            if bins.len() <= k {
+                bins.resize(k + 1, 0);
+            }
+            bins[k] += 1;
+        }
+        Value::Array(bins.into_iter().map(Value::from).collect())
+    };
+    // CPU per handshake answered and its first request served, server and generator, over
+    // the same storm: the figures that travel to another machine or client count.
+    let server_us = cpu / 100.0 * storm_secs / served * 1e6;
+    let gen_cpu: f64 = runs.iter().map(|r| r.cpu_secs).sum();
+    let gen_us = gen_cpu / served * 1e6;
+    let longest_turn = runs.iter().map(|r| r.longest_turn).fold(0.0, f64::max);
+    let machine_cores = {
+        let (busy_j, all_j) = (m_b.0.saturating_sub(m_a.0), m_b.1.saturating_sub(m_a.1));
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        if all_j == 0 {
+            f64::NAN
+        } else {
+            busy_j as f64 / all_j as f64 * cores as f64
+        }
+    };
     eprintln!(
-        "  restart: stopped in {down_secs:.2} s, ready {ready_at:.2} s after start; {} of {n} served again, p50 {:.2} s, p99 {:.2} s, max {:.2} s after ready; {initiations} initiations; server CPU {cpu:.0} % over {storm_secs:.2} s, {per_handshake_us:.0} us per handshake",
+        "  restart: stopped in {down_secs:.2} s, ready {ready_at:.2} s after start; {} of {n} served again, p50 {:.2} s, p99 {:.2} s, max {:.2} s after ready (first recovery initiation p50 {:.2} s, max {:.2} s; from it to served p50 {:.2} s, p99 {:.2} s, max {:.2} s); {initiations} initiations, {requests} requests ({late} answers after the first, {lost} sessions given up unanswered), {rejected} rejected, {wrong_route} to no route; over {storm_secs:.2} s server CPU {cpu:.0} % ({server_us:.0} us per handshake), generator {gen_us:.0} us per handshake on {} threads (longest turn {longest_turn:.3} s), machine {machine_cores:.2} cores busy",
         up_at.len(),
-        pct(0.5),
-        pct(0.99),
-        pct(1.0),
+        quantile(&up_at, 0.5),
+        quantile(&up_at, 0.99),
+        quantile(&up_at, 1.0),
+        quantile(&first_init, 0.5),
+        quantile(&first_init, 1.0),
+        quantile(&waited, 0.5),
+        quantile(&waited, 0.99),
+        quantile(&waited, 1.0),
+        shards.len(),
     );
+    let server_log = std::fs::read_to_string(&log).unwrap_or_default();
     let mut v = Value::obj();
     v.set("stop_secs", down_secs)
         .set("ready_secs", ready_at)
+        .set("ready_after_stop_secs", back)
         .set("served_again", up_at.len() as u64)
-        .set("p50_secs", pct(0.5))
-        .set("p99_secs", pct(0.99))
-        .set("max_secs", pct(1.0))
+        .set("p50_secs", quantile(&up_at, 0.5))
+        .set("p99_secs", quantile(&up_at, 0.99))
+        .set("max_secs", quantile(&up_at, 1.0))
+        .set("first_initiation_p50_secs", quantile(&first_init, 0.5))
+        .set("first_initiation_max_secs", quantile(&first_init, 1.0))
+        .set("initiation_to_served_p50_secs", quantile(&waited, 0.5))
+        .set("initiation_to_served_p99_secs", quantile(&waited, 0.99))
+        .set("initiation_to_served_max_secs", quantile(&waited, 1.0))
         .set("initiations", initiations)
-        .set("server_us_per_handshake", per_handshake_us)
-        .set("server_busy", busy);
+        .set("requests", requests)
+        .set("late_answers", late)
+        .set("sessions_given_up", lost)
+        .set("rejected", rejected)
+        .set("wrong_route", wrong_route)
+        .set("timeline_bin_secs", 0.25)
+        .set("timeline_first_initiations", timeline(&first_init))
+        .set("timeline_served", timeline(&up_at))
+        .set("storm_secs", storm_secs)
+        .set("server_us_per_handshake", server_us)
+        .set("generator_us_per_handshake", gen_us)
+        .set("generator_threads", shards.len() as u64)
+        .set("generator_longest_turn_secs", longest_turn)
+        .set("machine_busy_cores", machine_cores)
+        .set("server_busy", busy)
+        .set("udp_drops_before_clients", drops_before.0)
+        .set("udp_drops_before_server", drops_before.1)
+        .set("udp_drops_after_clients", drops_after.0)
+        .set("udp_drops_after_server", drops_after.1)
+        .set(
+            "server_counters",
+            server_log
+                .lines()
+                .rev()
+                .find(|l| l.contains("counters:"))
+                .unwrap_or("")
+                .to_string(),
+        );
     Ok(v)
 }
 
@@ -1309,6 +1689,33 @@ fn markdown(doc: &Value) -> String {
                     .and_then(Value::as_f64)
                     .unwrap_or(f64::NAN),
                 f("rss_bytes_per_session"),
+            ));
+        }
+        s.push_str("\n## Restart storm: the server stopped and started again, every client recovering by the liveness rule\n\nSeconds after the new process's \"serving\" line; \"first initiation\" is the liveness rule's own delay, \"queue\" the time from a client's first recovery initiation to the echo's answer under its new keys.\n\n| clients | served again | p50 | p99 | max | first initiation p50 / max | queue p50 / p99 / max | initiations | requests | server µs per handshake | generator µs per handshake (threads) | machine busy cores |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        for r in items(doc, "handshakes") {
+            let Some(x) = r.get("restart") else {
+                continue;
+            };
+            let f = |k: &str| x.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
+            let u = |k: &str| x.get(k).and_then(Value::as_u64).unwrap_or(0);
+            s.push_str(&format!(
+                "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} / {:.2} | {:.2} / {:.2} / {:.2} | {} | {} | {:.0} | {:.0} ({}) | {:.2} |\n",
+                r.get("clients").and_then(Value::as_u64).unwrap_or(0),
+                u("served_again"),
+                f("p50_secs"),
+                f("p99_secs"),
+                f("max_secs"),
+                f("first_initiation_p50_secs"),
+                f("first_initiation_max_secs"),
+                f("initiation_to_served_p50_secs"),
+                f("initiation_to_served_p99_secs"),
+                f("initiation_to_served_max_secs"),
+                u("initiations"),
+                u("requests"),
+                f("server_us_per_handshake"),
+                f("generator_us_per_handshake"),
+                u("generator_threads"),
+                f("machine_busy_cores"),
             ));
         }
     }
