@@ -54,6 +54,12 @@ use crate::{Epoch, KeyPhase, Route, Schedule, Sealer, Stream, UnixTime};
 /// of a key (`rekey_after_packets`) is a count, not a time, and is checked then.
 pub const PACKET_BUDGET_CHECK: Duration = Duration::from_secs(1);
 
+/// How often a side that may initiate samples the packet path for liveness (§9.9) while a key
+/// is in use: it notices its first unanswered data this late at most, so a peer that restarted
+/// is sent a recovery initiation at most 3.75 s after that data (a responder-only side, which
+/// never initiates, samples at [`PACKET_BUDGET_CHECK`]: its keepalives have a second to spare).
+pub const LIVENESS_SAMPLE: Duration = Duration::from_millis(250);
+
 /// What a datagram from [`Link::poll_transmit`] carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TransmitKind {
@@ -237,7 +243,11 @@ impl Link {
             |d: Duration| UnixTime::from_nanos(last.as_nanos().saturating_add(d.as_nanos() as u64));
         if self.send.is_some() {
             // Also the liveness samples' period (§9.9).
-            take(Some(after(PACKET_BUDGET_CHECK)));
+            let period = match &self.hs {
+                Some(hs) if !hs.is_responder_only() => LIVENESS_SAMPLE,
+                _ => PACKET_BUDGET_CHECK,
+            };
+            take(Some(after(period)));
             if self.hs.is_some() {
                 take(self.liveness.poll_timeout());
             }
