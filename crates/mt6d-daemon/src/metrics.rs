@@ -219,44 +219,15 @@ pub fn render_relay(st: &RelayStatus) -> String {
 
 /// Renders `st` in the Prometheus text exposition format.
 pub fn render(st: &Status) -> String {
-    let mut registry = Registry::default();
-    let counter = |r: &mut Registry, name: &str, help: &str| {
-        let f = Family::<Labels, Counter>::default();
-        r.register(name, help, f.clone());
-        f
-    };
-    let gauge = |r: &mut Registry, name: &str, help: &str| {
-        let f = Family::<Labels, Gauge>::default();
-        r.register(name, help, f.clone());
-        f
-    };
-    let info = gauge(
-        &mut registry,
-        "mt6d_build_info",
-        "Always 1: the version and role of this daemon",
-    );
-    info.get_or_create(&vec![
-        ("version", st.version.clone()),
-        ("role", st.role.clone()),
-        ("tun", st.tun.clone()),
-    ])
-    .set(1);
-    gauge(
-        &mut registry,
-        "mt6d_uptime_seconds",
-        "Seconds since the daemon started",
-    )
-    .get_or_create(&vec![])
-    .set(clamp(st.uptime_secs));
-    gauge(
-        &mut registry,
+    let mut page = Page::default();
+    page.identity(&st.version, &st.role, &st.tun, st.uptime_secs);
+    page.gauge(
         "mt6d_tunnel_mtu_bytes",
         "MTU of the TUN device: what the tunnel carries per inner packet",
     )
     .get_or_create(&vec![])
     .set(i64::from(st.path.tunnel_mtu));
-    let kernel = counter(
-        &mut registry,
+    let kernel = page.counter(
         "mt6d_kernel_drops",
         "Packets the kernel dropped in the queues in front of the data-plane workers, by queue (socket_queue: a tunnel socket's receive queue, tun_queue: the TUN transmit queue, tun_write: refused TUN writes)",
     );
@@ -270,8 +241,7 @@ pub fn render(st: &Status) -> String {
             .get_or_create(&vec![("queue", queue.to_string())])
             .inc_by(n);
     }
-    let worker = counter(
-        &mut registry,
+    let worker = page.counter(
         "mt6d_worker_packets",
         "Inner packets each data-plane worker carried, by worker and direction (tx: read from its TUN queue and sealed, rx: opened and written to it)",
     );
@@ -285,8 +255,7 @@ pub fn render(st: &Status) -> String {
                 .inc_by(n);
         }
     }
-    let placement = gauge(
-        &mut registry,
+    let placement = page.gauge(
         "mt6d_worker_placement",
         "Where each data-plane worker runs, one series per state, 1 for the current one (light: on the one CPU light workers share, bulk: on every CPU, unplaced: one CPU allowed or the kernel refused a move)",
     );
@@ -306,73 +275,56 @@ pub fn render(st: &Status) -> String {
         }
     }
 
-    let packets = counter(
-        &mut registry,
+    let packets = page.counter(
         "mt6d_peer_packets",
         "Inner packets carried, by peer and direction (tx: sealed and sent, rx: opened and delivered)",
     );
-    let bytes = counter(
-        &mut registry,
+    let bytes = page.counter(
         "mt6d_peer_bytes",
         "Inner bytes carried, by peer and direction",
     );
-    let drops = counter(
-        &mut registry,
+    let drops = page.counter(
         "mt6d_peer_drops",
         "Packets dropped, by peer and reason (both directions)",
     );
-    let rotations = counter(
-        &mut registry,
+    let rotations = page.counter(
         "mt6d_peer_rotations",
         "Epoch changes (hashed address and port rotations)",
     );
-    let moves = counter(
-        &mut registry,
+    let moves = page.counter(
         "mt6d_peer_routes_moved",
         "Routes moved away from an address collision, ours or the peer's",
     );
-    let collisions = counter(
-        &mut registry,
+    let collisions = page.counter(
         "mt6d_peer_collisions_detected",
         "Collisions on this gateway's hashed addresses that moved a route",
     );
-    let handshakes = counter(
-        &mut registry,
+    let handshakes = page.counter(
         "mt6d_peer_handshakes",
         "Handshakes completed (the first and every rekey)",
     );
-    let rekeys = counter(
-        &mut registry,
-        "mt6d_peer_rekeys",
-        "Handshakes that replaced earlier keys",
-    );
-    let failures = counter(
-        &mut registry,
+    let rekeys = page.counter("mt6d_peer_rekeys", "Handshakes that replaced earlier keys");
+    let failures = page.counter(
         "mt6d_peer_handshake_failures",
         "Handshake messages refused, by reason",
     );
-    let key_age = gauge(
-        &mut registry,
+    let key_age = page.gauge(
         "mt6d_peer_key_age_seconds",
         "Age of the current session keys (handshake peers with keys only)",
     );
-    let has_keys = gauge(
-        &mut registry,
+    let has_keys = page.gauge(
         "mt6d_peer_has_keys",
         "1 while the peer has session keys (handshake peers), else 0",
     );
-    let since_rx = gauge(
-        &mut registry,
+    let since_rx = page.gauge(
         "mt6d_peer_last_receive_age_seconds",
         "Seconds since a packet from the peer last opened (absent before the first)",
     );
-    let tcp_events = counter(
-        &mut registry,
+    let tcp_events = page.counter(
         "mt6d_peer_tcp_segments",
         "TCP segments by what the identity option policy and MSS clamping did, by peer, direction (out: into the tunnel) and event",
     );
-    let rule_hits = counter(
-        &mut registry,
+    let rule_hits = page.counter(
         "mt6d_peer_host_id_rule_matches",
         "Matches of each host_id rule, by peer, direction and rule (as written)",
     );
@@ -441,10 +393,7 @@ pub fn render(st: &Status) -> String {
             since_rx.get_or_create(&peer()).set(clamp(ms / 1000));
         }
     }
-    let mut out = String::new();
-    // Writing into a String cannot fail.
-    let _ = encode(&mut out, &registry);
-    text_format(&out)
+    page.finish()
 }
 
 /// The encoder writes OpenMetrics, where a counter family `x` has samples `x_total` and ends
