@@ -93,6 +93,49 @@ impl Page {
             f.get_or_create(&vec![("event", event.clone())]).inc_by(*n);
         }
     }
+
+    /// Every role's data-plane workers: what each carried, and where it runs.
+    fn workers(&mut self, workers: &[crate::status::WorkerStatus]) {
+        let worker = self.counter(
+            "mt6d_worker_packets",
+            "Inner packets each data-plane worker carried, by worker and direction (tx: read from its TUN queue and sealed, rx: opened and written to it)",
+        );
+        for (i, w) in workers.iter().enumerate() {
+            for (direction, n) in [("tx", w.sealed), ("rx", w.opened)] {
+                worker
+                    .get_or_create(&vec![
+                        ("worker", i.to_string()),
+                        ("direction", direction.to_string()),
+                    ])
+                    .inc_by(n);
+            }
+        }
+        self.placements(workers.iter().map(|w| w.placement));
+    }
+
+    /// Where each data-plane worker runs (every role).
+    fn placements(&mut self, placements: impl Iterator<Item = crate::status::Placement>) {
+        let placement = self.gauge(
+            "mt6d_worker_placement",
+            "Where each data-plane worker runs, one series per state, 1 for the current one (light: on the one CPU light workers share, bulk: on every CPU, unplaced: one CPU allowed or the kernel refused a move)",
+        );
+        for (i, at) in placements.enumerate() {
+            use crate::status::Placement as At;
+            for (state, now) in [
+                ("light", matches!(at, At::Light { .. })),
+                ("bulk", at == At::Bulk),
+                ("unplaced", at == At::Unplaced),
+            ] {
+                placement
+                    .get_or_create(&vec![
+                        ("worker", i.to_string()),
+                        ("placement", state.to_string()),
+                    ])
+                    .set(i64::from(now));
+            }
+        }
+    }
+
     fn finish(self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
@@ -129,6 +172,7 @@ pub fn render_server(st: &ServerStatus) -> String {
         "The server's counters by name (docs/CONFIG.md, the server role: rx_packets, rx_rejected, handshakes_answered, tx_key_limit, ...)",
         &st.counters,
     );
+    page.workers(&st.workers);
     page.finish()
 }
 
@@ -209,6 +253,7 @@ pub fn render_relay(st: &RelayStatus) -> String {
                 .inc_by(n);
         }
     }
+    page.placements(st.workers.iter().map(|w| w.placement));
     page.events(
         "mt6d_relay_events",
         "The node's counters and drops by name (docs/PROTOCOL.md §10.11, docs/CONFIG.md, the relay role)",
@@ -241,39 +286,7 @@ pub fn render(st: &Status) -> String {
             .get_or_create(&vec![("queue", queue.to_string())])
             .inc_by(n);
     }
-    let worker = page.counter(
-        "mt6d_worker_packets",
-        "Inner packets each data-plane worker carried, by worker and direction (tx: read from its TUN queue and sealed, rx: opened and written to it)",
-    );
-    for (i, w) in st.workers.iter().enumerate() {
-        for (direction, n) in [("tx", w.sealed), ("rx", w.opened)] {
-            worker
-                .get_or_create(&vec![
-                    ("worker", i.to_string()),
-                    ("direction", direction.to_string()),
-                ])
-                .inc_by(n);
-        }
-    }
-    let placement = page.gauge(
-        "mt6d_worker_placement",
-        "Where each data-plane worker runs, one series per state, 1 for the current one (light: on the one CPU light workers share, bulk: on every CPU, unplaced: one CPU allowed or the kernel refused a move)",
-    );
-    for (i, w) in st.workers.iter().enumerate() {
-        use crate::status::Placement as At;
-        for (state, now) in [
-            ("light", matches!(w.placement, At::Light { .. })),
-            ("bulk", w.placement == At::Bulk),
-            ("unplaced", w.placement == At::Unplaced),
-        ] {
-            placement
-                .get_or_create(&vec![
-                    ("worker", i.to_string()),
-                    ("placement", state.to_string()),
-                ])
-                .set(i64::from(now));
-        }
-    }
+    page.workers(&st.workers);
 
     let packets = page.counter(
         "mt6d_peer_packets",
@@ -658,6 +671,12 @@ mod tests {
             ]
             .into_iter()
             .collect(),
+            workers: vec![crate::status::WorkerStatus {
+                sealed: 3,
+                opened: 4,
+                wakeups: 5,
+                placement: crate::status::Placement::Bulk,
+            }],
         }
     }
 
@@ -674,6 +693,8 @@ mod tests {
                 rx_datagrams: 40,
                 tun_rx_packets: 3,
                 tx_datagrams: 41,
+                wakeups: 30,
+                placement: crate::status::Placement::Light { cpu: 0 },
             }],
             links: vec![LinkStatus {
                 name: "relay".into(),
@@ -707,6 +728,8 @@ mod tests {
             "mt6d_server_sessions 9998",
             "mt6d_server_events_total{event=\"rx_packets\"} 5",
             "mt6d_server_events_total{event=\"tx_key_limit\"} 0",
+            "mt6d_worker_packets_total{worker=\"0\",direction=\"rx\"} 4",
+            "mt6d_worker_placement{worker=\"0\",placement=\"bulk\"} 1",
         ] {
             assert!(s.contains(want), "{want} missing from\n{s}");
         }
@@ -719,6 +742,7 @@ mod tests {
             "mt6d_relay_link_probes_lost{link=\"relay\"} 1",
             "mt6d_relay_e2e_routed{peer=\"a-to-b\"} 1",
             "mt6d_relay_worker_datagrams_total{worker=\"0\",direction=\"tx\"} 41",
+            "mt6d_worker_placement{worker=\"0\",placement=\"light\"} 1",
             "mt6d_relay_events_total{event=\"drop_bad_tag\"} 4",
         ] {
             assert!(r.contains(want), "{want} missing from\n{r}");

@@ -30,12 +30,11 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
-use std::time::Duration;
 
 use mt6d_os::udp::RecvBuf;
 use mt6d_os::{
-    Epoll, EpollEvents, GROTable, PacketBuf, RecvScratch, SendMsg, SendScratch, Tun,
-    TunRecvScratch, UdpSocket6, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN,
+    Epoll, GROTable, PacketBuf, RecvScratch, SendMsg, SendScratch, Tun, TunRecvScratch, UdpSocket6,
+    IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN,
 };
 use mt6d_proto::handshake::is_handshake;
 use mt6d_proto::moves::is_notice;
@@ -44,16 +43,13 @@ use mt6d_proto::{OpenError, SealError, UnixTime};
 use super::counters::DropReason;
 use super::delivery::Delivery;
 use super::path::PathState;
-use super::placement::{Move, Placement};
-use super::polls::{WorkerLoad, TUN_TOKEN};
 use super::routing::{RouteTable, RxRoute};
 use super::shared::Shared;
 use super::tcp_policy::{Direction, Limits, LogBudget, Verdict};
 use super::{collision, session};
-use crate::daemon::worker::{MAX_GSO_BYTES, MAX_GSO_SEGMENTS};
+use crate::daemon::worker::placement::Placement;
+use crate::daemon::worker::{self, Carried, Packets, Wake, MAX_GSO_BYTES, MAX_GSO_SEGMENTS};
 
-/// How often an idle worker looks at the shutdown flag (and erases expired keys).
-const POLL: Duration = Duration::from_millis(100);
 /// Buffers in one recvmmsg.
 const RX_BATCH: usize = 32;
 
@@ -91,13 +87,12 @@ struct Run {
     closed: bool,
 }
 
-/// One data-plane worker: waits in `epoll` (its TUN queue, `queues[index]`, and its sockets)
-/// and serves whatever is ready, both directions, until shutdown. What it opens it writes into
-/// its own queue while that is light, and into the next worker's queue while it carries bulk
-/// ([`Delivery`]; docs/ARCHITECTURE.md "Workers": the device sends a flow's answers to the
-/// queue its packets were written into); a SYN-ACK into the queue its SYN was read from
-/// ([`super::syn_queues`]). While what it carries is light it runs on one CPU shared by every
-/// light worker, while bulk on all ([`Placement`]). `index` also names its [`WorkerLoad`].
+/// One data-plane worker: the kit's worker loop ([`worker::serve`]) over `epoll` (its TUN
+/// queue, `queues[index]`, and its sockets), serving both directions until shutdown. What it
+/// opens it writes into its own queue while that is light, and into the next worker's queue
+/// while it carries bulk ([`Delivery`]; docs/ARCHITECTURE.md "Workers": the device sends a
+/// flow's answers to the queue its packets were written into); a SYN-ACK into the queue its SYN
+/// was read from ([`super::syn_queues`]). `index` also names its [`worker::WorkerLoad`].
 pub fn worker_loop(
     shared: &Shared,
     index: usize,
@@ -106,102 +101,85 @@ pub fn worker_loop(
     tun_mtu: usize,
     path: &PathState,
 ) {
-    let tun = &queues[index];
-    let next = (index + 1) % queues.len();
-    let mut events = EpollEvents::with_capacity(64);
-    let mut tx = Transmit::new(tun_mtu);
-    let mut rx = Receive::new(tun_mtu);
+    let mut packets = GatewayPackets {
+        shared,
+        index,
+        queues,
+        path,
+        tx: Transmit::new(tun_mtu),
+        rx: Receive::new(tun_mtu),
+        delivery: Delivery::new(),
+    };
     let load = &shared.load[index % shared.load.len()];
-    let mut delivery = Delivery::new();
-    let mut placement = Placement::new(mt6d_os::thread_affinity().ok());
-    // A worker starts light, so it starts at home: whether it ever carries anything depends on
-    // where the kernel's flow hash (seeded at boot) puts the protected hosts' flows.
-    if placement.is_on() {
-        place(&mut placement, load, index, crate::daemon::clock::now(), 0);
-    }
-    while !shared.shutdown.load(Ordering::Relaxed) {
-        match epoll.wait(&mut events, Some(POLL)) {
-            Ok(0) => {
-                // Idle: erase the keys the timer took back from this worker's peers now rather
-                // than at their next packet.
-                erase_expired_keys(shared, index);
-                // A freed worker whose traffic stopped goes home at the end of its window,
-                // not only at its next packet.
-                if placement.is_on() {
-                    place(&mut placement, load, index, crate::daemon::clock::now(), 0);
-                }
-                continue;
-            }
-            Ok(_) => {}
-            Err(e) if e.is_would_block() => continue,
-            Err(e) => {
-                log::error!("data-plane worker {index}: epoll wait failed: {e}; stopping");
-                shared.shutdown.store(true, Ordering::Relaxed);
-                return;
-            }
-        }
-        load.wakeups.fetch_add(1, Ordering::Relaxed);
-        let table = shared.table.load();
-        let limits = tcp_limits(path);
-        // One clock read per wake-up: key confirmation and expiry need only coarse time.
-        let mut now = None;
-        let mut carried = 0;
-        for token in events.tokens() {
-            if token == TUN_TOKEN {
-                let (n, bytes) = tx.on_readable(shared, &table, (tun, index), limits);
-                if n > 0 {
-                    load.sealed.fetch_add(n, Ordering::Relaxed);
-                    carried += bytes;
-                }
-                continue;
-            }
-            let Some(socket) = u16::try_from(token)
-                .ok()
-                .and_then(|p| table.sockets.get(&p))
-            else {
-                continue;
-            };
-            let now = *now.get_or_insert_with(crate::daemon::clock::now);
-            let queue = if delivery.next_queue() { next } else { index };
-            let (n, bytes) = rx.on_readable(shared, &table, socket, (queues, queue), limits, now);
-            if n > 0 {
-                load.opened.fetch_add(n, Ordering::Relaxed);
-                delivery.delivered(now, bytes);
-                carried += bytes;
-            }
-        }
-        if carried > 0 && placement.is_on() {
-            let now = *now.get_or_insert_with(crate::daemon::clock::now);
-            place(&mut placement, load, index, now, carried);
-        }
+    let placement = Placement::new(mt6d_os::thread_affinity().ok());
+    if let Err(e) = worker::serve(epoll, index, load, Some(placement), &mut packets) {
+        log::error!("data-plane worker {index}: {e}; stopping");
+        shared.shutdown.store(true, Ordering::Relaxed);
     }
 }
 
-/// Moves the worker where [`Placement`] says, after it carried `bytes` at `now`, and records
-/// where it is in `load` for `mt6d status`. If the kernel refuses (the daemon's CPU set changed
-/// under it), placement stops for this worker.
-fn place(placement: &mut Placement, load: &WorkerLoad, index: usize, now: UnixTime, bytes: u64) {
-    let Some(to) = placement.carried(now, bytes) else {
-        return;
-    };
-    let result = match placement.cpus(to) {
-        Some(cpus) => mt6d_os::set_thread_affinity(&cpus).map_err(|e| format!("{cpus:?}: {e}")),
-        None => Err("no CPU to move to".to_owned()),
-    };
-    match result {
-        Ok(()) => {
-            placement.moved(to);
-            load.placed(placement.status());
+/// The gateway's side of a worker: its queues, buffers and delivery choice.
+struct GatewayPackets<'a> {
+    shared: &'a Shared,
+    index: usize,
+    queues: &'a [Tun],
+    path: &'a PathState,
+    tx: Transmit,
+    rx: Receive,
+    delivery: Delivery,
+}
+
+impl Packets for GatewayPackets<'_> {
+    fn outbound(&mut self, _wake: &mut Wake) -> Carried {
+        let table = self.shared.table.load();
+        let tun = &self.queues[self.index];
+        let limits = tcp_limits(self.path);
+        let (packets, bytes) = self
+            .tx
+            .on_readable(self.shared, &table, (tun, self.index), limits);
+        Carried { packets, bytes }
+    }
+
+    fn inbound(&mut self, token: u64, wake: &mut Wake) -> Carried {
+        let table = self.shared.table.load();
+        let Some(socket) = u16::try_from(token)
+            .ok()
+            .and_then(|p| table.sockets.get(&p))
+        else {
+            return Carried::NOTHING;
+        };
+        let now = wake.now();
+        let next = (self.index + 1) % self.queues.len();
+        let queue = if self.delivery.next_queue() {
+            next
+        } else {
+            self.index
+        };
+        let limits = tcp_limits(self.path);
+        let (packets, bytes) = self.rx.on_readable(
+            self.shared,
+            &table,
+            socket,
+            (self.queues, queue),
+            limits,
+            now,
+        );
+        if packets > 0 {
+            self.delivery.delivered(now, bytes);
         }
-        Err(e) => {
-            log::warn!(
-                "data-plane worker {index}: cannot move to the CPUs of {} traffic ({e}); \
-                 it stays where the kernel puts it",
-                if to == Move::Home { "light" } else { "bulk" }
-            );
-            placement.turn_off();
-            load.placed(placement.status());
+        Carried { packets, bytes }
+    }
+
+    fn after_wake(&mut self, idle: bool, _wake: &mut Wake) {
+        // Idle: erase the keys the timer took back from this worker's peers now rather than
+        // at their next packet.
+        if idle {
+            erase_expired_keys(self.shared, self.index);
         }
+    }
+
+    fn stopping(&self) -> bool {
+        self.shared.shutdown.load(Ordering::Relaxed)
     }
 }
 

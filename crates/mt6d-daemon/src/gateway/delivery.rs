@@ -14,23 +14,15 @@
 //! gateway (ping 0.03-0.08 ms slower).
 //!
 //! So a worker delivers into its own queue while what it opens is light, and into the next
-//! queue while it carries bulk: more than [`BUSY_BYTES`] in a [`WINDOW`], back below
+//! queue while it carries bulk: more than [`BUSY_BYTES`] in a [`WINDOW`](crate::daemon::worker::window::WINDOW), back below
 //! [`IDLE_BYTES`] (hysteresis, so a transfer does not flip between the two). A switch moves the
 //! answers of the worker's flows to another queue once; answers already queued on the old
 //! queue may then leave after newer ones, once per switch, as after a route change. Packets
 //! toward the protected side are never reordered by it (one worker writes them in order).
 
-use std::time::Duration;
-
 use mt6d_proto::UnixTime;
 
-/// How long a worker counts what it carried before deciding again.
-pub const WINDOW: Duration = Duration::from_millis(100);
-/// Bulk: at least this many bytes in one window (320 Mbit/s): opened, for the queue choice;
-/// sealed and opened, for [`super::placement`].
-pub const BUSY_BYTES: u64 = 4_000_000;
-/// Light again: fewer bytes than this in one window (40 Mbit/s).
-pub const IDLE_BYTES: u64 = 500_000;
+use crate::daemon::worker::window::{LoadWindow, BUSY_BYTES, IDLE_BYTES};
 
 /// One worker's choice of delivery queue. Starts light (its own queue).
 #[derive(Debug, Clone, Copy)]
@@ -57,53 +49,6 @@ impl Delivery {
     /// after its first delivery following a pause of one window.
     pub fn delivered(&mut self, now: UnixTime, bytes: u64) {
         self.0.add(now, bytes);
-    }
-}
-
-/// Light or busy, decided once per [`WINDOW`] from an amount counted over it, with
-/// hysteresis: busy from `busy_at` per window, light again below `idle_below`. Starts light.
-#[derive(Debug, Clone, Copy)]
-pub struct LoadWindow {
-    window_start: Option<UnixTime>,
-    amount: u64,
-    busy: bool,
-    busy_at: u64,
-    idle_below: u64,
-}
-
-impl LoadWindow {
-    pub const fn new(busy_at: u64, idle_below: u64) -> LoadWindow {
-        LoadWindow {
-            window_start: None,
-            amount: 0,
-            busy: false,
-            busy_at,
-            idle_below,
-        }
-    }
-
-    /// The decision of the last window that ended.
-    pub fn busy(&self) -> bool {
-        self.busy
-    }
-
-    /// Counts `amount` at `now`; at the end of a window, decides for the next one. Over more
-    /// than one window (a pause), the amount counts as spread over all of them.
-    pub fn add(&mut self, now: UnixTime, amount: u64) {
-        let start = *self.window_start.get_or_insert(now);
-        let elapsed = now.saturating_duration_since(start);
-        if elapsed >= WINDOW {
-            let windows = (elapsed.as_nanos() / WINDOW.as_nanos()).max(1) as u64;
-            let per_window = self.amount / windows;
-            if per_window >= self.busy_at {
-                self.busy = true;
-            } else if per_window < self.idle_below {
-                self.busy = false;
-            }
-            self.window_start = Some(now);
-            self.amount = 0;
-        }
-        self.amount = self.amount.saturating_add(amount);
     }
 }
 

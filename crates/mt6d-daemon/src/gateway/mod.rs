@@ -32,7 +32,6 @@ mod liveness;
 mod path;
 pub mod peer;
 mod peer_link;
-mod placement;
 mod polls;
 mod prefix;
 mod quiet;
@@ -58,10 +57,10 @@ use arc_swap::ArcSwap;
 use crate::config::{Config, Keying, Role};
 use crate::control::{Asked, ChangeAnswer, ControlServer, Request};
 use crate::daemon::neighbor::NeighborPrimer;
+use crate::daemon::worker::WorkerLoad;
 use crate::daemon::{clock, signals};
 use crate::status::{
     HandshakeStatus, KernelDrops, MoveStatus, PeerStatus, RouteSetStatus, RouteStatus, Status,
-    WorkerStatus,
 };
 use collision::CollisionWatch;
 use counters::{DirectionCounters, DropReason};
@@ -70,7 +69,7 @@ use icmp::IcmpTranslator;
 use liveness::Liveness;
 use path::PathState;
 use peer::{Peer, PeerKeys};
-use polls::{Polls, WorkerLoad};
+use polls::Polls;
 use rotation::Rotator;
 use router::RouterDiscovery;
 use routing::RouteTable;
@@ -927,15 +926,6 @@ fn status(
         collision_watch: rotator.watch_status(),
         interfaces: Vec::new(),
         kernel_drops: KernelDrops::default(),
-        workers: shared
-            .load
-            .iter()
-            .map(|w| WorkerStatus {
-                sealed: w.sealed.load(Ordering::Relaxed),
-                opened: w.opened.load(Ordering::Relaxed),
-                wakeups: w.wakeups.load(Ordering::Relaxed),
-                placement: w.placement(),
-            })
-            .collect(),
+        workers: shared.load.iter().map(WorkerLoad::status).collect(),
     }
 }

@@ -10,8 +10,8 @@ use arc_swap::ArcSwap;
 
 use super::counters::DirectionCounters;
 use super::link_timers::Attention;
-use super::polls::WorkerLoad;
 use super::routing::RouteTable;
+use crate::daemon::worker::WorkerLoad;
 
 /// What both packet threads share.
 #[derive(Debug)]

@@ -49,7 +49,7 @@ use mt6d_os::raw_udp::{RawSendMsg, RawSendScratch};
 use mt6d_os::udp::{RecvBuf, SendMsg, SendScratch};
 use mt6d_os::UdpSocket6;
 use mt6d_os::{
-    Epoll, EpollEvents, GROTable, RawUdp6, RecvScratch, Tun, TunRecvScratch, IDEAL_BATCH_SIZE,
+    Epoll, GROTable, RawUdp6, RecvScratch, Tun, TunRecvScratch, IDEAL_BATCH_SIZE,
     VIRTIO_NET_HDR_LEN,
 };
 use mt6d_proto::relay::cost::LinkState;
@@ -70,7 +70,10 @@ use crate::daemon::anyip::ndp::NdpResponder;
 use crate::daemon::anyip::os;
 use crate::daemon::clock;
 use crate::daemon::signals::Signals;
-use crate::daemon::worker::{MAX_GSO_BYTES, MAX_GSO_SEGMENTS};
+use crate::daemon::worker::placement::Placement;
+use crate::daemon::worker::{
+    self, Carried, Packets, Wake, WorkerLoad, MAX_GSO_BYTES, MAX_GSO_SEGMENTS, TUN_TOKEN,
+};
 use crate::status::relay::{E2eStatus, LinkStatus, RelayStatus, RouteStatus, WorkerStatus};
 
 /// Longest the loop sleeps: it also watches the stop flag and answers the control socket (a
@@ -81,7 +84,6 @@ const RX_BATCH: usize = 32;
 /// How often the counters are logged (at info) while anything moves.
 const REPORT_EVERY: Duration = Duration::from_secs(60);
 const SOCKET_TOKEN: u64 = 0;
-const TUN_TOKEN: u64 = 1;
 /// The first neighbour responder's token; responder `k` has `NDP_TOKEN + k`.
 const NDP_TOKEN: u64 = 2;
 /// Neighbour discovery frames handled per wake-up at most (the rest at the next one).
@@ -92,6 +94,8 @@ const NDP_BUDGET: usize = 64;
 #[derive(Debug, Default, Clone)]
 pub struct IoCounters {
     pub rx_datagrams: u64,
+    /// Bytes of the datagrams received (what worker placement weighs).
+    pub rx_bytes: u64,
     pub rx_truncated: u64,
     /// Datagrams to the prefix on no current route of any link (a scan, an old epoch's
     /// straggler, a forgery): dropped before any key is used.
@@ -106,6 +110,8 @@ pub struct IoCounters {
     pub tx_send_failed: u64,
     pub socket_queue_drops: u64,
     pub tun_rx_packets: u64,
+    /// Bytes of the inner packets read from the TUN queue.
+    pub tun_rx_bytes: u64,
     /// Packets from the protected side between no configured host pair.
     pub tun_no_peer: u64,
     pub tun_no_route: u64,
@@ -138,9 +144,10 @@ pub struct IoCounters {
 
 impl IoCounters {
     /// Every counter by its status name.
-    fn pairs(&self) -> [(&'static str, u64); 22] {
+    fn pairs(&self) -> [(&'static str, u64); 24] {
         [
             ("rx_datagrams", self.rx_datagrams),
+            ("rx_bytes", self.rx_bytes),
             ("rx_truncated", self.rx_truncated),
             ("rx_no_link", self.rx_no_link),
             ("rx_refused", self.rx_refused),
@@ -148,6 +155,7 @@ impl IoCounters {
             ("tx_send_failed", self.tx_send_failed),
             ("socket_queue_drops", self.socket_queue_drops),
             ("tun_rx_packets", self.tun_rx_packets),
+            ("tun_rx_bytes", self.tun_rx_bytes),
             ("tun_no_peer", self.tun_no_peer),
             ("tun_no_route", self.tun_no_route),
             ("tun_no_key", self.tun_no_key),
@@ -240,6 +248,8 @@ struct Shared<'a> {
     counters: Vec<Mutex<IoCounters>>,
     /// Set when any worker's loop ends (a stop signal, an error, a panic): the others stop.
     stop: AtomicBool,
+    /// What each worker moved and where it runs, by worker index.
+    load: Box<[WorkerLoad]>,
 }
 
 /// One data-plane thread's sockets, queue and buffers.
@@ -297,6 +307,80 @@ impl Drop for StopOnExit<'_> {
     }
 }
 
+/// What worker 0 keeps besides packets (its [`Worker::main_duties`]).
+struct MainDuties<'c> {
+    ctl: &'c ControlServer,
+    ndp: Vec<NdpResponder>,
+    started: Instant,
+    published: Option<&'c crate::metrics::Published>,
+    rng: rand::rngs::ThreadRng,
+    last_report: Instant,
+    last_rx: u64,
+    published_at: Option<Instant>,
+}
+
+/// The relay's side of the kit's worker loop: a worker, and for worker 0 the node's duties.
+struct RelayPackets<'w, 'a, 'c> {
+    worker: &'w mut Worker<'a>,
+    signals: &'c Signals,
+    main: Option<MainDuties<'c>>,
+}
+
+impl Packets for RelayPackets<'_, '_, '_> {
+    fn outbound(&mut self, _wake: &mut Wake) -> Carried {
+        let c = &self.worker.counters;
+        let (packets, bytes) = (c.tun_rx_packets, c.tun_rx_bytes);
+        self.worker.on_tun();
+        let c = &self.worker.counters;
+        Carried {
+            packets: c.tun_rx_packets - packets,
+            bytes: c.tun_rx_bytes - bytes,
+        }
+    }
+
+    fn inbound(&mut self, token: u64, _wake: &mut Wake) -> Carried {
+        if token == SOCKET_TOKEN {
+            let c = &self.worker.counters;
+            let (packets, bytes) = (c.rx_datagrams, c.rx_bytes);
+            self.worker.on_socket();
+            let c = &self.worker.counters;
+            return Carried {
+                packets: c.rx_datagrams - packets,
+                bytes: c.rx_bytes - bytes,
+            };
+        }
+        if let (Some(main), Some(k)) = (&mut self.main, token.checked_sub(NDP_TOKEN)) {
+            self.worker.on_ndp(&mut main.ndp, k as usize);
+        }
+        Carried::NOTHING
+    }
+
+    fn after_wake(&mut self, _idle: bool, _wake: &mut Wake) {
+        if let Some(main) = &mut self.main {
+            self.worker.main_duties(self.signals, main);
+        }
+        self.worker.publish();
+    }
+
+    fn next_wait(&mut self) -> Duration {
+        if self.main.is_none() {
+            return TICK;
+        }
+        let now = clock::now();
+        let due = self.worker.shared.core.lock().node.poll_timeout();
+        Duration::from_nanos(due.as_nanos().saturating_sub(now.as_nanos())).min(TICK)
+    }
+
+    fn stopping(&self) -> bool {
+        self.worker.stopping(self.signals)
+    }
+}
+
+/// Every relay worker's placement (off with fewer than two CPUs).
+fn placement() -> Option<Placement> {
+    Some(Placement::new(mt6d_os::thread_affinity().ok()))
+}
+
 /// Serves until a stop signal (or a fatal error of a worker's loop): worker 0 on this thread,
 /// the others on their own.
 pub fn serve(
@@ -349,6 +433,7 @@ pub fn serve(
             .collect(),
         counters: (0..workers).map(|_| Mutex::default()).collect(),
         stop: AtomicBool::new(false),
+        load: (0..workers).map(|_| WorkerLoad::default()).collect(),
     };
     let mut tuns = tuns.into_iter();
     let mut all: Vec<Worker<'_>> = sockets
@@ -501,31 +586,29 @@ impl<'a> Worker<'a> {
             .clone_from(&self.counters);
     }
 
-    /// A worker other than 0: its socket and queue until the node stops.
+    /// A worker other than 0: its socket and queue until the node stops, in the kit's worker
+    /// loop.
     fn serve(&mut self, signals: &Signals) -> Result<(), RelayError> {
         let epoll = self.epoll()?;
-        let mut events = EpollEvents::with_capacity(2);
-        while !self.stopping(signals) {
-            epoll.wait(&mut events, Some(TICK)).map_err(os("wait"))?;
-            for token in events.tokens() {
-                match token {
-                    SOCKET_TOKEN => self.on_socket(),
-                    TUN_TOKEN => self.on_tun(),
-                    _ => {}
-                }
-            }
-            self.publish();
-        }
+        let index = self.index;
+        let load = &self.shared.load[index];
+        let mut packets = RelayPackets {
+            worker: self,
+            signals,
+            main: None,
+        };
+        worker::serve(&epoll, index, load, placement(), &mut packets).map_err(os("wait"))?;
         Ok(())
     }
 
     /// Worker 0: its socket and queue, and the node's timers, the neighbour responders, the
-    /// control socket and the periodic counter line.
+    /// control socket and the periodic counter line, in the kit's worker loop (which waits at
+    /// most until the node's next timer).
     fn serve_main(
         &mut self,
         signals: &Signals,
         ctl: &ControlServer,
-        mut ndp: Vec<NdpResponder>,
+        ndp: Vec<NdpResponder>,
         started: Instant,
         published: Option<&crate::metrics::Published>,
     ) -> Result<(), RelayError> {
@@ -536,69 +619,72 @@ impl<'a> Worker<'a> {
                 .add(r.capture().as_fd().as_raw_fd(), NDP_TOKEN + k as u64)
                 .map_err(os("watch the neighbour responder"))?;
         }
-        let mut events = EpollEvents::with_capacity(4);
-        let mut rng = rand::rng();
-        let mut last_report = Instant::now();
-        let mut last_rx = 0;
-        let mut published_at: Option<Instant> = None;
-        self.housekeeping(&mut rng);
-        loop {
-            if self.stopping(signals) {
-                return Ok(());
+        let mut main = MainDuties {
+            ctl,
+            ndp,
+            started,
+            published,
+            rng: rand::rng(),
+            last_report: Instant::now(),
+            last_rx: 0,
+            published_at: None,
+        };
+        self.housekeeping(&mut main.rng);
+        let index = self.index;
+        let load = &self.shared.load[index];
+        let mut packets = RelayPackets {
+            worker: self,
+            signals,
+            main: Some(main),
+        };
+        worker::serve(&epoll, index, load, placement(), &mut packets).map_err(os("wait"))?;
+        Ok(())
+    }
+
+    /// Worker 0's duties besides packets, after every wake-up: the node's timers, metrics,
+    /// control requests and the counter line.
+    fn main_duties(&mut self, signals: &Signals, main: &mut MainDuties<'_>) {
+        if signals.take_reload() {
+            log::warn!(
+                "SIGHUP: the relay role does not reload its file yet; restart it to apply changes"
+            );
+        }
+        self.housekeeping(&mut main.rng);
+        // The metrics thread serves the newest status; once a second is enough.
+        if let Some(p) = main.published {
+            if main
+                .published_at
+                .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+            {
+                let st = crate::status::AnyStatus::Relay(self.status(main.started, &main.ndp));
+                p.store(Some(std::sync::Arc::new(st)));
+                main.published_at = Some(Instant::now());
             }
-            if signals.take_reload() {
-                log::warn!(
-                    "SIGHUP: the relay role does not reload its file yet; restart it to apply changes"
-                );
+        }
+        while let Some(pending) = main.ctl.next_request() {
+            match pending.request.clone() {
+                Asked::Status => pending.reply(&self.status(main.started, &main.ndp)),
+                Asked::Change(_) => pending.reply(&ChangeAnswer {
+                    error: Some(
+                        "the relay role has no runtime changes yet: edit the file and restart"
+                            .into(),
+                    ),
+                    ..ChangeAnswer::default()
+                }),
+                Asked::Unknown(why) => pending.reply(&ChangeAnswer {
+                    error: Some(why),
+                    ..ChangeAnswer::default()
+                }),
             }
-            let now = clock::now();
-            let due = self.shared.core.lock().node.poll_timeout();
-            let wait =
-                Duration::from_nanos(due.as_nanos().saturating_sub(now.as_nanos())).min(TICK);
-            epoll.wait(&mut events, Some(wait)).map_err(os("wait"))?;
-            for token in events.tokens() {
-                match token {
-                    SOCKET_TOKEN => self.on_socket(),
-                    TUN_TOKEN => self.on_tun(),
-                    t if t >= NDP_TOKEN => self.on_ndp(&mut ndp, (t - NDP_TOKEN) as usize),
-                    _ => {}
-                }
+        }
+        if main.last_report.elapsed() >= REPORT_EVERY {
+            let counters = self.counter_map(&self.shared.core.lock(), &main.ndp);
+            let rx = counters.get("rx_datagrams").copied().unwrap_or(0);
+            if rx != main.last_rx {
+                log::info!("{}", counter_line(&counters));
+                main.last_rx = rx;
             }
-            self.housekeeping(&mut rng);
-            self.publish();
-            // The metrics thread serves the newest status; once a second is enough.
-            if let Some(p) = published {
-                if published_at.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-                    let st = crate::status::AnyStatus::Relay(self.status(started, &ndp));
-                    p.store(Some(std::sync::Arc::new(st)));
-                    published_at = Some(Instant::now());
-                }
-            }
-            while let Some(pending) = ctl.next_request() {
-                match pending.request.clone() {
-                    Asked::Status => pending.reply(&self.status(started, &ndp)),
-                    Asked::Change(_) => pending.reply(&ChangeAnswer {
-                        error: Some(
-                            "the relay role has no runtime changes yet: edit the file and restart"
-                                .into(),
-                        ),
-                        ..ChangeAnswer::default()
-                    }),
-                    Asked::Unknown(why) => pending.reply(&ChangeAnswer {
-                        error: Some(why),
-                        ..ChangeAnswer::default()
-                    }),
-                }
-            }
-            if last_report.elapsed() >= REPORT_EVERY {
-                let counters = self.counter_map(&self.shared.core.lock(), &ndp);
-                let rx = counters.get("rx_datagrams").copied().unwrap_or(0);
-                if rx != last_rx {
-                    log::info!("{}", counter_line(&counters));
-                    last_rx = rx;
-                }
-                last_report = Instant::now();
-            }
+            main.last_report = Instant::now();
         }
     }
 
@@ -787,6 +873,7 @@ impl<'a> Worker<'a> {
             }
         };
         self.counters.socket_queue_drops += self.socket.take_queue_drops();
+        self.counters.rx_bytes += self.bufs[..got].iter().map(|b| b.len() as u64).sum::<u64>();
         let t1 = Instant::now();
         self.counters.stage_recv_ns += nanos(t1 - t0);
         let mut tun_write = Duration::ZERO;
@@ -1035,6 +1122,10 @@ impl<'a> Worker<'a> {
                 return;
             }
         };
+        self.counters.tun_rx_bytes += self.tun_sizes[..n]
+            .iter()
+            .map(|&len| len as u64)
+            .sum::<u64>();
         let shared = self.shared;
         self.spans.clear();
         let mut jobs = std::mem::take(&mut self.inner_jobs);
@@ -1397,12 +1488,16 @@ impl<'a> Worker<'a> {
                 .shared
                 .counters
                 .iter()
-                .map(|w| {
+                .zip(self.shared.load.iter())
+                .map(|(w, load)| {
                     let w = w.lock();
+                    let load = load.status();
                     WorkerStatus {
                         rx_datagrams: w.rx_datagrams,
                         tun_rx_packets: w.tun_rx_packets,
                         tx_datagrams: w.tx_datagrams,
+                        wakeups: load.wakeups,
+                        placement: load.placement,
                     }
                 })
                 .collect(),

@@ -69,6 +69,11 @@ pub(super) fn status(cfg: &ServerConfig, shared: &Shared, started: Instant) -> S
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
             .collect(),
+        workers: shared
+            .load
+            .iter()
+            .map(crate::daemon::worker::WorkerLoad::status)
+            .collect(),
     }
 }
 

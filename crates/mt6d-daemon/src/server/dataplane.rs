@@ -35,7 +35,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use parking_lot::RwLock;
-use std::time::Duration;
 
 use mt6d_proto::endpoint::PeerId;
 use mt6d_proto::handshake::verify_link_mac;
@@ -46,8 +45,8 @@ use mt6d_proto::{OpenError, SealError, UnixTime};
 use mt6d_os::raw_udp::{RawSendMsg, RawSendScratch, RawUdp6};
 use mt6d_os::udp::RecvBuf;
 use mt6d_os::{
-    Epoll, EpollEvents, GROTable, PacketBuf, RecvScratch, Tun, TunRecvScratch, UdpSocket6,
-    IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN,
+    Epoll, GROTable, PacketBuf, RecvScratch, Tun, TunRecvScratch, UdpSocket6, IDEAL_BATCH_SIZE,
+    VIRTIO_NET_HDR_LEN,
 };
 use mt6d_proto::handshake::is_handshake;
 use mt6d_proto::link::Notice;
@@ -55,13 +54,12 @@ use mt6d_proto::moves::{is_link_announcement, is_notice};
 
 use super::registry::{bump, Registry, Session};
 use crate::daemon::clock;
+use crate::daemon::worker::placement::Placement;
+use crate::daemon::worker::{self, Carried, Packets, Wake, WorkerLoad, TUN_TOKEN};
 
-/// How often an idle worker looks at the shutdown flag.
-const POLL: Duration = Duration::from_millis(100);
 /// Buffers in one recvmmsg.
 const RX_BATCH: usize = 32;
 const SOCKET_TOKEN: u64 = 0;
-const TUN_TOKEN: u64 = 1;
 
 /// What the workers counted, all of them together (one relaxed add per batch and reason).
 #[derive(Debug, Default)]
@@ -162,6 +160,8 @@ pub struct Shared {
     /// Handshake clients whose route sets changed: the main thread re-indexes them
     /// (`Registry::sync_sets`) and follows their links' timeouts.
     pub resync: Mutex<Vec<PeerId>>,
+    /// What each worker moved, by worker index (its own cache line).
+    pub load: Box<[WorkerLoad]>,
 }
 
 impl Shared {
@@ -241,27 +241,51 @@ pub struct WorkerIo {
     pub tun: Tun,
 }
 
-/// Serves `io` until shutdown.
-pub fn worker_loop(shared: &Arc<Shared>, io: &WorkerIo, tun_mtu: usize) -> mt6d_os::Result<()> {
+/// Serves `io` until shutdown: the kit's worker loop ([`worker::serve`]) with the server's
+/// receive and send halves plugged in. `index` names the worker's [`WorkerLoad`].
+pub fn worker_loop(
+    shared: &Arc<Shared>,
+    io: &WorkerIo,
+    tun_mtu: usize,
+    index: usize,
+) -> mt6d_os::Result<()> {
     let epoll = Epoll::new()?;
     use std::os::fd::AsRawFd;
     io.socket.set_nonblocking(true)?;
     io.tun.set_nonblocking(true)?;
     epoll.add(io.socket.as_raw_fd(), SOCKET_TOKEN)?;
     epoll.add(io.tun.as_raw_fd(), TUN_TOKEN)?;
-    let mut events = EpollEvents::with_capacity(4);
-    let mut rx = Receive::new(tun_mtu);
-    let mut tx = Transmit::new(tun_mtu);
-    while !shared.shutdown.load(Ordering::Relaxed) {
-        epoll.wait(&mut events, Some(POLL))?;
-        for token in events.tokens() {
-            match token {
-                SOCKET_TOKEN => rx.on_readable(shared, io),
-                _ => tx.on_readable(shared, io),
-            }
-        }
+    let mut packets = ServerPackets {
+        shared,
+        io,
+        rx: Receive::new(tun_mtu),
+        tx: Transmit::new(tun_mtu),
+    };
+    let load = &shared.load[index % shared.load.len()];
+    let placement = Placement::new(mt6d_os::thread_affinity().ok());
+    worker::serve(&epoll, index, load, Some(placement), &mut packets)
+}
+
+/// The server's side of a worker: its kernel objects and buffers.
+struct ServerPackets<'a> {
+    shared: &'a Shared,
+    io: &'a WorkerIo,
+    rx: Receive,
+    tx: Transmit,
+}
+
+impl Packets for ServerPackets<'_> {
+    fn outbound(&mut self, _wake: &mut Wake) -> Carried {
+        self.tx.on_readable(self.shared, self.io)
     }
-    Ok(())
+
+    fn inbound(&mut self, _token: u64, _wake: &mut Wake) -> Carried {
+        self.rx.on_readable(self.shared, self.io)
+    }
+
+    fn stopping(&self) -> bool {
+        self.shared.shutdown.load(Ordering::Relaxed)
+    }
 }
 
 struct Receive {
@@ -288,13 +312,13 @@ impl Receive {
         }
     }
 
-    fn on_readable(&mut self, shared: &Shared, io: &WorkerIo) {
+    fn on_readable(&mut self, shared: &Shared, io: &WorkerIo) -> Carried {
         let got = match io.socket.recv_ready(&mut self.scratch, &mut self.bufs) {
             Ok(n) => n,
-            Err(e) if e.is_would_block() => return,
+            Err(e) if e.is_would_block() => return Carried::NOTHING,
             Err(e) => {
                 log::debug!("{e}");
-                return;
+                return Carried::NOTHING;
             }
         };
         let c = &shared.counters;
@@ -573,6 +597,10 @@ impl Receive {
                 bump(counter, v);
             }
         }
+        Carried {
+            packets: n.packets,
+            bytes: n.bytes,
+        }
     }
 }
 
@@ -627,16 +655,16 @@ impl Transmit {
         }
     }
 
-    fn on_readable(&mut self, shared: &Shared, io: &WorkerIo) {
+    fn on_readable(&mut self, shared: &Shared, io: &WorkerIo) -> Carried {
         let n = match io
             .tun
             .recv_batch(&mut self.scratch, &mut self.packets, &mut self.sizes, 0)
         {
             Ok(n) => n,
-            Err(e) if e.is_would_block() => return,
+            Err(e) if e.is_would_block() => return Carried::NOTHING,
             Err(e) => {
                 log::warn!("{e}");
-                return;
+                return Carried::NOTHING;
             }
         };
         let c = &shared.counters;
@@ -772,6 +800,10 @@ impl Transmit {
             if n > 0 {
                 bump(counter, n);
             }
+        }
+        Carried {
+            packets: sent as u64,
+            bytes,
         }
     }
 }

@@ -193,6 +193,9 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
         counters: ServerCounters::default(),
         shutdown: std::sync::atomic::AtomicBool::new(false),
         resync: std::sync::Mutex::new(Vec::new()),
+        load: (0..cfg.worker_count())
+            .map(|_| crate::daemon::worker::WorkerLoad::default())
+            .collect(),
     });
     let mtu = tun_mtu(&cfg, &clients)?;
     let served = clients.len();
@@ -345,7 +348,7 @@ fn serve(
             .name(format!("mt6d-s{i}"))
             .spawn(move || {
                 crate::daemon::worker::stop_all_if_it_panics(&s.shutdown, i, || {
-                    if let Err(e) = dataplane::worker_loop(&s, &io, usize::from(mtu)) {
+                    if let Err(e) = dataplane::worker_loop(&s, &io, usize::from(mtu), i) {
                         log::error!("server worker {i}: {e}; stopping");
                         s.shutdown.store(true, Ordering::Relaxed);
                     }

@@ -42,6 +42,12 @@ pub struct WorkerStatus {
     pub tun_rx_packets: u64,
     /// Datagrams it sent.
     pub tx_datagrams: u64,
+    /// Times it woke with something ready (absent from older nodes).
+    #[serde(default)]
+    pub wakeups: u64,
+    /// Which CPUs it runs on now (absent from older nodes: `unplaced`).
+    #[serde(default)]
+    pub placement: super::Placement,
 }
 
 /// One link.
@@ -170,12 +176,12 @@ pub fn render(s: &RelayStatus) -> String {
             ));
         }
     }
-    if s.workers.len() > 1 {
+    if !s.workers.is_empty() {
         out.push_str("  workers:");
         for (k, w) in s.workers.iter().enumerate() {
             out.push_str(&format!(
-                " [{k}] rx {} tun {} tx {}",
-                w.rx_datagrams, w.tun_rx_packets, w.tx_datagrams
+                " [{k}] rx {} tun {} tx {} ({})",
+                w.rx_datagrams, w.tun_rx_packets, w.tx_datagrams, w.placement
             ));
         }
         out.push('\n');

@@ -22,6 +22,10 @@ pub struct ServerStatus {
     pub session_route_sets: u64,
     /// The workers' counters (docs/CONFIG.md lists them).
     pub counters: BTreeMap<String, u64>,
+    /// What each data-plane worker moved since start, by worker index (absent from older
+    /// daemons).
+    #[serde(default)]
+    pub workers: Vec<super::WorkerStatus>,
 }
 
 /// `mt6d status` of a server, for people.
@@ -32,6 +36,11 @@ pub fn render(s: &ServerStatus) -> String {
     );
     out.push_str(&crate::status::nonzero_counters(&s.counters));
     out.push('\n');
+    if let Some(line) = super::text::workers_line(&s.workers) {
+        out.push_str("  ");
+        out.push_str(&line);
+        out.push('\n');
+    }
     out
 }
 
@@ -58,9 +67,19 @@ mod tests {
             ]
             .into_iter()
             .collect(),
+            workers: vec![crate::status::WorkerStatus {
+                sealed: 4,
+                opened: 5,
+                wakeups: 6,
+                placement: crate::status::Placement::Light { cpu: 0 },
+            }],
         };
         let r = render(&s);
         assert!(r.contains("clients 10, live sessions 2"), "{r}");
+        assert!(
+            r.contains("data-plane workers 1: #0 sealed 4 opened 5 (light, on CPU 0)"),
+            "{r}"
+        );
         assert!(
             r.contains("rx_packets=5") && !r.contains("rx_rejected"),
             "{r}"

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::{PeerStatus, Status};
+use super::{PeerStatus, Status, WorkerStatus};
 
 /// Human-readable status, as `mt6d status` prints without `--json`.
 pub fn render(status: &Status) -> String {
@@ -46,24 +46,8 @@ fn daemon(s: &mut String, status: &Status) {
         "kernel queue drops: socket receive queues {}, TUN transmit queue {}, refused TUN writes {}",
         k.socket_queue, k.tun_queue, k.tun_write
     );
-    if !status.workers.is_empty() {
-        let list: Vec<String> = status
-            .workers
-            .iter()
-            .enumerate()
-            .map(|(i, w)| {
-                format!(
-                    "#{i} sealed {} opened {} ({})",
-                    w.sealed, w.opened, w.placement
-                )
-            })
-            .collect();
-        let _ = writeln!(
-            s,
-            "data-plane workers {}: {}",
-            status.workers.len(),
-            list.join(", ")
-        );
+    if let Some(line) = workers_line(&status.workers) {
+        let _ = writeln!(s, "{line}");
     }
     let path = &status.path;
     let listed = |m: &std::collections::BTreeMap<String, u64>| {
@@ -113,6 +97,29 @@ fn daemon(s: &mut String, status: &Status) {
             "router advertisements: off (router_advertisements = false)"
         );
     }
+}
+
+/// The data-plane workers' line of `mt6d status` (every role): what each sealed and opened and
+/// where it runs; `None` for a daemon that reported no workers.
+pub fn workers_line(workers: &[WorkerStatus]) -> Option<String> {
+    if workers.is_empty() {
+        return None;
+    }
+    let list: Vec<String> = workers
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            format!(
+                "#{i} sealed {} opened {} ({})",
+                w.sealed, w.opened, w.placement
+            )
+        })
+        .collect();
+    Some(format!(
+        "data-plane workers {}: {}",
+        workers.len(),
+        list.join(", ")
+    ))
 }
 
 /// One peer's lines: epoch, keys, moves, routes, traffic, drops and TCP policy.

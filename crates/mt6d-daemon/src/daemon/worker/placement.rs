@@ -14,7 +14,7 @@
 //! another (or to a protected host) finds its next thread on the CPU that is already awake.
 //! Bulk needs every core: a worker that carries (seals and opens) more than [`BUSY_BYTES`] in a
 //! window is free again until it falls below [`IDLE_BYTES`] (hysteresis; the thresholds of
-//! [`super::delivery`]). Bytes, not packets: a ping flood of tens of thousands of small echoes
+//! [`super::window`]). Bytes, not packets: a ping flood of tens of thousands of small echoes
 //! a second is latency-bound and is fastest on one CPU (in quick runs its round trip fell from
 //! 0.04-0.09 to 0.02 ms while the worker stayed there), a TCP transfer is bound by throughput
 //! and needs both.
@@ -25,7 +25,7 @@
 use mt6d_os::CpuSet;
 use mt6d_proto::UnixTime;
 
-use super::delivery::{LoadWindow, BUSY_BYTES, IDLE_BYTES};
+use super::window::{LoadWindow, BUSY_BYTES, IDLE_BYTES};
 
 /// Where one worker runs. Starts light.
 #[derive(Debug)]
