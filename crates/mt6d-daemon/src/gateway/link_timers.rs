@@ -109,6 +109,12 @@ impl LinkTimers {
         }
     }
 
+    /// The earliest deadline held (it may belong to a peer rescheduled since: waking for it
+    /// early costs one turn).
+    pub fn next_due(&self) -> Option<UnixTime> {
+        self.heap.peek().map(|Reverse((t, _))| *t)
+    }
+
     /// Entries held (tests).
     #[cfg(test)]
     fn len(&self) -> usize {

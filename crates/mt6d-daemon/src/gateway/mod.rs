@@ -24,6 +24,7 @@ pub mod counters;
 mod dataplane;
 mod delivery;
 mod error;
+mod housekeeping;
 pub mod icmp;
 mod kernel_drops;
 mod link_timers;
@@ -50,12 +51,12 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
 use crate::config::{Config, Keying, Role};
-use crate::control::{Asked, ChangeAnswer, ControlServer, Request};
+use crate::control::ControlServer;
 use crate::daemon::neighbor::NeighborPrimer;
 use crate::daemon::worker::WorkerLoad;
 use crate::daemon::{clock, signals};
@@ -337,7 +338,7 @@ fn run_gateway(
 
 #[allow(clippy::too_many_arguments)]
 fn serve(
-    mut live: reload::Live,
+    live: reload::Live,
     control: &ControlServer,
     signals: &signals::Signals,
     sys: &mut System,
@@ -419,181 +420,23 @@ fn serve(
                 })?;
             log::info!("metrics on http://{}/metrics", m.local_addr());
         }
-        let mut published_at: Option<Instant> = None;
-        let mut link_timers = link_timers::LinkTimers::default();
-        let mut due: Vec<usize> = Vec::new();
-        let mut result = Ok(());
-        let mut next_rotation = rotator.next_change();
-        let mut drops = DropReport::default();
-        let mut kernel_report = kernel_drops::KernelDropReport::default();
-        let mut liveness = Liveness::default();
-        let mut watched = vec![(
-            "external",
-            live.cfg.gateway.external_interface.as_str(),
-            sys.external_index,
-        )];
-        if let Some(internal) = live.cfg.gateway.internal_interface() {
-            watched.push(("internal", internal, sys.internal_index));
-        }
-        let mut links = links::InterfaceWatch::new(&watched, live.cfg.gateway.interface_down_exit);
-        // The running configuration: SIGHUP and the control socket replace its peers (never its
-        // [gateway] section).
-        let mut own_key = own_public_key(&live.cfg);
-        while !signals.stop_requested() && !shared.shutdown.load(Ordering::Relaxed) {
-            let mut changed = false;
-            if signals.take_reload() {
-                let running = reload::Running {
-                    live: &mut live,
-                    sys: &mut *sys,
-                    rotator: &mut *rotator,
-                    polls,
-                    shared,
-                };
-                changed |= reload::reload_file(running, "SIGHUP").is_ok_and(|p| !p.is_empty());
-            }
-            // Control requests, one at a time: a change is applied before the next is read.
-            while let Some(pending) = control.next_request() {
-                let running = reload::Running {
-                    live: &mut live,
-                    sys: &mut *sys,
-                    rotator: &mut *rotator,
-                    polls,
-                    shared,
-                };
-                let outcome = match &pending.request {
-                    Asked::Status => {
-                        let kernel =
-                            kernel_drops::read(shared, &mut running.sys.netlink, tun_index);
-                        let st = full_status(
-                            &live.cfg, shared, path, started, rotator, &links, &liveness, kernel,
-                        );
-                        pending.reply(&st);
-                        continue;
-                    }
-                    Asked::Unknown(why) => Err(why.clone()),
-                    Asked::Change(Request::Reload) => {
-                        reload::reload_file(running, "reload (control socket)")
-                            .map_err(|e| e.to_string())
-                    }
-                    Asked::Change(Request::Peers { edits }) => {
-                        reload::edit(running, edits, "peer change (control socket)")
-                            .map_err(|e| e.to_string())
-                    }
-                };
-                let answer = match outcome {
-                    Ok(plan) => {
-                        changed |= !plan.is_empty();
-                        ChangeAnswer {
-                            added: plan.added,
-                            removed: plan.removed,
-                            changed: plan.changed,
-                            error: None,
-                        }
-                    }
-                    Err(e) => ChangeAnswer {
-                        error: Some(format!("refused, nothing changed: {e}")),
-                        ..ChangeAnswer::default()
-                    },
-                };
-                pending.reply(&answer);
-            }
-            if changed {
-                own_key = own_public_key(&live.cfg);
-                // The new set's next boundary may come before the old set's.
-                next_rotation = rotator.next_change();
-            }
-            let now = clock::now();
-            match links.tick(&mut sys.netlink) {
-                links::Verdict::Carry => {}
-                links::Verdict::Rebind => {
-                    // Down flushed the hashed addresses and the routes on the interface.
-                    if let Err(e) = sys.reroute_external(&live.cfg) {
-                        log::error!("after the interface came back: {e}");
-                    }
-                    rotator.forget_addresses();
-                    next_rotation = now;
-                }
-                links::Verdict::Exit(why) => {
-                    result = Err(GatewayError::Setup(why));
-                    break;
-                }
-            }
-            if now >= next_rotation {
-                if let Err(e) = rotator.step(&mut sys.netlink, polls, shared, now) {
-                    // A failed rotation (e.g. the external interface vanished) leaves the old
-                    // routes in place; retry shortly rather than stop carrying traffic.
-                    log::error!("rotation: {e}; retrying in 1 s");
-                    next_rotation =
-                        mt6d_proto::UnixTime::from_nanos(now.as_nanos() + 1_000_000_000);
-                } else {
-                    next_rotation = rotator.next_change();
-                    let kernel = kernel_drops::read(shared, &mut sys.netlink, tun_index);
-                    drops.report(shared, kernel_report.rose(kernel));
-                    rotator.report_watch();
-                }
-            }
-            // Priming solicitations and link-layer announcements, each at its drawn instant
-            // (docs/PROTOCOL.md §5.6).
-            rotator.prime_due(&mut sys.netlink, now);
-            rotator.announce_due(&shared.table.load(), now);
-            // Address collisions (docs/PROTOCOL.md §5.2): ours seen on the link, and moves the
-            // peer announced; either rebuilds the table at once, well within the interval.
-            let found = rotator.poll_collisions(now);
-            collision::apply_collisions(shared, &found, now);
-            // The peers whose link is due or was flagged, and only those: handshakes, key
-            // expiry, route-set housekeeping, notices (docs/ARCHITECTURE.md, "The endpoint
-            // contract").
-            let table = shared.table.load();
-            link_timers.due(&table, &shared.attention, now, &mut due);
-            let mut routes_changed = false;
-            for &i in &due {
-                let (next, changed) = session::tick(&table.peers[i].peer, &table, now);
-                link_timers.schedule(i, next);
-                if changed {
-                    rotator.routes_changed(i);
-                    routes_changed = true;
-                }
-            }
-            drop(table);
-            // A route moved (a collision here or the peer's notice), a handshake bound a new
-            // session route set, a parent set was released (docs/PROTOCOL.md §5.2, §9.8): bind
-            // and publish now, well within the interval and before any activation epoch.
-            if routes_changed {
-                if let Err(e) = rotator.step(&mut sys.netlink, polls, shared, now) {
-                    log::error!("rebinding after a route change: {e}");
-                }
-            }
-            liveness.tick(shared, own_key.as_deref(), now);
-            // The metrics thread serves the newest snapshot; once a second is fresh enough for
-            // any scrape interval and costs the housekeeping loop nothing measurable.
-            if metrics.is_some()
-                && published_at.is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
-            {
-                let kernel = kernel_drops::read(shared, &mut sys.netlink, tun_index);
-                published.store(Some(std::sync::Arc::new(
-                    crate::status::AnyStatus::Gateway(Box::new(full_status(
-                        &live.cfg, shared, path, started, rotator, &links, &liveness, kernel,
-                    ))),
-                )));
-                published_at = Some(Instant::now());
-            }
-            if let Some(i) = workers
-                .iter()
-                .position(std::thread::ScopedJoinHandle::is_finished)
-            {
-                result = Err(GatewayError::Setup(format!(
-                    "data-plane worker {i} stopped; see the error above"
-                )));
-                break;
-            }
-            if icmp.is_finished() || router.as_ref().is_some_and(|r| r.is_finished()) {
-                result = Err(GatewayError::Setup(
-                    "a packet thread stopped; see the error above".into(),
-                ));
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let threads = housekeeping::Threads {
+            workers: &workers,
+            icmp: &icmp,
+            router: router.as_ref(),
+        };
+        let env = housekeeping::Env {
+            control,
+            signals,
+            polls,
+            shared,
+            path,
+            started,
+            metrics,
+            published: &published,
+            tun_index,
+        };
+        let result = housekeeping::Housekeeping::new(live, env, sys).run(rotator, &threads);
         shared.shutdown.store(true, Ordering::Relaxed);
         result
     });

@@ -715,6 +715,14 @@ impl Rotator {
         self.pending.clear();
     }
 
+    /// The earliest drawn instant of a priming solicitation or an announcement still to send.
+    pub fn next_control_due(&self) -> Option<UnixTime> {
+        match (self.pending.next_due(), self.announce.next_due()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// Sends the link-layer address announcements that are due (on one segment), each on the
     /// send route it was planned for; called by the main loop every tick.
     pub fn announce_due(&mut self, table: &RouteTable, now: UnixTime) {
@@ -726,7 +734,8 @@ impl Rotator {
         }
     }
 
-    /// Sends the announcements that are due; called by the main loop every tick (20 ms).
+    /// Sends the priming solicitations that are due; called by the main loop at every turn
+    /// (at most 20 ms apart, and at the earliest one's instant).
     pub fn prime_due(&mut self, nl: &mut Netlink, now: UnixTime) {
         let Some((primer, path)) = &self.primer else {
             return;
