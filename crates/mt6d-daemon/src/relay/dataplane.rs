@@ -376,9 +376,12 @@ impl Packets for RelayPackets<'_, '_, '_> {
     }
 }
 
-/// Every relay worker's placement (off with fewer than two CPUs).
+/// A relay worker's placement: none. A relay forwards what it receives at once, so its
+/// threads hand each datagram on as the gateway's do, but whether restricting a light relay's
+/// workers to one CPU helps has not been measured apart from the noise of a loaded machine;
+/// until it is, relay workers run where the kernel puts them, as before.
 fn placement() -> Option<Placement> {
-    Some(Placement::new(mt6d_os::thread_affinity().ok()))
+    None
 }
 
 /// Serves until a stop signal (or a fatal error of a worker's loop): worker 0 on this thread,
