@@ -37,6 +37,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))] // unit tests: a failed unwrap is a failed test
 
 pub mod addressing;
+pub mod classify;
 pub mod cluster;
 mod config;
 pub mod control_plan;
