@@ -33,22 +33,23 @@ use std::sync::{Arc, PoisonError};
 
 use mt6d_os::udp::RecvBuf;
 use mt6d_os::{
-    Epoll, GROTable, PacketBuf, RecvScratch, SendMsg, SendScratch, Tun, TunRecvScratch, UdpSocket6,
-    IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN,
+    Epoll, RecvScratch, SendMsg, SendScratch, Tun, TunRecvScratch, UdpSocket6, IDEAL_BATCH_SIZE,
 };
-use mt6d_proto::handshake::is_handshake;
-use mt6d_proto::moves::is_notice;
-use mt6d_proto::{OpenError, SealError, UnixTime};
+use mt6d_proto::classify::{self, Class};
+use mt6d_proto::handshake::ReceiveKeys;
+use mt6d_proto::{OpenError, Route, SealError, UnixTime};
 
 use super::counters::DropReason;
 use super::delivery::Delivery;
 use super::path::PathState;
-use super::routing::{RouteTable, RxRoute};
+use super::routing::{RouteTable, RxRoute, SetRoutes};
 use super::shared::Shared;
 use super::tcp_policy::{Direction, Limits, LogBudget, Verdict};
 use super::{collision, session};
 use crate::daemon::worker::placement::Placement;
-use crate::daemon::worker::{self, Carried, Packets, Wake, MAX_GSO_BYTES, MAX_GSO_SEGMENTS};
+use crate::daemon::worker::{
+    self, Carried, Packets, TunBatch, Wake, MAX_GSO_BYTES, MAX_GSO_SEGMENTS,
+};
 
 /// Buffers in one recvmmsg.
 const RX_BATCH: usize = 32;
@@ -155,15 +156,15 @@ impl Packets for GatewayPackets<'_> {
         } else {
             self.index
         };
-        let limits = tcp_limits(self.path);
-        let (packets, bytes) = self.rx.on_readable(
-            self.shared,
-            &table,
-            socket,
-            (self.queues, queue),
-            limits,
+        let batch = Batch {
+            shared: self.shared,
+            table: &table,
+            queues: self.queues,
+            deliver: queue,
+            limits: tcp_limits(self.path),
             now,
-        );
+        };
+        let (packets, bytes) = self.rx.on_readable(&batch, socket);
         if packets > 0 {
             self.delivery.delivered(now, bytes);
         }
@@ -464,10 +465,19 @@ fn tcp_limits(path: &PathState) -> Limits {
 struct Receive {
     scratch: RecvScratch,
     bufs: Vec<RecvBuf>,
-    inner_cap: usize,
-    out: Vec<PacketBuf>,
-    gro: GROTable,
+    batch: TunBatch,
     log_budget: LogBudget,
+}
+
+/// What every datagram of a received batch is handled with.
+struct Batch<'a> {
+    shared: &'a Shared,
+    table: &'a RouteTable,
+    queues: &'a [Tun],
+    /// The queue opened packets are written into.
+    deliver: usize,
+    limits: Limits,
+    now: UnixTime,
 }
 
 impl Receive {
@@ -475,13 +485,7 @@ impl Receive {
         Receive {
             scratch: RecvScratch::new(RX_BATCH),
             bufs: (0..RX_BATCH).map(|_| RecvBuf::new()).collect(),
-            inner_cap: tun_mtu + 64,
-            // GRO coalescing appends to the first packet of a flow: give every buffer room for
-            // 64 KiB.
-            out: (0..IDEAL_BATCH_SIZE)
-                .map(|_| PacketBuf::with_capacity(VIRTIO_NET_HDR_LEN + 65_535))
-                .collect(),
-            gro: GROTable::default(),
+            batch: TunBatch::new(tun_mtu + 64),
             log_budget: LogBudget::default(),
         }
     }
@@ -489,16 +493,7 @@ impl Receive {
     /// Reads what `socket` holds (one recvmmsg), opens it and writes it to TUN queue
     /// `queues[deliver]` (a SYN-ACK to its SYN's queue). Handshake messages and notices go to
     /// the peer's link. Returns the packets and bytes delivered.
-    fn on_readable(
-        &mut self,
-        shared: &Shared,
-        table: &RouteTable,
-        socket: &UdpSocket6,
-        (queues, deliver): (&[Tun], usize),
-        limits: Limits,
-        now: UnixTime,
-    ) -> (u64, u64) {
-        let tun = &queues[deliver];
+    fn on_readable(&mut self, b: &Batch<'_>, socket: &UdpSocket6) -> (u64, u64) {
         // Never blocks: epoll said readable, and a readiness with nothing to read must not
         // park this worker in one socket while the others fill.
         let got = match socket.recv_ready(&mut self.scratch, &mut self.bufs) {
@@ -511,158 +506,174 @@ impl Receive {
         };
         let overflowed = socket.take_queue_drops();
         if overflowed > 0 {
-            shared
+            b.shared
                 .socket_queue_drops
                 .fetch_add(overflowed, Ordering::Relaxed);
         }
-        let inner_cap = self.inner_cap;
-        let out = &mut self.out;
-        let mut ready = 0;
         let (mut delivered, mut delivered_bytes) = (0u64, 0u64);
         for buf in &mut self.bufs[..got] {
-            if buf.truncated() {
-                shared.unmatched.drop_n(DropReason::BadLength, 1);
-                continue;
-            }
-            let Some(&RxRoute {
-                peer,
-                set: set_index,
-                route,
-            }) = table.rx.get(&(buf.dst(), socket.local_port()))
-            else {
-                shared
-                    .unmatched
-                    .drop_n(DropReason::UnknownAddress, buf.datagrams().count() as u64);
-                continue;
-            };
-            let p = table.peer(peer);
-            let bound = &table.peers[peer].sets[set_index];
-            let counters = &p.counters.rx;
-            if buf.src() != route.remote {
-                counters.drop_n(DropReason::UnknownAddress, buf.datagrams().count() as u64);
-                continue;
-            }
-            // Once per train; only this peer's worker takes it (and the link, for a handshake
-            // message, inside it: always in this order).
-            let mut keys = p.recv.lock().unwrap_or_else(PoisonError::into_inner);
-            if p.keys.erase_recv.load(Ordering::Relaxed)
-                && p.keys.erase_recv.swap(false, Ordering::Relaxed)
-            {
-                keys.clear();
-            }
-            keys.expire(now);
-            let (mut packets, mut bytes) = (0u64, 0u64);
-            let header_key = bound.set.stream.recv_header_key();
-            for datagram in buf.datagrams_mut() {
-                // Unmask before classifying (docs/PROTOCOL.md §4.5): the class, the counter
-                // and the key phase are all in the masked bytes. Garbage unmasks to garbage
-                // and is refused below by the class's own check.
-                if let Some(hk) = header_key {
-                    if hk.unprotect(datagram).is_err() {
-                        counters.drop_n(DropReason::BadLength, 1);
-                        continue;
-                    }
-                }
-                let datagram = &*datagram;
-                if is_notice(datagram) {
-                    if !collision::on_notice(p, table, &bound.set, &route, datagram, now) {
-                        counters.drop_n(DropReason::Handshake, 1);
-                    } else {
-                        shared.attention.push(table.generation, peer);
-                    }
-                    continue;
-                }
-                if is_handshake(datagram) {
-                    if !session::on_message(p, table, &bound.set, &route, datagram, &mut keys, now)
-                    {
-                        counters.drop_n(DropReason::Handshake, 1);
-                    } else {
-                        shared.attention.push(table.generation, peer);
-                    }
-                    continue;
-                }
-                if ready == out.len() {
-                    flush_to_tun(shared, tun, &mut self.gro, &mut out[..ready]);
-                    ready = 0;
-                }
-                let slot = &mut out[ready];
-                slot.prepare(VIRTIO_NET_HDR_LEN + inner_cap);
-                match keys.open(
-                    now,
-                    &route,
-                    datagram,
-                    &mut slot.as_mut()[VIRTIO_NET_HDR_LEN..],
-                ) {
-                    // The link set after the session's switch takes handshake-class
-                    // messages only (docs/PROTOCOL.md §9.8). The table may predate an answer
-                    // just given on it (a restarted peer's keepalive follows at once), so the
-                    // live state decides; only authenticated packets to a link set closed to
-                    // data ask it, so forgeries never take the lock.
-                    Ok(_) if !bound.data && !p.link.lock().sets().takes_data(&bound.set) => {
-                        counters.drop_n(DropReason::UnknownAddress, 1);
-                    }
-                    Ok(opened) => {
-                        bound.set.opened(route.epoch, opened.len);
-                        if let Some(phase) = opened.confirmed {
-                            session::on_confirmed(p, table, phase, opened.confirmed_key, now);
-                            shared.attention.push(table.generation, peer);
-                        }
-                        // A keepalive confirms keys and carries nothing to deliver.
-                        if opened.len > 0 {
-                            let len = match p.tcp.apply(
-                                &mut slot.as_mut()[VIRTIO_NET_HDR_LEN..],
-                                opened.len,
-                                Direction::In,
-                                limits,
-                                &p.name,
-                                &mut self.log_budget,
-                            ) {
-                                Verdict::Forward(len) => len,
-                                Verdict::Drop => continue,
-                            };
-                            slot.truncate(VIRTIO_NET_HDR_LEN + len);
-                            ready += 1;
-                            packets += 1;
-                            bytes += len as u64;
-                            // Rare (a SYN-ACK whose SYN another queue read): what precedes it
-                            // goes first, so the batch keeps its order.
-                            if let Some(q) = shared
-                                .syn_queues
-                                .queue_for(&slot.as_ref()[VIRTIO_NET_HDR_LEN..])
-                                .filter(|&q| q != deliver && q < queues.len())
-                            {
-                                flush_to_tun(shared, tun, &mut self.gro, &mut out[..ready - 1]);
-                                flush_to_tun(
-                                    shared,
-                                    &queues[q],
-                                    &mut self.gro,
-                                    &mut out[ready - 1..ready],
-                                );
-                                ready = 0;
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        if e == OpenError::NoKey && !p.keys.empty_slot.swap(true, Ordering::Relaxed)
-                        {
-                            shared.attention.push(table.generation, peer);
-                        }
-                        counters.drop_n(open_drop_reason(&e), 1);
-                    }
-                }
-            }
-            drop(keys);
-            counters.add(packets, bytes);
+            let (packets, bytes) = b.train(
+                buf,
+                socket.local_port(),
+                &mut self.batch,
+                &mut self.log_budget,
+            );
             delivered += packets;
             delivered_bytes += bytes;
         }
-        flush_to_tun(shared, tun, &mut self.gro, &mut out[..ready]);
+        self.batch
+            .flush(&b.queues[b.deliver], &b.shared.tun_write_failures);
         (delivered, delivered_bytes)
     }
 }
 
-fn flush_to_tun(shared: &Shared, tun: &Tun, gro: &mut GROTable, packets: &mut [PacketBuf]) {
-    crate::daemon::worker::write_to_tun(tun, gro, packets, &shared.tun_write_failures);
+impl Batch<'_> {
+    /// One received train (one source, one destination): its peer and route set by the
+    /// (address, port) it was sent to, checked against its source; then every datagram under
+    /// the peer's receive keys, taken once. Returns the packets and bytes delivered.
+    fn train(
+        &self,
+        buf: &mut RecvBuf,
+        port: u16,
+        batch: &mut TunBatch,
+        log_budget: &mut LogBudget,
+    ) -> (u64, u64) {
+        let (shared, table) = (self.shared, self.table);
+        if buf.truncated() {
+            shared.unmatched.drop_n(DropReason::BadLength, 1);
+            return (0, 0);
+        }
+        let Some(&RxRoute {
+            peer,
+            set: set_index,
+            route,
+        }) = table.rx.get(&(buf.dst(), port))
+        else {
+            shared
+                .unmatched
+                .drop_n(DropReason::UnknownAddress, buf.datagrams().count() as u64);
+            return (0, 0);
+        };
+        let p = table.peer(peer);
+        let bound = &table.peers[peer].sets[set_index];
+        let counters = &p.counters.rx;
+        if buf.src() != route.remote {
+            counters.drop_n(DropReason::UnknownAddress, buf.datagrams().count() as u64);
+            return (0, 0);
+        }
+        // Once per train; only this peer's worker takes it (and the link, for a handshake
+        // message, inside it: always in this order).
+        let mut keys = p.recv.lock().unwrap_or_else(PoisonError::into_inner);
+        if p.keys.erase_recv.load(Ordering::Relaxed)
+            && p.keys.erase_recv.swap(false, Ordering::Relaxed)
+        {
+            keys.clear();
+        }
+        keys.expire(self.now);
+        let (mut packets, mut bytes) = (0u64, 0u64);
+        let header_key = bound.set.stream.recv_header_key();
+        for datagram in buf.datagrams_mut() {
+            // Unmask before classifying (docs/PROTOCOL.md §4.5): the class, the counter and
+            // the key phase are all in the masked bytes. Garbage unmasks to garbage and is
+            // refused by the class's own check.
+            let Ok(class) = classify::receive(header_key, datagram) else {
+                counters.drop_n(DropReason::BadLength, 1);
+                continue;
+            };
+            let datagram = &*datagram;
+            let handled = match class {
+                Class::Notice | Class::LinkAnnouncement => {
+                    collision::on_notice(p, table, &bound.set, &route, datagram, self.now)
+                }
+                Class::Handshake => {
+                    session::on_message(p, table, &bound.set, &route, datagram, &mut keys, self.now)
+                }
+                Class::Data => {
+                    let target = (peer, bound, &route);
+                    if let Some(len) = self.data(target, datagram, &mut keys, batch, log_budget) {
+                        packets += 1;
+                        bytes += len as u64;
+                    }
+                    continue;
+                }
+            };
+            if handled {
+                shared.attention.push(table.generation, peer);
+            } else {
+                counters.drop_n(DropReason::Handshake, 1);
+            }
+        }
+        drop(keys);
+        counters.add(packets, bytes);
+        (packets, bytes)
+    }
+
+    /// A data packet or keepalive of peer `peer` on `route` of `bound`: opened into the batch,
+    /// the TCP policy applied. Returns the length delivered (None: nothing to deliver).
+    fn data(
+        &self,
+        (peer, bound, route): (usize, &SetRoutes, &Route),
+        datagram: &[u8],
+        keys: &mut ReceiveKeys,
+        batch: &mut TunBatch,
+        log_budget: &mut LogBudget,
+    ) -> Option<usize> {
+        let (shared, table) = (self.shared, self.table);
+        let p = table.peer(peer);
+        let counters = &p.counters.rx;
+        let tun = &self.queues[self.deliver];
+        let slot = batch.slot(tun, &shared.tun_write_failures);
+        let opened = match keys.open(self.now, route, datagram, slot) {
+            // The link set after the session's switch takes handshake-class messages only
+            // (docs/PROTOCOL.md §9.8). The table may predate an answer just given on it (a
+            // restarted peer's keepalive follows at once), so the live state decides; only
+            // authenticated packets to a link set closed to data ask it, so forgeries never
+            // take the lock.
+            Ok(_) if !bound.data && !p.link.lock().sets().takes_data(&bound.set) => {
+                counters.drop_n(DropReason::UnknownAddress, 1);
+                return None;
+            }
+            Ok(opened) => opened,
+            Err(e) => {
+                if e == OpenError::NoKey && !p.keys.empty_slot.swap(true, Ordering::Relaxed) {
+                    shared.attention.push(table.generation, peer);
+                }
+                counters.drop_n(open_drop_reason(&e), 1);
+                return None;
+            }
+        };
+        bound.set.opened(route.epoch, opened.len);
+        if let Some(phase) = opened.confirmed {
+            session::on_confirmed(p, table, phase, opened.confirmed_key, self.now);
+            shared.attention.push(table.generation, peer);
+        }
+        // A keepalive confirms keys and carries nothing to deliver.
+        if opened.len == 0 {
+            return None;
+        }
+        let len = match p.tcp.apply(
+            slot,
+            opened.len,
+            Direction::In,
+            self.limits,
+            &p.name,
+            log_budget,
+        ) {
+            Verdict::Forward(len) => len,
+            Verdict::Drop => return None,
+        };
+        batch.commit(len);
+        // Rare (a SYN-ACK whose SYN another queue read): what precedes it goes first, so the
+        // batch keeps its order.
+        if let Some(q) = batch
+            .last()
+            .and_then(|inner| shared.syn_queues.queue_for(inner))
+            .filter(|&q| q != self.deliver && q < self.queues.len())
+        {
+            batch.flush_last_to(tun, &self.queues[q], &shared.tun_write_failures);
+        }
+        Some(len)
+    }
 }
 
 #[cfg(test)]

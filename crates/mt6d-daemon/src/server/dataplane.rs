@@ -12,7 +12,8 @@
 //!     (address, port) to its hashed (address, port)
 //! ```
 //!
-//! The registry's read lock is taken once per batch, never per packet; a client's opener lock
+//! The receive half is in `receive.rs`, the send half below. The registry's read lock is taken
+//! once per batch, never per packet; a client's opener lock
 //! (pre-shared key) or session lock (handshake) once per received batch of that client, and a
 //! handshake client's session lock once per sent packet (a pre-shared client's sealer takes
 //! none). Nothing here allocates or logs per data packet. A datagram to an (address, port) that
@@ -37,28 +38,18 @@ use std::sync::{Arc, Mutex, PoisonError};
 use parking_lot::RwLock;
 
 use mt6d_proto::endpoint::PeerId;
-use mt6d_proto::handshake::verify_link_mac;
 use mt6d_proto::link::{Event, Link};
 use mt6d_proto::route_sets::RouteSet;
-use mt6d_proto::{OpenError, SealError, UnixTime};
+use mt6d_proto::{SealError, UnixTime};
 
 use mt6d_os::raw_udp::{RawSendMsg, RawSendScratch, RawUdp6};
-use mt6d_os::udp::RecvBuf;
-use mt6d_os::{
-    Epoll, GROTable, PacketBuf, RecvScratch, Tun, TunRecvScratch, UdpSocket6, IDEAL_BATCH_SIZE,
-    VIRTIO_NET_HDR_LEN,
-};
-use mt6d_proto::handshake::is_handshake;
-use mt6d_proto::link::Notice;
-use mt6d_proto::moves::{is_link_announcement, is_notice};
+use mt6d_os::{Epoll, Tun, TunRecvScratch, UdpSocket6, IDEAL_BATCH_SIZE};
 
+use super::receive::Receive;
 use super::registry::{bump, Registry, Session};
 use crate::daemon::clock;
-use crate::daemon::worker::placement::Placement;
 use crate::daemon::worker::{self, Carried, Packets, Wake, WorkerLoad, TUN_TOKEN};
 
-/// Buffers in one recvmmsg.
-const RX_BATCH: usize = 32;
 const SOCKET_TOKEN: u64 = 0;
 
 /// What the workers counted, all of them together (one relaxed add per batch and reason).
@@ -226,7 +217,7 @@ pub fn drain(session: &mut Session, mut raw: Option<(&RawUdp6, &mut RawSendScrat
 }
 
 /// The route set `set` of `link` (0: its link set), if it is still bound.
-fn set_of(link: &Link, set: u64) -> Option<Arc<RouteSet>> {
+pub(super) fn set_of(link: &Link, set: u64) -> Option<Arc<RouteSet>> {
     if set == 0 {
         return Some(link.sets().link().clone());
     }
@@ -262,8 +253,10 @@ pub fn worker_loop(
         tx: Transmit::new(tun_mtu),
     };
     let load = &shared.load[index % shared.load.len()];
-    let placement = Placement::new(mt6d_os::thread_affinity().ok());
-    worker::serve(&epoll, index, load, Some(placement), &mut packets)
+    // Not placed: placement judges light traffic by bytes, and a server's requests are light in
+    // bytes but not in packets. With its workers restricted to one CPU, the response time at
+    // 10,000-30,000 requests/s rose 3-9 times in interleaved runs (2026-11-28).
+    worker::serve(&epoll, index, load, None, &mut packets)
 }
 
 /// The server's side of a worker: its kernel objects and buffers.
@@ -286,346 +279,6 @@ impl Packets for ServerPackets<'_> {
     fn stopping(&self) -> bool {
         self.shared.shutdown.load(Ordering::Relaxed)
     }
-}
-
-struct Receive {
-    /// For handshake responses, sent at once from the receiving worker.
-    send_scratch: RawSendScratch,
-    scratch: RecvScratch,
-    bufs: Vec<RecvBuf>,
-    inner_cap: usize,
-    out: Vec<PacketBuf>,
-    gro: GROTable,
-}
-
-impl Receive {
-    fn new(tun_mtu: usize) -> Receive {
-        Receive {
-            send_scratch: RawSendScratch::new(1),
-            scratch: RecvScratch::new(RX_BATCH),
-            bufs: (0..RX_BATCH).map(|_| RecvBuf::new()).collect(),
-            inner_cap: tun_mtu + 64,
-            out: (0..IDEAL_BATCH_SIZE)
-                .map(|_| PacketBuf::with_capacity(VIRTIO_NET_HDR_LEN + 65_535))
-                .collect(),
-            gro: GROTable::default(),
-        }
-    }
-
-    fn on_readable(&mut self, shared: &Shared, io: &WorkerIo) -> Carried {
-        let got = match io.socket.recv_ready(&mut self.scratch, &mut self.bufs) {
-            Ok(n) => n,
-            Err(e) if e.is_would_block() => return Carried::NOTHING,
-            Err(e) => {
-                log::debug!("{e}");
-                return Carried::NOTHING;
-            }
-        };
-        let c = &shared.counters;
-        let overflowed = io.socket.take_queue_drops();
-        if overflowed > 0 {
-            bump(&c.socket_queue_drops, overflowed);
-        }
-        let mut n = RxCounts::default();
-        let mut ready = 0;
-        let inner_cap = self.inner_cap;
-        let now = clock::now();
-        let reg = shared.registry.read();
-        for buf in &mut self.bufs[..got] {
-            if buf.truncated() {
-                n.truncated += 1;
-                continue;
-            }
-            let count = buf.datagrams().count() as u64;
-            let Some((id, epoch)) = reg.table().lookup_local(buf.dst(), buf.dst_port()) else {
-                n.not_current += count;
-                continue;
-            };
-            let (Some(route), Some(stream), Some((cid, client, set_id))) = (
-                reg.table().index().route(id, epoch),
-                reg.table().stream(id),
-                reg.resolve(id),
-            ) else {
-                n.not_current += count;
-                continue;
-            };
-            if buf.src() != route.remote {
-                n.wrong_source += count;
-                continue;
-            }
-            let header_key = stream.recv_header_key();
-            if let Some(mut guard) = client.session() {
-                // A handshake client: its link's keys and route sets.
-                if let Some(s) = guard.as_mut() {
-                    s.recv.expire(now);
-                }
-                let mut set: Option<Arc<RouteSet>> = None;
-                for datagram in buf.datagrams_mut() {
-                    if let Some(hk) = header_key {
-                        if hk.unprotect(datagram).is_err() {
-                            n.rejected += 1;
-                            continue;
-                        }
-                    }
-                    let datagram = &*datagram;
-                    if is_notice(datagram) {
-                        // A route move (§5.2) on the set it arrived on; the link queues the ack.
-                        let Some(session) = guard.as_mut() else {
-                            n.unsupported += 1;
-                            continue;
-                        };
-                        if set.is_none() {
-                            set = set_of(&session.link, set_id);
-                        }
-                        let Some(on) = &set else {
-                            n.not_current += 1;
-                            continue;
-                        };
-                        match session.link.handle_notice(now, on, route, datagram) {
-                            Ok(Notice::Move { moved }) => {
-                                n.notices += 1;
-                                n.moved += u64::from(moved);
-                            }
-                            Ok(_) => n.unsupported += 1,
-                            Err(_) => n.notices_refused += 1,
-                        }
-                        let d = drain(session, Some((&io.raw, &mut self.send_scratch)));
-                        n.send_failed += d.send_failed;
-                        if d.resync {
-                            shared.resync(cid);
-                        }
-                        continue;
-                    }
-                    if is_handshake(datagram) {
-                        if guard.is_none() {
-                            // No state for a client before its link MAC checks (one BLAKE3).
-                            if set_id != 0
-                                || !verify_link_mac(&stream.config().key, route, datagram)
-                            {
-                                n.hs_rejected += 1;
-                                continue;
-                            }
-                            match client.new_session(reg.handshake(), stream) {
-                                Some(Ok(s)) => {
-                                    *guard = Some(s);
-                                    reg.note_session();
-                                }
-                                Some(Err(e)) => {
-                                    log::warn!("client {}: no handshake state: {e}", client.name);
-                                    n.hs_rejected += 1;
-                                    continue;
-                                }
-                                None => {
-                                    n.hs_rejected += 1;
-                                    continue;
-                                }
-                            }
-                        }
-                        let Some(session) = guard.as_mut() else {
-                            continue;
-                        };
-                        if set.is_none() {
-                            set = set_of(&session.link, set_id);
-                        }
-                        let Some(on) = &set else {
-                            n.not_current += 1;
-                            continue;
-                        };
-                        let result = session.link.handle_handshake(
-                            now,
-                            on,
-                            route,
-                            datagram,
-                            &mut session.recv,
-                            crate::daemon::entropy::entropy,
-                        );
-                        let d = drain(session, Some((&io.raw, &mut self.send_scratch)));
-                        n.send_failed += d.send_failed;
-                        if d.resync {
-                            shared.resync(cid);
-                        }
-                        match result {
-                            Ok(()) => n.answered += 1,
-                            Err(e) => {
-                                log::debug!(
-                                    "client {}: handshake message refused: {e}",
-                                    client.name
-                                );
-                                n.hs_rejected += 1;
-                            }
-                        }
-                        continue;
-                    }
-                    let Some(session) = guard.as_mut() else {
-                        n.no_key += 1;
-                        continue;
-                    };
-                    if set.is_none() {
-                        set = set_of(&session.link, set_id);
-                    }
-                    let Some(on) = &set else {
-                        n.not_current += 1;
-                        continue;
-                    };
-                    if ready == self.out.len() {
-                        flush_to_tun(shared, &io.tun, &mut self.gro, &mut self.out[..ready]);
-                        ready = 0;
-                    }
-                    let slot = &mut self.out[ready];
-                    slot.prepare(VIRTIO_NET_HDR_LEN + inner_cap);
-                    match session.recv.open(
-                        now,
-                        route,
-                        datagram,
-                        &mut slot.as_mut()[VIRTIO_NET_HDR_LEN..],
-                    ) {
-                        // After the switch the link set takes handshake messages only (§9.8).
-                        Ok(_) if on.is_link() && !session.link.sets().takes_data(on) => {
-                            n.not_current += 1;
-                        }
-                        Ok(opened) => {
-                            on.opened(route.epoch, opened.len);
-                            if let Some(phase) = opened.confirmed {
-                                session
-                                    .link
-                                    .handle_confirmed(now, phase, opened.confirmed_key);
-                                let d = drain(session, Some((&io.raw, &mut self.send_scratch)));
-                                n.send_failed += d.send_failed;
-                                n.confirmed += u64::from(d.established);
-                                if d.resync {
-                                    shared.resync(cid);
-                                }
-                            }
-                            if opened.len > 0 {
-                                slot.truncate(VIRTIO_NET_HDR_LEN + opened.len);
-                                ready += 1;
-                                n.packets += 1;
-                                n.bytes += opened.len as u64;
-                            }
-                        }
-                        Err(OpenError::NoKey) => n.no_key += 1,
-                        Err(_) => n.rejected += 1,
-                    }
-                }
-                continue;
-            }
-            let (mut opened, mut bad, mut unsupported, mut opened_bytes) = (0u64, 0u64, 0u64, 0u64);
-            let send_scratch = &mut self.send_scratch;
-            client.with_opener(stream, |opener| {
-                for datagram in buf.datagrams_mut() {
-                    if let Some(hk) = header_key {
-                        if hk.unprotect(datagram).is_err() {
-                            bad += 1;
-                            continue;
-                        }
-                    }
-                    if is_notice(datagram) && !is_link_announcement(datagram) {
-                        // A route move (§5.2): applied here, the client's window re-derived by
-                        // the main thread, and answered from this worker once it is.
-                        let mut send = |r: &mt6d_proto::Route, bytes: &[u8]| {
-                            let msg = [RawSendMsg {
-                                src: r.local,
-                                dst: r.remote,
-                                payload: bytes,
-                            }];
-                            if !matches!(io.raw.send_batch(send_scratch, &msg), Ok(1)) {
-                                n.send_failed += 1;
-                            }
-                        };
-                        match reg.handle_notice(id, now, route, datagram, &mut send) {
-                            Ok(handled) => {
-                                n.notices += 1;
-                                n.moved += u64::from(handled.moved);
-                                // Once per move: a resend or replay before the main thread
-                                // synced finds it already asked for.
-                                if handled.moved && handled.pending {
-                                    shared.resync(cid);
-                                }
-                            }
-                            Err(_) => n.notices_refused += 1,
-                        }
-                        continue;
-                    }
-                    if is_handshake(datagram) || is_notice(datagram) {
-                        unsupported += 1;
-                        continue;
-                    }
-                    if ready == self.out.len() {
-                        flush_to_tun(shared, &io.tun, &mut self.gro, &mut self.out[..ready]);
-                        ready = 0;
-                    }
-                    let slot = &mut self.out[ready];
-                    slot.prepare(VIRTIO_NET_HDR_LEN + inner_cap);
-                    match opener.open(route, datagram, &mut slot.as_mut()[VIRTIO_NET_HDR_LEN..]) {
-                        // A keepalive: valid, nothing to deliver.
-                        Ok(0) => {}
-                        Ok(len) => {
-                            slot.truncate(VIRTIO_NET_HDR_LEN + len);
-                            ready += 1;
-                            opened += 1;
-                            opened_bytes += len as u64;
-                        }
-                        Err(_) => bad += 1,
-                    }
-                }
-            });
-            n.packets += opened;
-            n.bytes += opened_bytes;
-            n.rejected += bad;
-            n.unsupported += unsupported;
-        }
-        drop(reg);
-        flush_to_tun(shared, &io.tun, &mut self.gro, &mut self.out[..ready]);
-        for (counter, v) in [
-            (&c.rx_packets, n.packets),
-            (&c.rx_bytes, n.bytes),
-            (&c.rx_not_current, n.not_current),
-            (&c.rx_wrong_source, n.wrong_source),
-            (&c.rx_rejected, n.rejected),
-            (&c.rx_unsupported, n.unsupported),
-            (&c.notices_received, n.notices),
-            (&c.notices_refused, n.notices_refused),
-            (&c.routes_moved, n.moved),
-            (&c.rx_truncated, n.truncated),
-            (&c.rx_handshake_rejected, n.hs_rejected),
-            (&c.handshakes_answered, n.answered),
-            (&c.handshakes_confirmed, n.confirmed),
-            (&c.rx_no_key, n.no_key),
-            (&c.tx_send_failed, n.send_failed),
-        ] {
-            if v > 0 {
-                bump(counter, v);
-            }
-        }
-        Carried {
-            packets: n.packets,
-            bytes: n.bytes,
-        }
-    }
-}
-
-/// What one received batch counted.
-#[derive(Debug, Default)]
-struct RxCounts {
-    packets: u64,
-    bytes: u64,
-    not_current: u64,
-    wrong_source: u64,
-    rejected: u64,
-    unsupported: u64,
-    truncated: u64,
-    hs_rejected: u64,
-    answered: u64,
-    confirmed: u64,
-    no_key: u64,
-    send_failed: u64,
-    notices: u64,
-    notices_refused: u64,
-    moved: u64,
-}
-
-fn flush_to_tun(shared: &Shared, tun: &Tun, gro: &mut GROTable, packets: &mut [PacketBuf]) {
-    crate::daemon::worker::write_to_tun(tun, gro, packets, &shared.counters.tun_write_failures);
 }
 
 struct Transmit {

@@ -17,6 +17,7 @@
 
 pub mod control;
 pub mod dataplane;
+mod receive;
 pub use crate::daemon::anyip::ndp;
 pub mod registry;
 

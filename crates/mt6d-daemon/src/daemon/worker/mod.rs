@@ -18,6 +18,7 @@
 
 pub mod load;
 pub mod placement;
+pub mod tun_batch;
 pub mod window;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +29,7 @@ use mt6d_proto::UnixTime;
 
 pub use load::WorkerLoad;
 use placement::{Move, Placement};
+pub use tun_batch::TunBatch;
 
 /// The token a worker's TUN queue is registered with in its epoll; a role registers its
 /// sockets with any other token (the gateway uses their ports, < 2^16).
