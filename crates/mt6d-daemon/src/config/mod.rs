@@ -16,6 +16,7 @@ mod peer;
 mod raw;
 mod relay;
 mod server;
+mod settings;
 mod source;
 mod tcp;
 
@@ -25,6 +26,10 @@ pub use relay::{
 };
 pub use server::{
     ClientConfig, ClientHandshake, ServerConfig, DEFAULT_LISTEN_PORT, DEFAULT_SERVER_TUN,
+};
+pub use settings::{
+    StreamSettings, DEFAULT_INTERFACE_DOWN_EXIT, DEFAULT_JITTER, DEFAULT_MTU, DEFAULT_RELAY_JITTER,
+    DEFAULT_ROTATION,
 };
 pub use tcp::{HostIdPolicy, Inject, InjectMode, Normalize, TcpConfig, NORMAL_WINDOW_SEGMENTS};
 
@@ -125,6 +130,8 @@ pub fn worker_count(workers: Option<usize>) -> usize {
 
 /// Default `state_dir`.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/mt6d";
+/// Default `tun_name` of a gateway (or host).
+pub const DEFAULT_GATEWAY_TUN: &str = "mt6d0";
 
 /// Where the protected host is (000 §3.2 gateway mode; 001 §4 "integrated" configuration).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,10 +220,7 @@ impl Config {
     /// (`gateway::reload`), so that a peer added over the control socket goes through exactly
     /// the checks a peer written in the file does.
     pub fn load_document(path: &Path) -> Result<(Config, toml::Table), ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = source::read(path)?;
         use std::os::unix::fs::PermissionsExt;
         let config = Config::parse(path, &text)?;
         let mode = std::fs::metadata(path)
@@ -240,13 +244,7 @@ impl Config {
     /// `key_file` paths.
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         let src = Source { path, text };
-        let raw: RawConfig = toml::from_str(text).map_err(|e| match e.span() {
-            Some(span) => src.err_at(span, e.message()),
-            None => ConfigError::File {
-                path: path.to_path_buf(),
-                message: e.message().to_string(),
-            },
-        })?;
+        let raw: RawConfig = src.parse_toml()?;
         let section = GatewaySection::parse(&src, &raw.gateway)?;
         let tcp = tcp::parse_tcp(&src, raw.tcp.as_ref())?;
         if raw.peers.is_empty() {
