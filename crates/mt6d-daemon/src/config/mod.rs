@@ -70,7 +70,7 @@ pub struct Config {
 pub type HostIdPolicies = [HostIdPolicy; 2];
 
 /// Settings of the node itself (`[gateway]`, whichever its role).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct GatewayConfig {
     /// A gateway in front of protected hosts, or the protected host itself.
     pub role: Role,
@@ -115,6 +115,65 @@ impl GatewayConfig {
     /// The number of data-plane workers to start: `workers`, or one per online CPU.
     pub fn worker_count(&self) -> usize {
         worker_count(self.workers)
+    }
+
+    /// The keys whose values differ between `self` and `other`, in the order of the file:
+    /// what a reload cannot apply to a running daemon (empty when the two are equal). Every
+    /// field is taken apart here, so a new setting cannot be left out of the comparison.
+    pub fn changed_keys(&self, other: &GatewayConfig) -> Vec<&'static str> {
+        let GatewayConfig {
+            role,
+            external_interface,
+            tun_name,
+            control_socket,
+            external_next_hop,
+            router_advertisements,
+            log_level,
+            interface_down_exit,
+            randomize_link,
+            state_dir,
+            metrics_listen,
+            workers,
+            tcp,
+        } = self;
+        let role_key = match (role, &other.role) {
+            (a, b) if a == b => None,
+            (Role::Gateway { .. }, Role::Gateway { .. }) => Some("internal_interface"),
+            // The host's one address is every peer's `local_host`.
+            (Role::Host { .. }, Role::Host { .. }) => Some("local_host"),
+            _ => Some("role"),
+        };
+        let differs = [
+            (role_key.is_some(), role_key.unwrap_or("role")),
+            (
+                *external_interface != other.external_interface,
+                "external_interface",
+            ),
+            (*tun_name != other.tun_name, "tun_name"),
+            (*control_socket != other.control_socket, "control_socket"),
+            (
+                *external_next_hop != other.external_next_hop,
+                "external_next_hop",
+            ),
+            (
+                *router_advertisements != other.router_advertisements,
+                "router_advertisements",
+            ),
+            (*log_level != other.log_level, "log_level"),
+            (
+                *interface_down_exit != other.interface_down_exit,
+                "interface_down_exit_secs",
+            ),
+            (*randomize_link != other.randomize_link, "randomize_link"),
+            (*state_dir != other.state_dir, "state_dir"),
+            (*metrics_listen != other.metrics_listen, "metrics_listen"),
+            (*workers != other.workers, "workers"),
+            (*tcp != other.tcp, "[tcp]"),
+        ];
+        differs
+            .into_iter()
+            .filter_map(|(changed, key)| changed.then_some(key))
+            .collect()
     }
 }
 
