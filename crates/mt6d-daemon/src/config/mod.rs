@@ -15,6 +15,7 @@ mod gateway;
 mod peer;
 mod raw;
 mod relay;
+pub mod schema;
 mod server;
 mod settings;
 mod source;
