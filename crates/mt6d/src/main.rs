@@ -857,6 +857,21 @@ mod tests {
         assert!(settings >= 34, "{settings} settings checked");
     }
 
+    /// `demo`'s options took their keys' names (`--rotation-secs`, `--rekey-secs`); the old
+    /// names, in scripts and docs, still work.
+    #[test]
+    fn demo_options_keep_their_old_names_as_aliases() {
+        for args in [
+            ["mt6d", "demo", "--rotation", "3", "--rekey", "7"],
+            ["mt6d", "demo", "--rotation-secs", "3", "--rekey-secs", "7"],
+        ] {
+            let Command::Demo(demo) = Cli::try_parse_from(args).unwrap().command else {
+                panic!("{args:?} is not demo");
+            };
+            assert_eq!((demo.rotation, demo.rekey), (3.0, Some(7.0)), "{args:?}");
+        }
+    }
+
     #[test]
     fn completion_scripts_name_every_subcommand() {
         for shell in [
