@@ -9,8 +9,14 @@ use super::topology::Topology;
 /// Options of `mt6d demo`.
 #[derive(clap::Args, Debug)]
 pub struct DemoArgs {
-    /// Seconds between address rotations.
-    #[arg(long, value_name = "SECS", default_value_t = 2.0)]
+    /// Seconds between address rotations (the configuration's `rotation_secs`; `--rotation`
+    /// is accepted too).
+    #[arg(
+        long = "rotation-secs",
+        alias = "rotation",
+        value_name = "SECS",
+        default_value_t = 2.0
+    )]
     pub rotation: f64,
     /// Seconds for each timed phase (ping train, TCP transfer).
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
@@ -33,8 +39,9 @@ pub struct DemoArgs {
     /// Print the results as one JSON document on stdout (progress goes to stderr).
     #[arg(long)]
     pub json: bool,
-    /// Seconds between rekeys (new handshakes); default: the daemon's 120 s.
-    #[arg(long, value_name = "SECS")]
+    /// Seconds between rekeys (new handshakes; the configuration's `rekey_secs`, `--rekey` is
+    /// accepted too); default: the daemon's 120 s.
+    #[arg(long = "rekey-secs", alias = "rekey", value_name = "SECS")]
     pub rekey: Option<f64>,
     /// Kill Gateway B (SIGKILL) in the middle of the TCP transfer and start it again: it
     /// re-handshakes by itself and the transfer must still complete with its SHA-256 intact.
@@ -50,7 +57,7 @@ pub struct DemoArgs {
     #[arg(long)]
     pub host_mode: bool,
     /// Instead of the demo: run two conversations between the same two gateways (pre-shared
-    /// keys, --duration / --rotation epochs), capture the public link (and, routed, past the
+    /// keys, --duration / --rotation-secs epochs), capture the public link (and, routed, past the
     /// router) and print how well each linking method ties consecutive epochs together
     /// against chance (docs/PRIVACY.md). --pcap keeps the capture.
     #[arg(long)]

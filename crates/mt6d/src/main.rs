@@ -755,6 +755,123 @@ mod tests {
         assert!(checked >= 2 * 15, "{checked} options checked");
     }
 
+    /// The tables whose settings a command's options are, by the command's path: `run`'s
+    /// override the node's own, `peer add`/`set` give a `[[peer]]`, `demo` writes its gateways'
+    /// files (`[gateway]` and `[[peer]]`). Any other command has no setting among its options.
+    const SETTING_TABLES: &[(&str, &[&str])] = &[
+        ("run", &["gateway", "server", "relay"]),
+        ("peer add", &["peer"]),
+        ("peer set", &["peer"]),
+        ("demo", &["gateway", "peer"]),
+    ];
+
+    /// Long options that are not configuration settings, and what each is instead.
+    const NOT_SETTINGS: &[(&str, &str, &str)] = &[
+        ("", "help", "clap's help"),
+        ("", "version", "clap's version"),
+        ("", "config", "names the configuration file itself"),
+        (
+            "",
+            "socket",
+            "names the control socket of the daemon to talk to",
+        ),
+        ("peer set", "unset", "names keys to remove, an instruction"),
+        ("status", "json", "the output's format"),
+        ("man", "out", "where the manual pages go"),
+        ("routes", "around", "how many epochs to print"),
+        ("genpsk", "out", "where the key goes"),
+        ("demo", "json", "the output's format"),
+        ("demo", "duration", "the length of each timed phase"),
+        ("demo", "topology", "what the lab puts between the gateways"),
+        ("demo", "flood", "the ping flood's count"),
+        ("demo", "pcap", "the observer's capture file"),
+        ("demo", "restart-gateway", "an experiment"),
+        (
+            "demo",
+            "psk",
+            "pre-shared keys (key_file) instead of handshakes (public_key)",
+        ),
+        (
+            "demo",
+            "host-mode",
+            "role = \"host\" on one side: a lab topology",
+        ),
+        ("demo", "link-report", "an experiment"),
+        ("demo", "link-pcap", "an experiment on an earlier capture"),
+        ("demo", "past-router", "an experiment's filter"),
+    ];
+
+    /// Every long option of every command either is the configuration key of the same name
+    /// (`--rotation-secs` is `rotation_secs`) in a table that command's settings belong to, or
+    /// is listed in NOT_SETTINGS with what it is instead: a flag and a key cannot drift apart,
+    /// and a new option that is a setting must take the key's name. The keys are the parser's
+    /// own ([`config::schema`]).
+    #[test]
+    fn every_option_that_is_a_setting_is_a_config_key() {
+        fn walk(cmd: &clap::Command, path: &str, out: &mut Vec<(String, String)>) {
+            for arg in cmd.get_arguments() {
+                if let Some(long) = arg.get_long() {
+                    out.push((path.to_owned(), long.to_owned()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                let sub_path = format!("{path} {}", sub.get_name());
+                walk(sub, sub_path.trim(), out);
+            }
+        }
+        let mut options = Vec::new();
+        walk(&Cli::command(), "", &mut options);
+        let mut settings = 0;
+        for (command, long) in &options {
+            let key = long.replace('-', "_");
+            let tables = SETTING_TABLES
+                .iter()
+                .find_map(|(c, t)| (c == command).then_some(*t))
+                .unwrap_or(&[]);
+            let is_key = tables.iter().any(|t| {
+                config::schema::keys_of(t)
+                    .unwrap_or_else(|| panic!("no table {t}"))
+                    .contains(&key.as_str())
+            });
+            let exempt = NOT_SETTINGS
+                .iter()
+                .any(|(c, l, _)| l == long && (c.is_empty() || c == command));
+            assert!(
+                is_key || exempt,
+                "`mt6d {command} --{long}` is no key of {tables:?}: name it after the configuration key it sets, or say in NOT_SETTINGS what it is"
+            );
+            assert!(
+                !(is_key && exempt),
+                "`mt6d {command} --{long}` is the key {key}, yet listed in NOT_SETTINGS"
+            );
+            settings += usize::from(is_key);
+        }
+        // Stale entries: every command-specific exemption names an option that exists.
+        for (c, l, _) in NOT_SETTINGS.iter().filter(|(c, _, _)| !c.is_empty()) {
+            assert!(
+                options.iter().any(|(oc, ol)| oc == c && ol == l),
+                "NOT_SETTINGS lists `mt6d {c} --{l}`, which does not exist"
+            );
+        }
+        // run --log-level, 2 x 15 peer settings, demo --mode, --rotation-secs, --rekey-secs.
+        assert!(settings >= 34, "{settings} settings checked");
+    }
+
+    /// `demo`'s options took their keys' names (`--rotation-secs`, `--rekey-secs`); the old
+    /// names, in scripts and docs, still work.
+    #[test]
+    fn demo_options_keep_their_old_names_as_aliases() {
+        for args in [
+            ["mt6d", "demo", "--rotation", "3", "--rekey", "7"],
+            ["mt6d", "demo", "--rotation-secs", "3", "--rekey-secs", "7"],
+        ] {
+            let Command::Demo(demo) = Cli::try_parse_from(args).unwrap().command else {
+                panic!("{args:?} is not demo");
+            };
+            assert_eq!((demo.rotation, demo.rekey), (3.0, Some(7.0)), "{args:?}");
+        }
+    }
+
     #[test]
     fn completion_scripts_name_every_subcommand() {
         for shell in [

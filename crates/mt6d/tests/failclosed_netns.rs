@@ -538,7 +538,7 @@ fn signals_never_kill_without_clean_up_and_sighup_validates() {
         "file:line:column missing: {broken_line}"
     );
     assert!(
-        text.contains("[gateway] settings changed; nothing applied")
+        text.contains("[gateway] settings changed (tun_name); nothing applied")
             && !text.contains("peer \"added\" added"),
         "{text}"
     );

@@ -7,12 +7,9 @@ use std::time::Duration;
 use mt6d_proto::handshake::PrivateKey;
 use toml::Spanned;
 
-use super::raw::{interface_name, relative_to, seconds, RawGateway, Source};
-use super::{
-    default_control_socket, parse_log_level, ConfigError, GatewayConfig, Role,
-    CHACHA_REKEY_PACKETS, DEFAULT_REKEY_SECS, DEFAULT_STATE_DIR,
-};
-use crate::keys;
+use super::raw::{interface_name, RawGateway, Source};
+use super::settings;
+use super::{ConfigError, GatewayConfig, Role, CHACHA_REKEY_PACKETS, DEFAULT_GATEWAY_TUN};
 
 /// The `[gateway]` section validated, before the peers say which address a host protects.
 pub(super) struct GatewaySection {
@@ -47,9 +44,11 @@ impl GatewaySection {
         let (internal_interface, external_interface, tun_name) =
             interfaces(src, section, host_role)?;
         let router_advertisements = router_advertisements(src, gw, host_role)?;
-        let log_level = log_level(src, gw)?;
-        let interface_down_exit = interface_down_exit(src, gw)?;
-        let control_socket = control_socket(src, section, &tun_name)?;
+        let log_level = settings::log_level(src, gw.log_level.as_ref())?;
+        let interface_down_exit =
+            settings::interface_down_exit(src, gw.interface_down_exit_secs.as_ref())?;
+        let control_socket =
+            settings::control_socket(src, gw.control_socket.as_ref(), section, &tun_name)?;
         let external_next_hop =
             match &gw.external_next_hop {
                 None => None,
@@ -57,15 +56,8 @@ impl GatewaySection {
                     src.err(v, format!("{:?} is not an IPv6 address", v.get_ref()))
                 })?),
             };
-        let private_key = gw
-            .private_key_file
-            .as_ref()
-            .map(|f| {
-                keys::read_private_key(&relative_to(src.path, f.get_ref()))
-                    .map_err(|e| src.err(f, e))
-            })
-            .transpose()?;
-        let rekey_after = seconds(src, &gw.rekey_secs, "rekey_secs", DEFAULT_REKEY_SECS)?;
+        let private_key = settings::private_key(src, gw.private_key_file.as_ref())?;
+        let rekey_after = settings::rekey_after(src, gw.rekey_secs.as_ref())?;
         let rekey_packets = match &gw.rekey_packets {
             None => None,
             Some(v) => Some(
@@ -75,15 +67,9 @@ impl GatewaySection {
                     .ok_or_else(|| src.err(v, "rekey_packets out of range (1000 to 2^36)"))?,
             ),
         };
-        let state_dir = match &gw.state_dir {
-            Some(d) if d.get_ref().is_empty() => {
-                return Err(src.err(d, "state_dir is empty"));
-            }
-            Some(d) => relative_to(src.path, d.get_ref()),
-            None => PathBuf::from(DEFAULT_STATE_DIR),
-        };
-        let metrics_listen = super::raw::metrics_listen(src, gw.metrics_listen.as_ref())?;
-        let workers = super::raw::workers(src, gw.workers.as_ref())?;
+        let state_dir = settings::state_dir(src, gw.state_dir.as_ref())?;
+        let metrics_listen = settings::metrics_listen(src, gw.metrics_listen.as_ref())?;
+        let workers = settings::workers(src, gw.workers.as_ref())?;
         Ok(GatewaySection {
             host_role,
             internal_interface,
@@ -184,10 +170,7 @@ fn interfaces(
             "external_interface must differ from internal_interface",
         ));
     }
-    let tun_name = match &gw.tun_name {
-        Some(name) => interface_name(src, name)?,
-        None => "mt6d0".to_string(),
-    };
+    let tun_name = settings::tun_name(src, gw.tun_name.as_ref(), DEFAULT_GATEWAY_TUN)?;
     if internal_interface.as_deref() == Some(tun_name.as_str()) || tun_name == external_interface {
         return Err(src.err(
             gw.tun_name.as_ref().unwrap_or(&gw.external_interface),
@@ -214,56 +197,4 @@ fn router_advertisements(
         Some(v) => Ok(*v.get_ref()),
         None => Ok(!host_role),
     }
-}
-
-fn log_level(src: &Source, gw: &RawGateway) -> Result<Option<log::LevelFilter>, ConfigError> {
-    match &gw.log_level {
-        Some(v) => Ok(Some(parse_log_level(v.get_ref()).ok_or_else(|| {
-            src.err(
-                v,
-                format!(
-                    "log_level {:?}: one of error, warn, info, debug, trace, off",
-                    v.get_ref()
-                ),
-            )
-        })?)),
-        None => Ok(None),
-    }
-}
-
-fn interface_down_exit(src: &Source, gw: &RawGateway) -> Result<Duration, ConfigError> {
-    match &gw.interface_down_exit_secs {
-        Some(v) => {
-            let secs = *v.get_ref();
-            if !(secs.is_finite() && secs > 0.0 && secs <= 86_400.0) {
-                return Err(src.err(
-                    v,
-                    "interface_down_exit_secs: seconds, more than 0 and at most 86400",
-                ));
-            }
-            Ok(Duration::from_secs_f64(secs))
-        }
-        None => Ok(Duration::from_secs(30)),
-    }
-}
-
-fn control_socket(
-    src: &Source,
-    section: &Spanned<RawGateway>,
-    tun_name: &str,
-) -> Result<PathBuf, ConfigError> {
-    let gw = section.get_ref();
-    let control_socket = match &gw.control_socket {
-        Some(p) => PathBuf::from(p.get_ref()),
-        None => default_control_socket(tun_name),
-    };
-    // The daemon replaces a dead socket at this path; anything else there is someone's
-    // file and is refused now rather than deleted at start-up.
-    if let Err(why) = crate::daemon::files::refuse_non_socket(&control_socket) {
-        return Err(match &gw.control_socket {
-            Some(p) => src.err(p, why),
-            None => src.err(section, why),
-        });
-    }
-    Ok(control_socket)
 }

@@ -15,7 +15,9 @@ mod gateway;
 mod peer;
 mod raw;
 mod relay;
+pub mod schema;
 mod server;
+mod settings;
 mod source;
 mod tcp;
 
@@ -25,6 +27,10 @@ pub use relay::{
 };
 pub use server::{
     ClientConfig, ClientHandshake, ServerConfig, DEFAULT_LISTEN_PORT, DEFAULT_SERVER_TUN,
+};
+pub use settings::{
+    StreamSettings, DEFAULT_INTERFACE_DOWN_EXIT, DEFAULT_JITTER, DEFAULT_MTU, DEFAULT_RELAY_JITTER,
+    DEFAULT_ROTATION,
 };
 pub use tcp::{HostIdPolicy, Inject, InjectMode, Normalize, TcpConfig, NORMAL_WINDOW_SEGMENTS};
 
@@ -65,7 +71,7 @@ pub struct Config {
 pub type HostIdPolicies = [HostIdPolicy; 2];
 
 /// Settings of the node itself (`[gateway]`, whichever its role).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct GatewayConfig {
     /// A gateway in front of protected hosts, or the protected host itself.
     pub role: Role,
@@ -111,6 +117,65 @@ impl GatewayConfig {
     pub fn worker_count(&self) -> usize {
         worker_count(self.workers)
     }
+
+    /// The keys whose values differ between `self` and `other`, in the order of the file:
+    /// what a reload cannot apply to a running daemon (empty when the two are equal). Every
+    /// field is taken apart here, so a new setting cannot be left out of the comparison.
+    pub fn changed_keys(&self, other: &GatewayConfig) -> Vec<&'static str> {
+        let GatewayConfig {
+            role,
+            external_interface,
+            tun_name,
+            control_socket,
+            external_next_hop,
+            router_advertisements,
+            log_level,
+            interface_down_exit,
+            randomize_link,
+            state_dir,
+            metrics_listen,
+            workers,
+            tcp,
+        } = self;
+        let role_key = match (role, &other.role) {
+            (a, b) if a == b => None,
+            (Role::Gateway { .. }, Role::Gateway { .. }) => Some("internal_interface"),
+            // The host's one address is every peer's `local_host`.
+            (Role::Host { .. }, Role::Host { .. }) => Some("local_host"),
+            _ => Some("role"),
+        };
+        let differs = [
+            (role_key.is_some(), role_key.unwrap_or("role")),
+            (
+                *external_interface != other.external_interface,
+                "external_interface",
+            ),
+            (*tun_name != other.tun_name, "tun_name"),
+            (*control_socket != other.control_socket, "control_socket"),
+            (
+                *external_next_hop != other.external_next_hop,
+                "external_next_hop",
+            ),
+            (
+                *router_advertisements != other.router_advertisements,
+                "router_advertisements",
+            ),
+            (*log_level != other.log_level, "log_level"),
+            (
+                *interface_down_exit != other.interface_down_exit,
+                "interface_down_exit_secs",
+            ),
+            (*randomize_link != other.randomize_link, "randomize_link"),
+            (*state_dir != other.state_dir, "state_dir"),
+            (*metrics_listen != other.metrics_listen, "metrics_listen"),
+            (*workers != other.workers, "workers"),
+            (*tcp != other.tcp, "[tcp]"),
+        ];
+        differs
+            .into_iter()
+            .filter_map(|(changed, key)| changed.then_some(key))
+            .collect()
+    }
 }
 
 /// The data-plane threads a role starts: `workers` if set, else one per online CPU (at most
@@ -125,6 +190,8 @@ pub fn worker_count(workers: Option<usize>) -> usize {
 
 /// Default `state_dir`.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/mt6d";
+/// Default `tun_name` of a gateway (or host).
+pub const DEFAULT_GATEWAY_TUN: &str = "mt6d0";
 
 /// Where the protected host is (000 §3.2 gateway mode; 001 §4 "integrated" configuration).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,10 +280,7 @@ impl Config {
     /// (`gateway::reload`), so that a peer added over the control socket goes through exactly
     /// the checks a peer written in the file does.
     pub fn load_document(path: &Path) -> Result<(Config, toml::Table), ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = source::read(path)?;
         use std::os::unix::fs::PermissionsExt;
         let config = Config::parse(path, &text)?;
         let mode = std::fs::metadata(path)
@@ -240,13 +304,7 @@ impl Config {
     /// `key_file` paths.
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         let src = Source { path, text };
-        let raw: RawConfig = toml::from_str(text).map_err(|e| match e.span() {
-            Some(span) => src.err_at(span, e.message()),
-            None => ConfigError::File {
-                path: path.to_path_buf(),
-                message: e.message().to_string(),
-            },
-        })?;
+        let raw: RawConfig = src.parse_toml()?;
         let section = GatewaySection::parse(&src, &raw.gateway)?;
         let tcp = tcp::parse_tcp(&src, raw.tcp.as_ref())?;
         if raw.peers.is_empty() {

@@ -5,14 +5,14 @@ use std::collections::HashSet;
 use std::net::Ipv6Addr;
 
 use mt6d_proto::handshake::{link_key, HandshakeConfig, Psk};
-use mt6d_proto::{AeadAlg, Derivation, Endpoint, Mode, SessionKey, Stream, StreamConfig};
+use mt6d_proto::{Endpoint, Mode, SessionKey, Stream, StreamConfig};
 use toml::Spanned;
 
 use super::gateway::GatewaySection;
 use super::raw::{
-    address, gateway_settings, mac, merge, parse_opt, peer_settings, ports, prefix64, relative_to,
-    rotation, RawGateway, RawPeer, RawStreamSettings, Source,
+    address, mac, merge, prefix64, relative_to, RawGateway, RawPeer, RawStreamSettings, Source,
 };
+use super::settings::{StreamSettings, DEFAULT_JITTER};
 use super::{rekey_packets_limit, ConfigError, Keying, PeerConfig};
 use crate::keys;
 
@@ -28,15 +28,15 @@ pub(super) struct PeersSeen {
     pub(super) pre_shared: Vec<(zeroize::Zeroizing<Vec<u8>>, Ipv6Addr, Ipv6Addr, String)>,
 }
 
-/// One `[[peer]]` whose name and true addresses passed, with its merged stream settings.
+/// One `[[peer]]` whose name and true addresses passed, with its merged stream settings (as
+/// written, for the places of errors, and validated).
 struct PeerDraft<'a> {
     raw: &'a Spanned<RawPeer>,
     name: String,
     local_true: Ipv6Addr,
     remote_true: Ipv6Addr,
-    settings: RawStreamSettings,
-    mode: Mode,
-    aead: AeadAlg,
+    written: RawStreamSettings,
+    settings: StreamSettings,
 }
 
 /// One `[[peer]]`: its name and addresses, its keys, its stream; then the stream (and its
@@ -51,15 +51,14 @@ pub(super) fn parse_peer(
 ) -> Result<PeerConfig, ConfigError> {
     let p = peer.get_ref();
     let (name, local_true, remote_true) = peer_hosts(src, p, section.host_role, seen)?;
-    let settings = merge(&gateway_settings(gw), &peer_settings(p));
+    let written = merge(&gw.stream_settings(), &p.stream_settings());
     let draft = PeerDraft {
         raw: peer,
         name,
         local_true,
         remote_true,
-        mode: parse_opt(src, &settings.mode, Mode::default())?,
-        aead: parse_opt(src, &settings.aead, AeadAlg::default())?,
-        settings,
+        settings: StreamSettings::parse(src, &written, DEFAULT_JITTER)?,
+        written,
     };
     clear_payload_acknowledged(src, gw, &draft)?;
     let (key, keying) = match &p.public_key {
@@ -94,10 +93,10 @@ fn clear_payload_acknowledged(
         .accept_clear_payload
         .as_ref()
         .is_some_and(|v| *v.get_ref());
-    if draft.mode == Mode::Encrypt || acknowledged {
+    if draft.settings.mode == Mode::Encrypt || acknowledged {
         return Ok(());
     }
-    let mode = match draft.mode {
+    let mode = match draft.settings.mode {
         Mode::Plain => "plain",
         _ => "auth",
     };
@@ -105,7 +104,7 @@ fn clear_payload_acknowledged(
         "peer {:?}: mode \"{mode}\" sends the inner packet in clear, and the true addresses inside it (ICMPv6 error quotes, routing headers, application data) with it: an observer of the public link reads them. Use mode \"encrypt\", or set [gateway] accept_clear_payload = true to run it anyway (docs/PROTOCOL.md §9.7)",
         draft.name
     );
-    Err(match &draft.settings.mode {
+    Err(match &draft.written.mode {
         Some(m) => src.err(m, message),
         None => src.err(&draft.raw.get_ref().name, message),
     })
@@ -207,7 +206,7 @@ fn handshake_keying(
     public: &Spanned<String>,
 ) -> Result<(SessionKey, Keying), ConfigError> {
     let p = draft.raw.get_ref();
-    let (name, mode, aead) = (&draft.name, draft.mode, draft.aead);
+    let (name, mode, aead) = (&draft.name, draft.settings.mode, draft.settings.aead);
     if let Some(k) = p.key.as_ref().or(p.key_file.as_ref()) {
         return Err(src.err(
             k,
@@ -266,42 +265,25 @@ fn handshake_keying(
     Ok((key, Keying::Handshake(hs)))
 }
 
-/// The protocol crate's stream settings of a peer: its endpoints (prefixes and MACs), key,
-/// derivation, ports, mode, AEAD, rotation and jitter.
+/// The protocol crate's stream of a peer: its endpoints (prefixes and MACs), its key and its
+/// stream settings.
 fn stream_config(
     src: &Source,
     draft: &PeerDraft,
     key: SessionKey,
 ) -> Result<StreamConfig, ConfigError> {
     let p = draft.raw.get_ref();
-    let settings = &draft.settings;
-    Ok(StreamConfig {
-        local: Endpoint {
-            true_addr: draft.local_true,
-            external_prefix: p
-                .local_prefix
-                .as_ref()
-                .map(|s| prefix64(src, s))
-                .transpose()?,
-            mac: p.local_mac.as_ref().map(|s| mac(src, s)).transpose()?,
-        },
-        remote: Endpoint {
-            true_addr: draft.remote_true,
-            external_prefix: p
-                .remote_prefix
-                .as_ref()
-                .map(|s| prefix64(src, s))
-                .transpose()?,
-            mac: p.remote_mac.as_ref().map(|s| mac(src, s)).transpose()?,
-        },
-        key,
-        derivation: parse_opt(src, &settings.derivation, Derivation::default())?,
-        ports: ports(src, &settings.port)?,
-        mode: draft.mode,
-        aead: draft.aead,
-        rotation: rotation(src, &settings.rotation_secs)?,
-        jitter: settings.jitter.as_ref().is_some_and(|j| *j.get_ref()),
-    })
+    let endpoint =
+        |true_addr, prefix: &Option<Spanned<String>>, mac_text: &Option<Spanned<String>>| {
+            Ok::<_, ConfigError>(Endpoint {
+                true_addr,
+                external_prefix: prefix.as_ref().map(|s| prefix64(src, s)).transpose()?,
+                mac: mac_text.as_ref().map(|s| mac(src, s)).transpose()?,
+            })
+        };
+    let local = endpoint(draft.local_true, &p.local_prefix, &p.local_mac)?;
+    let remote = endpoint(draft.remote_true, &p.remote_prefix, &p.remote_mac)?;
+    Ok(draft.settings.stream(local, remote, key))
 }
 
 fn peer_key(src: &Source, peer: &Spanned<RawPeer>) -> Result<SessionKey, ConfigError> {

@@ -1,13 +1,13 @@
 //! The file as written: the TOML schema with the span of every value (for `file:line:column`
-//! in errors), the settings a `[[peer]]` inherits from `[gateway]`, and the parsers of single
-//! values (interface names, addresses, prefixes, MACs, ports, durations, paths).
+//! in errors), the stream settings' keys (declared once for every section that has them), the
+//! settings a `[[peer]]` inherits from `[gateway]`, and the parsers of single values (interface
+//! names, addresses, prefixes, MACs, durations, paths).
 
 use std::fmt;
 use std::net::Ipv6Addr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use mt6d_proto::PortPolicy;
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -26,38 +26,74 @@ pub(super) struct RawConfig {
     pub(super) peers: Vec<Spanned<RawPeer>>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawGateway {
-    pub(super) role: Option<Spanned<String>>,
-    pub(super) internal_interface: Option<Spanned<String>>,
-    pub(super) external_interface: Spanned<String>,
-    pub(super) tun_name: Option<Spanned<String>>,
-    pub(super) control_socket: Option<Spanned<String>>,
-    pub(super) external_next_hop: Option<Spanned<String>>,
-    pub(super) rotation_secs: Option<Spanned<f64>>,
-    pub(super) jitter: Option<Spanned<bool>>,
-    pub(super) mode: Option<Spanned<String>>,
-    pub(super) aead: Option<Spanned<String>>,
-    pub(super) derivation: Option<Spanned<String>>,
-    pub(super) port: Option<Spanned<toml::Value>>,
-    pub(super) private_key_file: Option<Spanned<String>>,
-    pub(super) rekey_secs: Option<Spanned<f64>>,
-    pub(super) rekey_packets: Option<Spanned<i64>>,
-    pub(super) router_advertisements: Option<Spanned<bool>>,
-    pub(super) log_level: Option<Spanned<String>>,
-    pub(super) interface_down_exit_secs: Option<Spanned<f64>>,
-    pub(super) randomize_link: Option<Spanned<bool>>,
-    /// The operator's acknowledgement that `plain` and `auth` peers carry the inner packet in
-    /// clear, true addresses inside it included.
-    pub(super) accept_clear_payload: Option<Spanned<bool>>,
-    pub(super) state_dir: Option<Spanned<String>>,
-    pub(super) metrics_listen: Option<Spanned<String>>,
-    pub(super) workers: Option<Spanned<i64>>,
+/// Declares a section's TOML schema with the stream settings' keys after its own: the keys
+/// `rotation_secs`, `jitter`, `mode`, `aead`, `derivation` and `port` and their TOML types are
+/// written here once for `[gateway]`, `[[peer]]` and `[server]`, and validated once
+/// ([`super::settings::StreamSettings`]). (Not a serde `flatten`: it loses the spans that give
+/// line numbers, and `deny_unknown_fields` with it.)
+macro_rules! with_stream_keys {
+    (
+        $(#[$attr:meta])*
+        $vis:vis struct $name:ident {
+            $($(#[$field_attr:meta])* $field_vis:vis $field:ident : $ty:ty,)*
+        }
+    ) => {
+        $(#[$attr])*
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        $vis struct $name {
+            $($(#[$field_attr])* $field_vis $field: $ty,)*
+            pub(super) rotation_secs: Option<toml::Spanned<f64>>,
+            pub(super) jitter: Option<toml::Spanned<bool>>,
+            pub(super) mode: Option<toml::Spanned<String>>,
+            pub(super) aead: Option<toml::Spanned<String>>,
+            pub(super) derivation: Option<toml::Spanned<String>>,
+            pub(super) port: Option<toml::Spanned<toml::Value>>,
+        }
+
+        impl $name {
+            /// The stream settings as written in this section.
+            pub(super) fn stream_settings(&self) -> $crate::config::raw::RawStreamSettings {
+                $crate::config::raw::RawStreamSettings {
+                    rotation_secs: self.rotation_secs.clone(),
+                    jitter: self.jitter.clone(),
+                    mode: self.mode.clone(),
+                    aead: self.aead.clone(),
+                    derivation: self.derivation.clone(),
+                    port: self.port.clone(),
+                }
+            }
+        }
+    };
+}
+pub(super) use with_stream_keys;
+
+with_stream_keys! {
+    pub(super) struct RawGateway {
+        pub(super) role: Option<Spanned<String>>,
+        pub(super) internal_interface: Option<Spanned<String>>,
+        pub(super) external_interface: Spanned<String>,
+        pub(super) tun_name: Option<Spanned<String>>,
+        pub(super) control_socket: Option<Spanned<String>>,
+        pub(super) external_next_hop: Option<Spanned<String>>,
+        pub(super) private_key_file: Option<Spanned<String>>,
+        pub(super) rekey_secs: Option<Spanned<f64>>,
+        pub(super) rekey_packets: Option<Spanned<i64>>,
+        pub(super) router_advertisements: Option<Spanned<bool>>,
+        pub(super) log_level: Option<Spanned<String>>,
+        pub(super) interface_down_exit_secs: Option<Spanned<f64>>,
+        pub(super) randomize_link: Option<Spanned<bool>>,
+        /// The operator's acknowledgement that `plain` and `auth` peers carry the inner packet
+        /// in clear, true addresses inside it included.
+        pub(super) accept_clear_payload: Option<Spanned<bool>>,
+        pub(super) state_dir: Option<Spanned<String>>,
+        pub(super) metrics_listen: Option<Spanned<String>>,
+        pub(super) workers: Option<Spanned<i64>>,
+    }
 }
 
-/// Settings that `[gateway]` gives for every peer and a `[[peer]]` may override. (Listed in
-/// both sections rather than flattened: serde's flatten loses the spans that give line numbers.)
+/// The stream settings of one section as written, unvalidated: what `[gateway]` gives every
+/// peer and a `[[peer]]` may override ([`merge`]).
 #[derive(Default, Clone)]
 pub(super) struct RawStreamSettings {
     pub(super) rotation_secs: Option<Spanned<f64>>,
@@ -68,52 +104,25 @@ pub(super) struct RawStreamSettings {
     pub(super) port: Option<Spanned<toml::Value>>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawPeer {
-    pub(super) name: Spanned<String>,
-    pub(super) local_host: Spanned<String>,
-    pub(super) remote_host: Spanned<String>,
-    pub(super) local_prefix: Option<Spanned<String>>,
-    pub(super) remote_prefix: Option<Spanned<String>>,
-    pub(super) local_mac: Option<Spanned<String>>,
-    pub(super) remote_mac: Option<Spanned<String>>,
-    pub(super) key: Option<Spanned<String>>,
-    pub(super) key_file: Option<Spanned<String>>,
-    pub(super) public_key: Option<Spanned<String>>,
-    pub(super) preshared_key_file: Option<Spanned<String>>,
-    pub(super) rotation_secs: Option<Spanned<f64>>,
-    pub(super) jitter: Option<Spanned<bool>>,
-    pub(super) mode: Option<Spanned<String>>,
-    pub(super) aead: Option<Spanned<String>>,
-    pub(super) derivation: Option<Spanned<String>>,
-    pub(super) port: Option<Spanned<toml::Value>>,
-    pub(super) host_id_out: Option<Spanned<super::tcp::RawHostId>>,
-    pub(super) host_id_in: Option<Spanned<super::tcp::RawHostId>>,
-}
-
-pub(super) fn gateway_settings(g: &RawGateway) -> RawStreamSettings {
-    RawStreamSettings {
-        rotation_secs: g.rotation_secs.clone(),
-        jitter: g.jitter.clone(),
-        mode: g.mode.clone(),
-        aead: g.aead.clone(),
-        derivation: g.derivation.clone(),
-        port: g.port.clone(),
+with_stream_keys! {
+    pub(super) struct RawPeer {
+        pub(super) name: Spanned<String>,
+        pub(super) local_host: Spanned<String>,
+        pub(super) remote_host: Spanned<String>,
+        pub(super) local_prefix: Option<Spanned<String>>,
+        pub(super) remote_prefix: Option<Spanned<String>>,
+        pub(super) local_mac: Option<Spanned<String>>,
+        pub(super) remote_mac: Option<Spanned<String>>,
+        pub(super) key: Option<Spanned<String>>,
+        pub(super) key_file: Option<Spanned<String>>,
+        pub(super) public_key: Option<Spanned<String>>,
+        pub(super) preshared_key_file: Option<Spanned<String>>,
+        pub(super) host_id_out: Option<Spanned<super::tcp::RawHostId>>,
+        pub(super) host_id_in: Option<Spanned<super::tcp::RawHostId>>,
     }
 }
 
-pub(super) fn peer_settings(p: &RawPeer) -> RawStreamSettings {
-    RawStreamSettings {
-        rotation_secs: p.rotation_secs.clone(),
-        jitter: p.jitter.clone(),
-        mode: p.mode.clone(),
-        aead: p.aead.clone(),
-        derivation: p.derivation.clone(),
-        port: p.port.clone(),
-    }
-}
-
+/// A peer's stream settings: its own where it gives them, else `[gateway]`'s.
 pub(super) fn merge(defaults: &RawStreamSettings, own: &RawStreamSettings) -> RawStreamSettings {
     RawStreamSettings {
         rotation_secs: own
@@ -215,60 +224,15 @@ where
     }
 }
 
-pub(super) fn ports(
-    src: &Source,
-    v: &Option<Spanned<toml::Value>>,
-) -> Result<PortPolicy, ConfigError> {
-    match v {
-        None => Ok(PortPolicy::default()),
-        Some(s) => match s.get_ref() {
-            toml::Value::String(h) if h == "hopping" => Ok(PortPolicy::Hopping),
-            toml::Value::Integer(p) if (1024..=65535).contains(p) => {
-                // The range check above makes the conversion exact.
-                Ok(PortPolicy::Fixed(*p as u16))
-            }
-            _ => Err(src.err(
-                s,
-                "port must be \"hopping\" (a new port every epoch) or a fixed port number 1024-65535",
-            )),
-        },
-    }
-}
-
-pub(super) fn rotation(src: &Source, v: &Option<Spanned<f64>>) -> Result<Duration, ConfigError> {
-    seconds(src, v, "rotation_secs", 10)
-}
-
-/// `workers`: data-plane threads, 1 to [`super::MAX_WORKERS`]; None when unset (one per online
-/// CPU, [`super::worker_count`]). A bad count's error names its place.
-pub(super) fn workers(
-    src: &Source,
-    v: Option<&Spanned<i64>>,
-) -> Result<Option<usize>, ConfigError> {
-    let max = super::MAX_WORKERS;
-    v.map(|w| {
-        usize::try_from(*w.get_ref())
-            .ok()
-            .filter(|n| (1..=max).contains(n))
-            .ok_or_else(|| {
-                src.err(
-                    w,
-                    format!("workers: the number of data-plane threads, 1 to {max} (unset: one per online CPU)"),
-                )
-            })
-    })
-    .transpose()
-}
-
 /// A duration setting in seconds (1 to 86400, millisecond resolution).
 pub(super) fn seconds(
     src: &Source,
-    v: &Option<Spanned<f64>>,
+    v: Option<&Spanned<f64>>,
     name: &str,
-    default_secs: u64,
+    default: Duration,
 ) -> Result<Duration, ConfigError> {
     match v {
-        None => Ok(Duration::from_secs(default_secs)),
+        None => Ok(default),
         Some(s) => {
             let secs = *s.get_ref();
             if !(1.0..=86_400.0).contains(&secs) {
@@ -286,23 +250,4 @@ pub(super) fn relative_to(config: &Path, file: &str) -> PathBuf {
         Some(dir) if file.is_relative() => dir.join(file),
         _ => file,
     }
-}
-
-/// `metrics_listen`: the address and port of the Prometheus endpoint, in every role's table.
-pub(super) fn metrics_listen(
-    src: &Source,
-    v: Option<&Spanned<String>>,
-) -> Result<Option<std::net::SocketAddr>, ConfigError> {
-    let Some(v) = v else {
-        return Ok(None);
-    };
-    v.get_ref().parse().map(Some).map_err(|_| {
-        src.err(
-            v,
-            format!(
-                "metrics_listen {:?} is not an address and port, e.g. \"[::1]:9586\"",
-                v.get_ref()
-            ),
-        )
-    })
 }

@@ -10,15 +10,14 @@ use std::time::Duration;
 use mt6d_proto::handshake::{link_key, HandshakeConfig, PrivateKey, Psk};
 use mt6d_proto::relay::frame::{DEFAULT_FRAME_MAX, MIN_FRAME_MAX};
 use mt6d_proto::relay::NodeId;
-use mt6d_proto::{AeadAlg, Endpoint, Mode, SessionKey, StreamConfig};
+use mt6d_proto::{Endpoint, Mode, SessionKey, StreamConfig};
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::raw::{address, interface_name, relative_to, rotation, seconds, Source};
+use super::raw::{address, interface_name, relative_to, RawStreamSettings, Source};
 use super::server::same64;
-use super::{
-    parse_log_level, rekey_packets_limit, ConfigError, DEFAULT_REKEY_SECS, DEFAULT_STATE_DIR,
-};
+use super::settings::{self, StreamSettings, DEFAULT_RELAY_JITTER};
+use super::{rekey_packets_limit, ConfigError};
 use crate::keys;
 
 /// Default TUN device of an edge gateway (also names the nftables table and generation file of
@@ -38,7 +37,7 @@ struct RawRelayFile {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawRelay {
+pub(super) struct RawRelay {
     external_interface: Spanned<String>,
     address: Spanned<String>,
     private_key_file: Option<Spanned<String>>,
@@ -64,7 +63,7 @@ struct RawRelay {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawLink {
+pub(super) struct RawLink {
     name: Spanned<String>,
     address: Spanned<String>,
     interface: Option<Spanned<String>>,
@@ -74,7 +73,7 @@ struct RawLink {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawE2e {
+pub(super) struct RawE2e {
     name: Spanned<String>,
     public_key: Spanned<String>,
     local_host: Spanned<String>,
@@ -94,10 +93,12 @@ pub struct RelayConfig {
     pub node_id: Option<NodeId>,
     pub transit: bool,
     pub frame_max: usize,
-    pub rotation: Duration,
+    /// The links' stream settings: `rotation_secs` and `jitter` (on by default) from the file,
+    /// always `encrypt` with the default AEAD, derivation and hopping ports. An end-to-end peer
+    /// takes them too, with a `rotation_secs` of its own if it gives one.
+    pub stream: StreamSettings,
     /// The links' rekey interval (handshake-keyed links).
     pub rekey_after: Duration,
-    pub jitter: bool,
     pub listen_port: u16,
     /// Answer Neighbour Solicitations for the links' current hashed addresses on the external
     /// interface and every link's own (a neighbour on a shared segment resolves them); false
@@ -167,73 +168,20 @@ impl RelayConfig {
 
     /// Reads and validates a relay configuration, key files included.
     pub fn load(path: &Path) -> Result<RelayConfig, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        RelayConfig::parse(path, &text)
+        RelayConfig::parse(path, &super::source::read(path)?)
     }
 
     /// Validates configuration text (`path` names the file and anchors relative paths).
     pub fn parse(path: &Path, text: &str) -> Result<RelayConfig, ConfigError> {
         let src = Source { path, text };
-        let raw: RawRelayFile = toml::from_str(text).map_err(|e| match e.span() {
-            Some(span) => src.err_at(span, e.message()),
-            None => ConfigError::File {
-                path: path.to_path_buf(),
-                message: e.message().to_string(),
-            },
-        })?;
+        let raw: RawRelayFile = src.parse_toml()?;
         let r = raw.relay.get_ref();
         let external_interface = interface_name(&src, &r.external_interface)?;
         let own = address(&src, &r.address)?;
-        let private_key: Option<PrivateKey> = r
-            .private_key_file
-            .as_ref()
-            .map(|f| {
-                keys::read_private_key(&relative_to(path, f.get_ref())).map_err(|e| src.err(f, e))
-            })
-            .transpose()?;
-        let node_id = match (&private_key, &r.private_key_file) {
-            (Some(k), Some(f)) => Some(NodeId::from_public_key(&k.public_key()).ok_or_else(
-                || src.err(f, "this key's node id is the reserved all-zero id (probability 2^-64): make another key"),
-            )?),
-            _ => None,
-        };
-        let frame_max = match &r.frame_max {
-            None => DEFAULT_FRAME_MAX,
-            Some(f) => usize::try_from(*f.get_ref())
-                .ok()
-                .filter(|m| (MIN_FRAME_MAX..=9000).contains(m))
-                .ok_or_else(|| {
-                    src.err(
-                        f,
-                        format!("frame_max must be {MIN_FRAME_MAX}-9000, the same on every node"),
-                    )
-                })?,
-        };
-        let mtu = match &r.mtu {
-            None => 1500,
-            Some(m) => u16::try_from(*m.get_ref())
-                .ok()
-                .filter(|m| (1280..=9000).contains(m))
-                .ok_or_else(|| src.err(m, "mtu must be 1280-9000 (the external path's MTU)"))?,
-        };
-        if frame_max + LINK_WIRE_OVERHEAD > usize::from(mtu) {
-            return Err(src.err_at(
-                r.frame_max.as_ref().map_or(r.address.span(), Spanned::span),
-                format!(
-                    "frame_max {frame_max} needs an external MTU of {} (frame + {LINK_WIRE_OVERHEAD} bytes of IPv6, UDP, counter and tag), and mtu is {mtu}: lower frame_max on every node or raise mtu",
-                    frame_max + LINK_WIRE_OVERHEAD
-                ),
-            ));
-        }
-        let link_rotation = rotation(&src, &r.rotation_secs)?;
-        let rekey_after = seconds(&src, &r.rekey_secs, "rekey_secs", DEFAULT_REKEY_SECS)?;
-        let jitter = r.jitter.as_ref().is_none_or(|j| *j.get_ref());
-        let mut names = HashSet::new();
-        let mut links = Vec::with_capacity(r.link.len());
-        let mut link_keys: Vec<(zeroize::Zeroizing<Vec<u8>>, String)> = Vec::new();
+        let (private_key, node_id) = identity(&src, r)?;
+        let (frame_max, mtu) = frame_max_and_mtu(&src, r)?;
+        let stream = link_settings(&src, r)?;
+        let rekey_after = settings::rekey_after(&src, r.rekey_secs.as_ref())?;
         let ctx = Ctx {
             src: &src,
             own,
@@ -242,25 +190,9 @@ impl RelayConfig {
             private_key_file: &r.private_key_file,
             node_id,
             rekey_after,
-            link_rotation,
-            jitter,
+            stream,
         };
-        for l in &r.link {
-            let link = parse_link(&ctx, l, &mut names, &links, &mut link_keys)?;
-            links.push(link);
-        }
-        if links.is_empty() {
-            return Err(src.err(
-                &raw.relay,
-                "no [[relay.link]]: a node needs at least one neighbour",
-            ));
-        }
-        let mut e2e = Vec::with_capacity(r.e2e.len());
-        let mut pairs = HashSet::new();
-        for e in &r.e2e {
-            let peer = parse_e2e(&ctx, e, &mut names, (&links, &mut pairs), &mut link_keys)?;
-            e2e.push(peer);
-        }
+        let (links, e2e) = neighbours(&ctx, &raw.relay)?;
         let transit = match &r.transit {
             Some(t) => *t.get_ref(),
             None => e2e.is_empty(),
@@ -268,37 +200,13 @@ impl RelayConfig {
         if !transit && e2e.is_empty() {
             return Err(src.err(&raw.relay, "transit = false and no [[relay.e2e]]: this node would neither forward nor carry anything"));
         }
-        let tun_name = match &r.tun_name {
-            Some(t) => interface_name(&src, t)?,
-            None => DEFAULT_RELAY_TUN.to_string(),
-        };
-        let listen_port = match &r.listen_port {
-            None => DEFAULT_RELAY_LISTEN_PORT,
-            Some(p) => u16::try_from(*p.get_ref())
-                .ok()
-                .filter(|p| *p >= 1)
-                .ok_or_else(|| src.err(p, "listen_port must be 1-65535"))?,
-        };
-        let log_level = match &r.log_level {
-            None => None,
-            Some(l) => Some(parse_log_level(l.get_ref()).ok_or_else(|| {
-                src.err(
-                    l,
-                    "log_level must be error, warn, info, debug, trace or off",
-                )
-            })?),
-        };
-        let metrics_listen = super::raw::metrics_listen(&src, r.metrics_listen.as_ref())?;
-        let control_socket = match &r.control_socket {
-            Some(p) => PathBuf::from(p.get_ref()),
-            None => super::default_control_socket(&tun_name),
-        };
-        if let Err(why) = crate::daemon::files::refuse_non_socket(&control_socket) {
-            return Err(match &r.control_socket {
-                Some(p) => src.err(p, why),
-                None => src.err(&raw.relay, why),
-            });
-        }
+        let tun_name = settings::tun_name(&src, r.tun_name.as_ref(), DEFAULT_RELAY_TUN)?;
+        let listen_port =
+            settings::listen_port(&src, r.listen_port.as_ref(), DEFAULT_RELAY_LISTEN_PORT)?;
+        let log_level = settings::log_level(&src, r.log_level.as_ref())?;
+        let metrics_listen = settings::metrics_listen(&src, r.metrics_listen.as_ref())?;
+        let control_socket =
+            settings::control_socket(&src, r.control_socket.as_ref(), &raw.relay, &tun_name)?;
         Ok(RelayConfig {
             path: path.to_path_buf(),
             external_interface,
@@ -306,18 +214,14 @@ impl RelayConfig {
             node_id,
             transit,
             frame_max,
-            rotation: link_rotation,
+            stream,
             rekey_after,
-            jitter,
             listen_port,
-            neighbor_discovery: r.neighbor_discovery.as_ref().is_none_or(|n| *n.get_ref()),
-            workers: super::raw::workers(&src, r.workers.as_ref())?,
+            neighbor_discovery: settings::neighbor_discovery(r.neighbor_discovery.as_ref()),
+            workers: settings::workers(&src, r.workers.as_ref())?,
             tun_name,
             mtu,
-            state_dir: r.state_dir.as_ref().map_or_else(
-                || PathBuf::from(DEFAULT_STATE_DIR),
-                |d| PathBuf::from(d.get_ref()),
-            ),
+            state_dir: settings::state_dir(&src, r.state_dir.as_ref())?,
             control_socket,
             metrics_listen,
             log_level,
@@ -347,6 +251,91 @@ pub fn prefix_of(a: Ipv6Addr) -> Ipv6Addr {
     Ipv6Addr::from(u128::from(a) & !((1u128 << 64) - 1))
 }
 
+/// `private_key_file` and the node id it gives (both None for a pure relay without one).
+fn identity(
+    src: &Source,
+    r: &RawRelay,
+) -> Result<(Option<PrivateKey>, Option<NodeId>), ConfigError> {
+    let private_key = settings::private_key(src, r.private_key_file.as_ref())?;
+    let node_id = match (&private_key, &r.private_key_file) {
+        (Some(k), Some(f)) => Some(NodeId::from_public_key(&k.public_key()).ok_or_else(
+            || src.err(f, "this key's node id is the reserved all-zero id (probability 2^-64): make another key"),
+        )?),
+        _ => None,
+    };
+    Ok((private_key, node_id))
+}
+
+/// `frame_max` and `mtu`: a frame and a link's headers fit the external path.
+fn frame_max_and_mtu(src: &Source, r: &RawRelay) -> Result<(usize, u16), ConfigError> {
+    let frame_max = match &r.frame_max {
+        None => DEFAULT_FRAME_MAX,
+        Some(f) => usize::try_from(*f.get_ref())
+            .ok()
+            .filter(|m| (MIN_FRAME_MAX..=9000).contains(m))
+            .ok_or_else(|| {
+                src.err(
+                    f,
+                    format!("frame_max must be {MIN_FRAME_MAX}-9000, the same on every node"),
+                )
+            })?,
+    };
+    let mtu = settings::mtu(src, r.mtu.as_ref())?;
+    if frame_max + LINK_WIRE_OVERHEAD > usize::from(mtu) {
+        return Err(src.err_at(
+            r.frame_max.as_ref().map_or(r.address.span(), Spanned::span),
+            format!(
+                "frame_max {frame_max} needs an external MTU of {} (frame + {LINK_WIRE_OVERHEAD} bytes of IPv6, UDP, counter and tag), and mtu is {mtu}: lower frame_max on every node or raise mtu",
+                frame_max + LINK_WIRE_OVERHEAD
+            ),
+        ));
+    }
+    Ok((frame_max, mtu))
+}
+
+/// The links' stream settings: `rotation_secs` and `jitter` as written, `encrypt` always.
+fn link_settings(src: &Source, r: &RawRelay) -> Result<StreamSettings, ConfigError> {
+    let written = RawStreamSettings {
+        rotation_secs: r.rotation_secs.clone(),
+        jitter: r.jitter.clone(),
+        ..RawStreamSettings::default()
+    };
+    let parsed = StreamSettings::parse(src, &written, DEFAULT_RELAY_JITTER)?;
+    Ok(StreamSettings {
+        mode: Mode::Encrypt,
+        ..parsed
+    })
+}
+
+/// Every `[[relay.link]]` (at least one), then every `[[relay.e2e]]`, each checked against
+/// those before it: names shared by both and unique, a key per link and pair.
+fn neighbours(
+    ctx: &Ctx,
+    relay: &Spanned<RawRelay>,
+) -> Result<(Vec<LinkConfig>, Vec<E2eConfig>), ConfigError> {
+    let r = relay.get_ref();
+    let mut names = HashSet::new();
+    let mut links = Vec::with_capacity(r.link.len());
+    let mut link_keys: Vec<(zeroize::Zeroizing<Vec<u8>>, String)> = Vec::new();
+    for l in &r.link {
+        let link = parse_link(ctx, l, &mut names, &links, &mut link_keys)?;
+        links.push(link);
+    }
+    if links.is_empty() {
+        return Err(ctx.src.err(
+            relay,
+            "no [[relay.link]]: a node needs at least one neighbour",
+        ));
+    }
+    let mut e2e = Vec::with_capacity(r.e2e.len());
+    let mut pairs = HashSet::new();
+    for e in &r.e2e {
+        let peer = parse_e2e(ctx, e, &mut names, (&links, &mut pairs), &mut link_keys)?;
+        e2e.push(peer);
+    }
+    Ok((links, e2e))
+}
+
 /// What every `[[relay.link]]` and `[[relay.e2e]]` is checked and built with.
 struct Ctx<'a> {
     src: &'a Source<'a>,
@@ -356,8 +345,8 @@ struct Ctx<'a> {
     private_key_file: &'a Option<Spanned<String>>,
     node_id: Option<NodeId>,
     rekey_after: Duration,
-    link_rotation: Duration,
-    jitter: bool,
+    /// The links' stream settings.
+    stream: StreamSettings,
 }
 
 /// One `[[relay.link]]`, checked against the links before it (`links`) and the keys every link
@@ -423,21 +412,14 @@ fn parse_link(
                 Some((k, f)) => psk_of(ctx.src, f, &k)?,
                 None => Psk::none(),
             };
-            let (key, hs) = handshake(
-                private,
-                remote_public,
-                psk,
-                (ctx.own, addr),
-                ctx.rekey_after,
-            )
-            .map_err(|e| ctx.src.err(public, format!("link {name:?}: {e}")))?;
+            let (key, hs) = handshake(private, remote_public, psk, (ctx.own, addr), ctx)
+                .map_err(|e| ctx.src.err(public, format!("link {name:?}: {e}")))?;
             (key, Some(hs))
         }
     };
-    let mut stream = StreamConfig::new(Endpoint::new(ctx.own), Endpoint::new(addr), key);
-    stream.mode = Mode::Encrypt;
-    stream.rotation = ctx.link_rotation;
-    stream.jitter = ctx.jitter;
+    let stream = ctx
+        .stream
+        .stream(Endpoint::new(ctx.own), Endpoint::new(addr), key);
     let interface = match &raw_link.interface {
         Some(i) => interface_name(ctx.src, i)?,
         None => ctx.external_interface.to_string(),
@@ -515,20 +497,21 @@ fn parse_e2e(
     let Some(private) = ctx.private_key else {
         return Err(ctx.src.err(e, "an end-to-end peer needs this node's identity: set private_key_file (`mt6d keygen FILE`)"));
     };
-    let (key, handshake) = handshake(private, public, psk, (local, remote), ctx.rekey_after)
-        .map_err(|err| {
+    let (key, handshake) =
+        handshake(private, public, psk, (local, remote), ctx).map_err(|err| {
             ctx.src.err(
                 &raw_e.public_key,
                 format!("end-to-end peer {name:?}: {err}"),
             )
         })?;
-    let mut stream = StreamConfig::new(Endpoint::new(local), Endpoint::new(remote), key);
-    stream.mode = Mode::Encrypt;
-    stream.rotation = match &raw_e.rotation_secs {
-        Some(_) => rotation(ctx.src, &raw_e.rotation_secs)?,
-        None => ctx.link_rotation,
+    let settings = StreamSettings {
+        rotation: match &raw_e.rotation_secs {
+            Some(r) => settings::rotation(ctx.src, Some(r))?,
+            None => ctx.stream.rotation,
+        },
+        ..ctx.stream
     };
-    stream.jitter = ctx.jitter;
+    let stream = settings.stream(Endpoint::new(local), Endpoint::new(remote), key);
     Ok(E2eConfig {
         name,
         destination,
@@ -547,27 +530,27 @@ fn psk_of(src: &Source, f: &Spanned<String>, key: &SessionKey) -> Result<Psk, Co
 
 /// A stream keyed by Noise IK between this node's identity and `remote_public`, with the true
 /// addresses `(local, remote)` (a link: the two nodes'; end to end: the two hosts'): the
-/// handshake's link key (the stream's key, §9.1) and its settings, encrypt mode.
+/// handshake's link key (the stream's key, §9.1) and its settings, the links' mode and AEAD.
 fn handshake(
     private: &PrivateKey,
     remote_public: mt6d_proto::handshake::PublicKey,
     psk: Psk,
     (local, remote): (Ipv6Addr, Ipv6Addr),
-    rekey_after: Duration,
+    ctx: &Ctx,
 ) -> Result<(SessionKey, HandshakeConfig), mt6d_proto::ProtoError> {
     let key = link_key(private, &remote_public, &psk)?;
-    let aead = AeadAlg::default();
+    let aead = ctx.stream.aead;
     Ok((
         key,
         HandshakeConfig {
             local_private: private.clone(),
             remote_public,
             psk,
-            mode: Mode::Encrypt,
+            mode: ctx.stream.mode,
             aead,
             local_true: local,
             remote_true: remote,
-            rekey_after,
+            rekey_after: ctx.rekey_after,
             rekey_after_packets: rekey_packets_limit(aead),
         },
     ))
@@ -658,6 +641,34 @@ key_file = "l2.key"
             !RelayConfig::parse(&d.0.join("r.toml"), &off)
                 .unwrap()
                 .neighbor_discovery
+        );
+    }
+
+    /// The links' stream settings: jitter on unless set off, encrypt, the rotation written (an
+    /// end-to-end peer's own if it gives one); `state_dir` relative to the file, as the
+    /// gateway's and the server's.
+    #[test]
+    fn links_take_the_relay_stream_settings_and_state_dir_is_relative_to_the_file() {
+        let d = dir("settings");
+        let path = d.0.join("r.toml");
+        let c = RelayConfig::parse(&path, RELAY).unwrap();
+        assert!(c.stream.jitter && c.links[0].stream.jitter);
+        assert_eq!(c.stream.mode, Mode::Encrypt);
+        assert_eq!(c.links[1].stream.rotation, super::super::DEFAULT_ROTATION);
+        assert_eq!(c.state_dir, PathBuf::from(super::super::DEFAULT_STATE_DIR));
+        let text = RELAY.replace(
+            "control_socket",
+            "jitter = false\nrotation_secs = 3\nstate_dir = \"state\"\ncontrol_socket",
+        );
+        let c = RelayConfig::parse(&path, &text).unwrap();
+        assert!(!c.links[0].stream.jitter);
+        assert_eq!(c.links[0].stream.rotation, Duration::from_secs(3));
+        assert_eq!(c.state_dir, d.0.join("state"));
+        let bad = RELAY.replace("control_socket", "rotation_secs = 0\ncontrol_socket");
+        let e = RelayConfig::parse(&path, &bad).unwrap_err().to_string();
+        assert!(
+            e.contains("r.toml:5:") && e.contains("rotation_secs 0 out of range"),
+            "{e}"
         );
     }
 

@@ -12,16 +12,13 @@ use std::time::Duration;
 
 use mt6d_proto::handshake::{link_key_with_public, PrivateKey, Psk, PublicKey};
 use mt6d_proto::peers_file::{self, PeerEntry};
-use mt6d_proto::{AeadAlg, Derivation, Endpoint, Mode, PortPolicy, SessionKey, StreamConfig};
+use mt6d_proto::{Endpoint, Mode, SessionKey, StreamConfig};
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::raw::{
-    address, interface_name, parse_opt, ports, prefix64, relative_to, rotation, seconds, Source,
-};
-use super::{
-    parse_log_level, rekey_packets_limit, ConfigError, DEFAULT_REKEY_SECS, DEFAULT_STATE_DIR,
-};
+use super::raw::{address, interface_name, prefix64, relative_to, with_stream_keys, Source};
+use super::settings::{self, StreamSettings, DEFAULT_JITTER};
+use super::{rekey_packets_limit, ConfigError};
 use crate::keys;
 
 /// Default TUN device of the server role.
@@ -36,32 +33,26 @@ struct RawServerFile {
     server: Spanned<RawServer>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawServer {
-    external_interface: Spanned<String>,
-    prefix: Spanned<String>,
-    true_address: Spanned<String>,
-    peers_file: Spanned<String>,
-    client_routes: Spanned<Vec<Spanned<String>>>,
-    tun_name: Option<Spanned<String>>,
-    listen_port: Option<Spanned<i64>>,
-    neighbor_discovery: Option<Spanned<bool>>,
-    rotation_secs: Option<Spanned<f64>>,
-    jitter: Option<Spanned<bool>>,
-    mode: Option<Spanned<String>>,
-    aead: Option<Spanned<String>>,
-    derivation: Option<Spanned<String>>,
-    port: Option<Spanned<toml::Value>>,
-    state_dir: Option<Spanned<String>>,
-    workers: Option<Spanned<i64>>,
-    log_level: Option<Spanned<String>>,
-    mtu: Option<Spanned<i64>>,
-    private_key_file: Option<Spanned<String>>,
-    rekey_secs: Option<Spanned<f64>>,
-    control_socket: Option<Spanned<String>>,
-    metrics_listen: Option<Spanned<String>>,
-    external_next_hop: Option<Spanned<String>>,
+with_stream_keys! {
+    pub(super) struct RawServer {
+        external_interface: Spanned<String>,
+        prefix: Spanned<String>,
+        true_address: Spanned<String>,
+        peers_file: Spanned<String>,
+        client_routes: Spanned<Vec<Spanned<String>>>,
+        tun_name: Option<Spanned<String>>,
+        listen_port: Option<Spanned<i64>>,
+        neighbor_discovery: Option<Spanned<bool>>,
+        state_dir: Option<Spanned<String>>,
+        workers: Option<Spanned<i64>>,
+        log_level: Option<Spanned<String>>,
+        mtu: Option<Spanned<i64>>,
+        private_key_file: Option<Spanned<String>>,
+        rekey_secs: Option<Spanned<f64>>,
+        control_socket: Option<Spanned<String>>,
+        metrics_listen: Option<Spanned<String>>,
+        external_next_hop: Option<Spanned<String>>,
+    }
 }
 
 /// The validated server configuration.
@@ -82,12 +73,8 @@ pub struct ServerConfig {
     /// Answer Neighbour Solicitations on the external link for current hashed addresses (a
     /// server sharing a segment with its router). Off where the router routes the prefix to it.
     pub neighbor_discovery: bool,
-    pub rotation: Duration,
-    pub jitter: bool,
-    pub mode: Mode,
-    pub aead: AeadAlg,
-    pub derivation: Derivation,
-    pub ports: PortPolicy,
+    /// The clients' streams' settings (every client the same); never `plain`.
+    pub stream: StreamSettings,
     pub state_dir: PathBuf,
     pub workers: Option<usize>,
     pub log_level: Option<log::LevelFilter>,
@@ -137,125 +124,29 @@ impl ServerConfig {
 
     /// Reads and validates a server configuration (not its peers file: [`ServerConfig::clients`]).
     pub fn load(path: &Path) -> Result<ServerConfig, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        ServerConfig::parse(path, &text)
+        ServerConfig::parse(path, &super::source::read(path)?)
     }
 
     /// Validates configuration text (`path` names the file and anchors relative paths).
     pub fn parse(path: &Path, text: &str) -> Result<ServerConfig, ConfigError> {
         let src = Source { path, text };
-        let raw: RawServerFile = toml::from_str(text).map_err(|e| match e.span() {
-            Some(span) => src.err_at(span, e.message()),
-            None => ConfigError::File {
-                path: path.to_path_buf(),
-                message: e.message().to_string(),
-            },
-        })?;
+        let raw: RawServerFile = src.parse_toml()?;
         let s = raw.server.get_ref();
         let external_interface = interface_name(&src, &s.external_interface)?;
-        let prefix = prefix64(&src, &s.prefix)?;
-        let true_address = address(&src, &s.true_address)?;
-        if same64(true_address, prefix) {
-            return Err(src.err(
-                &s.true_address,
-                format!("the true address {true_address} is inside the hashed prefix {}/64: the whole /64 is answered as hashed addresses, so the protected address needs another one", prefix),
-            ));
-        }
-        let mut client_routes = Vec::new();
-        for r in s.client_routes.get_ref() {
-            client_routes.push(route(&src, r)?);
-        }
-        if client_routes.is_empty() {
-            return Err(src.err(
-                &s.client_routes,
-                "client_routes is empty: give the prefixes holding the clients' true addresses (routed into the TUN device)",
-            ));
-        }
-        for &(p, len) in &client_routes {
-            if covers(p, len, prefix) || covers(p, len, true_address) {
-                return Err(src.err(
-                    &s.client_routes,
-                    format!(
-                        "client route {p}/{len} covers the server's own prefix or true address"
-                    ),
-                ));
-            }
-        }
-        let tun_name = match &s.tun_name {
-            Some(t) => interface_name(&src, t)?,
-            None => DEFAULT_SERVER_TUN.to_string(),
-        };
-        let listen_port = match &s.listen_port {
-            None => DEFAULT_LISTEN_PORT,
-            Some(p) => u16::try_from(*p.get_ref())
-                .ok()
-                .filter(|p| *p >= 1)
-                .ok_or_else(|| src.err(p, "listen_port must be 1-65535"))?,
-        };
-        let mode: Mode = parse_opt(&src, &s.mode, Mode::default())?;
-        if mode == Mode::Plain {
-            if let Some(m) = &s.mode {
-                return Err(src.err(
-                    m,
-                    "the server role carries auth or encrypt streams only: plain mode has no tag, and a server cannot tell a forged datagram from a client's",
-                ));
-            }
-        }
-        let workers = super::raw::workers(&src, s.workers.as_ref())?;
-        let log_level = match &s.log_level {
-            None => None,
-            Some(l) => Some(parse_log_level(l.get_ref()).ok_or_else(|| {
-                src.err(
-                    l,
-                    "log_level must be error, warn, info, debug, trace or off",
-                )
-            })?),
-        };
-        let private_key = s
-            .private_key_file
-            .as_ref()
-            .map(|f| {
-                keys::read_private_key(&relative_to(path, f.get_ref())).map_err(|e| src.err(f, e))
-            })
-            .transpose()?;
-        let rekey_after = seconds(&src, &s.rekey_secs, "rekey_secs", DEFAULT_REKEY_SECS)?;
-        let neighbor_discovery = s.neighbor_discovery.as_ref().is_none_or(|n| *n.get_ref());
-        let external_next_hop = match &s.external_next_hop {
-            None => None,
-            Some(v) => {
-                let a = address(&src, v)?;
-                if same64(a, prefix) {
-                    return Err(src.err(v, format!("external_next_hop {a} is inside the hashed prefix: give the router's address on the external link")));
-                }
-                if !neighbor_discovery {
-                    return Err(src.err(v, "external_next_hop primes the router of a shared segment with the next epoch's addresses; with neighbor_discovery = false the router routes the prefix to the server and needs no priming: remove it"));
-                }
-                Some(a)
-            }
-        };
-        let metrics_listen = super::raw::metrics_listen(&src, s.metrics_listen.as_ref())?;
-        let control_socket = match &s.control_socket {
-            Some(p) => PathBuf::from(p.get_ref()),
-            None => super::default_control_socket(&tun_name),
-        };
-        // The daemon replaces a dead socket at this path; anything else there is someone's
-        // file and is refused now rather than deleted at start-up.
-        if let Err(why) = crate::daemon::files::refuse_non_socket(&control_socket) {
-            return Err(match &s.control_socket {
-                Some(p) => src.err(p, why),
-                None => src.err(&raw.server, why),
-            });
-        }
-        let mtu = match &s.mtu {
-            None => 1500,
-            Some(m) => u16::try_from(*m.get_ref())
-                .ok()
-                .filter(|m| (1280..=9000).contains(m))
-                .ok_or_else(|| src.err(m, "mtu must be 1280-9000 (the external path's MTU)"))?,
-        };
+        let (prefix, true_address) = prefix_and_true_address(&src, s)?;
+        let client_routes = client_routes(&src, s, prefix, true_address)?;
+        let tun_name = settings::tun_name(&src, s.tun_name.as_ref(), DEFAULT_SERVER_TUN)?;
+        let listen_port = settings::listen_port(&src, s.listen_port.as_ref(), DEFAULT_LISTEN_PORT)?;
+        let stream = stream_settings(&src, s)?;
+        let workers = settings::workers(&src, s.workers.as_ref())?;
+        let log_level = settings::log_level(&src, s.log_level.as_ref())?;
+        let private_key = settings::private_key(&src, s.private_key_file.as_ref())?;
+        let rekey_after = settings::rekey_after(&src, s.rekey_secs.as_ref())?;
+        let neighbor_discovery = settings::neighbor_discovery(s.neighbor_discovery.as_ref());
+        let external_next_hop = external_next_hop(&src, s, prefix, neighbor_discovery)?;
+        let metrics_listen = settings::metrics_listen(&src, s.metrics_listen.as_ref())?;
+        let control_socket =
+            settings::control_socket(&src, s.control_socket.as_ref(), &raw.server, &tun_name)?;
         Ok(ServerConfig {
             path: path.to_path_buf(),
             external_interface,
@@ -266,19 +157,11 @@ impl ServerConfig {
             tun_name,
             listen_port,
             neighbor_discovery,
-            rotation: rotation(&src, &s.rotation_secs)?,
-            jitter: s.jitter.as_ref().is_some_and(|j| *j.get_ref()),
-            mode,
-            aead: parse_opt(&src, &s.aead, AeadAlg::default())?,
-            derivation: parse_opt(&src, &s.derivation, Derivation::default())?,
-            ports: ports(&src, &s.port)?,
-            state_dir: s.state_dir.as_ref().map_or_else(
-                || PathBuf::from(DEFAULT_STATE_DIR),
-                |d| PathBuf::from(d.get_ref()),
-            ),
+            stream,
+            state_dir: settings::state_dir(&src, s.state_dir.as_ref())?,
             workers,
             log_level,
-            mtu,
+            mtu: settings::mtu(&src, s.mtu.as_ref())?,
             private_key,
             rekey_after,
             control_socket,
@@ -298,12 +181,12 @@ impl ServerConfig {
             local_private: self.private_key.clone()?,
             remote_public: client.public_key,
             psk: client.psk.clone(),
-            mode: self.mode,
-            aead: self.aead,
+            mode: self.stream.mode,
+            aead: self.stream.aead,
             local_true: self.true_address,
             remote_true,
             rekey_after: self.rekey_after,
-            rekey_after_packets: rekey_packets_limit(self.aead),
+            rekey_after_packets: rekey_packets_limit(self.stream.aead),
         })
     }
 
@@ -342,109 +225,123 @@ impl ServerConfig {
 
     /// [`ServerConfig::clients`] for entries already parsed.
     pub fn clients_from(&self, entries: &[PeerEntry]) -> Result<Vec<ClientConfig>, ConfigError> {
-        let at = |line: usize, message: String| ConfigError::File {
-            path: self.peers_file.clone(),
-            message: format!("line {line}: {message}"),
-        };
         let mut keys_seen: HashSet<&[u8]> = HashSet::with_capacity(entries.len());
         let own_public = self.private_key.as_ref().map(PrivateKey::public_key);
         for e in entries {
-            match &e.session_key {
-                Some(key) => {
-                    // A session key serves one client: the server's true address is in every
-                    // stream.
-                    if !keys_seen.insert(key.as_bytes()) {
-                        return Err(at(
-                            e.line,
-                            format!("client {:?} uses a session key another client already uses; every client needs its own", e.name),
-                        ));
-                    }
-                }
-                None => {
-                    if self.private_key.is_none() {
-                        return Err(at(
-                            e.line,
-                            format!("client {:?} has no key=, so it handshakes, which needs the server's identity key: set [server] private_key_file (create one with `mt6d keygen PATH`), or give the client a pre-shared key=", e.name),
-                        ));
-                    }
-                    if own_public.is_some_and(|k| k == e.public_key) {
-                        return Err(at(
-                            e.line,
-                            format!("client {:?} has the server's own public key", e.name),
-                        ));
-                    }
-                }
-            }
-            if e.true_addr == self.true_address
-                || same64(e.true_addr, self.prefix)
-                || e.prefix.is_some_and(|p| same64(p, self.prefix))
-            {
-                return Err(at(
-                    e.line,
-                    format!(
-                        "client {:?}: its true address or prefix is the server's own",
-                        e.name
-                    ),
-                ));
-            }
-            if !self
-                .client_routes
-                .iter()
-                .any(|&(p, len)| covers(p, len, e.true_addr))
-            {
-                return Err(at(
-                    e.line,
-                    format!("client {:?}: {} is in none of client_routes, so its answers would not reach the tunnel", e.name, e.true_addr),
-                ));
-            }
+            self.check_client(e, &mut keys_seen, own_public.as_ref())?;
         }
         let links = self.link_keys(entries)?;
-        let mut out = Vec::with_capacity(entries.len());
-        for (e, link) in entries.iter().zip(links) {
-            let (key, handshake) = match (&e.session_key, link) {
-                (Some(key), _) => (key.clone(), None),
-                (None, Some(link)) => (
-                    link,
-                    Some(ClientHandshake {
-                        public_key: e.public_key,
-                        psk: e.psk.clone().unwrap_or_else(Psk::none),
-                    }),
-                ),
-                // link_keys gives every entry without key= a link key, or fails.
-                (None, None) => {
-                    return Err(at(
-                        e.line,
-                        format!("client {:?}: no link key was computed", e.name),
-                    ))
-                }
-            };
-            let stream = StreamConfig {
-                local: Endpoint {
-                    true_addr: self.true_address,
-                    external_prefix: Some(self.prefix),
-                    mac: None,
-                },
-                remote: Endpoint {
-                    true_addr: e.true_addr,
-                    external_prefix: e.prefix,
-                    mac: None,
-                },
-                key,
-                derivation: self.derivation,
-                ports: self.ports,
-                mode: self.mode,
-                aead: self.aead,
-                rotation: self.rotation,
-                jitter: self.jitter,
-            };
-            out.push(ClientConfig {
-                name: e.name.clone(),
-                stream,
-                line: e.line,
-                handshake,
-            });
+        entries
+            .iter()
+            .zip(links)
+            .map(|(e, link)| self.client(e, link))
+            .collect()
+    }
+
+    /// An error on `line` of the peers file.
+    fn line_error(&self, line: usize, message: String) -> ConfigError {
+        ConfigError::File {
+            path: self.peers_file.clone(),
+            message: format!("line {line}: {message}"),
         }
-        Ok(out)
+    }
+
+    /// One peers-file entry against the server's settings and the entries before it: its own
+    /// session key or a handshake the server can answer, an address of its own, routed into
+    /// the tunnel.
+    fn check_client<'e>(
+        &self,
+        e: &'e PeerEntry,
+        keys_seen: &mut HashSet<&'e [u8]>,
+        own_public: Option<&PublicKey>,
+    ) -> Result<(), ConfigError> {
+        match &e.session_key {
+            Some(key) => {
+                // A session key serves one client: the server's true address is in every
+                // stream.
+                if !keys_seen.insert(key.as_bytes()) {
+                    return Err(self.line_error(
+                        e.line,
+                        format!("client {:?} uses a session key another client already uses; every client needs its own", e.name),
+                    ));
+                }
+            }
+            None => {
+                if self.private_key.is_none() {
+                    return Err(self.line_error(
+                        e.line,
+                        format!("client {:?} has no key=, so it handshakes, which needs the server's identity key: set [server] private_key_file (create one with `mt6d keygen PATH`), or give the client a pre-shared key=", e.name),
+                    ));
+                }
+                if own_public.is_some_and(|k| *k == e.public_key) {
+                    return Err(self.line_error(
+                        e.line,
+                        format!("client {:?} has the server's own public key", e.name),
+                    ));
+                }
+            }
+        }
+        if e.true_addr == self.true_address
+            || same64(e.true_addr, self.prefix)
+            || e.prefix.is_some_and(|p| same64(p, self.prefix))
+        {
+            return Err(self.line_error(
+                e.line,
+                format!(
+                    "client {:?}: its true address or prefix is the server's own",
+                    e.name
+                ),
+            ));
+        }
+        if !self
+            .client_routes
+            .iter()
+            .any(|&(p, len)| covers(p, len, e.true_addr))
+        {
+            return Err(self.line_error(
+                e.line,
+                format!("client {:?}: {} is in none of client_routes, so its answers would not reach the tunnel", e.name, e.true_addr),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A checked entry's client: its stream keyed by its session key or by `link`, the link
+    /// key of its handshakes.
+    fn client(&self, e: &PeerEntry, link: Option<SessionKey>) -> Result<ClientConfig, ConfigError> {
+        let (key, handshake) = match (&e.session_key, link) {
+            (Some(key), _) => (key.clone(), None),
+            (None, Some(link)) => (
+                link,
+                Some(ClientHandshake {
+                    public_key: e.public_key,
+                    psk: e.psk.clone().unwrap_or_else(Psk::none),
+                }),
+            ),
+            // link_keys gives every entry without key= a link key, or fails.
+            (None, None) => {
+                return Err(self.line_error(
+                    e.line,
+                    format!("client {:?}: no link key was computed", e.name),
+                ))
+            }
+        };
+        let local = Endpoint {
+            true_addr: self.true_address,
+            external_prefix: Some(self.prefix),
+            mac: None,
+        };
+        let remote = Endpoint {
+            true_addr: e.true_addr,
+            external_prefix: e.prefix,
+            mac: None,
+        };
+        Ok(ClientConfig {
+            name: e.name.clone(),
+            stream: self.stream.stream(local, remote, key),
+            line: e.line,
+            handshake,
+        })
     }
 
     /// The link key (docs/PROTOCOL.md §9.1) of every entry without `key=`, None for the others:
@@ -471,11 +368,87 @@ impl ServerConfig {
         results
             .into_iter()
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|(line, message)| ConfigError::File {
-                path: self.peers_file.clone(),
-                message: format!("line {line}: {message}"),
-            })
+            .map_err(|(line, message)| self.line_error(line, message))
     }
+}
+
+/// `prefix` (the hashed /64) and `true_address` (outside it).
+fn prefix_and_true_address(
+    src: &Source,
+    s: &RawServer,
+) -> Result<(Ipv6Addr, Ipv6Addr), ConfigError> {
+    let prefix = prefix64(src, &s.prefix)?;
+    let true_address = address(src, &s.true_address)?;
+    if same64(true_address, prefix) {
+        return Err(src.err(
+            &s.true_address,
+            format!("the true address {true_address} is inside the hashed prefix {prefix}/64: the whole /64 is answered as hashed addresses, so the protected address needs another one"),
+        ));
+    }
+    Ok((prefix, true_address))
+}
+
+/// `client_routes`: at least one prefix, none covering the server's own prefix or address.
+fn client_routes(
+    src: &Source,
+    s: &RawServer,
+    prefix: Ipv6Addr,
+    true_address: Ipv6Addr,
+) -> Result<Vec<(Ipv6Addr, u8)>, ConfigError> {
+    let client_routes = s
+        .client_routes
+        .get_ref()
+        .iter()
+        .map(|r| route(src, r))
+        .collect::<Result<Vec<_>, _>>()?;
+    if client_routes.is_empty() {
+        return Err(src.err(
+            &s.client_routes,
+            "client_routes is empty: give the prefixes holding the clients' true addresses (routed into the TUN device)",
+        ));
+    }
+    for &(p, len) in &client_routes {
+        if covers(p, len, prefix) || covers(p, len, true_address) {
+            return Err(src.err(
+                &s.client_routes,
+                format!("client route {p}/{len} covers the server's own prefix or true address"),
+            ));
+        }
+    }
+    Ok(client_routes)
+}
+
+/// The clients' stream settings; `mode = "plain"` is refused.
+fn stream_settings(src: &Source, s: &RawServer) -> Result<StreamSettings, ConfigError> {
+    let stream = StreamSettings::parse(src, &s.stream_settings(), DEFAULT_JITTER)?;
+    match &s.mode {
+        Some(m) if stream.mode == Mode::Plain => Err(src.err(
+            m,
+            "the server role carries auth or encrypt streams only: plain mode has no tag, and a server cannot tell a forged datagram from a client's",
+        )),
+        _ => Ok(stream),
+    }
+}
+
+/// `external_next_hop`: a router on the shared segment (so `neighbor_discovery` is on), outside
+/// the hashed prefix.
+fn external_next_hop(
+    src: &Source,
+    s: &RawServer,
+    prefix: Ipv6Addr,
+    neighbor_discovery: bool,
+) -> Result<Option<Ipv6Addr>, ConfigError> {
+    let Some(v) = &s.external_next_hop else {
+        return Ok(None);
+    };
+    let a = address(src, v)?;
+    if same64(a, prefix) {
+        return Err(src.err(v, format!("external_next_hop {a} is inside the hashed prefix: give the router's address on the external link")));
+    }
+    if !neighbor_discovery {
+        return Err(src.err(v, "external_next_hop primes the router of a shared segment with the next epoch's addresses; with neighbor_discovery = false the router routes the prefix to the server and needs no priming: remove it"));
+    }
+    Ok(Some(a))
 }
 
 /// A peers-file line and what is wrong with it.
@@ -554,7 +527,7 @@ rotation_secs = 2
         let c = parse(&example()).unwrap();
         assert_eq!(c.peers_file, PathBuf::from("/etc/mt6d/clients"));
         assert_eq!(c.tun_name, DEFAULT_SERVER_TUN);
-        assert_eq!(c.rotation, Duration::from_secs(2));
+        assert_eq!(c.stream.rotation, Duration::from_secs(2));
         assert!(c.neighbor_discovery);
         assert_eq!(
             c.client_routes,

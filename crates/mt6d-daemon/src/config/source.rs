@@ -7,6 +7,14 @@ use toml::Spanned;
 
 use super::ConfigError;
 
+/// Reads a configuration file; the error names it.
+pub(super) fn read(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 /// Turns byte offsets into the `file:line:column` a person can open.
 pub(super) struct Source<'a> {
     pub(super) path: &'a Path,
@@ -14,6 +22,18 @@ pub(super) struct Source<'a> {
 }
 
 impl Source<'_> {
+    /// The text deserialised as `T`; a TOML or schema error (an unknown key, a missing one, a
+    /// wrong type) names its place.
+    pub(super) fn parse_toml<T: serde::de::DeserializeOwned>(&self) -> Result<T, ConfigError> {
+        toml::from_str(self.text).map_err(|e| match e.span() {
+            Some(span) => self.err_at(span, e.message()),
+            None => ConfigError::File {
+                path: self.path.to_path_buf(),
+                message: e.message().to_string(),
+            },
+        })
+    }
+
     pub(super) fn err_at(
         &self,
         span: std::ops::Range<usize>,

@@ -12,9 +12,11 @@
 //!
 //! Then ([`commit`]), in order (fail closed, nothing half-applied):
 //! 1. An invalid proposal is refused whole, with what is wrong: file:line:column for the file,
-//!    the peer and its `key = value` for an edit. A changed `[gateway]` section refuses the
-//!    whole change (interfaces, mode and the TUN device are set up once: a restart applies
-//!    them), and so does an added peer whose tunnel overhead the TUN MTU has no room for.
+//!    the peer and its `key = value` for an edit. A changed `[gateway]` or `[tcp]` setting
+//!    refuses the whole change, naming the keys (interfaces, the TUN device and the node's own
+//!    settings are set up once: a restart applies them; `[gateway]`'s stream settings are the
+//!    peers' defaults and change peers), and so does an added peer whose tunnel overhead the
+//!    TUN MTU has no room for.
 //! 2. The new peers are built (keys, counter reservations) and checked against the other
 //!    daemons of the namespace; nothing in the kernel has changed yet.
 //! 3. Their kernel state is made: guards first, then the nftables table, routes and proxy
@@ -75,8 +77,12 @@ pub enum ChangeError {
     /// the peer and its `key = value`).
     #[error("{0}")]
     Invalid(String),
-    #[error("{} is valid but its [gateway] settings changed; nothing applied (interfaces, mode and the TUN device need a restart)", .0.display())]
-    GatewayChanged(PathBuf),
+    /// The node's own settings changed (the keys named): a restart applies them.
+    #[error("{} is valid but its [gateway] settings changed ({}); nothing applied (interfaces, the TUN device and the node's own settings are set up at start: a restart applies them)", .path.display(), .keys.join(", "))]
+    GatewayChanged {
+        path: PathBuf,
+        keys: Vec<&'static str>,
+    },
     #[error("no peer named {0:?} is running")]
     NoSuchPeer(String),
     #[error("a peer named {0:?} is already running (`mt6d peer set` changes it)")]
@@ -302,11 +308,20 @@ fn explain(text: &str, doc: &toml::Table, e: ConfigError) -> ChangeError {
     }
 }
 
+/// The refusal of a proposal whose node settings (`[gateway]`, `[tcp]`) differ from the
+/// running ones, naming the keys; None when only peers changed.
+fn gateway_changed(old: &Config, new: &Config) -> Option<ChangeError> {
+    let keys = old.gateway.changed_keys(&new.gateway);
+    (!keys.is_empty()).then(|| ChangeError::GatewayChanged {
+        path: old.path.clone(),
+        keys,
+    })
+}
+
 /// The one way a valid proposal becomes the running configuration.
 fn commit(run: Running<'_>, new: Config, doc: toml::Table, by: &str) -> Result<Plan, ChangeError> {
     let path = run.live.cfg.path.clone();
-    if format!("{:?}", run.live.cfg.gateway) != format!("{:?}", new.gateway) {
-        let e = ChangeError::GatewayChanged(path);
+    if let Some(e) = gateway_changed(&run.live.cfg, &new) {
         log::warn!("{by}: {e}");
         return Err(e);
     }
@@ -505,6 +520,60 @@ mod tests {
         assert!(!plan.drops().contains("kept") && !plan.brings().contains("kept"));
         assert!(plan.drops().contains("rekeyed") && plan.brings().contains("rekeyed"));
         assert!(Plan::between(&old, &old).is_empty());
+    }
+
+    /// A reload that changes one `[gateway]` key is refused and the refusal names the key; one
+    /// that changes a stream default of `[gateway]` (inherited by the peers) or a peer is not:
+    /// the peers it changes are applied live. As when the comparison was of the printed forms,
+    /// now field by field.
+    #[test]
+    fn a_changed_gateway_key_is_refused_by_name_and_a_changed_peer_is_not() {
+        let old = config(&[("b", "2001:db8:1::b", KEYS[0])]);
+        let with = |from: &str, to: &str| {
+            let text = format!(
+                "[gateway]\ninternal_interface = \"eth1\"\nexternal_interface = \"eth0\"\nrotation_secs = 1\n\n[[peer]]\nname = \"b\"\nlocal_host = \"2001:db8:1::a\"\nremote_host = \"2001:db8:1::b\"\nkey = \"{}\"\n",
+                KEYS[0]
+            )
+            .replacen(from, to, 1);
+            Config::parse(Path::new("/etc/mt6d/gw.toml"), &text).expect("valid")
+        };
+        assert!(gateway_changed(&old, &with("", "")).is_none());
+        for (from, to, key) in [
+            // The default control socket is named after the TUN device: both change.
+            (
+                "rotation_secs = 1\n",
+                "rotation_secs = 1\ntun_name = \"mt6d7\"\n",
+                "tun_name, control_socket",
+            ),
+            ("\"eth1\"", "\"eth2\"", "internal_interface"),
+            (
+                "rotation_secs = 1\n",
+                "rotation_secs = 1\nworkers = 2\n",
+                "workers",
+            ),
+            (
+                "rotation_secs = 1\n",
+                "rotation_secs = 1\nlog_level = \"debug\"\n",
+                "log_level",
+            ),
+            (
+                "rotation_secs = 1\n",
+                "rotation_secs = 1\n[tcp]\nmss_clamp = false\n",
+                "[tcp]",
+            ),
+        ] {
+            let new = with(from, to);
+            let e = gateway_changed(&old, &new).expect("refused").to_string();
+            assert!(
+                e.contains(&format!("[gateway] settings changed ({key})")),
+                "{key}: {e}"
+            );
+            assert_ne!(old.gateway, new.gateway, "{key}");
+        }
+        // A stream default of [gateway] changes the peers, which a reload applies live.
+        let faster = with("rotation_secs = 1\n", "rotation_secs = 2\n");
+        assert!(gateway_changed(&old, &faster).is_none());
+        assert_eq!(Plan::between(&old, &faster).changed, ["b"]);
     }
 
     /// What `edit` validates, without a daemon: the edited document parsed as the file is.

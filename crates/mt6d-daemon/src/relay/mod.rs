@@ -173,7 +173,8 @@ pub fn check(path: &Path) -> Result<String, Box<dyn std::error::Error>> {
         (true, false) => "edge gateway",
         (false, _) => "relay",
     };
-    let _ = writeln!(
+    let _ =
+        writeln!(
         out,
         "  {role}: node id {}, prefix {}/64, external {}, frame_max {}, links rotate every {:?}{}",
         cfg.node_id
@@ -181,8 +182,8 @@ pub fn check(path: &Path) -> Result<String, Box<dyn std::error::Error>> {
         cfg.prefix(),
         cfg.external_interface,
         cfg.frame_max,
-        cfg.rotation,
-        if cfg.jitter { " with jitter" } else { "" }
+        cfg.stream.rotation,
+        if cfg.stream.jitter { " with jitter" } else { "" }
     );
     for l in &cfg.links {
         let _ = writeln!(

@@ -111,8 +111,8 @@ pub fn check(path: &Path) -> Result<String, Box<dyn std::error::Error>> {
         clients.len(),
         cfg.peers_file.display(),
         clients.len() - handshaking,
-        cfg.rotation,
-        cfg.mode
+        cfg.stream.rotation,
+        cfg.stream.mode
     );
     if let Some(k) = &cfg.private_key {
         let _ = writeln!(
@@ -164,7 +164,7 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     registry.set_handshake_template(handshake_template(&cfg));
     if cfg.external_next_hop.is_some() {
         // Before the clients: their first windows are scheduled too.
-        registry.enable_priming(cfg.rotation, cfg.jitter);
+        registry.enable_priming(cfg.stream.rotation, cfg.stream.jitter);
     }
     for (i, c) in clients.iter().enumerate() {
         // Each client joins at the time it is added, and the ones added earlier are advanced
