@@ -67,6 +67,19 @@ pub enum Pace {
     Train { interval: Duration },
     /// As fast as replies come back, never more than `wait` apart.
     Flood { wait: Duration },
+    /// Requests at random moments, `mean` apart on average (exponential gaps: a Poisson
+    /// process), from a seeded generator so that a run can be repeated.
+    Poisson { mean: Duration, seed: u64 },
+}
+
+/// The exponential gaps of a Poisson process with this mean.
+pub fn poisson_gaps(mean: Duration, seed: u64) -> impl Iterator<Item = Duration> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    std::iter::repeat_with(move || {
+        let u: f64 = rng.random_range(f64::EPSILON..1.0);
+        mean.mul_f64(-u.ln())
+    })
 }
 
 fn unix_now() -> f64 {
@@ -97,6 +110,11 @@ pub fn ping(
     let mut report = PingReport::default();
     let mut buf = [0u8; 2048];
     let start = Instant::now();
+    let mut gaps = match pace {
+        Pace::Poisson { mean, seed } => Some(poisson_gaps(mean, seed)),
+        _ => None,
+    };
+    let mut next_at = start;
     for seq in 0..n {
         let mut req = [0u8; 64];
         req[0] = ECHO_REQUEST;
@@ -111,6 +129,10 @@ pub fn ping(
             Pace::Train { interval } => (start + interval * (seq as u32 + 1), None),
             // In flood mode, move on as soon as this request is answered.
             Pace::Flood { wait } => (sent_at + wait, Some(seq)),
+            Pace::Poisson { .. } => {
+                next_at += gaps.as_mut().and_then(Iterator::next).unwrap_or_default();
+                (next_at, None)
+            }
         };
         receive_until(
             &sock,
