@@ -519,6 +519,10 @@ fn poll_truth(socket: &Path, stop: &AtomicBool) -> Truth {
     truth
 }
 
+/// Conversations start at random moments within this much of each other: the period of the
+/// slowest timer of the mixes (echo 5/s), so that every timer's phase is drawn at random.
+const START_SPREAD: Duration = Duration::from_millis(200);
+
 /// One sender of a conversation's traffic.
 #[derive(Debug, Clone, Copy)]
 enum Source {
@@ -561,7 +565,10 @@ fn sources(shapes: Shapes, i: usize, seed: u64) -> Vec<Source> {
     }
 }
 
-/// Each conversation's traffic to its host of `hosts`, all at once, for `duration`.
+/// Each conversation's traffic to its host of `hosts`, all at once, for `duration`. Each
+/// conversation starts at its own random moment within the first [`START_SPREAD`], as
+/// conversations that were not started by one program do: timers started together would share
+/// their phase, a coincidence that hides what a phase method finds in real traffic.
 fn conversations(
     lab: &Lab,
     hosts: &[Ipv6Addr],
@@ -572,6 +579,7 @@ fn conversations(
     std::thread::scope(|s| {
         let mut jobs = Vec::new();
         for (i, &dst) in hosts.iter().enumerate() {
+            let start = START_SPREAD.mul_f64(rand::random::<f64>());
             for source in sources(shapes, i, seed) {
                 match source {
                     Source::Echo(pace) => {
@@ -582,6 +590,7 @@ fn conversations(
                         };
                         let count = (duration.as_secs_f64() / interval.as_secs_f64()) as u64;
                         jobs.push(s.spawn(move || -> Result<(), String> {
+                            std::thread::sleep(start);
                             lab.host_a
                                 .run(|| ping(dst, count, pace, Duration::from_secs(1)))
                                 .map_err(|e| e.to_string())?
@@ -596,10 +605,12 @@ fn conversations(
                     } => {
                         let port = 7100 + i as u16;
                         let gaps = Gaps {
+                            chunk,
                             mean: gap,
                             poisson: poisson.then_some(seed ^ (i as u64) << 8),
+                            start,
                         };
-                        jobs.push(tcp_job(s, lab, dst, port, chunk, gaps, duration)?);
+                        jobs.push(tcp_job(s, lab, dst, port, gaps, duration)?);
                     }
                 }
             }
@@ -621,7 +632,6 @@ fn tcp_job<'s, 'l: 's>(
     lab: &'l Lab,
     dst: Ipv6Addr,
     port: u16,
-    chunk: usize,
     gaps: Gaps,
     duration: Duration,
 ) -> Result<std::thread::ScopedJoinHandle<'s, Result<(), String>>, String> {
@@ -632,9 +642,10 @@ fn tcp_job<'s, 'l: 's>(
         .map_err(|e| format!("listen on [{dst}]:{port}: {e}"))?;
     let receiver = s.spawn(move || transfer::serve_once(listener, Duration::from_secs(10)));
     Ok(s.spawn(move || -> Result<(), String> {
+        std::thread::sleep(gaps.start);
         let sent = lab
             .host_a
-            .run(|| paced_tcp(dst, port, chunk, gaps, duration))
+            .run(|| paced_tcp(dst, port, gaps, duration))
             .map_err(|e| e.to_string())?
             .map_err(|e| format!("TCP to [{dst}]:{port}: {e}"))?;
         let got = receiver
@@ -652,27 +663,24 @@ fn tcp_job<'s, 'l: 's>(
     }))
 }
 
-/// The pause between a paced stream's writes: fixed, or exponential from a seed.
+/// A paced stream's writes of `chunk` bytes, from `start` on, `mean` apart: fixed gaps, or
+/// exponential ones from a seed.
 #[derive(Debug, Clone, Copy)]
 struct Gaps {
+    chunk: usize,
     mean: Duration,
     poisson: Option<u64>,
+    start: Duration,
 }
 
-/// A TCP stream of `chunk`-byte writes paced by `gaps`; returns the bytes sent.
-fn paced_tcp(
-    dst: Ipv6Addr,
-    port: u16,
-    chunk: usize,
-    gaps: Gaps,
-    duration: Duration,
-) -> std::io::Result<u64> {
+/// A TCP stream of writes paced by `gaps`; returns the bytes sent.
+fn paced_tcp(dst: Ipv6Addr, port: u16, gaps: Gaps, duration: Duration) -> std::io::Result<u64> {
     use std::io::{Read, Write};
     let addr = SocketAddrV6::new(dst, port, 0, 0);
     let mut stream = std::net::TcpStream::connect_timeout(&addr.into(), Duration::from_secs(5))?;
     stream.set_write_timeout(Some(Duration::from_secs(10)))?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let data = vec![0x5au8; chunk];
+    let data = vec![0x5au8; gaps.chunk];
     let mut random = gaps
         .poisson
         .map(|seed| super::ping::poisson_gaps(gaps.mean, seed));

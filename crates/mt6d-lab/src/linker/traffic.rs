@@ -31,8 +31,13 @@ pub(super) struct Features {
     /// Times and wire lengths of the first and last [`EDGE`] packets.
     pub first: Vec<(f64, u32)>,
     pub last: Vec<(f64, u32)>,
-    /// The dominant inter-arrival time (the most common gap, to [`GAP_BIN`]), if any gap
-    /// repeats.
+    /// The size bin with the most packets: a correlator follows one sub-flow (the echo
+    /// train, the TCP segments) rather than their merge, whose gaps interleave.
+    pub class: u32,
+    /// Times of the last [`EDGE`] packets of that size bin.
+    pub class_last: Vec<f64>,
+    /// The dominant inter-arrival time of that size bin (the most common gap, to
+    /// [`GAP_BIN`]), if any gap repeats.
     pub period: Option<f64>,
     /// Coefficient of variation of the gaps (0 for a perfect timer, 1 for Poisson).
     pub burstiness: Option<f64>,
@@ -53,8 +58,20 @@ impl Features {
         for x in &p {
             *f.sizes.entry(x.1 / SIZE_BIN).or_default() += 1;
         }
+        // Most packets; among equals the smaller size.
+        f.class = f
+            .sizes
+            .iter()
+            .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
+            .map_or(0, |(&bin, _)| bin);
+        let class: Vec<f64> = p
+            .iter()
+            .filter(|x| x.1 / SIZE_BIN == f.class)
+            .map(|x| x.0)
+            .collect();
+        f.class_last = class[class.len().saturating_sub(EDGE)..].to_vec();
+        f.period = dominant_period(&class.windows(2).map(|w| w[1] - w[0]).collect::<Vec<_>>());
         let gaps: Vec<f64> = p.windows(2).map(|w| w[1].0 - w[0].0).collect();
-        f.period = dominant_period(&gaps);
         if gaps.len() >= 2 {
             let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
             let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64;
@@ -104,24 +121,30 @@ fn edge_gap(edge: &[(f64, u32)], at_end: bool) -> Option<f64> {
     median(window.windows(2).map(|w| w[1].0 - w[0].0).collect())
 }
 
-/// Phase continuation: with unit `a`'s dominant period P, the circular mean phase of its last
-/// packets (relative to its last packet, so no error in P is multiplied by the Unix time), and
-/// how well `b`'s first packets sit on the same lattice: the mean cosine of their phase
-/// differences, 1 when they continue it exactly, about 0 when they are unrelated.
+/// Phase continuation: with the dominant period P of unit `a`'s main size bin, the circular
+/// mean phase of its last packets there (relative to its last packet, so no error in P is
+/// multiplied by the Unix time), and how well `b`'s first packets of the same size bin sit on
+/// the same lattice: the mean cosine of their phase differences, 1 when they continue it
+/// exactly, about 0 when they are unrelated.
 fn phase_continuation(a: &Features, b: &Features) -> Option<f64> {
     let p = a.period?;
-    let t0 = a.last.last()?.0;
+    let t0 = *a.class_last.last()?;
     let angle = |t: f64| std::f64::consts::TAU * ((t - t0) / p).rem_euclid(1.0);
     let (s, c) = a
-        .last
+        .class_last
         .iter()
-        .map(|x| angle(x.0))
+        .map(|&t| angle(t))
         .fold((0.0, 0.0), |(s, c), th| (s + th.sin(), c + th.cos()));
     if s == 0.0 && c == 0.0 {
         return None;
     }
     let theta = s.atan2(c);
-    let fit: Vec<f64> = b.first.iter().map(|x| (angle(x.0) - theta).cos()).collect();
+    let fit: Vec<f64> = b
+        .first
+        .iter()
+        .filter(|x| x.1 / SIZE_BIN == a.class)
+        .map(|x| (angle(x.0) - theta).cos())
+        .collect();
     (!fit.is_empty()).then(|| fit.iter().sum::<f64>() / fit.len() as f64)
 }
 
@@ -204,6 +227,23 @@ mod tests {
                 "{m:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_phase_of_the_main_size_class_survives_a_second_interleaved_train() {
+        // A 100/s train of small packets merged with a 50/s train of large ones at another
+        // phase: the merge's gaps alternate, the small packets' period is still 10 ms.
+        let mix = |start: f64, phase: f64| {
+            let mut v = train(start + phase, 0.01, 100, 150);
+            v.extend(train(start + 0.0037, 0.02, 50, 1300));
+            Features::new(&v)
+        };
+        let a = mix(0.0, 0.002);
+        assert_eq!(a.class, 150 / SIZE_BIN);
+        assert!((a.period.expect("period") - 0.01).abs() < 1e-9);
+        let same = score(Method::TimingPhase, &a, &mix(1.0, 0.002)).expect("score");
+        let other = score(Method::TimingPhase, &a, &mix(1.0, 0.007)).expect("score");
+        assert!(same > 0.99 && other < -0.99, "{same} {other}");
     }
 
     #[test]
