@@ -746,7 +746,7 @@ pub fn link_with(
 }
 
 /// Labelled pairs of `capture` for training a classifier: every true pair and a few decoys of
-/// each, with the features [`classifier::FEATURES`] gives them.
+/// each, with the scores of the methods the classifier reads as their features.
 pub fn training_examples(capture: &Capture, truth: &Truth, seed: u64) -> Vec<Example> {
     let scorer = Scorer::new(capture, truth, None);
     let (mut truths, mut decoys) = (Vec::new(), Vec::new());

@@ -120,7 +120,7 @@ impl Classifier {
     }
 
     /// How likely the pair is a true successor: the distance-weighted share of true pairs
-    /// among the [`K`] nearest training pairs, in [0, 1].
+    /// among the 15 nearest training pairs (`K`), in [0, 1].
     pub fn classify(&self, features: &[Option<f64>]) -> f64 {
         let x = self.normalize(features);
         let mut near: Vec<(f64, bool)> = self
