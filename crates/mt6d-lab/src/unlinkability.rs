@@ -545,7 +545,7 @@ fn sources(shapes: Shapes, i: usize, seed: u64) -> Vec<Source> {
             mean: interval,
             seed: seed ^ k,
         }),
-        _ => Source::Echo(Pace::Train { interval }),
+        _ => Source::Echo(Pace::Timer { interval }),
     };
     let paced = Source::Tcp {
         chunk: 1200,
@@ -584,7 +584,7 @@ fn conversations(
                 match source {
                     Source::Echo(pace) => {
                         let interval = match pace {
-                            Pace::Train { interval } => interval,
+                            Pace::Train { interval } | Pace::Timer { interval } => interval,
                             Pace::Poisson { mean, .. } => mean,
                             Pace::Flood { wait } => wait,
                         };
