@@ -626,42 +626,69 @@ impl Results<'_> {
     }
 }
 
-/// Concurrent conversations `--link-report` runs: enough that the order of the daemon's control
-/// messages within a rotation could tell them apart (chance 1/4).
-const LINK_REPORT_PEERS: usize = 4;
-
-/// `mt6d demo --link-report`: the linker's measurement (docs/PRIVACY.md), printed as tables
-/// or one JSON document.
+/// `mt6d demo --link-report`: the linker's measurement (docs/PRIVACY.md) for every
+/// (conversations, shapes) asked, printed as tables or one JSON document, and written to
+/// `--link-out` if given. Fails (after writing) if a header or control method links
+/// conversations of identical shapes.
 fn link_report(args: &DemoArgs, topology: Topology) -> DemoResult<()> {
     if args.host_mode || args.psk || args.rekey.is_some() || args.restart_gateway {
         return Err(
-            "--link-report runs its own four gateway-mode conversations with \
+            "--link-report runs its own gateway-mode conversations with \
 pre-shared keys: drop --host-mode, --psk, --rekey and --restart-gateway"
                 .into(),
         );
     }
-    let run = super::unlinkability::run(&super::unlinkability::LinkRunArgs {
-        topology,
-        mode: args.mode.clone(),
-        rotation_secs: args.rotation,
-        rotations: (args.duration / args.rotation).ceil().max(2.0) as u32,
-        peers: LINK_REPORT_PEERS,
-        mt6d: std::env::current_exe()?,
-        pcap: args.pcap.clone(),
-    })?;
+    let say = Say { json: args.json };
+    let sweep = super::link_sweep::sweep(
+        &super::link_sweep::SweepArgs {
+            topology,
+            mode: args.mode.clone(),
+            rotation_secs: args.rotation,
+            rotations: (args.duration / args.rotation).ceil().max(2.0) as u32,
+            conversations: args.conversations.clone(),
+            shapes: args.shapes.clone(),
+            classifier: args.classifier,
+            mt6d: std::env::current_exe()?,
+            pcap: args.pcap.clone(),
+        },
+        |line| say.line(line),
+    )?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&run)?);
+        println!("{}", serde_json::to_string_pretty(&sweep)?);
     } else {
-        println!(
-            "{LINK_REPORT_PEERS} conversations, {} mode, {} topology, rotation {} s: {} epochs, {} frames with a true address",
-            run.mode, run.topology, run.rotation_secs, run.epochs, run.frames_with_true_address
-        );
-        for r in &run.reports {
-            println!("\n{}", r.table());
-            println!("side-channel messages: {:?}", r.side_channel_messages);
+        for r in &sweep.runs {
+            let run = &r.run;
+            println!(
+                "\n{} conversations ({}), {} mode, {} topology, rotation {} s: {} epochs, {} frames with a true address, {:.0} s",
+                run.conversations, run.shapes, run.mode, run.topology, run.rotation_secs, run.epochs,
+                run.frames_with_true_address, r.secs
+            );
+            for rep in &run.reports {
+                println!("\n{}", rep.table());
+                println!("side-channel messages: {:?}", rep.side_channel_messages);
+            }
+        }
+        println!("\n{}", sweep.markdown());
+    }
+    if let Some(dir) = &args.link_out {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for (name, text) in [
+            ("linker.md", sweep.markdown()),
+            ("linker.json", serde_json::to_string_pretty(&sweep)?),
+        ] {
+            let path = dir.join(name);
+            std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
         }
     }
-    let linking = run.linking();
+    // Conversations of different shapes are told apart by their sizes whatever the tunnel
+    // does (payload length, sizes at the switch): only identical mixes test the header and
+    // control methods.
+    let linking: Vec<String> = sweep
+        .runs
+        .iter()
+        .filter(|r| r.shapes != super::unlinkability::Shapes::Different)
+        .flat_map(|r| r.run.linking())
+        .collect();
     if linking.is_empty() {
         Ok(())
     } else {

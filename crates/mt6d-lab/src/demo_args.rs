@@ -5,6 +5,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 
 use super::topology::Topology;
+use super::unlinkability::Shapes;
 
 /// Options of `mt6d demo`.
 #[derive(clap::Args, Debug)]
@@ -62,6 +63,23 @@ pub struct DemoArgs {
     /// against chance (docs/PRIVACY.md). --pcap keeps the capture.
     #[arg(long)]
     pub link_report: bool,
+    /// With --link-report: concurrent conversations (each a host pair behind the same two
+    /// gateways); a comma-separated list runs each (e.g. 2,8,32).
+    #[arg(long, value_name = "K", value_delimiter = ',', default_value = "4")]
+    pub conversations: Vec<usize>,
+    /// With --link-report: what the conversations carry: different (bulk TCP, echo 5/s, echo
+    /// 100/s, idle, cycled), timer (the same timer-driven mix in each) or poisson (the same
+    /// mix with random gaps); a comma-separated list runs each.
+    #[arg(long, value_name = "SHAPES", value_delimiter = ',', default_value = "timer",
+          value_parser = parse_shapes)]
+    pub shapes: Vec<Shapes>,
+    /// With --link-report: train a k-NN classifier on a first run of each configuration and
+    /// score it on a second, fresh one (doubles the time).
+    #[arg(long, requires = "link_report")]
+    pub classifier: bool,
+    /// With --link-report: write the table (linker.md) and every figure (linker.json) here.
+    #[arg(long, value_name = "DIR", requires = "link_report")]
+    pub link_out: Option<PathBuf>,
     /// Instead of the demo: run the linker over a capture written earlier by --link-report
     /// --pcap FILE and the ground truth beside it (FILE's stem + `.truth.json`). Needs no root.
     #[arg(long, value_name = "FILE")]
@@ -92,6 +110,10 @@ impl std::fmt::Display for DemoTopology {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
+}
+
+fn parse_shapes(s: &str) -> Result<Shapes, String> {
+    Shapes::parse(s).ok_or_else(|| format!("{s:?}: one of different, timer, poisson"))
 }
 
 fn parse_topology(s: &str) -> Result<DemoTopology, String> {

@@ -10,6 +10,7 @@ pub mod demo;
 pub mod demo_args;
 pub mod handshake_clients;
 pub mod kernel_counters;
+pub mod link_sweep;
 pub mod linker;
 pub mod observer;
 pub mod ping;

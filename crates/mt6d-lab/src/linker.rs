@@ -24,101 +24,26 @@
 //! the first payload byte, packet sizes at the switch, and four side channels that name
 //! addresses of two epochs in one message: neighbour discovery (001 §4.2's "oracle"),
 //! redirects, MLD reports (solicited-node groups name the low 24 bits of an address, RFC 4291
-//! §2.7.1) and ICMPv6 errors (outer addresses plus the quoted packet's, RFC 4443 §2.4(c)).
+//! §2.7.1) and ICMPv6 errors (outer addresses plus the quoted packet's, RFC 4443 §2.4(c));
+//! the daemon's own control messages ([`Method::CONTROL`]); and traffic analysis
+//! ([`Method::TRAFFIC`], in `traffic.rs`): volume, sizes, a periodic sender's phase, gaps and
+//! burstiness, the packets at a unit's edges, and a k-nearest-neighbours classifier over all
+//! of them (`classifier.rs`) trained on another capture. The joint assignment is in
+//! `matching.rs`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{Ipv6Addr, SocketAddrV6};
 
-/// One captured frame (Ethernet), as the observer kept it.
-#[derive(Debug, Clone)]
-pub struct Frame {
-    /// Capture time, seconds since the Unix epoch.
-    pub ts: f64,
-    /// Length on the wire (the capture may be shorter: the observer's snap length).
-    pub wire_len: u32,
-    pub bytes: Vec<u8>,
-}
+mod classifier;
+mod matching;
+mod method;
+mod pcap;
+mod traffic;
 
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum LinkerError {
-    #[error("{file}: not a pcap file (magic {magic:08x}); only classic little-endian libpcap with Ethernet frames is read")]
-    NotPcap { file: String, magic: u32 },
-    #[error("{file}: link type {linktype} is not Ethernet (1)")]
-    LinkType { file: String, linktype: u32 },
-    #[error("{file}: record {record} truncated at byte {offset}")]
-    Truncated {
-        file: String,
-        record: usize,
-        offset: usize,
-    },
-    #[error("{file}: {source}")]
-    Io {
-        file: String,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-/// Reads a classic libpcap file (microsecond timestamps, little endian, Ethernet), as
-/// `tcpdump -w` and the lab observer write it.
-pub fn read_pcap(path: &std::path::Path) -> Result<Vec<Frame>, LinkerError> {
-    let file = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|source| LinkerError::Io {
-        file: file.clone(),
-        source,
-    })?;
-    parse_pcap(&bytes, &file)
-}
-
-fn le32(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
-}
-
-/// Parses pcap bytes; `file` names them in errors.
-pub fn parse_pcap(bytes: &[u8], file: &str) -> Result<Vec<Frame>, LinkerError> {
-    let magic = le32(bytes, 0).unwrap_or(0);
-    if magic != 0xa1b2_c3d4 {
-        return Err(LinkerError::NotPcap {
-            file: file.into(),
-            magic,
-        });
-    }
-    let linktype = le32(bytes, 20).unwrap_or(0);
-    if linktype != 1 {
-        return Err(LinkerError::LinkType {
-            file: file.into(),
-            linktype,
-        });
-    }
-    let mut frames = Vec::new();
-    let mut at = 24;
-    while at < bytes.len() {
-        let truncated = || LinkerError::Truncated {
-            file: file.into(),
-            record: frames.len(),
-            offset: at,
-        };
-        let (Some(sec), Some(usec), Some(caplen), Some(wire_len)) = (
-            le32(bytes, at),
-            le32(bytes, at + 4),
-            le32(bytes, at + 8),
-            le32(bytes, at + 12),
-        ) else {
-            return Err(truncated());
-        };
-        let data = bytes
-            .get(at + 16..at + 16 + caplen as usize)
-            .ok_or_else(truncated)?;
-        frames.push(Frame {
-            ts: f64::from(sec) + f64::from(usec) / 1e6,
-            wire_len,
-            bytes: data.to_vec(),
-        });
-        at += 16 + caplen as usize;
-    }
-    Ok(frames)
-}
+pub use classifier::{Classifier, Example};
+use matching::matching_credit;
+pub use method::Method;
+pub use pcap::{parse_pcap, read_pcap, Frame, LinkerError};
 
 /// Which conversation (stream) and epoch an outer route belongs to: the ground truth.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -186,111 +111,15 @@ impl Truth {
         t
     }
 
+    /// Distinct epochs the truth knows.
+    pub fn epochs(&self) -> usize {
+        let epochs: BTreeSet<u64> = self.routes.values().map(|l| l.epoch).collect();
+        epochs.len()
+    }
+
     /// Records that `local` <-> `remote` carried `label`.
     pub fn add(&mut self, local: SocketAddrV6, remote: SocketAddrV6, label: Label) {
         self.routes.insert(flow_key(local, remote), label);
-    }
-}
-
-/// Every way the linker tries to tie two epochs together.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Method {
-    /// The outer IPv6 flow label (RFC 6437): same values in both epochs.
-    FlowLabel,
-    /// The outer traffic class.
-    TrafficClass,
-    /// The outer hop limit.
-    HopLimit,
-    /// The distribution of outer payload lengths in the two flows.
-    PayloadLength,
-    /// The UDP port of each side: a port kept or reused across the switch.
-    UdpPorts,
-    /// Bits of the interface identifiers that agree between the two epochs' addresses.
-    IidBits,
-    /// The first 8 bytes of the UDP payload as a big-endian counter: the next epoch's first
-    /// value continues the previous epoch's last.
-    Counter,
-    /// The first payload byte (a message type or key-phase bit in clear).
-    FirstByte,
-    /// Any 16-bit word of the payload's first 32 bytes at the same offset in both epochs:
-    /// in auth and plain modes the inner IPv6 and transport headers (flow label, ports,
-    /// sequence numbers, echo identifiers) are there in clear.
-    PayloadWords,
-    /// The sizes of the last packets before the switch against the first after it.
-    PacketSizes,
-    /// Each sender's last packet of one epoch against its first of the next: a stream that
-    /// switches at its own moment (per-stream timing) hands over with no gap.
-    Handover,
-    /// Router and neighbour solicitations and advertisements naming addresses of both flows.
-    NeighborDiscovery,
-    /// ICMPv6 Redirects (RFC 4861 §8) naming addresses of both flows: target, destination,
-    /// outer source and destination.
-    Redirects,
-    /// MLD reports naming (the solicited-node groups of) addresses of both flows.
-    MldReports,
-    /// ICMPv6 errors whose outer and quoted addresses belong to both flows.
-    IcmpErrors,
-    /// The place of a flow's control message (a tunnel payload of at most
-    /// [`CONTROL_PAYLOAD`] bytes: link-layer announcement, notice, keepalive; or a neighbour
-    /// solicitation or advertisement naming one of its addresses) among its sender's control
-    /// messages of the same kind for that epoch: a daemon that sends them in a fixed order
-    /// gives a stream the same place every epoch.
-    ControlOrder,
-    /// The time of a flow's control message from its epoch's boundary (the first packet of
-    /// any flow of that epoch): a stream whose messages leave at its own offset keeps it.
-    ControlOffset,
-    /// Byte-identical payloads (the first 16 bytes) seen in both flows: a message re-sent
-    /// unchanged across the switch names both epochs.
-    Repeats,
-}
-
-impl Method {
-    pub const ALL: [Method; 18] = [
-        Method::FlowLabel,
-        Method::TrafficClass,
-        Method::HopLimit,
-        Method::PayloadLength,
-        Method::UdpPorts,
-        Method::IidBits,
-        Method::Counter,
-        Method::FirstByte,
-        Method::PayloadWords,
-        Method::PacketSizes,
-        Method::Handover,
-        Method::NeighborDiscovery,
-        Method::Redirects,
-        Method::MldReports,
-        Method::IcmpErrors,
-        Method::ControlOrder,
-        Method::ControlOffset,
-        Method::Repeats,
-    ];
-
-    /// The methods that read what the daemon itself schedules (its control messages), not the
-    /// traffic it carries.
-    pub const CONTROL: [Method; 3] = [Method::ControlOrder, Method::ControlOffset, Method::Repeats];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Method::FlowLabel => "outer flow label",
-            Method::TrafficClass => "traffic class",
-            Method::HopLimit => "hop limit",
-            Method::PayloadLength => "payload length distribution",
-            Method::UdpPorts => "UDP ports",
-            Method::IidBits => "IID bits",
-            Method::Counter => "counter (first 8 payload bytes)",
-            Method::FirstByte => "first payload byte",
-            Method::PayloadWords => "payload words (first 32 bytes)",
-            Method::PacketSizes => "packet sizes at the switch",
-            Method::Handover => "handover time",
-            Method::NeighborDiscovery => "neighbour discovery pairing",
-            Method::Redirects => "ICMPv6 redirects",
-            Method::MldReports => "MLD reports",
-            Method::IcmpErrors => "ICMPv6 errors quoting epochs",
-            Method::ControlOrder => "control message order",
-            Method::ControlOffset => "control message offset from the boundary",
-            Method::Repeats => "byte-identical repeats",
-        }
     }
 }
 
@@ -327,6 +156,10 @@ struct Direction {
     last_sizes: std::collections::VecDeque<u32>,
     /// The first 16 bytes of every payload, for [`Method::Repeats`].
     heads: BTreeSet<u128>,
+    /// Every packet's (capture time, wire length), reduced to `traffic` once the capture is
+    /// read.
+    packets: Vec<(f64, u32)>,
+    traffic: traffic::Features,
 }
 
 /// Who sent a packet, as an observer on the link tells gateways apart: the Ethernet source
@@ -539,6 +372,9 @@ impl Capture {
                 _ => {}
             }
         }
+        for d in c.flows.values_mut().flat_map(|f| f.directions.values_mut()) {
+            d.traffic = traffic::Features::new(&std::mem::take(&mut d.packets));
+        }
         c
     }
 
@@ -610,6 +446,7 @@ impl Capture {
         if d.last_sizes.len() > EDGE_PACKETS {
             d.last_sizes.pop_front();
         }
+        d.packets.push((f.ts, f.wire_len));
     }
 }
 
@@ -693,74 +530,21 @@ fn score_direction(m: Method, a: &Direction, b: &Direction) -> Option<f64> {
         Method::PacketSizes => multiset_overlap(a.last_sizes.iter().copied(), &b.first_sizes),
         Method::Handover => -(b.first_ts - a.last_ts).abs(),
         Method::Repeats => a.heads.intersection(&b.heads).count() as f64,
+        Method::Bytes
+        | Method::Packets
+        | Method::SizeDistribution
+        | Method::TimingPhase
+        | Method::SwitchGap
+        | Method::Burstiness
+        | Method::EdgeShape => return traffic::score(m, &a.traffic, &b.traffic),
         Method::NeighborDiscovery
         | Method::Redirects
         | Method::MldReports
         | Method::IcmpErrors
         | Method::ControlOrder
-        | Method::ControlOffset => return None,
+        | Method::ControlOffset
+        | Method::Classifier => return None,
     })
-}
-
-/// Largest epoch (flows per epoch) the joint assignment enumerates: 6! = 720 assignments.
-const MAX_MATCHING: usize = 6;
-
-/// Credit of the true links of one epoch under the best joint assignment of `links`' flows to
-/// `candidates`: each true link counts the share of best-scoring assignments that contain it.
-fn matching_credit(
-    links: &[(usize, usize)],
-    candidates: &[usize],
-    score: impl Fn(usize, usize) -> f64,
-) -> f64 {
-    if links.is_empty() || links.len() > candidates.len() || candidates.len() > MAX_MATCHING {
-        return 0.0;
-    }
-    let table: Vec<Vec<f64>> = links
-        .iter()
-        .map(|&(a, _)| candidates.iter().map(|&b| score(a, b)).collect())
-        .collect();
-    // Every injective assignment of links to candidate positions, with its total.
-    let mut all: Vec<(f64, Vec<usize>)> = Vec::new();
-    let mut current = Vec::with_capacity(links.len());
-    fn walk(
-        table: &[Vec<f64>],
-        current: &mut Vec<usize>,
-        total: f64,
-        all: &mut Vec<(f64, Vec<usize>)>,
-    ) {
-        let row = current.len();
-        if row == table.len() {
-            all.push((total, current.clone()));
-            return;
-        }
-        for c in 0..table[row].len() {
-            if !current.contains(&c) {
-                current.push(c);
-                walk(table, current, total + table[row][c], all);
-                current.pop();
-            }
-        }
-    }
-    walk(&table, &mut current, 0.0, &mut all);
-    let best = all.iter().map(|a| a.0).fold(f64::NEG_INFINITY, f64::max);
-    // Sums taken in different orders differ in the last bits: equal within 1e-9 is a tie.
-    let tolerance = 1e-9 * best.abs().max(1.0);
-    let tied: Vec<&Vec<usize>> = all
-        .iter()
-        .filter(|a| (a.0 - best).abs() <= tolerance)
-        .map(|a| &a.1)
-        .collect();
-    links
-        .iter()
-        .enumerate()
-        .map(|(row, &(_, truth))| {
-            let right = tied
-                .iter()
-                .filter(|assignment| candidates[assignment[row]] == truth)
-                .count();
-            right as f64 / tied.len() as f64
-        })
-        .sum()
 }
 
 /// One flow's control messages: (place, offset) by (kind, sender), see [`control_places`].
@@ -926,25 +710,244 @@ payloads repeat an earlier one's first 8 bytes\n\n\
 
 /// Runs every method over `capture` against `truth`.
 pub fn link(capture: &Capture, truth: &Truth, vantage: &str) -> LinkReport {
-    let labeled: Vec<(&FlowKey, &Flow, Label)> = capture
-        .flows
-        .iter()
-        .filter_map(|(k, f)| truth.routes.get(k).map(|l| (k, f, *l)))
+    link_with(capture, truth, vantage, None)
+}
+
+/// Runs every method over `capture` against `truth`, and the classifier if one is given
+/// (trained on another capture: training on this one would score what it memorised).
+pub fn link_with(
+    capture: &Capture,
+    truth: &Truth,
+    vantage: &str,
+    classifier: Option<&Classifier>,
+) -> LinkReport {
+    let scorer = Scorer::new(capture, truth, classifier);
+    let results = Method::ALL
+        .into_iter()
+        .filter(|&m| m != Method::Classifier || classifier.is_some())
+        .map(|m| scorer.evaluate(m))
         .collect();
-    let mut by_epoch: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
-    for (i, (_, _, l)) in labeled.iter().enumerate() {
-        by_epoch.entry(l.epoch).or_default().push(i);
+    LinkReport {
+        vantage: vantage.to_string(),
+        frames: capture.frames,
+        udp_frames: capture.udp_frames,
+        labeled_flows: scorer.labeled.len(),
+        unlabeled_flows: capture.flows.len() - scorer.labeled.len(),
+        flows_named_early: scorer.lead.len(),
+        longest_lead_secs: scorer.lead.values().copied().fold(0.0, f64::max),
+        repeated_headers: capture.repeated_headers,
+        side_channel_messages: capture
+            .messages
+            .iter()
+            .map(|(m, v)| (m.name(), v.len()))
+            .collect(),
+        results,
     }
-    // Side channels: how many messages of each kind name addresses of both flows of a pair.
-    let mut by_addr: HashMap<Named, Vec<usize>> = HashMap::new();
-    for (i, (k, _, _)) in labeled.iter().enumerate() {
-        for a in flow_addresses(k) {
-            by_addr.entry(Named::Addr(a)).or_default().push(i);
-            by_addr.entry(Named::Low24(low24(a))).or_default().push(i);
+}
+
+/// Labelled pairs of `capture` for training a classifier: every true pair and a few decoys of
+/// each, with the scores of the methods the classifier reads as their features.
+pub fn training_examples(capture: &Capture, truth: &Truth, seed: u64) -> Vec<Example> {
+    let scorer = Scorer::new(capture, truth, None);
+    let (mut truths, mut decoys) = (Vec::new(), Vec::new());
+    for (a, truth_b, candidates) in scorer.true_links() {
+        truths.push(scorer.example(a, truth_b, true));
+        decoys.push(
+            candidates
+                .iter()
+                .filter(|&&b| b != truth_b)
+                .map(|&b| scorer.example(a, b, false))
+                .collect(),
+        );
+    }
+    classifier::sample(truths, decoys, seed)
+}
+
+/// A capture's labelled flows and what every method needs to score a pair of them.
+struct Scorer<'c> {
+    labeled: Vec<(&'c FlowKey, &'c Flow, Label)>,
+    by_epoch: BTreeMap<u64, Vec<usize>>,
+    /// Side-channel messages naming addresses of both flows of a pair, by method.
+    pairs: HashMap<(Method, usize, usize), u32>,
+    /// How long before its first tunnel packet a flow's address was named by a side channel.
+    lead: HashMap<usize, f64>,
+    control: HashMap<usize, ControlPlaces>,
+    /// The classifier's score of every pair of consecutive epochs, computed once.
+    classified: HashMap<(usize, usize), f64>,
+}
+
+impl<'c> Scorer<'c> {
+    fn new(capture: &'c Capture, truth: &Truth, classifier: Option<&Classifier>) -> Scorer<'c> {
+        let mut labeled: Vec<(&FlowKey, &Flow, Label)> = capture
+            .flows
+            .iter()
+            .filter_map(|(k, f)| truth.routes.get(k).map(|l| (k, f, *l)))
+            .collect();
+        // A fixed order (the hashed addresses: unrelated to the stream) so that a capture
+        // always gives the same figures.
+        labeled.sort_by_key(|(k, _, _)| **k);
+        let mut by_epoch: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+        for (i, (_, _, l)) in labeled.iter().enumerate() {
+            by_epoch.entry(l.epoch).or_default().push(i);
+        }
+        let mut by_addr: HashMap<Named, Vec<usize>> = HashMap::new();
+        for (i, (k, _, _)) in labeled.iter().enumerate() {
+            for a in flow_addresses(k) {
+                by_addr.entry(Named::Addr(a)).or_default().push(i);
+                by_addr.entry(Named::Low24(low24(a))).or_default().push(i);
+            }
+        }
+        let (pairs, lead) = side_channel_pairs(capture, &labeled, &by_addr);
+        let control = control_places(capture, &labeled, &by_epoch, &by_addr);
+        let mut scorer = Scorer {
+            labeled,
+            by_epoch,
+            pairs,
+            lead,
+            control,
+            classified: HashMap::new(),
+        };
+        if let Some(c) = classifier {
+            let mut classified = HashMap::new();
+            for (e, flows) in &scorer.by_epoch {
+                for &b in scorer.by_epoch.get(&(e + 1)).into_iter().flatten() {
+                    for &a in flows {
+                        let x = scorer.example(a, b, false).features;
+                        classified.insert((a, b), c.classify(&x));
+                    }
+                }
+            }
+            scorer.classified = classified;
+        }
+        scorer
+    }
+
+    /// Every true link: (flow of epoch e, its successor, the flows of epoch e+1).
+    fn true_links(&self) -> impl Iterator<Item = (usize, usize, &[usize])> + '_ {
+        self.labeled
+            .iter()
+            .enumerate()
+            .filter_map(|(a, (_, _, la))| {
+                let candidates = self.by_epoch.get(&(la.epoch + 1))?;
+                let truth_b = candidates
+                    .iter()
+                    .find(|&&b| self.labeled[b].2.stream == la.stream)?;
+                Some((a, *truth_b, &candidates[..]))
+            })
+    }
+
+    /// The pair (a, b) as the classifier sees it.
+    fn example(&self, a: usize, b: usize, same: bool) -> Example {
+        Example {
+            features: classifier::FEATURES
+                .iter()
+                .map(|&m| self.score(m, a, b))
+                .collect(),
+            same,
         }
     }
+
+    /// How strongly method `m` ties flow `a` to flow `b` (None: nothing to read).
+    fn score(&self, m: Method, a: usize, b: usize) -> Option<f64> {
+        if matches!(m, Method::ControlOrder | Method::ControlOffset) {
+            let (ca, cb) = (self.control.get(&a)?, self.control.get(&b)?);
+            let d: Vec<f64> = ca
+                .iter()
+                .filter_map(|(key, pa)| {
+                    let pb = cb.get(key)?;
+                    Some(match m {
+                        Method::ControlOrder => (pa.0 - pb.0).abs(),
+                        _ => (pa.1 - pb.1).abs(),
+                    })
+                })
+                .collect();
+            return (!d.is_empty()).then(|| -d.iter().sum::<f64>());
+        }
+        if m == Method::Classifier {
+            return self.classified.get(&(a, b)).copied();
+        }
+        if let Some(n) = self.pairs.get(&(m, a, b)) {
+            return Some(f64::from(*n));
+        }
+        let (fa, fb) = (self.labeled[a].1, self.labeled[b].1);
+        // Pair the directions by sender when both flows have one (an on-link observer
+        // tells the two gateways apart); else try every pairing.
+        // Both directions must agree, so their scores add up.
+        let same: Vec<f64> = fa
+            .directions
+            .iter()
+            .filter_map(|(s, da)| score_direction(m, da, fb.directions.get(s)?))
+            .collect();
+        if !same.is_empty() {
+            return Some(same.iter().sum());
+        }
+        fa.directions
+            .values()
+            .flat_map(|da| fb.directions.values().map(move |db| (da, db)))
+            .filter_map(|(da, db)| score_direction(m, da, db))
+            .reduce(f64::max)
+    }
+
+    /// Method `m` against the ground truth, flow by flow and jointly.
+    fn evaluate(&self, m: Method) -> MethodResult {
+        let (mut links, mut credit, mut chance, mut decisive, mut right) = (0, 0.0, 0.0, 0, 0);
+        for (a, truth_b, candidates) in self.true_links() {
+            links += 1;
+            chance += 1.0 / candidates.len() as f64;
+            let scores: Vec<(usize, f64)> = candidates
+                .iter()
+                .map(|&b| (b, self.score(m, a, b).unwrap_or(f64::NEG_INFINITY)))
+                .collect();
+            let best = scores.iter().map(|s| s.1).fold(f64::NEG_INFINITY, f64::max);
+            let tied: Vec<usize> = scores.iter().filter(|s| s.1 == best).map(|s| s.0).collect();
+            if tied.contains(&truth_b) {
+                credit += 1.0 / tied.len() as f64;
+            }
+            if tied.len() == 1 {
+                decisive += 1;
+                right += usize::from(tied[0] == truth_b);
+            }
+        }
+        let matched_credit: f64 = self
+            .by_epoch
+            .iter()
+            .map(|(e, flows)| {
+                let Some(next) = self.by_epoch.get(&(e + 1)) else {
+                    return 0.0;
+                };
+                let successors: Vec<(usize, usize)> = flows
+                    .iter()
+                    .filter_map(|&a| {
+                        let stream = self.labeled[a].2.stream;
+                        let b = next.iter().find(|&&b| self.labeled[b].2.stream == stream)?;
+                        Some((a, *b))
+                    })
+                    .collect();
+                matching_credit(&successors, next, |a, b| self.score(m, a, b).unwrap_or(0.0))
+            })
+            .sum();
+        let frac = |x: f64| if links == 0 { 0.0 } else { x / links as f64 };
+        MethodResult {
+            method: m.name(),
+            links,
+            recovered: frac(credit),
+            matched: frac(matched_credit),
+            chance: frac(chance),
+            decisive,
+            precision: (decisive > 0).then(|| right as f64 / decisive as f64),
+        }
+    }
+}
+
+/// Side channels: how many messages of each kind name addresses of both flows of a pair, and
+/// how long before its first tunnel packet each flow's address was first named.
+#[allow(clippy::type_complexity)]
+fn side_channel_pairs(
+    capture: &Capture,
+    labeled: &[(&FlowKey, &Flow, Label)],
+    by_addr: &HashMap<Named, Vec<usize>>,
+) -> (HashMap<(Method, usize, usize), u32>, HashMap<usize, f64>) {
     let mut pairs: HashMap<(Method, usize, usize), u32> = HashMap::new();
-    // How long before its first tunnel packet a flow's address was named by a side channel.
     let mut lead: HashMap<usize, f64> = HashMap::new();
     for (&method, messages) in &capture.messages {
         for (ts, names) in messages {
@@ -970,118 +973,7 @@ pub fn link(capture: &Capture, truth: &Truth, vantage: &str) -> LinkReport {
             }
         }
     }
-    let control = control_places(capture, &labeled, &by_epoch, &by_addr);
-    let score = |m: Method, a: usize, b: usize| -> Option<f64> {
-        if matches!(m, Method::ControlOrder | Method::ControlOffset) {
-            let (ca, cb) = (control.get(&a)?, control.get(&b)?);
-            let d: Vec<f64> = ca
-                .iter()
-                .filter_map(|(key, pa)| {
-                    let pb = cb.get(key)?;
-                    Some(match m {
-                        Method::ControlOrder => (pa.0 - pb.0).abs(),
-                        _ => (pa.1 - pb.1).abs(),
-                    })
-                })
-                .collect();
-            return (!d.is_empty()).then(|| -d.iter().sum::<f64>());
-        }
-        if let Some(n) = pairs.get(&(m, a, b)) {
-            return Some(f64::from(*n));
-        }
-        let (fa, fb) = (labeled[a].1, labeled[b].1);
-        // Pair the directions by sender when both flows have one (an on-link observer
-        // tells the two gateways apart); else try every pairing.
-        // Both directions must agree, so their scores add up.
-        let same: Vec<f64> = fa
-            .directions
-            .iter()
-            .filter_map(|(s, da)| score_direction(m, da, fb.directions.get(s)?))
-            .collect();
-        if !same.is_empty() {
-            return Some(same.iter().sum());
-        }
-        fa.directions
-            .values()
-            .flat_map(|da| fb.directions.values().map(move |db| (da, db)))
-            .filter_map(|(da, db)| score_direction(m, da, db))
-            .reduce(f64::max)
-    };
-    let mut results = Vec::new();
-    for m in Method::ALL {
-        let (mut links, mut credit, mut chance, mut decisive, mut right) = (0, 0.0, 0.0, 0, 0);
-        for (a, (_, _, la)) in labeled.iter().enumerate() {
-            let Some(candidates) = by_epoch.get(&(la.epoch + 1)) else {
-                continue;
-            };
-            let Some(&truth_b) = candidates
-                .iter()
-                .find(|&&b| labeled[b].2.stream == la.stream)
-            else {
-                continue;
-            };
-            links += 1;
-            chance += 1.0 / candidates.len() as f64;
-            let scores: Vec<(usize, f64)> = candidates
-                .iter()
-                .map(|&b| (b, score(m, a, b).unwrap_or(f64::NEG_INFINITY)))
-                .collect();
-            let best = scores.iter().map(|s| s.1).fold(f64::NEG_INFINITY, f64::max);
-            let tied: Vec<usize> = scores.iter().filter(|s| s.1 == best).map(|s| s.0).collect();
-            if tied.contains(&truth_b) {
-                credit += 1.0 / tied.len() as f64;
-            }
-            if tied.len() == 1 {
-                decisive += 1;
-                right += usize::from(tied[0] == truth_b);
-            }
-        }
-        let matched_credit: f64 = by_epoch
-            .iter()
-            .map(|(e, flows)| {
-                let successors: Vec<(usize, usize)> = flows
-                    .iter()
-                    .filter_map(|&a| {
-                        let next = by_epoch.get(&(e + 1))?;
-                        let b = next
-                            .iter()
-                            .find(|&&b| labeled[b].2.stream == labeled[a].2.stream)?;
-                        Some((a, *b))
-                    })
-                    .collect();
-                let candidates = by_epoch.get(&(e + 1)).map_or(&[][..], |c| &c[..]);
-                matching_credit(&successors, candidates, |a, b| {
-                    score(m, a, b).unwrap_or(0.0)
-                })
-            })
-            .sum();
-        let frac = |x: f64| if links == 0 { 0.0 } else { x / links as f64 };
-        results.push(MethodResult {
-            method: m.name(),
-            links,
-            recovered: frac(credit),
-            matched: frac(matched_credit),
-            chance: frac(chance),
-            decisive,
-            precision: (decisive > 0).then(|| right as f64 / decisive as f64),
-        });
-    }
-    LinkReport {
-        vantage: vantage.to_string(),
-        frames: capture.frames,
-        udp_frames: capture.udp_frames,
-        labeled_flows: labeled.len(),
-        unlabeled_flows: capture.flows.len() - labeled.len(),
-        flows_named_early: lead.len(),
-        longest_lead_secs: lead.values().copied().fold(0.0, f64::max),
-        repeated_headers: capture.repeated_headers,
-        side_channel_messages: capture
-            .messages
-            .iter()
-            .map(|(m, v)| (m.name(), v.len()))
-            .collect(),
-        results,
-    }
+    (pairs, lead)
 }
 
 #[cfg(test)]
@@ -1408,25 +1300,156 @@ mod tests {
         }
     }
 
+    /// `n` streams over `epochs` epochs of 1 s, Gateway A sending each flow's packets at
+    /// `packets(stream, epoch)`: (seconds into the epoch, payload bytes) each.
+    fn shaped(
+        n: usize,
+        epochs: u64,
+        mut packets: impl FnMut(usize, u64) -> Vec<(f64, usize)>,
+    ) -> (Vec<Frame>, Truth) {
+        let mut frames = Vec::new();
+        let mut truth = Truth::default();
+        for e in 0..epochs {
+            for s in 0..n {
+                let tag = (e * n as u64 + s as u64) as u16 + 1;
+                let a = ep(&format!("2001:db8:ff::{tag:x}:a"), 1000 + tag);
+                let b = ep(&format!("2001:db8:ff::{tag:x}:b"), 2000 + tag);
+                truth.add(
+                    a,
+                    b,
+                    Label {
+                        stream: s,
+                        epoch: e,
+                    },
+                );
+                for (i, (at, len)) in packets(s, e).into_iter().enumerate() {
+                    // Unique bytes: no counter, word or repeat to link by.
+                    let unique =
+                        (u64::from(tag) << 32 | i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                    let mut p = unique.to_be_bytes().to_vec();
+                    p.resize(len.max(8), 0);
+                    let mut frame = udp(MAC_A, a, b, &p);
+                    frame.ts = e as f64 + at;
+                    frames.push(frame);
+                }
+            }
+        }
+        (frames, truth)
+    }
+
+    fn traffic_rows(r: &LinkReport) -> Vec<&MethodResult> {
+        Method::TRAFFIC
+            .iter()
+            .filter_map(|&m| r.result(m))
+            .collect()
+    }
+
     #[test]
-    fn the_joint_assignment_cancels_a_shared_preference_and_keeps_a_real_one() {
-        // Flows 0 and 1 (truth: 0 -> 10, 1 -> 11). Both prefer candidate 10 by the same amount:
-        // flow by flow one is right; jointly the two pairings tie.
-        let shared = |_: usize, b: usize| if b == 10 { 1.0 } else { 0.0 };
-        assert_eq!(matching_credit(&[(0, 10), (1, 11)], &[10, 11], shared), 1.0);
-        // Each prefers its own successor: both right.
-        let own = |a: usize, b: usize| if b == a + 10 { 1.0 } else { 0.0 };
-        assert_eq!(matching_credit(&[(0, 10), (1, 11)], &[10, 11], own), 2.0);
-        // Each prefers the other's: both wrong.
-        let crossed = |a: usize, b: usize| if b != a + 10 { 1.0 } else { 0.0 };
+    fn a_periodic_flow_that_keeps_its_phase_is_linked_by_it() {
+        // Four identical 100/s trains, each at its own phase (0, 2.3, 4.6, 6.9 ms): only the
+        // phase tells them apart, and it runs on across the switch.
+        let (frames, truth) = shaped(4, 20, |s, _| {
+            (0..100)
+                .map(|k| (0.001 + s as f64 * 0.0023 + k as f64 * 0.01, 100))
+                .collect()
+        });
+        let r = link(&Capture::new(&frames, Vantage::OnLink), &truth, "phase");
+        let phase = r.result(Method::TimingPhase).expect("row");
         assert_eq!(
-            matching_credit(&[(0, 10), (1, 11)], &[10, 11], crossed),
-            0.0
+            (phase.recovered, phase.matched),
+            (1.0, 1.0),
+            "{}",
+            r.table()
         );
-        // More flows than candidates, or too many to enumerate: no credit, never a panic.
-        assert_eq!(matching_credit(&[(0, 10), (1, 11)], &[10], own), 0.0);
-        let many: Vec<usize> = (10..10 + MAX_MATCHING + 1).collect();
-        assert_eq!(matching_credit(&[(0, 10)], &many, own), 0.0);
+        // Same volume and sizes: these tie at chance.
+        for m in [Method::Bytes, Method::Packets, Method::SizeDistribution] {
+            let row = r.result(m).expect("row");
+            assert!(
+                (row.recovered - row.chance).abs() < 1e-9,
+                "{m:?}: {}",
+                r.table()
+            );
+        }
+    }
+
+    #[test]
+    fn identical_poisson_flows_are_not_linked_and_different_volumes_are() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        // Four conversations sending the same Poisson process (mean gap 10 ms, 200-byte
+        // packets): nothing but chance to link them by.
+        let (frames, truth) = shaped(4, 40, |_, _| {
+            let mut t = rng.random_range(0.0..0.01);
+            let mut v = Vec::new();
+            while t < 1.0 {
+                v.push((t, 200));
+                t -= 0.01 * rng.random_range(f64::EPSILON..1.0f64).ln();
+            }
+            v
+        });
+        let r = link(&Capture::new(&frames, Vantage::OnLink), &truth, "poisson");
+        let rows = traffic_rows(&r);
+        assert_eq!(rows.len(), 7, "no classifier row without a classifier");
+        for row in rows {
+            // 156 links at chance 1/4: three standard deviations are 0.10.
+            assert!(
+                row.recovered < row.chance + 0.12,
+                "{}: {}",
+                row.method,
+                r.table()
+            );
+            assert!(row.links == 156 && row.chance == 0.25);
+        }
+        // Volumes 10, 20, 40, 80 packets per epoch of 100 to 400 bytes: linked by volume.
+        let (frames, truth) = shaped(4, 10, |s, _| {
+            let n = 10 << s;
+            (0..n)
+                .map(|k| (k as f64 / n as f64, 100 + 100 * s))
+                .collect()
+        });
+        let r = link(&Capture::new(&frames, Vantage::OnLink), &truth, "volume");
+        for m in [Method::Bytes, Method::Packets, Method::SizeDistribution] {
+            let row = r.result(m).expect("row");
+            assert_eq!(
+                (row.recovered, row.matched),
+                (1.0, 1.0),
+                "{m:?}: {}",
+                r.table()
+            );
+        }
+    }
+
+    #[test]
+    fn a_classifier_trained_on_one_capture_links_a_fresh_one() {
+        use rand::{Rng, SeedableRng};
+        // Eight conversations of different rates (5/s to 640/s) with jittered timers: a
+        // fresh capture of the same kind, with other addresses and other jitter.
+        let capture = |seed: u64| {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            shaped(8, 12, |s, _| {
+                let gap = 0.2 / f64::from(1u32 << s);
+                let mut t = rng.random_range(0.0..gap);
+                let mut v = Vec::new();
+                while t < 1.0 {
+                    v.push((t, 80 + 60 * (s % 3)));
+                    t += gap * rng.random_range(0.5..1.5);
+                }
+                v
+            })
+        };
+        let (frames, truth) = capture(1);
+        let examples = training_examples(&Capture::new(&frames, Vantage::OnLink), &truth, 1);
+        let classifier = Classifier::train(&examples).expect("trains");
+        let (frames, truth) = capture(2);
+        let r = link_with(
+            &Capture::new(&frames, Vantage::OnLink),
+            &truth,
+            "fresh",
+            Some(&classifier),
+        );
+        let row = r.result(Method::Classifier).expect("a classifier row");
+        assert_eq!(row.links, 8 * 11);
+        assert!(row.recovered > 0.9 && row.matched > 0.9, "{}", r.table());
     }
 
     #[test]

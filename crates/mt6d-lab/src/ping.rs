@@ -67,6 +67,30 @@ pub enum Pace {
     Train { interval: Duration },
     /// As fast as replies come back, never more than `wait` apart.
     Flood { wait: Duration },
+    /// Requests at random moments, `mean` apart on average (exponential gaps: a Poisson
+    /// process), from a seeded generator so that a run can be repeated. Sent on time (see
+    /// [`Pace::Timer`]).
+    Poisson { mean: Duration, seed: u64 },
+    /// One request per interval, each sent on time to the microsecond, as an application's
+    /// timer sends: the wait before a request ends in a sleep, not in the socket's receive
+    /// timeout, which the kernel rounds to its tick (4 ms at 250 Hz) and which would move
+    /// every train onto one grid. For traffic-analysis labs; replies that arrive in the last
+    /// [`ON_TIME`] before a request are read after it.
+    Timer { interval: Duration },
+}
+
+/// How long before a request [`Pace::Timer`] and [`Pace::Poisson`] stop reading replies and
+/// sleep: more than one kernel tick.
+pub const ON_TIME: Duration = Duration::from_millis(5);
+
+/// The exponential gaps of a Poisson process with this mean.
+pub fn poisson_gaps(mean: Duration, seed: u64) -> impl Iterator<Item = Duration> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    std::iter::repeat_with(move || {
+        let u: f64 = rng.random_range(f64::EPSILON..1.0);
+        mean.mul_f64(-u.ln())
+    })
 }
 
 fn unix_now() -> f64 {
@@ -97,6 +121,11 @@ pub fn ping(
     let mut report = PingReport::default();
     let mut buf = [0u8; 2048];
     let start = Instant::now();
+    let mut gaps = match pace {
+        Pace::Poisson { mean, seed } => Some(poisson_gaps(mean, seed)),
+        _ => None,
+    };
+    let mut next_at = start;
     for seq in 0..n {
         let mut req = [0u8; 64];
         req[0] = ECHO_REQUEST;
@@ -108,19 +137,35 @@ pub fn ping(
         sock.send_to(&req, dst, None).map_err(io)?;
         report.sent += 1;
         let (deadline, stop_on) = match pace {
-            Pace::Train { interval } => (start + interval * (seq as u32 + 1), None),
+            Pace::Train { interval } | Pace::Timer { interval } => {
+                (start + interval * (seq as u32 + 1), None)
+            }
             // In flood mode, move on as soon as this request is answered.
             Pace::Flood { wait } => (sent_at + wait, Some(seq)),
+            Pace::Poisson { .. } => {
+                next_at += gaps.as_mut().and_then(Iterator::next).unwrap_or_default();
+                (next_at, None)
+            }
+        };
+        let on_time = matches!(pace, Pace::Timer { .. } | Pace::Poisson { .. });
+        let read_until = if on_time {
+            deadline.checked_sub(ON_TIME).unwrap_or(deadline)
+        } else {
+            deadline
         };
         receive_until(
             &sock,
             ident,
-            deadline,
+            read_until,
             stop_on,
             &mut outstanding,
             &mut report,
             &mut buf,
         );
+        if on_time {
+            // nanosleep is a high-resolution timer: the next request leaves on time.
+            std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+        }
     }
     let deadline = Instant::now() + linger;
     while outstanding.iter().any(Option::is_some) && Instant::now() < deadline {

@@ -4,13 +4,16 @@
 //!
 //! Gateway A serves Host A; Gateway B serves Host B and further addresses on Host B's link
 //! (Host C, D, ...). Each stream (a `[[peer]]` with its own pre-shared key, as customers of one
-//! pair of gateways) carries the same traffic mix at once: a ping train (5/s), a faster ping
+//! pair of gateways) carries traffic of its shape group ([`Shapes`]). With [`Shapes::Timer`]
+//! (the test's) every stream carries the same mix at once: a ping train (5/s), a faster ping
 //! train (100/s) and a paced TCP stream (1200 bytes every 20 ms). Identical mixes make each
 //! stream the others' decoy: an observer who must tell which of the next epoch's `n` flows
-//! continues a given one has a 1/n chance by guessing, and anything better is a leak of the
-//! tunnel, not of the traffic. With four or more streams the daemon's own scheduling (the
-//! order and offset of its control messages in each rotation) is scored against a tighter
-//! goal ([`control_margin`]).
+//! continues a given one has a 1/n chance by guessing, and anything better the header and
+//! control methods find is a leak of the tunnel, not of the traffic. With four or more streams
+//! the daemon's own scheduling (the order and offset of its control messages in each rotation)
+//! is scored against a tighter goal ([`control_margin`]). The traffic-analysis methods are
+//! scored too, and reported (docs/PRIVACY.md): identical timer-driven mixes still differ in
+//! phase, and different shapes in everything.
 //!
 //! The ground truth comes from Gateway A's status, polled every 200 ms: each poll lists the
 //! routes of epochs e-1, e and e+1 of every peer (docs/PROTOCOL.md §3), so no epoch is missed.
@@ -85,6 +88,48 @@ pub struct LinkRunArgs {
     pub mt6d: PathBuf,
     /// Keep the captures here: Gateway A's link, and behind a router `<stem>-far.pcap` too.
     pub pcap: Option<PathBuf>,
+    /// What the conversations carry.
+    pub shapes: Shapes,
+    /// Classifiers trained on an earlier run, one per vantage in the order of
+    /// [`LinkRun::reports`]: each adds a "classifier" row to its report. Empty: no such row.
+    pub classifiers: Vec<linker::Classifier>,
+}
+
+/// What traffic the conversations carry: the three groups a traffic-analysis measurement
+/// needs, from the easiest to link to the hardest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Shapes {
+    /// Different shapes, cycled over the conversations: bulk TCP at about 1 MB/s, echo 5/s,
+    /// echo 100/s, idle.
+    Different,
+    /// The same timer-driven mix in every conversation: echo 5/s, echo 100/s and TCP
+    /// segments of 1200 bytes every 20 ms.
+    Timer,
+    /// The same mix at the same rates with random (exponential) gaps: Poisson processes.
+    Poisson,
+}
+
+impl Shapes {
+    pub const ALL: [Shapes; 3] = [Shapes::Different, Shapes::Timer, Shapes::Poisson];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Shapes::Different => "different",
+            Shapes::Timer => "timer",
+            Shapes::Poisson => "poisson",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Shapes> {
+        Shapes::ALL.into_iter().find(|x| x.name() == s)
+    }
+}
+
+impl std::fmt::Display for Shapes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// What the run measured.
@@ -96,22 +141,38 @@ pub struct LinkRun {
     pub topology: String,
     pub mode: String,
     pub rotation_secs: f64,
+    pub conversations: usize,
+    pub shapes: Shapes,
     /// Distinct epochs in the ground truth.
     pub epochs: usize,
     /// Frames on the captured links that carried a true address (must be 0).
     pub frames_with_true_address: u64,
     pub reports: Vec<LinkReport>,
+    /// Labelled pairs of each vantage's capture, to train a classifier for a later run.
+    #[serde(skip)]
+    pub examples: Vec<Vec<linker::Example>>,
 }
 
 impl LinkRun {
     /// "vantage: method links x (chance c)" for every method above chance plus [`MARGIN`],
     /// and for every control method above chance plus [`control_margin`] flow by flow.
+    ///
+    /// The traffic-analysis methods ([`linker::Method::TRAFFIC`]) are left out: they link
+    /// today's conversations (docs/PRIVACY.md) and are reported, not held to a margin. Once
+    /// conversations of one gateway pair share their routes, they join the control methods'
+    /// goal: each within chance + 0.05 flow by flow and jointly.
     pub fn linking(&self) -> Vec<String> {
         let control: Vec<&str> = linker::Method::CONTROL.iter().map(|m| m.name()).collect();
+        let traffic: Vec<&str> = linker::Method::TRAFFIC.iter().map(|m| m.name()).collect();
         self.reports
             .iter()
             .flat_map(|r| {
-                let general = r.linking(MARGIN, JOINT_MARGIN).into_iter().map(move |m| {
+                let traffic = traffic.clone();
+                let general = r
+                    .linking(MARGIN, JOINT_MARGIN)
+                    .into_iter()
+                    .filter(move |m| !traffic.contains(&m.method))
+                    .map(move |m| {
                     format!(
                         "{}: {} links {:.2} of consecutive epochs, {:.2} jointly (chance {:.2}, \
 margins {MARGIN} and {JOINT_MARGIN})",
@@ -328,7 +389,7 @@ fn capture_and_link(
         move || poll_truth(&socket, &stop)
     });
     let duration = Duration::from_secs_f64(args.rotation_secs * f64::from(args.rotations));
-    let traffic = conversations(lab, &hosts, duration);
+    let traffic = conversations(lab, &hosts, args.shapes, duration);
     stop.store(true, Ordering::Relaxed);
     let truth = poller
         .join()
@@ -338,55 +399,73 @@ fn capture_and_link(
         leaks += o.finish()?.frames_with_true_address;
     }
     traffic?;
-    let epochs = truth
-        .routes
-        .values()
-        .map(|l| l.epoch)
-        .collect::<std::collections::BTreeSet<_>>()
-        .len();
+    let epochs = truth.epochs();
     if args.pcap.is_some() {
         // Beside the capture: the ground truth, so the linker can be run over it again.
         let path = truth_path(&near);
         let text = serde_json::to_string_pretty(&truth.to_routes()).map_err(|e| e.to_string())?;
         std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    let mut reports = Vec::new();
-    let mut add = |path: &Path, vantage: Vantage, name: String| -> Result<(), String> {
-        let frames = linker::read_pcap(path).map_err(|e| e.to_string())?;
-        let capture = linker::Capture::new(&frames, vantage);
-        reports.push(linker::link(&capture, &truth, &name));
-        Ok(())
-    };
     let t = lab.topology;
-    if routed {
-        add(
-            &near,
-            Vantage::OnLink,
-            format!("{t}, {}, on Gateway A's link", args.mode),
-        )?;
-        let from_prefix = lab.public_a.prefix.unwrap_or(Ipv6Addr::UNSPECIFIED);
-        add(
-            &far,
-            Vantage::PastRouter { from_prefix },
-            format!("{t}, {}, past the router (A's packets at B)", args.mode),
-        )?;
-    } else {
-        add(
-            &near,
-            Vantage::OnLink,
-            format!("{t}, {}, on the segment", args.mode),
-        )?;
-    }
+    let from_prefix = routed.then(|| lab.public_a.prefix.unwrap_or(Ipv6Addr::UNSPECIFIED));
+    let (reports, examples) = link_captures(args, &truth, &near, &far, from_prefix)?;
     Ok(LinkRun {
         margin: MARGIN,
         joint_margin: JOINT_MARGIN,
         topology: t.name().to_string(),
         mode: args.mode.clone(),
         rotation_secs: args.rotation_secs,
+        conversations: args.peers,
+        shapes: args.shapes,
         epochs,
         frames_with_true_address: leaks,
         reports,
+        examples,
     })
+}
+
+/// Links the captures of one run: on the segment, or (routed, `from_prefix` given) on Gateway
+/// A's link and past the router. Returns the reports and each vantage's labelled pairs.
+fn link_captures(
+    args: &LinkRunArgs,
+    truth: &Truth,
+    near: &Path,
+    far: &Path,
+    from_prefix: Option<Ipv6Addr>,
+) -> Result<(Vec<LinkReport>, Vec<Vec<linker::Example>>), String> {
+    let (mut reports, mut examples) = (Vec::new(), Vec::new());
+    let mut add = |path: &Path, vantage: Vantage, name: String| -> Result<(), String> {
+        let frames = linker::read_pcap(path).map_err(|e| e.to_string())?;
+        let capture = linker::Capture::new(&frames, vantage);
+        let classifier = args.classifiers.get(reports.len());
+        reports.push(linker::link_with(&capture, truth, &name, classifier));
+        examples.push(linker::training_examples(
+            &capture,
+            truth,
+            examples.len() as u64,
+        ));
+        Ok(())
+    };
+    let t = args.topology;
+    if let Some(from_prefix) = from_prefix {
+        add(
+            near,
+            Vantage::OnLink,
+            format!("{t}, {}, on Gateway A's link", args.mode),
+        )?;
+        add(
+            far,
+            Vantage::PastRouter { from_prefix },
+            format!("{t}, {}, past the router (A's packets at B)", args.mode),
+        )?;
+    } else {
+        add(
+            near,
+            Vantage::OnLink,
+            format!("{t}, {}, on the segment", args.mode),
+        )?;
+    }
+    Ok((reports, examples))
 }
 
 /// Pings `dst` until one echo is answered (at most 10 s): neighbour discovery is set-up.
@@ -440,47 +519,101 @@ fn poll_truth(socket: &Path, stop: &AtomicBool) -> Truth {
     truth
 }
 
-/// The same traffic mix to each of `hosts` at once, for `duration`.
-fn conversations(lab: &Lab, hosts: &[Ipv6Addr], duration: Duration) -> Result<(), String> {
+/// Conversations start at random moments within this much of each other: the period of the
+/// slowest timer of the mixes (echo 5/s), so that every timer's phase is drawn at random.
+const START_SPREAD: Duration = Duration::from_millis(200);
+
+/// One sender of a conversation's traffic.
+#[derive(Debug, Clone, Copy)]
+enum Source {
+    Echo(Pace),
+    /// TCP segments of `chunk` bytes, `gap` apart (exponential gaps if `poisson`).
+    Tcp {
+        chunk: usize,
+        gap: Duration,
+        poisson: bool,
+    },
+}
+
+/// What conversation `i` carries in shape group `shapes`; `seed` makes random gaps differ from
+/// one conversation and one run to the next.
+fn sources(shapes: Shapes, i: usize, seed: u64) -> Vec<Source> {
+    let ms = Duration::from_millis;
+    let seed = seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let echo = |interval: Duration, k: u64| match shapes {
+        Shapes::Poisson => Source::Echo(Pace::Poisson {
+            mean: interval,
+            seed: seed ^ k,
+        }),
+        _ => Source::Echo(Pace::Timer { interval }),
+    };
+    let paced = Source::Tcp {
+        chunk: 1200,
+        gap: ms(20),
+        poisson: shapes == Shapes::Poisson,
+    };
+    match (shapes, i % 4) {
+        (Shapes::Timer | Shapes::Poisson, _) => vec![echo(ms(200), 1), echo(ms(10), 2), paced],
+        (Shapes::Different, 0) => vec![Source::Tcp {
+            chunk: 10_000,
+            gap: ms(10),
+            poisson: false,
+        }],
+        (Shapes::Different, 1) => vec![echo(ms(200), 1)],
+        (Shapes::Different, 2) => vec![echo(ms(10), 2)],
+        (Shapes::Different, _) => Vec::new(),
+    }
+}
+
+/// Each conversation's traffic to its host of `hosts`, all at once, for `duration`. Each
+/// conversation starts at its own random moment within the first [`START_SPREAD`], as
+/// conversations that were not started by one program do: timers started together would share
+/// their phase, a coincidence that hides what a phase method finds in real traffic.
+fn conversations(
+    lab: &Lab,
+    hosts: &[Ipv6Addr],
+    shapes: Shapes,
+    duration: Duration,
+) -> Result<(), String> {
+    let seed: u64 = rand::random();
     std::thread::scope(|s| {
         let mut jobs = Vec::new();
         for (i, &dst) in hosts.iter().enumerate() {
-            for interval in [Duration::from_millis(200), Duration::from_millis(10)] {
-                jobs.push(s.spawn(move || -> Result<(), String> {
-                    let count = (duration.as_secs_f64() / interval.as_secs_f64()) as u64;
-                    lab.host_a
-                        .run(|| ping(dst, count, Pace::Train { interval }, Duration::from_secs(1)))
-                        .map_err(|e| e.to_string())?
-                        .map(|_| ())
-                        .map_err(|e| format!("ping {dst}: {e}"))
-                }));
-            }
-            let port = 7100 + i as u16;
-            let listener = lab
-                .host_b
-                .run(|| transfer::listen(dst, port))
-                .map_err(|e| e.to_string())?
-                .map_err(|e| format!("listen on [{dst}]:{port}: {e}"))?;
-            let receiver = s.spawn(move || transfer::serve_once(listener, Duration::from_secs(10)));
-            jobs.push(s.spawn(move || -> Result<(), String> {
-                let sent = lab
-                    .host_a
-                    .run(|| paced_tcp(dst, port, duration))
-                    .map_err(|e| e.to_string())?
-                    .map_err(|e| format!("TCP to [{dst}]:{port}: {e}"))?;
-                let got = receiver
-                    .join()
-                    .map_err(|_| "TCP receiver panicked".to_string())?
-                    .map_err(|e| format!("TCP receiver [{dst}]:{port}: {e}"))?;
-                if got.bytes == sent {
-                    Ok(())
-                } else {
-                    Err(format!(
-                        "TCP to {dst}: sent {sent} bytes, {} arrived",
-                        got.bytes
-                    ))
+            let start = START_SPREAD.mul_f64(rand::random::<f64>());
+            for source in sources(shapes, i, seed) {
+                match source {
+                    Source::Echo(pace) => {
+                        let interval = match pace {
+                            Pace::Train { interval } | Pace::Timer { interval } => interval,
+                            Pace::Poisson { mean, .. } => mean,
+                            Pace::Flood { wait } => wait,
+                        };
+                        let count = (duration.as_secs_f64() / interval.as_secs_f64()) as u64;
+                        jobs.push(s.spawn(move || -> Result<(), String> {
+                            std::thread::sleep(start);
+                            lab.host_a
+                                .run(|| ping(dst, count, pace, Duration::from_secs(1)))
+                                .map_err(|e| e.to_string())?
+                                .map(|_| ())
+                                .map_err(|e| format!("ping {dst}: {e}"))
+                        }));
+                    }
+                    Source::Tcp {
+                        chunk,
+                        gap,
+                        poisson,
+                    } => {
+                        let port = 7100 + i as u16;
+                        let gaps = Gaps {
+                            chunk,
+                            mean: gap,
+                            poisson: poisson.then_some(seed ^ (i as u64) << 8),
+                            start,
+                        };
+                        jobs.push(tcp_job(s, lab, dst, port, gaps, duration)?);
+                    }
                 }
-            }));
+            }
         }
         jobs.into_iter()
             .map(|j| {
@@ -492,20 +625,75 @@ fn conversations(lab: &Lab, hosts: &[Ipv6Addr], duration: Duration) -> Result<()
     })
 }
 
-/// A TCP stream at a steady 1200 bytes every 20 ms; returns the bytes sent.
-fn paced_tcp(dst: Ipv6Addr, port: u16, duration: Duration) -> std::io::Result<u64> {
+/// A paced TCP stream to `[dst]:port` and its receiver on Host B's side; the job checks that
+/// every byte sent arrived.
+fn tcp_job<'s, 'l: 's>(
+    s: &'s std::thread::Scope<'s, '_>,
+    lab: &'l Lab,
+    dst: Ipv6Addr,
+    port: u16,
+    gaps: Gaps,
+    duration: Duration,
+) -> Result<std::thread::ScopedJoinHandle<'s, Result<(), String>>, String> {
+    let listener = lab
+        .host_b
+        .run(|| transfer::listen(dst, port))
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("listen on [{dst}]:{port}: {e}"))?;
+    let receiver = s.spawn(move || transfer::serve_once(listener, Duration::from_secs(10)));
+    Ok(s.spawn(move || -> Result<(), String> {
+        std::thread::sleep(gaps.start);
+        let sent = lab
+            .host_a
+            .run(|| paced_tcp(dst, port, gaps, duration))
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("TCP to [{dst}]:{port}: {e}"))?;
+        let got = receiver
+            .join()
+            .map_err(|_| "TCP receiver panicked".to_string())?
+            .map_err(|e| format!("TCP receiver [{dst}]:{port}: {e}"))?;
+        if got.bytes == sent {
+            Ok(())
+        } else {
+            Err(format!(
+                "TCP to {dst}: sent {sent} bytes, {} arrived",
+                got.bytes
+            ))
+        }
+    }))
+}
+
+/// A paced stream's writes of `chunk` bytes, from `start` on, `mean` apart: fixed gaps, or
+/// exponential ones from a seed.
+#[derive(Debug, Clone, Copy)]
+struct Gaps {
+    chunk: usize,
+    mean: Duration,
+    poisson: Option<u64>,
+    start: Duration,
+}
+
+/// A TCP stream of writes paced by `gaps`; returns the bytes sent.
+fn paced_tcp(dst: Ipv6Addr, port: u16, gaps: Gaps, duration: Duration) -> std::io::Result<u64> {
     use std::io::{Read, Write};
     let addr = SocketAddrV6::new(dst, port, 0, 0);
     let mut stream = std::net::TcpStream::connect_timeout(&addr.into(), Duration::from_secs(5))?;
     stream.set_write_timeout(Some(Duration::from_secs(10)))?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let chunk = [0x5au8; 1200];
+    let data = vec![0x5au8; gaps.chunk];
+    let mut random = gaps
+        .poisson
+        .map(|seed| super::ping::poisson_gaps(gaps.mean, seed));
     let start = Instant::now();
     let mut sent = 0u64;
     while start.elapsed() < duration {
-        stream.write_all(&chunk)?;
-        sent += chunk.len() as u64;
-        std::thread::sleep(Duration::from_millis(20));
+        stream.write_all(&data)?;
+        sent += data.len() as u64;
+        let pause = random
+            .as_mut()
+            .and_then(Iterator::next)
+            .unwrap_or(gaps.mean);
+        std::thread::sleep(pause);
     }
     stream.shutdown(std::net::Shutdown::Write)?;
     let mut answer = [0u8; 40];
