@@ -395,6 +395,67 @@ pub fn translate_path_error_sealed(
     out: &mut [u8],
 ) -> Result<Translated, IcmpError> {
     let (_, icmp, quoted, udp) = parse_error(error_packet)?;
+    let mode = stream.mode();
+    let q = check_quote(&icmp, &quoted, &udp, mode, route, sent)?;
+    let out_len = out.len();
+    let body = out.get_mut(ERROR_HEADERS..).unwrap_or_default();
+    let (inner_len, quote) = match (mode, q.complete()) {
+        (Mode::Plain, _) | (Mode::Auth, false) => {
+            restore_clear(stream, mode, q.present, q.full_len, body)?
+        }
+        (Mode::Auth | Mode::Encrypt, true) => {
+            open_quote(stream, sealer, route, mode, q.present, body, out_len)?
+        }
+        (Mode::Encrypt, false) => {
+            let repr = Ipv6Repr {
+                traffic_class: 0,
+                flow_label: 0,
+                payload_len: u16::try_from(q.full_len - fixed_len(mode)).unwrap_or(u16::MAX),
+                next_header: NEXT_HEADER_NONE,
+                hop_limit: quoted.hop_limit(),
+                src_addr: stream.local_true(),
+                dst_addr: stream.remote_true(),
+            };
+            repr.emit(body)
+                .map_err(|_| too_small(out_len, ERROR_HEADERS + IPV6_HEADER_LEN))?;
+            (IPV6_HEADER_LEN, Quote::HeaderOnly)
+        }
+    };
+    // A complete quote last, after its tag was verified: a forged quote must not use up the
+    // entry of a packet whose genuine error is still on its way.
+    if !q.taken && sent.take(q.present, q.full_len) != Some(q.full_len) {
+        return Err(IcmpError::NotSent);
+    }
+    build_error(stream, &icmp, mode, inner_len, quote, gateway, out)
+}
+
+/// A quoted outer datagram that passed [`check_quote`]: the bytes the error carries of its UDP
+/// payload (at most the datagram's own), the datagram's own length, and whether its entry in the
+/// [`SentLog`] was already taken (a truncated quote is looked up before anything else).
+struct QuotedDatagram<'a> {
+    present: &'a [u8],
+    full_len: usize,
+    taken: bool,
+}
+
+impl QuotedDatagram<'_> {
+    /// Whether the error quotes the whole datagram (its tag included).
+    fn complete(&self) -> bool {
+        self.present.len() == self.full_len
+    }
+}
+
+/// The checks on the quote of an error before any key is used: it is of a datagram this gateway
+/// sent on `route`, its lengths agree and cover the fixed part of `mode`, a Packet Too Big's MTU
+/// is one a router could report for it, and a truncated quote is of a datagram in `sent`.
+fn check_quote<'a>(
+    icmp: &Icmpv6Packet<&[u8]>,
+    quoted: &Ipv6Packet<&[u8]>,
+    udp: &'a UdpPacket<&[u8]>,
+    mode: Mode,
+    route: &Route,
+    sent: &SentLog,
+) -> Result<QuotedDatagram<'a>, IcmpError> {
     if quoted.src_addr() != *route.local.ip()
         || quoted.dst_addr() != *route.remote.ip()
         || udp.src_port() != route.local.port()
@@ -409,7 +470,6 @@ pub fn translate_path_error_sealed(
             field: "length",
         }));
     }
-    let mode = stream.mode();
     let present = udp.payload();
     let claimed = usize::from(udp.len()) - UDP_HEADER_LEN; // new_checked_header: len >= 8.
     if claimed < fixed_len(mode) || present.len() < INNER_HEADER_CARRIED {
@@ -428,7 +488,7 @@ pub fn translate_path_error_sealed(
     }
     // A truncated quote cannot be verified: it must be of a packet in the log, which also tells
     // the datagram's own length when the quote is of an offload run (SentLog::take). A complete
-    // one is verified first and looked up last (below).
+    // one is verified first and looked up last (in `translate_path_error_sealed`).
     let (full_len, taken) = if present.len() >= claimed {
         (claimed, false)
     } else {
@@ -440,79 +500,81 @@ pub fn translate_path_error_sealed(
     if full_len < fixed_len(mode) {
         return Err(IcmpError::QuoteTooShort);
     }
-    let present = &present[..present.len().min(full_len)];
-    let complete = present.len() == full_len;
-    let body = out.get_mut(ERROR_HEADERS..).unwrap_or_default();
-    let (inner_len, quote) = match (mode, complete) {
-        (Mode::Plain, _) | (Mode::Auth, false) => {
-            restore_clear(stream, mode, present, full_len, body)?
-        }
-        (Mode::Auth | Mode::Encrypt, true) => {
-            let static_key;
-            let (key, space) = match sealer {
-                Some(s) => (s.key(), s.space()),
-                None => {
-                    static_key = stream.data_key(stream.role());
-                    (static_key.as_ref(), CounterSpace::Static)
-                }
-            };
-            let d = Decap {
-                mode,
-                key,
-                space,
-                outer_src: route.local,
-                outer_dst: route.remote,
-                inner_src: stream.local_true(),
-                inner_dst: stream.remote_true(),
-            };
-            // A complete quote has its sample (the tag), so its header can be unmasked with our
-            // own send key (§4.5); a truncated one has none and is handled above and below
-            // without the counter. Errors are rare: heap buffers here keep the caller's `out` at
-            // 1280 bytes.
-            let mut sealed = present.to_vec();
-            if let Some(hk) = stream.send_header_key() {
-                hk.unprotect(&mut sealed)
-                    .map_err(|_| IcmpError::QuoteTooShort)?;
-            }
-            let mut inner = vec![0u8; IPV6_HEADER_LEN + present.len()];
-            match decapsulate(&d, &sealed, &mut inner, &mut Vec::new(), None) {
-                Ok(n) => {
-                    let q = n.min(MAX_QUOTE);
-                    if body.len() < q {
-                        return Err(too_small(out.len(), q + ERROR_HEADERS));
-                    }
-                    body[..q].copy_from_slice(&inner[..q]);
-                    (n, Quote::Full)
-                }
-                Err(OpenError::BadInner) => {
-                    return Err(IcmpError::Malformed(WireError::Malformed {
-                        what: "inner",
-                        field: "header",
-                    }))
-                }
-                Err(_) => return Err(IcmpError::BadTag),
-            }
-        }
-        (Mode::Encrypt, false) => {
-            let repr = Ipv6Repr {
-                traffic_class: 0,
-                flow_label: 0,
-                payload_len: u16::try_from(full_len - fixed_len(mode)).unwrap_or(u16::MAX),
-                next_header: NEXT_HEADER_NONE,
-                hop_limit: quoted.hop_limit(),
-                src_addr: stream.local_true(),
-                dst_addr: stream.remote_true(),
-            };
-            repr.emit(body)
-                .map_err(|_| too_small(out.len(), ERROR_HEADERS + IPV6_HEADER_LEN))?;
-            (IPV6_HEADER_LEN, Quote::HeaderOnly)
+    Ok(QuotedDatagram {
+        present: &present[..present.len().min(full_len)],
+        full_len,
+        taken,
+    })
+}
+
+/// Opens a complete quote (auth or encrypt mode) with the key that sealed it (`sealer`, or the
+/// stream's static key) and writes the inner packet, as far as `MAX_QUOTE` allows, into `body`
+/// (the part of the caller's buffer of `out_len` bytes after the error's headers).
+fn open_quote(
+    stream: &Stream,
+    sealer: Option<&Sealer>,
+    route: &Route,
+    mode: Mode,
+    present: &[u8],
+    body: &mut [u8],
+    out_len: usize,
+) -> Result<(usize, Quote), IcmpError> {
+    let static_key;
+    let (key, space) = match sealer {
+        Some(s) => (s.key(), s.space()),
+        None => {
+            static_key = stream.data_key(stream.role());
+            (static_key.as_ref(), CounterSpace::Static)
         }
     };
-    // A complete quote last, after its tag was verified: a forged quote must not use up the
-    // entry of a packet whose genuine error is still on its way.
-    if !taken && sent.take(present, full_len) != Some(full_len) {
-        return Err(IcmpError::NotSent);
+    let d = Decap {
+        mode,
+        key,
+        space,
+        outer_src: route.local,
+        outer_dst: route.remote,
+        inner_src: stream.local_true(),
+        inner_dst: stream.remote_true(),
+    };
+    // A complete quote has its sample (the tag), so its header can be unmasked with our
+    // own send key (§4.5); a truncated one has none and is handled without the counter
+    // (`restore_clear`, or its header only). Errors are rare: heap buffers here keep the
+    // caller's `out` at 1280 bytes.
+    let mut sealed = present.to_vec();
+    if let Some(hk) = stream.send_header_key() {
+        hk.unprotect(&mut sealed)
+            .map_err(|_| IcmpError::QuoteTooShort)?;
     }
+    let mut inner = vec![0u8; IPV6_HEADER_LEN + present.len()];
+    match decapsulate(&d, &sealed, &mut inner, &mut Vec::new(), None) {
+        Ok(n) => {
+            let q = n.min(MAX_QUOTE);
+            if body.len() < q {
+                return Err(too_small(out_len, q + ERROR_HEADERS));
+            }
+            body[..q].copy_from_slice(&inner[..q]);
+            Ok((n, Quote::Full))
+        }
+        Err(OpenError::BadInner) => Err(IcmpError::Malformed(WireError::Malformed {
+            what: "inner",
+            field: "header",
+        })),
+        Err(_) => Err(IcmpError::BadTag),
+    }
+}
+
+/// Writes into `out` the error the inner host sees, from `gateway`: the type and code of `icmp`,
+/// a Packet Too Big's MTU for the inner path, a Parameter Problem's pointer moved onto the inner
+/// packet, and the quote of the inner packet (`inner_len` bytes, already in place).
+fn build_error(
+    stream: &Stream,
+    icmp: &Icmpv6Packet<&[u8]>,
+    mode: Mode,
+    inner_len: usize,
+    quote: Quote,
+    gateway: Ipv6Addr,
+    out: &mut [u8],
+) -> Result<Translated, IcmpError> {
     let quote_len = inner_len.min(MAX_QUOTE);
     let quote = if quote_len < inner_len && quote == Quote::Full {
         Quote::Truncated
