@@ -201,6 +201,17 @@ enum Pending {
     Done,
 }
 
+/// A received datagram between passes: (buffer index, start, end, what is left to do).
+type PendingDatagram = (usize, usize, usize, Pending);
+
+/// Time a receive batch spent waiting for the node's lock and writing to the TUN queue (the
+/// `stage_*` counters).
+#[derive(Debug, Default)]
+struct Spent {
+    lock_wait: Duration,
+    tun_write: Duration,
+}
+
 /// One datagram to send: (where its bytes are, length, source, destination).
 type Span = (usize, usize, usize, SocketAddrV6, SocketAddrV6);
 
@@ -272,9 +283,8 @@ struct Worker<'a> {
     bufs: Vec<RecvBuf>,
     /// Forwarded frames: (buffer index, start in it, length, source, destination).
     spans: Vec<Span>,
-    /// The datagrams of a receive batch between its passes: (buffer index, start, end, what is
-    /// left to do).
-    pending: Vec<(usize, usize, usize, Pending)>,
+    /// The datagrams of a receive batch between its passes.
+    pending: Vec<PendingDatagram>,
     /// A TUN batch's packets to seal without the lock: (packet index, where in `sealed`, job).
     inner_jobs: Vec<(usize, usize, InnerJob)>,
     tun_out: Vec<Vec<u8>>,
@@ -384,6 +394,78 @@ fn placement() -> Option<Placement> {
     None
 }
 
+impl<'a> Shared<'a> {
+    /// What the workers of a node with `workers` threads share, the node in its lock.
+    fn new(cfg: &'a RelayConfig, node: RelayNode, raw: RawUdp6, workers: usize) -> Shared<'a> {
+        Shared {
+            gate: ArcSwap::from_pointee(node.rx_gate()),
+            cfg,
+            core: Mutex::new(Core {
+                node,
+                staged: HashMap::new(),
+                send_from: vec![None; cfg.links.len()],
+            }),
+            senders: ArcSwap::from_pointee(HashMap::new()),
+            raw,
+            by_pair: cfg
+                .e2e
+                .iter()
+                .enumerate()
+                .map(|(j, e)| {
+                    (
+                        (e.stream.local.true_addr, e.stream.remote.true_addr),
+                        e2e_id(j),
+                    )
+                })
+                .collect(),
+            counters: (0..workers).map(|_| Mutex::default()).collect(),
+            stop: AtomicBool::new(false),
+            load: (0..workers).map(|_| WorkerLoad::default()).collect(),
+        }
+    }
+}
+
+/// The log line of a started node: its links, peers, workers and time to ready.
+fn start_line(cfg: &RelayConfig, workers: usize, started: Instant) -> String {
+    let tun_mtu = super::inner_mtu(cfg.frame_max);
+    format!(
+        "relay node {} on {}/64: {} links ({}), {} end-to-end peers{}, transit {}, frame_max {}, {workers} worker{}, ready {:.2} s after start",
+        cfg.node_id.map_or_else(|| "(no id)".to_string(), |n| n.to_string()),
+        cfg.prefix(),
+        cfg.links.len(),
+        cfg.links.iter().map(|l| format!("{} at {}", l.name, l.address)).collect::<Vec<_>>().join(", "),
+        cfg.e2e.len(),
+        if cfg.is_edge() { format!(", TUN {} MTU {tun_mtu}", cfg.tun_name) } else { String::new() },
+        cfg.transit,
+        cfg.frame_max,
+        if workers == 1 { "" } else { "s" },
+        started.elapsed().as_secs_f64()
+    )
+}
+
+/// Waits for the other workers; the first one's failure (an error or a panic), if any.
+fn join_workers(
+    handles: Vec<(
+        usize,
+        std::thread::ScopedJoinHandle<'_, Result<(), RelayError>>,
+    )>,
+) -> Option<RelayError> {
+    let mut first = None;
+    for (index, h) in handles {
+        let failure = match h.join() {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(RelayError::Worker(format!("relay worker {index}: {e}"))),
+            Err(_) => Some(RelayError::Worker(format!(
+                "relay worker {index} panicked (see the log above); the node stopped"
+            ))),
+        };
+        if first.is_none() {
+            first = failure;
+        }
+    }
+    first
+}
+
 /// Serves until a stop signal (or a fatal error of a worker's loop): worker 0 on this thread,
 /// the others on their own.
 pub fn serve(
@@ -412,52 +494,14 @@ pub fn serve(
         .transpose()
         .map_err(|e| RelayError::Setup(e.to_string()))?;
     let published = crate::metrics::Published::empty();
-    let gate = ArcSwap::from_pointee(node.rx_gate());
-    let shared = Shared {
-        cfg,
-        gate,
-        core: Mutex::new(Core {
-            node,
-            staged: HashMap::new(),
-            send_from: vec![None; cfg.links.len()],
-        }),
-        senders: ArcSwap::from_pointee(HashMap::new()),
-        raw,
-        by_pair: cfg
-            .e2e
-            .iter()
-            .enumerate()
-            .map(|(j, e)| {
-                (
-                    (e.stream.local.true_addr, e.stream.remote.true_addr),
-                    e2e_id(j),
-                )
-            })
-            .collect(),
-        counters: (0..workers).map(|_| Mutex::default()).collect(),
-        stop: AtomicBool::new(false),
-        load: (0..workers).map(|_| WorkerLoad::default()).collect(),
-    };
+    let shared = Shared::new(cfg, node, raw, workers);
     let mut tuns = tuns.into_iter();
     let mut all: Vec<Worker<'_>> = sockets
         .into_iter()
         .enumerate()
         .map(|(index, socket)| Worker::new(&shared, index, socket, tuns.next()))
         .collect();
-    let tun_mtu = super::inner_mtu(cfg.frame_max);
-    log::info!(
-        "relay node {} on {}/64: {} links ({}), {} end-to-end peers{}, transit {}, frame_max {}, {workers} worker{}, ready {:.2} s after start",
-        cfg.node_id.map_or_else(|| "(no id)".to_string(), |n| n.to_string()),
-        cfg.prefix(),
-        cfg.links.len(),
-        cfg.links.iter().map(|l| format!("{} at {}", l.name, l.address)).collect::<Vec<_>>().join(", "),
-        cfg.e2e.len(),
-        if cfg.is_edge() { format!(", TUN {} MTU {tun_mtu}", cfg.tun_name) } else { String::new() },
-        cfg.transit,
-        cfg.frame_max,
-        if workers == 1 { "" } else { "s" },
-        started.elapsed().as_secs_f64()
-    );
+    log::info!("{}", start_line(cfg, workers, started));
     let mut main = all.remove(0);
     let shared = &shared;
     std::thread::scope(|scope| {
@@ -504,22 +548,14 @@ pub fn serve(
             main.serve_main(signals, &ctl, ndp, started, published)
         };
         // The first failure is the one to report: a worker's error or panic, else this loop's.
-        let mut first = result.err();
-        for (index, h) in handles {
-            let failure = match h.join() {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(RelayError::Worker(format!("relay worker {index}: {e}"))),
-                Err(_) => Some(RelayError::Worker(format!(
-                    "relay worker {index} panicked (see the log above); the node stopped"
-                ))),
-            };
-            if first.is_none() {
-                first = failure;
-            }
-        }
+        let first = result.err().or(join_workers(handles));
         first.map_or(Ok(()), Err)
     })
 }
+
+mod receive;
+mod send;
+mod status;
 
 impl<'a> Worker<'a> {
     fn new(shared: &'a Shared<'a>, index: usize, socket: UdpSocket6, tun: Option<Tun>) -> Self {
@@ -684,7 +720,7 @@ impl<'a> Worker<'a> {
             let counters = self.counter_map(&self.shared.core.lock(), &main.ndp);
             let rx = counters.get("rx_datagrams").copied().unwrap_or(0);
             if rx != main.last_rx {
-                log::info!("{}", counter_line(&counters));
+                log::info!("{}", status::counter_line(&counters));
                 main.last_rx = rx;
             }
             main.last_report = Instant::now();
@@ -853,240 +889,6 @@ impl<'a> Worker<'a> {
         }
     }
 
-    /// One batch of datagrams from the links. Several workers, in passes: (1) without the
-    /// node's lock, each datagram through the receive gate ([`RxGate::admit`]): on no link's
-    /// route, or refused (a forgery's tag), it is counted and dropped there; opened, it waits
-    /// for the node; a handshake message, a keepalive or a rekey race waits for the node's own
-    /// path; (2) under the lock, in arrival order, the replay windows, probes, routing and
-    /// forwarding decisions (`finish_datagram`), the node's path whole for the rest
-    /// (`handle_datagram`); (3) without it, the forwarded frames sealed for their next link and,
-    /// at an edge gateway, the end-to-end payloads opened (`DeliverJob::open`); (4) at an edge
-    /// gateway, under it again, the end-to-end replay windows (`finish_delivery`). Then the
-    /// sends and the TUN write, without it. A batch of junk and forgeries never takes the lock.
-    /// With one worker, one pass under the lock (`handle_datagram`: the same steps in a row)
-    /// for every datagram on a link's route.
-    fn on_socket(&mut self) {
-        let t0 = Instant::now();
-        let got = match self.socket.recv_ready(&mut self.rx_scratch, &mut self.bufs) {
-            Ok(n) => n,
-            Err(e) if e.is_would_block() => return,
-            Err(e) => {
-                log::debug!("{e}");
-                return;
-            }
-        };
-        self.counters.socket_queue_drops += self.socket.take_queue_drops();
-        self.counters.rx_bytes += self.bufs[..got].iter().map(|b| b.len() as u64).sum::<u64>();
-        let t1 = Instant::now();
-        self.counters.stage_recv_ns += nanos(t1 - t0);
-        let mut tun_write = Duration::ZERO;
-        let mut lock_wait = Duration::ZERO;
-        self.spans.clear();
-        self.tun_ready = 0;
-        // Out of `self` while the node works on them (moves of the vectors, no copy).
-        let mut bufs = std::mem::take(&mut self.bufs);
-        let mut pending = std::mem::take(&mut self.pending);
-        pending.clear();
-        let shared = self.shared;
-        // Pass 1, without the lock: each buffer's link by its (destination, source), else
-        // dropped; with several workers, each datagram through the gate.
-        let mut admitted = 0;
-        {
-            let gate = shared.gate.load();
-            for (b, buf) in bufs[..got].iter_mut().enumerate() {
-                self.links[b] = None;
-                if buf.truncated() {
-                    self.counters.rx_truncated += 1;
-                    continue;
-                }
-                let local = SocketAddrV6::new(buf.dst(), buf.dst_port(), 0, 0);
-                let remote = buf.src();
-                let len = buf.len();
-                let seg = buf.segment_size().map_or(len, usize::from).max(1);
-                let Some(link) = gate.link_of(local, remote) else {
-                    self.counters.rx_no_link += len.div_ceil(seg) as u64;
-                    continue;
-                };
-                self.links[b] = Some(link);
-                if !self.split {
-                    admitted += 1;
-                    continue;
-                }
-                let data = buf.data_mut();
-                let mut start = 0;
-                while start < len {
-                    let end = (start + seg).min(len);
-                    self.counters.rx_datagrams += 1;
-                    match gate.admit(local, remote, &mut data[start..end]) {
-                        Admit::NoRoute => self.counters.rx_no_link += 1,
-                        Admit::Refused(_, reason) => self.counters.refused(reason),
-                        Admit::Node(link) => pending.push((b, start, end, Pending::Whole(link))),
-                        Admit::NoKey(link) => {
-                            self.counters.refused(OpenError::NoKey.reason());
-                            if !self.empty_slots.contains(&link) {
-                                self.empty_slots.push(link);
-                            }
-                        }
-                        Admit::Opened(job) => pending.push((b, start, end, Pending::Opened(job))),
-                    }
-                    start = end;
-                }
-            }
-        }
-        if admitted > 0 {
-            // One worker: every datagram whole under the (uncontended) lock.
-            let t = Instant::now();
-            let mut core = shared.core.lock();
-            lock_wait += t.elapsed();
-            let now = clock::now();
-            for (b, buf) in bufs[..got].iter_mut().enumerate() {
-                let Some(link) = self.links[b] else {
-                    continue;
-                };
-                let local = SocketAddrV6::new(buf.dst(), buf.dst_port(), 0, 0);
-                let remote = buf.src();
-                let len = buf.len();
-                let seg = buf.segment_size().map_or(len, usize::from).max(1);
-                let data = buf.data_mut();
-                let mut start = 0;
-                while start < len {
-                    let end = (start + seg).min(len);
-                    self.counters.rx_datagrams += 1;
-                    let datagram = &mut data[start..end];
-                    let r = core
-                        .node
-                        .handle_datagram(now, link, local, remote, datagram);
-                    tun_write += self.take_received(b, start, r, datagram);
-                    start = end;
-                }
-            }
-            self.drain(&mut core, now);
-        }
-        // Pass 2, under the lock, in arrival order.
-        let mut deliveries = false;
-        if !pending.is_empty() || !self.empty_slots.is_empty() {
-            let t = Instant::now();
-            let mut core = shared.core.lock();
-            lock_wait += t.elapsed();
-            let now = clock::now();
-            for link in self.empty_slots.drain(..) {
-                core.node.note_empty_slot(now, link);
-            }
-            for (b, start, end, p) in &mut pending {
-                let buf = &mut bufs[*b];
-                let (local, remote) = (
-                    SocketAddrV6::new(buf.dst(), buf.dst_port(), 0, 0),
-                    buf.src(),
-                );
-                let data = &mut buf.data_mut()[*start..*end];
-                let received = match std::mem::replace(p, Pending::Done) {
-                    Pending::Opened(job) => {
-                        match core.node.finish_datagram(now, &job, Ok(()), data) {
-                            Finish::Done(r) => r,
-                            Finish::Seal(seal) => {
-                                *p = Pending::Seal(seal);
-                                continue;
-                            }
-                            Finish::Deliver(d) => {
-                                *p = Pending::Deliver(d);
-                                deliveries = true;
-                                continue;
-                            }
-                        }
-                    }
-                    Pending::Whole(link) => {
-                        core.node.handle_datagram(now, link, local, remote, data)
-                    }
-                    _ => continue,
-                };
-                tun_write += self.take_received(*b, *start, received, data);
-            }
-            self.drain(&mut core, now);
-        }
-        // Pass 3, without the lock: seals for the next link, end-to-end opens.
-        let mut sealed_here = false;
-        for (b, start, end, p) in &mut pending {
-            let data = &mut bufs[*b].data_mut()[*start..*end];
-            match p {
-                Pending::Seal(seal) => match seal.seal(data) {
-                    Ok(t) => {
-                        self.spans
-                            .push((*b, *start, t.len, t.route.local, t.route.remote));
-                        sealed_here = true;
-                    }
-                    Err(e) => {
-                        self.counters.tx_seal_failed += 1;
-                        note_key_limit(&e);
-                        log::debug!("seal a forwarded frame: {e}");
-                    }
-                },
-                Pending::Deliver(d) => {
-                    let opened = d.open(data);
-                    if let Pending::Deliver(d) = std::mem::replace(p, Pending::Done) {
-                        *p = Pending::Delivered(d, opened);
-                    }
-                }
-                _ => {}
-            }
-        }
-        // Pass 4, under the lock: the end-to-end replay windows.
-        if deliveries {
-            let t = Instant::now();
-            let mut core = shared.core.lock();
-            lock_wait += t.elapsed();
-            let now = clock::now();
-            for (b, start, end, p) in &mut pending {
-                if let Pending::Delivered(d, opened) = std::mem::replace(p, Pending::Done) {
-                    let received = core.node.finish_delivery(now, &d, opened);
-                    let data = &bufs[*b].data()[*start..*end];
-                    tun_write += self.take_received(*b, *start, received, data);
-                }
-            }
-            self.drain(&mut core, now);
-        }
-        if sealed_here {
-            // Back in arrival order, so that a GRO train forwarded whole leaves as one GSO train.
-            self.spans.sort_unstable_by_key(|s| (s.0, s.1));
-        }
-        self.pending = pending;
-        tun_write += self.flush_tun();
-        let t3 = Instant::now();
-        let spans = std::mem::take(&mut self.spans);
-        self.send_spans(&spans, |b, start, len| &bufs[b].data()[start..start + len]);
-        self.spans = spans;
-        self.bufs = bufs;
-        let c = &mut self.counters;
-        c.stage_lock_ns += nanos(lock_wait);
-        c.stage_send_ns += nanos(t3.elapsed());
-        c.stage_tun_write_ns += nanos(tun_write);
-        c.stage_node_ns += nanos((t3 - t1).saturating_sub(tun_write + lock_wait));
-    }
-
-    /// What the node left of datagram `data` (at `start` of buffer `b`): a frame to send, an
-    /// inner packet for the TUN queue, or nothing. Returns the time a full TUN batch took to
-    /// write (rare: more inner packets in one receive than a batch holds).
-    fn take_received(&mut self, b: usize, start: usize, r: Received, data: &[u8]) -> Duration {
-        let mut tun_write = Duration::ZERO;
-        match r {
-            Received::Forward(t) => {
-                self.spans
-                    .push((b, start, t.len, t.route.local, t.route.remote));
-            }
-            Received::Deliver { range, .. } => {
-                if self.tun_ready == self.tun_out.len() {
-                    tun_write = self.flush_tun();
-                }
-                let slot = &mut self.tun_out[self.tun_ready];
-                slot.clear();
-                slot.resize(VIRTIO_NET_HDR_LEN, 0);
-                slot.extend_from_slice(&data[range]);
-                self.tun_ready += 1;
-            }
-            Received::Consumed => {}
-        }
-        tun_write
-    }
-
     /// Neighbour Solicitations on link interface `k`: answered for the links' current
     /// addresses only (`RelayNode::answers_for`), so a scan of the /64 from the segment learns
     /// nothing.
@@ -1105,428 +907,6 @@ impl<'a> Worker<'a> {
             }
         }
     }
-
-    /// One batch of inner packets from the protected side (edge gateways): read from this
-    /// worker's TUN queue without the node's lock; under it, each packet's peer, route and keys
-    /// (`begin_inner`); without it, sealed end to end and for the next link (`InnerJob::seal`)
-    /// and sent. With one worker, sealed under the lock in the same pass (`send_inner`).
-    fn on_tun(&mut self) {
-        let Some(tun) = &self.tun else { return };
-        let n = match tun.recv_batch(
-            &mut self.tun_scratch,
-            &mut self.tun_packets,
-            &mut self.tun_sizes,
-            0,
-        ) {
-            Ok(n) => n,
-            Err(e) if e.is_would_block() => return,
-            Err(e) => {
-                log::warn!("{e}");
-                return;
-            }
-        };
-        self.counters.tun_rx_bytes += self.tun_sizes[..n]
-            .iter()
-            .map(|&len| len as u64)
-            .sum::<u64>();
-        let shared = self.shared;
-        self.spans.clear();
-        let mut jobs = std::mem::take(&mut self.inner_jobs);
-        jobs.clear();
-        {
-            let t0 = Instant::now();
-            let mut core = shared.core.lock();
-            self.counters.stage_lock_ns += nanos(t0.elapsed());
-            let now = clock::now();
-            let mut cursor = 0;
-            for i in 0..n {
-                self.counters.tun_rx_packets += 1;
-                let inner = &self.tun_packets[i][..self.tun_sizes[i]];
-                let pair = mt6d_proto::wire::address_bytes(inner)
-                    .map(|(s, d)| (Ipv6Addr::from(*s), Ipv6Addr::from(*d)));
-                let Some(&id) = pair.and_then(|p| shared.by_pair.get(&p)) else {
-                    self.counters.tun_no_peer += 1;
-                    continue;
-                };
-                // Back to back, so that equal-size datagrams to one destination form a GSO train.
-                let result = if self.split {
-                    // Sealed below, without the lock.
-                    core.node.begin_inner(now, id, inner.len()).map(|job| {
-                        let at = cursor;
-                        cursor += job.wire_len();
-                        jobs.push((i, at, job));
-                    })
-                } else {
-                    let out = &mut self.sealed[cursor..];
-                    core.node.send_inner(now, id, inner, out).map(|t| {
-                        self.spans
-                            .push((0, cursor, t.len, t.route.local, t.route.remote));
-                        cursor += t.len;
-                    })
-                };
-                match result {
-                    Ok(()) => {}
-                    Err(NodeError::NoRoute(_)) => self.counters.tun_no_route += 1,
-                    Err(NodeError::NoE2eKey(_)) => {
-                        let held = core.staged.entry(id).or_default();
-                        if held.len() < STAGED_MAX {
-                            held.push(inner.to_vec());
-                            self.counters.tun_staged += 1;
-                        } else {
-                            self.counters.tun_no_key += 1;
-                        }
-                    }
-                    Err(NodeError::NoKey(_)) => self.counters.tun_no_key += 1,
-                    Err(e) => {
-                        self.counters.tun_seal_failed += 1;
-                        log::debug!("seal for end-to-end peer {}: {e}", id.0);
-                    }
-                }
-            }
-            self.drain(&mut core, now);
-        }
-        for (i, at, job) in &jobs {
-            let inner = &self.tun_packets[*i][..self.tun_sizes[*i]];
-            match job.seal(inner, &mut self.sealed[*at..]) {
-                Ok(t) => self
-                    .spans
-                    .push((0, *at, t.len, t.route.local, t.route.remote)),
-                Err(e) => {
-                    self.counters.tun_seal_failed += 1;
-                    if let NodeError::Seal(e) = &e {
-                        note_key_limit(e);
-                    }
-                    log::debug!("seal for an end-to-end peer: {e}");
-                }
-            }
-        }
-        self.inner_jobs = jobs;
-        let spans = std::mem::take(&mut self.spans);
-        let sealed = std::mem::take(&mut self.sealed);
-        self.send_spans(&spans, |_, start, len| &sealed[start..start + len]);
-        self.sealed = sealed;
-        self.spans = spans;
-    }
-
-    /// Opens a sender socket for every link's current send address and port and closes the
-    /// ones no link sends from any more (at most one bind per link and epoch), then publishes
-    /// the new map to every worker. Under the core lock: one writer at a time.
-    fn reconcile_senders(&mut self, core: &Core) {
-        let wanted: Vec<SocketAddrV6> = core.send_from.iter().flatten().copied().collect();
-        let old = self.shared.senders.load();
-        let mut next: Senders = HashMap::with_capacity(wanted.len());
-        for from in wanted {
-            let existing = old.get(&from).or_else(|| next.get(&from)).cloned();
-            if let Some(sock) = existing {
-                next.insert(from, sock);
-                continue;
-            }
-            match UdpSocket6::bind_to(from) {
-                Ok(sock) => {
-                    next.insert(from, Arc::new(sock));
-                }
-                // Sent through the raw socket instead (no GSO), as the server role does.
-                Err(e) => {
-                    self.counters.sender_bind_failed += 1;
-                    log::debug!("sender socket for {from}: {e}; using the raw socket");
-                }
-            }
-        }
-        self.shared.senders.store(Arc::new(next));
-    }
-
-    /// Sends each span's bytes: runs of spans from one address and port go out through its socket
-    /// in `sendmmsg` batches, consecutive equal-size datagrams to one destination adjacent in
-    /// memory as one UDP GSO message; spans without a sender socket through the raw socket.
-    /// A refused message is counted and skipped.
-    fn send_spans<'b>(&mut self, spans: &[Span], bytes: impl Fn(usize, usize, usize) -> &'b [u8]) {
-        let senders = self.shared.senders.load();
-        let mut i = 0;
-        while i < spans.len() {
-            let from = spans[i].3;
-            let run = spans[i..].iter().take_while(|s| s.3 == from).count();
-            let run_spans = &spans[i..i + run];
-            match senders.get(&from) {
-                Some(sock) => {
-                    let mut msgs = SendMsg::recycle(std::mem::take(&mut self.udp_msgs_store));
-                    let gso = sock.gso_supported();
-                    let mut k = 0;
-                    while k < run_spans.len() {
-                        let (b, start, len, src, dst) = run_spans[k];
-                        let mut end = start + len;
-                        let mut count = 1;
-                        // Extend the train: same buffer, adjacent, same size, same pair.
-                        while gso && count < MAX_GSO_SEGMENTS {
-                            match run_spans.get(k + count) {
-                                Some(&(b2, s2, l2, src2, dst2))
-                                    if b2 == b
-                                        && s2 == end
-                                        && l2 == len
-                                        && src2 == src
-                                        && dst2 == dst
-                                        && end + l2 - start <= MAX_GSO_BYTES =>
-                                {
-                                    end += l2;
-                                    count += 1;
-                                }
-                                _ => break,
-                            }
-                        }
-                        let whole = bytes(b, start, end - start);
-                        msgs.push(SendMsg {
-                            src: *src.ip(),
-                            dst,
-                            payload: whole,
-                            segment_size: (count > 1)
-                                .then(|| u16::try_from(len).unwrap_or(u16::MAX)),
-                        });
-                        k += count;
-                    }
-                    // Counted in datagrams, as the raw socket's: a refused GSO message is all
-                    // of its datagrams refused.
-                    let datagrams = |m: &SendMsg<'_>| {
-                        m.segment_size
-                            .map_or(1, |s| m.payload.len().div_ceil(usize::from(s).max(1)))
-                            as u64
-                    };
-                    let mut sent_msgs = 0;
-                    while sent_msgs < msgs.len() {
-                        match sock.send_batch(&mut self.udp_scratch, &msgs[sent_msgs..]) {
-                            Ok(0) | Err(_) => {
-                                self.counters.tx_send_failed += datagrams(&msgs[sent_msgs]);
-                                sent_msgs += 1;
-                            }
-                            Ok(n) => {
-                                let sent: u64 =
-                                    msgs[sent_msgs..sent_msgs + n].iter().map(datagrams).sum();
-                                self.counters.tx_datagrams += sent;
-                                sent_msgs += n;
-                            }
-                        }
-                    }
-                    self.udp_msgs_store = SendMsg::recycle(msgs);
-                }
-                None => self.send_raw(run_spans, &bytes),
-            }
-            i += run;
-        }
-    }
-
-    /// Sends spans through the raw socket, one datagram per message.
-    fn send_raw<'b>(&mut self, spans: &[Span], bytes: &impl Fn(usize, usize, usize) -> &'b [u8]) {
-        let mut msgs = RawSendMsg::recycle(std::mem::take(&mut self.msgs_store));
-        let mut i = 0;
-        while i < spans.len() {
-            msgs.clear();
-            for &(b, start, len, src, dst) in &spans[i..] {
-                msgs.push(RawSendMsg {
-                    src,
-                    dst,
-                    payload: bytes(b, start, len),
-                });
-            }
-            match self.shared.raw.send_batch(&mut self.send_scratch, &msgs) {
-                Ok(0) | Err(_) => {
-                    self.counters.tx_send_failed += 1;
-                    i += 1;
-                }
-                Ok(k) => {
-                    self.counters.tx_datagrams += k as u64;
-                    i += k;
-                }
-            }
-        }
-        self.msgs_store = RawSendMsg::recycle(msgs);
-    }
-
-    /// Writes the delivered inner packets to this worker's TUN queue; returns the time it took.
-    fn flush_tun(&mut self) -> Duration {
-        if self.tun_ready == 0 {
-            return Duration::ZERO;
-        }
-        let start = Instant::now();
-        if let Some(tun) = &self.tun {
-            let packets = &mut self.tun_out[..self.tun_ready];
-            match tun.send_batch(&mut self.gro, packets, VIRTIO_NET_HDR_LEN) {
-                Ok(_) => self.counters.tun_tx_packets += self.tun_ready as u64,
-                Err(e) => {
-                    self.counters.tun_write_failures += 1;
-                    log::debug!("{e}");
-                }
-            }
-        }
-        self.tun_ready = 0;
-        start.elapsed()
-    }
-
-    /// Every counter: the workers' sums, the node's, the neighbour responders'.
-    fn counter_map(&self, core: &Core, ndp: &[NdpResponder]) -> BTreeMap<String, u64> {
-        let mut m: BTreeMap<String, u64> = BTreeMap::new();
-        for w in &self.shared.counters {
-            for (k, v) in w.lock().pairs() {
-                *m.entry(k.to_string()).or_insert(0) += v;
-            }
-        }
-        let n = core.node.counters();
-        for (k, v) in [
-            ("forwarded", n.forwarded),
-            ("delivered", n.delivered),
-            ("originated", n.originated),
-            ("probes_answered", n.probes_answered),
-            ("routing_received", n.routing_received),
-            ("keepalives", n.keepalives),
-        ] {
-            m.insert(k.to_string(), v);
-        }
-        for (label, v) in n.drop_labels() {
-            m.insert(format!("drop_{label}"), v);
-        }
-        // What the receive gate refused before the node saw it, under the node's labels.
-        for w in &self.shared.counters {
-            for (label, v) in &w.lock().gate_drops {
-                *m.entry(format!("drop_{label}")).or_insert(0) += v;
-            }
-        }
-        for r in ndp {
-            let d = r.counters();
-            for (k, v) in [
-                ("ndp_answered", d.answered),
-                ("ndp_defended", d.defended),
-                ("ndp_not_current", d.not_current),
-                ("ndp_malformed", d.malformed),
-                ("ndp_send_errors", d.send_errors),
-            ] {
-                *m.entry(k.to_string()).or_insert(0) += v;
-            }
-        }
-        m
-    }
-
-    fn status(&self, started: Instant, ndp: &[NdpResponder]) -> RelayStatus {
-        let cfg = self.shared.cfg;
-        let core = self.shared.core.lock();
-        let node = &core.node;
-        let table = node.table();
-        let links = cfg
-            .links
-            .iter()
-            .enumerate()
-            .map(|(i, l)| {
-                let n = neighbour(i);
-                let m = node.monitor(n);
-                let (lost, sent) = m.map_or((0, 0), |m| m.loss());
-                let hs = node.link_handshake(n).map(|h| h.stats());
-                let now = clock::now();
-                LinkStatus {
-                    keys: keys_label(l.handshake.is_some(), node.link_keyed(n)),
-                    handshakes: hs.map_or(0, |h| h.completed),
-                    last_handshake_secs: hs
-                        .and_then(|h| h.last_completed)
-                        .map(|t| now.as_nanos().saturating_sub(t.as_nanos()) / 1_000_000_000),
-                    route_set: node.link_route_set(n).unwrap_or(0),
-                    name: l.name.clone(),
-                    address: l.address.to_string(),
-                    state: match m.map(|m| m.state()) {
-                        Some(LinkState::Up) => "up",
-                        Some(LinkState::Probation { .. }) => "probation",
-                        _ => "down",
-                    }
-                    .to_string(),
-                    cost: m.map_or(u16::MAX, |m| m.cost().0),
-                    rtt_ms: m.and_then(|m| m.srtt()).map(|d| d.as_secs_f64() * 1e3),
-                    probes_lost: lost,
-                    probes_sent: sent,
-                    route: node
-                        .link_schedule(n)
-                        .map(|s| format!("{} -> {}", s.send.local, s.send.remote))
-                        .unwrap_or_default(),
-                }
-            })
-            .collect();
-        let routes = table
-            .routes()
-            .map(|(d, r)| RouteStatus {
-                destination: d.to_string(),
-                next_hop: self.link_name(r.next_hop).to_string(),
-                metric: r.metric.0,
-            })
-            .collect();
-        let now = clock::now();
-        let e2e = cfg
-            .e2e
-            .iter()
-            .enumerate()
-            .map(|(j, e)| E2eStatus {
-                keys: keys_label(e.handshake.is_some(), node.e2e_keyed(e2e_id(j))),
-                handshakes: node
-                    .e2e_handshake(e2e_id(j))
-                    .map_or(0, |h| h.stats().completed),
-                last_handshake_secs: node
-                    .e2e_handshake(e2e_id(j))
-                    .and_then(|h| h.stats().last_completed)
-                    .map(|t| now.as_nanos().saturating_sub(t.as_nanos()) / 1_000_000_000),
-                name: e.name.clone(),
-                destination: e.destination.to_string(),
-                local_host: e.stream.local.true_addr.to_string(),
-                remote_host: e.stream.remote.true_addr.to_string(),
-                next_hop: table
-                    .next_hop(&e.destination)
-                    .map(|n| self.link_name(n).to_string()),
-            })
-            .collect();
-        RelayStatus {
-            role: "relay".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            pid: std::process::id(),
-            uptime_secs: started.elapsed().as_secs(),
-            config: cfg.path.display().to_string(),
-            node_id: cfg.node_id.filter(|_| cfg.is_edge()).map(|n| n.to_string()),
-            transit: cfg.transit,
-            prefix: cfg.prefix().to_string(),
-            tun: cfg.is_edge().then(|| cfg.tun_name.clone()),
-            links,
-            routes,
-            e2e,
-            workers: self
-                .shared
-                .counters
-                .iter()
-                .zip(self.shared.load.iter())
-                .map(|(w, load)| {
-                    let w = w.lock();
-                    let load = load.status();
-                    WorkerStatus {
-                        rx_datagrams: w.rx_datagrams,
-                        tun_rx_packets: w.tun_rx_packets,
-                        tx_datagrams: w.tx_datagrams,
-                        wakeups: load.wakeups,
-                        placement: load.placement,
-                    }
-                })
-                .collect(),
-            counters: self.counter_map(&core, ndp),
-        }
-    }
-}
-
-/// The counters that moved, as `name=value` pairs on one line.
-fn counter_line(counters: &BTreeMap<String, u64>) -> String {
-    counters
-        .iter()
-        .filter(|(_, v)| **v > 0)
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// What `mt6d status` says of a link's or end-to-end peer's keys.
-fn keys_label(handshake: bool, keyed: bool) -> String {
-    match (handshake, keyed) {
-        (false, _) => "pre-shared",
-        (true, true) => "handshake",
-        (true, false) => "none (handshake under way)",
-    }
-    .to_string()
 }
 
 fn nanos(d: Duration) -> u64 {
