@@ -320,104 +320,36 @@ impl Transmit {
                 return Carried::NOTHING;
             }
         };
-        let c = &shared.counters;
-        let (mut no_client, mut seal_failed, mut no_key, mut bytes) = (0u64, 0u64, 0u64, 0u64);
-        let mut key_limit = 0u64;
+        let mut t = TxCounts::default();
         // Read once per batch, and only for a handshake client (which set data goes on).
         let mut now: Option<UnixTime> = None;
         self.spans.clear();
         let mut cursor = 0;
         {
             let reg = shared.registry.read();
-            let counters = reg.counters();
             for (packet, &size) in self.packets.iter().zip(&self.sizes).take(n) {
-                let inner = &packet[..size];
-                let Some(id) = mt6d_proto::wire::address_bytes(inner)
-                    .and_then(|(s, d)| reg.table().lookup_inner((*s).into(), (*d).into()))
-                else {
-                    no_client += 1;
-                    continue;
-                };
-                let Some(client) = reg.client(id) else {
-                    no_client += 1;
-                    continue;
-                };
                 let out = &mut self.sealed[cursor..cursor + self.max_wire];
-                let sealed = if let Some(guard) = client.session() {
-                    // A handshake client: its link's send key, on the set data goes on now.
-                    let Some(session) = guard.as_ref() else {
-                        no_key += 1;
-                        continue;
-                    };
-                    let (Some(sealer), Some(link_stream)) =
-                        (session.send.as_ref(), reg.table().stream(id))
-                    else {
-                        no_key += 1;
-                        continue;
-                    };
-                    let at = *now.get_or_insert_with(clock::now);
-                    let set = session.link.sets().send_set(link_stream.epoch_at(at)).id;
-                    let Some(entry) = session.entry_of(id, set) else {
-                        no_key += 1;
-                        continue;
-                    };
-                    let (Some(route), Some(stream)) =
-                        (reg.table().send_route(entry), reg.table().stream(entry))
-                    else {
-                        no_key += 1;
-                        continue;
-                    };
-                    sealer
-                        .seal(route, inner, out)
-                        .ok()
-                        .map(|len| (len, *route, stream.send_header_key()))
-                } else {
-                    let (Some(route), Some(stream)) =
-                        (reg.table().send_route(id), reg.table().stream(id))
-                    else {
-                        no_client += 1;
-                        continue;
-                    };
-                    let Some(sealer) = client.sealer(stream, counters) else {
-                        seal_failed += 1;
-                        continue;
-                    };
-                    match sealer.seal(route, inner, out) {
-                        Ok(len) => Some((len, *route, stream.send_header_key())),
-                        Err(SealError::KeyLimit) => {
-                            key_limit += 1;
-                            // Once per client and run: a flag flips, no line per packet.
-                            if sealer.take_key_limit_notice() {
-                                log::error!(
-                                    "client {}: its pre-shared key has protected its limit of {} packets in this run ({}, docs/PROTOCOL.md §4.3); packets to it are dropped (tx_key_limit): give the client a new key",
-                                    client.name,
-                                    crate::daemon::psk_counters::packet_limit(stream.config().aead),
-                                    stream.config().aead
-                                );
-                            }
-                            continue;
-                        }
-                        Err(_) => None,
-                    }
-                };
-                let Some((len, route, header_key)) = sealed else {
-                    seal_failed += 1;
+                let Some((len, route)) = seal_one(&reg, &packet[..size], out, &mut now, &mut t)
+                else {
                     continue;
                 };
-                if let Some(hk) = header_key {
-                    if hk.protect(&mut out[..len]).is_err() {
-                        seal_failed += 1;
-                        continue;
-                    }
-                }
                 self.spans.push((cursor, len, route.local, route.remote));
                 cursor += len;
-                bytes += size as u64;
+                t.bytes += size as u64;
             }
         }
+        self.send(io, &mut t);
+        t.publish(shared);
+        Carried {
+            packets: t.sent,
+            bytes: t.bytes,
+        }
+    }
+
+    /// Sends every sealed datagram through the raw socket; a refused one is counted and the
+    /// rest go on.
+    fn send(&mut self, io: &WorkerIo, t: &mut TxCounts) {
         let mut msgs = RawSendMsg::recycle(std::mem::take(&mut self.msgs_store));
-        let mut sent = 0usize;
-        let mut failed = 0u64;
         let mut i = 0;
         while i < self.spans.len() {
             msgs.clear();
@@ -431,32 +363,170 @@ impl Transmit {
             match io.raw.send_batch(&mut self.send_scratch, &msgs) {
                 Ok(0) | Err(_) => {
                     // The first message was refused: count it and go on with the rest.
-                    failed += 1;
+                    t.failed += 1;
                     i += 1;
                 }
                 Ok(k) => {
-                    sent += k;
+                    t.sent += k as u64;
                     i += k;
                 }
             }
         }
         self.msgs_store = RawSendMsg::recycle(msgs);
+    }
+}
+
+/// What one batch from the TUN queue counted.
+#[derive(Debug, Default)]
+struct TxCounts {
+    sent: u64,
+    bytes: u64,
+    no_client: u64,
+    seal_failed: u64,
+    key_limit: u64,
+    no_key: u64,
+    failed: u64,
+}
+
+impl TxCounts {
+    /// Adds the batch's counts to the workers' counters (one relaxed add per nonzero count).
+    fn publish(&self, shared: &Shared) {
+        let c = &shared.counters;
         for (counter, n) in [
-            (&c.tx_packets, sent as u64),
-            (&c.tx_bytes, bytes),
-            (&c.tx_no_client, no_client),
-            (&c.tx_seal_failed, seal_failed),
-            (&c.tx_key_limit, key_limit),
-            (&c.tx_no_key, no_key),
-            (&c.tx_send_failed, failed),
+            (&c.tx_packets, self.sent),
+            (&c.tx_bytes, self.bytes),
+            (&c.tx_no_client, self.no_client),
+            (&c.tx_seal_failed, self.seal_failed),
+            (&c.tx_key_limit, self.key_limit),
+            (&c.tx_no_key, self.no_key),
+            (&c.tx_send_failed, self.failed),
         ] {
             if n > 0 {
                 bump(counter, n);
             }
         }
-        Carried {
-            packets: sent as u64,
-            bytes,
+    }
+}
+
+/// Seals `inner` for the client its addresses name into `out`, header protection applied: the
+/// wire length and the route it leaves on, or `None` (counted in `t`).
+fn seal_one(
+    reg: &Registry,
+    inner: &[u8],
+    out: &mut [u8],
+    now: &mut Option<UnixTime>,
+    t: &mut TxCounts,
+) -> Option<(usize, mt6d_proto::Route)> {
+    let Some(id) = mt6d_proto::wire::address_bytes(inner)
+        .and_then(|(s, d)| reg.table().lookup_inner((*s).into(), (*d).into()))
+    else {
+        t.no_client += 1;
+        return None;
+    };
+    let Some(client) = reg.client(id) else {
+        t.no_client += 1;
+        return None;
+    };
+    let sealed = match client.session() {
+        Some(guard) => {
+            // A handshake client: its link's send key, on the set data goes on now.
+            let Some(session) = guard.as_ref() else {
+                t.no_key += 1;
+                return None;
+            };
+            seal_for_session(reg, id, session, inner, out, now, t)?
         }
+        None => seal_pre_shared(reg, id, client, inner, out, t)?,
+    };
+    let Some((len, route, header_key)) = sealed else {
+        t.seal_failed += 1;
+        return None;
+    };
+    if let Some(hk) = header_key {
+        if hk.protect(&mut out[..len]).is_err() {
+            t.seal_failed += 1;
+            return None;
+        }
+    }
+    Some((len, route))
+}
+
+/// What sealing for one client gave: the length, the route and the header key, or `None` (a
+/// seal failure); the outer `None` is a drop already counted.
+type Sealed<'r> = Option<
+    Option<(
+        usize,
+        mt6d_proto::Route,
+        Option<&'r mt6d_proto::tunnel::HeaderKey>,
+    )>,
+>;
+
+/// A handshake client's packet: its link's send key, on the route set data goes on now.
+fn seal_for_session<'r>(
+    reg: &'r Registry,
+    id: PeerId,
+    session: &Session,
+    inner: &[u8],
+    out: &mut [u8],
+    now: &mut Option<UnixTime>,
+    t: &mut TxCounts,
+) -> Sealed<'r> {
+    let (Some(sealer), Some(link_stream)) = (session.send.as_ref(), reg.table().stream(id)) else {
+        t.no_key += 1;
+        return None;
+    };
+    let at = *now.get_or_insert_with(clock::now);
+    let set = session.link.sets().send_set(link_stream.epoch_at(at)).id;
+    let Some(entry) = session.entry_of(id, set) else {
+        t.no_key += 1;
+        return None;
+    };
+    let (Some(route), Some(stream)) = (reg.table().send_route(entry), reg.table().stream(entry))
+    else {
+        t.no_key += 1;
+        return None;
+    };
+    Some(
+        sealer
+            .seal(route, inner, out)
+            .ok()
+            .map(|len| (len, *route, stream.send_header_key())),
+    )
+}
+
+/// A pre-shared client's packet, under its sealer (made on first use from the machine's
+/// counter reservation).
+fn seal_pre_shared<'r>(
+    reg: &'r Registry,
+    id: PeerId,
+    client: &super::registry::Client,
+    inner: &[u8],
+    out: &mut [u8],
+    t: &mut TxCounts,
+) -> Sealed<'r> {
+    let (Some(route), Some(stream)) = (reg.table().send_route(id), reg.table().stream(id)) else {
+        t.no_client += 1;
+        return None;
+    };
+    let Some(sealer) = client.sealer(stream, reg.counters()) else {
+        t.seal_failed += 1;
+        return None;
+    };
+    match sealer.seal(route, inner, out) {
+        Ok(len) => Some(Some((len, *route, stream.send_header_key()))),
+        Err(SealError::KeyLimit) => {
+            t.key_limit += 1;
+            // Once per client and run: a flag flips, no line per packet.
+            if sealer.take_key_limit_notice() {
+                log::error!(
+                    "client {}: its pre-shared key has protected its limit of {} packets in this run ({}, docs/PROTOCOL.md §4.3); packets to it are dropped (tx_key_limit): give the client a new key",
+                    client.name,
+                    crate::daemon::psk_counters::packet_limit(stream.config().aead),
+                    stream.config().aead
+                );
+            }
+            None
+        }
+        Err(_) => Some(None),
     }
 }

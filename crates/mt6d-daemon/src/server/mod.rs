@@ -329,19 +329,12 @@ struct Run<'a> {
     metrics: Option<crate::metrics::MetricsServer>,
 }
 
-fn serve(
-    cfg: &ServerConfig,
+/// Starts one data-plane worker per I/O set; a worker that fails or panics stops the daemon.
+fn spawn_workers(
     shared: &Arc<Shared>,
     ios: Vec<WorkerIo>,
-    run: Run,
-) -> Result<(), ServerError> {
-    let Run {
-        signals,
-        mtu,
-        served,
-        started,
-        metrics,
-    } = run;
+    mtu: u16,
+) -> Result<Vec<std::thread::JoinHandle<()>>, ServerError> {
     let mut handles = Vec::with_capacity(ios.len() + 1);
     for (i, io) in ios.into_iter().enumerate() {
         let s = Arc::clone(shared);
@@ -358,6 +351,20 @@ fn serve(
             .map_err(|e| ServerError::Setup(format!("start worker {i}: {e}")))?;
         handles.push(h);
     }
+    Ok(handles)
+}
+
+/// The neighbour responder and the primer of a server that does neighbour discovery (none
+/// without): both answer and announce with the external interface's index and MAC.
+fn neighbour_io(
+    cfg: &ServerConfig,
+) -> Result<
+    (
+        Option<NdpResponder>,
+        Option<crate::daemon::neighbor::NeighborPrimer>,
+    ),
+    ServerError,
+> {
     // The external interface's index and MAC, which the responder and the primer answer and
     // announce with (neighbour discovery only).
     let external = if cfg.neighbor_discovery {
@@ -378,7 +385,7 @@ fn serve(
     } else {
         None
     };
-    let mut ndp = if let Some((_, mac)) = external {
+    let ndp = if let Some((_, mac)) = external {
         Some(
             NdpResponder::open(&cfg.external_interface, mac).map_err(os(format!(
                 "open the neighbour responder on {}",
@@ -388,13 +395,6 @@ fn serve(
     } else {
         None
     };
-    // Polled by this loop, which wakes at least every TICK: a request waits at most that.
-    let ctl = crate::control::ControlServer::bind(&cfg.control_socket).map_err(|e| {
-        ServerError::Setup(format!(
-            "control socket {}: {e}",
-            cfg.control_socket.display()
-        ))
-    })?;
     let primer = match (cfg.external_next_hop, external) {
         (Some(hop), Some((ext, mac))) => {
             let p = crate::daemon::neighbor::NeighborPrimer::open(ext, mac, Some(hop))
@@ -406,6 +406,85 @@ fn serve(
         }
         _ => None,
     };
+    Ok((ndp, primer))
+}
+
+/// The registry's step at `now`: every client whose boundary passed moves on, in chunks that
+/// let waiting workers in.
+fn step_registry(shared: &Shared, now: mt6d_proto::UnixTime) {
+    let mut step = StepReport::default();
+    {
+        let mut reg = shared.registry.write();
+        while reg.step_at_most(now, STEP_CHUNK, &mut step) {
+            // A worker waiting for its batch's read lock gets it now, not after the
+            // whole step (a fair hand-over; without one this thread would take the
+            // lock straight back).
+            RwLockWriteGuard::bump(&mut reg);
+        }
+    }
+    if step.contested > 0 {
+        log::warn!(
+            "{} routes of {} clients contested at this step (two claims on one hashed address and port); they are served again at their next epoch",
+            step.contested,
+            step.advanced
+        );
+    }
+}
+
+/// The metrics thread: serves the newest status `published` holds.
+fn spawn_metrics(
+    m: crate::metrics::MetricsServer,
+    shared: &Arc<Shared>,
+    published: &Arc<crate::metrics::Published>,
+) -> Result<std::thread::JoinHandle<()>, ServerError> {
+    let (s, p) = (Arc::clone(shared), Arc::clone(published));
+    log::info!("metrics on http://{}/metrics", m.local_addr());
+    let h = std::thread::Builder::new()
+        .name("mt6d-metrics".into())
+        .spawn(move || m.run(&p, &s.shutdown))
+        .map_err(|e| ServerError::Setup(format!("start metrics thread: {e}")))?;
+    Ok(h)
+}
+
+/// The start line, and the service manager told the server is ready.
+fn announce_ready(cfg: &ServerConfig, served: usize, workers: usize, mtu: u16, started: Instant) {
+    log::info!(
+        "serving {} clients on {}/64 ({} workers, TUN {} MTU {}, ready {:.2} s after start)",
+        served,
+        cfg.prefix,
+        workers,
+        cfg.tun_name,
+        mtu,
+        started.elapsed().as_secs_f64()
+    );
+    let status = format!("serving {served} clients");
+    if let Err(e) = mt6d_os::service::ready(&status) {
+        log::warn!("tell the service manager we are ready: {e}");
+    }
+}
+
+fn serve(
+    cfg: &ServerConfig,
+    shared: &Arc<Shared>,
+    ios: Vec<WorkerIo>,
+    run: Run,
+) -> Result<(), ServerError> {
+    let Run {
+        signals,
+        mtu,
+        served,
+        started,
+        metrics,
+    } = run;
+    let mut handles = spawn_workers(shared, ios, mtu)?;
+    let (mut ndp, primer) = neighbour_io(cfg)?;
+    // Polled by this loop, which wakes at least every TICK: a request waits at most that.
+    let ctl = crate::control::ControlServer::bind(&cfg.control_socket).map_err(|e| {
+        ServerError::Setup(format!(
+            "control socket {}: {e}",
+            cfg.control_socket.display()
+        ))
+    })?;
     let epoll = Epoll::new().map_err(os("epoll"))?;
 
     if let Some(r) = &ndp {
@@ -415,19 +494,7 @@ fn serve(
             .map_err(os("watch the neighbour responder"))?;
     }
     let mut events = EpollEvents::with_capacity(4);
-    log::info!(
-        "serving {} clients on {}/64 ({} workers, TUN {} MTU {}, ready {:.2} s after start)",
-        served,
-        cfg.prefix,
-        handles.len(),
-        cfg.tun_name,
-        mtu,
-        started.elapsed().as_secs_f64()
-    );
-    let status = format!("serving {served} clients");
-    if let Err(e) = mt6d_os::service::ready(&status) {
-        log::warn!("tell the service manager we are ready: {e}");
-    }
+    announce_ready(cfg, served, handles.len(), mtu, started);
     let mut last_report = Instant::now();
     let mut last_rx = 0;
     // The links' timeouts send liveness keepalives (docs/PROTOCOL.md §9.9) from this thread.
@@ -441,13 +508,7 @@ fn serve(
     // The metrics thread serves the newest status, published below once a second.
     let published = Arc::new(crate::metrics::Published::empty());
     if let Some(m) = metrics {
-        let (s, p) = (Arc::clone(shared), Arc::clone(&published));
-        log::info!("metrics on http://{}/metrics", m.local_addr());
-        let h = std::thread::Builder::new()
-            .name("mt6d-metrics".into())
-            .spawn(move || m.run(&p, &s.shutdown))
-            .map_err(|e| ServerError::Setup(format!("start metrics thread: {e}")))?;
-        handles.push(h);
+        handles.push(spawn_metrics(m, shared, &published)?);
     }
     let mut published_at: Option<Instant> = None;
     let result = loop {
@@ -471,23 +532,7 @@ fn serve(
             reg.poll_timeout()
         };
         if due.is_some_and(|d| d <= now) {
-            let mut step = StepReport::default();
-            {
-                let mut reg = shared.registry.write();
-                while reg.step_at_most(now, STEP_CHUNK, &mut step) {
-                    // A worker waiting for its batch's read lock gets it now, not after the
-                    // whole step (a fair hand-over; without one this thread would take the
-                    // lock straight back).
-                    RwLockWriteGuard::bump(&mut reg);
-                }
-            }
-            if step.contested > 0 {
-                log::warn!(
-                    "{} routes of {} clients contested at this step (two claims on one hashed address and port); they are served again at their next epoch",
-                    step.contested,
-                    step.advanced
-                );
-            }
+            step_registry(shared, now);
         }
         links.serve(shared, clock::now());
         if let Some(p) = &primer {
