@@ -248,97 +248,124 @@ impl Transmit {
                 return (0, 0);
             }
         };
-        let runs = &mut self.runs;
-        let sealed = &mut self.sealed;
-        runs.clear();
+        self.runs.clear();
         let mut cursor = 0;
         let mut unmatched = 0u64;
-        for (packet, &size) in self.packets.iter_mut().zip(&self.sizes).take(n) {
-            let matched = mt6d_proto::wire::address_bytes(&packet[..size])
-                .and_then(|(src, dst)| table.peer_for_inner(src, dst));
-            let Some(peer) = matched.or_else(|| own_error_peer(table, &mut packet[..size])) else {
-                unmatched += 1;
+        for i in 0..n {
+            let size = self.sizes[i];
+            let packet = &mut self.packets[i];
+            let out = &mut self.sealed[cursor..cursor + max_wire];
+            let Some((peer, len)) = seal_one(
+                shared,
+                table,
+                (packet, size),
+                out,
+                (queue, limits, &mut self.log_budget),
+                &mut unmatched,
+            ) else {
                 continue;
             };
-            let p = table.peer(peer);
-            // The peer's TCP policy before sealing; a dropped segment is counted there.
-            let size = match p.tcp.apply(
-                packet,
-                size,
-                Direction::Out,
-                limits,
-                &p.name,
-                &mut self.log_budget,
-            ) {
-                Verdict::Forward(len) => len,
-                Verdict::Drop => continue,
-            };
-            let inner = &packet[..size];
-            shared.syn_queues.note_read(inner, queue);
-            let Some((route, _)) = table.send_route(peer) else {
-                p.counters.tx.drop_n(DropReason::UnknownAddress, 1);
-                continue;
-            };
-            let out = &mut sealed[cursor..cursor + max_wire];
-            let keys = &p.keys;
-            let sealer = keys.send.load();
-            let Some(sealer) = sealer.as_deref() else {
-                // The main thread hears of it once per visit, not once per packet.
-                if !keys.want.swap(true, Ordering::Relaxed) {
-                    shared.attention.push(table.generation, peer);
-                }
-                p.counters.tx.drop_n(DropReason::NoKey, 1);
-                continue;
-            };
-            let len = match sealer.seal(route, inner, out) {
-                Ok(len) => len,
-                Err(e) => {
-                    p.counters.tx.drop_n(seal_drop_reason(&e), 1);
-                    continue;
-                }
-            };
-            // Mask the counter (docs/PROTOCOL.md §4.5); a sealed auth/encrypt payload is never
-            // shorter than the 24 bytes protection needs, so this cannot fail.
-            if let Some(hk) = table.send_header_key(peer) {
-                if hk.protect(&mut out[..len]).is_err() {
-                    p.counters.tx.drop_n(DropReason::BadLength, 1);
-                    continue;
-                }
-            }
-            // Two relaxed loads and stores (docs/PROTOCOL.md §5): what an ICMPv6 error from the
-            // path must quote to be believed. Recorded as it leaves (masked): a quote holds the
-            // wire bytes.
-            p.sent.record(&out[..len]);
-            match runs.last_mut() {
-                Some(r)
-                    if r.peer == peer
-                        && !r.closed
-                        && len <= r.segment
-                        && r.count < MAX_GSO_SEGMENTS
-                        && r.end - r.start + len <= MAX_GSO_BYTES =>
-                {
-                    r.end += len;
-                    r.count += 1;
-                    r.closed = len < r.segment;
-                }
-                _ => runs.push(Run {
-                    peer,
-                    start: cursor,
-                    end: cursor + len,
-                    segment: len,
-                    count: 1,
-                    closed: false,
-                }),
-            }
+            push_run(&mut self.runs, peer, cursor, len);
             cursor += len;
         }
         if unmatched > 0 {
             shared.unmatched.drop_n(DropReason::NoPeer, unmatched);
         }
         let msgs = SendMsg::recycle(std::mem::take(&mut self.msgs_store));
-        self.msgs_store = send_runs(table, runs, sealed, &mut self.send_scratch, msgs);
+        let runs = &self.runs;
+        self.msgs_store = send_runs(table, runs, &self.sealed, &mut self.send_scratch, msgs);
         let packets = runs.iter().map(|r| r.count as u64).sum();
         (packets, cursor as u64)
+    }
+}
+
+/// Seals one inner packet read from TUN queue `queue` into `out`, header protection applied,
+/// after its peer's TCP policy: its peer and wire length, or `None` when it is dropped (counted;
+/// a packet for no peer in `unmatched`).
+fn seal_one(
+    shared: &Shared,
+    table: &RouteTable,
+    (packet, size): (&mut [u8], usize),
+    out: &mut [u8],
+    (queue, limits, log_budget): (usize, Limits, &mut LogBudget),
+    unmatched: &mut u64,
+) -> Option<(usize, usize)> {
+    let matched = mt6d_proto::wire::address_bytes(&packet[..size])
+        .and_then(|(src, dst)| table.peer_for_inner(src, dst));
+    let Some(peer) = matched.or_else(|| own_error_peer(table, &mut packet[..size])) else {
+        *unmatched += 1;
+        return None;
+    };
+    let p = table.peer(peer);
+    // The peer's TCP policy before sealing; a dropped segment is counted there.
+    let size = match p
+        .tcp
+        .apply(packet, size, Direction::Out, limits, &p.name, log_budget)
+    {
+        Verdict::Forward(len) => len,
+        Verdict::Drop => return None,
+    };
+    let inner = &packet[..size];
+    shared.syn_queues.note_read(inner, queue);
+    let Some((route, _)) = table.send_route(peer) else {
+        p.counters.tx.drop_n(DropReason::UnknownAddress, 1);
+        return None;
+    };
+    let keys = &p.keys;
+    let sealer = keys.send.load();
+    let Some(sealer) = sealer.as_deref() else {
+        // The main thread hears of it once per visit, not once per packet.
+        if !keys.want.swap(true, Ordering::Relaxed) {
+            shared.attention.push(table.generation, peer);
+        }
+        p.counters.tx.drop_n(DropReason::NoKey, 1);
+        return None;
+    };
+    let len = match sealer.seal(route, inner, out) {
+        Ok(len) => len,
+        Err(e) => {
+            p.counters.tx.drop_n(seal_drop_reason(&e), 1);
+            return None;
+        }
+    };
+    // Mask the counter (docs/PROTOCOL.md §4.5); a sealed auth/encrypt payload is never shorter
+    // than the 24 bytes protection needs, so this cannot fail.
+    if let Some(hk) = table.send_header_key(peer) {
+        if hk.protect(&mut out[..len]).is_err() {
+            p.counters.tx.drop_n(DropReason::BadLength, 1);
+            return None;
+        }
+    }
+    // Two relaxed loads and stores (docs/PROTOCOL.md §5): what an ICMPv6 error from the path
+    // must quote to be believed. Recorded as it leaves (masked): a quote holds the wire bytes.
+    p.sent.record(&out[..len]);
+    Some((peer, len))
+}
+
+/// Adds a sealed datagram of `len` bytes at `start` for `peer` to the last run if it can leave
+/// in the same UDP GSO send (same peer, not longer than the run's segments, within the limits),
+/// else starts a run.
+fn push_run(runs: &mut Vec<Run>, peer: usize, start: usize, len: usize) {
+    match runs.last_mut() {
+        Some(r)
+            if r.peer == peer
+                && !r.closed
+                && len <= r.segment
+                && r.count < MAX_GSO_SEGMENTS
+                && r.end - r.start + len <= MAX_GSO_BYTES =>
+        {
+            r.end += len;
+            r.count += 1;
+            r.closed = len < r.segment;
+        }
+        _ => runs.push(Run {
+            peer,
+            start,
+            end: start + len,
+            segment: len,
+            count: 1,
+            closed: false,
+        }),
     }
 }
 

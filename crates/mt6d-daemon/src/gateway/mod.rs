@@ -211,6 +211,47 @@ pub fn down(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
+/// Neighbour discovery for the hashed addresses, on an external interface with a link-layer
+/// address: the primer (solicitations before each epoch), the pinning of the peers' addresses
+/// on one segment, and the watch for address collisions. Nothing on a point-to-point uplink.
+fn prepare_neighbours(
+    cfg: &Config,
+    sys: &mut System,
+    rotator: &mut Rotator,
+    path: &Arc<PathState>,
+) -> Result<(), GatewayError> {
+    match sys.netlink.link_mac(sys.external_index) {
+        Ok(Some(mac)) => {
+            rotator.set_primer(
+                NeighborPrimer::open(sys.external_index, mac, cfg.gateway.external_next_hop)?,
+                path.clone(),
+            );
+            let link_local = sys
+                .netlink
+                .list_addresses(sys.external_index)
+                .ok()
+                .and_then(|l| {
+                    l.into_iter()
+                        .map(|a| a.addr)
+                        .find(|a| a.segments()[0] & 0xffc0 == 0xfe80)
+                });
+            // One segment (no router between the gateways): pin the peers' addresses.
+            if cfg.gateway.external_next_hop.is_none() {
+                rotator.set_pinning(mac);
+            }
+            match CollisionWatch::open(&cfg.gateway.external_interface, mac, link_local) {
+                Ok(w) => rotator.set_watch(w),
+                Err(e) => log::warn!("{e}; address collisions on the link are not detected"),
+            }
+        }
+        // Without a link-layer address (a point-to-point uplink) there is no neighbour
+        // discovery to prepare.
+        Ok(None) => {}
+        Err(e) => log::warn!("external interface MAC: {e}; new addresses are not announced"),
+    }
+    Ok(())
+}
+
 fn run_gateway(
     cfg: &Config,
     doc: toml::Table,
@@ -251,35 +292,7 @@ fn run_gateway(
     };
     let path = Arc::new(PathState::new(sys.tun_mtu));
     let mut rotator = Rotator::new(sys.external_index, peers);
-    match sys.netlink.link_mac(sys.external_index) {
-        Ok(Some(mac)) => {
-            rotator.set_primer(
-                NeighborPrimer::open(sys.external_index, mac, cfg.gateway.external_next_hop)?,
-                path.clone(),
-            );
-            let link_local = sys
-                .netlink
-                .list_addresses(sys.external_index)
-                .ok()
-                .and_then(|l| {
-                    l.into_iter()
-                        .map(|a| a.addr)
-                        .find(|a| a.segments()[0] & 0xffc0 == 0xfe80)
-                });
-            // One segment (no router between the gateways): pin the peers' addresses.
-            if cfg.gateway.external_next_hop.is_none() {
-                rotator.set_pinning(mac);
-            }
-            match CollisionWatch::open(&cfg.gateway.external_interface, mac, link_local) {
-                Ok(w) => rotator.set_watch(w),
-                Err(e) => log::warn!("{e}; address collisions on the link are not detected"),
-            }
-        }
-        // Without a link-layer address (a point-to-point uplink) there is no neighbour
-        // discovery to prepare.
-        Ok(None) => {}
-        Err(e) => log::warn!("external interface MAC: {e}; new addresses are not announced"),
-    }
+    prepare_neighbours(cfg, &mut sys, &mut rotator, &path)?;
     let icmp = IcmpTranslator::open(
         sys.tun.first().map_or(0, mt6d_os::Tun::index),
         sys.internal_index,
@@ -336,6 +349,24 @@ fn run_gateway(
     result
 }
 
+/// Registers TUN queue i with worker i's epoll, non-blocking.
+fn watch_queues(queues: &[mt6d_os::Tun], polls: &Polls) -> Result<(), GatewayError> {
+    for (i, queue) in queues.iter().enumerate() {
+        queue
+            .set_nonblocking(true)
+            .and_then(|()| {
+                polls
+                    .get(i)
+                    .add(std::os::fd::AsRawFd::as_raw_fd(queue), polls::TUN_TOKEN)
+            })
+            .map_err(|source| GatewayError::Os {
+                what: format!("watch queue {i} of the TUN device"),
+                source,
+            })?;
+    }
+    Ok(())
+}
+
 #[allow(clippy::too_many_arguments)]
 fn serve(
     live: reload::Live,
@@ -357,19 +388,9 @@ fn serve(
         ));
     };
     let tun_mtu = sys.tun_mtu as usize;
-    for (i, queue) in queues.iter().enumerate() {
-        let watch = queue.set_nonblocking(true).and_then(|()| {
-            polls
-                .get(i)
-                .add(std::os::fd::AsRawFd::as_raw_fd(queue), polls::TUN_TOKEN)
-        });
-        if let Err(source) = watch {
-            sys.tun = queues;
-            return Err(GatewayError::Os {
-                what: format!("watch queue {i} of the TUN device"),
-                source,
-            });
-        }
+    if let Err(e) = watch_queues(&queues, polls) {
+        sys.tun = queues;
+        return Err(e);
     }
     raise_priority();
     let result = std::thread::scope(|s| {

@@ -435,13 +435,50 @@ impl Rotator {
         shared: &Shared,
         now: UnixTime,
     ) -> Result<(), GatewayError> {
-        let mut table = RouteTable::advance(
+        let table = RouteTable::advance(
             &shared.table.load(),
             &self.peers,
             self.generation,
             now,
             &self.changed,
         );
+        let (mut table, mut fresh) = self.bind_all(nl, polls, table, now)?;
+        let needed_ports: HashSet<u16> = table.local_ports().collect();
+        table.sockets = self
+            .sockets
+            .iter()
+            .filter(|(p, _)| needed_ports.contains(p))
+            .map(|(p, s)| (*p, s.clone()))
+            .collect();
+        let needed: HashSet<Ipv6Addr> = table.local_addresses().collect();
+        // Bound in a round whose table then moved: removed below with the other stale ones.
+        fresh.retain(|a| needed.contains(a));
+        self.plan_control(&table, &fresh, now);
+        self.next_change = table
+            .peers
+            .iter()
+            .map(|p| p.next_change())
+            .min()
+            .unwrap_or(UnixTime::from_nanos(now.as_nanos() + 1_000_000_000));
+        self.count_rotations(&table);
+        let pins = self.pin_neighbours(nl, &table);
+        shared.table.store(Arc::new(table));
+        self.changed.clear();
+        self.unpin_others(nl, &pins);
+        self.remove_stale(nl, polls, shared, (&needed, &needed_ports));
+        Ok(())
+    }
+
+    /// Binds what `table` needs, moving a route away from an address or port it cannot have
+    /// (and recomputing the table) or giving up on it. Returns the table to publish and the
+    /// addresses bound in this step.
+    fn bind_all(
+        &mut self,
+        nl: &mut Netlink,
+        polls: &Polls,
+        mut table: RouteTable,
+        now: UnixTime,
+    ) -> Result<(RouteTable, Vec<Ipv6Addr>), GatewayError> {
         let mut fresh = Vec::new();
         // Each round either binds everything, moves one epoch of a route set's window (at most
         // MAX_OFFSET times for each of its 4 epochs) or gives up on one of its 6 local ports and
@@ -468,17 +505,14 @@ impl Rotator {
             }
         }
         self.skip.clear();
-        let needed_ports: HashSet<u16> = table.local_ports().collect();
-        table.sockets = self
-            .sockets
-            .iter()
-            .filter(|(p, _)| needed_ports.contains(p))
-            .map(|(p, s)| (*p, s.clone()))
-            .collect();
-        let needed: HashSet<Ipv6Addr> = table.local_addresses().collect();
-        // Bound in a round whose table then moved: removed below with the other stale ones.
-        fresh.retain(|a| needed.contains(a));
-        self.schedule_priming(&table, now);
+        Ok((table, fresh))
+    }
+
+    /// The control messages of the new table, each at its own drawn instant: priming
+    /// solicitations, link-layer announcements (one segment) and the collision watch's probes of
+    /// the addresses bound in this step.
+    fn plan_control(&mut self, table: &RouteTable, fresh: &[Ipv6Addr], now: UnixTime) {
+        self.schedule_priming(table, now);
         if self.pin_with.is_some() {
             let sends: Vec<(Route, UnixTime)> = table
                 .peers
@@ -516,13 +550,10 @@ impl Rotator {
                 }
             }
         }
+    }
 
-        self.next_change = table
-            .peers
-            .iter()
-            .map(|p| p.next_change())
-            .min()
-            .unwrap_or(UnixTime::from_nanos(now.as_nanos() + 1_000_000_000));
+    /// Counts each peer's epoch changes (its send route's epoch moved) and logs them at debug.
+    fn count_rotations(&mut self, table: &RouteTable) {
         if self.epochs.len() != table.peers.len()
             || self
                 .epochs
@@ -530,7 +561,7 @@ impl Rotator {
                 .zip(&table.peers)
                 .any(|((p, _), r)| !Arc::ptr_eq(p, &r.peer))
         {
-            self.epochs = carry_over(std::mem::take(&mut self.epochs), &table, |_| None);
+            self.epochs = carry_over(std::mem::take(&mut self.epochs), table, |_| None);
         }
         for ((_, seen), routes) in self.epochs.iter_mut().zip(&table.peers) {
             let peer = &routes.peer;
@@ -554,6 +585,15 @@ impl Rotator {
                 );
             }
         }
+    }
+
+    /// Pins the peers' hashed addresses of the window to their announced MACs before the table
+    /// that sends to them is live; returns what is pinned now.
+    fn pin_neighbours(
+        &mut self,
+        nl: &mut Netlink,
+        table: &RouteTable,
+    ) -> BTreeMap<Ipv6Addr, [u8; 6]> {
         // Pin the peers' hashed addresses of the window to their announced MACs before the
         // table that sends to them is live: a permanent entry ignores every advertisement
         // (RFC 4861 §7.2.5 updates apply to dynamic entries only; Linux: NUD_PERMANENT).
@@ -577,8 +617,11 @@ impl Rotator {
                 }
             }
         }
-        shared.table.store(Arc::new(table));
-        self.changed.clear();
+        pins
+    }
+
+    /// Removes the pins of addresses no longer in any peer's window.
+    fn unpin_others(&mut self, nl: &mut Netlink, pins: &BTreeMap<Ipv6Addr, [u8; 6]>) {
         let unpinned: Vec<Ipv6Addr> = self
             .pinned
             .keys()
@@ -591,11 +634,20 @@ impl Rotator {
             }
             self.pinned.remove(&addr);
         }
+    }
 
+    /// Removes the hashed addresses and closes the sockets the new table no longer needs.
+    fn remove_stale(
+        &mut self,
+        nl: &mut Netlink,
+        polls: &Polls,
+        shared: &Shared,
+        (needed, needed_ports): (&HashSet<Ipv6Addr>, &HashSet<u16>),
+    ) {
         // The old table may still be in a packet thread's hands for one batch; its sockets stay
         // open until that reference is dropped. Addresses go now: a late packet to them is one the
         // accept window already refused.
-        let stale: Vec<Ipv6Addr> = self.bound.difference(&needed).copied().collect();
+        let stale: Vec<Ipv6Addr> = self.bound.difference(needed).copied().collect();
         for addr in stale {
             if let Err(e) = nl.del_address(self.external_index, addr, 128) {
                 log::warn!("remove hashed address {addr}: {e}");
@@ -616,7 +668,6 @@ impl Rotator {
                 let _ = polls.get(owner).delete(s.as_raw_fd());
             }
         }
-        Ok(())
     }
 
     /// Opens the sockets and binds the addresses `table` needs that are not there yet. Stops at

@@ -399,20 +399,7 @@ impl Instance {
         let _registry = Registry::lock(dir)?;
 
         let lock_path = dir.join(format!("{key}.lock"));
-        let file = crate::daemon::files::open_private(&lock_path)
-            .map_err(|e| setup(format!("{}: {e}", lock_path.display())))?;
-        let mut lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(l) => l,
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
-                let pid = std::fs::read_to_string(&lock_path).unwrap_or_default();
-                return Err(setup(format!(
-                    "another mt6d (pid {}) is running in this network namespace and would share TUN device {} with this one; refusing before touching anything: stop it first (SIGTERM) or set another tun_name",
-                    pid.trim(),
-                    record.tun
-                )));
-            }
-            Err((_, e)) => return Err(setup(format!("lock {}: {e}", lock_path.display()))),
-        };
+        let mut lock = take_lock(&lock_path, &record)?;
 
         let others = scan(dir, &key);
         collect_garbage(dir, &others, netns);
@@ -446,71 +433,7 @@ impl Instance {
                 }
             }
         }
-        // The nftables table this instance loads next replaces a dead one's of the same name in
-        // one transaction: taken over rather than deleted, it keeps dropping the MLD reports the
-        // removed addresses repeat, and the start skips the deletion's wait for that repeat
-        // (about 1.2 s, the largest part of a restart after a crash).
-        let successor_table = super::quiet::table_name(&record.tun);
-        // The guards of the addresses this instance protects are adopted, never lifted: between
-        // the predecessor's stop (or crash) and this start's TUN routes they are all that keeps
-        // the protected side's packets off the public link. Set-up adds them again in place
-        // (`NLM_F_REPLACE`). A guard for an address no peer of ours has goes: nothing protects
-        // that address by configuration any more.
-        let guarded: Vec<Ipv6Addr> = cfg
-            .peers
-            .iter()
-            .map(|p| p.stream.remote.true_addr)
-            .collect();
-        // The routes to our protected hosts on our internal interface: without them, from the
-        // predecessor's clean-up to our own set-up, the guards' ICMPv6 errors to those hosts
-        // would follow a default route onto the public link.
-        let internal = cfg
-            .gateway
-            .internal_interface()
-            .and_then(|n| nl.link_index(n).ok());
-        let protected: Vec<Ipv6Addr> = cfg.peers.iter().map(|p| p.stream.local.true_addr).collect();
-        for (k, r) in &dead {
-            if r.stopped_cleanly {
-                log::info!(
-                    "adopting the fail-closed guards mt6d pid {} ({}) left at its stop",
-                    r.pid,
-                    r.config.display()
-                );
-            } else {
-                log::info!(
-                    "cleaning up after mt6d pid {} ({}), which did not stop cleanly",
-                    r.pid,
-                    r.config.display()
-                );
-            }
-            let (left, mut kept) = clean_up(nl, r, dir, &key, |c| match c {
-                Change::Firewall { table, external } => {
-                    *table == successor_table && *external == record.external
-                }
-                Change::Guard { dst, len: 128 } => guarded.contains(dst),
-                Change::Route {
-                    dst,
-                    len: 128,
-                    oif,
-                    via: None,
-                } => Some(*oif) == internal && protected.contains(dst),
-                _ => false,
-            });
-            // Oldest first again (clean-up walks the journal backwards).
-            kept.reverse();
-            for c in kept {
-                if !record.changes.contains(&c) {
-                    log::debug!("taken over from pid {}: {c:?}", r.pid);
-                    record.changes.push(c);
-                }
-            }
-            // Our own predecessor's files are ours now: the lock file is the one we hold, the
-            // record is rewritten below. Removing them would unlink the lock we hold and hide
-            // this daemon from every other start's conflict check.
-            if *k != key {
-                remove_files(dir, k, left.is_empty());
-            }
-        }
+        adopt_dead(nl, cfg, (dir, &key), &mut record, &dead);
 
         // Our lock file says who holds it.
         lock.set_len(0)
@@ -904,6 +827,102 @@ fn down_in(dir: &Path, cfg: &Config, nl: &mut Netlink) -> Result<DownReport, Gat
     // The dead daemon's control socket, if it is one that nobody answers on.
     let _ = crate::control::remove_stale_socket(&record.control_socket);
     Ok(report)
+}
+
+/// The instance's lock file, locked: refused at once when another daemon holds it (it would
+/// share the TUN device).
+fn take_lock(lock_path: &Path, record: &Record) -> Result<Flock<std::fs::File>, GatewayError> {
+    let file = crate::daemon::files::open_private(lock_path)
+        .map_err(|e| setup(format!("{}: {e}", lock_path.display())))?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(l) => Ok(l),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+            let pid = std::fs::read_to_string(lock_path).unwrap_or_default();
+            Err(setup(format!(
+                "another mt6d (pid {}) is running in this network namespace and would share TUN device {} with this one; refusing before touching anything: stop it first (SIGTERM) or set another tun_name",
+                pid.trim(),
+                record.tun
+            )))
+        }
+        Err((_, e)) => Err(setup(format!("lock {}: {e}", lock_path.display()))),
+    }
+}
+
+/// Cleans up after the dead instances `dead` (their kernel state, files) and takes over what
+/// this instance needs of it: the fail-closed guards of its protected addresses, the routes to
+/// its protected hosts and the nftables table of its TUN name.
+fn adopt_dead(
+    nl: &mut Netlink,
+    cfg: &Config,
+    (dir, key): (&Path, &String),
+    record: &mut Record,
+    dead: &[(String, Record)],
+) {
+    // The nftables table this instance loads next replaces a dead one's of the same name in
+    // one transaction: taken over rather than deleted, it keeps dropping the MLD reports the
+    // removed addresses repeat, and the start skips the deletion's wait for that repeat
+    // (about 1.2 s, the largest part of a restart after a crash).
+    let successor_table = super::quiet::table_name(&record.tun);
+    // The guards of the addresses this instance protects are adopted, never lifted: between
+    // the predecessor's stop (or crash) and this start's TUN routes they are all that keeps
+    // the protected side's packets off the public link. Set-up adds them again in place
+    // (`NLM_F_REPLACE`). A guard for an address no peer of ours has goes: nothing protects
+    // that address by configuration any more.
+    let guarded: Vec<Ipv6Addr> = cfg
+        .peers
+        .iter()
+        .map(|p| p.stream.remote.true_addr)
+        .collect();
+    // The routes to our protected hosts on our internal interface: without them, from the
+    // predecessor's clean-up to our own set-up, the guards' ICMPv6 errors to those hosts
+    // would follow a default route onto the public link.
+    let internal = cfg
+        .gateway
+        .internal_interface()
+        .and_then(|n| nl.link_index(n).ok());
+    let protected: Vec<Ipv6Addr> = cfg.peers.iter().map(|p| p.stream.local.true_addr).collect();
+    for (k, r) in dead {
+        if r.stopped_cleanly {
+            log::info!(
+                "adopting the fail-closed guards mt6d pid {} ({}) left at its stop",
+                r.pid,
+                r.config.display()
+            );
+        } else {
+            log::info!(
+                "cleaning up after mt6d pid {} ({}), which did not stop cleanly",
+                r.pid,
+                r.config.display()
+            );
+        }
+        let (left, mut kept) = clean_up(nl, r, dir, key, |c| match c {
+            Change::Firewall { table, external } => {
+                *table == successor_table && *external == record.external
+            }
+            Change::Guard { dst, len: 128 } => guarded.contains(dst),
+            Change::Route {
+                dst,
+                len: 128,
+                oif,
+                via: None,
+            } => Some(*oif) == internal && protected.contains(dst),
+            _ => false,
+        });
+        // Oldest first again (clean-up walks the journal backwards).
+        kept.reverse();
+        for c in kept {
+            if !record.changes.contains(&c) {
+                log::debug!("taken over from pid {}: {c:?}", r.pid);
+                record.changes.push(c);
+            }
+        }
+        // Our own predecessor's files are ours now: the lock file is the one we hold, the
+        // record is rewritten below. Removing them would unlink the lock we hold and hide
+        // this daemon from every other start's conflict check.
+        if *k != *key {
+            remove_files(dir, k, left.is_empty());
+        }
+    }
 }
 
 #[cfg(test)]
