@@ -272,11 +272,19 @@ pub fn render(st: &Status) -> String {
     )
     .get_or_create(&vec![])
     .set(i64::from(st.path.tunnel_mtu));
+    kernel_drops(&mut page, &st.kernel_drops);
+    page.workers(&st.workers);
+    peers(&mut page, &st.peers);
+    tcp_policy(&mut page, &st.peers);
+    page.finish()
+}
+
+/// The kernel's drops in the queues in front of the gateway's packet threads.
+fn kernel_drops(page: &mut Page, k: &crate::status::KernelDrops) {
     let kernel = page.counter(
         "mt6d_kernel_drops",
         "Packets the kernel dropped in the queues in front of the data-plane workers, by queue (socket_queue: a tunnel socket's receive queue, tun_queue: the TUN transmit queue, tun_write: refused TUN writes)",
     );
-    let k = &st.kernel_drops;
     for (queue, n) in [
         ("socket_queue", k.socket_queue),
         ("tun_queue", k.tun_queue),
@@ -286,8 +294,10 @@ pub fn render(st: &Status) -> String {
             .get_or_create(&vec![("queue", queue.to_string())])
             .inc_by(n);
     }
-    page.workers(&st.workers);
+}
 
+/// Each peer's traffic, drops, rotations, moves and handshakes.
+fn peers(page: &mut Page, peers: &[crate::status::PeerStatus]) {
     let packets = page.counter(
         "mt6d_peer_packets",
         "Inner packets carried, by peer and direction (tx: sealed and sent, rx: opened and delivered)",
@@ -333,37 +343,7 @@ pub fn render(st: &Status) -> String {
         "mt6d_peer_last_receive_age_seconds",
         "Seconds since a packet from the peer last opened (absent before the first)",
     );
-    let tcp_events = page.counter(
-        "mt6d_peer_tcp_segments",
-        "TCP segments by what the identity option policy and MSS clamping did, by peer, direction (out: into the tunnel) and event",
-    );
-    let rule_hits = page.counter(
-        "mt6d_peer_host_id_rule_matches",
-        "Matches of each host_id rule, by peer, direction and rule (as written)",
-    );
-    for p in &st.peers {
-        for t in &p.tcp {
-            for (event, n) in &t.events {
-                tcp_events
-                    .get_or_create(&vec![
-                        ("peer", p.name.clone()),
-                        ("direction", t.direction.clone()),
-                        ("event", event.clone()),
-                    ])
-                    .inc_by(*n);
-            }
-            for (i, r) in t.rules.iter().enumerate() {
-                rule_hits
-                    .get_or_create(&vec![
-                        ("peer", p.name.clone()),
-                        ("direction", t.direction.clone()),
-                        ("rule", format!("{} {}", i + 1, r.rule)),
-                    ])
-                    .inc_by(r.hits);
-            }
-        }
-    }
-    for p in &st.peers {
+    for p in peers {
         let peer = || vec![("peer", p.name.clone())];
         let with = |k: &'static str, v: &str| {
             let mut l = peer();
@@ -406,7 +386,40 @@ pub fn render(st: &Status) -> String {
             since_rx.get_or_create(&peer()).set(clamp(ms / 1000));
         }
     }
-    page.finish()
+}
+
+/// What each peer's TCP identity policy and MSS clamping did.
+fn tcp_policy(page: &mut Page, peers: &[crate::status::PeerStatus]) {
+    let tcp_events = page.counter(
+        "mt6d_peer_tcp_segments",
+        "TCP segments by what the identity option policy and MSS clamping did, by peer, direction (out: into the tunnel) and event",
+    );
+    let rule_hits = page.counter(
+        "mt6d_peer_host_id_rule_matches",
+        "Matches of each host_id rule, by peer, direction and rule (as written)",
+    );
+    for p in peers {
+        for t in &p.tcp {
+            for (event, n) in &t.events {
+                tcp_events
+                    .get_or_create(&vec![
+                        ("peer", p.name.clone()),
+                        ("direction", t.direction.clone()),
+                        ("event", event.clone()),
+                    ])
+                    .inc_by(*n);
+            }
+            for (i, r) in t.rules.iter().enumerate() {
+                rule_hits
+                    .get_or_create(&vec![
+                        ("peer", p.name.clone()),
+                        ("direction", t.direction.clone()),
+                        ("rule", format!("{} {}", i + 1, r.rule)),
+                    ])
+                    .inc_by(r.hits);
+            }
+        }
+    }
 }
 
 /// The encoder writes OpenMetrics, where a counter family `x` has samples `x_total` and ends

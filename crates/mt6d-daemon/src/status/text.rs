@@ -141,33 +141,7 @@ fn peer(s: &mut String, p: &PeerStatus) {
             ms as f64 / 1000.0
         ))
     );
-    match &p.handshake {
-        None => {
-            let _ = writeln!(s, "  keys     {}", p.keying);
-        }
-        Some(h) => {
-            let ago = |ms: Option<u64>| {
-                ms.map_or("never".to_string(), |ms| {
-                    format!("{:.1}s ago", ms as f64 / 1000.0)
-                })
-            };
-            let _ = writeln!(
-                s,
-                "  handshake {}  last {}  key {}  handshakes {}  rekeys {}  initiations {}  responses {}",
-                if h.has_keys { "up" } else { "DOWN (no keys)" },
-                ago(h.last_handshake_ms_ago),
-                h.send_key_id.as_deref().unwrap_or("-"),
-                h.handshakes,
-                h.rekeys,
-                h.initiations_sent,
-                h.responses_sent
-            );
-            if !h.failures.is_empty() {
-                let f: Vec<String> = h.failures.iter().map(|(k, n)| format!("{k} {n}")).collect();
-                let _ = writeln!(s, "  handshake failures {}", f.join(", "));
-            }
-        }
-    }
+    keys(s, p);
     let m = &p.moves;
     if m.routes_moved > 0 || m.collisions_unresolved > 0 || m.notices_refused > 0 {
         let _ = writeln!(
@@ -183,28 +157,7 @@ fn peer(s: &mut String, p: &PeerStatus) {
             m.notices_refused
         );
     }
-    let _ = writeln!(s, "  sending  {} -> {}", p.send.local, p.send.remote);
-    if let Some(set) = p.route_sets.iter().find(|r| r.sending) {
-        let bound: Vec<String> = p
-            .route_sets
-            .iter()
-            .map(|r| {
-                format!(
-                    "{} {}{}",
-                    r.kind,
-                    r.id,
-                    if r.data { "" } else { " (handshakes only)" }
-                )
-            })
-            .collect();
-        let _ = writeln!(
-            s,
-            "  route set {} {} (bound: {})",
-            set.kind,
-            set.id,
-            bound.join(", ")
-        );
-    }
+    route_sets(s, p);
     for r in &p.accept {
         let _ = writeln!(
             s,
@@ -232,6 +185,68 @@ fn peer(s: &mut String, p: &PeerStatus) {
             drops.join(", ")
         }
     );
+    tcp_policy(s, p);
+}
+
+/// The peer's keys: pre-shared, or its handshake's state and failures.
+fn keys(s: &mut String, p: &PeerStatus) {
+    match &p.handshake {
+        None => {
+            let _ = writeln!(s, "  keys     {}", p.keying);
+        }
+        Some(h) => {
+            let ago = |ms: Option<u64>| {
+                ms.map_or("never".to_string(), |ms| {
+                    format!("{:.1}s ago", ms as f64 / 1000.0)
+                })
+            };
+            let _ = writeln!(
+                s,
+                "  handshake {}  last {}  key {}  handshakes {}  rekeys {}  initiations {}  responses {}",
+                if h.has_keys { "up" } else { "DOWN (no keys)" },
+                ago(h.last_handshake_ms_ago),
+                h.send_key_id.as_deref().unwrap_or("-"),
+                h.handshakes,
+                h.rekeys,
+                h.initiations_sent,
+                h.responses_sent
+            );
+            if !h.failures.is_empty() {
+                let f: Vec<String> = h.failures.iter().map(|(k, n)| format!("{k} {n}")).collect();
+                let _ = writeln!(s, "  handshake failures {}", f.join(", "));
+            }
+        }
+    }
+}
+
+/// Where the peer sends now and on which route set, with every set bound.
+fn route_sets(s: &mut String, p: &PeerStatus) {
+    let _ = writeln!(s, "  sending  {} -> {}", p.send.local, p.send.remote);
+    if let Some(set) = p.route_sets.iter().find(|r| r.sending) {
+        let bound: Vec<String> = p
+            .route_sets
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} {}{}",
+                    r.kind,
+                    r.id,
+                    if r.data { "" } else { " (handshakes only)" }
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "  route set {} {} (bound: {})",
+            set.kind,
+            set.id,
+            bound.join(", ")
+        );
+    }
+}
+
+/// What the peer's TCP policy did, by direction.
+fn tcp_policy(s: &mut String, p: &PeerStatus) {
     for t in &p.tcp {
         let events: Vec<String> = t
             .events
