@@ -366,10 +366,15 @@ impl Packets for RelayPackets<'_, '_, '_> {
     }
 
     fn after_wake(&mut self, _idle: bool, _wake: &mut Wake) {
+        // Timers first, then this worker's counters, then what reads them (status, metrics):
+        // a status answered in this wake-up counts what this wake-up received.
+        if let Some(main) = &mut self.main {
+            self.worker.housekeeping(&mut main.rng);
+        }
+        self.worker.publish();
         if let Some(main) = &mut self.main {
             self.worker.main_duties(self.signals, main);
         }
-        self.worker.publish();
     }
 
     fn next_wait(&mut self) -> Duration {
@@ -680,15 +685,14 @@ impl<'a> Worker<'a> {
         Ok(())
     }
 
-    /// Worker 0's duties besides packets, after every wake-up: the node's timers, metrics,
-    /// control requests and the counter line.
+    /// Worker 0's duties besides packets and timers, after every wake-up: metrics, control
+    /// requests and the counter line.
     fn main_duties(&mut self, signals: &Signals, main: &mut MainDuties<'_>) {
         if signals.take_reload() {
             log::warn!(
                 "SIGHUP: the relay role does not reload its file yet; restart it to apply changes"
             );
         }
-        self.housekeeping(&mut main.rng);
         // The metrics thread serves the newest status; once a second is enough.
         if let Some(p) = main.published {
             if main

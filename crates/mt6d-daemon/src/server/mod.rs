@@ -446,6 +446,19 @@ fn spawn_metrics(
     Ok(h)
 }
 
+/// The main thread's epoll: the neighbour responder's capture, if there is one (its timers bound
+/// the wait otherwise).
+fn main_epoll(ndp: Option<&NdpResponder>) -> Result<Epoll, ServerError> {
+    let epoll = Epoll::new().map_err(os("epoll"))?;
+    if let Some(r) = ndp {
+        use std::os::fd::{AsFd, AsRawFd};
+        epoll
+            .add(r.capture().as_fd().as_raw_fd(), 0)
+            .map_err(os("watch the neighbour responder"))?;
+    }
+    Ok(epoll)
+}
+
 /// The start line, and the service manager told the server is ready.
 fn announce_ready(cfg: &ServerConfig, served: usize, workers: usize, mtu: u16, started: Instant) {
     log::info!(
@@ -485,14 +498,7 @@ fn serve(
             cfg.control_socket.display()
         ))
     })?;
-    let epoll = Epoll::new().map_err(os("epoll"))?;
-
-    if let Some(r) = &ndp {
-        use std::os::fd::{AsFd, AsRawFd};
-        epoll
-            .add(r.capture().as_fd().as_raw_fd(), 0)
-            .map_err(os("watch the neighbour responder"))?;
-    }
+    let epoll = main_epoll(ndp.as_ref())?;
     let mut events = EpollEvents::with_capacity(4);
     announce_ready(cfg, served, handles.len(), mtu, started);
     let mut last_report = Instant::now();
