@@ -155,7 +155,6 @@ struct UserTally {
 /// until `secs` have passed. Host B's server: one thread that accepts, writes the object and
 /// closes.
 fn load(net: &crate::topo::Net, users: usize, secs: u64) -> Result<Value, String> {
-    use std::io::{Read as _, Write as _};
     let listener = net
         .host_b
         .run(|| TcpListener::bind((HOST_B, LOAD_PORT)))
@@ -163,21 +162,7 @@ fn load(net: &crate::topo::Net, users: usize, secs: u64) -> Result<Value, String
         .map_err(|e| format!("Host B object server: {e}"))?;
     listener.set_nonblocking(true).map_err(|e| e.to_string())?;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let server = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let object = [0x5a_u8; OBJECT];
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((mut c, _)) => {
-                        let _ = c.set_nonblocking(false);
-                        let _ = c.write_all(&object);
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_micros(200)),
-                }
-            }
-        })
-    };
+    let server = object_server(listener, stop.clone());
     let deadline = Instant::now() + Duration::from_secs(secs);
     let tallies = net
         .host_a
@@ -187,35 +172,7 @@ fn load(net: &crate::topo::Net, users: usize, secs: u64) -> Result<Value, String
                 .map(|_| {
                     std::thread::Builder::new()
                         .stack_size(128 * 1024)
-                        .spawn(move || {
-                            let mut t = UserTally::default();
-                            let mut buf = [0u8; 4096];
-                            while Instant::now() < deadline {
-                                t.attempts += 1;
-                                let t0 = Instant::now();
-                                let Ok(mut c) = std::net::TcpStream::connect_timeout(
-                                    &(HOST_B, LOAD_PORT).into(),
-                                    Duration::from_secs(3),
-                                ) else {
-                                    continue;
-                                };
-                                t.established += 1;
-                                t.connect_us.push(t0.elapsed().as_secs_f64() * 1e6);
-                                let _ = c.set_read_timeout(Some(Duration::from_secs(3)));
-                                let mut got = 0;
-                                while let Ok(n) = c.read(&mut buf) {
-                                    if n == 0 {
-                                        break;
-                                    }
-                                    got += n;
-                                }
-                                t.bytes += got as u64;
-                                if got == OBJECT {
-                                    t.completed += 1;
-                                }
-                            }
-                            t
-                        })
+                        .spawn(move || user(deadline))
                 })
                 .collect::<std::io::Result<Vec<_>>>()?;
             Ok::<_, std::io::Error>(
@@ -259,6 +216,59 @@ fn load(net: &crate::topo::Net, users: usize, secs: u64) -> Result<Value, String
             sum(|t| t.bytes) as f64 * 8.0 / secs as f64 / 1e6,
         );
     Ok(v)
+}
+
+/// Host B's object server: accepts, writes the object and closes, until `stop`.
+fn object_server(
+    listener: TcpListener,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    use std::io::Write as _;
+    std::thread::spawn(move || {
+        let object = [0x5a_u8; OBJECT];
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            match listener.accept() {
+                Ok((mut c, _)) => {
+                    let _ = c.set_nonblocking(false);
+                    let _ = c.write_all(&object);
+                }
+                Err(_) => std::thread::sleep(Duration::from_micros(200)),
+            }
+        }
+    })
+}
+
+/// One user on Host A (its thread in Host A's namespace): connects to Host B's object server
+/// and reads the object, again and again until `deadline`.
+fn user(deadline: Instant) -> UserTally {
+    use std::io::Read as _;
+    let mut t = UserTally::default();
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        t.attempts += 1;
+        let t0 = Instant::now();
+        let Ok(mut c) = std::net::TcpStream::connect_timeout(
+            &(HOST_B, LOAD_PORT).into(),
+            Duration::from_secs(3),
+        ) else {
+            continue;
+        };
+        t.established += 1;
+        t.connect_us.push(t0.elapsed().as_secs_f64() * 1e6);
+        let _ = c.set_read_timeout(Some(Duration::from_secs(3)));
+        let mut got = 0;
+        while let Ok(n) = c.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        t.bytes += got as u64;
+        if got == OBJECT {
+            t.completed += 1;
+        }
+    }
+    t
 }
 
 /// The ranks (0-based) of the validating servers: every 1,000/26th, from a fixed offset, so
@@ -446,6 +456,27 @@ pub fn run(out: Option<PathBuf>, mt6d: &Path) -> Result<PathBuf, String> {
     let start = Instant::now();
 
     let net = crate::topo::build(Topology::Switched)?;
+    let cases = probe_cases(&net, mt6d, &work)?;
+    let loads = load_runs(&net, mt6d, &work)?;
+    let mut doc = settings(&format!("{date} {time}"), mt6d);
+    doc.set("duration_secs", start.elapsed().as_secs_f64())
+        .set("cases", Value::Array(cases))
+        .set("load", Value::Array(loads));
+    std::fs::write(out.join("results.json"), doc.pretty())
+        .map_err(|e| format!("{}: {e}", out.display()))?;
+    std::fs::write(out.join("report.md"), crate::hostid_report::markdown(&doc))
+        .map_err(|e| format!("{}: {e}", out.display()))?;
+    eprintln!(
+        "mt6d bench --hostid: done in {:.0} s; results in {}",
+        start.elapsed().as_secs_f64(),
+        out.display()
+    );
+    Ok(out)
+}
+
+/// 004 §6.1: every option form on every path under every policy, each probed against every
+/// server; a case per (policy, path, form) with its delays.
+fn probe_cases(net: &crate::topo::Net, mt6d: &Path, work: &Path) -> Result<Vec<Value>, String> {
     // The servers: kernel listeners (Linux's stack reads the options and ignores unknown or
     // malformed ones; the validating 2.6 % are the nftables rule).
     let listeners: Vec<TcpListener> = net
@@ -463,30 +494,15 @@ pub fn run(out: Option<PathBuf>, mt6d: &Path) -> Result<PathBuf, String> {
         eprintln!("mt6d bench --hostid: policy {policy}: start gateways");
         let extra = format!("\n{KINDS}{policy_text}{IN_PASSES}");
         let gw = crate::peers::start(
-            &net,
+            net,
             Scenario::Mt6d(Mode::Encrypt),
             10.0,
             mt6d,
-            &work,
+            work,
             (&extra, None),
         )?;
-        crate::run::warm_up(&net)?;
-        let cap = net
-            .host_a
-            .run(|| PacketCapture::open(HOST_IF, 2048, Duration::from_millis(5)))
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
-        let dst = mac_of(&net.host_a, &["-6", "neigh", "show", &HOST_B.to_string()])?;
-        let src = mac_of(&net.host_a, &["link", "show", HOST_IF])?;
-        let mut head = [0u8; 14];
-        head[..6].copy_from_slice(&dst);
-        head[6..12].copy_from_slice(&src);
-        head[12..].copy_from_slice(&[0x86, 0xdd]);
-        let mut prober = Prober {
-            cap,
-            head,
-            next_sport: 0,
-        };
+        crate::run::warm_up(net)?;
+        let mut prober = prober(net)?;
         // One sweep unmeasured: the servers' and gateways' first connections (neighbour and
         // route caches, the listeners' first SYNs) would otherwise all fall on NO-OPTION.
         prober.probe_forms(&[LINUX_SYN.to_vec()])?;
@@ -520,24 +536,49 @@ pub fn run(out: Option<PathBuf>, mt6d: &Path) -> Result<PathBuf, String> {
     }
     drop(listeners);
 
-    // 004 §7.3: the gateway under load, without and with HOST_ID handling.
+    Ok(cases)
+}
+
+/// A prober on Host A's interface, its frames headed from Host A to Host B.
+fn prober(net: &crate::topo::Net) -> Result<Prober, String> {
+    let cap = net
+        .host_a
+        .run(|| PacketCapture::open(HOST_IF, 2048, Duration::from_millis(5)))
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let dst = mac_of(&net.host_a, &["-6", "neigh", "show", &HOST_B.to_string()])?;
+    let src = mac_of(&net.host_a, &["link", "show", HOST_IF])?;
+    let mut head = [0u8; 14];
+    head[..6].copy_from_slice(&dst);
+    head[6..12].copy_from_slice(&src);
+    head[12..].copy_from_slice(&[0x86, 0xdd]);
+    Ok(Prober {
+        cap,
+        head,
+        next_sport: 0,
+    })
+}
+
+/// 004 §7.3: the gateway under load, without and with HOST_ID handling: a run per
+/// configuration and user count.
+fn load_runs(net: &crate::topo::Net, mt6d: &Path, work: &Path) -> Result<Vec<Value>, String> {
     let mut loads = Vec::new();
     for (config, text) in LOAD_CONFIGS {
         eprintln!("mt6d bench --hostid: load, {config}: start gateways");
         let mut gw = crate::peers::start(
-            &net,
+            net,
             Scenario::Mt6d(Mode::Encrypt),
             10.0,
             mt6d,
-            &work,
+            work,
             (&format!("\n{text}"), None),
         )?;
-        crate::run::warm_up(&net)?;
+        crate::run::warm_up(net)?;
         for users in USERS {
             eprintln!("mt6d bench --hostid: load, {config}, {users} users");
             let pid = gw.gw_a.as_ref().and_then(crate::procs::Guarded::pid);
             let before = pid.and_then(crate::procs::ProcSample::read);
-            let mut v = load(&net, users, LOAD_SECS).unwrap_or_else(|e| {
+            let mut v = load(net, users, LOAD_SECS).unwrap_or_else(|e| {
                 let mut v = Value::obj();
                 v.set("error", e);
                 v
@@ -553,14 +594,18 @@ pub fn run(out: Option<PathBuf>, mt6d: &Path) -> Result<PathBuf, String> {
         }
         drop(gw);
     }
+    Ok(loads)
+}
 
+/// The results' header: what was run, with what settings.
+fn settings(date_utc: &str, mt6d: &Path) -> Value {
     let mut doc = Value::obj();
     doc.set("tool", "mt6d bench --hostid")
         .set(
             "issue",
             "seed 004's experiment (§5.2, §6.1, Fig. 10-12) in the lab",
         )
-        .set("date_utc", format!("{date} {time}"))
+        .set("date_utc", date_utc)
         .set("machine", crate::machine::describe(mt6d))
         .set("servers", u64::from(SERVERS))
         .set(
@@ -618,20 +663,8 @@ pub fn run(out: Option<PathBuf>, mt6d: &Path) -> Result<PathBuf, String> {
                     .collect(),
             ),
         )
-        .set("load_object_bytes", OBJECT as u64)
-        .set("duration_secs", start.elapsed().as_secs_f64())
-        .set("cases", Value::Array(cases))
-        .set("load", Value::Array(loads));
-    std::fs::write(out.join("results.json"), doc.pretty())
-        .map_err(|e| format!("{}: {e}", out.display()))?;
-    std::fs::write(out.join("report.md"), crate::hostid_report::markdown(&doc))
-        .map_err(|e| format!("{}: {e}", out.display()))?;
-    eprintln!(
-        "mt6d bench --hostid: done in {:.0} s; results in {}",
-        start.elapsed().as_secs_f64(),
-        out.display()
-    );
-    Ok(out)
+        .set("load_object_bytes", OBJECT as u64);
+    doc
 }
 
 #[cfg(test)]

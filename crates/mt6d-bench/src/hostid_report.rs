@@ -88,6 +88,17 @@ pub fn markdown(doc: &Value) -> String {
         .map(|p| p.0)
         .collect();
     let n = doc.get("servers").and_then(Value::as_u64).unwrap_or(0);
+    intro(&mut s, doc, n);
+    success_table(&mut s, doc, &forms, &policies);
+    delay_table(&mut s, doc, &forms, &policies);
+    cumulated_tables(&mut s, doc, &forms, &policies, n);
+    per_hundred_tables(&mut s, doc, &forms, n);
+    load_table(&mut s, doc);
+    s
+}
+
+/// The title and what was run.
+fn intro(s: &mut String, doc: &Value, n: u64) {
     let _ = writeln!(
         s,
         "# HOST_ID options through mt6d: seed 004's experiment in the lab\n"
@@ -113,8 +124,10 @@ pub fn markdown(doc: &Value) -> String {
         doc.get("window").and_then(Value::as_u64).unwrap_or(0),
         doc.get("timeout_ms").and_then(Value::as_u64).unwrap_or(0),
     );
+}
 
-    // Success ratio per option, policy and path (004 §6.1.1's figures, one line per option).
+/// Success ratio per option, policy and path (004 §6.1.1's figures, one line per option).
+fn success_table(s: &mut String, doc: &Value, forms: &[(String, String)], policies: &[String]) {
     let _ = writeln!(
         s,
         "## Success ratio per option (004 §6.1.1, §6.1.4-6.1.5)\n"
@@ -132,15 +145,17 @@ pub fn markdown(doc: &Value) -> String {
             .join(" | ")
     );
     let _ = writeln!(s, "|---|{}", "---:|".repeat(cols.len()));
-    for (form, label) in &forms {
+    for (form, label) in forms {
         let cells: Vec<String> = cols
             .iter()
             .map(|(p, q)| pct(ratio(&delays(doc, q, p, form))))
             .collect();
         let _ = writeln!(s, "| {label} | {} |", cells.join(" | "));
     }
+}
 
-    // Delay (004 §6.1.2's comparison with NO_OPTION), open path.
+/// Delay (004 §6.1.2's comparison with NO_OPTION), open path.
+fn delay_table(s: &mut String, doc: &Value, forms: &[(String, String)], policies: &[String]) {
     let _ = writeln!(
         s,
         "\n## Connection delay, open path (004 §6.1.2: delay(option) < delay(NO_OPTION))\n"
@@ -150,14 +165,14 @@ pub fn markdown(doc: &Value) -> String {
         "Median and mean over the servers that answered, µs; the last columns are 004's figure: of the servers that answered both, the share where the SYN with the option was answered sooner than the one without (about 50 % means no difference).\n"
     );
     let _ = write!(s, "| Option |");
-    for q in &policies {
+    for q in policies {
         let _ = write!(s, " {q}: median | {q}: mean | {q}: < NO-OPTION |");
     }
     let _ = writeln!(s);
     let _ = writeln!(s, "|---|{}", "---:|".repeat(3 * policies.len()));
-    for (form, label) in &forms {
+    for (form, label) in forms {
         let _ = write!(s, "| {label} |");
-        for q in &policies {
+        for q in policies {
             let d = delays(doc, q, "open", form);
             let none = delays(doc, q, "open", "no_option");
             let share = if form == "no_option" {
@@ -169,8 +184,16 @@ pub fn markdown(doc: &Value) -> String {
         }
         let _ = writeln!(s);
     }
+}
 
-    // 004 Fig. 10 and §6.1.4: cumulated success ratio TopN, NO-OPTION against one option.
+/// 004 Fig. 10 and §6.1.4: cumulated success ratio TopN, NO-OPTION against one option.
+fn cumulated_tables(
+    s: &mut String,
+    doc: &Value,
+    forms: &[(String, String)],
+    policies: &[String],
+    n: u64,
+) {
     let tops: Vec<u64> = [10, 100]
         .into_iter()
         .chain((2..=10).map(|h| h * 100))
@@ -184,7 +207,7 @@ pub fn markdown(doc: &Value) -> String {
             .iter()
             .find(|f| f.0 == form)
             .map_or(form, |f| f.1.as_str());
-        for q in &policies {
+        for q in policies {
             let none = delays(doc, q, "open", "no_option");
             let opt = delays(doc, q, "open", form);
             if none.is_empty() || opt.is_empty() {
@@ -203,8 +226,10 @@ pub fn markdown(doc: &Value) -> String {
             }
         }
     }
+}
 
-    // 004 Fig. 11-12: per hundred ranks.
+/// 004 Fig. 11-12: per hundred ranks.
+fn per_hundred_tables(s: &mut String, doc: &Value, forms: &[(String, String)], n: u64) {
     for (form, fig) in [
         ("wing_16", "004 Fig. 11"),
         ("boucadair_prefix", "004 Fig. 12"),
@@ -248,8 +273,6 @@ pub fn markdown(doc: &Value) -> String {
             );
         }
     }
-    load_table(&mut s, doc);
-    s
 }
 
 /// 004 §7.3 (Fig. 16-18): per number of active users, one column per gateway configuration.

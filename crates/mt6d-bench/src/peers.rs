@@ -9,12 +9,12 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use mt6d_lab::topology::{
-    gateway_config_text, in_ns, ConfigText, GatewaySettings, LabKeys, Side, HOST_A, HOST_B,
+    gateway_config_text, in_ns, ConfigText, GatewaySettings, LabKeys, Public, Side, HOST_A, HOST_B,
 };
 use mt6d_os::{sysctl, unique_name, Netns};
 
 use crate::procs::{find_tool, Guarded};
-use crate::profile::Scenario;
+use crate::profile::{Mode, Scenario};
 use crate::topo::{Net, EXT_IF, INT_IF};
 
 /// WireGuard's overhead over IPv6 (40 IPv6 + 8 UDP + 32 WireGuard): wg-quick's MTU rule.
@@ -110,168 +110,238 @@ pub fn start(
                 .map_err(|e| e.to_string())?;
             }
         }
-        Scenario::KernelVxlan => {
-            let mtu = (net.ext_mtu - VXLAN_OVERHEAD).to_string();
-            for (i, (gw, local, remote, own, far, _)) in sides.into_iter().enumerate() {
-                forwarding(gw, local, remote)?;
-                let (own_addr, far_addr) = (own.addr.to_string(), far.addr.to_string());
-                let me = format!("{}/64", VXLAN_ADDR[i]);
-                let far_host = format!("{remote}/128");
-                // iproute2, as the lab's own VXLAN hop: the netlink crate here has no VXLAN.
-                for args in [
-                    &[
-                        "link", "add", VXLAN_IF, "type", "vxlan", "id", "76", "local", &own_addr,
-                        "remote", &far_addr, "dstport", "4789", "dev", EXT_IF,
-                    ][..],
-                    &["link", "set", VXLAN_IF, "mtu", &mtu, "up"],
-                    &["-6", "addr", "add", &me, "dev", VXLAN_IF, "nodad"],
-                    &[
-                        "-6",
-                        "route",
-                        "add",
-                        &far_host,
-                        "via",
-                        VXLAN_ADDR[1 - i],
-                        "dev",
-                        VXLAN_IF,
-                    ],
-                ] {
-                    mt6d_lab::topology::ip(gw, args).map_err(|e| e.to_string())?;
-                }
-            }
-        }
-        Scenario::Mt6d(mode) => {
-            // Handshakes, as deployed; plain has no tag, so it runs on a pre-shared key.
-            // A scenario starts its gateways more than once (e.g. again for the 1 s rotation
-            // tests): fresh keys in a fresh directory each time (key files are never overwritten).
-            let key_dir = dir.join(unique_name("keys"));
-            std::fs::create_dir(&key_dir).map_err(|e| format!("{}: {e}", key_dir.display()))?;
-            let keys = LabKeys::generate(&key_dir, mode.config_name() != "plain", None)
-                .map_err(|e| e.to_string())?;
-            for (gw, local, remote, own, far, side) in sides {
-                let socket = PathBuf::from(format!("/run/mt6d-bench/{}.sock", gw.name()));
-                std::fs::create_dir_all("/run/mt6d-bench")
-                    .map_err(|e| format!("/run/mt6d-bench: {e}"))?;
-                let cfg = dir.join(format!("gateway-{side}.toml"));
-                let text = gateway_config_text(&ConfigText {
-                    comment: &format!("mt6d bench, gateway {side}"),
-                    socket: &socket,
-                    settings: &GatewaySettings {
-                        rotation_secs,
-                        mode: mode.config_name(),
-                        keys: &keys,
-                        workers,
-                    },
-                    side: if side == "a" { Side::A } else { Side::B },
-                    local,
-                    remote,
-                    own: &own,
-                    far: &far,
-                    host_mode: false,
-                });
-                let text = format!("{text}{mt6d_extra}");
-                std::fs::write(&cfg, text).map_err(|e| format!("{}: {e}", cfg.display()))?;
-                let mut cmd = gw.command(mt6d).map_err(|e| e.to_string())?;
-                cmd.arg("run").arg("-c").arg(&cfg).env("RUST_LOG", "warn");
-                let mut child = Guarded::spawn(
-                    &format!("mt6d gateway {side}"),
-                    cmd,
-                    Some(&dir.join(format!("mt6d-{side}.log"))),
-                )?;
-                wait_for(Duration::from_secs(10), &mut child, || {
-                    mt6d::control::query_status(&socket).is_ok()
-                })?;
-                if side == "a" {
-                    run.control_a = Some(socket);
-                    run.gw_a = Some(child);
-                } else {
-                    run.gw_b = Some(child);
-                }
-            }
-        }
+        Scenario::KernelVxlan => start_vxlan(net, sides)?,
+        Scenario::Mt6d(mode) => start_mt6d(
+            &mut run,
+            sides,
+            mode,
+            rotation_secs,
+            mt6d,
+            dir,
+            (mt6d_extra, workers),
+        )?,
         Scenario::WireguardGo | Scenario::Boringtun => {
-            let wg = find_tool("wg").ok_or("wg not found")?;
-            let keys = [wg_keypair(&wg)?, wg_keypair(&wg)?];
-            for (i, (gw, local, remote, own, far, side)) in sides.into_iter().enumerate() {
-                forwarding(gw, local, remote)?;
-                let ifname = unique_name("wg");
-                let socket = PathBuf::from(format!("/var/run/wireguard/{ifname}.sock"));
-                run.sockets.push(socket.clone());
-                let log = dir.join(format!("{}-{side}.log", scenario.name()));
-                let cmd = if scenario == Scenario::WireguardGo {
-                    let mut c = gw
-                        .command(find_tool("wireguard-go").ok_or("wireguard-go not found")?)
-                        .map_err(|e| e.to_string())?;
-                    c.arg("-f")
-                        .arg(&ifname)
-                        .env("WG_PROCESS_FOREGROUND", "1")
-                        .env("LOG_LEVEL", "error");
-                    c
-                } else {
-                    let mut c = gw
-                        .command(find_tool("boringtun-cli").ok_or("boringtun-cli not found")?)
-                        .map_err(|e| e.to_string())?;
-                    c.args([
-                        "--foreground",
-                        "--disable-drop-privileges",
-                        "--verbosity",
-                        "error",
-                    ])
-                    .arg(&ifname);
-                    c
-                };
-                let mut child = Guarded::spawn(
-                    &format!("{} gateway {side}", scenario.name()),
-                    cmd,
-                    Some(&log),
-                )?;
-                wait_for(Duration::from_secs(10), &mut child, || socket.exists())?;
-                let key_file = dir.join(format!("wg-{side}.key"));
-                // A scenario may start its peers again: replace the previous run's key file.
-                let _ = std::fs::remove_file(&key_file);
-                mt6d::keys::write_secret_file(&key_file, &keys[i].0).map_err(|e| e.to_string())?;
-                let peer_pub = &keys[1 - i].1;
-                let status = gw
-                    .command(&wg)
-                    .map_err(|e| e.to_string())?
-                    .args(["set", &ifname, "private-key"])
-                    .arg(&key_file)
-                    .args([
-                        "listen-port",
-                        &WG_PORT.to_string(),
-                        "peer",
-                        peer_pub,
-                        "allowed-ips",
-                        &format!("{remote}/128"),
-                    ])
-                    .args(["endpoint", &format!("[{}]:{WG_PORT}", far.addr)])
-                    .stdin(Stdio::null())
-                    .output()
-                    .map_err(|e| format!("wg set: {e}"))?;
-                if !status.status.success() {
-                    return Err(format!(
-                        "wg set {ifname}: {}",
-                        String::from_utf8_lossy(&status.stderr).trim()
-                    ));
-                }
-                let mtu = net.ext_mtu - WG_OVERHEAD;
-                in_ns(gw, |nl| {
-                    let i = nl.link_index(&ifname)?;
-                    nl.link_set_mtu(i, mtu)?;
-                    nl.link_set_up(i)?;
-                    nl.add_route(remote, 128, i)
-                })
-                .map_err(|e| e.to_string())?;
-                let _ = own;
-                if side == "a" {
-                    run.gw_a = Some(child);
-                } else {
-                    run.gw_b = Some(child);
-                }
-            }
+            start_wireguard(&mut run, net, sides, scenario, dir)?;
         }
     }
     Ok(run)
+}
+
+/// One gateway's place in the lab: its namespace, its near and its far host, its own and the
+/// far gateway's public address, and its letter.
+type GatewaySide<'a> = (&'a Netns, Ipv6Addr, Ipv6Addr, Public, Public, &'static str);
+
+/// The kernel's VXLAN between the gateways, the far host routed through it.
+fn start_vxlan(net: &Net, sides: [GatewaySide; 2]) -> Result<(), String> {
+    let mtu = (net.ext_mtu - VXLAN_OVERHEAD).to_string();
+    for (i, (gw, local, remote, own, far, _)) in sides.into_iter().enumerate() {
+        forwarding(gw, local, remote)?;
+        let (own_addr, far_addr) = (own.addr.to_string(), far.addr.to_string());
+        let me = format!("{}/64", VXLAN_ADDR[i]);
+        let far_host = format!("{remote}/128");
+        // iproute2, as the lab's own VXLAN hop: the netlink crate here has no VXLAN.
+        for args in [
+            &[
+                "link", "add", VXLAN_IF, "type", "vxlan", "id", "76", "local", &own_addr, "remote",
+                &far_addr, "dstport", "4789", "dev", EXT_IF,
+            ][..],
+            &["link", "set", VXLAN_IF, "mtu", &mtu, "up"],
+            &["-6", "addr", "add", &me, "dev", VXLAN_IF, "nodad"],
+            &[
+                "-6",
+                "route",
+                "add",
+                &far_host,
+                "via",
+                VXLAN_ADDR[1 - i],
+                "dev",
+                VXLAN_IF,
+            ],
+        ] {
+            mt6d_lab::topology::ip(gw, args).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+/// Both mt6d gateways in `mode`, each answering on its control socket.
+fn start_mt6d(
+    run: &mut Running,
+    sides: [GatewaySide; 2],
+    mode: Mode,
+    rotation_secs: f64,
+    mt6d: &Path,
+    dir: &Path,
+    (mt6d_extra, workers): (&str, Option<usize>),
+) -> Result<(), String> {
+    // Handshakes, as deployed; plain has no tag, so it runs on a pre-shared key.
+    // A scenario starts its gateways more than once (e.g. again for the 1 s rotation
+    // tests): fresh keys in a fresh directory each time (key files are never overwritten).
+    let key_dir = dir.join(unique_name("keys"));
+    std::fs::create_dir(&key_dir).map_err(|e| format!("{}: {e}", key_dir.display()))?;
+    let keys = LabKeys::generate(&key_dir, mode.config_name() != "plain", None)
+        .map_err(|e| e.to_string())?;
+    for (gw, local, remote, own, far, side) in sides {
+        let socket = PathBuf::from(format!("/run/mt6d-bench/{}.sock", gw.name()));
+        std::fs::create_dir_all("/run/mt6d-bench").map_err(|e| format!("/run/mt6d-bench: {e}"))?;
+        let cfg = dir.join(format!("gateway-{side}.toml"));
+        let text = gateway_config_text(&ConfigText {
+            comment: &format!("mt6d bench, gateway {side}"),
+            socket: &socket,
+            settings: &GatewaySettings {
+                rotation_secs,
+                mode: mode.config_name(),
+                keys: &keys,
+                workers,
+            },
+            side: if side == "a" { Side::A } else { Side::B },
+            local,
+            remote,
+            own: &own,
+            far: &far,
+            host_mode: false,
+        });
+        let text = format!("{text}{mt6d_extra}");
+        std::fs::write(&cfg, text).map_err(|e| format!("{}: {e}", cfg.display()))?;
+        let mut cmd = gw.command(mt6d).map_err(|e| e.to_string())?;
+        cmd.arg("run").arg("-c").arg(&cfg).env("RUST_LOG", "warn");
+        let mut child = Guarded::spawn(
+            &format!("mt6d gateway {side}"),
+            cmd,
+            Some(&dir.join(format!("mt6d-{side}.log"))),
+        )?;
+        wait_for(Duration::from_secs(10), &mut child, || {
+            mt6d::control::query_status(&socket).is_ok()
+        })?;
+        if side == "a" {
+            run.control_a = Some(socket);
+            run.gw_a = Some(child);
+        } else {
+            run.gw_b = Some(child);
+        }
+    }
+    Ok(())
+}
+
+/// wireguard-go or boringtun on both gateways, configured with `wg`.
+fn start_wireguard(
+    run: &mut Running,
+    net: &Net,
+    sides: [GatewaySide; 2],
+    scenario: Scenario,
+    dir: &Path,
+) -> Result<(), String> {
+    let wg = find_tool("wg").ok_or("wg not found")?;
+    let keys = [wg_keypair(&wg)?, wg_keypair(&wg)?];
+    for (i, (gw, local, remote, own, far, side)) in sides.into_iter().enumerate() {
+        forwarding(gw, local, remote)?;
+        let ifname = unique_name("wg");
+        let socket = PathBuf::from(format!("/var/run/wireguard/{ifname}.sock"));
+        run.sockets.push(socket.clone());
+        let log = dir.join(format!("{}-{side}.log", scenario.name()));
+        let cmd = wg_command(gw, scenario, &ifname)?;
+        let mut child = Guarded::spawn(
+            &format!("{} gateway {side}", scenario.name()),
+            cmd,
+            Some(&log),
+        )?;
+        wait_for(Duration::from_secs(10), &mut child, || socket.exists())?;
+        let key_file = dir.join(format!("wg-{side}.key"));
+        // A scenario may start its peers again: replace the previous run's key file.
+        let _ = std::fs::remove_file(&key_file);
+        mt6d::keys::write_secret_file(&key_file, &keys[i].0).map_err(|e| e.to_string())?;
+        wg_set(
+            gw,
+            &wg,
+            &ifname,
+            &key_file,
+            &keys[1 - i].1,
+            remote,
+            far.addr,
+        )?;
+        let mtu = net.ext_mtu - WG_OVERHEAD;
+        in_ns(gw, |nl| {
+            let i = nl.link_index(&ifname)?;
+            nl.link_set_mtu(i, mtu)?;
+            nl.link_set_up(i)?;
+            nl.add_route(remote, 128, i)
+        })
+        .map_err(|e| e.to_string())?;
+        let _ = own;
+        if side == "a" {
+            run.gw_a = Some(child);
+        } else {
+            run.gw_b = Some(child);
+        }
+    }
+    Ok(())
+}
+
+/// The userspace WireGuard process of `scenario` for interface `ifname`, in `gw`.
+fn wg_command(
+    gw: &Netns,
+    scenario: Scenario,
+    ifname: &str,
+) -> Result<std::process::Command, String> {
+    Ok(if scenario == Scenario::WireguardGo {
+        let mut c = gw
+            .command(find_tool("wireguard-go").ok_or("wireguard-go not found")?)
+            .map_err(|e| e.to_string())?;
+        c.arg("-f")
+            .arg(ifname)
+            .env("WG_PROCESS_FOREGROUND", "1")
+            .env("LOG_LEVEL", "error");
+        c
+    } else {
+        let mut c = gw
+            .command(find_tool("boringtun-cli").ok_or("boringtun-cli not found")?)
+            .map_err(|e| e.to_string())?;
+        c.args([
+            "--foreground",
+            "--disable-drop-privileges",
+            "--verbosity",
+            "error",
+        ])
+        .arg(ifname);
+        c
+    })
+}
+
+/// `wg set`: the private key, the listening port and the one peer (its public key, the far
+/// host as its allowed address, its endpoint).
+fn wg_set(
+    gw: &Netns,
+    wg: &Path,
+    ifname: &str,
+    key_file: &Path,
+    peer_pub: &str,
+    remote: Ipv6Addr,
+    far: Ipv6Addr,
+) -> Result<(), String> {
+    let status = gw
+        .command(wg)
+        .map_err(|e| e.to_string())?
+        .args(["set", ifname, "private-key"])
+        .arg(key_file)
+        .args([
+            "listen-port",
+            &WG_PORT.to_string(),
+            "peer",
+            peer_pub,
+            "allowed-ips",
+            &format!("{remote}/128"),
+        ])
+        .args(["endpoint", &format!("[{far}]:{WG_PORT}")])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("wg set: {e}"))?;
+    if !status.status.success() {
+        return Err(format!(
+            "wg set {ifname}: {}",
+            String::from_utf8_lossy(&status.stderr).trim()
+        ));
+    }
+    Ok(())
 }
 
 /// What every non-MT6D scenario needs on a gateway (and what mt6d sets up for itself): IPv6

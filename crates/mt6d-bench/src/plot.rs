@@ -322,18 +322,20 @@ impl Chart {
             }
         }
 
-        // The legend sits beside the plot, where it covers no bar.
+        self.draw_legend(&legend_area)
+    }
+
+    /// The legend, beside the plot, where it covers no bar.
+    fn draw_legend<DB: DrawingBackend>(&self, area: &DrawingArea<DB, Shift>) -> Result<(), String> {
         let label = TextStyle::from((FAMILY, 14)).pos(Pos::new(HPos::Left, VPos::Center));
         for (si, (scenario, _)) in self.series.iter().enumerate() {
             let y = 60 + 24 * si as i32;
-            legend_area
-                .draw(&Rectangle::new(
-                    [(4, y - 7), (18, y + 7)],
-                    color(scenario, si).filled(),
-                ))
-                .map_err(err)?;
-            legend_area
-                .draw(&Text::new(scenario.as_str(), (26, y), &label))
+            area.draw(&Rectangle::new(
+                [(4, y - 7), (18, y + 7)],
+                color(scenario, si).filled(),
+            ))
+            .map_err(err)?;
+            area.draw(&Text::new(scenario.as_str(), (26, y), &label))
                 .map_err(err)?;
         }
         Ok(())

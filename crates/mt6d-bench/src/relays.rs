@@ -531,6 +531,16 @@ pub fn markdown(doc: &Value) -> String {
         }
     }
     m.push_str(&format!("\n003: {PAPER_NS} ns per 1,024-byte segment at the router (DES, -O2, 4 threads). The send stage includes the kernel's work for the next hop that runs in the sending thread (veth).\n\n"));
+    cpu_table(&mut m, doc);
+    loss_list(&mut m, doc);
+    if let Some(e) = doc.get("experiments") {
+        experiments(&mut m, e);
+    }
+    m
+}
+
+/// Where the CPU goes, path by path.
+fn cpu_table(m: &mut String, doc: &Value) {
     m.push_str("## Where the CPU goes (both cores shared by every node and both TCP endpoints)\n\n| path | busy cores, mt6d | busy cores, kernel | CPU s per GB, mt6d | CPU s per GB, kernel | CPU us per datagram at a relay: by daemon on the path, everything else, all |\n|---|---|---|---|---|---|\n");
     for (p, (label, ..)) in PATHS.iter().enumerate() {
         let per: Vec<String> = PATH_NODES[p]
@@ -554,6 +564,10 @@ pub fn markdown(doc: &Value) -> String {
         ));
     }
     m.push_str("\nPer datagram: CPU time over the datagrams the path's first relay received in both directions (data and acknowledgements). Everything else is the machine's busy time less the daemons': the TCP endpoints, the kernel's veth and forwarding work, interrupts.\n\n");
+}
+
+/// The drops the relays counted, path by path.
+fn loss_list(m: &mut String, doc: &Value) {
     m.push_str("## Loss added by the relays\n\n");
     for (p, (label, ..)) in PATHS.iter().enumerate() {
         let drops: Vec<String> = runs(doc, p, "mt6d")
@@ -571,59 +585,60 @@ pub fn markdown(doc: &Value) -> String {
             }
         ));
     }
-    if let Some(e) = doc.get("experiments") {
-        m.push_str("\n## 003's experiments, 1 % loss on every link (fig3)\n\n");
-        let c = f(e, &["concurrent", "seconds"]);
-        let cb = f(e, &["concurrent_bad_link", "result", "seconds"]);
+}
+
+/// 003's experiments (fig3), from the demo's document `e`.
+fn experiments(m: &mut String, e: &Value) {
+    m.push_str("\n## 003's experiments, 1 % loss on every link (fig3)\n\n");
+    let c = f(e, &["concurrent", "seconds"]);
+    let cb = f(e, &["concurrent_bad_link", "result", "seconds"]);
+    m.push_str(&format!(
+        "- 3 hosts x 2 files of 10 MiB at once: {} s, files intact: {} of 6 (003: about {PAPER_CONCURRENT_SECS} s)\n- the same with 20 % loss on r1-r2: {} s, files intact: {} of 6\n",
+        opt(c, 2),
+        e.path(&["concurrent", "intact"]).map_or("?".into(), ToString::to_string),
+        opt(cb, 2),
+        e.path(&["concurrent_bad_link", "result", "intact"]).map_or("?".into(), ToString::to_string),
+    ));
+    for key in ["one_relay", "two_relays"] {
         m.push_str(&format!(
-            "- 3 hosts x 2 files of 10 MiB at once: {} s, files intact: {} of 6 (003: about {PAPER_CONCURRENT_SECS} s)\n- the same with 20 % loss on r1-r2: {} s, files intact: {} of 6\n",
-            opt(c, 2),
-            e.path(&["concurrent", "intact"]).map_or("?".into(), ToString::to_string),
-            opt(cb, 2),
-            e.path(&["concurrent_bad_link", "result", "intact"]).map_or("?".into(), ToString::to_string),
-        ));
-        for key in ["one_relay", "two_relays"] {
-            m.push_str(&format!(
-                "- 100 MB, {}: {} Mbit/s, intact: {}\n",
-                key.replace('_', " "),
-                opt(f(e, &[key, "mbit_s"]), 0),
-                e.path(&[key, "sha256_match"])
-                    .map_or("?".into(), ToString::to_string)
-            ));
-        }
-        if let Some(cut) = e.get("cut") {
-            m.push_str(&format!(
-                "- cut mid-transfer: route moved after {} ms, first echo on the detour {} ms after the cut, transfer intact: {} (003: at least one {PAPER_FAILOVER_SECS} s probe cycle)\n",
-                opt(f(cut, &["route_change_ms"]), 0),
-                opt(f(cut, &["first_echo_after_cut_ms"]), 0),
-                cut.path(&["transfer", "sha256_match"]).map_or("?".into(), ToString::to_string)
-            ));
-        }
-        if let Some(wires) = e.get("capture").and_then(Value::as_array) {
-            let frames: u64 = wires
-                .iter()
-                .filter_map(|w| w.get("frames").and_then(Value::as_u64))
-                .sum();
-            let leaks: u64 = wires
-                .iter()
-                .filter_map(|w| w.get("frames_with_true_address").and_then(Value::as_u64))
-                .sum();
-            let repeated: usize = wires
-                .iter()
-                .filter_map(|w| w.get("repeated").and_then(Value::as_array))
-                .map(Vec::len)
-                .sum();
-            m.push_str(&format!(
-                "- captures on {} links: {frames} frames, {leaks} with a true address, {repeated} 8-byte values seen in two epochs of a link\n",
-                wires.len()
-            ));
-        }
-        m.push_str(&format!(
-            "- demo checks: {}\n",
-            e.get("ok").map_or("?".into(), ToString::to_string)
+            "- 100 MB, {}: {} Mbit/s, intact: {}\n",
+            key.replace('_', " "),
+            opt(f(e, &[key, "mbit_s"]), 0),
+            e.path(&[key, "sha256_match"])
+                .map_or("?".into(), ToString::to_string)
         ));
     }
-    m
+    if let Some(cut) = e.get("cut") {
+        m.push_str(&format!(
+            "- cut mid-transfer: route moved after {} ms, first echo on the detour {} ms after the cut, transfer intact: {} (003: at least one {PAPER_FAILOVER_SECS} s probe cycle)\n",
+            opt(f(cut, &["route_change_ms"]), 0),
+            opt(f(cut, &["first_echo_after_cut_ms"]), 0),
+            cut.path(&["transfer", "sha256_match"]).map_or("?".into(), ToString::to_string)
+        ));
+    }
+    if let Some(wires) = e.get("capture").and_then(Value::as_array) {
+        let frames: u64 = wires
+            .iter()
+            .filter_map(|w| w.get("frames").and_then(Value::as_u64))
+            .sum();
+        let leaks: u64 = wires
+            .iter()
+            .filter_map(|w| w.get("frames_with_true_address").and_then(Value::as_u64))
+            .sum();
+        let repeated: usize = wires
+            .iter()
+            .filter_map(|w| w.get("repeated").and_then(Value::as_array))
+            .map(Vec::len)
+            .sum();
+        m.push_str(&format!(
+            "- captures on {} links: {frames} frames, {leaks} with a true address, {repeated} 8-byte values seen in two epochs of a link\n",
+            wires.len()
+        ));
+    }
+    m.push_str(&format!(
+        "- demo checks: {}\n",
+        e.get("ok").map_or("?".into(), ToString::to_string)
+    ));
 }
 
 /// fig1 (throughput), fig2 (per-datagram relay cost by stage, log), fig3 (003's experiments).

@@ -147,14 +147,86 @@ fn run_pair(
     progress.say("start gateways");
     let mut gw = peers::start(&net, scenario, p.rotation_secs, mt6d, dir, ("", p.workers))?;
     warm_up(&net)?;
-    let mut tests = Value::obj();
+    let mut tests = Tests {
+        progress,
+        tests: Value::obj(),
+    };
     let sched = rotation.and_then(|r| schedule(&gw, r));
+    tests.standard(&mut gw, &net, p, dir, sched);
+    gateway_figures(row, &gw);
+    drop(gw);
 
-    let measure = |name: &str,
-                   tests: &mut Value,
-                   gw: &mut Running,
-                   f: &mut dyn FnMut() -> Result<Value, String>| {
-        progress.say(name);
+    // MT6D again at the fast rotation, for loss at rotations (001 §4; the target: no loss at 1 s).
+    if matches!(scenario, Scenario::Mt6d(_)) {
+        progress.say("restart at fast rotation");
+        let mut gw = peers::start(
+            &net,
+            scenario,
+            p.fast_rotation_secs,
+            mt6d,
+            dir,
+            ("", p.workers),
+        )?;
+        warm_up(&net)?;
+        tests.fast_rotation(&mut gw, &net, p, dir);
+        row.set("fast_rotation_secs", p.fast_rotation_secs);
+    }
+    // What the TCP policy costs the daemon's throughput, off and on
+    // in turn on the same namespaces (encrypt only: the mode deployments run).
+    if scenario == Scenario::Mt6d(Mode::Encrypt) {
+        row.set("scrub_cost", scrub_cost(&net, p, mt6d, dir, progress));
+        row.set(
+            "workers_scaling",
+            workers_scaling(&net, p, mt6d, dir, progress),
+        );
+    }
+    row.set("tests", tests.tests);
+    if !net.routers.is_empty() {
+        let discards = net.router_unresolved_discards();
+        row.set("router_unresolved_discards", discards);
+    }
+    nginx.stop(Duration::from_secs(2));
+    iperf.stop(Duration::from_secs(2));
+    Ok(())
+}
+
+/// 000 §4.3: the gateway processes' own figures at the end of their run, and Gateway A's
+/// drops and rotations (mt6d only).
+fn gateway_figures(row: &mut Value, gw: &Running) {
+    for (key, g) in [("gateway_a", &gw.gw_a), ("gateway_b", &gw.gw_b)] {
+        if let Some(s) = g.as_ref().and_then(|g| g.pid()).and_then(ProcSample::read) {
+            row.set(key, procs::host_metrics(&s));
+        }
+    }
+    if let Some(sock) = &gw.control_a {
+        if let Ok(st) = mt6d::control::query_status(sock) {
+            if let Some(peer) = st.peers.first() {
+                row.set(
+                    "gateway_a_drops",
+                    peer.counters.drops.clone().into_iter().collect::<Value>(),
+                );
+                row.set("gateway_a_rotations", peer.counters.rotations);
+            }
+        }
+    }
+}
+
+/// A row's tests, measured one after the other.
+struct Tests<'a> {
+    progress: &'a Progress,
+    tests: Value,
+}
+
+impl Tests<'_> {
+    /// Runs test `name` (`f`), with Gateway A's CPU over it and whether a gateway died; an
+    /// error is the test's result.
+    fn measure(
+        &mut self,
+        name: &str,
+        gw: &mut Running,
+        f: &mut dyn FnMut() -> Result<Value, String>,
+    ) {
+        self.progress.say(name);
         let before = gw
             .gw_a
             .as_ref()
@@ -172,119 +244,79 @@ fn run_pair(
         if let Some(dead) = gw.dead() {
             v.set("gateway_died", dead);
         }
-        tests.set(name, v);
-    };
+        self.tests.set(name, v);
+    }
 
-    let std_pace = Pace::Train(Duration::from_millis(p.ping_std_interval_ms));
-    measure("ping_std", &mut tests, &mut gw, &mut || {
-        let r = net
-            .host_a
-            .run(|| traffic::ping(HOST_B, p.ping_std_count, std_pace, Duration::from_secs(1)))
-            .map_err(|e| e.to_string())??;
-        Ok(traffic::ping_json(&r, sched))
-    });
-    for (name, count) in p.floods {
-        measure(name, &mut tests, &mut gw, &mut || {
-            let r = net
-                .host_a
-                .run(|| traffic::ping(HOST_B, count, Pace::Flood, Duration::from_secs(1)))
-                .map_err(|e| e.to_string())??;
-            Ok(traffic::ping_json(&r, sched))
+    /// The profile's tests at the scenario's rotation: pings, floods, downloads, UDP, TCP and
+    /// the many small flows.
+    fn standard(
+        &mut self,
+        gw: &mut Running,
+        net: &Net,
+        p: &Profile,
+        dir: &Path,
+        sched: Option<(f64, f64)>,
+    ) {
+        let std_pace = Pace::Train(Duration::from_millis(p.ping_std_interval_ms));
+        self.measure("ping_std", gw, &mut || {
+            ping_test(net, p.ping_std_count, std_pace, sched)
         });
-    }
-    for (name, bytes) in &p.downloads {
-        let scratch = traffic::scratch(dir, name);
-        measure(name, &mut tests, &mut gw, &mut || {
-            traffic::download(&net.host_a, name, *bytes, &scratch)
-        });
-    }
-    for (name, bytes) in &p.udp {
-        let scratch = traffic::scratch(dir, name);
-        measure(name, &mut tests, &mut gw, &mut || {
-            traffic::udp(&net.host_a, *bytes, p.udp_rate_mbit, &scratch)
-        });
-    }
-    for streams in [1u32, 4] {
-        let name = format!("iperf_tcp_{streams}");
-        let scratch = traffic::scratch(dir, &name);
-        measure(&name, &mut tests, &mut gw, &mut || {
-            traffic::tcp(&net.host_a, streams, p.tcp_secs, &scratch)
-        });
-    }
-    let scratch = traffic::scratch(dir, "small_flows");
-    measure("http_small_flows", &mut tests, &mut gw, &mut || {
-        traffic::small_flows(&net.host_a, p.small_flows.0, p.small_flows.1, &scratch)
-    });
-    // 000 §4.3: the gateway processes' own figures at the end of their run.
-    for (key, g) in [("gateway_a", &gw.gw_a), ("gateway_b", &gw.gw_b)] {
-        if let Some(s) = g.as_ref().and_then(|g| g.pid()).and_then(ProcSample::read) {
-            row.set(key, procs::host_metrics(&s));
+        for (name, count) in p.floods {
+            self.measure(name, gw, &mut || ping_test(net, count, Pace::Flood, sched));
         }
-    }
-    if let Some(sock) = &gw.control_a {
-        if let Ok(st) = mt6d::control::query_status(sock) {
-            if let Some(peer) = st.peers.first() {
-                row.set(
-                    "gateway_a_drops",
-                    peer.counters.drops.clone().into_iter().collect::<Value>(),
-                );
-                row.set("gateway_a_rotations", peer.counters.rotations);
-            }
+        for (name, bytes) in &p.downloads {
+            let scratch = traffic::scratch(dir, name);
+            self.measure(name, gw, &mut || {
+                traffic::download(&net.host_a, name, *bytes, &scratch)
+            });
         }
+        for (name, bytes) in &p.udp {
+            let scratch = traffic::scratch(dir, name);
+            self.measure(name, gw, &mut || {
+                traffic::udp(&net.host_a, *bytes, p.udp_rate_mbit, &scratch)
+            });
+        }
+        for streams in [1u32, 4] {
+            let name = format!("iperf_tcp_{streams}");
+            let scratch = traffic::scratch(dir, &name);
+            self.measure(&name, gw, &mut || {
+                traffic::tcp(&net.host_a, streams, p.tcp_secs, &scratch)
+            });
+        }
+        let scratch = traffic::scratch(dir, "small_flows");
+        self.measure("http_small_flows", gw, &mut || {
+            traffic::small_flows(&net.host_a, p.small_flows.0, p.small_flows.1, &scratch)
+        });
     }
-    drop(gw);
 
-    // MT6D again at the fast rotation, for loss at rotations (001 §4; the target: no loss at 1 s).
-    if matches!(scenario, Scenario::Mt6d(_)) {
-        progress.say("restart at fast rotation");
-        let mut gw = peers::start(
-            &net,
-            scenario,
-            p.fast_rotation_secs,
-            mt6d,
-            dir,
-            ("", p.workers),
-        )?;
-        warm_up(&net)?;
-        let sched = schedule(&gw, p.fast_rotation_secs);
-        measure("ping_std_1s_rotation", &mut tests, &mut gw, &mut || {
-            let r = net
-                .host_a
-                .run(|| traffic::ping(HOST_B, p.ping_std_count, std_pace, Duration::from_secs(1)))
-                .map_err(|e| e.to_string())??;
-            Ok(traffic::ping_json(&r, sched))
+    /// The tests of the fast rotation, on gateways started at it: ping_std, a flood, TCP.
+    fn fast_rotation(&mut self, gw: &mut Running, net: &Net, p: &Profile, dir: &Path) {
+        let std_pace = Pace::Train(Duration::from_millis(p.ping_std_interval_ms));
+        let sched = schedule(gw, p.fast_rotation_secs);
+        self.measure("ping_std_1s_rotation", gw, &mut || {
+            ping_test(net, p.ping_std_count, std_pace, sched)
         });
         let (name, count) = p.fast_flood;
-        measure(name, &mut tests, &mut gw, &mut || {
-            let r = net
-                .host_a
-                .run(|| traffic::ping(HOST_B, count, Pace::Flood, Duration::from_secs(1)))
-                .map_err(|e| e.to_string())??;
-            Ok(traffic::ping_json(&r, sched))
-        });
+        self.measure(name, gw, &mut || ping_test(net, count, Pace::Flood, sched));
         let scratch = traffic::scratch(dir, "tcp_fast");
-        measure("iperf_tcp_1_1s_rotation", &mut tests, &mut gw, &mut || {
+        self.measure("iperf_tcp_1_1s_rotation", gw, &mut || {
             traffic::tcp(&net.host_a, 1, p.tcp_secs, &scratch)
         });
-        row.set("fast_rotation_secs", p.fast_rotation_secs);
     }
-    // What the TCP policy costs the daemon's throughput, off and on
-    // in turn on the same namespaces (encrypt only: the mode deployments run).
-    if scenario == Scenario::Mt6d(Mode::Encrypt) {
-        row.set("scrub_cost", scrub_cost(&net, p, mt6d, dir, progress));
-        row.set(
-            "workers_scaling",
-            workers_scaling(&net, p, mt6d, dir, progress),
-        );
-    }
-    row.set("tests", tests);
-    if !net.routers.is_empty() {
-        let discards = net.router_unresolved_discards();
-        row.set("router_unresolved_discards", discards);
-    }
-    nginx.stop(Duration::from_secs(2));
-    iperf.stop(Duration::from_secs(2));
-    Ok(())
+}
+
+/// `count` echoes from Host A to Host B at `pace`, placed against the rotation `sched`.
+fn ping_test(
+    net: &Net,
+    count: u64,
+    pace: Pace,
+    sched: Option<(f64, f64)>,
+) -> Result<Value, String> {
+    let r = net
+        .host_a
+        .run(|| traffic::ping(HOST_B, count, pace, Duration::from_secs(1)))
+        .map_err(|e| e.to_string())??;
+    Ok(traffic::ping_json(&r, sched))
 }
 
 /// `[tcp]` for the off state: no identity policy and no MSS clamping, so the packet threads

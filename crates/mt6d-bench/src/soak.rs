@@ -38,6 +38,9 @@ use mt6d_os::Netns;
 
 use crate::procs::Guarded;
 
+mod report;
+use report::{losses_report, report};
+
 /// Bytes per second of the long-lived TCP transfer: enough to notice a stall at once, little
 /// enough that a 2-core machine spends its time on rotations, not on bulk data.
 const TCP_RATE: u64 = 256 * 1024;
@@ -200,6 +203,104 @@ pub fn run(args: &SoakArgs) -> Result<PathBuf, String> {
 
 fn soak(args: &SoakArgs, mt6d: &Path, out: &Path, work: &Path) -> Result<(), String> {
     let net = crate::topo::build(Topology::Switched)?;
+    let mut gateways = gateways(&net, out, work)?;
+    for g in &mut gateways {
+        g.start(mt6d)?;
+    }
+    wait_for_path(&net.host_a)?;
+    eprintln!(
+        "soak: lab up, gateways {:?}/{:?}; running {:.2} h",
+        gateways[0].pid(),
+        gateways[1].pid(),
+        args.hours
+    );
+
+    let meters = Meters::default();
+    let stop = AtomicBool::new(false);
+    let tcp_listener = net
+        .host_b
+        .run(|| TcpListener::bind(SocketAddrV6::new(HOST_B, TCP_PORT, 0, 0)))
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("listen on [{HOST_B}]:{TCP_PORT}: {e}"))?;
+    let rtp_socket = net
+        .host_b
+        .run(|| UdpSocket::bind(SocketAddrV6::new(HOST_B, RTP_PORT, 0, 0)))
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("bind [{HOST_B}]:{RTP_PORT}: {e}"))?;
+    let lost_pings: Mutex<Vec<f64>> = Mutex::new(Vec::new());
+    // Where lost packets went: the kernel's drop counters of every namespace, before and after.
+    let kernel_before = kernel_drops(&net);
+    let stream = mt6d::config::Config::load(&gateways[0].config)
+        .map_err(|e| e.to_string())?
+        .peers
+        .first()
+        .ok_or("the soak config has no peer")?
+        .build_stream()
+        .map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let mut watch = Watch::new(&kernel_before, started);
+
+    std::thread::scope(|s| {
+        s.spawn(|| tcp_receiver(&tcp_listener, &meters, &stop));
+        s.spawn(|| {
+            if net.host_a.enter_current_thread().is_ok() {
+                tcp_sender(&meters, &stop);
+            }
+        });
+        s.spawn(|| rtp_receiver(&rtp_socket, &meters, &stop));
+        s.spawn(|| {
+            if net.host_a.enter_current_thread().is_ok() {
+                rtp_sender(&meters, &stop);
+            }
+        });
+        s.spawn(|| {
+            if net.host_a.enter_current_thread().is_ok() {
+                ping_train(&meters, &stop, &lost_pings);
+            }
+        });
+        watch.run(args, mt6d, out, &net, &mut gateways, &meters);
+        stop.store(true, Ordering::Relaxed);
+    });
+    // Traffic threads have joined: the final counters include the lingering replies.
+    let last = sample(&gateways, &meters, started, watch.restarts);
+    watch.samples.push(last);
+    let mut lost = lost_pings
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    lost.sort_by(f64::total_cmp);
+    let kernel = kernel_drops(&net)
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let d = v.saturating_sub(kernel_before.get(&k).copied().unwrap_or(0));
+            (d > 0).then_some((k, d))
+        })
+        .collect();
+    let losses = attribute_losses(&meters, &stream, &watch.handshake_times);
+    let mut report = report(
+        args,
+        &watch.samples,
+        &meters,
+        &lost,
+        watch.failure.as_deref(),
+    );
+    report.push_str(&losses_report(&losses, &kernel));
+    std::fs::write(out.join("kernel-timeline.csv"), &watch.kernel_timeline)
+        .map_err(|e| format!("{}: {e}", out.display()))?;
+    std::fs::write(out.join("report.md"), &report)
+        .map_err(|e| format!("{}: {e}", out.display()))?;
+    println!("{report}");
+    drop(gateways);
+    for g in [net.gw_a.name(), net.gw_b.name()] {
+        let _ = std::fs::remove_file(format!("/run/mt6d-bench/{g}.sock"));
+    }
+    match watch.failure {
+        Some(f) => Err(f),
+        None => Ok(()),
+    }
+}
+
+/// The two gateways' keys and configuration files (not started); their logs go to `out`.
+fn gateways(net: &crate::topo::Net, out: &Path, work: &Path) -> Result<Vec<Gateway>, String> {
     let keys_dir = work.join("keys");
     std::fs::create_dir(&keys_dir).map_err(|e| e.to_string())?;
     let keys = LabKeys::generate(&keys_dir, true, Some(REKEY_SECS)).map_err(|e| e.to_string())?;
@@ -252,111 +353,79 @@ fn soak(args: &SoakArgs, mt6d: &Path, out: &Path, work: &Path) -> Result<(), Str
             process: None,
         });
     }
-    for g in &mut gateways {
-        g.start(mt6d)?;
+    Ok(gateways)
+}
+
+/// The soak's watching loop and what it keeps: the samples, the restarts of Gateway B, the
+/// first failure, when Gateway A handshook, and the kernel's drop counters second by second.
+struct Watch {
+    /// When the traffic started.
+    started: Instant,
+    samples: Vec<Sample>,
+    restarts: u64,
+    failure: Option<String>,
+    /// When Gateway A's handshake count went up (Unix µs, within one 200 ms poll).
+    handshake_times: Vec<u64>,
+    handshakes_seen: u64,
+    /// Every second, each kernel counter that rose since the last second, so a drop can be
+    /// placed in time next to the gateways' logs (unix seconds, elapsed seconds, counter,
+    /// rise).
+    kernel_last: BTreeMap<String, u64>,
+    kernel_timeline: String,
+    next_kernel: Duration,
+    csv: String,
+}
+
+impl Watch {
+    fn new(kernel_before: &BTreeMap<String, u64>, started: Instant) -> Watch {
+        Watch {
+            started,
+            samples: Vec::new(),
+            restarts: 0,
+            failure: None,
+            handshake_times: Vec::new(),
+            handshakes_seen: 0,
+            kernel_last: kernel_before.clone(),
+            kernel_timeline: String::from("unix_s,elapsed_s,counter,increase\n"),
+            next_kernel: Duration::from_secs(1),
+            csv: String::from(
+                "elapsed_s,rss_kb_a,rss_kb_b,fds_a,fds_b,rotations_a,rotations_b,handshakes_a,handshakes_b,rekeys_a,rekeys_b,tcp_bytes,tcp_breaks,rtp_sent,rtp_lost,rtp_jitter_ms,ping_sent,ping_lost,restarts\n",
+            ),
+        }
     }
-    wait_for_path(&net.host_a)?;
-    eprintln!(
-        "soak: lab up, gateways {:?}/{:?}; running {:.2} h",
-        gateways[0].pid(),
-        gateways[1].pid(),
-        args.hours
-    );
 
-    let meters = Meters::default();
-    let stop = AtomicBool::new(false);
-    let tcp_listener = net
-        .host_b
-        .run(|| TcpListener::bind(SocketAddrV6::new(HOST_B, TCP_PORT, 0, 0)))
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("listen on [{HOST_B}]:{TCP_PORT}: {e}"))?;
-    let rtp_socket = net
-        .host_b
-        .run(|| UdpSocket::bind(SocketAddrV6::new(HOST_B, RTP_PORT, 0, 0)))
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("bind [{HOST_B}]:{RTP_PORT}: {e}"))?;
-    let lost_pings: Mutex<Vec<f64>> = Mutex::new(Vec::new());
-    // Where lost packets went: the kernel's drop counters of every namespace, before and after.
-    let kernel_before = kernel_drops(&net);
-    let stream = mt6d::config::Config::load(&gateways[0].config)
-        .map_err(|e| e.to_string())?
-        .peers
-        .first()
-        .ok_or("the soak config has no peer")?
-        .build_stream()
-        .map_err(|e| e.to_string())?;
-    // When Gateway A's handshake count went up (Unix µs, within one 200 ms poll).
-    let mut handshake_times = Vec::new();
-    let mut handshakes_seen = 0u64;
-    let started = Instant::now();
-    let total = Duration::from_secs_f64(args.hours * 3600.0);
-    let mut samples = Vec::new();
-    let mut restarts = 0u64;
-    let mut failure = None;
-    // Every second, each kernel counter that rose since the last second, so a drop can be
-    // placed in time next to the gateways' logs (unix seconds, elapsed seconds, counter, rise).
-    let mut kernel_last = kernel_before.clone();
-    let mut kernel_timeline = String::from("unix_s,elapsed_s,counter,increase\n");
-    let mut next_kernel = Duration::from_secs(1);
-
-    std::thread::scope(|s| {
-        s.spawn(|| tcp_receiver(&tcp_listener, &meters, &stop));
-        s.spawn(|| {
-            if net.host_a.enter_current_thread().is_ok() {
-                tcp_sender(&meters, &stop);
-            }
-        });
-        s.spawn(|| rtp_receiver(&rtp_socket, &meters, &stop));
-        s.spawn(|| {
-            if net.host_a.enter_current_thread().is_ok() {
-                rtp_sender(&meters, &stop);
-            }
-        });
-        s.spawn(|| {
-            if net.host_a.enter_current_thread().is_ok() {
-                ping_train(&meters, &stop, &lost_pings);
-            }
-        });
-
+    /// Every 200 ms until the soak's time is up or a gateway fails: handshakes, the kernel's
+    /// counters, Gateway B's restarts and the samples (written to `out` as they come).
+    fn run(
+        &mut self,
+        args: &SoakArgs,
+        mt6d: &Path,
+        out: &Path,
+        net: &crate::topo::Net,
+        gateways: &mut [Gateway],
+        meters: &Meters,
+    ) {
+        let started = self.started;
+        let total = Duration::from_secs_f64(args.hours * 3600.0);
         let mut next_sample = Duration::from_secs(args.sample_secs);
         let mut next_restart = args
             .restart_every_mins
             .map(|m| Duration::from_secs_f64(m * 60.0));
-        let mut csv = String::from(
-            "elapsed_s,rss_kb_a,rss_kb_b,fds_a,fds_b,rotations_a,rotations_b,handshakes_a,handshakes_b,rekeys_a,rekeys_b,tcp_bytes,tcp_breaks,rtp_sent,rtp_lost,rtp_jitter_ms,ping_sent,ping_lost,restarts\n",
-        );
         while started.elapsed() < total {
             std::thread::sleep(Duration::from_millis(200));
-            for g in &mut gateways {
+            for g in gateways.iter_mut() {
                 if let Some(p) = g.process.as_mut() {
                     if let Some(why) = p.exited() {
-                        failure = Some(why);
+                        self.failure = Some(why);
                     }
                 }
             }
-            if failure.is_some() {
+            if self.failure.is_some() {
                 break;
             }
-            if let Some(h) = mt6d::control::query_status(&gateways[0].socket)
-                .ok()
-                .and_then(|st| st.peers.first().and_then(|p| p.handshake.clone()))
-            {
-                if h.handshakes > handshakes_seen {
-                    handshakes_seen = h.handshakes;
-                    handshake_times.push(unix_us());
-                }
-            }
-            if started.elapsed() >= next_kernel {
-                next_kernel += Duration::from_secs(1);
-                let now = kernel_drops(&net);
-                let (unix_s, elapsed_s) = (unix_us() / 1_000_000, started.elapsed().as_secs());
-                for (k, v) in &now {
-                    let rise = v.saturating_sub(kernel_last.get(k).copied().unwrap_or(0));
-                    if rise > 0 {
-                        let _ = writeln!(kernel_timeline, "{unix_s},{elapsed_s},{k},{rise}");
-                    }
-                }
-                kernel_last = now;
+            self.poll_handshakes(&gateways[0].socket);
+            if started.elapsed() >= self.next_kernel {
+                self.kernel_second(net, started);
             }
             if next_restart.is_some_and(|t| started.elapsed() >= t) {
                 let g = &mut gateways[1];
@@ -364,90 +433,91 @@ fn soak(args: &SoakArgs, mt6d: &Path, out: &Path, work: &Path) -> Result<(), Str
                     p.stop(Duration::from_secs(5));
                 }
                 if let Err(e) = g.start(mt6d) {
-                    failure = Some(format!("restart of gateway B: {e}"));
+                    self.failure = Some(format!("restart of gateway B: {e}"));
                     break;
                 }
-                restarts += 1;
+                self.restarts += 1;
                 next_restart = next_restart
                     .zip(args.restart_every_mins)
                     .map(|(t, m)| t + Duration::from_secs_f64(m * 60.0));
             }
             if started.elapsed() >= next_sample || started.elapsed() >= total {
-                let smp = sample(&gateways, &meters, started, restarts);
-                let _ = writeln!(
-                    csv,
-                    "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3},{},{},{}",
-                    smp.elapsed_s,
-                    smp.rss_kb[0],
-                    smp.rss_kb[1],
-                    smp.fds[0],
-                    smp.fds[1],
-                    smp.rotations[0],
-                    smp.rotations[1],
-                    smp.handshakes[0],
-                    smp.handshakes[1],
-                    smp.rekeys[0],
-                    smp.rekeys[1],
-                    smp.tcp_bytes,
-                    smp.tcp_breaks,
-                    smp.rtp_sent,
-                    smp.rtp_lost,
-                    smp.rtp_jitter_ms,
-                    smp.ping_sent,
-                    smp.ping_lost,
-                    smp.restarts
-                );
-                let _ = std::fs::write(out.join("samples.csv"), &csv);
-                let _ = std::fs::write(out.join("kernel-timeline.csv"), &kernel_timeline);
-                eprintln!(
-                    "soak: {:>6} s  rss {}/{} kB  fds {}/{}  rotations {}  tcp breaks {}  rtp lost {}/{}  pings lost {}/{}",
-                    smp.elapsed_s,
-                    smp.rss_kb[0],
-                    smp.rss_kb[1],
-                    smp.fds[0],
-                    smp.fds[1],
-                    smp.rotations[0],
-                    smp.tcp_breaks,
-                    smp.rtp_lost,
-                    smp.rtp_sent,
-                    smp.ping_lost,
-                    smp.ping_sent
-                );
-                samples.push(smp);
+                let smp = sample(gateways, meters, started, self.restarts);
+                self.record(&smp, out);
+                self.samples.push(smp);
                 next_sample += Duration::from_secs(args.sample_secs);
             }
         }
-        stop.store(true, Ordering::Relaxed);
-    });
-    // Traffic threads have joined: the final counters include the lingering replies.
-    let last = sample(&gateways, &meters, started, restarts);
-    samples.push(last);
-    let mut lost = lost_pings
-        .into_inner()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    lost.sort_by(f64::total_cmp);
-    let kernel = kernel_drops(&net)
-        .into_iter()
-        .filter_map(|(k, v)| {
-            let d = v.saturating_sub(kernel_before.get(&k).copied().unwrap_or(0));
-            (d > 0).then_some((k, d))
-        })
-        .collect();
-    let losses = attribute_losses(&meters, &stream, &handshake_times);
-    let mut report = report(args, &samples, &meters, &lost, failure.as_deref());
-    report.push_str(&losses_report(&losses, &kernel));
-    std::fs::write(out.join("kernel-timeline.csv"), &kernel_timeline)
-        .map_err(|e| format!("{}: {e}", out.display()))?;
-    std::fs::write(out.join("report.md"), &report)
-        .map_err(|e| format!("{}: {e}", out.display()))?;
-    println!("{report}");
-    drop(gateways);
-    for g in [net.gw_a.name(), net.gw_b.name()] {
-        let _ = std::fs::remove_file(format!("/run/mt6d-bench/{g}.sock"));
     }
-    match failure {
-        Some(f) => Err(f),
-        None => Ok(()),
+
+    /// Notes the time if Gateway A's handshake count went up.
+    fn poll_handshakes(&mut self, socket: &Path) {
+        if let Some(h) = mt6d::control::query_status(socket)
+            .ok()
+            .and_then(|st| st.peers.first().and_then(|p| p.handshake.clone()))
+        {
+            if h.handshakes > self.handshakes_seen {
+                self.handshakes_seen = h.handshakes;
+                self.handshake_times.push(unix_us());
+            }
+        }
+    }
+
+    /// The kernel counters that rose in the last second, onto the timeline.
+    fn kernel_second(&mut self, net: &crate::topo::Net, started: Instant) {
+        self.next_kernel += Duration::from_secs(1);
+        let now = kernel_drops(net);
+        let (unix_s, elapsed_s) = (unix_us() / 1_000_000, started.elapsed().as_secs());
+        for (k, v) in &now {
+            let rise = v.saturating_sub(self.kernel_last.get(k).copied().unwrap_or(0));
+            if rise > 0 {
+                let _ = writeln!(self.kernel_timeline, "{unix_s},{elapsed_s},{k},{rise}");
+            }
+        }
+        self.kernel_last = now;
+    }
+
+    /// A sample onto `samples.csv` (and the timeline written beside it) and a progress line.
+    fn record(&mut self, smp: &Sample, out: &Path) {
+        let _ = writeln!(
+            self.csv,
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3},{},{},{}",
+            smp.elapsed_s,
+            smp.rss_kb[0],
+            smp.rss_kb[1],
+            smp.fds[0],
+            smp.fds[1],
+            smp.rotations[0],
+            smp.rotations[1],
+            smp.handshakes[0],
+            smp.handshakes[1],
+            smp.rekeys[0],
+            smp.rekeys[1],
+            smp.tcp_bytes,
+            smp.tcp_breaks,
+            smp.rtp_sent,
+            smp.rtp_lost,
+            smp.rtp_jitter_ms,
+            smp.ping_sent,
+            smp.ping_lost,
+            smp.restarts
+        );
+        let _ = std::fs::write(out.join("samples.csv"), &self.csv);
+        let _ = std::fs::write(out.join("kernel-timeline.csv"), &self.kernel_timeline);
+        eprintln!(
+            "soak: {:>6} s  rss {}/{} kB  fds {}/{}  rotations {}  tcp breaks {}  rtp lost {}/{}  pings lost {}/{}",
+            smp.elapsed_s,
+            smp.rss_kb[0],
+            smp.rss_kb[1],
+            smp.fds[0],
+            smp.fds[1],
+            smp.rotations[0],
+            smp.tcp_breaks,
+            smp.rtp_lost,
+            smp.rtp_sent,
+            smp.ping_lost,
+            smp.ping_sent
+        );
     }
 }
 
@@ -759,191 +829,4 @@ fn attribute_losses(m: &Meters, stream: &mt6d_proto::Stream, handshakes: &[u64])
             }
         })
         .collect()
-}
-
-fn losses_report(losses: &[Loss], kernel: &BTreeMap<String, u64>) -> String {
-    let mut r = String::from(
-        "
-## Where the losses were
-
-",
-    );
-    if losses.is_empty() {
-        r.push_str(
-            "No RTP packet was lost.
-",
-        );
-    } else {
-        let near_boundary = losses
-            .iter()
-            .filter(|l| l.after_start_ms < 50.0 || l.before_next_ms < 50.0)
-            .count();
-        let near_handshake = losses
-            .iter()
-            .filter(|l| l.from_handshake_ms.is_some_and(|d| d < 500.0))
-            .count();
-        let _ = writeln!(
-            r,
-            "{} RTP packet(s) lost: {near_boundary} sent within 50 ms of an epoch boundary, \
-             {near_handshake} within 500 ms of a handshake Gateway A completed.\n\n\
-             | seq | sent (Unix s) | ms after epoch start | ms before next epoch | ms from nearest handshake |\n|---|---|---|---|---|",
-            losses.len()
-        );
-        for l in losses.iter().take(50) {
-            let _ = writeln!(
-                r,
-                "| {} | {:.3} | {:.1} | {:.1} | {} |",
-                l.seq,
-                l.sent_us as f64 / 1e6,
-                l.after_start_ms,
-                l.before_next_ms,
-                l.from_handshake_ms
-                    .map_or("-".into(), |d| format!("{d:.0}"))
-            );
-        }
-    }
-    r.push_str(
-        "
-Kernel drop counters that rose during the run (all namespaces of the lab):
-
-",
-    );
-    if kernel.is_empty() {
-        r.push_str(
-            "none.
-",
-        );
-    } else {
-        r.push_str("| namespace, counter | increase |\n|---|---|\n");
-        for (k, v) in kernel {
-            let _ = writeln!(r, "| {k} | {v} |");
-        }
-    }
-    r
-}
-
-fn report(
-    args: &SoakArgs,
-    samples: &[Sample],
-    m: &Meters,
-    lost_pings: &[f64],
-    failure: Option<&str>,
-) -> String {
-    let last = samples.last().cloned().unwrap_or_default();
-    let first = samples.first().cloned().unwrap_or_default();
-    let pct = |lost: u64, sent: u64| {
-        if sent == 0 {
-            0.0
-        } else {
-            lost as f64 * 100.0 / sent as f64
-        }
-    };
-    let range = |f: &dyn Fn(&Sample) -> u64| {
-        let v: Vec<u64> = samples.iter().map(f).filter(|x| *x > 0).collect();
-        (
-            v.iter().copied().min().unwrap_or(0),
-            v.iter().copied().max().unwrap_or(0),
-        )
-    };
-    let mut r = String::new();
-    let (date, time) = crate::run::utc_now();
-    let _ = writeln!(r, "# mt6d soak, {date} {time} UTC\n");
-    let _ = writeln!(
-        r,
-        "Switched lab, mode encrypt with handshakes, rotation every {ROTATION_SECS} s, rekey every {REKEY_SECS} s; \
-         asked for {:.2} h, ran {} s; sample every {} s; Gateway B restarted {} time(s){}.\n",
-        args.hours,
-        last.elapsed_s,
-        args.sample_secs,
-        last.restarts,
-        args.restart_every_mins
-            .map_or(String::new(), |m| format!(" (every {m} min)"))
-    );
-    if let Some(f) = failure {
-        let _ = writeln!(r, "**Stopped early:** {f}\n");
-    }
-    let _ = writeln!(r, "| measure | value |\n|---|---|");
-    let _ = writeln!(
-        r,
-        "| rotations (Gateway A / B counters) | {} / {} |",
-        last.rotations[0], last.rotations[1]
-    );
-    let _ = writeln!(
-        r,
-        "| handshakes, rekeys (A) | {}, {} |",
-        last.handshakes[0], last.rekeys[0]
-    );
-    let _ = writeln!(
-        r,
-        "| TCP: bytes received, session breaks, corrupt reads, longest wait for data | {} B, {}, {}, {} ms |",
-        last.tcp_bytes,
-        last.tcp_breaks,
-        m.tcp_corrupt.load(Ordering::Relaxed),
-        m.tcp_longest_stall_ms.load(Ordering::Relaxed)
-    );
-    let _ = writeln!(
-        r,
-        "| RTP-like UDP (50/s): sent, lost (%), duplicates, reordered | {}, {} ({:.4} %), {}, {} |",
-        last.rtp_sent,
-        last.rtp_lost,
-        pct(last.rtp_lost, last.rtp_sent),
-        m.rtp_duplicates.load(Ordering::Relaxed),
-        m.rtp_reordered.load(Ordering::Relaxed)
-    );
-    let _ = writeln!(
-        r,
-        "| RTP jitter (RFC 3550): last, max; max transit | {:.3} ms, {:.3} ms; {:.3} ms |",
-        last.rtp_jitter_ms,
-        m.rtp_max_jitter_us.load(Ordering::Relaxed) as f64 / 1000.0,
-        m.rtp_max_transit_us.load(Ordering::Relaxed) as f64 / 1000.0
-    );
-    let _ = writeln!(
-        r,
-        "| ping train (5/s): sent, lost (%) | {}, {} ({:.4} %) |",
-        last.ping_sent,
-        last.ping_lost,
-        pct(last.ping_lost, last.ping_sent)
-    );
-    for (i, name) in ["A", "B"].iter().enumerate() {
-        let (lo, hi) = range(&|s| s.rss_kb[i]);
-        let (flo, fhi) = range(&|s| s.fds[i]);
-        let _ = writeln!(
-            r,
-            "| Gateway {name}: RSS first / min / max / last (kB); open descriptors min / max | {} / {lo} / {hi} / {}; {flo} / {fhi} |",
-            first.rss_kb[i], last.rss_kb[i]
-        );
-    }
-    if !lost_pings.is_empty() {
-        let shown: Vec<String> = lost_pings
-            .iter()
-            .take(20)
-            .map(|t| format!("{t:.3}"))
-            .collect();
-        let _ = writeln!(
-            r,
-            "\nUnanswered pings were sent at (Unix s, first 20): {}",
-            shown.join(", ")
-        );
-    }
-    let _ = writeln!(
-        r,
-        "\n## Over time\n\n| elapsed s | RSS A kB | RSS B kB | fds A | fds B | rotations A | TCP breaks | RTP lost | RTP jitter ms | pings lost |\n|---|---|---|---|---|---|---|---|---|---|"
-    );
-    for s in samples {
-        let _ = writeln!(
-            r,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {} |",
-            s.elapsed_s,
-            s.rss_kb[0],
-            s.rss_kb[1],
-            s.fds[0],
-            s.fds[1],
-            s.rotations[0],
-            s.tcp_breaks,
-            s.rtp_lost,
-            s.rtp_jitter_ms,
-            s.ping_lost
-        );
-    }
-    r
 }

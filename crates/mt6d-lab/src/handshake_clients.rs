@@ -29,7 +29,8 @@ use mt6d_proto::handshake::{
 };
 use mt6d_proto::liveness::{LIVENESS_AFTER, LIVENESS_JITTER};
 use mt6d_proto::{
-    AeadAlg, Derivation, Endpoint, Opener, PortPolicy, Sealer, Stream, StreamConfig, UnixTime,
+    AeadAlg, Derivation, Endpoint, Opener, PortPolicy, Route, Sealer, Stream, StreamConfig,
+    UnixTime,
 };
 
 use super::clients::{inner_udp_around, ClientSpec, CLIENT_PORT};
@@ -413,22 +414,9 @@ impl HandshakeClients {
                 Err(e) => return Err(e.to_string()),
             };
             for b in 0..got {
-                let (dst, port, src) = {
-                    let buf = &self.bufs[b];
-                    (buf.dst(), buf.dst_port(), buf.src())
-                };
-                let Some((id, epoch)) = self.table.lookup_local(dst, port) else {
-                    self.counters.wrong_route += 1;
+                let Some((id, route, client)) = self.route_of(b) else {
                     continue;
                 };
-                let Some(route) = self.table.index().route(id, epoch).copied() else {
-                    continue;
-                };
-                if src != route.remote {
-                    self.counters.wrong_route += 1;
-                    continue;
-                }
-                let client = self.slots[id.index() as usize];
                 let mut completed: Option<(mt6d_proto::handshake::SessionKeys, Stream)> = None;
                 let mut served = false;
                 {
@@ -483,34 +471,7 @@ impl HandshakeClients {
                     }
                 }
                 if let Some((keys, set_stream)) = completed {
-                    // The session set, accepted on from now (its routes rotate with the rest).
-                    let (set, _) = self
-                        .table
-                        .add_secondary(set_stream, now, |_| 0)
-                        .map_err(|e| e.to_string())?;
-                    if self.slots.len() <= set.index() as usize {
-                        self.slots.resize(set.index() as usize + 1, usize::MAX);
-                    }
-                    self.slots[set.index() as usize] = client;
-                    if let Some(old) = self.session_sets[client].replace(set) {
-                        self.table.remove(old);
-                    }
-                    self.pending[client] = None;
-                    self.sessions[client] = Some(Box::new(Session {
-                        send: keys.send,
-                        recv: keys.recv,
-                        set,
-                        activation: keys.initiation_epoch.next().next(),
-                        asked_at: now,
-                        first_asked: now,
-                        backoff: 1,
-                    }));
-                    self.awaiting.push(client);
-                    self.counters.completed += 1;
-                    self.ask(client, now)?;
-                    if let Some(session) = self.sessions[client].as_mut() {
-                        session.first_asked = session.asked_at;
-                    }
+                    self.complete(client, keys, set_stream, now)?;
                 }
                 if served && self.sessions[client].take().is_some() {
                     self.up[client] = true;
@@ -520,6 +481,65 @@ impl HandshakeClients {
                 }
             }
         }
+    }
+
+    /// The table entry, route and client of received buffer `b`, if it came to a current
+    /// route of one from the route's remote end; counted as to a wrong route if not.
+    fn route_of(&mut self, b: usize) -> Option<(PeerId, Route, usize)> {
+        let (dst, port, src) = {
+            let buf = &self.bufs[b];
+            (buf.dst(), buf.dst_port(), buf.src())
+        };
+        let Some((id, epoch)) = self.table.lookup_local(dst, port) else {
+            self.counters.wrong_route += 1;
+            return None;
+        };
+        let route = self.table.index().route(id, epoch).copied()?;
+        if src != route.remote {
+            self.counters.wrong_route += 1;
+            return None;
+        }
+        Some((id, route, self.slots[id.index() as usize]))
+    }
+
+    /// Client `client`'s handshake completed with `keys`: its session set joins the table
+    /// (replacing any earlier one), and it sends its request under the new keys.
+    fn complete(
+        &mut self,
+        client: usize,
+        keys: mt6d_proto::handshake::SessionKeys,
+        set_stream: Stream,
+        now: UnixTime,
+    ) -> Result<(), String> {
+        // The session set, accepted on from now (its routes rotate with the rest).
+        let (set, _) = self
+            .table
+            .add_secondary(set_stream, now, |_| 0)
+            .map_err(|e| e.to_string())?;
+        if self.slots.len() <= set.index() as usize {
+            self.slots.resize(set.index() as usize + 1, usize::MAX);
+        }
+        self.slots[set.index() as usize] = client;
+        if let Some(old) = self.session_sets[client].replace(set) {
+            self.table.remove(old);
+        }
+        self.pending[client] = None;
+        self.sessions[client] = Some(Box::new(Session {
+            send: keys.send,
+            recv: keys.recv,
+            set,
+            activation: keys.initiation_epoch.next().next(),
+            asked_at: now,
+            first_asked: now,
+            backoff: 1,
+        }));
+        self.awaiting.push(client);
+        self.counters.completed += 1;
+        self.ask(client, now)?;
+        if let Some(session) = self.sessions[client].as_mut() {
+            session.first_asked = session.asked_at;
+        }
+        Ok(())
     }
 
     /// Client `i`'s true address.

@@ -5,7 +5,7 @@
 //! quote real ones, as anyone on the path can) and sends what it likes about them. What must
 //! hold: an error is believed only about a packet Gateway A sent, once; a Packet Too Big only if
 //! its MTU could be true; a Router Advertisement's MTU only from a default router, and only for
-//! its lifetime. A genuine router's errors still work (the tests of gateway_netns.rs).
+//! its lifetime. A genuine router's errors still work (the tests of gateway_icmp_netns.rs).
 
 use std::net::{Ipv6Addr, UdpSocket};
 use std::time::{Duration, Instant};

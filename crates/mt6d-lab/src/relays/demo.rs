@@ -23,6 +23,7 @@ use super::{Flow, LinkWire, RelayLab, RelaySettings, Reroute, Shape, Size};
 use crate::demo_args::{DemoArgs, Say};
 use crate::ping::Pace;
 use crate::transfer::TransferReport;
+use mt6d::status::relay::RelayStatus;
 
 type DemoResult<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -40,51 +41,9 @@ pub fn run(args: &DemoArgs) -> DemoResult<()> {
     }
     let check = interruption()?;
     let say = Say { json: args.json };
-    say.line(format!(
-        "mt6d demo: a relay network in network namespaces: relays r1, r2, r3 fully meshed, \
-edge gateways e1-e6 (two behind each relay), hosts h1-h6 (one behind each edge); \
-links rotate every {} s with jitter; every link and end-to-end pair is keyed by Noise IK \
-handshakes and rekeyed every {} s",
-        args.rotation,
-        super::lab_rekey_secs(args.rotation)
-    ));
-    let lab = RelayLab::up(
-        Shape::Mesh,
-        "m6d",
-        RelaySettings {
-            rotation_secs: args.rotation,
-            jitter: true,
-            mt6d: std::env::current_exe()?,
-            log_level: "info".into(),
-            workers: None,
-        },
-    )?;
-    for n in &lab.nodes {
-        let behind = n
-            .host
-            .map(|k| format!(", h{k} {} behind it", super::host_address(k)))
-            .unwrap_or_default();
-        say.line(format!(
-            "  {:<3} {:<18} namespace {}{behind}",
-            n.name,
-            n.address.to_string(),
-            n.ns.name()
-        ));
-    }
-    let h = |k| lab.host_index(k);
-    let (h1, h2, h3, h4, h5, h6) = (h(1)?, h(2)?, h(3)?, h(4)?, h(5)?, h(6)?);
-    for (a, b) in [
-        (h1, h2),
-        (h1, h3),
-        (h1, h4),
-        (h1, h6),
-        (h3, h2),
-        (h3, h6),
-        (h5, h2),
-        (h5, h4),
-    ] {
-        lab.wait_for_path(a, b, Duration::from_secs(10))?;
-    }
+    let lab = build(args, &say)?;
+    let h = hosts(&lab)?;
+    let [h1, h2, h3, h4, h5, h6] = h;
     lab.set_loss_everywhere(BASE_LOSS)?;
     say.line(format!(
         "every link now loses {BASE_LOSS} % of its frames each way (nftables numgen)\n"
@@ -99,75 +58,12 @@ handshakes and rekeyed every {} s",
         "6 x 10 MiB at once, h1/h3/h5 -> a host behind each other relay",
     ));
     check()?;
-    let one = lab
-        .transfers(&[flow(h1, h2, Size::Bytes(BIG), 5400)])?
-        .remove(0);
-    let two = lab
-        .transfers(&[flow(h1, h3, Size::Bytes(BIG), 5401)])?
-        .remove(0);
-    say.line(format!(
-        "(b) 100 MB through one relay (h1 -> h2 via r1): {:.0} Mbit/s, sha256 {}; through two \
-(h1 -> h3 via r1, r2): {:.0} Mbit/s, sha256 {}",
-        one.mbit_s,
-        verdict(one.sha256_match),
-        two.mbit_s,
-        verdict(two.sha256_match)
-    ));
+    let (one, two) = through_relays(&lab, h, &say)?;
     check()?;
-    let (r1, r1r3) = (lab.node_index("r1")?, lab.link_index("r1", "r3")?);
-    lab.set_loss(bad, BAD_LINK_LOSS)?;
-    let c = concurrent(&lab, &spread, 5500);
-    // How r1 judged the bad link, before it recovers.
-    let judged = lab.status(r1).map(|st| {
-        st.links
-            .iter()
-            .find(|l| l.name == "r2")
-            .map(|l| {
-                format!(
-                    "; r1 sees r1-r2 {} (cost {}, {}/{} probes lost)",
-                    l.state, l.cost, l.probes_lost, l.probes_sent
-                )
-            })
-            .unwrap_or_default()
-    });
-    lab.set_loss(bad, BASE_LOSS)?;
-    let c = c?;
-    say.line(format!(
-        "{}{}",
-        c.line(
-            "(c)",
-            &format!("(a) again with {BAD_LINK_LOSS} % loss on r1-r2"),
-        ),
-        judged?
-    ));
+    let r1 = lab.node_index("r1")?;
+    let c = bad_link(&lab, bad, r1, &spread, &say)?;
     check()?;
-    // The cut is measured from the direct path: r1-r2 is on probation for 10 s after (c).
-    let d = lab.cut_during(
-        flow(h1, h3, Size::For(Duration::from_secs(8)), 5600),
-        bad,
-        r1,
-        r1r3,
-        Duration::from_secs(3),
-    )?;
-    say.line(format!(
-        "(d) r1-r2 cut 3 s into an 8 s transfer h1 -> h3: r1's route {} -> {} after {}, first echo \
-through the detour sent {} after the cut, the transfer's first data frame on r1-r3 after {} \
-(TCP's backed-off retransmission); transfer {:.0} Mbit/s, longest stall {:.0} ms, sha256 {}",
-        d.route_before.as_deref().unwrap_or("none"),
-        d.route_after.as_deref().unwrap_or("unchanged"),
-        ms_text(d.route_change_ms),
-        ms_text(d.first_echo_after_cut_ms),
-        ms_text(d.first_detour_frame_ms),
-        d.transfer.mbit_s,
-        d.transfer.longest_stall_ms,
-        verdict(d.transfer.sha256_match)
-    ));
-    if d.detour_frames_before_cut > 0 {
-        say.line(format!(
-            "    (the flow already sent {} data frames over r1-r3 in the second before the cut)",
-            d.detour_frames_before_cut
-        ));
-    }
+    let d = cut(&lab, h, bad, r1, &say)?;
     check()?;
     // Every link up, so that the capture sees data on all of them.
     let waited = lab.wait_links_up(Duration::from_secs(30))?;
@@ -177,43 +73,8 @@ through the detour sent {} after the cut, the transfer's first data frame on r1-
         [(h2, h5), (h4, h1), (h6, h3)],
         (h1, h6),
     )?;
-    say.line(e.line(waited));
-    for w in &e.wires {
-        say.line(format!(
-            "      {:<6} {:>7} frames, {:>3} epochs, {} with a true address, {} repeated 8-byte values",
-            w.link,
-            w.frames,
-            w.epochs,
-            w.frames_with_true_address,
-            w.repeated.len()
-        ));
-    }
-    let statuses: Vec<_> = (0..lab.nodes.len())
-        .map(|i| lab.status(i))
-        .collect::<Result<_, _>>()?;
-    say.line("\nrelays:");
-    for (n, st) in lab.nodes.iter().zip(&statuses) {
-        if n.host.is_some() {
-            continue;
-        }
-        let links: Vec<String> = st
-            .links
-            .iter()
-            .map(|l| {
-                let rtt = l
-                    .rtt_ms
-                    .map_or_else(|| "-".into(), |r| format!("{r:.2} ms"));
-                format!("{} {} cost {} rtt {rtt}", l.name, l.state, l.cost)
-            })
-            .collect();
-        say.line(format!(
-            "  {:<3} forwarded {:>8} frames, dropped {:>6}; {}",
-            n.name,
-            st.counters.get("forwarded").copied().unwrap_or(0),
-            super::dropped(st),
-            links.join(", ")
-        ));
-    }
+    e.say(&say, waited);
+    let statuses = relay_counters(&lab, &say)?;
     let failures = failures(&a, &[&one, &two], &c, &d, &e);
     let document = json!({
         "topology": "relays",
@@ -242,6 +103,191 @@ through the detour sent {} after the cut, the transfer's first data frame on r1-
     } else {
         Err(format!("demo checks failed: {}", failures.join("; ")).into())
     }
+}
+
+/// The mesh lab, up, each node on a line.
+fn build(args: &DemoArgs, say: &Say) -> DemoResult<RelayLab> {
+    say.line(format!(
+        "mt6d demo: a relay network in network namespaces: relays r1, r2, r3 fully meshed, \
+edge gateways e1-e6 (two behind each relay), hosts h1-h6 (one behind each edge); \
+links rotate every {} s with jitter; every link and end-to-end pair is keyed by Noise IK \
+handshakes and rekeyed every {} s",
+        args.rotation,
+        super::config::lab_rekey_secs(args.rotation)
+    ));
+    let lab = RelayLab::up(
+        Shape::Mesh,
+        "m6d",
+        RelaySettings {
+            rotation_secs: args.rotation,
+            jitter: true,
+            mt6d: std::env::current_exe()?,
+            log_level: "info".into(),
+            workers: None,
+        },
+    )?;
+    for n in &lab.nodes {
+        let behind = n
+            .host
+            .map(|k| format!(", h{k} {} behind it", super::host_address(k)))
+            .unwrap_or_default();
+        say.line(format!(
+            "  {:<3} {:<18} namespace {}{behind}",
+            n.name,
+            n.address.to_string(),
+            n.ns.name()
+        ));
+    }
+    Ok(lab)
+}
+
+/// Hosts h1 to h6, once the paths the experiments take carry echoes.
+fn hosts(lab: &RelayLab) -> DemoResult<[usize; 6]> {
+    let h = |k| lab.host_index(k);
+    let (h1, h2, h3, h4, h5, h6) = (h(1)?, h(2)?, h(3)?, h(4)?, h(5)?, h(6)?);
+    for (a, b) in [
+        (h1, h2),
+        (h1, h3),
+        (h1, h4),
+        (h1, h6),
+        (h3, h2),
+        (h3, h6),
+        (h5, h2),
+        (h5, h4),
+    ] {
+        lab.wait_for_path(a, b, Duration::from_secs(10))?;
+    }
+    Ok([h1, h2, h3, h4, h5, h6])
+}
+
+/// (b): 100 MB through one relay (h1 -> h2) and through two (h1 -> h3).
+fn through_relays(
+    lab: &RelayLab,
+    [h1, h2, h3, ..]: [usize; 6],
+    say: &Say,
+) -> DemoResult<(TransferReport, TransferReport)> {
+    let one = lab
+        .transfers(&[flow(h1, h2, Size::Bytes(BIG), 5400)])?
+        .remove(0);
+    let two = lab
+        .transfers(&[flow(h1, h3, Size::Bytes(BIG), 5401)])?
+        .remove(0);
+    say.line(format!(
+        "(b) 100 MB through one relay (h1 -> h2 via r1): {:.0} Mbit/s, sha256 {}; through two \
+(h1 -> h3 via r1, r2): {:.0} Mbit/s, sha256 {}",
+        one.mbit_s,
+        verdict(one.sha256_match),
+        two.mbit_s,
+        verdict(two.sha256_match)
+    ));
+    Ok((one, two))
+}
+
+/// (c): (a) again with the bad link `bad` (r1-r2) losing more, and how relay `r1` judged it
+/// before it recovers.
+fn bad_link(
+    lab: &RelayLab,
+    bad: usize,
+    r1: usize,
+    spread: &[(usize, usize)],
+    say: &Say,
+) -> DemoResult<Concurrent> {
+    lab.set_loss(bad, BAD_LINK_LOSS)?;
+    let c = concurrent(lab, spread, 5500);
+    // How r1 judged the bad link, before it recovers.
+    let judged = lab.status(r1).map(|st| {
+        st.links
+            .iter()
+            .find(|l| l.name == "r2")
+            .map(|l| {
+                format!(
+                    "; r1 sees r1-r2 {} (cost {}, {}/{} probes lost)",
+                    l.state, l.cost, l.probes_lost, l.probes_sent
+                )
+            })
+            .unwrap_or_default()
+    });
+    lab.set_loss(bad, BASE_LOSS)?;
+    let c = c?;
+    say.line(format!(
+        "{}{}",
+        c.line(
+            "(c)",
+            &format!("(a) again with {BAD_LINK_LOSS} % loss on r1-r2"),
+        ),
+        judged?
+    ));
+    Ok(c)
+}
+
+/// (d): the bad link `bad` cut 3 s into an 8 s transfer h1 -> h3 across it.
+fn cut(
+    lab: &RelayLab,
+    [h1, _, h3, ..]: [usize; 6],
+    bad: usize,
+    r1: usize,
+    say: &Say,
+) -> DemoResult<Reroute> {
+    let r1r3 = lab.link_index("r1", "r3")?;
+    // The cut is measured from the direct path: r1-r2 is on probation for 10 s after (c).
+    let d = lab.cut_during(
+        flow(h1, h3, Size::For(Duration::from_secs(8)), 5600),
+        bad,
+        r1,
+        r1r3,
+        Duration::from_secs(3),
+    )?;
+    say.line(format!(
+        "(d) r1-r2 cut 3 s into an 8 s transfer h1 -> h3: r1's route {} -> {} after {}, first echo \
+through the detour sent {} after the cut, the transfer's first data frame on r1-r3 after {} \
+(TCP's backed-off retransmission); transfer {:.0} Mbit/s, longest stall {:.0} ms, sha256 {}",
+        d.route_before.as_deref().unwrap_or("none"),
+        d.route_after.as_deref().unwrap_or("unchanged"),
+        ms_text(d.route_change_ms),
+        ms_text(d.first_echo_after_cut_ms),
+        ms_text(d.first_detour_frame_ms),
+        d.transfer.mbit_s,
+        d.transfer.longest_stall_ms,
+        verdict(d.transfer.sha256_match)
+    ));
+    if d.detour_frames_before_cut > 0 {
+        say.line(format!(
+            "    (the flow already sent {} data frames over r1-r3 in the second before the cut)",
+            d.detour_frames_before_cut
+        ));
+    }
+    Ok(d)
+}
+
+/// Every node's status; a line per relay: its counters and its links.
+fn relay_counters(lab: &RelayLab, say: &Say) -> DemoResult<Vec<RelayStatus>> {
+    let statuses: Vec<_> = (0..lab.nodes.len())
+        .map(|i| lab.status(i))
+        .collect::<Result<_, _>>()?;
+    say.line("\nrelays:");
+    for (n, st) in lab.nodes.iter().zip(&statuses) {
+        if n.host.is_some() {
+            continue;
+        }
+        let links: Vec<String> = st
+            .links
+            .iter()
+            .map(|l| {
+                let rtt = l
+                    .rtt_ms
+                    .map_or_else(|| "-".into(), |r| format!("{r:.2} ms"));
+                format!("{} {} cost {} rtt {rtt}", l.name, l.state, l.cost)
+            })
+            .collect();
+        say.line(format!(
+            "  {:<3} forwarded {:>8} frames, dropped {:>6}; {}",
+            n.name,
+            st.counters.get("forwarded").copied().unwrap_or(0),
+            super::dropped(st),
+            links.join(", ")
+        ));
+    }
+    Ok(statuses)
 }
 
 /// The gateway demo's options that mean nothing on a relay network.
@@ -406,6 +452,21 @@ fn capture(
 }
 
 impl Capture {
+    /// (e)'s line, then one per link.
+    fn say(&self, say: &Say, waited: Duration) {
+        say.line(self.line(waited));
+        for w in &self.wires {
+            say.line(format!(
+                "      {:<6} {:>7} frames, {:>3} epochs, {} with a true address, {} repeated 8-byte values",
+                w.link,
+                w.frames,
+                w.epochs,
+                w.frames_with_true_address,
+                w.repeated.len()
+            ));
+        }
+    }
+
     fn line(&self, waited: Duration) -> String {
         let frames: u64 = self.wires.iter().map(|w| w.frames).sum();
         let leaks: u64 = self.wires.iter().map(|w| w.frames_with_true_address).sum();

@@ -12,7 +12,7 @@ use mt6d_os::Netns;
 use serde::Serialize;
 
 use super::{cmd_err, ms, os_err, unix_now, Flow, RelayLab};
-use crate::ping::Pace;
+use crate::ping::{Pace, PingReport};
 use crate::topology::LabError;
 use crate::transfer::TransferReport;
 
@@ -122,18 +122,7 @@ impl RelayLab {
             let r = st.routes.iter().find(|r| r.destination == destination)?;
             Some(r.next_hop.clone())
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while route().as_deref() != Some(cut_peer.as_str()) {
-            if Instant::now() >= deadline {
-                return Err(format!(
-                    "{} does not route towards {} over {cut_peer} (it says {:?})",
-                    self.nodes[at].name,
-                    self.nodes[edge].name,
-                    route()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        self.wait_route_over(at, edge, &cut_peer, &route)?;
         let restore = self.loss(cut);
         let watch = self.watch(&[detour])?;
         let outcome = std::thread::scope(|s| -> Result<_, String> {
@@ -159,15 +148,7 @@ impl RelayLab {
             self.set_loss(cut, 100).map_err(|e| e.to_string())?;
             // Times count from the start of the cut; an echo counts once both ends drop.
             let cut_done = unix_now();
-            let mut changed = None;
-            while cut_at.elapsed() < Duration::from_secs(5) {
-                let hop = route();
-                if hop.is_some() && hop.as_deref() != Some(cut_peer.as_str()) {
-                    changed = Some((cut_at.elapsed(), hop));
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            let changed = route_change(cut_at, &cut_peer, &route);
             let reports = transfer
                 .join()
                 .map_err(|_| "transfer thread panicked".to_string())?;
@@ -181,32 +162,92 @@ impl RelayLab {
         let (before, (cut_unix, cut_done), changed, reports, echoes) = outcome?;
         restored?;
         let transfer = reports?.into_iter().next().ok_or("no transfer report")?;
-        let echoes = echoes?;
-        let first_echo = echoes
-            .echoes
-            .iter()
-            .map(|e| e.sent_unix)
-            .filter(|t| *t >= cut_done)
-            .min_by(f64::total_cmp)
-            .map(|t| (t - cut_unix) * 1000.0);
-        let data: &[f64] = wires.first().map_or(&[], |w| &w.data_frames_at);
-        let first_detour = data
-            .iter()
-            .find(|t| **t >= cut_unix)
-            .map(|t| Duration::from_secs_f64(t - cut_unix));
-        Ok(Reroute {
-            route_before: before,
-            route_after: changed.as_ref().and_then(|c| c.1.clone()),
-            route_change_ms: changed.map(|c| ms(c.0)),
-            first_detour_frame_ms: first_detour.map(ms),
-            first_echo_after_cut_ms: first_echo,
-            echoes_lost: echoes.lost(),
-            detour_frames_before_cut: data
-                .iter()
-                .filter(|t| (cut_unix - 1.0..cut_unix).contains(*t))
-                .count(),
+        Ok(reroute(
+            before,
+            (cut_unix, cut_done),
+            changed,
             transfer,
-        })
+            &echoes?,
+            wires.first().map_or(&[], |w| &w.data_frames_at),
+        ))
+    }
+
+    /// Waits until node `at` routes towards edge gateway `edge` over `cut_peer`, as `route`
+    /// reads its next hop (up to 20 s: a link recovering from loss is on probation for 10 s).
+    fn wait_route_over(
+        &self,
+        at: usize,
+        edge: usize,
+        cut_peer: &str,
+        route: &dyn Fn() -> Option<String>,
+    ) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while route().as_deref() != Some(cut_peer) {
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "{} does not route towards {} over {cut_peer} (it says {:?})",
+                    self.nodes[at].name,
+                    self.nodes[edge].name,
+                    route()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
+    }
+}
+
+/// The time from `cut_at` to the next hop `route` reads moving off `cut_peer`, and the new
+/// one, polled every 10 ms for up to 5 s.
+fn route_change(
+    cut_at: Instant,
+    cut_peer: &str,
+    route: &dyn Fn() -> Option<String>,
+) -> Option<(Duration, Option<String>)> {
+    while cut_at.elapsed() < Duration::from_secs(5) {
+        let hop = route();
+        if hop.is_some() && hop.as_deref() != Some(cut_peer) {
+            return Some((cut_at.elapsed(), hop));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+/// What a cut measured: the route `before` it and its `changed`; `(cut_unix, cut_done)` the
+/// cut's start and the moment both ends dropped (Unix seconds); the transfer; the echoes
+/// beside it; `data` the Unix times of the transfer's data frames on the detour.
+fn reroute(
+    before: Option<String>,
+    (cut_unix, cut_done): (f64, f64),
+    changed: Option<(Duration, Option<String>)>,
+    transfer: TransferReport,
+    echoes: &PingReport,
+    data: &[f64],
+) -> Reroute {
+    let first_echo = echoes
+        .echoes
+        .iter()
+        .map(|e| e.sent_unix)
+        .filter(|t| *t >= cut_done)
+        .min_by(f64::total_cmp)
+        .map(|t| (t - cut_unix) * 1000.0);
+    let first_detour = data
+        .iter()
+        .find(|t| **t >= cut_unix)
+        .map(|t| Duration::from_secs_f64(t - cut_unix));
+    Reroute {
+        route_before: before,
+        route_after: changed.as_ref().and_then(|c| c.1.clone()),
+        route_change_ms: changed.map(|c| ms(c.0)),
+        first_detour_frame_ms: first_detour.map(ms),
+        first_echo_after_cut_ms: first_echo,
+        echoes_lost: echoes.lost(),
+        detour_frames_before_cut: data
+            .iter()
+            .filter(|t| (cut_unix - 1.0..cut_unix).contains(*t))
+            .count(),
+        transfer,
     }
 }
 

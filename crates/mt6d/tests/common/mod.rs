@@ -379,3 +379,78 @@ pub fn assert_sequenced(
         assert_eq!(f.duplicates, 0, "flow from port {port} duplicated: {f:?}");
     }
 }
+
+/// Runs a TCP transfer of `secs` from Host A to Host B (port `port`) and, at the same time, a
+/// ping train of `pings` echoes every 100 ms; `during` runs on the test thread meanwhile.
+pub fn transfer_and_pings<T: Send>(
+    lab: &Lab,
+    port: u16,
+    secs: u64,
+    pings: u64,
+    during: impl FnOnce() -> T + Send,
+) -> (transfer::TransferReport, mt6d_lab::ping::PingReport, T) {
+    let listener = lab
+        .host_b
+        .run(|| transfer::listen(HOST_B, port))
+        .expect("enter B")
+        .expect("listen");
+    let server =
+        std::thread::spawn(move || transfer::serve_once(listener, Duration::from_secs(10)));
+    let (tcp, p, t) = std::thread::scope(|s| {
+        let pinger = s.spawn(|| {
+            lab.host_a
+                .run(|| {
+                    ping(
+                        HOST_B,
+                        pings,
+                        Pace::Train {
+                            interval: Duration::from_millis(100),
+                        },
+                        Duration::from_secs(2),
+                    )
+                })
+                .expect("enter A")
+                .expect("ping")
+        });
+        let tcp = s.spawn(|| {
+            lab.host_a
+                .run(|| transfer::send_for(HOST_B, port, Duration::from_secs(secs), 7))
+                .expect("enter A")
+                .expect("transfer")
+        });
+        let t = during();
+        (
+            tcp.join().expect("tcp thread"),
+            pinger.join().expect("pinger"),
+            t,
+        )
+    });
+    server.join().expect("server thread").expect("receiver");
+    (tcp, p, t)
+}
+
+/// The handshake state of the daemon's first peer (which must use handshakes).
+pub fn handshake_of(st: &Status) -> mt6d::status::HandshakeStatus {
+    st.peers[0].handshake.clone().expect("peer uses handshakes")
+}
+
+/// Start-up (packets before the first handshake, both sides initiating at once, retries of
+/// those still in flight) is not what the drop-counting tests measure: waits until both sides
+/// hold keys and two retry intervals have passed for late start-up messages.
+pub fn settle_handshakes(running: &Running) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ![Side::A, Side::B]
+        .iter()
+        .all(|s| handshake_of(&status(running, *s)).has_keys)
+    {
+        assert!(Instant::now() < deadline, "no keys 5 s after start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(mt6d_proto::handshake::RETRY_AFTER * 2);
+}
+
+/// Whether the Ethernet frame `f` carries IPv6 UDP with a tunnel payload. Frame layout:
+/// Ethernet [0..14], IPv6 [14..54], UDP header [54..62], tunnel payload [62..].
+pub fn is_udp6(f: &[u8]) -> bool {
+    f.len() > 62 && f[12..14] == [0x86, 0xdd] && f[14 + 6] == 17
+}
