@@ -598,41 +598,8 @@ impl UdpSocket6 {
             // msg_controllen is size_t on glibc but socklen_t on musl.
             #[allow(clippy::unnecessary_cast)]
             let clen = (h.msg_hdr.msg_controllen as usize).min(RECV_CTRL_LEN);
-            for (level, ty, data) in Cmsgs(&scratch.ctrl[i].0[..clen]) {
-                match (level, ty) {
-                    (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
-                        if let Some((dst, ifindex)) = sys::parse_in6_pktinfo(data) {
-                            b.dst = dst;
-                            b.ifindex = ifindex;
-                        }
-                    }
-                    // A sockaddr_in6: the port (network order) at 2..4, the address at 8..24.
-                    (libc::IPPROTO_IPV6, libc::IPV6_ORIGDSTADDR) => {
-                        if let (Some(port), Some(addr)) = (
-                            data.get(2..4).and_then(|d| <[u8; 2]>::try_from(d).ok()),
-                            data.get(8..24).and_then(|d| <[u8; 16]>::try_from(d).ok()),
-                        ) {
-                            b.dst_port = u16::from_be_bytes(port);
-                            if b.dst.is_unspecified() {
-                                b.dst = Ipv6Addr::from(addr);
-                            }
-                        }
-                    }
-                    (libc::SOL_UDP, UDP_GRO) => {
-                        if let Some(v) = data.get(..4).and_then(|d| <[u8; 4]>::try_from(d).ok()) {
-                            b.segment_size =
-                                u16::try_from(i32::from_ne_bytes(v)).ok().filter(|&s| s > 0);
-                        }
-                    }
-                    // Only present once the socket has dropped something: the kernel's running
-                    // count (sk_drops) when this datagram was queued.
-                    (libc::SOL_SOCKET, libc::SO_RXQ_OVFL) => {
-                        if let Some(v) = data.get(..4).and_then(|d| <[u8; 4]>::try_from(d).ok()) {
-                            queue_drops = Some(u32::from_ne_bytes(v));
-                        }
-                    }
-                    _ => {}
-                }
+            if let Some(n) = b.read_cmsgs(&scratch.ctrl[i].0[..clen]) {
+                queue_drops = Some(n);
             }
         }
         if let Some(n) = queue_drops {
@@ -640,6 +607,52 @@ impl UdpSocket6 {
             self.queue_drops_seen.store(n, Ordering::Relaxed);
         }
         Ok(got)
+    }
+}
+
+impl RecvBuf {
+    /// Reads one received datagram's control messages into this buffer (destination address
+    /// and port, interface, GRO segment size); returns the socket's drop count if the kernel
+    /// reported one.
+    fn read_cmsgs(&mut self, ctrl: &[u8]) -> Option<u32> {
+        let mut queue_drops = None;
+        for (level, ty, data) in Cmsgs(ctrl) {
+            match (level, ty) {
+                (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
+                    if let Some((dst, ifindex)) = sys::parse_in6_pktinfo(data) {
+                        self.dst = dst;
+                        self.ifindex = ifindex;
+                    }
+                }
+                // A sockaddr_in6: the port (network order) at 2..4, the address at 8..24.
+                (libc::IPPROTO_IPV6, libc::IPV6_ORIGDSTADDR) => {
+                    if let (Some(port), Some(addr)) = (
+                        data.get(2..4).and_then(|d| <[u8; 2]>::try_from(d).ok()),
+                        data.get(8..24).and_then(|d| <[u8; 16]>::try_from(d).ok()),
+                    ) {
+                        self.dst_port = u16::from_be_bytes(port);
+                        if self.dst.is_unspecified() {
+                            self.dst = Ipv6Addr::from(addr);
+                        }
+                    }
+                }
+                (libc::SOL_UDP, UDP_GRO) => {
+                    if let Some(v) = data.get(..4).and_then(|d| <[u8; 4]>::try_from(d).ok()) {
+                        self.segment_size =
+                            u16::try_from(i32::from_ne_bytes(v)).ok().filter(|&s| s > 0);
+                    }
+                }
+                // Only present once the socket has dropped something: the kernel's running
+                // count (sk_drops) when this datagram was queued.
+                (libc::SOL_SOCKET, libc::SO_RXQ_OVFL) => {
+                    if let Some(v) = data.get(..4).and_then(|d| <[u8; 4]>::try_from(d).ok()) {
+                        queue_drops = Some(u32::from_ne_bytes(v));
+                    }
+                }
+                _ => {}
+            }
+        }
+        queue_drops
     }
 }
 
