@@ -38,6 +38,7 @@ mod netlink;
 mod report;
 mod restart;
 mod role;
+mod shards;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

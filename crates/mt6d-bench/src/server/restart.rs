@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use mt6d_lab::handshake_clients::{HandshakeClients, HandshakeCounters};
 use mt6d_lab::server_lab::ServerLab;
 
-use super::handshake::{on_shards, total_counters, HandshakeServer, Shard, ShardRun, RETRY_SCAN};
+use super::shards::{on_shards, total_counters, HandshakeServer, Shard, ShardRun, RETRY_SCAN};
 use super::{last_counters, quantile, wait_line, STORM_LIMIT};
 use crate::json::{Value, ValueExt};
 use crate::procs::{Guarded, ProcSample};

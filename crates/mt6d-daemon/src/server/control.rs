@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use zeroize::Zeroizing;
 
-use super::dataplane::Shared;
+use super::shared::Shared;
 use crate::config::{ClientConfig, ServerConfig};
 use crate::control::{Asked, ChangeAnswer, ControlServer, Edit, Request};
 use crate::daemon::clock;

@@ -18,6 +18,7 @@
 pub mod control;
 pub mod dataplane;
 mod receive;
+pub mod shared;
 pub use crate::daemon::anyip::ndp;
 pub mod registry;
 
@@ -37,9 +38,9 @@ use mt6d_proto::{Stream, UnixTime};
 use crate::config::{ClientConfig, ServerConfig};
 use crate::daemon::clock;
 use crate::daemon::signals::Signals;
-use dataplane::{ServerCounters, Shared, WorkerIo};
 use ndp::NdpResponder;
 use registry::{Registry, StepReport};
+use shared::{ServerCounters, Shared, WorkerIo};
 
 /// Longest the main thread sleeps: it also watches the stop and reload flags.
 const TICK: Duration = Duration::from_millis(50);
@@ -687,7 +688,7 @@ impl LinkTimers {
                 if let Some(session) = guard.as_mut() {
                     session.link.handle_timeout(now, || None);
                     let raw = self.raw.as_mut().map(|(r, s)| (&*r, s));
-                    dataplane::drain(session, raw);
+                    shared::drain(session, raw);
                 }
             }
             todo.push(id);

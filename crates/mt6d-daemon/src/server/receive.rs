@@ -19,8 +19,8 @@ use mt6d_proto::link::Notice;
 use mt6d_proto::route_sets::RouteSet;
 use mt6d_proto::{OpenError, Opener, Route, Stream, UnixTime};
 
-use super::dataplane::{drain, set_of, Shared, WorkerIo};
 use super::registry::{bump, Client, Registry, Session};
+use super::shared::{drain, set_of, Shared, WorkerIo};
 use crate::daemon::clock;
 use crate::daemon::worker::{Carried, TunBatch};
 
@@ -193,7 +193,7 @@ impl<'a> Batch<'a> {
                     let Some(on) = bound_set(session, &mut set, from.set_id, n) else {
                         continue;
                     };
-                    self.session_data(from, session, &on, datagram, (batch, send_scratch), n);
+                    self.session_data(from, session, on, datagram, (batch, send_scratch), n);
                 }
             }
         }
@@ -271,7 +271,7 @@ impl<'a> Batch<'a> {
         };
         let result = session.link.handle_handshake(
             self.now,
-            &on,
+            on,
             from.route,
             datagram,
             &mut session.recv,
@@ -432,19 +432,19 @@ impl<'a> Batch<'a> {
 
 /// The route set a train arrived on (looked up once per train), or `None` (counted) when it
 /// is no longer bound.
-fn bound_set(
+fn bound_set<'s>(
     session: &Session,
-    set: &mut Option<Arc<RouteSet>>,
+    set: &'s mut Option<Arc<RouteSet>>,
     set_id: u64,
     n: &mut RxCounts,
-) -> Option<Arc<RouteSet>> {
+) -> Option<&'s Arc<RouteSet>> {
     if set.is_none() {
         *set = set_of(&session.link, set_id);
     }
     if set.is_none() {
         n.not_current += 1;
     }
-    set.clone()
+    set.as_ref()
 }
 
 /// What one received batch counted.

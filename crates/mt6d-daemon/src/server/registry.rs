@@ -98,7 +98,7 @@ enum Keys {
 }
 
 /// One client's packet-path state and what a reload compares. Traffic is counted per worker
-/// and reason, not per client (`dataplane::ServerCounters`): a per-client counter would be an
+/// and reason, not per client (`shared::ServerCounters`): a per-client counter would be an
 /// atomic add per packet on a line two workers can share, for a figure nothing reads yet.
 #[derive(Debug)]
 pub struct Client {
