@@ -218,7 +218,7 @@ impl<'a> Batch<'a> {
         };
         match session
             .link
-            .handle_notice(self.now, &on, from.route, datagram)
+            .handle_notice(self.now, on, from.route, datagram)
         {
             Ok(Notice::Move { moved }) => {
                 n.notices += 1;
