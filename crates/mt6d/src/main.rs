@@ -799,6 +799,22 @@ mod tests {
         ("demo", "link-report", "an experiment"),
         ("demo", "link-pcap", "an experiment on an earlier capture"),
         ("demo", "past-router", "an experiment's filter"),
+        (
+            "demo",
+            "conversations",
+            "an experiment: how many host pairs talk at once",
+        ),
+        (
+            "demo",
+            "shapes",
+            "an experiment: what the conversations carry",
+        ),
+        (
+            "demo",
+            "classifier",
+            "an experiment: train the linker's classifier",
+        ),
+        ("demo", "link-out", "where an experiment's tables go"),
     ];
 
     /// Every long option of every command either is the configuration key of the same name
