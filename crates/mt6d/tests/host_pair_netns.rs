@@ -3,9 +3,8 @@
 //! true address on its own TUN device, and the peer is the other host's mt6d: no gateway
 //! anywhere. The wire format is the one gateways use; this is the configuration's own test.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use mt6d::status::Status;
 use mt6d_lab::observer::Observer;
 use mt6d_lab::ping::{ping, Pace};
 use mt6d_lab::topology::{Lab, Side, Topology, EXTERNAL_IF, HOST_A, HOST_B};
@@ -13,23 +12,6 @@ use mt6d_lab::transfer;
 
 mod common;
 use common::*;
-
-fn handshake_of(st: &Status) -> mt6d::status::HandshakeStatus {
-    st.peers[0].handshake.clone().expect("peer uses handshakes")
-}
-
-/// Both sides hold keys, and any handshake retry of the start has passed.
-fn settle_handshakes(running: &Running) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while ![Side::A, Side::B]
-        .iter()
-        .all(|s| handshake_of(&status(running, *s)).has_keys)
-    {
-        assert!(Instant::now() < deadline, "no keys 5 s after start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::thread::sleep(mt6d_proto::handshake::RETRY_AFTER * 2);
-}
 
 /// The drops that mean a lost or refused packet, per side.
 fn drops_now(running: &Running) -> [Vec<u64>; 2] {
