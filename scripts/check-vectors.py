@@ -166,11 +166,13 @@ check("public keys", [p.hex() for p in PUB],
        "675dd574ed7789310b3d2e7681f3790b466c773b1521fecf36577958371ea52f"])
 lo, hi = sorted(PUB)  # byte-string order
 PSK = bytes(32)
-links = [dk("mt6d-proto 2026-11-21 static link key",
-            SK[r].exchange(X25519PublicKey.from_public_bytes(PUB[1 - r])) + PSK + lo + hi)
+# The stream's two true addresses, lower first (role 0's is the lower, §1).
+TRUES = (ipaddress.IPv6Address("2001:db8:a::1").packed + ipaddress.IPv6Address("2001:db8:b::2").packed)
+links = [dk("mt6d-proto 2026-11-28 stream link key",
+            SK[r].exchange(X25519PublicKey.from_public_bytes(PUB[1 - r])) + PSK + lo + hi + TRUES)
          for r in (0, 1)]
 check("link key (both sides)", [x.hex() for x in links],
-      ["15121bfac4f70e513cef6248be15bb8a0818e2b3612488ef822230cea164a66c"] * 2)
+      ["bb99ba206ad441e09e3f4f10f48e2097fdbbd40f53c7f418a5a918ba9c495504"] * 2)
 LINK = links[0]
 
 # ---- §9.2, §9.3 Noise IKpsk2 with fixed ephemeral keys ----
@@ -285,12 +287,12 @@ HP0, HP1 = hp_key(LINK, 0), hp_key(LINK, 1)
 check("initiation (unprotected)", init.hex(),
       "810000009e0d989ca9a83574cf53197028ce6b5c2daa99bffc104dcdcf80de7adb4af8d828903b0e9f1c872a"
       "891da762dad07823d1cd47fcf5baf4fd00d660969fc2a3c82610e8a63f3516fcd115a6b1198184573a93dbf9"
-      "1d308ea6b173e9a004767df3ccefcd32a861692864b300375810d4089a356986ab01a81b0dba3b68a0")
-check("initiation (wire)", protect(HP0, init)[:8].hex(), "9b59c6b66af950e9")
+      "1d308ea6b173e9a004767df3ccefcd32a861692864b30037585a8892942eb3f89a0e368610bb4dc5e7")
+check("initiation (wire)", protect(HP0, init)[:8].hex(), "e06e9da61802197a")
 check("response (unprotected)", resp.hex(),
       "820000009e0d989cb23e915663e34f6a271881682e25f3200ec8eab9bc5f7defbde62b0d89b1e52d20993b79"
-      "4b7487c4b67930284f53732ef6691b7a9894e03fe93d1eabef26a4c1cf")
-check("response (wire)", protect(HP1, resp)[:8].hex(), "694b5347b33b6fbe")
+      "4b7487c4b67930284f53732ef6fbc797e0bfd96c143b61df5cf194a8bd")
+check("response (wire)", protect(HP1, resp)[:8].hex(), "544ce691d3d47cdc")
 
 # ---- §9.4 data keys, §9.5 phase-bit counters and keepalives ----
 
@@ -310,13 +312,13 @@ check("data keys i2r / r2i", (data_key(k_i2r).hex(), data_key(k_r2i).hex()),
       ("38638f30c5d5befddba88c3e6de992183647aae0f84e2fe28cc60f11eaadc3ef",
        "8a47108d414e597b4636dfbccb8b2e5d0519ed7376160eac28afb337031b76c5"))
 check("keepalive role 0, phase 0, packet 0",
-      keepalive(data_key(k_i2r), HP0, a, pa, b, pb, 0), "dddc500f719754700b34dc85f9d605f9981bfac437e447fc")
+      keepalive(data_key(k_i2r), HP0, a, pa, b, pb, 0), "a45d0f18b2d2328b41a3ca89fa929a7b4e278253b91451f0")
 check("keepalive role 1, phase 0, packet 0",
-      keepalive(data_key(k_r2i), HP1, b, pb, a, pa, 0), "1f32d40486668ce75be4776b52976ea480c36172c0acb1ad")
+      keepalive(data_key(k_r2i), HP1, b, pb, a, pa, 0), "11a78130357909534be500895fc8d89619809511949eded2")
 _, _, k2_i2r, _, _ = exchange(bytes([0xE2] * 32), bytes([0xE3] * 32), T0 + 1_000_000_000, 1, 1, RA)
 check("rekey: keepalive role 0, phase 1, packet 0 (counter 4000000000000000)",
       keepalive(data_key(k2_i2r), HP0, a, pa, b, pb, 1 << 62),
-      "0109f84f4af0a0868e0f50b598f671ba066c8f41b98fba18")
+      "b6fcd38ee2d79693691444bf57128719b35a0852d73c0196")
 
 # ---- §2.3, §4.1 static data key and a sealed data packet; §5.2 notice ----
 

@@ -170,8 +170,16 @@ impl HandshakeClients {
     ) -> Result<HandshakeClients, String> {
         let (first, count) = (range.start, range.len());
         let privates: Vec<PrivateKey> = range.map(|i| identity(spec, i)).collect();
-        let links = mt6d::keys::par_map(&privates, |p| {
-            link_key(p, &server_public, &Psk::none()).map_err(|e| e.to_string())
+        let indexes: Vec<usize> = (0..count).collect();
+        let links = mt6d::keys::par_map(&indexes, |&i| {
+            let own = spec.true_addr(first + i);
+            link_key(
+                &privates[i],
+                &server_public,
+                &Psk::none(),
+                (own, spec.server_true),
+            )
+            .map_err(|e| e.to_string())
         });
         let streams = links.into_iter().enumerate().map(|(i, key)| {
             let key = key?;

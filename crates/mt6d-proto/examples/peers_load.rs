@@ -103,7 +103,9 @@ fn main() {
         let t = Instant::now();
         for e in &entries[..n] {
             let psk = e.psk.clone().unwrap_or_else(Psk::none);
-            std::hint::black_box(link_key(&server, &e.public_key, &psk).unwrap());
+            std::hint::black_box(
+                link_key(&server, &e.public_key, &psk, (SERVER_TRUE, e.true_addr)).unwrap(),
+            );
         }
         let per = t.elapsed().as_secs_f64() / n as f64;
         println!(

@@ -107,8 +107,9 @@ fn thief_keys(
     stolen_is_responder: bool,
     capture: &[Session],
 ) -> Vec<SessionKey> {
-    let mut keys = vec![link_key(stolen, &other.public_key(), &Psk::none()).unwrap()];
     let (local, remote) = if stolen_is_responder { (B, A) } else { (A, B) };
+    let trues = (ip(local), ip(remote));
+    let mut keys = vec![link_key(stolen, &other.public_key(), &Psk::none(), trues).unwrap()];
     let mut hs = Handshake::new(handshake_config(stolen, other, local, remote)).unwrap();
     let s = Stream::new(StreamConfig::new(
         Endpoint::new(ip(local)),
@@ -184,7 +185,7 @@ fn the_same_thief_computes_every_link_key_route() {
     let b_key = PrivateKey::generate([0x22; 32]);
     let capture = conversation(&a_key, &b_key, 1);
     let thief = thief_keys(&b_key, &a_key, true, &capture);
-    let link = link_key(&a_key, &b_key.public_key(), &Psk::none()).unwrap();
+    let link = link_key(&a_key, &b_key.public_key(), &Psk::none(), (ip(A), ip(B))).unwrap();
     let wire = routes(link, capture[0].epoch);
     assert!(thief
         .iter()

@@ -639,7 +639,7 @@ fn handshake_transcript() {
     let t = transcript();
     assert_eq!(
         t.link,
-        "15121bfac4f70e513cef6248be15bb8a0818e2b3612488ef822230cea164a66c"
+        "bb99ba206ad441e09e3f4f10f48e2097fdbbd40f53c7f418a5a918ba9c495504"
     );
     assert_eq!(
         t.public,
@@ -653,32 +653,32 @@ fn handshake_transcript() {
         concat!(
             "810000009e0d989ca9a83574cf53197028ce6b5c2daa99bffc104dcdcf80de7adb4af8d828903b0e",
             "9f1c872a891da762dad07823d1cd47fcf5baf4fd00d660969fc2a3c82610e8a63f3516fcd115a6b1",
-            "198184573a93dbf91d308ea6b173e9a004767df3ccefcd32a861692864b300375810d4089a356986",
-            "ab01a81b0dba3b68a0"
+            "198184573a93dbf91d308ea6b173e9a004767df3ccefcd32a861692864b30037585a8892942eb3f8",
+            "9a0e368610bb4dc5e7"
         )
     );
-    assert_eq!(&t.initiation_wire[..16], "9b59c6b66af950e9");
+    assert_eq!(&t.initiation_wire[..16], "e06e9da61802197a");
     assert_eq!(t.initiation_wire[16..], t.initiation[16..]);
     assert_eq!(
         t.response,
         concat!(
             "820000009e0d989cb23e915663e34f6a271881682e25f3200ec8eab9bc5f7defbde62b0d89b1e52d",
-            "20993b794b7487c4b67930284f53732ef6691b7a9894e03fe93d1eabef26a4c1cf"
+            "20993b794b7487c4b67930284f53732ef6fbc797e0bfd96c143b61df5cf194a8bd"
         )
     );
-    assert_eq!(&t.response_wire[..16], "694b5347b33b6fbe");
+    assert_eq!(&t.response_wire[..16], "544ce691d3d47cdc");
     assert_eq!(t.response_wire[16..], t.response[16..]);
     assert_eq!(
         t.keepalive_i,
-        "dddc500f719754700b34dc85f9d605f9981bfac437e447fc"
+        "a45d0f18b2d2328b41a3ca89fa929a7b4e278253b91451f0"
     );
     assert_eq!(
         t.keepalive_r,
-        "1f32d40486668ce75be4776b52976ea480c36172c0acb1ad"
+        "11a78130357909534be500895fc8d89619809511949eded2"
     );
     assert_eq!(
         t.rekey_keepalive_i,
-        "0109f84f4af0a0868e0f50b598f671ba066c8f41b98fba18"
+        "b6fcd38ee2d79693691444bf57128719b35a0852d73c0196"
     );
 }
 

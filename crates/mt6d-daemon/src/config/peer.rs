@@ -238,8 +238,13 @@ fn handshake_keying(
             )
         }
     };
-    let key = link_key(private, &remote_public, &psk)
-        .map_err(|e| src.err(public, format!("peer {name:?}: {e}")))?;
+    let key = link_key(
+        private,
+        &remote_public,
+        &psk,
+        (draft.local_true, draft.remote_true),
+    )
+    .map_err(|e| src.err(public, format!("peer {name:?}: {e}")))?;
     let limit = rekey_packets_limit(aead);
     let rekey_after_packets = match (&gw.rekey_packets, section.rekey_packets) {
         (Some(v), Some(n)) if n > limit => {

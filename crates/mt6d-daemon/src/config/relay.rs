@@ -538,7 +538,7 @@ fn handshake(
     (local, remote): (Ipv6Addr, Ipv6Addr),
     ctx: &Ctx,
 ) -> Result<(SessionKey, HandshakeConfig), mt6d_proto::ProtoError> {
-    let key = link_key(private, &remote_public, &psk)?;
+    let key = link_key(private, &remote_public, &psk, (local, remote))?;
     let aead = ctx.stream.aead;
     Ok((
         key,
@@ -779,8 +779,9 @@ key_file = "l2.key"
         assert_eq!(h1.remote_true, c.links[1].address);
         assert_eq!(h0.mode, Mode::Encrypt);
         // The stream is keyed by the handshake's link key, and the psk changes it.
-        let no_psk = link_key(&h1.local_private, &h1.remote_public, &Psk::none()).unwrap();
-        let with_psk = link_key(&h1.local_private, &h1.remote_public, &h1.psk).unwrap();
+        let trues = (h1.local_true, h1.remote_true);
+        let no_psk = link_key(&h1.local_private, &h1.remote_public, &Psk::none(), trues).unwrap();
+        let with_psk = link_key(&h1.local_private, &h1.remote_public, &h1.psk, trues).unwrap();
         assert_eq!(c.links[1].stream.key.as_bytes(), with_psk.as_bytes());
         assert_ne!(no_psk.as_bytes(), with_psk.as_bytes());
 

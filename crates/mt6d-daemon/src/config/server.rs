@@ -360,9 +360,15 @@ impl ServerConfig {
                 return Ok(None);
             }
             let psk = e.psk.clone().unwrap_or_else(Psk::none);
-            link_key_with_public(private, public, &e.public_key, &psk)
-                .map(Some)
-                .map_err(|err| (e.line, format!("client {:?}: {err}", e.name)))
+            link_key_with_public(
+                private,
+                public,
+                &e.public_key,
+                &psk,
+                (self.true_address, e.true_addr),
+            )
+            .map(Some)
+            .map_err(|err| (e.line, format!("client {:?}: {err}", e.name)))
         });
         // The first line at fault, in file order.
         results
@@ -609,7 +615,13 @@ b {K2} 2001:db8:c2::7 key={K1}"
         let hs = ok[0].handshake.as_ref().expect("a handshakes");
         assert!(ok[1].handshake.is_none(), "b has a pre-shared key");
         // Its stream is keyed by the link key (docs/PROTOCOL.md §9.1), what the client computes.
-        let link = mt6d_proto::handshake::link_key(&private, &hs.public_key, &Psk::none()).unwrap();
+        let link = mt6d_proto::handshake::link_key(
+            &private,
+            &hs.public_key,
+            &Psk::none(),
+            (c.true_address, ok[0].stream.remote.true_addr),
+        )
+        .unwrap();
         assert_eq!(ok[0].stream.key.as_bytes(), link.as_bytes());
         let template = c
             .handshake_config(hs, ok[0].stream.remote.true_addr)

@@ -2,6 +2,7 @@
 //! *link key* both peers compute from them with no message at all (docs/PROTOCOL.md §9.1).
 
 use std::fmt;
+use std::net::Ipv6Addr;
 
 use zeroize::Zeroizing;
 
@@ -12,7 +13,9 @@ pub const KEY_LEN: usize = 32;
 
 /// BLAKE3 `derive_key` contexts of the handshake layer (changing one is wire-incompatible).
 pub(crate) mod context {
-    pub const LINK: &str = "mt6d-proto 2026-11-21 static link key";
+    /// The link key of a stream (docs/PROTOCOL.md §9.1): both identities and both true
+    /// addresses, so that two streams between the same two identities never share one.
+    pub const LINK: &str = "mt6d-proto 2026-11-28 stream link key";
     pub const MAC: &str = "mt6d-proto 2026-11-21 handshake mac key";
     pub const DATA_AES: &str = "mt6d-proto 2026-11-21 session data key aes256-gcm";
     pub const DATA_CHACHA: &str = "mt6d-proto 2026-11-21 session data key chacha20-poly1305";
@@ -126,19 +129,29 @@ impl fmt::Debug for Psk {
     }
 }
 
-/// The link key of a pair of identities (§9.1): what the stream derives its hashed addresses,
-/// ports and jitter from, and the handshake its MAC key. Both peers compute the same value:
+/// The true addresses of a stream's two ends, as this side names them: `(local, remote)`.
+pub type TrueAddresses = (Ipv6Addr, Ipv6Addr);
+
+/// The link key of one stream between two identities (§9.1): what the stream derives its
+/// hashed addresses, ports and jitter from, and the handshake its MAC key. Both peers compute
+/// the same value:
 ///
 /// ```text
-/// link = BLAKE3-derive_key("mt6d-proto 2026-11-21 static link key",
-///                          X25519(own private, peer public) || psk || lower public || higher public)
+/// link = BLAKE3-derive_key("mt6d-proto 2026-11-28 stream link key",
+///                          X25519(own private, peer public) || psk || lower public || higher public
+///                          || lower true address || higher true address)
 /// ```
+///
+/// The true addresses make it the stream's own key: two streams between the same two gateways
+/// (Host A with Host B, Host A with Host C) would otherwise share a key, and the end both have
+/// in common (Host A) would get the same hashed address and port in both.
 pub fn link_key(
     local: &PrivateKey,
     remote: &PublicKey,
     psk: &Psk,
+    stream: TrueAddresses,
 ) -> Result<SessionKey, ProtoError> {
-    link_key_with_public(local, &local.public_key(), remote, psk)
+    link_key_with_public(local, &local.public_key(), remote, psk, stream)
 }
 
 /// [`link_key`] with `local`'s public key given (it must be `local.public_key()`): one X25519
@@ -148,6 +161,7 @@ pub fn link_key_with_public(
     local_public: &PublicKey,
     remote: &PublicKey,
     psk: &Psk,
+    (local_true, remote_true): TrueAddresses,
 ) -> Result<SessionKey, ProtoError> {
     let local_public = *local_public;
     if local_public == *remote {
@@ -161,11 +175,19 @@ pub fn link_key_with_public(
     } else {
         (*remote, local_public)
     };
-    let mut ikm = Zeroizing::new([0u8; 4 * KEY_LEN]);
+    // Addresses in the order of their 16 network-order bytes (§1, §9.2's prologue).
+    let (lo_true, hi_true) = if local_true < remote_true {
+        (local_true, remote_true)
+    } else {
+        (remote_true, local_true)
+    };
+    let mut ikm = Zeroizing::new([0u8; 4 * KEY_LEN + 32]);
     ikm[..KEY_LEN].copy_from_slice(&dh[..]);
     ikm[KEY_LEN..2 * KEY_LEN].copy_from_slice(psk.as_bytes());
     ikm[2 * KEY_LEN..3 * KEY_LEN].copy_from_slice(lo.as_bytes());
-    ikm[3 * KEY_LEN..].copy_from_slice(hi.as_bytes());
+    ikm[3 * KEY_LEN..4 * KEY_LEN].copy_from_slice(hi.as_bytes());
+    ikm[4 * KEY_LEN..4 * KEY_LEN + 16].copy_from_slice(&lo_true.octets());
+    ikm[4 * KEY_LEN + 16..].copy_from_slice(&hi_true.octets());
     let link = Zeroizing::new(blake3::derive_key(context::LINK, &ikm[..]));
     SessionKey::from_bytes(&link[..])
 }
@@ -196,33 +218,73 @@ pub fn session_route_key(
 mod tests {
     use super::*;
 
+    const HOST_A: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 0xa);
+    const HOST_B: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 0xb);
+    const HOST_C: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 0xc);
+
     #[test]
     fn both_peers_compute_the_same_link_key_and_a_psk_changes_it() {
         let a = PrivateKey::generate([1; 32]);
         let b = PrivateKey::generate([2; 32]);
         let none = Psk::none();
-        let ab = link_key(&a, &b.public_key(), &none).unwrap();
-        let ba = link_key(&b, &a.public_key(), &none).unwrap();
+        let ab = link_key(&a, &b.public_key(), &none, (HOST_A, HOST_B)).unwrap();
+        let ba = link_key(&b, &a.public_key(), &none, (HOST_B, HOST_A)).unwrap();
         assert_eq!(ab.as_bytes(), ba.as_bytes());
         let psk = Psk::from_bytes([9; 32]);
-        let ab2 = link_key(&a, &b.public_key(), &psk).unwrap();
+        let ab2 = link_key(&a, &b.public_key(), &psk, (HOST_A, HOST_B)).unwrap();
         assert_ne!(ab.as_bytes(), ab2.as_bytes());
         let c = PrivateKey::generate([3; 32]);
         assert_ne!(
-            link_key(&a, &c.public_key(), &none).unwrap().as_bytes(),
+            link_key(&a, &c.public_key(), &none, (HOST_A, HOST_B))
+                .unwrap()
+                .as_bytes(),
             ab.as_bytes()
         );
+    }
+
+    /// Two streams between the same two gateways, one host in common (Host A with Host B,
+    /// Host A with Host C): each has its own link key, so Host A's end of them gets different
+    /// hashed addresses and ports (with one shared key they were equal, and the receiving
+    /// gateway could not tell the streams apart).
+    #[test]
+    fn two_streams_between_the_same_identities_have_their_own_link_keys() {
+        let a = PrivateKey::generate([1; 32]);
+        let b = PrivateKey::generate([2; 32]);
+        let none = Psk::none();
+        let ab = link_key(&a, &b.public_key(), &none, (HOST_A, HOST_B)).unwrap();
+        let ac = link_key(&a, &b.public_key(), &none, (HOST_A, HOST_C)).unwrap();
+        assert_ne!(ab.as_bytes(), ac.as_bytes());
+        let stream = |key: &SessionKey, remote: Ipv6Addr| {
+            let cfg = crate::StreamConfig::new(
+                crate::Endpoint::new(HOST_A),
+                crate::Endpoint::new(remote),
+                key.clone(),
+            );
+            crate::Stream::new(cfg).expect("stream")
+        };
+        let (rb, rc) = (
+            stream(&ab, HOST_B).route(crate::Epoch(7)),
+            stream(&ac, HOST_C).route(crate::Epoch(7)),
+        );
+        assert_ne!(rb.local.ip(), rc.local.ip(), "Host A's end of both streams");
+        assert_ne!(rb.local.port(), rc.local.port());
     }
 
     #[test]
     fn low_order_and_own_public_keys_are_refused() {
         let a = PrivateKey::generate([1; 32]);
         assert_eq!(
-            link_key(&a, &PublicKey::from_bytes([0; 32]), &Psk::none()).unwrap_err(),
+            link_key(
+                &a,
+                &PublicKey::from_bytes([0; 32]),
+                &Psk::none(),
+                (HOST_A, HOST_B)
+            )
+            .unwrap_err(),
             ProtoError::WeakPublicKey
         );
         assert_eq!(
-            link_key(&a, &a.public_key(), &Psk::none()).unwrap_err(),
+            link_key(&a, &a.public_key(), &Psk::none(), (HOST_A, HOST_B)).unwrap_err(),
             ProtoError::SamePublicKey
         );
     }

@@ -338,7 +338,12 @@ impl std::fmt::Debug for Handshake {
 impl Handshake {
     /// Validates the keys and derives the link and MAC keys.
     pub fn new(cfg: HandshakeConfig) -> Result<Handshake, ProtoError> {
-        let link = link_key(&cfg.local_private, &cfg.remote_public, &cfg.psk)?;
+        let link = link_key(
+            &cfg.local_private,
+            &cfg.remote_public,
+            &cfg.psk,
+            (cfg.local_true, cfg.remote_true),
+        )?;
         Handshake::with_link_key(cfg, link)
     }
 
