@@ -43,6 +43,10 @@ pub struct GatewaySection {
     pub rekey_secs: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub workers: Option<usize>,
+    /// `jitter = true`: key-derived jitter of every peer's epoch boundaries; absent (the
+    /// daemon's default, off) otherwise.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub jitter: bool,
 }
 
 /// One `[[peer]]`: a pre-shared `key_file` or the other gateway's `public_key`.

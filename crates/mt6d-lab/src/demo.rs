@@ -633,8 +633,8 @@ impl Results<'_> {
 fn link_report(args: &DemoArgs, topology: Topology) -> DemoResult<()> {
     if args.host_mode || args.psk || args.rekey.is_some() || args.restart_gateway {
         return Err(
-            "--link-report runs its own gateway-mode conversations with \
-pre-shared keys: drop --host-mode, --psk, --rekey and --restart-gateway"
+            "--link-report runs its own gateway-mode conversations, keyed as \
+--link-keys says: drop --host-mode, --psk, --rekey and --restart-gateway"
                 .into(),
         );
     }
@@ -647,6 +647,7 @@ pre-shared keys: drop --host-mode, --psk, --rekey and --restart-gateway"
             rotations: (args.duration / args.rotation).ceil().max(2.0) as u32,
             conversations: args.conversations.clone(),
             shapes: args.shapes.clone(),
+            keying: args.link_keys,
             classifier: args.classifier,
             mt6d: std::env::current_exe()?,
             pcap: args.pcap.clone(),
@@ -659,8 +660,8 @@ pre-shared keys: drop --host-mode, --psk, --rekey and --restart-gateway"
         for r in &sweep.runs {
             let run = &r.run;
             println!(
-                "\n{} conversations ({}), {} mode, {} topology, rotation {} s: {} epochs, {} frames with a true address, {:.0} s",
-                run.conversations, run.shapes, run.mode, run.topology, run.rotation_secs, run.epochs,
+                "\n{} conversations ({}), {} mode, {} keys, {} topology, rotation {} s: {} epochs, {} frames with a true address, {:.0} s",
+                run.conversations, run.shapes, run.mode, run.keying, run.topology, run.rotation_secs, run.epochs,
                 run.frames_with_true_address, r.secs
             );
             for rep in &run.reports {

@@ -5,7 +5,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 
 use super::topology::Topology;
-use super::unlinkability::Shapes;
+use super::unlinkability::{Keying, Shapes};
 
 /// Options of `mt6d demo`.
 #[derive(clap::Args, Debug)]
@@ -58,7 +58,7 @@ pub struct DemoArgs {
     #[arg(long)]
     pub host_mode: bool,
     /// Instead of the demo: run two conversations between the same two gateways (pre-shared
-    /// keys, --duration / --rotation-secs epochs), capture the public link (and, routed, past the
+    /// keys unless --link-keys says otherwise, --duration / --rotation-secs epochs), capture the public link (and, routed, past the
     /// router) and print how well each linking method ties consecutive epochs together
     /// against chance (docs/PRIVACY.md). --pcap keeps the capture.
     #[arg(long)]
@@ -73,6 +73,13 @@ pub struct DemoArgs {
     #[arg(long, value_name = "SHAPES", value_delimiter = ',', default_value = "timer",
           value_parser = parse_shapes)]
     pub shapes: Vec<Shapes>,
+    /// With --link-report: how the conversations' streams are keyed: pre-shared (a key per
+    /// stream, every stream switching at the same boundary), pre-shared-jitter (the same with
+    /// `jitter = true`: each stream switches at its own instant) or identity (one identity key
+    /// per gateway, a handshake per stream, data on the sessions' routes).
+    #[arg(long, value_name = "KEYS", default_value = "pre-shared", value_parser = parse_keying,
+          requires = "link_report")]
+    pub link_keys: Keying,
     /// With --link-report: train a k-NN classifier on a first run of each configuration and
     /// score it on a second, fresh one (doubles the time).
     #[arg(long, requires = "link_report")]
@@ -114,6 +121,10 @@ impl std::fmt::Display for DemoTopology {
 
 fn parse_shapes(s: &str) -> Result<Shapes, String> {
     Shapes::parse(s).ok_or_else(|| format!("{s:?}: one of different, timer, poisson"))
+}
+
+fn parse_keying(s: &str) -> Result<Keying, String> {
+    Keying::parse(s).ok_or_else(|| format!("{s:?}: one of pre-shared, pre-shared-jitter, identity"))
 }
 
 fn parse_topology(s: &str) -> Result<DemoTopology, String> {

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use super::linker::{Classifier, Method};
 use super::topology::Topology;
-use super::unlinkability::{self, LinkRun, LinkRunArgs, Shapes};
+use super::unlinkability::{self, Keying, LinkRun, LinkRunArgs, Shapes};
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -23,6 +23,7 @@ pub struct SweepArgs {
     pub rotations: u32,
     pub conversations: Vec<usize>,
     pub shapes: Vec<Shapes>,
+    pub keying: Keying,
     /// Train a classifier on a first run of each configuration.
     pub classifier: bool,
     pub mt6d: PathBuf,
@@ -47,6 +48,7 @@ pub struct SweepRun {
 pub struct Sweep {
     pub topology: String,
     pub mode: String,
+    pub keying: Keying,
     pub rotation_secs: f64,
     pub rotations: u32,
     pub runs: Vec<SweepRun>,
@@ -68,6 +70,7 @@ pub fn sweep(args: &SweepArgs, progress: impl Fn(&str)) -> Result<Sweep, String>
                 pcap: None,
                 shapes,
                 classifiers: Vec::new(),
+                keying: args.keying,
             };
             let mut training_pairs = Vec::new();
             if args.classifier {
@@ -102,6 +105,7 @@ pub fn sweep(args: &SweepArgs, progress: impl Fn(&str)) -> Result<Sweep, String>
     Ok(Sweep {
         topology: args.topology.name().to_string(),
         mode: args.mode.clone(),
+        keying: args.keying,
         rotation_secs: args.rotation_secs,
         rotations: args.rotations,
         runs,
@@ -113,9 +117,9 @@ impl Sweep {
     /// cell "recovered / jointly (chance)".
     pub fn markdown(&self) -> String {
         let mut out = format!(
-            "{} topology, {} mode, rotation {} s, {} rotations per run; each cell: fraction of \
-consecutive-epoch links recovered flow by flow / jointly (chance)\n",
-            self.topology, self.mode, self.rotation_secs, self.rotations
+            "{} topology, {} mode, {} keys, rotation {} s, {} rotations per run; each cell: \
+fraction of consecutive-epoch links recovered flow by flow / jointly (chance)\n",
+            self.topology, self.mode, self.keying, self.rotation_secs, self.rotations
         );
         let vantages = self
             .runs

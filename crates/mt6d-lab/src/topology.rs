@@ -639,6 +639,7 @@ pub fn gateway_config_text(c: &ConfigText<'_>) -> String {
         private_key_file: None,
         rekey_secs: None,
         workers: s.workers,
+        jitter: false,
     };
     let mut peer = PeerSection {
         name: "far".to_string(),

@@ -4,7 +4,8 @@
 //!
 //! Gateway A serves Host A; Gateway B serves Host B and further addresses on Host B's link
 //! (Host C, D, ...). Each stream (a `[[peer]]` with its own pre-shared key, as customers of one
-//! pair of gateways) carries traffic of its shape group ([`Shapes`]). With [`Shapes::Timer`]
+//! pair of gateways, with or without jitter; or every stream keyed by handshakes between the
+//! two gateways' identity keys: [`Keying`]) carries traffic of its shape group ([`Shapes`]). With [`Shapes::Timer`]
 //! (the test's) every stream carries the same mix at once: a ping train (5/s), a faster ping
 //! train (100/s) and a paced TCP stream (1200 bytes every 20 ms). Identical mixes make each
 //! stream the others' decoy: an observer who must tell which of the next epoch's `n` flows
@@ -31,7 +32,7 @@ use super::linker::{self, Label, LinkReport, Truth, Vantage};
 use super::observer::Observer;
 use super::ping::{ping, Pace};
 use super::topology::{
-    in_ns, Lab, Side, Topology, EXTERNAL_IF, GATEWAY_A, GATEWAY_B, HOST_A, HOST_B, HOST_IF,
+    in_ns, Lab, Public, Side, Topology, EXTERNAL_IF, GATEWAY_A, GATEWAY_B, HOST_A, HOST_B, HOST_IF,
     INTERNAL_IF,
 };
 use super::transfer;
@@ -93,6 +94,45 @@ pub struct LinkRunArgs {
     /// Classifiers trained on an earlier run, one per vantage in the order of
     /// [`LinkRun::reports`]: each adds a "classifier" row to its report. Empty: no such row.
     pub classifiers: Vec<linker::Classifier>,
+    /// How the streams are keyed.
+    pub keying: Keying,
+}
+
+/// How the conversations' streams are keyed: the variants whose epochs an observer may link
+/// differently (docs/PRIVACY.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Keying {
+    /// A pre-shared session key per stream, no jitter: every stream switches at the same
+    /// boundary.
+    PreShared,
+    /// The same with `jitter = true`: each stream switches at its own key-derived instant.
+    PreSharedJitter,
+    /// Identity keys: one X25519 key per gateway, a handshake per stream, and data on routes
+    /// derived from each session's keys (docs/PROTOCOL.md §9.8).
+    Identity,
+}
+
+impl Keying {
+    pub const ALL: [Keying; 3] = [Keying::PreShared, Keying::PreSharedJitter, Keying::Identity];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Keying::PreShared => "pre-shared",
+            Keying::PreSharedJitter => "pre-shared-jitter",
+            Keying::Identity => "identity",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Keying> {
+        Keying::ALL.into_iter().find(|x| x.name() == s)
+    }
+}
+
+impl std::fmt::Display for Keying {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// What traffic the conversations carry: the three groups a traffic-analysis measurement
@@ -143,6 +183,7 @@ pub struct LinkRun {
     pub rotation_secs: f64,
     pub conversations: usize,
     pub shapes: Shapes,
+    pub keying: Keying,
     /// Distinct epochs in the ground truth.
     pub epochs: usize,
     /// Frames on the captured links that carried a true address (must be 0).
@@ -241,19 +282,23 @@ pub fn run(args: &LinkRunArgs) -> Result<LinkRun, String> {
         .recursive(true)
         .create(&dir)
         .map_err(|e| format!("{}: {e}", dir.display()))?;
-    for i in 0..args.peers {
-        let key = mt6d::keys::random32().map_err(|e| e.to_string())?;
-        mt6d::keys::write_secret_file(
-            &dir.join(format!("k{i}")),
-            &mt6d::keys::encode(key.as_slice()),
-        )
-        .map_err(|e| e.to_string())?;
-    }
+    let keys = Keys::generate(args, &dir)?;
     let mut daemons = Vec::new();
     for (side, label) in [(Side::A, "A"), (Side::B, "B")] {
         let config = dir.join(format!("gw-{label}.toml"));
-        std::fs::write(&config, config_text(&lab, side, args, &dir))
-            .map_err(|e| format!("{}: {e}", config.display()))?;
+        std::fs::write(
+            &config,
+            config_text(
+                lab.public(side),
+                lab.public(other(side)),
+                side,
+                args,
+                &keys,
+                &lab.control_socket(side),
+                lab.topology.name(),
+            ),
+        )
+        .map_err(|e| format!("{}: {e}", config.display()))?;
         let mut cmd = lab
             .gateway(side)
             .command(&args.mt6d)
@@ -268,31 +313,100 @@ pub fn run(args: &LinkRunArgs) -> Result<LinkRun, String> {
         d.wait_ready(Duration::from_secs(10))?;
         daemons.push(d);
     }
-    let result = capture_and_link(&lab, args, &dir, &daemons);
+    let result = capture_and_link(&lab, args, &dir, &daemons).map_err(|e| {
+        // The run's directory (and the logs in it) goes with the run: say what the gateways
+        // said.
+        let logs: Vec<String> = daemons
+            .iter()
+            .map(|d| format!("gateway {} log, last lines:\n{}", d.label, d.log_tail(15)))
+            .collect();
+        format!("{e}\n{}", logs.join("\n"))
+    });
     for d in &mut daemons {
         d.stop(Duration::from_secs(5))?;
     }
     result
 }
 
-/// Both gateways' configuration: one `[[peer]]` per conversation, each with its own key.
-fn config_text(lab: &Lab, side: Side, args: &LinkRunArgs, dir: &Path) -> String {
-    let (own, far) = (lab.public(side), lab.public(other(side)));
+/// The run's key files, in its private directory.
+struct Keys {
+    dir: PathBuf,
+    keying: Keying,
+    /// Identity keys: each gateway's private key file and public key text (A, then B).
+    identities: Vec<(PathBuf, String)>,
+}
+
+impl Keys {
+    /// A pre-shared key per stream (`k0`, `k1`, ...), or an identity key per gateway.
+    fn generate(args: &LinkRunArgs, dir: &Path) -> Result<Keys, String> {
+        use mt6d::keys;
+        let mut identities = Vec::new();
+        if args.keying == Keying::Identity {
+            for label in ["a", "b"] {
+                let private = keys::new_private_key().map_err(|e| e.to_string())?;
+                let path = dir.join(format!("gateway-{label}.key"));
+                keys::write_secret_file(&path, &keys::encode(private.to_bytes().as_slice()))
+                    .map_err(|e| e.to_string())?;
+                identities.push((path, keys::public_key_text(&private.public_key())));
+            }
+        } else {
+            for i in 0..args.peers {
+                let key = keys::random32().map_err(|e| e.to_string())?;
+                keys::write_secret_file(&dir.join(format!("k{i}")), &keys::encode(key.as_slice()))
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(Keys {
+            dir: dir.to_path_buf(),
+            keying: args.keying,
+            identities,
+        })
+    }
+
+    fn identity(&self, side: Side) -> Option<&(PathBuf, String)> {
+        self.identities.get(match side {
+            Side::A => 0,
+            Side::B => 1,
+        })
+    }
+}
+
+/// Both gateways' configuration: one `[[peer]]` per conversation, each with its own
+/// pre-shared key or the other gateway's public key. Each gateway keeps its counter state in
+/// the run's directory, which is removed after the run (never in the system's state
+/// directory).
+fn config_text(
+    own: &Public,
+    far: &Public,
+    side: Side,
+    args: &LinkRunArgs,
+    keys: &Keys,
+    socket: &Path,
+    topology: &str,
+) -> String {
+    let state = keys.dir.join(match side {
+        Side::A => "state-a",
+        Side::B => "state-b",
+    });
     let gateway = GatewaySection {
         role: None,
         internal_interface: Some(INTERNAL_IF.to_string()),
         external_interface: EXTERNAL_IF.to_string(),
         tun_name: "mt6d0".to_string(),
-        control_socket: lab.control_socket(side).display().to_string(),
+        control_socket: socket.display().to_string(),
         rotation_secs: args.rotation_secs,
         mode: args.mode.clone(),
         accept_clear_payload: args.mode != "encrypt",
         external_next_hop: own.router,
-        state_dir: None,
-        private_key_file: None,
+        state_dir: Some(state.display().to_string()),
+        private_key_file: keys
+            .identity(side)
+            .map(|(path, _)| path.display().to_string()),
         rekey_secs: None,
         workers: None,
+        jitter: keys.keying == Keying::PreSharedJitter,
     };
+    let far_public = keys.identity(other(side)).map(|(_, public)| public.clone());
     let peers = far_hosts(args.peers)
         .into_iter()
         .enumerate()
@@ -305,8 +419,10 @@ fn config_text(lab: &Lab, side: Side, args: &LinkRunArgs, dir: &Path) -> String 
                 name: format!("p{i}"),
                 local_host: local,
                 remote_host: remote,
-                key_file: Some(dir.join(format!("k{i}")).display().to_string()),
-                public_key: None,
+                key_file: far_public
+                    .is_none()
+                    .then(|| keys.dir.join(format!("k{i}")).display().to_string()),
+                public_key: far_public.clone(),
                 local_prefix: None,
                 remote_prefix: None,
             }
@@ -314,8 +430,8 @@ fn config_text(lab: &Lab, side: Side, args: &LinkRunArgs, dir: &Path) -> String 
         })
         .collect();
     ConfigFile { gateway, peers }.text(&format!(
-        "Generated for the linker's {} conversations (gateway {side:?}, {} topology).",
-        args.peers, lab.topology
+        "Generated for the linker's {} conversations (gateway {side:?}, {topology} topology).",
+        args.peers
     ))
 }
 
@@ -386,7 +502,8 @@ fn capture_and_link(
     let poller = std::thread::spawn({
         let stop = stop.clone();
         let socket = daemons[0].socket.clone();
-        move || poll_truth(&socket, &stop)
+        let data_only = args.keying == Keying::Identity;
+        move || poll_truth(&socket, &stop, data_only)
     });
     let duration = Duration::from_secs_f64(args.rotation_secs * f64::from(args.rotations));
     let traffic = conversations(lab, &hosts, args.shapes, duration);
@@ -417,6 +534,7 @@ fn capture_and_link(
         rotation_secs: args.rotation_secs,
         conversations: args.peers,
         shapes: args.shapes,
+        keying: args.keying,
         epochs,
         frames_with_true_address: leaks,
         reports,
@@ -493,14 +611,20 @@ fn wait_for(lab: &Lab, dst: Ipv6Addr) -> Result<(), String> {
     Err(format!("Host A cannot reach {dst} through the tunnel"))
 }
 
-/// Every route of every peer that Gateway A's status names, until `stop`.
-fn poll_truth(socket: &Path, stop: &AtomicBool) -> Truth {
+/// Every route of every peer that Gateway A's status names, until `stop`. With `data_only`
+/// (identity keys), only each epoch's send route: the other bound routes of an epoch belong to
+/// route sets that carry no data then (the link set's handshakes, an old or next session set,
+/// docs/PROTOCOL.md §9.8); labelled, they would give a stream several flows in one epoch, which
+/// the linker's one-successor scoring does not model. Unlabelled, their flows are left out of
+/// the scoring.
+fn poll_truth(socket: &Path, stop: &AtomicBool, data_only: bool) -> Truth {
     let mut truth = Truth::default();
     let endpoint = |s: &str| s.parse::<SocketAddrV6>().ok();
     while !stop.load(Ordering::Relaxed) {
         if let Ok(st) = mt6d::control::query_status(socket) {
             for (stream, peer) in st.peers.iter().enumerate() {
-                for route in peer.accept.iter().chain([&peer.send]) {
+                let accepted = if data_only { &[][..] } else { &peer.accept[..] };
+                for route in accepted.iter().chain([&peer.send]) {
                     if let (Some(l), Some(r)) = (endpoint(&route.local), endpoint(&route.remote)) {
                         truth.add(
                             l,
@@ -731,4 +855,81 @@ pub fn link_files(
         &Truth::from_routes(&routes),
         &pcap.display().to_string(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mt6d::config::{Config, Keying as DaemonKeying};
+    use std::os::unix::fs::DirBuilderExt;
+
+    /// The linker's gateways read what the lab meant for each keying: a pre-shared key per
+    /// stream (jitter on or off) or the other gateway's public key, and always a state
+    /// directory inside the run's own directory (which the run removes): the lab leaves no
+    /// counter file in the system's state directory.
+    #[test]
+    fn linker_gateways_read_their_keying_and_keep_state_in_the_run() {
+        let dir = std::env::temp_dir().join(format!("mt6d-linker-cfg-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let _guard = DirGuard(dir.clone());
+        let a = |s: &str| s.parse().expect("literal");
+        let public = Public {
+            addr: a("2001:db8:1::1"),
+            prefix: None,
+            router: None,
+            next_hop: a("2001:db8:1::2"),
+        };
+        for keying in Keying::ALL {
+            let run_dir = dir.join(keying.name());
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .recursive(true)
+                .create(&run_dir)
+                .expect("run dir");
+            let args = LinkRunArgs {
+                topology: Topology::Switched,
+                mode: "encrypt".into(),
+                rotation_secs: 1.0,
+                rotations: 2,
+                peers: 3,
+                mt6d: PathBuf::from("mt6d"),
+                pcap: None,
+                shapes: Shapes::Timer,
+                classifiers: Vec::new(),
+                keying,
+            };
+            let keys = Keys::generate(&args, &run_dir).expect("keys");
+            for side in [Side::A, Side::B] {
+                let text = config_text(
+                    &public,
+                    &public,
+                    side,
+                    &args,
+                    &keys,
+                    &run_dir.join("ctl.sock"),
+                    "switched",
+                );
+                let cfg = Config::parse(&run_dir.join("gw.toml"), &text)
+                    .unwrap_or_else(|e| panic!("{keying}: {e}\n{text}"));
+                assert!(
+                    cfg.gateway.state_dir.starts_with(&run_dir),
+                    "{keying}: state in {} ({text})",
+                    cfg.gateway.state_dir.display()
+                );
+                assert_eq!(cfg.peers.len(), 3);
+                for peer in &cfg.peers {
+                    assert_eq!(
+                        peer.stream.jitter,
+                        keying == Keying::PreSharedJitter,
+                        "{keying}"
+                    );
+                    match (&peer.keying, keying) {
+                        (DaemonKeying::Handshake(_), Keying::Identity) => {}
+                        (DaemonKeying::PreShared, Keying::PreShared | Keying::PreSharedJitter) => {}
+                        (k, _) => panic!("{keying}: the daemon reads {k:?}"),
+                    }
+                }
+            }
+        }
+    }
 }

@@ -815,6 +815,11 @@ mod tests {
             "an experiment: train the linker's classifier",
         ),
         ("demo", "link-out", "where an experiment's tables go"),
+        (
+            "demo",
+            "link-keys",
+            "an experiment: how its conversations are keyed",
+        ),
     ];
 
     /// Every long option of every command either is the configuration key of the same name
