@@ -14,14 +14,16 @@
 //! steps: a change is applied by the same code as SIGHUP (`gateway::reload`), never while
 //! another runs. That thread never waits on a client: connections are non-blocking, their
 //! credentials are checked when they are accepted, and each housekeeping step reads what has
-//! arrived and moves on. A request must be whole within [`REQUEST_TIME`] and [`MAX_REQUEST`]
+//! arrived and moves on. The listener and every connection being read are in the server's own
+//! epoll set, whose descriptor ([`ControlServer::readiness_fd`]) the main thread sleeps on
+//! (`daemon::wakeup`): a new connection, or the next bytes of a request, wake it at once. A request must be whole within [`REQUEST_TIME`] and [`MAX_REQUEST`]
 //! bytes, and at most [`MAX_CLIENTS`] are read at once, so a client that trickles its request
 //! (or never sends it) costs a slot for a few seconds, never the daemon's rotations or another
 //! client's answer.
 
 use std::cell::RefCell;
 use std::io::{Read, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -230,6 +232,9 @@ pub struct ControlServer {
     /// daemon's main thread calls [`ControlServer::next_request`]; the cell keeps its
     /// signature `&self`.
     reading: RefCell<Vec<Reading>>,
+    /// The listener and the connections in `reading`, level-triggered: readable while a
+    /// connection waits to be accepted or bytes wait to be read.
+    ready: mt6d_os::Epoll,
 }
 
 /// A connection whose request is being read.
@@ -371,12 +376,36 @@ impl ControlServer {
         let inode = std::fs::symlink_metadata(path)
             .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
             .unwrap_or(0);
+        let ready = mt6d_os::Epoll::new().map_err(|e| bind_err(e.to_string()))?;
+        ready
+            .add(listener.as_raw_fd(), 0)
+            .map_err(|e| bind_err(e.to_string()))?;
         Ok(ControlServer {
             listener,
             path: path.to_path_buf(),
             inode,
             reading: RefCell::new(Vec::new()),
+            ready,
         })
+    }
+
+    /// A descriptor that is readable while a client waits: a connection to accept, or bytes
+    /// of a request to read. The daemon's main thread sleeps on it.
+    pub fn readiness_fd(&self) -> std::os::fd::RawFd {
+        self.ready.as_raw_fd()
+    }
+
+    /// When the oldest request being read is given up ([`REQUEST_TIME`] after its
+    /// connection), if one is being read: a deadline of the main thread's wait.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.reading.borrow().iter().map(|r| r.deadline).min()
+    }
+
+    /// Stops watching a connection that leaves `reading`.
+    fn forget(&self, r: &Reading) {
+        if let Err(e) = self.ready.delete(r.stream.as_raw_fd()) {
+            log::debug!("control socket {}: {e}", self.path.display());
+        }
     }
 
     /// The next request a client is waiting on, or `None` at once when no client is. The
@@ -395,12 +424,14 @@ impl ControlServer {
                 Step::Waiting => i += 1,
                 Step::Gone(why) => {
                     let r = reading.remove(i);
+                    self.forget(&r);
                     if !r.refused {
                         log::debug!("control client on {}: {why}", self.path.display());
                     }
                 }
                 Step::Line(line) => {
                     let r = reading.remove(i);
+                    self.forget(&r);
                     if r.refused {
                         continue;
                     }
@@ -434,7 +465,7 @@ impl ControlServer {
                 Ok(r) => {
                     if reading.len() >= MAX_CLIENTS {
                         match reading.iter().position(|r| r.refused) {
-                            Some(oldest) => drop(reading.remove(oldest)),
+                            Some(oldest) => self.forget(&reading.remove(oldest)),
                             None => {
                                 log::debug!(
                                     "control socket {}: {MAX_CLIENTS} requests already being read; a new connection is closed",
@@ -443,6 +474,13 @@ impl ControlServer {
                                 continue;
                             }
                         }
+                    }
+                    // Level-triggered: bytes that arrived before this are seen at once.
+                    if let Err(e) = self.ready.add(r.stream.as_raw_fd(), 0) {
+                        log::warn!(
+                            "control socket {}: a connection is read only when another wakes the daemon: {e}",
+                            self.path.display()
+                        );
                     }
                     reading.push(r);
                 }

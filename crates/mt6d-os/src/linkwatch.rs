@@ -75,6 +75,13 @@ impl LinkEvents {
     }
 }
 
+impl std::os::fd::AsRawFd for LinkEvents {
+    /// The socket, readable when events arrived (for an epoll set).
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
 fn u16_at(b: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_ne_bytes(b.get(at..at + 2)?.try_into().ok()?))
 }

@@ -754,10 +754,14 @@ impl Epoll {
         }
     }
 
-    /// Waits for readiness up to `timeout` (`None`: forever). Returns the number of ready
-    /// descriptors, 0 on timeout or signal.
+    /// Waits for readiness up to `timeout` (`None`: forever), rounded up to the millisecond
+    /// (a wait for a deadline never returns before it: rounding down would wake a loop early,
+    /// to find nothing due and wait again). Returns the number of ready descriptors, 0 on
+    /// timeout or signal.
     pub fn wait(&self, events: &mut EpollEvents, timeout: Option<Duration>) -> Result<usize> {
-        let ms = timeout.map_or(-1, |d| d.as_millis().min(i32::MAX as u128) as libc::c_int);
+        let ms = timeout.map_or(-1, |d| {
+            d.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as libc::c_int
+        });
         let cap = events.buf.len().min(i32::MAX as usize) as libc::c_int;
         // SAFETY: the pointer and capacity describe `events.buf`, exclusively borrowed.
         let r = unsafe { libc::epoll_wait(self.fd.as_raw_fd(), events.buf.as_mut_ptr(), cap, ms) };
@@ -772,6 +776,14 @@ impl Epoll {
             }
         };
         Ok(events.len)
+    }
+}
+
+impl AsRawFd for Epoll {
+    /// The epoll descriptor, readable while one of its descriptors is ready: an epoll set can
+    /// be watched by another (epoll(7)).
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
     }
 }
 

@@ -1,9 +1,10 @@
 //! The daemon kit: what every role (gateway and host, server, relay) runs on, and nothing that
-//! knows a role. The wall clock and the OS's randomness, signals, the packet workers' shared
-//! rules, priming neighbours, the AnyIP prefix with its NDP responder, private files and the
-//! machine's counter reservation for pre-shared keys, and dropping privileges. A role imports
-//! the kit; the kit never imports a role, and roles never import each other
-//! (`scripts/check-layout.sh` checks both).
+//! knows a role. The wall clock and the OS's randomness, signals, how a main thread sleeps
+//! until its next deadline or event ([`wakeup`]), the packet workers' shared rules, priming
+//! neighbours, the AnyIP prefix with its NDP responder, private files and the machine's
+//! counter reservation for pre-shared keys, and dropping privileges. A role imports the kit;
+//! the kit never imports a role, and roles never import each other (`scripts/check-layout.sh`
+//! checks both).
 
 pub mod anyip;
 pub mod clock;
@@ -13,6 +14,7 @@ pub mod neighbor;
 pub mod privilege;
 pub mod psk_counters;
 pub mod signals;
+pub mod wakeup;
 pub mod worker;
 
 use std::path::Path;

@@ -10,9 +10,11 @@
 //! | SIGPIPE, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF, SIGIO, SIGXFSZ, SIGSTKFLT, SIGRTMIN..SIGRTMAX | ignored |
 //! | SIGKILL, SIGSTOP; SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP, SIGSYS (faults) | cannot or must not be handled: the fail-closed guards hold, and `mt6d down` or the next start cleans up |
 //!
-//! The handlers only set flags (async-signal-safe, via signal-hook); the main loop reads them
-//! every 20 ms.
+//! The handlers set flags and, for the stop signals and SIGHUP, write one byte to a self-pipe
+//! (both async-signal-safe, via signal-hook): the main thread sleeps in an epoll set that holds
+//! the pipe's other end ([`super::wakeup::MainWait`]), wakes at once and reads the flags.
 
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -39,11 +41,16 @@ const IGNORED: [libc::c_int; 9] = [
     libc::SIGSTKFLT,
 ];
 
-/// The flags the handlers set.
+/// The flags the handlers set, and the self-pipe they wake the main thread with.
 #[derive(Debug)]
 pub struct Signals {
     stop: Arc<AtomicUsize>,
     reload: Arc<AtomicBool>,
+    /// The pipe's reading end (non-blocking): readable after a stop signal or SIGHUP.
+    woken: UnixStream,
+    /// The handlers that write the pipe, removed on drop (a flag's handler stays: a signal
+    /// after the daemon's run must still not kill it half way through its clean-up).
+    wakers: Vec<signal_hook::SigId>,
 }
 
 impl Signals {
@@ -60,7 +67,29 @@ impl Signals {
             signal_hook::flag::register(sig, ignored.clone())?;
         }
         signal_hook::flag::register(libc::SIGHUP, reload.clone())?;
-        Ok(Signals { stop, reload })
+        // A socket pair: signal-hook sends with MSG_DONTWAIT, so a full pipe (the main thread
+        // has not read it yet, and is awake anyway) never blocks a handler.
+        let (woken, wake) = UnixStream::pair()?;
+        woken.set_nonblocking(true)?;
+        let mut wakers = Vec::with_capacity(STOP.len() + 1);
+        for sig in STOP.into_iter().chain([libc::SIGHUP]) {
+            // Registered after the flags: the main thread that wakes finds the flag set.
+            wakers.push(signal_hook::low_level::pipe::register(
+                sig,
+                wake.try_clone()?,
+            )?);
+        }
+        Ok(Signals {
+            stop,
+            reload,
+            woken,
+            wakers,
+        })
+    }
+
+    /// A second handle on the self-pipe's reading end, for the main thread's epoll set.
+    pub fn wake_source(&self) -> std::io::Result<UnixStream> {
+        self.woken.try_clone()
     }
 
     /// Whether a stop signal arrived.
@@ -80,5 +109,13 @@ impl Signals {
     /// Whether SIGHUP arrived since the last call.
     pub fn take_reload(&self) -> bool {
         self.reload.swap(false, Ordering::Relaxed)
+    }
+}
+
+impl Drop for Signals {
+    fn drop(&mut self) {
+        for id in self.wakers.drain(..) {
+            signal_hook::low_level::unregister(id);
+        }
     }
 }

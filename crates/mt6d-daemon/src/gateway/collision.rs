@@ -182,6 +182,17 @@ impl CollisionWatch {
         })
     }
 
+    /// The earliest drawn instant of a queued probe, if one is queued.
+    pub fn next_due(&self) -> Option<UnixTime> {
+        self.queued.iter().map(|(_, due)| *due).min()
+    }
+
+    /// The capture's descriptor, readable when a neighbour discovery frame arrived.
+    pub fn capture_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::{AsFd, AsRawFd};
+        self.capture.as_fd().as_raw_fd()
+    }
+
     /// Queues one duplicate address probe for `addr`, sent at `due` (at once if past).
     pub fn probe_at(&mut self, addr: Ipv6Addr, due: UnixTime) {
         if !self.queued.iter().any(|(a, _)| *a == addr) {

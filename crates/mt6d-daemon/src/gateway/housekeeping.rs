@@ -1,15 +1,14 @@
-//! The gateway's main thread once the packet threads run: one turn every few milliseconds, and
-//! sooner when a timer is due (the rotation's boundary, a drawn priming or announcement instant,
-//! a peer's link timer). A turn reads the signals and the control socket (one request at a time,
-//! a change applied before the next is read), follows the interfaces, rotates when the boundary
-//! passed, sends the control messages that are due, visits the links that are due or flagged by
-//! a worker, notes liveness, publishes the metrics snapshot and checks that no packet thread
-//! stopped.
-//!
-//! The turn stays a poll with a short cap ([`TURN`]) because three of its inputs are flags, not
-//! descriptors: the signal handlers' flags, the workers' [`super::link_timers::Attention`] queue
-//! and the control socket's partial reads. What has a deadline wakes the loop at that deadline,
-//! not at the next multiple of the cap.
+//! The gateway's main thread once the packet threads run: it sleeps until its earliest
+//! deadline (the rotation's boundary, a drawn priming, announcement or duplicate address probe
+//! instant, a peer's link timer, the next liveness look, the next metrics snapshot, a control
+//! request's time limit, an interface's exit delay) or until something happens: a signal, a
+//! control request or its next bytes, a link event, a neighbour discovery frame, a worker's
+//! [`super::link_timers::Attention`] flag, a packet thread's end (`daemon::wakeup`). Then it
+//! does one turn: it reads the signals and the control socket (one request at a time, a change
+//! applied before the next is read), follows the interfaces, rotates when the boundary passed,
+//! sends the control messages that are due, visits the links that are due or flagged by a
+//! worker, notes liveness, publishes the metrics snapshot and checks that no packet thread
+//! stopped. Every duty runs at every turn, whatever woke it, in that order.
 
 use std::time::{Duration, Instant};
 
@@ -24,11 +23,12 @@ use super::shared::Shared;
 use super::system::System;
 use super::{collision, kernel_drops, links, reload, session, DropReport, GatewayError};
 use crate::control::{Asked, ChangeAnswer, ControlServer, Request};
+use crate::daemon::wakeup::{Deadlines, MainWait};
 use crate::daemon::{clock, signals};
 
-/// The longest the main thread sleeps between turns (signals, control requests and the workers'
-/// flags are read at each turn).
-pub const TURN: Duration = Duration::from_millis(20);
+/// How often the metrics thread's snapshot is refreshed: fresh enough for any scrape interval,
+/// and nothing measurable for the main thread.
+const PUBLISH_EVERY: Duration = Duration::from_secs(1);
 
 /// What the main thread serves with, borrowed for the whole run.
 pub struct Env<'a> {
@@ -43,7 +43,8 @@ pub struct Env<'a> {
     pub tun_index: u32,
 }
 
-/// The packet threads the main thread watches: if one ends, the daemon stops.
+/// The packet threads the main thread watches: if one ends, the daemon stops (each holds a
+/// guard that wakes the main thread when it ends, `daemon::wakeup::Nudge::on_drop`).
 pub struct Threads<'a, 'scope> {
     pub workers: &'a [std::thread::ScopedJoinHandle<'scope, ()>],
     pub icmp: &'a std::thread::ScopedJoinHandle<'scope, ()>,
@@ -87,10 +88,17 @@ pub struct Housekeeping<'a> {
     liveness: Liveness,
     links: links::InterfaceWatch,
     own_key: Option<String>,
+    /// What the main thread sleeps on between turns.
+    wait: MainWait,
 }
 
 impl<'a> Housekeeping<'a> {
-    pub fn new(live: reload::Live, env: Env<'a>, sys: &'a mut System) -> Housekeeping<'a> {
+    pub fn new(
+        live: reload::Live,
+        env: Env<'a>,
+        sys: &'a mut System,
+        wait: MainWait,
+    ) -> Housekeeping<'a> {
         let gw = &live.cfg.gateway;
         let mut watched = vec![(
             "external",
@@ -115,6 +123,7 @@ impl<'a> Housekeeping<'a> {
             liveness: Liveness::default(),
             links,
             own_key,
+            wait,
         }
     }
 
@@ -125,6 +134,15 @@ impl<'a> Housekeeping<'a> {
         threads: &Threads<'_, '_>,
     ) -> Result<(), GatewayError> {
         self.next_rotation = rotator.next_change();
+        // The link events and the neighbour discovery capture are read on this thread.
+        for fd in [self.links.events_fd(), rotator.watch_fd()]
+            .into_iter()
+            .flatten()
+        {
+            self.wait
+                .watch(fd)
+                .map_err(|e| GatewayError::Setup(e.to_string()))?;
+        }
         let shared = self.env.shared;
         while !self.env.signals.stop_requested()
             && !shared.shutdown.load(std::sync::atomic::Ordering::Relaxed)
@@ -133,23 +151,31 @@ impl<'a> Housekeeping<'a> {
             if let Some(e) = threads.stopped() {
                 return Err(e);
             }
-            std::thread::sleep(self.wait(rotator));
+            let timeout = self.deadlines(rotator);
+            self.wait.wait(timeout).map_err(|source| GatewayError::Os {
+                what: "wait for the main thread's next deadline".into(),
+                source,
+            })?;
         }
         Ok(())
     }
 
-    /// How long to sleep: until the earliest known deadline, at most [`TURN`].
-    fn wait(&self, rotator: &Rotator) -> Duration {
-        let now = clock::now();
-        [
-            Some(self.next_rotation),
-            self.link_timers.next_due(),
-            rotator.next_control_due(),
-        ]
-        .into_iter()
-        .flatten()
-        .map(|t| Duration::from_nanos(t.as_nanos().saturating_sub(now.as_nanos())))
-        .fold(TURN, Duration::min)
+    /// How long to sleep: until the earliest deadline of any duty of [`Housekeeping::turn`]
+    /// (at most `daemon::wakeup::SAFETY_CAP`); what has none (signals, control requests, link
+    /// events, frames, the workers' flags) wakes the wait by itself.
+    fn deadlines(&self, rotator: &Rotator) -> Duration {
+        let mut d = Deadlines::from(clock::now());
+        d.at(Some(self.next_rotation))
+            .at(self.link_timers.next_due())
+            .at(rotator.next_control_due())
+            .at(rotator.next_watch_due())
+            .at(self.liveness.next_look())
+            .instant(self.links.next_exit())
+            .instant(self.env.control.next_deadline());
+        if self.env.metrics.is_some() {
+            d.instant(self.published_at.map(|t| t + PUBLISH_EVERY));
+        }
+        d.wait()
     }
 
     /// One turn of the main thread.
@@ -317,13 +343,12 @@ impl<'a> Housekeeping<'a> {
         routes_changed
     }
 
-    /// The metrics thread serves the newest snapshot; once a second is fresh enough for any
-    /// scrape interval and costs the housekeeping loop nothing measurable.
+    /// The metrics thread serves the newest snapshot, refreshed every [`PUBLISH_EVERY`].
     fn publish_metrics(&mut self, rotator: &Rotator) {
         if self.env.metrics.is_none()
             || self
                 .published_at
-                .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+                .is_some_and(|t| t.elapsed() < PUBLISH_EVERY)
         {
             return;
         }

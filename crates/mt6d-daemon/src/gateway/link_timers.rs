@@ -11,21 +11,43 @@ use std::sync::Mutex;
 use mt6d_proto::UnixTime;
 
 use super::routing::RouteTable;
+use crate::daemon::wakeup::Nudge;
 
 /// Peers the packet threads flagged for the main thread, by table generation and peer index.
-/// Pushed once per event (a flag's first raise, a control message), never per data packet.
+/// Pushed once per event (a flag's first raise, a control message), never per data packet;
+/// the push that finds the queue empty wakes the main thread (the later ones find it awake or
+/// about to wake: it takes the whole queue after each wake-up).
 #[derive(Debug, Default)]
 pub struct Attention {
     queue: Mutex<Vec<(u64, usize)>>,
+    /// The main thread's wake-up (None: nobody sleeps on this queue, as in unit tests).
+    wake: Option<Nudge>,
 }
 
 impl Attention {
+    /// A queue whose first push after each take wakes the main thread through `wake`.
+    pub fn new(wake: Nudge) -> Attention {
+        Attention {
+            queue: Mutex::default(),
+            wake: Some(wake),
+        }
+    }
+
     /// Peer `peer` of the table of `generation` needs its link visited.
     pub fn push(&self, generation: u64, peer: usize) {
-        self.queue
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push((generation, peer));
+        let first = {
+            let mut q = self
+                .queue
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            q.push((generation, peer));
+            q.len() == 1
+        };
+        if first {
+            if let Some(w) = &self.wake {
+                w.nudge();
+            }
+        }
     }
 
     fn take(&self, out: &mut Vec<(u64, usize)>) {
@@ -128,6 +150,35 @@ mod tests {
 
     fn ms(v: u64) -> UnixTime {
         UnixTime::from_millis(v)
+    }
+
+    #[test]
+    fn a_push_wakes_the_main_thread_once_until_it_takes_the_queue() {
+        let mut wait = crate::daemon::wakeup::MainWait::without_signals().expect("wait set");
+        let att = Attention::new(wait.nudge());
+        let pusher = {
+            let att = std::sync::Arc::new(att);
+            let a = std::sync::Arc::clone(&att);
+            (std::thread::spawn(move || a.push(1, 3)), att)
+        };
+        let woke = wait.wait(std::time::Duration::from_secs(60)).expect("wait");
+        pusher.0.join().expect("pusher");
+        let att = pusher.1;
+        assert!(woke.thread, "{woke:?}");
+        let mut t = LinkTimers::default();
+        let mut due = Vec::new();
+        t.due_of(1, 4, &att, ms(0), &mut due);
+        att.push(1, 2);
+        att.push(1, 1);
+        assert!(wait.wait(std::time::Duration::ZERO).expect("wait").thread);
+        assert!(
+            wait.wait(std::time::Duration::ZERO)
+                .expect("wait")
+                .timed_out(),
+            "the second push found the queue non-empty: no second wake-up"
+        );
+        t.due_of(1, 4, &att, ms(1), &mut due);
+        assert_eq!(due, vec![1, 2]);
     }
 
     #[test]

@@ -181,6 +181,22 @@ impl InterfaceWatch {
         verdict
     }
 
+    /// The link event socket, readable when events arrived (None: events are not followed).
+    pub fn events_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.events.as_ref().map(AsRawFd::as_raw_fd)
+    }
+
+    /// When an interface down or missing since earlier reaches `interface_down_exit_secs`,
+    /// if one is: a deadline of the main thread's wait.
+    pub fn next_exit(&self) -> Option<Instant> {
+        self.tracked
+            .iter()
+            .filter(|t| matches!(t.state, State::Down | State::Missing(_)))
+            .map(|t| t.since + self.exit_after)
+            .min()
+    }
+
     /// One entry per interface for `mt6d status`.
     pub fn status(&self) -> Vec<InterfaceStatus> {
         self.tracked

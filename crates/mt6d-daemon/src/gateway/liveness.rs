@@ -91,6 +91,12 @@ impl Liveness {
             .map(|t| now.as_millis().saturating_sub(t.as_millis()))
     }
 
+    /// When the next tick looks at the peers again (None: at the first tick).
+    pub fn next_look(&self) -> Option<UnixTime> {
+        self.last_look
+            .map(|t| UnixTime::from_millis(t.as_millis().saturating_add(LOOK_EVERY_MS)))
+    }
+
     /// Notes what changed since the last tick and logs each change of state once.
     pub fn tick(&mut self, shared: &Shared, own_public_key: Option<&str>, now: UnixTime) {
         let table = shared.table.load();

@@ -58,6 +58,7 @@ use arc_swap::ArcSwap;
 use crate::config::{Config, Keying, Role};
 use crate::control::ControlServer;
 use crate::daemon::neighbor::NeighborPrimer;
+use crate::daemon::wakeup::MainWait;
 use crate::daemon::worker::WorkerLoad;
 use crate::daemon::{clock, signals};
 use crate::status::{
@@ -67,6 +68,7 @@ use collision::CollisionWatch;
 use counters::{DirectionCounters, DropReason};
 pub use error::GatewayError;
 use icmp::IcmpTranslator;
+use link_timers::Attention;
 use liveness::Liveness;
 use path::PathState;
 use peer::{Peer, PeerKeys};
@@ -156,7 +158,11 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     })?;
     let instance = state::Instance::claim(&cfg, &mut netlink)?;
     let control = ControlServer::bind(&cfg.gateway.control_socket)?;
-    run_gateway(&cfg, doc, &control, &signals, netlink, instance)?;
+    // What the main thread sleeps on: the signals' self-pipe, the control socket, the other
+    // threads' wake-ups (docs/ARCHITECTURE.md, "Main loops").
+    let mut wait = MainWait::new(&signals)?;
+    wait.watch_control(&control)?;
+    run_gateway(&cfg, doc, &control, &signals, netlink, instance, wait)?;
     if let Some(sig) = signals.stopped_by() {
         log::info!("stopped by {sig}");
     }
@@ -259,6 +265,7 @@ fn run_gateway(
     signals: &signals::Signals,
     netlink: mt6d_os::Netlink,
     instance: state::Instance,
+    wait: MainWait,
 ) -> Result<(), GatewayError> {
     let started = Instant::now();
     protect_secrets()?;
@@ -284,7 +291,7 @@ fn run_gateway(
         table: ArcSwap::from_pointee(RouteTable::default()),
         shutdown: AtomicBool::new(false),
         unmatched: DirectionCounters::default(),
-        attention: Default::default(),
+        attention: Attention::new(wait.nudge()),
         socket_queue_drops: AtomicU64::new(0),
         tun_write_failures: AtomicU64::new(0),
         load: (0..polls.len()).map(|_| WorkerLoad::default()).collect(),
@@ -330,6 +337,7 @@ fn run_gateway(
             (icmp, router, &path),
             started,
             metrics.as_ref(),
+            wait,
         )
     });
     shared.shutdown.store(true, Ordering::Relaxed);
@@ -379,6 +387,7 @@ fn serve(
     (icmp, router, path): (IcmpTranslator, Option<RouterDiscovery>, &PathState),
     started: Instant,
     metrics: Option<&crate::metrics::MetricsServer>,
+    wait: MainWait,
 ) -> Result<(), GatewayError> {
     let published = crate::metrics::Published::empty();
     let queues = std::mem::take(&mut sys.tun);
@@ -398,9 +407,12 @@ fn serve(
         let queues = &queues[..];
         for i in 0..queues.len() {
             let epoll = polls.get(i);
+            let ended = wait.nudge().on_drop();
             let worker = std::thread::Builder::new()
                 .name(format!("mt6d-w{i}"))
                 .spawn_scoped(s, move || {
+                    // Wakes the main thread when the worker ends, however it ends.
+                    let _ended = ended;
                     crate::daemon::worker::stop_all_if_it_panics(&shared.shutdown, i, || {
                         dataplane::worker_loop(shared, i, queues, epoll, tun_mtu, path);
                     });
@@ -412,18 +424,26 @@ fn serve(
                 })?;
             workers.push(worker);
         }
+        let ended = wait.nudge().on_drop();
         let icmp = std::thread::Builder::new()
             .name("mt6d-icmp".into())
-            .spawn_scoped(s, || icmp.run(shared, path))
+            .spawn_scoped(s, move || {
+                let _ended = ended;
+                icmp.run(shared, path);
+            })
             .map_err(|e| {
                 shared.shutdown.store(true, Ordering::Relaxed);
                 GatewayError::Setup(format!("start ICMPv6 thread: {e}"))
             })?;
         let router = router
             .map(|r| {
+                let ended = wait.nudge().on_drop();
                 std::thread::Builder::new()
                     .name("mt6d-router".into())
-                    .spawn_scoped(s, || r.run(shared, path, &path.router))
+                    .spawn_scoped(s, move || {
+                        let _ended = ended;
+                        r.run(shared, path, &path.router);
+                    })
             })
             .transpose()
             .map_err(|e| {
@@ -457,7 +477,7 @@ fn serve(
             published: &published,
             tun_index,
         };
-        let result = housekeeping::Housekeeping::new(live, env, sys).run(rotator, &threads);
+        let result = housekeeping::Housekeeping::new(live, env, sys, wait).run(rotator, &threads);
         shared.shutdown.store(true, Ordering::Relaxed);
         result
     });

@@ -313,6 +313,16 @@ impl Rotator {
             .map_or_else(Vec::new, |w| w.poll(now, |a| bound.contains(&a)))
     }
 
+    /// The collision watch's next probe (a deadline of the main thread's wait).
+    pub fn next_watch_due(&self) -> Option<UnixTime> {
+        self.watch.as_ref().and_then(CollisionWatch::next_due)
+    }
+
+    /// The collision watch's capture, for the main thread's wait set (None: no watch).
+    pub fn watch_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.watch.as_ref().map(CollisionWatch::capture_fd)
+    }
+
     /// Logs what the collision watch saw since the last call (once per rotation).
     pub fn report_watch(&mut self) {
         if let Some(w) = &mut self.watch {

@@ -38,7 +38,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv6Addr, SocketAddrV6};
 use std::ops::Range;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -70,20 +70,26 @@ use crate::daemon::anyip::ndp::NdpResponder;
 use crate::daemon::anyip::os;
 use crate::daemon::clock;
 use crate::daemon::signals::Signals;
+use crate::daemon::wakeup::{Deadlines, MainWait, Nudge, SAFETY_CAP};
 use crate::daemon::worker::placement::Placement;
 use crate::daemon::worker::{
     self, Carried, Packets, Wake, WorkerLoad, MAX_GSO_BYTES, MAX_GSO_SEGMENTS, TUN_TOKEN,
 };
 use crate::status::relay::{E2eStatus, LinkStatus, RelayStatus, RouteStatus, WorkerStatus};
 
-/// Longest the loop sleeps: it also watches the stop flag and answers the control socket (a
-/// request waits at most this long).
+/// Longest a worker other than 0 sleeps: it watches the stop flag. Worker 0 sleeps until the
+/// node's next timer or its next periodic duty, and signals, control requests and the other
+/// workers wake it (`daemon::wakeup`).
 const TICK: Duration = Duration::from_millis(50);
 /// Buffers in one recvmmsg.
 const RX_BATCH: usize = 32;
 /// How often the counters are logged (at info) while anything moves.
 const REPORT_EVERY: Duration = Duration::from_secs(60);
 const SOCKET_TOKEN: u64 = 0;
+/// Worker 0: the main thread's wait set (signals, control socket, the other workers).
+const WAKE_TOKEN: u64 = 1;
+/// How often the metrics thread's snapshot is refreshed.
+const PUBLISH_EVERY: Duration = Duration::from_secs(1);
 /// The first neighbour responder's token; responder `k` has `NDP_TOKEN + k`.
 const NDP_TOKEN: u64 = 2;
 /// Neighbour discovery frames handled per wake-up at most (the rest at the next one).
@@ -261,6 +267,13 @@ struct Shared<'a> {
     stop: AtomicBool,
     /// What each worker moved and where it runs, by worker index.
     load: Box<[WorkerLoad]>,
+    /// The node's timer worker 0 sleeps until (nanoseconds of the wall clock), written under
+    /// the core lock: a worker that leaves the node with an earlier one wakes it ([`wake`]).
+    ///
+    /// [`wake`]: Shared::wake
+    main_deadline: AtomicU64,
+    /// Wakes worker 0.
+    wake: Nudge,
 }
 
 /// One data-plane thread's sockets, queue and buffers.
@@ -327,6 +340,8 @@ struct MainDuties<'c> {
     last_report: Instant,
     last_rx: u64,
     published_at: Option<Instant>,
+    /// What worker 0 sleeps on besides its socket and queue.
+    wait: MainWait,
 }
 
 /// The relay's side of the kit's worker loop: a worker, and for worker 0 the node's duties.
@@ -359,6 +374,14 @@ impl Packets for RelayPackets<'_, '_, '_> {
                 bytes: c.rx_bytes - bytes,
             };
         }
+        if let (Some(main), WAKE_TOKEN) = (&mut self.main, token) {
+            // Clears the signal pipe and the workers' eventfd; what woke it is served by
+            // `after_wake`, as every wake-up is.
+            if let Err(e) = main.wait.wait(Duration::ZERO) {
+                log::warn!("relay: reading the main wait set: {e}");
+            }
+            return Carried::NOTHING;
+        }
         if let (Some(main), Some(k)) = (&mut self.main, token.checked_sub(NDP_TOKEN)) {
             self.worker.on_ndp(&mut main.ndp, k as usize);
         }
@@ -378,12 +401,35 @@ impl Packets for RelayPackets<'_, '_, '_> {
     }
 
     fn next_wait(&mut self) -> Duration {
-        if self.main.is_none() {
+        let Some(main) = &self.main else {
             return TICK;
-        }
+        };
         let now = clock::now();
-        let due = self.worker.shared.core.lock().node.poll_timeout();
-        Duration::from_nanos(due.as_nanos().saturating_sub(now.as_nanos())).min(TICK)
+        let shared = self.worker.shared;
+        let due = {
+            let core = shared.core.lock();
+            let due = core.node.poll_timeout();
+            shared
+                .main_deadline
+                .store(due.as_nanos(), Ordering::Relaxed);
+            due
+        };
+        let mut d = Deadlines::from(now);
+        d.at(Some(due))
+            .instant(main.ctl.next_deadline())
+            .instant(Some(main.last_report + REPORT_EVERY));
+        if main.published.is_some() {
+            d.instant(main.published_at.map(|t| t + PUBLISH_EVERY));
+        }
+        d.wait()
+    }
+
+    fn longest_wait(&self) -> Duration {
+        if self.main.is_some() {
+            SAFETY_CAP
+        } else {
+            worker::POLL
+        }
     }
 
     fn stopping(&self) -> bool {
@@ -401,7 +447,13 @@ fn placement() -> Option<Placement> {
 
 impl<'a> Shared<'a> {
     /// What the workers of a node with `workers` threads share, the node in its lock.
-    fn new(cfg: &'a RelayConfig, node: RelayNode, raw: RawUdp6, workers: usize) -> Shared<'a> {
+    fn new(
+        cfg: &'a RelayConfig,
+        node: RelayNode,
+        raw: RawUdp6,
+        workers: usize,
+        wake: Nudge,
+    ) -> Shared<'a> {
         Shared {
             gate: ArcSwap::from_pointee(node.rx_gate()),
             cfg,
@@ -426,6 +478,8 @@ impl<'a> Shared<'a> {
             counters: (0..workers).map(|_| Mutex::default()).collect(),
             stop: AtomicBool::new(false),
             load: (0..workers).map(|_| WorkerLoad::default()).collect(),
+            main_deadline: AtomicU64::new(0),
+            wake,
         }
     }
 }
@@ -479,6 +533,7 @@ pub fn serve(
     io: RelayIo,
     signals: &Signals,
     started: Instant,
+    wait: MainWait,
 ) -> Result<(), RelayError> {
     let RelayIo {
         sockets,
@@ -499,7 +554,7 @@ pub fn serve(
         .transpose()
         .map_err(|e| RelayError::Setup(e.to_string()))?;
     let published = crate::metrics::Published::empty();
-    let shared = Shared::new(cfg, node, raw, workers);
+    let shared = Shared::new(cfg, node, raw, workers, wait.nudge());
     let mut tuns = tuns.into_iter();
     let mut all: Vec<Worker<'_>> = sockets
         .into_iter()
@@ -513,9 +568,12 @@ pub fn serve(
         let mut handles = Vec::new();
         for w in all {
             let index = w.index;
+            let ended = shared.wake.on_drop();
             let spawned = std::thread::Builder::new()
                 .name(format!("mt6d-relay-{index}"))
                 .spawn_scoped(scope, move || {
+                    // Dropped in reverse order: the stop flag is set, then worker 0 woken.
+                    let _ended = ended;
                     let _stop = StopOnExit(&shared.stop);
                     let mut w = w;
                     w.serve(signals)
@@ -550,7 +608,7 @@ pub fn serve(
         let result = {
             let _stop = StopOnExit(&shared.stop);
             let published = metrics.as_ref().map(|_| &published);
-            main.serve_main(signals, &ctl, ndp, started, published)
+            main.serve_main(signals, (&ctl, wait), ndp, started, published)
         };
         // The first failure is the one to report: a worker's error or panic, else this loop's.
         let first = result.err().or(join_workers(handles));
@@ -646,17 +704,23 @@ impl<'a> Worker<'a> {
     }
 
     /// Worker 0: its socket and queue, and the node's timers, the neighbour responders, the
-    /// control socket and the periodic counter line, in the kit's worker loop (which waits at
-    /// most until the node's next timer).
+    /// control socket and the periodic counter line, in the kit's worker loop (which waits
+    /// until the node's next timer or periodic duty, at most `daemon::wakeup::SAFETY_CAP`;
+    /// signals, control requests and the other workers wake it through the main wait set).
     fn serve_main(
         &mut self,
         signals: &Signals,
-        ctl: &ControlServer,
+        (ctl, mut wait): (&ControlServer, MainWait),
         ndp: Vec<NdpResponder>,
         started: Instant,
         published: Option<&crate::metrics::Published>,
     ) -> Result<(), RelayError> {
         let epoll = self.epoll()?;
+        wait.watch_control(ctl)
+            .map_err(|e| RelayError::Setup(e.to_string()))?;
+        epoll
+            .add(wait.as_raw_fd(), WAKE_TOKEN)
+            .map_err(os("watch the main wait set"))?;
         for (k, r) in ndp.iter().enumerate() {
             use std::os::fd::AsFd;
             epoll
@@ -672,6 +736,7 @@ impl<'a> Worker<'a> {
             last_report: Instant::now(),
             last_rx: 0,
             published_at: None,
+            wait,
         };
         self.housekeeping(&mut main.rng);
         let index = self.index;
@@ -697,7 +762,7 @@ impl<'a> Worker<'a> {
         if let Some(p) = main.published {
             if main
                 .published_at
-                .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+                .is_none_or(|t| t.elapsed() >= PUBLISH_EVERY)
             {
                 let st = crate::status::AnyStatus::Relay(self.status(main.started, &main.ndp));
                 p.store(Some(std::sync::Arc::new(st)));
@@ -775,6 +840,23 @@ impl<'a> Worker<'a> {
         }
         self.publish_gate(core);
         self.send_control(core, now);
+        self.wake_main_if_sooner(core);
+    }
+
+    /// A worker other than 0 that left the node with a timer sooner than the one worker 0
+    /// sleeps until wakes it (a handshake message, a probe reply or a cost change handled
+    /// here may bring a timer forward). Worker 0 recomputes its deadline after every wake-up.
+    fn wake_main_if_sooner(&self, core: &Core) {
+        if self.index == 0 {
+            return;
+        }
+        let due = core.node.poll_timeout().as_nanos();
+        let main = &self.shared.main_deadline;
+        if due < main.load(Ordering::Relaxed) {
+            // Under the core lock, as worker 0's own store: one wake-up per sooner timer.
+            main.store(due, Ordering::Relaxed);
+            self.shared.wake.nudge();
+        }
     }
 
     /// A new receive gate for every worker if the node's routes or keys changed since the last

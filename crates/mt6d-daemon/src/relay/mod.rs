@@ -227,6 +227,8 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = RelayConfig::load(config_path)?;
     crate::daemon::privilege::check_all()?;
     let signals = Signals::install()?;
+    // What worker 0 sleeps on besides its socket (docs/ARCHITECTURE.md, "Main loops").
+    let wait = crate::daemon::wakeup::MainWait::new(&signals)?;
     let mtu = inner_mtu(cfg.frame_max);
     if cfg.is_edge() && mtu < 1280 {
         return Err(format!(
@@ -243,7 +245,7 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let node = build_node(&cfg, counters)?;
     let mut system = system(&cfg)?;
     let result = set_up(&mut system, &cfg, mtu)
-        .and_then(|io| dataplane::serve(&cfg, node, io, &signals, started));
+        .and_then(|io| dataplane::serve(&cfg, node, io, &signals, started, wait));
     crate::daemon::anyip::finish(result, &mut system, &signals)
 }
 

@@ -31,19 +31,18 @@ use std::sync::{Arc, PoisonError};
 use parking_lot::{RwLock, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
-use mt6d_os::{Epoll, EpollEvents, Netlink, RawUdp6, UdpSocket6};
+use mt6d_os::{Netlink, RawUdp6, UdpSocket6};
 use mt6d_proto::endpoint::{IndexSeed, PeerId};
 use mt6d_proto::{Stream, UnixTime};
 
 use crate::config::{ClientConfig, ServerConfig};
 use crate::daemon::clock;
 use crate::daemon::signals::Signals;
+use crate::daemon::wakeup::{Deadlines, MainWait};
 use ndp::NdpResponder;
 use registry::{Registry, StepReport};
 use shared::{ServerCounters, Shared, WorkerIo};
 
-/// Longest the main thread sleeps: it also watches the stop and reload flags.
-const TICK: Duration = Duration::from_millis(50);
 /// Shortest: clients' boundaries due within it are advanced together (a window holds the
 /// epochs on both sides of the current one, so a client's boundary passed a few milliseconds
 /// ago loses nothing), instead of one wake-up per client at a thousand clients' jittered
@@ -57,6 +56,8 @@ const STEP_CHUNK: usize = 64;
 const NDP_BUDGET: usize = 256;
 /// How often the counters are logged (at info) while anything moves.
 const REPORT_EVERY: Duration = Duration::from_secs(60);
+/// How often the metrics thread's snapshot is refreshed.
+const PUBLISH_EVERY: Duration = Duration::from_secs(1);
 
 /// A server start-up or run failure, with what was being done.
 #[derive(Debug, thiserror::Error)]
@@ -147,6 +148,8 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = ServerConfig::load(config_path)?;
     crate::daemon::privilege::check_all()?;
     let signals = Signals::install()?;
+    // What the main thread sleeps on (docs/ARCHITECTURE.md, "Main loops").
+    let wait = MainWait::new(&signals)?;
     // Everything is validated before the system is touched.
     let clients = cfg.clients()?;
     mt6d_os::secrets::set_non_dumpable()
@@ -195,6 +198,7 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
         counters: ServerCounters::default(),
         shutdown: std::sync::atomic::AtomicBool::new(false),
         resync: std::sync::Mutex::new(Vec::new()),
+        wake: wait.nudge(),
         load: (0..cfg.worker_count())
             .map(|_| crate::daemon::worker::WorkerLoad::default())
             .collect(),
@@ -213,6 +217,7 @@ pub fn run(config_path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let result = set_up(&mut system, &cfg, mtu).and_then(|ios| {
         let run = Run {
             signals: &signals,
+            wait,
             mtu,
             served,
             started,
@@ -324,6 +329,7 @@ pub fn ruleset(cfg: &ServerConfig) -> String {
 /// What a run of the server was started with, besides its configuration and state.
 struct Run<'a> {
     signals: &'a Signals,
+    wait: MainWait,
     mtu: u16,
     served: usize,
     started: Instant,
@@ -339,9 +345,12 @@ fn spawn_workers(
     let mut handles = Vec::with_capacity(ios.len() + 1);
     for (i, io) in ios.into_iter().enumerate() {
         let s = Arc::clone(shared);
+        let ended = shared.wake.on_drop();
         let h = std::thread::Builder::new()
             .name(format!("mt6d-s{i}"))
             .spawn(move || {
+                // Wakes the main thread when the worker ends, however it ends.
+                let _ended = ended;
                 crate::daemon::worker::stop_all_if_it_panics(&s.shutdown, i, || {
                     if let Err(e) = dataplane::worker_loop(&s, &io, usize::from(mtu), i) {
                         log::error!("server worker {i}: {e}; stopping");
@@ -447,17 +456,20 @@ fn spawn_metrics(
     Ok(h)
 }
 
-/// The main thread's epoll: the neighbour responder's capture, if there is one (its timers bound
-/// the wait otherwise).
-fn main_epoll(ndp: Option<&NdpResponder>) -> Result<Epoll, ServerError> {
-    let epoll = Epoll::new().map_err(os("epoll"))?;
+/// Adds to the main thread's wait set the control socket and the neighbour responder's
+/// capture, if there is one (its timers bound the wait otherwise).
+fn watch_main(
+    wait: &mut MainWait,
+    ctl: &crate::control::ControlServer,
+    ndp: Option<&NdpResponder>,
+) -> Result<(), ServerError> {
+    let setup = |e: crate::daemon::SetupError| ServerError::Setup(e.to_string());
+    wait.watch_control(ctl).map_err(setup)?;
     if let Some(r) = ndp {
         use std::os::fd::{AsFd, AsRawFd};
-        epoll
-            .add(r.capture().as_fd().as_raw_fd(), 0)
-            .map_err(os("watch the neighbour responder"))?;
+        wait.watch(r.capture().as_fd().as_raw_fd()).map_err(setup)?;
     }
-    Ok(epoll)
+    Ok(())
 }
 
 /// The start line, and the service manager told the server is ready.
@@ -485,6 +497,7 @@ fn serve(
 ) -> Result<(), ServerError> {
     let Run {
         signals,
+        mut wait,
         mtu,
         served,
         started,
@@ -492,15 +505,14 @@ fn serve(
     } = run;
     let mut handles = spawn_workers(shared, ios, mtu)?;
     let (mut ndp, primer) = neighbour_io(cfg)?;
-    // Polled by this loop, which wakes at least every TICK: a request waits at most that.
+    // In the main thread's wait set: a request wakes it.
     let ctl = crate::control::ControlServer::bind(&cfg.control_socket).map_err(|e| {
         ServerError::Setup(format!(
             "control socket {}: {e}",
             cfg.control_socket.display()
         ))
     })?;
-    let epoll = main_epoll(ndp.as_ref())?;
-    let mut events = EpollEvents::with_capacity(4);
+    watch_main(&mut wait, &ctl, ndp.as_ref())?;
     announce_ready(cfg, served, handles.len(), mtu, started);
     let mut last_report = Instant::now();
     let mut last_rx = 0;
@@ -526,8 +538,7 @@ fn serve(
             reload(cfg, shared);
         }
         control::serve(&ctl, cfg, shared, started);
-        if cfg.metrics_listen.is_some()
-            && published_at.is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+        if cfg.metrics_listen.is_some() && published_at.is_none_or(|t| t.elapsed() >= PUBLISH_EVERY)
         {
             let st = control::status(cfg, shared, started);
             published.store(Some(Arc::new(crate::status::AnyStatus::Server(st))));
@@ -560,11 +571,18 @@ fn serve(
             last_report = Instant::now();
         }
         let next_prime = shared.registry.read().next_prime();
-        let due = [due, links.next(), next_prime].into_iter().flatten().min();
-        let wait = due.map_or(TICK, |d| {
-            d.saturating_duration_since(clock::now()).min(TICK)
-        });
-        if let Err(e) = epoll.wait(&mut events, Some(wait.max(MIN_WAIT))) {
+        // Every duty above with a time has its deadline here; signals, control requests,
+        // solicitations, the workers' re-index queue and a worker's end wake the wait.
+        let mut d = Deadlines::from(clock::now());
+        d.at(due)
+            .at(links.next())
+            .at(next_prime)
+            .instant(ctl.next_deadline())
+            .instant(Some(last_report + REPORT_EVERY));
+        if cfg.metrics_listen.is_some() {
+            d.instant(published_at.map(|t| t + PUBLISH_EVERY));
+        }
+        if let Err(e) = wait.wait(d.wait().max(MIN_WAIT)) {
             break Err(os("wait")(e));
         }
     };

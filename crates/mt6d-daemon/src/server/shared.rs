@@ -16,6 +16,7 @@ use mt6d_proto::link::{Event, Link};
 use mt6d_proto::route_sets::RouteSet;
 
 use super::registry::{Registry, Session};
+use crate::daemon::wakeup::Nudge;
 use crate::daemon::worker::WorkerLoad;
 
 /// What the workers counted, all of them together (one relaxed add per batch and reason).
@@ -117,17 +118,25 @@ pub struct Shared {
     /// Handshake clients whose route sets changed: the main thread re-indexes them
     /// (`Registry::sync_sets`) and follows their links' timeouts.
     pub resync: Mutex<Vec<PeerId>>,
+    /// Wakes the main thread: the push that finds `resync` empty, and a worker that ends.
+    pub wake: Nudge,
     /// What each worker moved, by worker index (its own cache line).
     pub load: Box<[WorkerLoad]>,
 }
 
 impl Shared {
     /// Asks the main thread to re-index client `id`'s route sets.
+    /// The push that finds the queue empty wakes the main thread (it takes the whole queue
+    /// after each wake-up, so a later push finds it awake or about to wake).
     pub fn resync(&self, id: PeerId) {
-        self.resync
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(id);
+        let first = {
+            let mut q = self.resync.lock().unwrap_or_else(PoisonError::into_inner);
+            q.push(id);
+            q.len() == 1
+        };
+        if first {
+            self.wake.nudge();
+        }
     }
 }
 

@@ -9,7 +9,7 @@
 //!
 //! ```text
 //! loop until the role stops:
-//!   epoll wait (at most the role's next deadline, at most POLL)
+//!   epoll wait (at most the role's next deadline, at most POLL or the role's longest wait)
 //!   TUN queue readable    -> Packets::outbound  (read a batch, seal, send)   -> load.sealed
 //!   a socket readable     -> Packets::inbound   (receive a batch, open, write) -> load.opened
 //!   every wake-up         -> Packets::after_wake (timers, counters, idle work)
@@ -77,9 +77,15 @@ pub trait Packets {
     /// After every wake-up, ready descriptors served or not (`idle`: the wait timed out):
     /// timers, counters, control requests. Default: nothing.
     fn after_wake(&mut self, _idle: bool, _wake: &mut Wake) {}
-    /// The longest to wait now: the time to the role's earliest deadline. At most [`POLL`] is
-    /// waited whatever it says. Default: [`POLL`].
+    /// The longest to wait now: the time to the role's earliest deadline. At most
+    /// [`Packets::longest_wait`] is waited whatever it says. Default: [`POLL`].
     fn next_wait(&mut self) -> Duration {
+        POLL
+    }
+    /// The cap on any wait: [`POLL`] for a worker that looks at the stop flag on its own; a
+    /// worker whose epoll set holds a descriptor that every stop wakes (the relay's worker 0,
+    /// which holds the main thread's `daemon::wakeup::MainWait`) may wait longer.
+    fn longest_wait(&self) -> Duration {
         POLL
     }
     /// Whether the worker must stop (a stop signal, another worker failed).
@@ -106,7 +112,7 @@ pub fn serve(
         place(p, load, index, super::clock::now(), 0);
     }
     while !role.stopping() {
-        let wait = role.next_wait().min(POLL);
+        let wait = role.next_wait().min(role.longest_wait());
         let ready = match epoll.wait(&mut events, Some(wait)) {
             Ok(n) => n,
             Err(e) if e.is_would_block() => continue,
