@@ -191,6 +191,31 @@ pub fn run(out: Option<PathBuf>, mt6d: &Path, args: &ServerArgs) -> Result<PathB
     Ok(out)
 }
 
+/// `mt6d down -c config` in the server namespace, after the server stopped: a stopped server
+/// keeps its nftables table (which drops every datagram to its prefix no socket takes) until
+/// then, and the netlink method's plain echo later in the run answers on that prefix.
+fn server_down(lab: &ServerLab, mt6d: &Path, config: &Path) -> Result<(), String> {
+    let o = lab
+        .server
+        .command(mt6d)
+        .map_err(|e| e.to_string())?
+        .arg("down")
+        .arg("-c")
+        .arg(config)
+        .output()
+        .map_err(|e| format!("{} down: {e}", mt6d.display()))?;
+    if o.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} down -c {}: {}",
+            mt6d.display(),
+            config.display(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))
+    }
+}
+
 /// The elements of the array `key` of `v` (none if it is missing or not an array).
 fn items<'a>(v: &'a Value, key: &str) -> impl Iterator<Item = &'a Value> + 'a {
     v.get(key).and_then(Value::as_array).into_iter().flatten()

@@ -9,7 +9,8 @@ use mt6d_lab::server_lab::{ServerLab, ECHO_PORT, SERVER_TRUE};
 
 use super::cell::{cells_until_fail, Tunnelled};
 use super::{
-    last_counters, peers_file, wait_line, Rng, ServerArgs, FACTOR, GEN_PORT, REQUEST, ROTATION_SECS,
+    last_counters, peers_file, server_down, wait_line, Rng, ServerArgs, FACTOR, GEN_PORT, REQUEST,
+    ROTATION_SECS,
 };
 use crate::json::{Value, ValueExt};
 use crate::procs::{Guarded, ProcSample};
@@ -71,6 +72,7 @@ pub(super) fn server_run(
     daemon.stop(Duration::from_secs(20));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = echo.join();
+    server_down(lab, mt6d, &config)?;
     let mut v = Value::obj();
     v.set("clients", n as u64)
         .set("ready_secs", ready)
