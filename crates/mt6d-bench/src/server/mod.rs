@@ -13,7 +13,12 @@
 //!   source. A cell fails below 90 % answered (002's rule). Classes as 002's: < 1 ms, < 5 ms,
 //!   < 50 ms, < 100 ms by mean response time.
 //! * Beside them: the daemon's memory per client, the CPU its rotation takes while idle (10 s
-//!   interval), and its start-up time.
+//!   interval; its main thread's µs per rotated client), and its start-up time.
+//! * **CPU per request** in every cell: the server process's CPU from the first request to
+//!   the last answer (per thread from /proc/PID/task/*/schedstat: workers, main thread, the
+//!   rest) over the requests answered; the same for the netlink method's plain echo, whose
+//!   one-address run is the kernel's own cost of the work, and the ratio of the two
+//!   (`cpu_vs_kernel_echo`).
 //! * **Handshakes.** A server with n clients that all handshake (no pre-shared key), started
 //!   cold; a generator ([`mt6d_lab::handshake_clients::HandshakeClients`], on
 //!   `--generator-threads` threads, each owning a share of the clients on its own hashed /64
@@ -33,6 +38,7 @@
 //! The generator and the server share the machine's cores, as the goal states.
 
 mod cell;
+mod cpu;
 mod handshake;
 mod netlink;
 mod report;
@@ -49,7 +55,8 @@ use mt6d_lab::server_lab::ServerLab;
 use crate::json::{Value, ValueExt};
 use crate::procs::Guarded;
 
-pub use report::figures;
+pub use cpu::probe;
+pub use report::{figures, probe_markdown};
 
 /// The generator's receiving port in the client namespace.
 const GEN_PORT: u16 = 7421;
@@ -172,6 +179,8 @@ pub fn run(out: Option<PathBuf>, mt6d: &Path, args: &ServerArgs) -> Result<PathB
     if !args.netlink_fig2.is_empty() {
         eprintln!("mt6d bench --server: Fig. 2, netlink method");
         doc.set("fig2_netlink", netlink::fig2_netlink(&lab, args)?);
+        let rows = cpu::cpu_vs_kernel_echo(&doc);
+        doc.set("cpu_vs_kernel_echo", rows);
         std::fs::write(out.join("results.json"), doc.pretty()).map_err(|e| e.to_string())?;
     }
     drop(lab);

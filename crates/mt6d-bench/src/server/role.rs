@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use mt6d_lab::clients::{echo_service, ClientSet, ClientSpec};
 use mt6d_lab::server_lab::{ServerLab, ECHO_PORT, SERVER_TRUE};
 
-use super::cell::{cells_until_fail, Tunnelled};
+use super::cell::{cells_until_fail, Meter, Tunnelled};
 use super::{
     last_counters, peers_file, server_down, wait_line, Rng, ServerArgs, FACTOR, GEN_PORT, REQUEST,
     ROTATION_SECS,
@@ -61,6 +61,7 @@ pub(super) fn server_run(
         &mut Tunnelled {
             set: &mut set,
             spec: &spec,
+            server: Meter::server(pid),
         },
         n,
         args,
@@ -147,15 +148,25 @@ fn first_answer(
 }
 
 /// Idle: what rotation costs (a 10 s interval, every client's boundary passes once). The
-/// server's sample at the end and its CPU over the window.
+/// server's sample at the end and its CPU over the window, with its main thread's (which
+/// rotates) per rotated client: the generator rotates the same clients on the same schedule,
+/// so the boundaries it crosses in the window are the server's.
 fn idle_cost(pid: u32, set: &mut ClientSet) -> Result<(ProcSample, Value), String> {
+    set.step(mt6d::daemon::clock::now());
+    let meter = Meter::server(pid);
+    let threads = meter.sample();
     let a = ProcSample::read(pid).ok_or("server gone")?;
     let idle = Instant::now();
+    let mut boundaries = 0u64;
     while idle.elapsed() < Duration::from_secs_f64(ROTATION_SECS + 1.0) {
         std::thread::sleep(Duration::from_millis(20));
-        set.step(mt6d::daemon::clock::now());
+        boundaries += set.step(mt6d::daemon::clock::now()) as u64;
     }
     let b = ProcSample::read(pid).ok_or("server gone")?;
-    let window = crate::procs::window(&a, &b);
+    let split = meter.split(&threads, &meter.sample());
+    let mut window = crate::procs::window(&a, &b);
+    window
+        .set("client_boundaries", boundaries)
+        .set("threads", split.json(boundaries, "rotated_client"));
     Ok((b, window))
 }
