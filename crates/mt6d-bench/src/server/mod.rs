@@ -64,8 +64,11 @@ const GEN_PORT: u16 = 7421;
 const REQUEST: usize = 64;
 /// The echo's answer factor (002).
 const FACTOR: usize = 10;
-/// Rotation interval of the server role runs (the goal's 10 s).
+/// Rotation interval of the server role runs by default (the goal's 10 s), and of the
+/// handshake runs.
 const ROTATION_SECS: f64 = 10.0;
+/// The shortest idle window of a server role run: 11 boundaries per client at a 1 s rotation.
+const IDLE_SECS: f64 = 11.0;
 /// Handshakes the generator keeps under way at once.
 pub const IN_FLIGHT: usize = 256;
 /// Longest a cold start may take before the run gives up.
@@ -92,6 +95,8 @@ pub struct ServerArgs {
     pub netlink_fig2: Vec<usize>,
     /// Threads of the handshake runs' generator.
     pub generator_threads: usize,
+    /// Rotation interval of the server role runs, seconds.
+    pub rotation_secs: f64,
 }
 
 /// One per online CPU.
@@ -112,6 +117,7 @@ impl ServerArgs {
             handshakes: vec![1_000, 10_000, 100_000],
             netlink_fig2: vec![1, 1_000, 10_000, 20_000],
             generator_threads: default_generator_threads(),
+            rotation_secs: ROTATION_SECS,
         }
     }
 
@@ -125,6 +131,7 @@ impl ServerArgs {
             handshakes: vec![1_000],
             netlink_fig2: vec![1, 1_000],
             generator_threads: default_generator_threads(),
+            rotation_secs: ROTATION_SECS,
         }
     }
 }
@@ -143,7 +150,7 @@ pub fn run(out: Option<PathBuf>, mt6d: &Path, args: &ServerArgs) -> Result<PathB
         .set("cell_requests", args.cell as u64)
         .set("request_bytes", REQUEST as u64)
         .set("answer_factor", FACTOR as u64)
-        .set("rotation_secs", ROTATION_SECS);
+        .set("rotation_secs", args.rotation_secs);
 
     let lab = ServerLab::build("mbs").map_err(|e| e.to_string())?;
     let mut runs = Vec::new();

@@ -151,7 +151,9 @@ pub(super) fn markdown(doc: &Value) -> String {
             .unwrap_or(0),
         REQUEST,
         FACTOR,
-        ROTATION_SECS
+        doc.get("rotation_secs")
+            .and_then(Value::as_f64)
+            .unwrap_or(ROTATION_SECS)
     ));
     s.push_str("## Fig. 1: time to make n addresses answerable\n\n| method | n | seconds | ms per address |\n|---|---|---|---|\n");
     for p in items(doc, "fig1_netlink") {
@@ -185,15 +187,18 @@ pub(super) fn markdown(doc: &Value) -> String {
 
 /// The server role's memory and idle CPU per client count.
 fn role_table(s: &mut String, runs: &[&Value]) {
-    s.push_str("\n## The server role per client count\n\n| clients | RSS idle (MB) | bytes per client | idle CPU, % of a core (rotation every 10 s) | client boundaries in the window | main thread µs per rotated client |\n|---|---|---|---|---|---|\n");
+    s.push_str("\n## The server role per client count\n\n| clients | RSS idle (MB) | bytes per client | rotation (s) | idle CPU, % of a core | client boundaries in the idle window | main thread µs per rotated client |\n|---|---|---|---|---|---|---|\n");
     for r in runs {
         s.push_str(&format!(
-            "| {} | {:.0} | {:.0} | {:.2} | {} | {:.2} |\n",
+            "| {} | {:.0} | {:.0} | {} | {:.2} | {} | {:.2} |\n",
             r.get("clients").and_then(Value::as_u64).unwrap_or(0),
             r.get("rss_kb").and_then(Value::as_u64).unwrap_or(0) as f64 / 1024.0,
             r.get("rss_bytes_per_client")
                 .and_then(Value::as_f64)
                 .unwrap_or(0.0),
+            r.get("rotation_secs")
+                .and_then(Value::as_f64)
+                .unwrap_or(ROTATION_SECS),
             r.path(&["idle_cpu", "cpu_percent"])
                 .and_then(Value::as_f64)
                 .unwrap_or(0.0),
