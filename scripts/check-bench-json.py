@@ -4,7 +4,8 @@
 
 A row is complete when it was measured (available, no error, a tests object; mt6d-encrypt also the
 TCP policy's cost off and on, `scrub_cost`, and one data-plane worker against the default,
-`workers_scaling`; every measured row also the many small flows, `http_small_flows`), or when it says why its peer is not available. Exits non-zero, naming what is missing, otherwise."""
+`workers_scaling`; every measured row also the many small flows, `http_small_flows`), or when it says why its peer is not available. Also the server role's CPU probe, `server_cpu`: CPU per request beside the kernel's plain echo and per rotated client.
+Exits non-zero, naming what is missing, otherwise."""
 import json
 import sys
 
@@ -55,6 +56,28 @@ for t in TOPOLOGIES:
             problems.append(f"{t}/{s}: not available and no reason given")
         else:
             unavailable.append(f"{t}/{s}: {r.get('reason') or r.get('error')}")
+# The server role's CPU per request beside the kernel's plain echo, and per rotated client.
+sc = doc.get("server_cpu")
+if not isinstance(sc, dict):
+    problems.append("server_cpu: missing")
+elif sc.get("error"):
+    problems.append(f"server_cpu: error {sc['error']}")
+else:
+    def positive(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+    rows = sc.get("cpu_vs_kernel_echo") or []
+    if not rows:
+        problems.append("server_cpu: no cpu_vs_kernel_echo rows")
+    for r in rows:
+        for k in ("server_us_per_request", "server_workers_us_per_request",
+                  "kernel_echo_us_per_request", "ratio"):
+            if not positive(r.get(k)):
+                problems.append(f"server_cpu: {r.get('clients')} clients at {r.get('rate')}/s: no {k}")
+    for run in sc.get("server_role") or [{}]:
+        idle = (run.get("idle_cpu") or {})
+        if not positive(idle.get("client_boundaries")) or \
+                not positive((idle.get("threads") or {}).get("main_us_per_rotated_client")):
+            problems.append(f"server_cpu: {run.get('clients')} clients: no main_us_per_rotated_client")
 for u in unavailable:
     print(f"bench: not available: {u}")
 if problems:

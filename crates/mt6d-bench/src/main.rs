@@ -124,6 +124,11 @@ struct Cli {
     /// the clients on its own hashed /64 and sockets (default: one per online CPU).
     #[arg(long, value_name = "N", requires = "server")]
     generator_threads: Option<usize>,
+    /// --server: rotation interval of the server role runs in seconds (default 10, the
+    /// goal's). A short one crosses more client boundaries in the idle window, for the main
+    /// thread's CPU per rotated client.
+    #[arg(long, value_name = "S", requires = "server", value_parser = positive)]
+    rotation_secs: Option<f64>,
     /// --server: address counts of the netlink method's Fig. 2 (default 1,1000,10000,20000;
     /// with --quick 1,1000; 0 skips it).
     #[arg(
@@ -219,6 +224,9 @@ impl From<Cli> for Args {
                 }
                 if let Some(t) = c.generator_threads {
                     a.generator_threads = t.max(1);
+                }
+                if let Some(r) = c.rotation_secs {
+                    a.rotation_secs = r;
                 }
                 a
             }),

@@ -135,6 +135,9 @@ pub fn markdown(doc: &Value) -> String {
     }
     scrub_table(&mut s, doc);
     workers_table(&mut s, doc);
+    if let Some(probe) = doc.get("server_cpu") {
+        let _ = writeln!(s, "\n{}", crate::server::probe_markdown(probe));
+    }
     s
 }
 

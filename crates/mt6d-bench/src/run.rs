@@ -116,6 +116,10 @@ pub fn run(args: &Args) -> Result<PathBuf, String> {
         crate::report::write_all(&doc, &out)?;
         crate::plot::write_figures(&doc, &out)?;
     }
+    // The server role's CPU per request beside the kernel's plain echo (about 20 s).
+    doc.set("server_cpu", crate::server::probe(&mt6d))
+        .set("duration_secs", progress.start.elapsed().as_secs_f64());
+    crate::report::write_all(&doc, &out)?;
     eprintln!(
         "mt6d bench: done in {}; results in {}",
         fmt_secs(progress.start.elapsed().as_secs()),

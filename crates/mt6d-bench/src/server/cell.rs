@@ -9,6 +9,7 @@ use mt6d_os::{Epoll, EpollEvents};
 
 use super::{Rng, ServerArgs, FACTOR, REQUEST};
 use crate::json::{Value, ValueExt};
+use crate::procs::{CpuSplit, ThreadCpu};
 
 /// Clients the generator rotates at a time (about 2.5 us each at a million clients), and the
 /// longest it rotates between two looks at its sends and answers. The loop comes round at
@@ -19,6 +20,37 @@ const GENERATOR_BUDGET: Duration = Duration::from_micros(250);
 /// A catch-up round that advanced at most this many clients (5 ms of boundaries at a million
 /// clients and a 10 s interval) leaves the rest to the cell's own steps.
 const CAUGHT_UP: usize = 500;
+
+/// Whose CPU a cell measures: the threads of process `pid` (all of them, or only thread
+/// `only`), split into main thread, the threads named `workers*` and the rest.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Meter {
+    pub(super) pid: u32,
+    pub(super) only: Option<u32>,
+    pub(super) workers: &'static str,
+}
+
+impl Meter {
+    /// The server role's process: its workers are `mt6d-s0`, `mt6d-s1`, ...
+    pub(super) fn server(pid: u32) -> Meter {
+        Meter {
+            pid,
+            only: None,
+            workers: "mt6d-s",
+        }
+    }
+
+    pub(super) fn sample(&self) -> Vec<ThreadCpu> {
+        match self.only {
+            Some(tid) => ThreadCpu::read(self.pid, tid).into_iter().collect(),
+            None => ThreadCpu::all(self.pid),
+        }
+    }
+
+    pub(super) fn split(&self, a: &[ThreadCpu], b: &[ThreadCpu]) -> CpuSplit {
+        CpuSplit::between(self.pid, self.workers, a, b)
+    }
+}
 
 /// What Fig. 2 drives: requests from random clients, answers back. The server role's load is
 /// the many-client generator through the tunnel; the netlink method's is plain UDP to its
@@ -46,12 +78,18 @@ pub(super) trait Load {
     fn faults(&self) -> (u64, u64);
     /// A cell begins: forget what the last one asked.
     fn start_cell(&mut self) {}
+    /// Whose CPU per request the cell reports: the server's, or the plain echo's.
+    fn meter(&self) -> Option<Meter> {
+        None
+    }
 }
 
 /// The server role's load: the generator's clients through the tunnel.
 pub(super) struct Tunnelled<'a> {
     pub(super) set: &'a mut ClientSet,
     pub(super) spec: &'a ClientSpec,
+    /// The server process.
+    pub(super) server: Meter,
 }
 
 impl Load for Tunnelled<'_> {
@@ -80,6 +118,9 @@ impl Load for Tunnelled<'_> {
     }
     fn faults(&self) -> (u64, u64) {
         (self.set.counters.wrong_route, self.set.counters.rejected)
+    }
+    fn meter(&self) -> Option<Meter> {
+        Some(self.server)
     }
 }
 
@@ -168,6 +209,10 @@ pub(super) fn cell(
     // Rotating takes long enough at a million clients that more boundaries pass meanwhile:
     // again until a round finds less than a few milliseconds' worth.
     while load.tick() > CAUGHT_UP {}
+    // From the first request to the end of the linger: what answering them cost (the
+    // server's rotation meanwhile included, as it would be under any load).
+    let meter = load.meter();
+    let cpu_before = meter.map(|m| m.sample());
     let mut t = Timings::new(count);
     while seq < count {
         let now_ns = t.start.elapsed().as_nanos() as f64;
@@ -199,13 +244,20 @@ pub(super) fn cell(
         let _ = epoll.wait(&mut events, Some(Duration::from_millis(5)));
     }
     let after = load.faults();
-    Ok(summary(
+    let cpu = meter.zip(cpu_before).map(|(m, a)| m.split(&a, &m.sample()));
+    let mut v = summary(
         t.rtt_us,
         count,
         rate,
         send_secs,
         (after.0 - before.0, after.1 - before.1),
-    ))
+    );
+    if let Some(cpu) = cpu {
+        // Per request answered: a request lost before the server cost it nothing.
+        let answered = v.get("answered").and_then(Value::as_u64).unwrap_or(0);
+        v.set("cpu", cpu.json(answered, "request"));
+    }
+    Ok(v)
 }
 
 /// Requests `base..base + who.len()`, one from each client of `who`, their times noted.

@@ -138,6 +138,7 @@ pub(super) fn handshake_run(
     stop_echo.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = echo.join();
     daemon.stop(Duration::from_secs(20));
+    super::server_down(lab, mt6d, &config)?;
     result
 }
 

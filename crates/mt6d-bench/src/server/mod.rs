@@ -13,7 +13,12 @@
 //!   source. A cell fails below 90 % answered (002's rule). Classes as 002's: < 1 ms, < 5 ms,
 //!   < 50 ms, < 100 ms by mean response time.
 //! * Beside them: the daemon's memory per client, the CPU its rotation takes while idle (10 s
-//!   interval), and its start-up time.
+//!   interval; its main thread's µs per rotated client), and its start-up time.
+//! * **CPU per request** in every cell: the server process's CPU from the first request to
+//!   the last answer (per thread from /proc/PID/task/*/schedstat: workers, main thread, the
+//!   rest) over the requests answered; the same for the netlink method's plain echo, whose
+//!   one-address run is the kernel's own cost of the work, and the ratio of the two
+//!   (`cpu_vs_kernel_echo`).
 //! * **Handshakes.** A server with n clients that all handshake (no pre-shared key), started
 //!   cold; a generator ([`mt6d_lab::handshake_clients::HandshakeClients`], on
 //!   `--generator-threads` threads, each owning a share of the clients on its own hashed /64
@@ -33,6 +38,7 @@
 //! The generator and the server share the machine's cores, as the goal states.
 
 mod cell;
+mod cpu;
 mod handshake;
 mod netlink;
 mod report;
@@ -49,7 +55,8 @@ use mt6d_lab::server_lab::ServerLab;
 use crate::json::{Value, ValueExt};
 use crate::procs::Guarded;
 
-pub use report::figures;
+pub use cpu::probe;
+pub use report::{figures, probe_markdown};
 
 /// The generator's receiving port in the client namespace.
 const GEN_PORT: u16 = 7421;
@@ -57,8 +64,11 @@ const GEN_PORT: u16 = 7421;
 const REQUEST: usize = 64;
 /// The echo's answer factor (002).
 const FACTOR: usize = 10;
-/// Rotation interval of the server role runs (the goal's 10 s).
+/// Rotation interval of the server role runs by default (the goal's 10 s), and of the
+/// handshake runs.
 const ROTATION_SECS: f64 = 10.0;
+/// The shortest idle window of a server role run: 11 boundaries per client at a 1 s rotation.
+const IDLE_SECS: f64 = 11.0;
 /// Handshakes the generator keeps under way at once.
 pub const IN_FLIGHT: usize = 256;
 /// Longest a cold start may take before the run gives up.
@@ -85,6 +95,8 @@ pub struct ServerArgs {
     pub netlink_fig2: Vec<usize>,
     /// Threads of the handshake runs' generator.
     pub generator_threads: usize,
+    /// Rotation interval of the server role runs, seconds.
+    pub rotation_secs: f64,
 }
 
 /// One per online CPU.
@@ -105,6 +117,7 @@ impl ServerArgs {
             handshakes: vec![1_000, 10_000, 100_000],
             netlink_fig2: vec![1, 1_000, 10_000, 20_000],
             generator_threads: default_generator_threads(),
+            rotation_secs: ROTATION_SECS,
         }
     }
 
@@ -118,6 +131,7 @@ impl ServerArgs {
             handshakes: vec![1_000],
             netlink_fig2: vec![1, 1_000],
             generator_threads: default_generator_threads(),
+            rotation_secs: ROTATION_SECS,
         }
     }
 }
@@ -136,7 +150,7 @@ pub fn run(out: Option<PathBuf>, mt6d: &Path, args: &ServerArgs) -> Result<PathB
         .set("cell_requests", args.cell as u64)
         .set("request_bytes", REQUEST as u64)
         .set("answer_factor", FACTOR as u64)
-        .set("rotation_secs", ROTATION_SECS);
+        .set("rotation_secs", args.rotation_secs);
 
     let lab = ServerLab::build("mbs").map_err(|e| e.to_string())?;
     let mut runs = Vec::new();
@@ -172,6 +186,8 @@ pub fn run(out: Option<PathBuf>, mt6d: &Path, args: &ServerArgs) -> Result<PathB
     if !args.netlink_fig2.is_empty() {
         eprintln!("mt6d bench --server: Fig. 2, netlink method");
         doc.set("fig2_netlink", netlink::fig2_netlink(&lab, args)?);
+        let rows = cpu::cpu_vs_kernel_echo(&doc);
+        doc.set("cpu_vs_kernel_echo", rows);
         std::fs::write(out.join("results.json"), doc.pretty()).map_err(|e| e.to_string())?;
     }
     drop(lab);
@@ -189,6 +205,31 @@ pub fn run(out: Option<PathBuf>, mt6d: &Path, args: &ServerArgs) -> Result<PathB
     figures(&doc, &out)?;
     eprintln!("mt6d bench --server: {}", out.join("report.md").display());
     Ok(out)
+}
+
+/// `mt6d down -c config` in the server namespace, after the server stopped: a stopped server
+/// keeps its nftables table (which drops every datagram to its prefix no socket takes) until
+/// then, and the netlink method's plain echo later in the run answers on that prefix.
+fn server_down(lab: &ServerLab, mt6d: &Path, config: &Path) -> Result<(), String> {
+    let o = lab
+        .server
+        .command(mt6d)
+        .map_err(|e| e.to_string())?
+        .arg("down")
+        .arg("-c")
+        .arg(config)
+        .output()
+        .map_err(|e| format!("{} down: {e}", mt6d.display()))?;
+    if o.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} down -c {}: {}",
+            mt6d.display(),
+            config.display(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))
+    }
 }
 
 /// The elements of the array `key` of `v` (none if it is missing or not an array).

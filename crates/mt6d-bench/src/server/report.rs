@@ -84,7 +84,59 @@ pub fn figures(doc: &Value, out: &Path) -> Result<Vec<PathBuf>, String> {
             .collect(),
         true,
     )?);
+    written.extend(cpu_figure(doc, out)?);
     Ok(written)
+}
+
+/// `fig3.{svg,png}`: CPU per request answered per rate, one bar per client count of the server
+/// role and one for the kernel's plain echo (none drawn if no cell measured CPU).
+fn cpu_figure(doc: &Value, out: &Path) -> Result<Vec<PathBuf>, String> {
+    let rows: Vec<&Value> = items(doc, "cpu_vs_kernel_echo").collect();
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let u = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let f = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64);
+    let mut rates: Vec<u64> = rows.iter().map(|r| u(r, "rate")).collect();
+    rates.sort_unstable();
+    rates.dedup();
+    let mut clients: Vec<u64> = rows.iter().map(|r| u(r, "clients")).collect();
+    clients.sort_unstable();
+    clients.dedup();
+    let at = |n: Option<u64>, rate: u64, key: &str| {
+        rows.iter()
+            .find(|r| u(r, "rate") == rate && n.is_none_or(|n| u(r, "clients") == n))
+            .and_then(|r| f(r, key))
+    };
+    let mut series: Vec<(String, Vec<Option<f64>>)> = clients
+        .iter()
+        .map(|&n| {
+            (
+                format!("server role, {n} clients"),
+                rates
+                    .iter()
+                    .map(|&r| at(Some(n), r, "server_us_per_request"))
+                    .collect(),
+            )
+        })
+        .collect();
+    series.push((
+        "kernel: plain UDP echo".into(),
+        rates
+            .iter()
+            .map(|&r| at(None, r, "kernel_echo_us_per_request"))
+            .collect(),
+    ));
+    crate::plot::write_bars(
+        out,
+        "fig3",
+        "CPU per request answered: server role against a plain UDP echo".into(),
+        "requests per second asked",
+        "µs of CPU per request",
+        rates.iter().map(u64::to_string).collect(),
+        series,
+        false,
+    )
 }
 
 /// `report.md`: every table of the run, from its results.
@@ -99,7 +151,9 @@ pub(super) fn markdown(doc: &Value) -> String {
             .unwrap_or(0),
         REQUEST,
         FACTOR,
-        ROTATION_SECS
+        doc.get("rotation_secs")
+            .and_then(Value::as_f64)
+            .unwrap_or(ROTATION_SECS)
     ));
     s.push_str("## Fig. 1: time to make n addresses answerable\n\n| method | n | seconds | ms per address |\n|---|---|---|---|\n");
     for p in items(doc, "fig1_netlink") {
@@ -126,36 +180,51 @@ pub(super) fn markdown(doc: &Value) -> String {
     role_table(&mut s, &runs);
     fig2_table(&mut s, &runs);
     netlink_fig2_table(&mut s, doc);
+    cpu_table(&mut s, doc);
     handshake_tables(&mut s, doc);
     s
 }
 
 /// The server role's memory and idle CPU per client count.
 fn role_table(s: &mut String, runs: &[&Value]) {
-    s.push_str("\n## The server role per client count\n\n| clients | RSS idle (MB) | bytes per client | idle CPU, % of a core (rotation every 10 s) |\n|---|---|---|---|\n");
+    s.push_str("\n## The server role per client count\n\n| clients | RSS idle (MB) | bytes per client | rotation (s) | idle CPU, % of a core | client boundaries in the idle window | main thread µs per rotated client |\n|---|---|---|---|---|---|---|\n");
     for r in runs {
         s.push_str(&format!(
-            "| {} | {:.0} | {:.0} | {:.2} |\n",
+            "| {} | {:.0} | {:.0} | {} | {:.2} | {} | {:.2} |\n",
             r.get("clients").and_then(Value::as_u64).unwrap_or(0),
             r.get("rss_kb").and_then(Value::as_u64).unwrap_or(0) as f64 / 1024.0,
             r.get("rss_bytes_per_client")
                 .and_then(Value::as_f64)
                 .unwrap_or(0.0),
+            r.get("rotation_secs")
+                .and_then(Value::as_f64)
+                .unwrap_or(ROTATION_SECS),
             r.path(&["idle_cpu", "cpu_percent"])
                 .and_then(Value::as_f64)
                 .unwrap_or(0.0),
+            r.path(&["idle_cpu", "client_boundaries"])
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
+            r.path(&["idle_cpu", "threads", "main_us_per_rotated_client"])
+                .and_then(Value::as_f64)
+                .unwrap_or(f64::NAN),
         ));
     }
 }
 
 /// Fig. 2 of the server role, cell by cell.
 fn fig2_table(s: &mut String, runs: &[&Value]) {
-    s.push_str("\n## Fig. 2: response time (mean, p99 in ms; class by mean; fail below 90 % answered)\n\n| clients | requests/s asked | achieved | answered % | mean | p99 | max | wrong source | class |\n|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("\n## Fig. 2: response time (mean, p99 in ms; class by mean; fail below 90 % answered) and the server's CPU per request answered (µs: all threads; workers / main thread)\n\n| clients | requests/s asked | achieved | answered % | mean | p99 | max | wrong source | class | server µs/request | workers / main |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in runs {
         for c in items(r, "cells") {
             let f = |k: &str| c.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
+            let cpu = |k: &str| {
+                c.path(&["cpu", k])
+                    .and_then(Value::as_f64)
+                    .unwrap_or(f64::NAN)
+            };
             s.push_str(&format!(
-                "| {} | {} | {:.0} | {:.2} | {:.3} | {:.3} | {:.3} | {} | {} |\n",
+                "| {} | {} | {:.0} | {:.2} | {:.3} | {:.3} | {:.3} | {} | {} | {:.1} | {:.1} / {:.1} |\n",
                 r.get("clients").and_then(Value::as_u64).unwrap_or(0),
                 c.get("rate").and_then(Value::as_u64).unwrap_or(0),
                 f("achieved_rate"),
@@ -165,8 +234,47 @@ fn fig2_table(s: &mut String, runs: &[&Value]) {
                 f("max_ms"),
                 c.get("wrong_source").and_then(Value::as_u64).unwrap_or(0),
                 c.get("class").and_then(Value::as_str).unwrap_or("?"),
+                cpu("us_per_request"),
+                cpu("workers_us_per_request"),
+                cpu("main_us_per_request"),
             ));
         }
+    }
+}
+
+/// The lab bench's section of its server CPU probe ([`super::probe`]): CPU per request against
+/// the kernel's echo, and the rotation's per client.
+pub fn probe_markdown(probe: &Value) -> String {
+    let mut s = String::from("## Server role: CPU per request and per rotated client\n");
+    if let Some(e) = probe.get("error").and_then(Value::as_str) {
+        s.push_str(&format!("\nNot measured: {e}\n"));
+        return s;
+    }
+    cpu_table(&mut s, probe);
+    let runs: Vec<&Value> = items(probe, "server_role").collect();
+    role_table(&mut s, &runs);
+    s
+}
+
+/// The server's CPU per request against the plain echo's at the same rate, if both ran.
+fn cpu_table(s: &mut String, doc: &Value) {
+    let rows: Vec<&Value> = items(doc, "cpu_vs_kernel_echo").collect();
+    if rows.is_empty() {
+        return;
+    }
+    s.push_str("\n## CPU per request answered: the server role against the kernel's plain UDP echo\n\nThe server process (all threads; its workers; its main thread) from the first request of a cell to the last answer, over the requests answered, against the echo thread of the netlink method's one-address run (the same requests and 10x answers, no tunnel) at the same rate. CPU from /proc/PID/task/*/schedstat. The echo behind the server is not in the server's figure.\n\n| clients | requests/s | server µs/request | workers | main | kernel echo µs/request | server / echo |\n|---|---|---|---|---|---|---|\n");
+    for r in rows {
+        let f = |k: &str| r.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
+        s.push_str(&format!(
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
+            r.get("clients").and_then(Value::as_u64).unwrap_or(0),
+            r.get("rate").and_then(Value::as_u64).unwrap_or(0),
+            f("server_us_per_request"),
+            f("server_workers_us_per_request"),
+            f("server_main_us_per_request"),
+            f("kernel_echo_us_per_request"),
+            f("ratio"),
+        ));
     }
 }
 
@@ -174,12 +282,12 @@ fn fig2_table(s: &mut String, runs: &[&Value]) {
 fn netlink_fig2_table(s: &mut String, doc: &Value) {
     let nl: Vec<&Value> = items(doc, "fig2_netlink").collect();
     if !nl.is_empty() {
-        s.push_str("\n## Fig. 2, netlink method: n /128s bound, plain UDP echo (002's server; mean, p99 in ms)\n\n| addresses | bound in (s) | requests/s asked | achieved | answered % | mean | p99 | max | wrong source | class |\n|---|---|---|---|---|---|---|---|---|---|\n");
+        s.push_str("\n## Fig. 2, netlink method: n /128s bound, plain UDP echo (002's server; mean, p99 in ms; the echo thread's CPU per request answered)\n\n| addresses | bound in (s) | requests/s asked | achieved | answered % | mean | p99 | max | wrong source | class | echo µs/request |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
         for r in nl {
             for c in items(r, "cells") {
                 let f = |k: &str| c.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
                 s.push_str(&format!(
-                    "| {} | {:.2} | {} | {:.0} | {:.2} | {:.3} | {:.3} | {:.3} | {} | {} |\n",
+                    "| {} | {:.2} | {} | {:.0} | {:.2} | {:.3} | {:.3} | {:.3} | {} | {} | {:.1} |\n",
                     r.get("addresses").and_then(Value::as_u64).unwrap_or(0),
                     r.get("bind_secs")
                         .and_then(Value::as_f64)
@@ -192,6 +300,9 @@ fn netlink_fig2_table(s: &mut String, doc: &Value) {
                     f("max_ms"),
                     c.get("wrong_source").and_then(Value::as_u64).unwrap_or(0),
                     c.get("class").and_then(Value::as_str).unwrap_or("?"),
+                    c.path(&["cpu", "us_per_request"])
+                        .and_then(Value::as_f64)
+                        .unwrap_or(f64::NAN),
                 ));
             }
         }

@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 use mt6d_lab::clients::{echo_service, ClientSet, ClientSpec};
 use mt6d_lab::server_lab::{ServerLab, ECHO_PORT, SERVER_TRUE};
 
-use super::cell::{cells_until_fail, Tunnelled};
+use super::cell::{cells_until_fail, Meter, Tunnelled};
 use super::{
-    last_counters, peers_file, wait_line, Rng, ServerArgs, FACTOR, GEN_PORT, REQUEST, ROTATION_SECS,
+    last_counters, peers_file, server_down, wait_line, Rng, ServerArgs, FACTOR, GEN_PORT,
+    IDLE_SECS, REQUEST,
 };
 use crate::json::{Value, ValueExt};
 use crate::procs::{Guarded, ProcSample};
@@ -22,9 +23,9 @@ pub(super) fn server_run(
     n: usize,
     args: &ServerArgs,
 ) -> Result<Value, String> {
-    let spec = ServerLab::spec(1, Duration::from_secs_f64(ROTATION_SECS), true);
+    let spec = ServerLab::spec(1, Duration::from_secs_f64(args.rotation_secs), true);
     let dir = work.join(format!("n{n}"));
-    let config = write_config(&dir, &spec, n)?;
+    let config = write_config(&dir, &spec, n, args.rotation_secs)?;
     let mut set = generator(lab, &spec, n)?;
     let mut cmd = lab.server.command(mt6d).map_err(|e| e.to_string())?;
     cmd.arg("run").arg("-c").arg(&config);
@@ -48,7 +49,7 @@ pub(super) fn server_run(
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ n as u64);
     let first_answer = first_answer(&mut set, &spec, n, &mut rng, start)?;
     let pid = daemon.pid().ok_or("server exited")?;
-    let (b, idle) = idle_cost(pid, &mut set)?;
+    let (b, idle) = idle_cost(pid, &mut set, args.rotation_secs)?;
     eprintln!(
         "  ready {ready:.2} s, first answer {first_answer:.2} s, RSS {} MB, idle CPU {:.2} %",
         b.rss_kb / 1024,
@@ -60,6 +61,7 @@ pub(super) fn server_run(
         &mut Tunnelled {
             set: &mut set,
             spec: &spec,
+            server: Meter::server(pid),
         },
         n,
         args,
@@ -71,8 +73,10 @@ pub(super) fn server_run(
     daemon.stop(Duration::from_secs(20));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = echo.join();
+    server_down(lab, mt6d, &config)?;
     let mut v = Value::obj();
     v.set("clients", n as u64)
+        .set("rotation_secs", args.rotation_secs)
         .set("ready_secs", ready)
         .set("first_answer_secs", first_answer)
         .set("rss_kb", idle_rss_kb)
@@ -89,13 +93,18 @@ pub(super) fn server_run(
 
 /// The run's directory under `dir`: the peers file of `n` clients and the server's
 /// configuration, whose path it returns.
-fn write_config(dir: &Path, spec: &ClientSpec, n: usize) -> Result<PathBuf, String> {
+fn write_config(
+    dir: &Path,
+    spec: &ClientSpec,
+    n: usize,
+    rotation_secs: f64,
+) -> Result<PathBuf, String> {
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     peers_file(&dir.join("clients"), spec, n)?;
     let config = dir.join("server.toml");
     std::fs::write(
         &config,
-        ServerLab::server_config(ROTATION_SECS, 2, &dir.join("state")),
+        ServerLab::server_config(rotation_secs, 2, &dir.join("state")),
     )
     .map_err(|e| e.to_string())?;
     Ok(config)
@@ -144,16 +153,31 @@ fn first_answer(
     }
 }
 
-/// Idle: what rotation costs (a 10 s interval, every client's boundary passes once). The
-/// server's sample at the end and its CPU over the window.
-fn idle_cost(pid: u32, set: &mut ClientSet) -> Result<(ProcSample, Value), String> {
+/// Idle: what rotation costs (a window of one interval and a second, at least 11 s: every
+/// client's boundary passes at least once). The
+/// server's sample at the end and its CPU over the window, with its main thread's (which
+/// rotates) per rotated client: the generator rotates the same clients on the same schedule,
+/// so the boundaries it crosses in the window are the server's.
+fn idle_cost(
+    pid: u32,
+    set: &mut ClientSet,
+    rotation_secs: f64,
+) -> Result<(ProcSample, Value), String> {
+    set.step(mt6d::daemon::clock::now());
+    let meter = Meter::server(pid);
+    let threads = meter.sample();
     let a = ProcSample::read(pid).ok_or("server gone")?;
     let idle = Instant::now();
-    while idle.elapsed() < Duration::from_secs_f64(ROTATION_SECS + 1.0) {
+    let mut boundaries = 0u64;
+    while idle.elapsed() < Duration::from_secs_f64((rotation_secs + 1.0).max(IDLE_SECS)) {
         std::thread::sleep(Duration::from_millis(20));
-        set.step(mt6d::daemon::clock::now());
+        boundaries += set.step(mt6d::daemon::clock::now()) as u64;
     }
     let b = ProcSample::read(pid).ok_or("server gone")?;
-    let window = crate::procs::window(&a, &b);
+    let split = meter.split(&threads, &meter.sample());
+    let mut window = crate::procs::window(&a, &b);
+    window
+        .set("client_boundaries", boundaries)
+        .set("threads", split.json(boundaries, "rotated_client"));
     Ok((b, window))
 }
