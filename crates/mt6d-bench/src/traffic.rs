@@ -283,28 +283,62 @@ pub fn download(host_a: &Netns, name: &str, bytes: u64, scratch: &Path) -> Resul
     Ok(v)
 }
 
+/// Times an iperf3 client is started again when the server answers that it is busy.
+const IPERF_BUSY_TRIES: u32 = 5;
+
+/// Runs the iperf3 client that `command` makes, within `limit`, and returns its JSON report.
+/// The server takes one test at a time and may still be closing the previous one (its streams'
+/// last segments, the results exchange) when the next client connects: it then refuses with
+/// "the server is busy running a test", a state of the server, not a result. Such a refusal is
+/// tried again after a second, at most [`IPERF_BUSY_TRIES`] times in all; any other error is
+/// returned at once.
+fn iperf_json(
+    command: impl Fn() -> Result<std::process::Command, String>,
+    limit: Duration,
+    scratch: &Path,
+) -> Result<Value, String> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        // A refusal exits non-zero with the error in the JSON on stdout: both paths see it.
+        let error = match run_limited(command()?, limit, scratch) {
+            Ok(out) => {
+                let j = Value::parse(&out).map_err(|e| format!("iperf3 JSON: {e}"))?;
+                match j.get("error").and_then(Value::as_str) {
+                    Some(e) => format!("iperf3: {e}"),
+                    None => return Ok(j),
+                }
+            }
+            Err(e) => e,
+        };
+        if !(error.contains("server is busy") && tries < IPERF_BUSY_TRIES) {
+            return Err(format!("{error} (attempt {tries})"));
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
 /// iperf3 UDP from Host B to Host A (-R, as 000 §4.2.3): jitter and loss.
 pub fn udp(host_a: &Netns, bytes: u64, rate_mbit: u64, scratch: &Path) -> Result<Value, String> {
-    let mut cmd = host_a.command("iperf3").map_err(|e| e.to_string())?;
-    // 1200-byte datagrams fit every scenario's inner MTU, so none is fragmented.
-    cmd.args([
-        "-c",
-        &HOST_B.to_string(),
-        "-p",
-        "5201",
-        "-J",
-        "-u",
-        "-R",
-        "-l",
-        "1200",
-    ])
-    .args(["-b", &format!("{rate_mbit}M"), "-n", &bytes.to_string()]);
     let secs = bytes as f64 * 8.0 / (rate_mbit as f64 * 1e6);
-    let out = run_limited(cmd, Duration::from_secs_f64(15.0 + secs * 2.0), scratch)?;
-    let j = Value::parse(&out).map_err(|e| format!("iperf3 JSON: {e}"))?;
-    if let Some(e) = j.get("error").and_then(Value::as_str) {
-        return Err(format!("iperf3: {e}"));
-    }
+    let command = || -> Result<std::process::Command, String> {
+        let mut cmd = host_a.command("iperf3").map_err(|e| e.to_string())?;
+        // 1200-byte datagrams fit every scenario's inner MTU, so none is fragmented.
+        cmd.args([
+            "-c",
+            &HOST_B.to_string(),
+            "-p",
+            "5201",
+            "-J",
+            "-u",
+            "-R",
+            "-l",
+            "1200",
+        ])
+        .args(["-b", &format!("{rate_mbit}M"), "-n", &bytes.to_string()]);
+        Ok(cmd)
+    };
+    let j = iperf_json(command, Duration::from_secs_f64(15.0 + secs * 2.0), scratch)?;
     let sum = j
         .path(&["end", "sum"])
         .ok_or("iperf3 JSON without end.sum")?;
@@ -321,23 +355,22 @@ pub fn udp(host_a: &Netns, bytes: u64, rate_mbit: u64, scratch: &Path) -> Result
 
 /// iperf3 TCP from Host A to Host B: maximum throughput with `streams` parallel streams.
 pub fn tcp(host_a: &Netns, streams: u32, secs: u64, scratch: &Path) -> Result<Value, String> {
-    let mut cmd = host_a.command("iperf3").map_err(|e| e.to_string())?;
-    cmd.args([
-        "-c",
-        &HOST_B.to_string(),
-        "-p",
-        "5201",
-        "-J",
-        "-t",
-        &secs.to_string(),
-        "-P",
-        &streams.to_string(),
-    ]);
-    let out = run_limited(cmd, Duration::from_secs(secs + 20), scratch)?;
-    let j = Value::parse(&out).map_err(|e| format!("iperf3 JSON: {e}"))?;
-    if let Some(e) = j.get("error").and_then(Value::as_str) {
-        return Err(format!("iperf3: {e}"));
-    }
+    let command = || -> Result<std::process::Command, String> {
+        let mut cmd = host_a.command("iperf3").map_err(|e| e.to_string())?;
+        cmd.args([
+            "-c",
+            &HOST_B.to_string(),
+            "-p",
+            "5201",
+            "-J",
+            "-t",
+            &secs.to_string(),
+            "-P",
+            &streams.to_string(),
+        ]);
+        Ok(cmd)
+    };
+    let j = iperf_json(command, Duration::from_secs(secs + 20), scratch)?;
     let bps = j
         .path(&["end", "sum_received", "bits_per_second"])
         .and_then(Value::as_f64)
@@ -458,5 +491,42 @@ Percentage of the requests served within a certain time (ms)
         let e = parse_ab("apr_socket_connect(): Connection refused (111)\n", 10)
             .expect_err("no report");
         assert!(e.contains("Connection refused"), "{e}");
+    }
+
+    /// A client refused because the server is still busy with the previous test is started
+    /// again and its report returned; any other error ends at once.
+    #[test]
+    fn a_busy_iperf3_server_is_tried_again_and_other_errors_are_not() {
+        let dir = std::env::temp_dir().join(format!("mt6d-iperf-busy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let marker = dir.join("refused-once");
+        let scratch = dir.join("out");
+        // Refuses the first time as iperf3 does (JSON error on stdout, exit 1), then reports.
+        let script = format!(
+            "if [ -e '{m}' ]; then echo '{{\"end\": {{}}}}'; else touch '{m}'; \
+echo '{{\"error\": \"the server is busy running a test. try again later\"}}'; exit 1; fi",
+            m = marker.display()
+        );
+        let command = || {
+            let mut c = std::process::Command::new("sh");
+            c.args(["-c", &script]);
+            Ok(c)
+        };
+        let j = iperf_json(command, Duration::from_secs(10), &scratch).expect("second try");
+        assert!(j.get("end").is_some());
+        let other = || {
+            let mut c = std::process::Command::new("sh");
+            c.args([
+                "-c",
+                "echo '{\"error\": \"unable to connect to server\"}'; exit 1",
+            ]);
+            Ok(c)
+        };
+        let e = iperf_json(other, Duration::from_secs(10), &scratch).expect_err("refused");
+        assert!(
+            e.contains("unable to connect") && e.contains("attempt 1"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
