@@ -256,9 +256,11 @@ fn two_peers_in_one_daemon_each_with_its_own_key() {
             [HOST_A.to_string(), HOST_A.to_string()],
         ),
     ] {
+        // The pre-shared counters stay in the test's directory, not the system's.
         let mut text = format!(
-            "[gateway]\ninternal_interface = \"{INTERNAL_IF}\"\nexternal_interface = \"{EXTERNAL_IF}\"\ncontrol_socket = \"{}\"\nrotation_secs = 1\n",
-            running.lab.control_socket(side).display()
+            "[gateway]\ninternal_interface = \"{INTERNAL_IF}\"\nexternal_interface = \"{EXTERNAL_IF}\"\ncontrol_socket = \"{}\"\nrotation_secs = 1\nstate_dir = \"{}\"\n",
+            running.lab.control_socket(side).display(),
+            running.dir.join(format!("state-{label}")).display()
         );
         for (i, remote) in remotes.iter().enumerate() {
             let (l, r) = if side == Side::A {
