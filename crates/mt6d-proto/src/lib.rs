@@ -13,9 +13,11 @@
 //! 1. [`Stream::new`] once per configured peer (validates the config, derives subkeys).
 //! 2. On every timer tick, [`Stream::schedule`]`(now)`: bind `accept` routes' local addresses, send on
 //!    `send`, wake up again at `next_change`.
-//! 3. One [`Sealer`] per stream (shared by sending threads): [`Sealer::seal`] each inner packet.
+//! 3. One [`Sealer`] per stream (shared by sending threads): [`Sealer::seal_protected`] each inner
+//!    packet (sealed, then header protection, docs/PROTOCOL.md §4.5, in one call).
 //! 4. One [`Opener`] per stream (owned by the receiving thread): map the outer addresses/ports of a
-//!    received datagram to one of `schedule.accept`, then [`Opener::open`].
+//!    received datagram to one of `schedule.accept`, [`classify::receive`] (header protection
+//!    off, then its class), then [`Opener::open`].
 //! 5. Per stream one [`moves::RouteMoves`]: when another node on the link holds one of our hashed
 //!    addresses, [`moves::RouteMoves::on_collision`] moves that epoch's route; notices agree the
 //!    move with the peer, and [`Stream::schedule_moved`] replaces step 2's schedule.
@@ -31,8 +33,10 @@
 //! [`link::Link`] puts one peer's rules together (handshake, key life, route sets, route moves)
 //! behind one input/output contract (`handle_*`, `poll_transmit`, `poll_event`,
 //! `poll_timeout`): a driver feeds it what arrives and does what it says, and seals and opens
-//! data packets itself with the keys it hands out. The daemon and the simulators are such
-//! drivers.
+//! data packets itself with the keys it hands out. Those keys go to one holder, a
+//! [`link::KeyStore`] the link applies its key changes to ([`link::Keys`], or the gateway's
+//! publication behind an atomic pointer); no driver applies them itself. The daemon's gateway
+//! and server, the relay node and the simulators are such drivers.
 #![forbid(unsafe_code)]
 #![cfg_attr(test, allow(clippy::unwrap_used))] // unit tests: a failed unwrap is a failed test
 

@@ -283,7 +283,7 @@ impl Sim {
     }
 
     fn established(&self) -> bool {
-        self.a.g.send.is_some() && self.b.g.send.is_some()
+        self.a.g.keys.send().is_some() && self.b.g.keys.send().is_some()
     }
 }
 
@@ -368,19 +368,22 @@ fn responder_sends_with_new_keys_only_after_confirmation() {
         2,
         "responder binds the answered session's route set at once"
     );
-    assert!(sim.b.g.send.is_none(), "no send key before confirmation");
+    assert!(
+        sim.b.g.keys.send().is_none(),
+        "no send key before confirmation"
+    );
     let resp = sim.in_flight.pop_first().unwrap().1;
     sim.deliver(resp);
-    assert!(sim.a.g.send.is_some(), "initiator has keys at once");
+    assert!(sim.a.g.keys.send().is_some(), "initiator has keys at once");
     let keepalive = sim.in_flight.pop_first().unwrap().1;
     assert_eq!(keepalive.p.bytes.len(), 24);
     drop(keepalive);
-    assert!(sim.b.g.send.is_none());
+    assert!(sim.b.g.keys.send().is_none());
     // A's first data packet confirms instead.
     assert!(sim.send_data(false, 1));
     sim.run_ms(1);
     assert_eq!(sim.b.delivered(), [1]);
-    assert!(sim.b.g.send.is_some(), "confirmed by A's data");
+    assert!(sim.b.g.keys.send().is_some(), "confirmed by A's data");
     assert!(sim.send_data(true, 2));
     sim.run_ms(1);
     assert_eq!(sim.a.delivered(), [2]);

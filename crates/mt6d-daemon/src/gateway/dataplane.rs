@@ -56,7 +56,7 @@ const RX_BATCH: usize = 32;
 
 fn seal_drop_reason(e: &SealError) -> DropReason {
     match e {
-        SealError::Malformed(_) => DropReason::BadLength,
+        SealError::Malformed(_) | SealError::HeaderProtection(_) => DropReason::BadLength,
         SealError::WrongSource | SealError::WrongDestination => DropReason::NoPeer,
         SealError::BufferTooSmall { .. } => DropReason::TooBig,
         SealError::KeyLimit => DropReason::KeyLimit,
@@ -321,21 +321,14 @@ fn seal_one(
         p.counters.tx.drop_n(DropReason::NoKey, 1);
         return None;
     };
-    let len = match sealer.seal(route, inner, out) {
+    // Sealed and its counter masked in one step (docs/PROTOCOL.md §4.5).
+    let len = match sealer.seal_protected(route, table.send_header_key(peer), inner, out) {
         Ok(len) => len,
         Err(e) => {
             p.counters.tx.drop_n(seal_drop_reason(&e), 1);
             return None;
         }
     };
-    // Mask the counter (docs/PROTOCOL.md §4.5); a sealed auth/encrypt payload is never shorter
-    // than the 24 bytes protection needs, so this cannot fail.
-    if let Some(hk) = table.send_header_key(peer) {
-        if hk.protect(&mut out[..len]).is_err() {
-            p.counters.tx.drop_n(DropReason::BadLength, 1);
-            return None;
-        }
-    }
     // Two relaxed loads and stores (docs/PROTOCOL.md §5): what an ICMPv6 error from the path
     // must quote to be believed. Recorded as it leaves (masked): a quote holds the wire bytes.
     p.sent.record(&out[..len]);

@@ -3,12 +3,13 @@
 //! out by the link), and its counters. Its own file because the route table (`routing`) and the
 //! link's driver (`session`) both name it, and neither should import the other for it.
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use arc_swap::ArcSwapOption;
 use mt6d_proto::handshake::{Handshake, ReceiveKeys};
 use mt6d_proto::icmp::SentLog;
+use mt6d_proto::link::KeyStore;
 use mt6d_proto::{Sealer, Stream};
 
 use super::counter_state::CounterState;
@@ -140,5 +141,25 @@ impl PeerKeys {
             handshake: true,
             counter: None,
         }
+    }
+}
+
+/// The gateway's publication of a link's keys (the link applies its key changes through it,
+/// `Link::poll_event`): the sending key behind the atomic pointer the sealing workers load once
+/// per packet, and the receive keys erased by the receiving worker, which holds them, at its
+/// next train (the timer that learns of the expiry holds the link's lock, which a worker takes
+/// while it holds the receive keys: it must not wait for them).
+impl KeyStore for &PeerKeys {
+    fn publish_send(&mut self, key: Option<Arc<Sealer>>) {
+        let got = key.is_some();
+        self.send.store(key);
+        if got {
+            // Requests raised while there was no key are answered by this handshake.
+            self.want.store(false, Ordering::Relaxed);
+        }
+    }
+
+    fn erase_receive_keys(&mut self) {
+        self.erase_recv.store(true, Ordering::Relaxed);
     }
 }

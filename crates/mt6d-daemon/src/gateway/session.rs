@@ -13,8 +13,9 @@
 //!   thread flagged it (`link_timers.rs`): it passes the flags on and runs the link's timeout.
 //!
 //! After every input the caller drains the link ([`drain`]): it sends what the link queued and
-//! applies its events (publishes a new sending key, erases receive keys, asks for a new route
-//! table, logs). The per-peer lock is taken only for these: a few times per rekey interval and
+//! drains its events. The link applies its key changes itself through `PeerKeys`' side of
+//! `mt6d_proto::link::KeyStore` (publishes a new sending key, flags the receive keys for
+//! erasure); what comes back asks for a new route table or is logged. The per-peer lock is taken only for these: a few times per rekey interval and
 //! once per due timeout, never per data packet.
 
 use std::net::SocketAddrV6;
@@ -97,7 +98,8 @@ fn send_datagram(
 /// Sends what `link` queued (on the sockets of `table`) and applies its events to `peer`. Call
 /// with the link's lock held, after every input.
 pub fn drain(peer: &Peer, link: &mut Link, table: &RouteTable) {
-    while let Some(e) = link.poll_event() {
+    let mut keys = &peer.keys;
+    while let Some(e) = link.poll_event(&mut keys) {
         apply(peer, e);
     }
     while let Some(t) = link.poll_transmit() {
@@ -119,22 +121,11 @@ pub fn drain(peer: &Peer, link: &mut Link, table: &RouteTable) {
 
 fn apply(peer: &Peer, e: Event) {
     match e {
-        Event::SendKey(key) => {
-            let got = key.is_some();
-            peer.keys.send.store(key);
-            if got {
-                // Requests raised while there was no key are answered by this handshake.
-                peer.keys.want.store(false, Ordering::Relaxed);
-            }
-        }
-        Event::KeysExpired => {
-            log::warn!(
-                "peer {}: no successful rekey for {} rekey intervals; keys erased, traffic stops until a handshake succeeds",
-                peer.name,
-                mt6d_proto::handshake::REJECT_AFTER_REKEYS
-            );
-            peer.keys.erase_recv.store(true, Ordering::Relaxed);
-        }
+        Event::KeysErased => log::warn!(
+            "peer {}: no successful rekey for {} rekey intervals; keys erased, traffic stops until a handshake succeeds",
+            peer.name,
+            mt6d_proto::handshake::REJECT_AFTER_REKEYS
+        ),
         Event::Established {
             initiator,
             rekey,

@@ -255,40 +255,28 @@ fn seal_one(
         }
         None => seal_pre_shared(reg, id, client, inner, out, t)?,
     };
-    let Some((len, route, header_key)) = sealed else {
+    let Some((len, route)) = sealed else {
         t.seal_failed += 1;
         return None;
     };
-    if let Some(hk) = header_key {
-        if hk.protect(&mut out[..len]).is_err() {
-            t.seal_failed += 1;
-            return None;
-        }
-    }
     Some((len, route))
 }
 
-/// What sealing for one client gave: the length, the route and the header key, or `None` (a
-/// seal failure); the outer `None` is a drop already counted.
-type Sealed<'r> = Option<
-    Option<(
-        usize,
-        mt6d_proto::Route,
-        Option<&'r mt6d_proto::tunnel::HeaderKey>,
-    )>,
->;
+/// What sealing for one client gave, header protection applied: the length and the route, or
+/// `None` (a seal failure); the outer `None` is a drop already counted.
+type Sealed = Option<Option<(usize, mt6d_proto::Route)>>;
 
 /// A handshake client's packet: its link's send key, on the route set data goes on now.
-fn seal_for_session<'r>(
-    reg: &'r Registry,
+fn seal_for_session(
+    reg: &Registry,
     id: PeerId,
     session: &Session,
     inner: &[u8],
     out: &mut [u8],
     now: &mut Option<UnixTime>,
     t: &mut TxCounts,
-) -> Sealed<'r> {
-    let (Some(sealer), Some(link_stream)) = (session.send.as_ref(), reg.table().stream(id)) else {
+) -> Sealed {
+    let (Some(sealer), Some(link_stream)) = (session.keys.send(), reg.table().stream(id)) else {
         t.no_key += 1;
         return None;
     };
@@ -305,22 +293,22 @@ fn seal_for_session<'r>(
     };
     Some(
         sealer
-            .seal(route, inner, out)
+            .seal_protected(route, stream.send_header_key(), inner, out)
             .ok()
-            .map(|len| (len, *route, stream.send_header_key())),
+            .map(|len| (len, *route)),
     )
 }
 
 /// A pre-shared client's packet, under its sealer (made on first use from the machine's
 /// counter reservation).
-fn seal_pre_shared<'r>(
-    reg: &'r Registry,
+fn seal_pre_shared(
+    reg: &Registry,
     id: PeerId,
     client: &super::registry::Client,
     inner: &[u8],
     out: &mut [u8],
     t: &mut TxCounts,
-) -> Sealed<'r> {
+) -> Sealed {
     let (Some(route), Some(stream)) = (reg.table().send_route(id), reg.table().stream(id)) else {
         t.no_client += 1;
         return None;
@@ -329,8 +317,8 @@ fn seal_pre_shared<'r>(
         t.seal_failed += 1;
         return None;
     };
-    match sealer.seal(route, inner, out) {
-        Ok(len) => Some(Some((len, *route, stream.send_header_key()))),
+    match sealer.seal_protected(route, stream.send_header_key(), inner, out) {
+        Ok(len) => Some(Some((len, *route))),
         Err(SealError::KeyLimit) => {
             t.key_limit += 1;
             // Once per client and run: a flag flips, no line per packet.

@@ -168,7 +168,7 @@ impl<'a> Batch<'a> {
         n: &mut RxCounts,
     ) {
         if let Some(s) = guard.as_mut() {
-            s.recv.expire(self.now);
+            s.keys.recv_mut().expire(self.now);
         }
         let header_key = from.stream.recv_header_key();
         let mut set: Option<Arc<RouteSet>> = None;
@@ -274,7 +274,7 @@ impl<'a> Batch<'a> {
             on,
             from.route,
             datagram,
-            &mut session.recv,
+            session.keys.recv_mut(),
             crate::daemon::entropy::entropy,
         );
         self.drain(from, session, send_scratch, n);
@@ -302,7 +302,11 @@ impl<'a> Batch<'a> {
     ) {
         let failures = &self.shared.counters.tun_write_failures;
         let slot = batch.slot(&self.io.tun, failures);
-        match session.recv.open(self.now, from.route, datagram, slot) {
+        match session
+            .keys
+            .recv_mut()
+            .open(self.now, from.route, datagram, slot)
+        {
             // After the switch the link set takes handshake messages only (§9.8).
             Ok(_) if on.is_link() && !session.link.sets().takes_data(on) => {
                 n.not_current += 1;

@@ -35,13 +35,13 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::net::Ipv6Addr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use mt6d_proto::control_plan::{priming_window, SendWindow};
 use mt6d_proto::endpoint::{IndexError, IndexSeed, PeerId, PeerTable, WindowDelta};
-use mt6d_proto::handshake::{Handshake, HandshakeConfig, ReceiveKeys};
-use mt6d_proto::link::Link;
+use mt6d_proto::handshake::{Handshake, HandshakeConfig};
+use mt6d_proto::link::{Keys as LinkKeys, Link};
 use mt6d_proto::moves::{NoticeError, RouteMoves, NOTICE_LEN};
 use mt6d_proto::{Epoch, Opener, Route, Sealer, Stream, UnixTime};
 
@@ -58,13 +58,11 @@ pub use crate::daemon::psk_counters::CounterRange;
 #[derive(Debug)]
 pub struct Session {
     pub link: Link,
-    pub recv: ReceiveKeys,
-    /// The key the link handed out last (`Event::SendKey`).
-    pub send: Option<Arc<Sealer>>,
+    /// The link's keys as the workers use them: the receive keys, the send key it handed out
+    /// last, and whether they expired (then the main thread drops the session).
+    pub keys: LinkKeys,
     /// The table entries of the link's bound sets other than the link set: (set id, entry).
     pub bound: Vec<(u64, PeerId)>,
-    /// The keys expired (`Event::KeysExpired`): the main thread drops the session.
-    pub expired: bool,
 }
 
 impl Session {
@@ -212,10 +210,8 @@ impl Client {
             hs.set_responder_only();
             Box::new(Session {
                 link: Link::with_handshake(stream.with_route_key(&stream.config().key), hs),
-                recv: ReceiveKeys::new(),
-                send: None,
+                keys: LinkKeys::new(),
                 bound: Vec::new(),
-                expired: false,
             })
         }))
     }
@@ -644,7 +640,7 @@ impl Registry {
             .into_iter()
             .filter(|(w, _)| !session.bound.iter().any(|(set, _)| set == w))
             .collect();
-        let drop_session = session.expired && session.bound.is_empty() && new.is_empty();
+        let drop_session = session.keys.expired() && session.bound.is_empty() && new.is_empty();
         let next = (!drop_session)
             .then(|| session.link.poll_timeout())
             .flatten();

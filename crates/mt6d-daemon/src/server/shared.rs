@@ -151,8 +151,9 @@ pub struct Drained {
     pub send_failed: u64,
 }
 
-/// Sends what `session`'s link queued (through `raw`, when the caller has a socket) and applies
-/// its events: a new send key, erased receive keys, route sets to re-index.
+/// Sends what `session`'s link queued (through `raw`, when the caller has a socket) and drains
+/// its events: the key changes go to the session's [`mt6d_proto::link::Keys`] (a new send key,
+/// erased receive keys), the rest says what to re-index.
 pub fn drain(session: &mut Session, mut raw: Option<(&RawUdp6, &mut RawSendScratch)>) -> Drained {
     let mut d = Drained::default();
     while let Some(t) = session.link.poll_transmit() {
@@ -171,18 +172,10 @@ pub fn drain(session: &mut Session, mut raw: Option<(&RawUdp6, &mut RawSendScrat
             None => log::debug!("dropped a {:?} queued on a timeout", t.kind),
         }
     }
-    while let Some(ev) = session.link.poll_event() {
+    while let Some(ev) = session.link.poll_event(&mut session.keys) {
         match ev {
-            Event::SendKey(k) => session.send = k,
-            Event::KeysExpired => {
-                session.recv.clear();
-                session.expired = true;
-                d.resync = true;
-            }
-            Event::Established { .. } => {
-                session.expired = false;
-                d.established = true;
-            }
+            Event::KeysErased => d.resync = true,
+            Event::Established { .. } => d.established = true,
             Event::SessionSet { .. } | Event::SetReleased { .. } | Event::RoutesChanged => {
                 d.resync = true;
             }

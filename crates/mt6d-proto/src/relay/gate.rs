@@ -207,7 +207,7 @@ mod tests {
     use super::*;
     use crate::relay::frame::MIN_FRAME_MAX;
     use crate::relay::node::tests::{at, id, relay_routing, IN, OUT};
-    use crate::relay::node::{protect, Finish, Received};
+    use crate::relay::node::{Finish, Received};
     use crate::relay::{Kind, RelayRepr, HOP_LIMIT};
     use crate::tunnel::frame_payload_len;
     use crate::{Sealer, Stream};
@@ -227,10 +227,10 @@ mod tests {
             destination: d,
         };
         let mut buf = vec![0u8; frame_payload_len(MIN_FRAME_MAX)];
+        let header = peer.send_header_key();
         let n = sealer
-            .seal_frame(&route, &repr, &[0x11; 32], MIN_FRAME_MAX, &mut buf)
+            .seal_frame_protected(&route, header, &repr, &[0x11; 32], MIN_FRAME_MAX, &mut buf)
             .unwrap();
-        protect(peer, &mut buf[..n]);
         buf.truncate(n);
         buf
     }
@@ -335,7 +335,10 @@ mod tests {
         // A keepalive (counter and tag only) is the node's: bytes untouched.
         let mut keepalive = vec![0u8; 24];
         s.seal_keepalive(&route, &mut keepalive).unwrap();
-        protect(&peer, &mut keepalive);
+        peer.send_header_key()
+            .unwrap()
+            .protect(&mut keepalive)
+            .unwrap();
         let arrived = keepalive.clone();
         assert!(matches!(gate.admit(l, rm, &mut keepalive), Admit::Node(IN)));
         assert_eq!(keepalive, arrived);

@@ -243,6 +243,11 @@ pub enum SealError {
     /// fit), so a relay link never carries anything but frames.
     #[error("not a valid relay frame: {0}")]
     BadFrame(crate::wire::relay::RelayError),
+    /// Header protection (docs/PROTOCOL.md §4.5) could not be applied to the sealed payload.
+    /// Every sealed auth or encrypt payload is long enough, so this means a caller bug; the
+    /// payload is not sent (its counter is spent, never reused).
+    #[error("header protection: {0}")]
+    HeaderProtection(HeaderError),
 }
 
 impl SealError {
@@ -259,6 +264,7 @@ impl SealError {
             Self::NoKeepaliveInPlain => "seal_no_keepalive_in_plain",
             Self::NotEncrypt { .. } => "seal_not_encrypt",
             Self::BadFrame(_) => "seal_bad_frame",
+            Self::HeaderProtection(_) => "seal_header_protection",
         }
     }
 }

@@ -4,6 +4,7 @@ use std::cell::RefCell;
 use std::net::Ipv6Addr;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
+use super::HeaderKey;
 use super::{
     aead_key_bytes, frame_payload_len, outer_aad, payload_len, AeadKey, CounterSpace, KeyPhase,
     SealError, COUNTER_LEN, COUNTER_LIMIT, FRAME_HEADROOM, INNER_HEADER_CARRIED, KEEPALIVE_LEN,
@@ -239,6 +240,23 @@ impl Sealer {
         Ok(need)
     }
 
+    /// The send side's one step for a data packet, the mirror of [`crate::classify::receive`]:
+    /// [`Sealer::seal`], then header protection (docs/PROTOCOL.md §4.5) with `header`, the send
+    /// header key of the stream of the route set the packet travels on (None: plain mode, nothing
+    /// to mask). What a role's send path calls, so that no role can forget the second step.
+    /// Returns the payload length; on error nothing in `out` may be sent.
+    pub fn seal_protected(
+        &self,
+        route: &Route,
+        header: Option<&HeaderKey>,
+        inner: &[u8],
+        out: &mut [u8],
+    ) -> Result<usize, SealError> {
+        let n = self.seal(route, inner, out)?;
+        protect(header, &mut out[..n])?;
+        Ok(n)
+    }
+
     /// [`Sealer::seal`] without copying the packet: `buf` holds [`SEAL_HEADROOM`] free bytes, then
     /// the inner packet (`inner_len` bytes), then room for the tag ([`TAG_LEN`] bytes; plain mode
     /// needs none). Returns the tunnel payload, a slice of `buf` that starts 24 bytes into the
@@ -324,6 +342,37 @@ impl Sealer {
         self.seal_frame_in_place(route, buf, flen).map(|p| p.len())
     }
 
+    /// [`Sealer::seal_frame`], then header protection with `header` (the relay link's send set's
+    /// send header key): a relay link's one step for a frame it makes, as
+    /// [`Sealer::seal_protected`] is for a data packet.
+    pub fn seal_frame_protected(
+        &self,
+        route: &Route,
+        header: Option<&HeaderKey>,
+        repr: &RelayRepr,
+        payload: &[u8],
+        frame_max: usize,
+        out: &mut [u8],
+    ) -> Result<usize, SealError> {
+        let n = self.seal_frame(route, repr, payload, frame_max, out)?;
+        protect(header, &mut out[..n])?;
+        Ok(n)
+    }
+
+    /// [`Sealer::seal_frame_in_place`], then header protection with `header`: a relay's one
+    /// step for a frame it forwards.
+    pub fn seal_frame_in_place_protected<'b>(
+        &self,
+        route: &Route,
+        header: Option<&HeaderKey>,
+        buf: &'b mut [u8],
+        frame_len: usize,
+    ) -> Result<&'b mut [u8], SealError> {
+        let wire = self.seal_frame_in_place(route, buf, frame_len)?;
+        protect(header, wire)?;
+        Ok(wire)
+    }
+
     /// [`Sealer::seal_frame`] for a frame already laid out in `buf`: [`FRAME_HEADROOM`] free
     /// bytes, the frame (`frame_len` bytes, padding included: a relay forwards a frame it opened
     /// with only its hop limit changed, §10.3), then room for the tag ([`TAG_LEN`]). The frame is
@@ -399,6 +448,14 @@ pub(crate) fn key_id(key: &[u8; 32]) -> u64 {
     u64::from_be_bytes(b)
 }
 
+/// Header protection of a sealed payload (§4.5), None: plain mode.
+fn protect(header: Option<&HeaderKey>, payload: &mut [u8]) -> Result<(), SealError> {
+    match header {
+        Some(hk) => hk.protect(payload).map_err(SealError::HeaderProtection),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,6 +493,38 @@ mod tests {
                 need: ok.len() - 8
             })
         );
+    }
+
+    /// The one-call seal writes byte for byte what sealing and then protecting writes (the wire
+    /// format is §4.5's), and what `classify::receive` and the opener take back.
+    #[test]
+    fn a_protected_seal_is_the_seal_then_the_header_protection() {
+        use crate::classify::{receive, Class};
+        for mode in [Mode::Plain, Mode::Auth, Mode::Encrypt] {
+            let (a, b) = pair(mode, AeadAlg::Aes256Gcm);
+            let r = a.route(Epoch(1));
+            let pkt = udp(addr(A), addr(B), b"protected in one call");
+            let (one, two) = (a.sealer(0, u64::MAX), a.sealer(0, u64::MAX));
+            let hk = a.send_header_key();
+            assert_eq!(hk.is_none(), mode == Mode::Plain);
+            let mut got = [0u8; 256];
+            let n = one.seal_protected(&r, hk, &pkt, &mut got).unwrap();
+            let mut want = [0u8; 256];
+            let m = two.seal(&r, &pkt, &mut want).unwrap();
+            if let Some(hk) = hk {
+                assert_ne!(got[..8], want[..8], "{mode}: the counter is masked");
+                hk.protect(&mut want[..m]).unwrap();
+            }
+            assert_eq!(got[..n], want[..m], "{mode}");
+            let wire = &mut got[..n];
+            assert_eq!(receive(b.recv_header_key(), wire), Ok(Class::Data));
+            let mut inner = [0u8; 256];
+            let len = b
+                .opener()
+                .open(&b.route(Epoch(1)), wire, &mut inner)
+                .unwrap();
+            assert_eq!(inner[..len], pkt[..], "{mode}");
+        }
     }
 
     #[test]

@@ -1,20 +1,18 @@
 //! One simulated gateway: a driver of [`Link`] as the daemon is one (docs/ARCHITECTURE.md, "The
-//! endpoint contract"). It owns what the daemon's packet threads own (the receive keys, the
-//! published sending key) and asks the link everything else, so the simulations test the link's
-//! rules and not a copy of them.
+//! endpoint contract"). It holds what the daemon's packet threads use (the receive keys, the
+//! published sending key) in the link's own holder, [`Keys`], and asks the link everything
+//! else, so the simulations test the link's rules and not a copy of them.
 
 use std::collections::HashMap;
 use std::net::SocketAddrV6;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mt6d_proto::handshake::{
-    is_handshake, Handshake, HandshakeConfig, HandshakeStats, ReceiveKeys,
-};
-use mt6d_proto::link::{Event, Link, Transmit, TransmitKind};
+use mt6d_proto::handshake::{is_handshake, Handshake, HandshakeConfig, HandshakeStats};
+use mt6d_proto::link::{Keys, Link, Transmit, TransmitKind};
 use mt6d_proto::moves::is_notice;
 use mt6d_proto::route_sets::RouteSet;
-use mt6d_proto::{Endpoint, OpenError, Sealer, Stream, StreamConfig, UnixTime};
+use mt6d_proto::{Endpoint, OpenError, Stream, StreamConfig, UnixTime};
 
 use super::udp_packet;
 
@@ -42,9 +40,8 @@ impl From<Transmit> for Packet {
 /// One gateway of a simulation.
 pub struct SimGateway {
     pub link: Link,
-    pub recv: ReceiveKeys,
-    /// The sending key as the daemon's tx thread sees it: what the last [`Event::SendKey`] said.
-    pub send: Option<Arc<Sealer>>,
+    /// The receive keys and the sending key as the daemon's tx thread sees it.
+    pub keys: Keys,
     /// Sequence numbers of the inner packets delivered, in arrival order.
     pub delivered: Vec<u64>,
     pub drops: HashMap<&'static str, u64>,
@@ -86,8 +83,7 @@ impl SimGateway {
         adjust(&mut sc);
         SimGateway {
             link: Link::with_handshake(Stream::new(sc).unwrap(), hs),
-            recv: ReceiveKeys::new(),
-            send: None,
+            keys: Keys::new(),
             delivered: Vec::new(),
             drops: HashMap::new(),
             nonces: Vec::new(),
@@ -108,13 +104,7 @@ impl SimGateway {
 
     /// Applies the link's events and takes its datagrams, as the daemon does after every input.
     pub fn drain(&mut self) -> Vec<Packet> {
-        while let Some(e) = self.link.poll_event() {
-            match e {
-                Event::SendKey(k) => self.send = k,
-                Event::KeysExpired => self.recv.clear(),
-                _ => {}
-            }
-        }
+        while self.link.poll_event(&mut self.keys).is_some() {}
         let mut out = Vec::new();
         while let Some(t) = self.link.poll_transmit() {
             if t.kind == TransmitKind::Keepalive {
@@ -134,7 +124,7 @@ impl SimGateway {
             .unwrap()
             .unprotect(&mut bytes)
             .unwrap();
-        let key = self.send.as_ref().and_then(|s| s.key_id()).unwrap();
+        let key = self.keys.send().and_then(|s| s.key_id()).unwrap();
         self.nonces
             .push((key, u64::from_be_bytes(bytes[..8].try_into().unwrap())));
     }
@@ -145,9 +135,10 @@ impl SimGateway {
 
     /// The timer fired (or the simulation just ticks): the link's timeout, then its output.
     pub fn timeout(&mut self, now: UnixTime, entropy: [u8; 32]) -> Vec<Packet> {
-        self.recv.expire(now);
+        self.keys.recv_mut().expire(now);
         // As the daemon's timer: the packet budget counts what the peer sent too.
-        self.link.note_received(self.recv.newest_packets_seen());
+        self.link
+            .note_received(self.keys.recv().newest_packets_seen());
         self.link.handle_timeout(now, || Some(entropy));
         // With randomness at hand, a timeout leaves nothing due at the same instant: a driver
         // that sleeps until `poll_timeout` never spins.
@@ -162,7 +153,7 @@ impl SimGateway {
     /// The protected host sends inner packet `seq`: sealed on the route of the set data goes on
     /// now, or dropped as `no_send_key` (and a handshake asked for).
     pub fn send_data(&mut self, now: UnixTime, seq: u64) -> Option<Packet> {
-        let Some(sealer) = self.send.clone() else {
+        let Some(sealer) = self.keys.send().cloned() else {
             self.link.handle_no_send_key();
             self.drop_reason("no_send_key");
             return None;
@@ -176,17 +167,17 @@ impl SimGateway {
         let s = self.stream();
         let packet = udp_packet(s.local_true(), s.remote_true(), seq);
         let mut out = vec![0u8; packet.len() + 64];
-        let n = sealer.seal(&route, &packet, &mut out).unwrap();
-        out.truncate(n);
-        self.nonces.push((
-            sealer.key_id().unwrap(),
-            u64::from_be_bytes(out[..8].try_into().unwrap()),
-        ));
-        set.stream
-            .send_header_key()
-            .unwrap()
-            .protect(&mut out)
+        let header = set.stream.send_header_key();
+        let n = sealer
+            .seal_protected(&route, header, &packet, &mut out)
             .unwrap();
+        out.truncate(n);
+        // The counter field as on the wire, unmasked with the header key's mask of the sample.
+        let sample = out[n - 16..].try_into().unwrap();
+        let mask = header.unwrap().mask(&sample);
+        let field: [u8; 8] = std::array::from_fn(|i| out[i] ^ mask[i]);
+        self.nonces
+            .push((sealer.key_id().unwrap(), u64::from_be_bytes(field)));
         Some(Packet {
             src: route.local,
             dst: route.remote,
@@ -234,14 +225,16 @@ impl SimGateway {
         if is_handshake(&bytes) {
             if let Err(e) =
                 self.link
-                    .handle_handshake(now, &set, &route, &bytes, &mut self.recv, || Some(entropy))
+                    .handle_handshake(now, &set, &route, &bytes, self.keys.recv_mut(), || {
+                        Some(entropy)
+                    })
             {
                 self.drop_reason(e.reason());
             }
             return self.drain();
         }
         let mut out = [0u8; 256];
-        match self.recv.open(now, &route, &bytes, &mut out) {
+        match self.keys.recv_mut().open(now, &route, &bytes, &mut out) {
             Ok(_) if !bound.data && !self.link.sets().takes_data(&set) => {
                 self.drop_reason("unknown_address");
             }

@@ -71,7 +71,9 @@ impl RelayNode {
             let entropy = &mut self.entropy;
             let r = e
                 .link
-                .handle_handshake(now, &set, &route, body, &mut e.recv, || entropy.draw());
+                .handle_handshake(now, &set, &route, body, e.keys.recv_mut(), || {
+                    entropy.draw()
+                });
             if let Err(err) = r {
                 self.counters.drop(err.reason());
             }
@@ -84,7 +86,7 @@ impl RelayNode {
             self.counters.drop("node_e2e_handshake");
             return consumed;
         }
-        let opened = match e.recv.packet_job(now, &route, buf, n) {
+        let opened = match e.keys.recv_mut().packet_job(now, &route, buf, n) {
             Ok(Some((key_slot, job))) => {
                 return After::Deliver(DeliverJob {
                     from,
@@ -97,7 +99,8 @@ impl RelayNode {
             }
             Ok(None) => {
                 let base = buf.as_ptr() as usize;
-                e.recv
+                e.keys
+                    .recv_mut()
                     .open_in_place(now, &route, buf, n)
                     .map(|(o, inner)| (o, inner.as_ptr() as usize - base, inner.len()))
             }
@@ -153,7 +156,8 @@ impl RelayNode {
             return Received::Consumed;
         }
         let opened = match e
-            .recv
+            .keys
+            .recv_mut()
             .commit_packet(now, job.key_slot, &job.job, range.len())
         {
             Ok(Some(o)) => o,

@@ -9,7 +9,7 @@ use super::{
 };
 use crate::endpoint::{IndexError, PeerId};
 use crate::handshake::{Handshake, ReceiveKeys};
-use crate::link::{Link, TransmitKind};
+use crate::link::{Keys, Link, TransmitKind};
 use crate::relay::e2e::{e2e_relay_payload_len, RouteTagKey, VirtualRoute, ROUTE_TAG_LEN};
 use crate::relay::frame::HEADER_LEN;
 use crate::relay::table::{Forward, RoutingTable};
@@ -29,9 +29,9 @@ pub(super) struct E2eStream {
     /// The handshake through the relays, key life and route sets (§9, §10.5); with a
     /// pre-shared key, the link set only.
     pub(super) link: Link,
-    pub(super) recv: ReceiveKeys,
-    /// Seals data; None before the first handshake and after expiry.
-    pub(super) send: Option<Arc<Sealer>>,
+    /// Its receive keys and the sending key that seals data (None before the first handshake
+    /// and after expiry).
+    pub(super) keys: Keys,
     /// The set data is sent on and its virtual route of the epoch.
     pub(super) send_set: Arc<RouteSet>,
     pub(super) via: VirtualRoute,
@@ -65,13 +65,7 @@ pub(super) fn e2e_slot(id: E2eId, k: usize, set: u64) -> PeerId {
 }
 
 impl E2eStream {
-    pub(super) fn new(
-        now: UnixTime,
-        destination: NodeId,
-        link: Link,
-        recv: ReceiveKeys,
-        send: Option<Arc<Sealer>>,
-    ) -> E2eStream {
+    pub(super) fn new(now: UnixTime, destination: NodeId, link: Link, keys: Keys) -> E2eStream {
         let send_set = link.sets().link().clone();
         let epoch = link.stream().epoch_at(now);
         let via = VirtualRoute::new(
@@ -81,8 +75,7 @@ impl E2eStream {
         E2eStream {
             destination,
             link,
-            recv,
-            send,
+            keys,
             send_set,
             via,
             slots: Default::default(),
@@ -170,14 +163,8 @@ impl RelayNode {
         sealer: Sealer,
     ) -> Result<(), NodeError> {
         encrypt_only(&stream)?;
-        let recv = ReceiveKeys::single(stream.opener());
-        let e = E2eStream::new(
-            now,
-            destination,
-            Link::pre_shared(stream),
-            recv,
-            Some(Arc::new(sealer)),
-        );
+        let keys = Keys::pre_shared(Arc::new(sealer), ReceiveKeys::single(stream.opener()));
+        let e = E2eStream::new(now, destination, Link::pre_shared(stream), keys);
         self.insert_e2e(now, id, e)
     }
 
@@ -197,7 +184,7 @@ impl RelayNode {
     ) -> Result<(), NodeError> {
         encrypt_only(&stream)?;
         let link = Link::with_handshake(stream, hs);
-        let e = E2eStream::new(now, destination, link, ReceiveKeys::new(), None);
+        let e = E2eStream::new(now, destination, link, Keys::new());
         self.insert_e2e(now, id, e)
     }
 
@@ -236,7 +223,7 @@ impl RelayNode {
 
     /// Whether an end-to-end peer holds a sending key (a pre-shared one always does).
     pub fn e2e_keyed(&self, id: E2eId) -> bool {
-        self.e2e.get(&id).is_some_and(|e| e.send.is_some())
+        self.e2e.get(&id).is_some_and(|e| e.keys.send().is_some())
     }
 
     /// The id of the route set an end-to-end peer sends on (0: the link set, §9.8).
@@ -270,7 +257,7 @@ impl RelayNode {
     ) -> Result<InnerJob, NodeError> {
         self.refresh(now);
         let e = self.e2e.get_mut(&to).ok_or(NodeError::UnknownPeer(to))?;
-        let Some(e2e_sealer) = &e.send else {
+        let Some(e2e_sealer) = e.keys.send() else {
             e.link.handle_no_send_key();
             self.counters.drop("node_no_key");
             return Err(NodeError::NoE2eKey(to));
@@ -302,7 +289,7 @@ impl RelayNode {
             .links
             .get_mut(&next)
             .ok_or(NodeError::UnknownLink(next))?;
-        let Some(sealer) = &l.send else {
+        let Some(sealer) = l.keys.send() else {
             l.link.handle_no_send_key();
             self.counters.drop("node_no_key");
             return Err(NodeError::NoKey(next));
@@ -338,7 +325,7 @@ impl RelayNode {
             return;
         };
         let events = &mut self.events;
-        let sets = apply_link_events(&mut e.link, &mut e.send, &mut e.recv, |keys| {
+        let sets = apply_link_events(&mut e.link, &mut e.keys, |keys| {
             events.push_back(match keys {
                 Some((initiator, rekey)) => Event::E2eKeyed {
                     peer: id,
@@ -378,5 +365,5 @@ impl RelayNode {
 /// Whether an end-to-end stream's timers run: it holds keys (they expire, rekey), or a route to
 /// its edge gateway exists (a handshake can arrive).
 pub(super) fn e2e_active(table: &RoutingTable, e: &E2eStream) -> bool {
-    e.send.is_some() || table.next_hop(&e.destination).is_some()
+    e.keys.send().is_some() || table.next_hop(&e.destination).is_some()
 }

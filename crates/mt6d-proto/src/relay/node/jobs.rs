@@ -5,7 +5,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::{protect, E2eId, NodeError, PAYLOAD_AT};
+use super::{E2eId, NodeError, PAYLOAD_AT};
 use crate::endpoint::PeerId;
 use crate::relay::e2e::{e2e_relay_payload_len, seal_e2e, VirtualRoute};
 use crate::relay::table::Neighbour;
@@ -141,10 +141,9 @@ impl SealJob {
     /// Seals the frame (`buf[FRAME_HEADROOM..]`, `flen` bytes) for the next link in place and
     /// protects its header: send `buf[..len]` as the [`Transmit`] says.
     pub fn seal(&self, buf: &mut [u8]) -> Result<Transmit, SealError> {
-        let wire = self
-            .sealer
-            .seal_frame_in_place(&self.route, buf, self.flen)?;
-        protect(&self.set.stream, wire);
+        let header = self.set.stream.send_header_key();
+        self.sealer
+            .seal_frame_in_place_protected(&self.route, header, buf, self.flen)?;
         Ok(Transmit {
             link: self.link,
             route: self.route,

@@ -89,7 +89,7 @@ mod tests {
     use super::*;
     use crate::relay::frame::MIN_FRAME_MAX;
     use crate::relay::node::tests::{at, id, relay_routing, IN, OUT};
-    use crate::relay::node::{protect, Received, RelayNode, Transmit};
+    use crate::relay::node::{Received, RelayNode, Transmit};
     use crate::relay::{Kind, RelayRepr, HOP_LIMIT};
     use crate::tunnel::frame_payload_len;
     use crate::{Sealer, Stream};
@@ -111,10 +111,10 @@ mod tests {
             destination,
         };
         let mut buf = vec![0u8; frame_payload_len(MIN_FRAME_MAX)];
+        let header = peer.send_header_key();
         let n = sealer
-            .seal_frame(&route, &repr, &[0x11; 32], MIN_FRAME_MAX, &mut buf)
+            .seal_frame_protected(&route, header, &repr, &[0x11; 32], MIN_FRAME_MAX, &mut buf)
             .unwrap();
-        protect(peer, &mut buf[..n]);
         r.handle_datagram(now, IN, route.remote, route.local, &mut buf[..n])
     }
 

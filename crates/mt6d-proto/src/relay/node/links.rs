@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::{apply_link_events, encrypt_only, Event, NodeError, Pending, RelayNode};
 use crate::handshake::{Handshake, ReceiveKeys};
-use crate::link::Link;
+use crate::link::{Keys, Link};
 use crate::moves::is_notice;
 use crate::relay::cost::LinkMonitor;
 use crate::relay::table::Neighbour;
@@ -19,9 +19,9 @@ use crate::{Route, Schedule, Sealer, Stream, UnixTime};
 pub(super) struct RelayLink {
     /// The handshake, key life and route sets (§9); with a pre-shared key, the link set only.
     pub(super) link: Link,
-    pub(super) recv: ReceiveKeys,
-    /// Seals everything sent on the link; None before the first handshake and after expiry.
-    pub(super) send: Option<Arc<Sealer>>,
+    /// Its receive keys and the sending key that seals everything sent on the link (None
+    /// before the first handshake and after expiry).
+    pub(super) keys: Keys,
     pub(super) monitor: LinkMonitor,
     /// The routes of the set data is sent on.
     pub(super) schedule: Schedule,
@@ -45,18 +45,12 @@ pub(super) struct Accept {
 }
 
 impl RelayLink {
-    pub(super) fn new(
-        now: UnixTime,
-        link: Link,
-        recv: ReceiveKeys,
-        send: Option<Arc<Sealer>>,
-    ) -> RelayLink {
+    pub(super) fn new(now: UnixTime, link: Link, keys: Keys) -> RelayLink {
         let send_set = link.sets().link().clone();
         let mut l = RelayLink {
             schedule: link.stream().schedule(now),
             link,
-            recv,
-            send,
+            keys,
             monitor: LinkMonitor::new(now),
             send_set,
             accept: Vec::with_capacity(12),
@@ -102,8 +96,8 @@ impl RelayNode {
         sealer: Sealer,
     ) -> Result<(), NodeError> {
         encrypt_only(&stream)?;
-        let recv = ReceiveKeys::single(stream.opener());
-        let l = RelayLink::new(now, Link::pre_shared(stream), recv, Some(Arc::new(sealer)));
+        let keys = Keys::pre_shared(Arc::new(sealer), ReceiveKeys::single(stream.opener()));
+        let l = RelayLink::new(now, Link::pre_shared(stream), keys);
         self.insert_link(link, l)
     }
 
@@ -121,12 +115,7 @@ impl RelayNode {
         hs: Handshake,
     ) -> Result<(), NodeError> {
         encrypt_only(&stream)?;
-        let l = RelayLink::new(
-            now,
-            Link::with_handshake(stream, hs),
-            ReceiveKeys::new(),
-            None,
-        );
+        let l = RelayLink::new(now, Link::with_handshake(stream, hs), Keys::new());
         self.insert_link(link, l)
     }
 
@@ -156,7 +145,9 @@ impl RelayNode {
 
     /// Whether a link holds a sending key (a pre-shared link always does).
     pub fn link_keyed(&self, link: Neighbour) -> bool {
-        self.links.get(&link).is_some_and(|l| l.send.is_some())
+        self.links
+            .get(&link)
+            .is_some_and(|l| l.keys.send().is_some())
     }
 
     /// A link's cost estimator.
@@ -209,7 +200,7 @@ impl RelayNode {
     pub(in crate::relay) fn links_rx_versions(&self) -> u64 {
         self.links
             .values()
-            .map(|l| l.routes_version.wrapping_add(l.recv.version()))
+            .map(|l| l.routes_version.wrapping_add(l.keys.recv().version()))
             .fold(0, u64::wrapping_add)
     }
 
@@ -228,7 +219,7 @@ impl RelayNode {
         self.links.iter().map(|(&n, l)| {
             (
                 n,
-                l.recv.frame_keys(),
+                l.keys.recv().frame_keys(),
                 l.accept.iter().map(|a| (a.route, a.set.clone())).collect(),
             )
         })
@@ -250,7 +241,9 @@ impl RelayNode {
             let entropy = &mut self.entropy;
             let r = l
                 .link
-                .handle_handshake(now, &set, &route, bytes, &mut l.recv, || entropy.draw());
+                .handle_handshake(now, &set, &route, bytes, l.keys.recv_mut(), || {
+                    entropy.draw()
+                });
             if let Err(e) = r {
                 self.counters.drop(e.reason());
             }
@@ -264,7 +257,7 @@ impl RelayNode {
             return;
         };
         let events = &mut self.events;
-        let routes = apply_link_events(&mut l.link, &mut l.send, &mut l.recv, |keys| {
+        let routes = apply_link_events(&mut l.link, &mut l.keys, |keys| {
             events.push_back(match keys {
                 Some((initiator, rekey)) => Event::LinkKeyed {
                     link,

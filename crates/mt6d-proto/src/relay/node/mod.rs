@@ -2,8 +2,8 @@
 //! behind one input/output contract, for a relay, an edge gateway, or both.
 //!
 //! What it owns, per node: one [`RoutingTable`]; per neighbour a relay link (a [`Link`] over its
-//! encrypt-mode MT6D [`Stream`]: handshake or pre-shared key, route sets; its [`ReceiveKeys`], the
-//! [`Sealer`] it sends with, its [`LinkMonitor`](super::cost::LinkMonitor) and the routes of its
+//! encrypt-mode MT6D [`Stream`]: handshake or pre-shared key, route sets; its [`Keys`] (the
+//! receive keys and the [`Sealer`](crate::Sealer) it sends with), its [`LinkMonitor`](super::cost::LinkMonitor) and the routes of its
 //! bound sets); for an edge gateway, per end-to-end peer its end-to-end stream (a [`Link`] too, its
 //! receive keys, sealer and the virtual route of the epoch) and one [`TagIndex`] over all of their
 //! sets.
@@ -14,7 +14,7 @@
 //! # Scope of this step (docs/PROTOCOL.md §10.13) A **relay link** is keyed either by the Noise IK
 //! handshakes of §9 ([`RelayNode::add_link_handshake`]: one [`Link`] per neighbour drives the
 //! handshake, rekeying, key phases and route sets of §9.8; the node owns its receive keys and the
-//! sending key it hands out) or by a pre-shared key ([`RelayNode::add_link`], a [`Sealer`] whose
+//! sending key it hands out) or by a pre-shared key ([`RelayNode::add_link`], a [`Sealer`](crate::Sealer) whose
 //! counter reservation the caller persists, §4.3). Each **end-to-end stream** likewise: keyed by a
 //! Noise IK handshake between the two edge gateways' identities carried through the relays
 //! ([`RelayNode::add_e2e_handshake`]: its messages are relay payloads of kind `0x02` behind the
@@ -68,7 +68,6 @@
 //! [`crate::tunnel::frame_payload_len`]`(frame_max)` bytes to take any frame of the network.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Arc;
 
 use super::e2e::ROUTE_TAG_LEN;
 use super::frame::{HEADER_LEN, MIN_FRAME_MAX};
@@ -77,10 +76,9 @@ use super::table::{Neighbour, RoutingTable};
 use super::tags::TagIndex;
 use super::NodeId;
 use crate::endpoint::IndexSeed;
-use crate::handshake::ReceiveKeys;
-use crate::link::{Event as LinkEvent, Link};
+use crate::link::{Event as LinkEvent, Keys, Link};
 use crate::tunnel::{FRAME_HEADROOM, OPEN_HEADROOM, TAG_LEN};
-use crate::{Mode, Sealer, Stream, UnixTime};
+use crate::{Mode, Stream, UnixTime};
 
 /// Where a frame's relay payload starts in a link payload: counter, relay header.
 const PAYLOAD_AT: usize = FRAME_HEADROOM + HEADER_LEN;
@@ -245,7 +243,7 @@ impl RelayNode {
                     .push_back(Pending::Probe(link, ProbeRepr::request(seq)));
             }
             l.monitor.handle_timeout(now);
-            l.recv.expire(now);
+            l.keys.recv_mut().expire(now);
             if l.link.poll_timeout().is_some_and(|t| t <= now) {
                 let entropy = &mut self.entropy;
                 l.link.handle_timeout(now, || entropy.draw());
@@ -257,7 +255,7 @@ impl RelayNode {
         }
         let mut keyed = Vec::new();
         for (&id, e) in &mut self.e2e {
-            e.recv.expire(now);
+            e.keys.recv_mut().expire(now);
             // Without a route no initiation could arrive: the first route restarts it (`pump`).
             if !e2e_active(&self.table, e) {
                 continue;
@@ -370,24 +368,19 @@ impl RelayNode {
     }
 }
 
-/// Applies a [`Link`]'s events to the keys its owner holds (a relay link's or an end-to-end
-/// stream's sending key and receive keys) and reports the rest: `on_keys(Some((initiator,
-/// rekey)))` when new keys are in use, `on_keys(None)` when they expired. Returns whether the
-/// link's route sets changed.
+/// Drains a [`Link`]'s events, its key changes into the [`Keys`] its owner holds (a relay
+/// link's or an end-to-end stream's), and reports the rest: `on_keys(Some((initiator,
+/// rekey)))` when new keys are in use, `on_keys(None)` when they expired (already erased).
+/// Returns whether the link's route sets changed.
 fn apply_link_events(
     link: &mut Link,
-    send: &mut Option<Arc<Sealer>>,
-    recv: &mut ReceiveKeys,
+    keys: &mut Keys,
     mut on_keys: impl FnMut(Option<(bool, bool)>),
 ) -> bool {
     let mut routes = false;
-    while let Some(e) = link.poll_event() {
+    while let Some(e) = link.poll_event(keys) {
         match e {
-            LinkEvent::SendKey(key) => *send = key,
-            LinkEvent::KeysExpired => {
-                recv.clear();
-                on_keys(None);
-            }
+            LinkEvent::KeysErased => on_keys(None),
             LinkEvent::Established {
                 initiator, rekey, ..
             } => on_keys(Some((initiator, rekey))),
@@ -405,21 +398,13 @@ fn encrypt_only(stream: &Stream) -> Result<(), NodeError> {
     }
 }
 
-/// §4.5 on a sealed link payload (at least 36 bytes, more than header protection needs).
-pub(super) fn protect(stream: &Stream, payload: &mut [u8]) {
-    if let Some(hk) = stream.send_header_key() {
-        let masked = hk.protect(payload);
-        debug_assert!(masked.is_ok());
-    }
-}
-
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
     use crate::relay::routing::UpdateEntry;
     use crate::relay::{Metric, Seqno};
     use crate::testutil::addr;
-    use crate::{Endpoint, SessionKey, StreamConfig};
+    use crate::{Endpoint, Sealer, SessionKey, StreamConfig};
 
     pub(in crate::relay) fn at(ms: u64) -> UnixTime {
         UnixTime::from_millis(1_700_000_000_000 + ms)

@@ -88,7 +88,7 @@ impl RelayNode {
             self.link_message(now, link, at, buf);
             return Step::Done(Received::Consumed);
         }
-        match l.recv.frame_job(now, &route, buf) {
+        match l.keys.recv_mut().frame_job(now, &route, buf) {
             Ok(Some((slot, frame))) => Step::Open(OpenJob {
                 link,
                 route,
@@ -109,7 +109,7 @@ impl RelayNode {
         let Some((l, at)) = self.accept_of(rest.link, rest.route.local, rest.route.remote) else {
             return Received::Consumed;
         };
-        let opened = match l.recv.open_frame(now, &rest.route, buf) {
+        let opened = match l.keys.recv_mut().open_frame(now, &rest.route, buf) {
             Ok(o) => o,
             Err(e) => {
                 self.open_failed(now, rest.link, e);
@@ -144,7 +144,11 @@ impl RelayNode {
         let Some((l, at)) = self.accept_of(job.link, job.route.local, job.route.remote) else {
             return Finish::Done(Received::Consumed);
         };
-        let opened = match l.recv.commit_frame(now, job.slot, &job.frame, buf) {
+        let opened = match l
+            .keys
+            .recv_mut()
+            .commit_frame(now, job.slot, &job.frame, buf)
+        {
             Ok(Some(o)) => (o, true),
             Ok(None) => {
                 self.counters.drop("node_key_replaced");
@@ -342,7 +346,7 @@ impl RelayNode {
             self.counters.drop("relay_no_route");
             return Finish::Done(Received::Consumed);
         };
-        let Some(sealer) = &l.send else {
+        let Some(sealer) = l.keys.send() else {
             l.link.handle_no_send_key();
             self.counters.drop("node_no_key");
             return Finish::Done(Received::Consumed);
@@ -362,7 +366,6 @@ impl RelayNode {
 mod tests {
     use super::*;
     use crate::relay::frame::MIN_FRAME_MAX;
-    use crate::relay::node::protect;
     use crate::relay::node::tests::{at, id, relay_routing, IN, OUT};
     use crate::relay::HOP_LIMIT;
     use crate::tunnel::frame_payload_len;
@@ -387,10 +390,10 @@ mod tests {
                 destination: d,
             };
             let mut buf = vec![0u8; frame_payload_len(MIN_FRAME_MAX)];
+            let header = peer.send_header_key();
             let n = s
-                .seal_frame(&route, &repr, &[0x11; 32], MIN_FRAME_MAX, &mut buf)
+                .seal_frame_protected(&route, header, &repr, &[0x11; 32], MIN_FRAME_MAX, &mut buf)
                 .unwrap();
-            protect(&peer, &mut buf[..n]);
             buf.truncate(n);
             buf
         };

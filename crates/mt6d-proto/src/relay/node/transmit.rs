@@ -1,7 +1,7 @@
 //! Link-local frames and datagrams queued for [`RelayNode::poll_transmit`]: probes, routing
 //! messages, a link's handshake datagrams and an end-to-end stream's relay payloads.
 
-use super::{protect, RelayNode, Transmit};
+use super::{RelayNode, Transmit};
 use crate::relay::probe::ProbeRepr;
 use crate::relay::routing::RoutingRepr;
 use crate::relay::table::{Forward, Neighbour};
@@ -79,7 +79,7 @@ impl RelayNode {
             };
             // No keys yet (or expired): the probe is lost, which is what the link is; the
             // routing message is resent in full once the link comes up (§10.8).
-            let Some(sealer) = &l.send else {
+            let Some(sealer) = l.keys.send() else {
                 l.link.handle_no_send_key();
                 continue;
             };
@@ -88,9 +88,9 @@ impl RelayNode {
             };
             let repr = RelayRepr::link_local(kind, len);
             let route = l.schedule.send;
-            match sealer.seal_frame(&route, &repr, body, self.frame_max, out) {
+            let header = l.send_set.stream.send_header_key();
+            match sealer.seal_frame_protected(&route, header, &repr, body, self.frame_max, out) {
                 Ok(n) => {
-                    protect(&l.send_set.stream, &mut out[..n]);
                     return Some(Transmit {
                         link,
                         route,
@@ -123,21 +123,19 @@ impl RelayNode {
             return None;
         };
         let l = self.links.get_mut(&to)?;
-        let Some(sealer) = &l.send else {
+        let Some(sealer) = l.keys.send() else {
             l.link.handle_no_send_key();
             self.counters.drop("node_no_key");
             return None;
         };
         let route = l.schedule.send;
-        match sealer.seal_frame(&route, &repr, payload, self.frame_max, out) {
-            Ok(n) => {
-                protect(&l.send_set.stream, &mut out[..n]);
-                Some(Transmit {
-                    link: to,
-                    route,
-                    len: n,
-                })
-            }
+        let header = l.send_set.stream.send_header_key();
+        match sealer.seal_frame_protected(&route, header, &repr, payload, self.frame_max, out) {
+            Ok(n) => Some(Transmit {
+                link: to,
+                route,
+                len: n,
+            }),
             Err(e) => {
                 self.counters.drop(e.reason());
                 None

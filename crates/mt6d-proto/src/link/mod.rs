@@ -5,9 +5,9 @@
 //! # What it owns and what it leaves to the packet path
 //! A [`Link`] decides everything about the peer's keys and routes. It does not seal or open data
 //! packets: a gateway's packet threads do that without taking a lock, so the link hands its
-//! sending key out ([`Event::SendKey`]; the daemon publishes it behind an atomic pointer) and
-//! fills the receiver's own [`ReceiveKeys`] when a handshake message arrives
-//! ([`Link::handle_handshake`] borrows it). The packet path reports back the few things the link
+//! sending key out to the driver's [`KeyStore`] ([`Keys`], or the gateway's own publication
+//! behind an atomic pointer) and fills the receiver's own [`ReceiveKeys`] when a handshake
+//! message arrives ([`Link::handle_handshake`] borrows it). The packet path reports back the few things the link
 //! must know: the first packet opened under a new key ([`Link::handle_confirmed`]), nothing to
 //! seal with ([`Link::handle_no_send_key`]), a packet naming a key phase with no key
 //! ([`Link::handle_empty_slot`]) and packets opened on a set ([`RouteSet::opened_on`], an atomic,
@@ -27,13 +27,17 @@
 //! Outputs:
 //! - [`Link::poll_transmit`]: datagrams to send, in order, header protection applied, each with
 //!   the (hashed address, port) pair it must leave from and go to;
-//! - [`Link::poll_event`]: what the driver must apply (a new sending key, receive keys to erase,
-//!   route sets bound or released) or may log;
+//! - [`Link::poll_event`]: applies the key changes (a new sending key, no sending key, every
+//!   receive key erased) to the driver's [`KeyStore`], then returns what the driver must apply
+//!   (route sets bound or released) or may log; no driver applies a key change itself;
 //! - [`Link::poll_timeout`]: when to call [`Link::handle_timeout`] next.
 //!
 //! Call order: after each input, drain [`Link::poll_transmit`] and [`Link::poll_event`] until
-//! both return `None`, then wait for the next input or [`Link::poll_timeout`]. The simulator
-//! (`tests/common/gateway.rs`) and the daemon (`gateway/session.rs`) are both such drivers.
+//! both return `None`, then wait for the next input or [`Link::poll_timeout`]. Four drivers
+//! follow it: the gateway (`gateway/session.rs`, its own [`KeyStore`] over the atomic pointer
+//! its packet threads read), the server (`server/shared.rs`, a [`Keys`] per client session),
+//! the relay node (`relay/node`, a [`Keys`] per relay link and end-to-end stream) and the
+//! simulator (`tests/common/gateway.rs`, a [`Keys`]).
 //!
 //! Randomness comes in as `entropy` closures (32 bytes, asked for only when a handshake message
 //! is made); time comes in as `now`.
@@ -49,6 +53,10 @@ use crate::moves::{CollisionOutcome, Evidence, NoticeError, NOTICE_LEN};
 use crate::route_sets::{Change, RouteSet, SetState};
 use crate::tunnel::KEEPALIVE_LEN;
 use crate::{Epoch, KeyPhase, Route, Schedule, Sealer, Stream, UnixTime};
+
+mod keys;
+
+pub use keys::{KeyStore, Keys};
 
 /// How often [`Link::poll_timeout`] asks for a check while a key is in use: the packet budget
 /// of a key (`rekey_after_packets`) is a count, not a time, and is checked then.
@@ -84,14 +92,13 @@ pub struct Transmit {
     pub bytes: Vec<u8>,
 }
 
-/// What the driver must apply or may log.
+/// What the driver must apply or may log. Key changes never appear here: [`Link::poll_event`]
+/// applies them to the driver's [`KeyStore`] first.
 #[derive(Debug)]
 pub enum Event {
-    /// Seal with this key from now on; None: stop sealing (no key).
-    SendKey(Option<Arc<Sealer>>),
-    /// No rekey succeeded for `REJECT_AFTER_REKEYS` intervals: the keys are gone. Erase every
-    /// receive key too ([`ReceiveKeys::clear`]); [`Event::SendKey`]`(None)` comes with it.
-    KeysExpired,
+    /// No rekey succeeded for `REJECT_AFTER_REKEYS` intervals: the [`KeyStore`] was told to drop
+    /// the sending key and erase every receive key. Traffic stops until a handshake succeeds.
+    KeysErased,
     /// A handshake completed and its keys are in use.
     Established {
         /// This side sent the answered initiation.
@@ -119,6 +126,15 @@ pub enum Notice {
     LinkAddress([u8; 6]),
 }
 
+/// What the link queued for [`Link::poll_event`]: key changes for the store, events for the
+/// driver, in the order they happened.
+#[derive(Debug)]
+enum Queued {
+    Send(Option<Arc<Sealer>>),
+    EraseReceive,
+    Event(Event),
+}
+
 /// One peer: see the module documentation.
 #[derive(Debug)]
 pub struct Link {
@@ -132,7 +148,7 @@ pub struct Link {
     /// (the peer completes with whichever answer reaches it first, §9.5).
     pending_send: Vec<(u64, Arc<Sealer>)>,
     transmits: VecDeque<Transmit>,
-    events: VecDeque<Event>,
+    events: VecDeque<Queued>,
     /// The `now` of the last [`Link::handle_timeout`].
     last_timeout: Option<UnixTime>,
     /// The stamp of the last link-layer announcement taken (§5.5): an older one is a replay.
@@ -221,9 +237,16 @@ impl Link {
         self.transmits.pop_front()
     }
 
-    /// The next event to apply.
-    pub fn poll_event(&mut self) -> Option<Event> {
-        self.events.pop_front()
+    /// Applies the key changes queued before the next event to `keys`, then returns that event
+    /// (None: nothing left; the key changes are applied all the same).
+    pub fn poll_event(&mut self, keys: &mut impl KeyStore) -> Option<Event> {
+        loop {
+            match self.events.pop_front()? {
+                Queued::Send(key) => keys.publish_send(key),
+                Queued::EraseReceive => keys.erase_receive_keys(),
+                Queued::Event(e) => return Some(e),
+            }
+        }
     }
 
     /// When [`Link::handle_timeout`] must run next (None: only an input can give it work).
@@ -288,14 +311,15 @@ impl Link {
             self.pending_send.clear();
             // The session sets go with their keys: back to the link set (§9.8).
             self.sets.reset();
-            self.events.push_back(Event::SendKey(None));
-            self.events.push_back(Event::KeysExpired);
-            self.events.push_back(Event::RoutesChanged);
+            self.events.push_back(Queued::Send(None));
+            self.events.push_back(Queued::EraseReceive);
+            self.event(Event::KeysErased);
+            self.event(Event::RoutesChanged);
         }
         self.check_liveness(now, epoch);
         if let Some(Change::Released { id }) = self.sets.expire(epoch, now) {
-            self.events.push_back(Event::SetReleased { id });
-            self.events.push_back(Event::RoutesChanged);
+            self.event(Event::SetReleased { id });
+            self.event(Event::RoutesChanged);
         }
         let sets: Vec<Arc<RouteSet>> = self.sets.bound_sets().cloned().collect();
         for set in &sets {
@@ -304,7 +328,7 @@ impl Link {
                 let before = moves.moved().count();
                 moves.expire(epoch);
                 if moves.moved().count() != before {
-                    self.events.push_back(Event::RoutesChanged);
+                    self.event(Event::RoutesChanged);
                 }
                 moves.poll_timeout().is_some_and(|t| t <= now)
             };
@@ -385,7 +409,7 @@ impl Link {
                 if self.pending_send.len() > crate::handshake::MAX_PENDING {
                     self.pending_send.remove(0);
                 }
-                self.events.push_back(Event::RoutesChanged);
+                self.event(Event::RoutesChanged);
                 self.queue(set, &reply_route, TransmitKind::Response, &reply);
             }
             Outcome::Completed { keys, rekey } => {
@@ -398,11 +422,11 @@ impl Link {
                     set.clone(),
                     epoch,
                 );
-                self.events.push_back(Event::SessionSet {
+                self.event(Event::SessionSet {
                     id: new.id,
                     activation: new.activation,
                 });
-                self.events.push_back(Event::RoutesChanged);
+                self.event(Event::RoutesChanged);
                 recv.install(keys.recv, true, now);
                 let sealer = Arc::new(keys.send);
                 // The keepalive makes the responder confirm the keys even if no data waits.
@@ -440,7 +464,7 @@ impl Link {
             .confirmed(key, self.stream.epoch_at(now))
             .is_some()
         {
-            self.events.push_back(Event::RoutesChanged);
+            self.event(Event::RoutesChanged);
         }
         if let Some(sealer) = chosen {
             self.established(sealer, false, rekey);
@@ -500,7 +524,7 @@ impl Link {
             .lock_moves()
             .handle_notice(now, current, arrived_on, bytes)?;
         if outcome.moved {
-            self.events.push_back(Event::RoutesChanged);
+            self.event(Event::RoutesChanged);
         }
         self.queue_notices(set, now);
         Ok(Notice::Move {
@@ -524,7 +548,7 @@ impl Link {
             .lock_moves()
             .on_collision(now, current, epoch, offset, evidence);
         if matches!(outcome, CollisionOutcome::Moved(_)) {
-            self.events.push_back(Event::RoutesChanged);
+            self.event(Event::RoutesChanged);
             self.queue_notices(set, now);
         }
         outcome
@@ -581,12 +605,16 @@ impl Link {
         // New keys both ways: the peer's count under the old ones no longer applies.
         self.received = 0;
         self.send = Some(sealer.clone());
-        self.events.push_back(Event::SendKey(Some(sealer)));
-        self.events.push_back(Event::Established {
+        self.events.push_back(Queued::Send(Some(sealer)));
+        self.event(Event::Established {
             initiator,
             rekey,
             key_id,
         });
+    }
+
+    fn event(&mut self, e: Event) {
+        self.events.push_back(Queued::Event(e));
     }
 
     fn queue(&mut self, set: &RouteSet, route: &Route, kind: TransmitKind, payload: &[u8]) {
@@ -754,11 +782,9 @@ mod tests {
         assert_eq!(b.select(at(5)).bound.len(), 2);
         let ka = a.poll_transmit().unwrap();
         assert_eq!(ka.kind, TransmitKind::Keepalive);
-        let mut got_key = false;
-        while let Some(e) = a.poll_event() {
-            got_key |= matches!(e, Event::SendKey(Some(_)));
-        }
-        assert!(got_key);
+        let mut keys_a = Keys::new();
+        while a.poll_event(&mut keys_a).is_some() {}
+        assert!(keys_a.send().is_some());
         // B opens the keepalive and confirms.
         let (set, route) = arrival(&b, at(15), &ka);
         let mut bytes = ka.bytes.clone();
@@ -771,7 +797,9 @@ mod tests {
         let opened = rb.open(at(15), &route, &bytes, &mut out).unwrap();
         b.handle_confirmed(at(15), opened.confirmed.unwrap(), opened.confirmed_key);
         assert!(b.send_key().is_some());
-        let events: Vec<Event> = std::iter::from_fn(|| b.poll_event()).collect();
+        let mut keys_b = Keys::new();
+        let events: Vec<Event> = std::iter::from_fn(|| b.poll_event(&mut keys_b)).collect();
+        assert!(keys_b.send().is_some());
         assert!(events.iter().any(|e| matches!(
             e,
             Event::Established {
@@ -791,16 +819,18 @@ mod tests {
     #[test]
     fn keys_that_outlive_their_rekeys_are_taken_back_and_the_link_set_is_alone_again() {
         let (mut a, ..) = one_round_trip();
-        while a.poll_event().is_some() {}
+        let mut keys = Keys::new();
+        while a.poll_event(&mut keys).is_some() {}
         while a.poll_transmit().is_some() {}
         // Rekey every 120 s, keys rejected after 3: the timeout names the expiry instant at the
         // latest, and the expiry hands the key back.
         let expiry = at(10 + 360_000 + 1);
         assert!(a.poll_timeout().unwrap() <= expiry);
         a.handle_timeout(expiry, || None);
-        let events: Vec<Event> = std::iter::from_fn(|| a.poll_event()).collect();
-        assert!(matches!(events[0], Event::SendKey(None)), "{events:?}");
-        assert!(events.iter().any(|e| matches!(e, Event::KeysExpired)));
+        assert!(keys.send().is_some());
+        let events: Vec<Event> = std::iter::from_fn(|| a.poll_event(&mut keys)).collect();
+        assert!(matches!(events[0], Event::KeysErased), "{events:?}");
+        assert!(keys.send().is_none() && keys.expired());
         assert!(a.send_key().is_none());
         assert_eq!(a.select(expiry).bound.len(), 1);
     }
