@@ -246,7 +246,9 @@ enum Command {
     /// changed: peers added, removed or changed are applied all or nothing, without a lost
     /// packet for the others; an invalid file or a changed [gateway] section changes nothing
     /// and the error says why. Changes made with `mt6d peer` and not written in the file are
-    /// undone.
+    /// undone. A server re-reads its peers file. A relay node applies its [[relay.link]]
+    /// tables added, removed or changed, and refuses (naming the keys, changing nothing) a
+    /// change to [relay] settings or [[relay.e2e]] peers.
     Reload {
         #[command(flatten)]
         target: Target,

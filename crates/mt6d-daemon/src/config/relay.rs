@@ -244,6 +244,95 @@ impl RelayConfig {
     pub fn worker_count(&self) -> usize {
         super::worker_count(self.workers)
     }
+
+    /// The keys whose values differ between `self` and `other` and that a running node cannot
+    /// take (a reload that changes one is refused whole), in the order of docs/CONFIG.md:
+    /// everything but the `[[relay.link]]` tables (empty when only links differ). Every field is
+    /// taken apart here, so a new setting cannot be left out of the comparison.
+    pub fn changed_keys(&self, other: &RelayConfig) -> Vec<&'static str> {
+        let RelayConfig {
+            path: _,
+            external_interface,
+            address,
+            node_id,
+            transit,
+            frame_max,
+            stream,
+            rekey_after,
+            listen_port,
+            neighbor_discovery,
+            workers,
+            tun_name,
+            mtu,
+            state_dir,
+            control_socket,
+            metrics_listen,
+            log_level,
+            links: _,
+            e2e,
+        } = self;
+        let e2e_of = |c: &RelayConfig| c.e2e.iter().map(E2eConfig::fingerprint).collect::<Vec<_>>();
+        let differs = [
+            (
+                *external_interface != other.external_interface,
+                "external_interface",
+            ),
+            (*address != other.address, "address"),
+            // The node id is the identity key's: a new key is a new id.
+            (*node_id != other.node_id, "private_key_file"),
+            (*transit != other.transit, "transit"),
+            (*frame_max != other.frame_max, "frame_max"),
+            (stream.rotation != other.stream.rotation, "rotation_secs"),
+            (*rekey_after != other.rekey_after, "rekey_secs"),
+            (stream.jitter != other.stream.jitter, "jitter"),
+            (*listen_port != other.listen_port, "listen_port"),
+            (
+                *neighbor_discovery != other.neighbor_discovery,
+                "neighbor_discovery",
+            ),
+            (*workers != other.workers, "workers"),
+            (*tun_name != other.tun_name, "tun_name"),
+            (*mtu != other.mtu, "mtu"),
+            (*state_dir != other.state_dir, "state_dir"),
+            (*control_socket != other.control_socket, "control_socket"),
+            (*metrics_listen != other.metrics_listen, "metrics_listen"),
+            (*log_level != other.log_level, "log_level"),
+            (
+                e2e.len() != other.e2e.len() || e2e_of(self) != e2e_of(other),
+                "[[relay.e2e]]",
+            ),
+        ];
+        differs
+            .into_iter()
+            .filter_map(|(changed, key)| changed.then_some(key))
+            .collect()
+    }
+}
+
+impl LinkConfig {
+    /// Everything the running link is made of, its keys as a digest: two links with the same
+    /// fingerprint are the same link (a handshake link's stream key is its link key, which the
+    /// identities and the extra pre-shared key make).
+    pub fn fingerprint(&self) -> String {
+        use sha2::Digest as _;
+        let digest = sha2::Sha256::digest(self.stream.key.as_bytes());
+        format!(
+            "{} {} {} {:?} {:?} {digest:x}",
+            self.name, self.address, self.interface, self.stream, self.handshake
+        )
+    }
+}
+
+impl E2eConfig {
+    /// As [`LinkConfig::fingerprint`].
+    pub fn fingerprint(&self) -> String {
+        use sha2::Digest as _;
+        let digest = sha2::Sha256::digest(self.stream.key.as_bytes());
+        format!(
+            "{} {} {:?} {:?} {digest:x}",
+            self.name, self.destination, self.stream, self.handshake
+        )
+    }
 }
 
 /// The /64 holding `a`.

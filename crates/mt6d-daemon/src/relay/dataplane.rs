@@ -64,8 +64,8 @@ use mt6d_proto::{OpenError, UnixTime};
 use rand::Rng;
 
 use super::{e2e_id, neighbour, RelayError, RelayIo};
-use crate::config::RelayConfig;
-use crate::control::{Asked, ChangeAnswer, ControlServer};
+use crate::config::{LinkConfig, RelayConfig};
+use crate::control::{Asked, ChangeAnswer, ControlServer, Request};
 use crate::daemon::anyip::ndp::NdpResponder;
 use crate::daemon::anyip::os;
 use crate::daemon::clock;
@@ -232,8 +232,21 @@ struct Core {
     /// [`STAGED_MAX`] per peer, sent when it completes (a connection's first SYN then waits one
     /// round trip, not TCP's 1 s retransmission).
     staged: HashMap<E2eId, Vec<Vec<u8>>>,
-    /// Each link's current send address and port (by link index).
-    send_from: Vec<Option<SocketAddrV6>>,
+    /// Each link's current send address and port.
+    send_from: BTreeMap<Neighbour, SocketAddrV6>,
+    /// The running links: link `i` of the file the node started with is `Neighbour(i)`; a link
+    /// a reload adds (or changes) gets the next handle, never one used before
+    /// ([`RelayNode::remove_link`]).
+    links: BTreeMap<Neighbour, LinkConfig>,
+    /// The handle the next link a reload adds gets.
+    next_link: u32,
+}
+
+impl Core {
+    /// A link's name (for logs and status), also after a reload removed it.
+    fn link_name(&self, n: Neighbour) -> &str {
+        self.links.get(&n).map_or("(removed)", |l| l.name.as_str())
+    }
 }
 
 /// What every worker shares.
@@ -460,7 +473,14 @@ impl<'a> Shared<'a> {
             core: Mutex::new(Core {
                 node,
                 staged: HashMap::new(),
-                send_from: vec![None; cfg.links.len()],
+                send_from: BTreeMap::new(),
+                links: cfg
+                    .links
+                    .iter()
+                    .enumerate()
+                    .map(|(i, l)| (neighbour(i), l.clone()))
+                    .collect(),
+                next_link: u32::try_from(cfg.links.len()).unwrap_or(u32::MAX),
             }),
             senders: ArcSwap::from_pointee(HashMap::new()),
             raw,
@@ -617,6 +637,7 @@ pub fn serve(
 }
 
 mod receive;
+mod reload;
 mod send;
 mod status;
 
@@ -754,9 +775,7 @@ impl<'a> Worker<'a> {
     /// requests and the counter line.
     fn main_duties(&mut self, signals: &Signals, main: &mut MainDuties<'_>) {
         if signals.take_reload() {
-            log::warn!(
-                "SIGHUP: the relay role does not reload its file yet; restart it to apply changes"
-            );
+            self.reload("SIGHUP");
         }
         // The metrics thread serves the newest status; once a second is enough.
         if let Some(p) = main.published {
@@ -772,9 +791,10 @@ impl<'a> Worker<'a> {
         while let Some(pending) = main.ctl.next_request() {
             match pending.request.clone() {
                 Asked::Status => pending.reply(&self.status(main.started, &main.ndp)),
+                Asked::Change(Request::Reload) => pending.reply(&self.reload("mt6d reload")),
                 Asked::Change(_) => pending.reply(&ChangeAnswer {
                     error: Some(
-                        "the relay role has no runtime changes yet: edit the file and restart"
+                        "the relay role changes its links by its file only: edit it and run `mt6d reload`"
                             .into(),
                     ),
                     ..ChangeAnswer::default()
@@ -794,14 +814,6 @@ impl<'a> Worker<'a> {
             }
             main.last_report = Instant::now();
         }
-    }
-
-    fn link_name(&self, n: Neighbour) -> &'a str {
-        let cfg = self.shared.cfg;
-        usize::try_from(n.0)
-            .ok()
-            .and_then(|i| cfg.links.get(i))
-            .map_or("?", |l| l.name.as_str())
     }
 
     fn e2e_name(&self, id: E2eId) -> &'a str {
@@ -906,24 +918,22 @@ impl<'a> Worker<'a> {
             Event::LinkSchedule { link, schedule } => {
                 log::debug!(
                     "link {}: epoch {}, sending {} -> {}",
-                    self.link_name(link),
+                    core.link_name(link),
                     schedule.send.epoch.0,
                     schedule.send.local,
                     schedule.send.remote
                 );
-                if let Some(p) = usize::try_from(link.0)
-                    .ok()
-                    .and_then(|i| core.send_from.get_mut(i))
-                {
-                    *p = Some(schedule.send.local);
+                // An event the node queued before a reload removed the link binds nothing.
+                if core.links.contains_key(&link) {
+                    core.send_from.insert(link, schedule.send.local);
                 }
                 self.reconcile_senders(core);
             }
             Event::LinkCost { link, cost } if !cost.is_finite() => {
-                log::warn!("link {}: dead (no probe answered)", self.link_name(link));
+                log::warn!("link {}: dead (no probe answered)", core.link_name(link));
             }
             Event::LinkCost { link, cost } => {
-                log::info!("link {}: cost {}", self.link_name(link), cost.0);
+                log::info!("link {}: cost {}", core.link_name(link), cost.0);
             }
             Event::LinkKeyed {
                 link,
@@ -933,9 +943,9 @@ impl<'a> Worker<'a> {
                 let what = if rekey { "rekeyed" } else { "keyed" };
                 let side = if initiator { "we initiated" } else { "it initiated" };
                 if rekey {
-                    log::debug!("link {}: {what} ({side})", self.link_name(link));
+                    log::debug!("link {}: {what} ({side})", core.link_name(link));
                 } else {
-                    log::info!("link {}: {what} by a handshake ({side})", self.link_name(link));
+                    log::info!("link {}: {what} by a handshake ({side})", core.link_name(link));
                 }
             }
             Event::E2eKeyed {
@@ -962,12 +972,12 @@ impl<'a> Worker<'a> {
             }
             Event::LinkKeysExpired { link } => log::warn!(
                 "link {}: keys expired with no rekey: it carries nothing until a handshake completes (is the neighbour up, and is its public_key right?)",
-                self.link_name(link)
+                core.link_name(link)
             ),
             Event::RouteChanged {
                 destination,
                 next_hop: Some(n),
-            } => log::info!("route to {destination}: via {}", self.link_name(n)),
+            } => log::info!("route to {destination}: via {}", core.link_name(n)),
             Event::RouteChanged {
                 destination,
                 next_hop: None,

@@ -18,6 +18,7 @@
 //!   their system calls and the AEAD without it.
 
 pub mod dataplane;
+pub mod reload;
 
 use std::fmt::Write as _;
 use std::path::Path;

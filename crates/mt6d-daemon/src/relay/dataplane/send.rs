@@ -112,7 +112,7 @@ impl Worker<'_> {
     /// ones no link sends from any more (at most one bind per link and epoch), then publishes
     /// the new map to every worker. Under the core lock: one writer at a time.
     pub(super) fn reconcile_senders(&mut self, core: &Core) {
-        let wanted: Vec<SocketAddrV6> = core.send_from.iter().flatten().copied().collect();
+        let wanted: Vec<SocketAddrV6> = core.send_from.values().copied().collect();
         let old = self.shared.senders.load();
         let mut next: Senders = HashMap::with_capacity(wanted.len());
         for from in wanted {

@@ -74,17 +74,16 @@ impl Worker<'_> {
         let core = self.shared.core.lock();
         let node = &core.node;
         let table = node.table();
-        let links = cfg
+        let links = core
             .links
             .iter()
-            .enumerate()
-            .map(|(i, l)| link_status(node, i, l))
+            .map(|(&n, l)| link_status(node, n, l))
             .collect();
         let routes = table
             .routes()
             .map(|(d, r)| RouteStatus {
                 destination: d.to_string(),
-                next_hop: self.link_name(r.next_hop).to_string(),
+                next_hop: core.link_name(r.next_hop).to_string(),
                 metric: r.metric.0,
             })
             .collect();
@@ -108,7 +107,7 @@ impl Worker<'_> {
                 remote_host: e.stream.remote.true_addr.to_string(),
                 next_hop: table
                     .next_hop(&e.destination)
-                    .map(|n| self.link_name(n).to_string()),
+                    .map(|n| core.link_name(n).to_string()),
             })
             .collect();
         RelayStatus {
@@ -151,8 +150,7 @@ pub(super) fn keys_label(handshake: bool, keyed: bool) -> String {
 }
 
 /// One link's line of the status.
-fn link_status(node: &RelayNode, i: usize, l: &LinkConfig) -> LinkStatus {
-    let n = neighbour(i);
+fn link_status(node: &RelayNode, n: Neighbour, l: &LinkConfig) -> LinkStatus {
     let m = node.monitor(n);
     let (lost, sent) = m.map_or((0, 0), |m| m.loss());
     let hs = node.link_handshake(n).map(|h| h.stats());

@@ -70,6 +70,11 @@ impl HandshakeLimiter {
         true
     }
 
+    /// Forgets the buckets of a removed ingress link.
+    pub(super) fn forget(&mut self, ingress: Neighbour) {
+        self.buckets.retain(|b| b.0 .0 != ingress);
+    }
+
     /// Frees at least one entry of a full table: the buckets that have refilled (no state lost),
     /// else the one closest to full. Runs only while every slot is taken, so a flood pays at most
     /// one pass over [`HANDSHAKE_BUCKETS`] entries per new destination it names.

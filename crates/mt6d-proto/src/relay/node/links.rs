@@ -123,12 +123,36 @@ impl RelayNode {
         if self.links.contains_key(&link) {
             return Err(NodeError::LinkExists(link));
         }
+        self.membership = self.membership.wrapping_add(1);
         self.next_change = self.next_change.min(l.next_change);
         self.events.push_back(Event::LinkSchedule {
             link,
             schedule: l.schedule,
         });
         self.links.insert(link, l);
+        Ok(())
+    }
+
+    /// Removes the link to a neighbour (its `[[relay.link]]` gone from the configuration, or
+    /// changed: the caller adds the new one under a handle never used before). At once: its
+    /// keys, routes and probes go, every destination routed through it is withdrawn (or
+    /// takes another link, [`Event::RouteChanged`]), and whatever was queued for it (probes,
+    /// routing and handshake messages) is dropped unsent; a datagram that still arrives on
+    /// its routes is `node_unknown_link`. [`RelayNode::rx_version`] moves on, so a driver's
+    /// receive gate forgets it too. The handle must not be given to another link: a frame
+    /// the driver opened for it before the removal would be taken for the new one's.
+    pub fn remove_link(&mut self, now: UnixTime, link: Neighbour) -> Result<(), NodeError> {
+        if self.links.remove(&link).is_none() {
+            return Err(NodeError::UnknownLink(link));
+        }
+        self.membership = self.membership.wrapping_add(1);
+        self.pending.retain(|p| match p {
+            Pending::Probe(n, _) | Pending::Routing(n, _) | Pending::Datagram(n, ..) => *n != link,
+            Pending::E2e { .. } => true,
+        });
+        self.handshake_rate.forget(link);
+        self.table.remove_neighbour(now, link);
+        self.pump(now);
         Ok(())
     }
 
@@ -196,12 +220,15 @@ impl RelayNode {
         self.links.keys().copied()
     }
 
-    /// The sum of every link's routes and receive keys versions ([`RelayNode::rx_version`]).
+    /// The sum of every link's routes and receive keys versions, plus the links added and
+    /// removed in the high bits ([`RelayNode::rx_version`]): a removed link takes its own
+    /// versions out of the sum, which the membership count moves on by far more than that
+    /// (a link's versions move a few times per epoch: 2^40 of them is millennia).
     pub(in crate::relay) fn links_rx_versions(&self) -> u64 {
         self.links
             .values()
             .map(|l| l.routes_version.wrapping_add(l.keys.recv().version()))
-            .fold(0, u64::wrapping_add)
+            .fold(self.membership << 40, u64::wrapping_add)
     }
 
     /// Per link: its keys that alone open a payload, and its accept routes with their sets
@@ -412,6 +439,63 @@ mod tests {
                 assert_eq!(r.link_of(route.local, route.remote), Some(Neighbour(4)));
             }
         }
+    }
+
+    /// A removed link takes its routes, its queued messages and its place in the gate with
+    /// it: what was routed through it is withdrawn, and a datagram on its routes is refused.
+    #[test]
+    fn a_removed_link_leaves_no_route_no_queued_message_and_no_accept_route() {
+        use crate::relay::node::tests::{id, relay_routing, OUT};
+        let d = id(5);
+        let (mut r, _, _) = relay_routing(at(0), &[d]);
+        assert_eq!(r.table().next_hop(&d), Some(OUT));
+        r.handle_timeout(at(0), || 7);
+        while r.poll_event().is_some() {}
+        // Probes (and the table's messages) for both links are queued now.
+        let before = r.rx_version();
+        let out_routes = r.link_schedule(OUT).unwrap().accept;
+        r.remove_link(at(1), OUT).unwrap();
+        assert_ne!(r.rx_version(), before);
+        assert_eq!(r.table().next_hop(&d), None);
+        let mut events = Vec::new();
+        while let Some(e) = r.poll_event() {
+            events.push(e);
+        }
+        assert!(
+            events.contains(&Event::RouteChanged {
+                destination: d,
+                next_hop: None
+            }),
+            "{events:?}"
+        );
+        let mut out = vec![0u8; frame_payload_len(MIN_FRAME_MAX)];
+        while let Some(t) = r.poll_transmit(at(1), &mut out) {
+            assert_ne!(t.link, OUT, "a message left on the removed link");
+        }
+        assert_eq!(r.links().collect::<Vec<_>>(), [Neighbour(1)]);
+        // (The helper's two links share their routes: IN answers for them still.)
+        for route in out_routes {
+            assert_ne!(r.link_of(route.local, route.remote), Some(OUT));
+            assert_ne!(r.rx_gate().link_of(route.local, route.remote), Some(OUT));
+        }
+        let mut buf = [0u8; 152];
+        let got = r.handle_datagram(
+            at(1),
+            OUT,
+            out_routes[0].local,
+            out_routes[0].remote,
+            &mut buf,
+        );
+        assert_eq!(got, Received::Consumed);
+        assert_eq!(r.counters().drops("node_unknown_link"), 1);
+        assert_eq!(r.remove_link(at(1), OUT), Err(NodeError::UnknownLink(OUT)));
+        // A removal and an addition never bring the gate's version back to an old value.
+        let (b, _) = pair(Mode::Encrypt);
+        let sealer = b.sealer(1, u64::MAX);
+        let v = r.rx_version();
+        r.add_link(at(1), Neighbour(3), b, sealer).unwrap();
+        r.remove_link(at(1), Neighbour(3)).unwrap();
+        assert_ne!(r.rx_version(), v);
     }
 
     #[test]

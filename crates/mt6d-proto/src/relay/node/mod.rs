@@ -63,6 +63,8 @@
 //!    per handshake message it makes.
 //! 5. After each of 1-4: send every [`RelayNode::poll_transmit`] and apply every
 //!    [`RelayNode::poll_event`] (bind a link's new routes, log route changes).
+//! 6. A link gone from the configuration: [`RelayNode::remove_link`] (then 5, and a new gate);
+//!    a changed one is removed and added again under a handle never used before.
 //!
 //! Buffers: every datagram buffer given to the node must hold
 //! [`crate::tunnel::frame_payload_len`]`(frame_max)` bytes to take any frame of the network.
@@ -152,6 +154,8 @@ pub struct RelayNode {
     /// Fresh randomness for handshake messages ([`RelayNode::set_entropy`]).
     entropy: EntropySource,
     counters: NodeCounters,
+    /// Links added and removed so far (part of [`RelayNode::rx_version`]).
+    membership: u64,
 }
 
 impl RelayNode {
@@ -202,6 +206,7 @@ impl RelayNode {
             scratch: Vec::with_capacity(frame_max),
             entropy: EntropySource(None),
             counters: NodeCounters::default(),
+            membership: 0,
         })
     }
 
