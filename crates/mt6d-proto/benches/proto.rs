@@ -142,6 +142,18 @@ fn tunnel(c: &mut Criterion) {
                         black_box(opener.open(&rb, &wire[..n], &mut out).unwrap())
                     })
                 });
+                // The same through the one-call seal the roles use (`Sealer::seal_protected`):
+                // beside the row above, it shows the call costs nothing over the two steps.
+                g.bench_function(BenchmarkId::new("seal_protected+open", &name), |b| {
+                    let mut opener = sb.opener();
+                    b.iter(|| {
+                        let n = sealer
+                            .seal_protected(&ra, Some(tx), black_box(&pkt), &mut wire)
+                            .unwrap();
+                        rx.unprotect(&mut wire[..n]).unwrap();
+                        black_box(opener.open(&rb, &wire[..n], &mut out).unwrap())
+                    })
+                });
             }
         }
         g.finish();
