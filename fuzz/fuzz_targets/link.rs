@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 use mt6d_proto::handshake::{Handshake, HandshakeConfig, PrivateKey, Psk, ReceiveKeys};
-use mt6d_proto::link::{Event, Link, Transmit};
+use mt6d_proto::link::{KeyStore, Link, Transmit};
 use mt6d_proto::moves::{is_notice, Evidence};
 use mt6d_proto::route_sets::RouteSet;
 use mt6d_proto::{AeadAlg, Endpoint, Epoch, KeyPhase, Mode, Route, Stream, StreamConfig, UnixTime};
@@ -47,6 +47,17 @@ fn arrival(l: &Link, now: UnixTime, t: &Transmit) -> Option<(Arc<RouteSet>, Rout
             .find(|r| r.local == t.dst && r.remote == t.src)
             .map(|r| (b.set.clone(), r))
     })
+}
+
+/// The link's key changes applied to the side's receive keys (the sending key is not used here).
+struct Recv<'a>(&'a mut ReceiveKeys);
+
+impl KeyStore for Recv<'_> {
+    fn publish_send(&mut self, _key: Option<std::sync::Arc<mt6d_proto::Sealer>>) {}
+
+    fn erase_receive_keys(&mut self) {
+        self.0.clear();
+    }
 }
 
 fn deliver(l: &mut Link, recv: &mut ReceiveKeys, now: UnixTime, t: &Transmit, e: [u8; 32]) {
@@ -171,11 +182,7 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         for (i, l) in links.iter_mut().enumerate() {
-            while let Some(ev) = l.poll_event() {
-                if let Event::KeysExpired = ev {
-                    recv[i].clear();
-                }
-            }
+            while l.poll_event(&mut Recv(&mut recv[i])).is_some() {}
             while let Some(t) = l.poll_transmit() {
                 if wire.len() < 64 {
                     wire.push((1 - i, t));
