@@ -447,12 +447,12 @@ impl Prober {
 /// Runs the experiment and writes results.json, report.md into `out` (default
 /// bench-results/DATE-hostid).
 pub fn run(out: Option<PathBuf>, mt6d: &Path) -> Result<PathBuf, String> {
-    let (date, time) = crate::run::utc_now();
+    let (date, time) = crate::utc::utc_now();
     let out = out.unwrap_or_else(|| PathBuf::from(format!("bench-results/{date}-hostid")));
     std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
     let work = std::env::temp_dir().join(format!("mt6d-hostid-{}", std::process::id()));
     std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
-    let _work_guard = crate::run::RemoveDir(work.clone());
+    let _work_guard = crate::workdir::RemoveDir(work.clone());
     let start = Instant::now();
 
     let net = crate::topo::build(Topology::Switched)?;

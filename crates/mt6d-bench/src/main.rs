@@ -22,6 +22,8 @@ mod server;
 mod soak;
 mod topo;
 mod traffic;
+mod utc;
+mod workdir;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -72,7 +72,7 @@ const PATHS: [(&str, u16, u16, &[&str]); 2] = [
 const PATH_NODES: [&[&str]; 2] = [&["e1", "r1", "e2"], &["e1", "r1", "r2", "e3"]];
 
 pub fn run(out: Option<PathBuf>, mt6d: &Path, args: &RelaysArgs) -> Result<PathBuf, String> {
-    let (date, time) = crate::run::utc_now();
+    let (date, time) = crate::utc::utc_now();
     let out = out.unwrap_or_else(|| PathBuf::from(format!("bench-results/{date}-relays")));
     std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
     let mut doc = Value::obj();

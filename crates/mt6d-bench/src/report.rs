@@ -24,14 +24,15 @@ pub fn ping_tests_of(rows: &[&Value]) -> Vec<&'static str> {
         .collect()
 }
 
-/// Writes `results.json` and `report.md` (the figures: [`crate::plot::write_figures`]).
-pub fn write_all(doc: &Value, out: &Path) -> Result<(), String> {
+/// Writes `results.json` and `report.md` (the figures: [`crate::plot::write_figures`]), with
+/// `sections` (Markdown the caller made, e.g. the server role's) at the end of the report.
+pub fn write_all(doc: &Value, out: &Path, sections: &[String]) -> Result<(), String> {
     let w = |name: &str, text: String| {
         std::fs::write(out.join(name), text)
             .map_err(|e| format!("{}: {e}", out.join(name).display()))
     };
     w("results.json", doc.pretty())?;
-    w("report.md", markdown(doc))?;
+    w("report.md", markdown(doc, sections))?;
     Ok(())
 }
 
@@ -116,7 +117,7 @@ fn unavailable(r: &Value) -> Option<String> {
         .map(|e| format!("failed: {e}"))
 }
 
-pub fn markdown(doc: &Value) -> String {
+pub fn markdown(doc: &Value, sections: &[String]) -> String {
     let mut s = String::new();
     intro(&mut s, doc);
     headlines(&mut s, doc);
@@ -135,8 +136,8 @@ pub fn markdown(doc: &Value) -> String {
     }
     scrub_table(&mut s, doc);
     workers_table(&mut s, doc);
-    if let Some(probe) = doc.get("server_cpu") {
-        let _ = writeln!(s, "\n{}", crate::server::probe_markdown(probe));
+    for section in sections {
+        let _ = writeln!(s, "\n{section}");
     }
     s
 }
@@ -590,8 +591,8 @@ mod tests {
         let doc = Value::parse(&text).expect("parses");
         let again = Value::parse(&doc.pretty()).expect("parses its own output");
         assert_eq!(again, doc);
-        let report = markdown(&doc);
-        assert_eq!(markdown(&again), report);
+        let report = markdown(&doc, &[]);
+        assert_eq!(markdown(&again, &[]), report);
         let committed = std::fs::read_to_string(format!("{dir}/report.md")).expect("report.md");
         // Since that run the report no longer names the tracker entry the run was made for,
         // which the run's `issue` field still holds ("ENTRY: what"): the two lines that named it
@@ -634,7 +635,7 @@ mod tests {
         let out = std::env::temp_dir().join(format!("mt6d-bench-report-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&out);
         std::fs::create_dir_all(&out).expect("temp dir");
-        write_all(&doc, &out).expect("writes");
+        write_all(&doc, &out, &[]).expect("writes");
         crate::plot::write_figures(&doc, &out).expect("figures");
         let written = std::fs::read_to_string(out.join("results.json")).expect("results.json");
         assert_eq!(Value::parse(&written).expect("parses"), doc);

@@ -52,8 +52,8 @@ pub fn run(args: &Args) -> Result<PathBuf, String> {
     let mt6d = exe.with_file_name("mt6d");
     let work = std::env::temp_dir().join(format!("mt6d-bench-{}", std::process::id()));
     std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
-    let _work_guard = RemoveDir(work.clone());
-    let (date, time) = utc_now();
+    let _work_guard = crate::workdir::RemoveDir(work.clone());
+    let (date, time) = crate::utc::utc_now();
     let out = args
         .out
         .clone()
@@ -113,13 +113,13 @@ pub fn run(args: &Args) -> Result<PathBuf, String> {
         progress.done += 1;
         doc.set("duration_secs", progress.start.elapsed().as_secs_f64())
             .set("rows", Value::Array(rows.clone()));
-        crate::report::write_all(&doc, &out)?;
+        crate::report::write_all(&doc, &out, &server_sections(&doc))?;
         crate::plot::write_figures(&doc, &out)?;
     }
     // The server role's CPU per request beside the kernel's plain echo (about 20 s).
     doc.set("server_cpu", crate::server::probe(&mt6d))
         .set("duration_secs", progress.start.elapsed().as_secs_f64());
-    crate::report::write_all(&doc, &out)?;
+    crate::report::write_all(&doc, &out, &server_sections(&doc))?;
     eprintln!(
         "mt6d bench: done in {}; results in {}",
         fmt_secs(progress.start.elapsed().as_secs()),
@@ -592,33 +592,10 @@ fn profile_json(p: &Profile) -> Value {
     v
 }
 
-/// Removes the work directory (test files, keys, configs) on every exit path.
-pub struct RemoveDir(pub PathBuf);
-
-impl Drop for RemoveDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// (YYYY-MM-DD, HH:MM:SS) in UTC, from the system clock (civil-from-days, H. Hinnant).
-pub fn utc_now() -> (String, String) {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let days = (secs / 86_400) as i64;
-    let tod = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (
-        format!("{y:04}-{m:02}-{d:02}"),
-        format!("{:02}:{:02}:{:02}", tod / 3600, tod % 3600 / 60, tod % 60),
-    )
+/// The server role's section of the report, if the run measured it (`server_cpu`).
+fn server_sections(doc: &Value) -> Vec<String> {
+    doc.get("server_cpu")
+        .map(crate::server::probe_markdown)
+        .into_iter()
+        .collect()
 }

@@ -188,7 +188,7 @@ impl Gateway {
 pub fn run(args: &SoakArgs) -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
     let mt6d = exe.with_file_name("mt6d");
-    let (date, _) = crate::run::utc_now();
+    let (date, _) = crate::utc::utc_now();
     let out = args
         .out
         .clone()

@@ -78,7 +78,7 @@ pub fn probe(mt6d: &Path) -> Value {
 fn probe_into(doc: &mut Value, mt6d: &Path, args: &ServerArgs) -> Result<(), String> {
     let work = std::env::temp_dir().join(format!("mt6d-server-cpu-{}", std::process::id()));
     std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
-    let _work_guard = crate::run::RemoveDir(work.clone());
+    let _work_guard = crate::workdir::RemoveDir(work.clone());
     let lab = ServerLab::build("mbs").map_err(|e| e.to_string())?;
     eprintln!("mt6d bench: server CPU probe, 1000 clients");
     let run = super::role::server_run(&lab, mt6d, &work, args.clients[0], args)?;

@@ -137,12 +137,12 @@ impl ServerArgs {
 }
 
 pub fn run(out: Option<PathBuf>, mt6d: &Path, args: &ServerArgs) -> Result<PathBuf, String> {
-    let (date, time) = crate::run::utc_now();
+    let (date, time) = crate::utc::utc_now();
     let out = out.unwrap_or_else(|| PathBuf::from(format!("bench-results/{date}-server")));
     std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
     let work = std::env::temp_dir().join(format!("mt6d-server-{}", std::process::id()));
     std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
-    let _work_guard = crate::run::RemoveDir(work.clone());
+    let _work_guard = crate::workdir::RemoveDir(work.clone());
     let mut doc = Value::obj();
     doc.set("date", date.as_str())
         .set("time_utc", time.as_str())

@@ -78,7 +78,7 @@ pub(super) fn report(
     let last = samples.last().cloned().unwrap_or_default();
     let first = samples.first().cloned().unwrap_or_default();
     let mut r = String::new();
-    let (date, time) = crate::run::utc_now();
+    let (date, time) = crate::utc::utc_now();
     let _ = writeln!(r, "# mt6d soak, {date} {time} UTC\n");
     let _ = writeln!(
         r,
