@@ -405,51 +405,31 @@ fn serve(
     let result = std::thread::scope(|s| {
         let mut workers = Vec::with_capacity(queues.len());
         let queues = &queues[..];
+        let spawn = |name: String, what: &str| Spawn {
+            scope: s,
+            name,
+            what: what.to_string(),
+            wait: &wait,
+            shutdown: &shared.shutdown,
+        };
         for i in 0..queues.len() {
             let epoll = polls.get(i);
-            let ended = wait.nudge().on_drop();
-            let worker = std::thread::Builder::new()
-                .name(format!("mt6d-w{i}"))
-                .spawn_scoped(s, move || {
-                    // Wakes the main thread when the worker ends, however it ends.
-                    let _ended = ended;
+            let worker =
+                spawn(format!("mt6d-w{i}"), &format!("data-plane worker {i}")).run(move || {
                     crate::daemon::worker::stop_all_if_it_panics(&shared.shutdown, i, || {
                         dataplane::worker_loop(shared, i, queues, epoll, tun_mtu, path);
                     });
-                })
-                .map_err(|e| {
-                    // The scope waits for the workers already started: they must stop too.
-                    shared.shutdown.store(true, Ordering::Relaxed);
-                    GatewayError::Setup(format!("start data-plane worker {i}: {e}"))
                 })?;
             workers.push(worker);
         }
-        let ended = wait.nudge().on_drop();
-        let icmp = std::thread::Builder::new()
-            .name("mt6d-icmp".into())
-            .spawn_scoped(s, move || {
-                let _ended = ended;
-                icmp.run(shared, path);
-            })
-            .map_err(|e| {
-                shared.shutdown.store(true, Ordering::Relaxed);
-                GatewayError::Setup(format!("start ICMPv6 thread: {e}"))
-            })?;
+        let icmp =
+            spawn("mt6d-icmp".into(), "ICMPv6 thread").run(move || icmp.run(shared, path))?;
         let router = router
             .map(|r| {
-                let ended = wait.nudge().on_drop();
-                std::thread::Builder::new()
-                    .name("mt6d-router".into())
-                    .spawn_scoped(s, move || {
-                        let _ended = ended;
-                        r.run(shared, path, &path.router);
-                    })
+                spawn("mt6d-router".into(), "router discovery thread")
+                    .run(move || r.run(shared, path, &path.router))
             })
-            .transpose()
-            .map_err(|e| {
-                shared.shutdown.store(true, Ordering::Relaxed);
-                GatewayError::Setup(format!("start router discovery thread: {e}"))
-            })?;
+            .transpose()?;
         if let Some(m) = metrics {
             let published = &published;
             std::thread::Builder::new()
@@ -483,6 +463,38 @@ fn serve(
     });
     sys.tun = queues;
     result
+}
+
+/// One of the gateway's packet threads, to be started in `scope`.
+struct Spawn<'scope, 'env, 'a> {
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    name: String,
+    /// What it is, for the error if it cannot start.
+    what: String,
+    wait: &'a MainWait,
+    shutdown: &'a std::sync::atomic::AtomicBool,
+}
+
+impl<'scope> Spawn<'scope, '_, '_> {
+    /// Starts `f`: the thread wakes the main thread when it ends, however it ends (a panic
+    /// included); a thread that cannot start stops the ones already started (the scope waits
+    /// for them).
+    fn run(
+        self,
+        f: impl FnOnce() + Send + 'scope,
+    ) -> Result<std::thread::ScopedJoinHandle<'scope, ()>, GatewayError> {
+        let ended = self.wait.nudge().on_drop();
+        std::thread::Builder::new()
+            .name(self.name)
+            .spawn_scoped(self.scope, move || {
+                let _ended = ended;
+                f();
+            })
+            .map_err(|e| {
+                self.shutdown.store(true, Ordering::Relaxed);
+                GatewayError::Setup(format!("start {}: {e}", self.what))
+            })
+    }
 }
 
 use mt6d_proto::handshake::Handshake;

@@ -557,17 +557,10 @@ fn serve(
             prime(p, shared, cfg);
         }
         if let Some(r) = &mut ndp {
-            let reg = shared.registry.read();
-            if let Err(e) = r.serve_ready(|a| reg.is_current_address(a), NDP_BUDGET) {
-                log::warn!("neighbour responder on {}: {e}", cfg.external_interface);
-            }
+            answer_solicitations(r, shared, cfg);
         }
         if last_report.elapsed() >= REPORT_EVERY {
-            let rx = shared.counters.rx_packets.load(Ordering::Relaxed);
-            if rx != last_rx {
-                log_counters(&shared.counters, ndp.as_ref(), shared);
-                last_rx = rx;
-            }
+            report_counters(&mut last_rx, ndp.as_ref(), shared);
             last_report = Instant::now();
         }
         let next_prime = shared.registry.read().next_prime();
@@ -592,6 +585,23 @@ fn serve(
     }
     log_counters(&shared.counters, ndp.as_ref(), shared);
     result
+}
+
+/// The solicitations that arrived, answered for the clients' current addresses.
+fn answer_solicitations(r: &mut NdpResponder, shared: &Shared, cfg: &ServerConfig) {
+    let reg = shared.registry.read();
+    if let Err(e) = r.serve_ready(|a| reg.is_current_address(a), NDP_BUDGET) {
+        log::warn!("neighbour responder on {}: {e}", cfg.external_interface);
+    }
+}
+
+/// The counter line, if anything arrived since the last one (`last_rx`: the packets then).
+fn report_counters(last_rx: &mut u64, ndp: Option<&NdpResponder>, shared: &Shared) {
+    let rx = shared.counters.rx_packets.load(Ordering::Relaxed);
+    if rx != *last_rx {
+        log_counters(&shared.counters, ndp, shared);
+        *last_rx = rx;
+    }
 }
 
 fn log_counters(c: &ServerCounters, ndp: Option<&NdpResponder>, shared: &Shared) {

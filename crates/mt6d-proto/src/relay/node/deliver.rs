@@ -6,9 +6,11 @@ use std::ops::Range;
 use super::{
     e2e_slot, After, DeliverJob, E2eId, Received, RelayNode, E2E_AT, E2E_SLOTS, PAYLOAD_AT,
 };
+use crate::endpoint::PeerId;
 use crate::handshake::is_handshake;
 use crate::moves::is_notice;
 use crate::relay::{Kind, RelayError};
+use crate::schedule::Route;
 use crate::tunnel::OPEN_HEADROOM;
 use crate::{OpenError, UnixTime};
 
@@ -25,21 +27,9 @@ impl RelayNode {
         payload_end: usize,
     ) -> After {
         let consumed = After::Done(Received::Consumed);
-        let tagged = &buf[PAYLOAD_AT..payload_end];
-        let found = crate::relay::e2e::E2ePayload::new_checked(tagged)
-            .and_then(|p| self.tags.find(&p).map(|(set, route)| (set, *route)));
-        let (set, route) = match found {
-            Ok(f) => f,
-            Err(e) => {
-                self.counters.drop(e.reason());
-                return consumed;
-            }
+        let Some((set, route, from, k)) = self.tagged_route(&buf[PAYLOAD_AT..payload_end]) else {
+            return consumed;
         };
-        let index = set.index() as usize;
-        let (from, k) = (
-            E2eId(u32::try_from(index / E2E_SLOTS).unwrap_or(u32::MAX)),
-            index % E2E_SLOTS,
-        );
         let Some(e) = self.e2e.get_mut(&from) else {
             self.counters.drop(RelayError::UnknownTag([0; 8]).reason());
             return consumed;
@@ -119,6 +109,26 @@ impl RelayNode {
                 consumed
             }
         }
+    }
+
+    /// The virtual route, end-to-end peer and slot a tagged payload names (§10.5), or None with
+    /// the drop counted (an unknown tag). The caller checks that the slot still holds the set.
+    fn tagged_route(&mut self, tagged: &[u8]) -> Option<(PeerId, Route, E2eId, usize)> {
+        let found = crate::relay::e2e::E2ePayload::new_checked(tagged)
+            .and_then(|p| self.tags.find(&p).map(|(set, route)| (set, *route)));
+        let (set, route) = match found {
+            Ok(f) => f,
+            Err(e) => {
+                self.counters.drop(e.reason());
+                return None;
+            }
+        };
+        let index = set.index() as usize;
+        let (from, k) = (
+            E2eId(u32::try_from(index / E2E_SLOTS).unwrap_or(u32::MAX)),
+            index % E2E_SLOTS,
+        );
+        Some((set, route, from, k))
     }
 
     /// The step after [`DeliverJob::open`] (whose result is `opened`), for a driver whose
