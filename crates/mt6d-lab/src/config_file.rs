@@ -154,6 +154,13 @@ mod tests {
                 let cfg = Config::parse(&dir.join("gw.toml"), &text)
                     .unwrap_or_else(|e| panic!("{e}\n{text}"));
                 assert_eq!(cfg.gateway.control_socket, socket);
+                // Counters (of any pre-shared peer, even one added later) stay in the lab's
+                // directory, never in the system's.
+                assert!(
+                    cfg.gateway.state_dir.starts_with(&key_dir),
+                    "{}",
+                    cfg.gateway.state_dir.display()
+                );
                 assert_eq!(cfg.gateway.external_next_hop, own.router);
                 assert_eq!(cfg.gateway.is_host(), host_mode, "{text}");
                 if host_mode {

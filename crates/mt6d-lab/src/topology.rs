@@ -597,6 +597,13 @@ impl LabKeys {
                     Side::A => (private_a, public_b),
                     Side::B => (private_b, public_a),
                 };
+                // Handshake keys keep no counters, but a pre-shared peer a test adds later
+                // (`mt6d peer add`, a reload) does: in the lab's directory, not the system's.
+                let state = own.with_file_name(match side {
+                    Side::A => "state-a",
+                    Side::B => "state-b",
+                });
+                gateway.state_dir = Some(state.display().to_string());
                 gateway.private_key_file = Some(own.display().to_string());
                 gateway.rekey_secs = *rekey_secs;
                 peer.public_key = Some(far.clone());
